@@ -1,0 +1,36 @@
+# The two commands a new user needs (see README):
+#   make up    set up .venv and run the main job
+#   make test  set up .venv and run the test suite
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: up test setup clean lock
+
+setup: $(STAMP)
+
+# Reinstall whenever the lock or the project metadata changes. pip 23.2 resolves this
+# set very slowly, so upgrade pip first and install the already-resolved lock; the project
+# itself goes in with --no-deps.
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@touch $@
+
+up: $(STAMP)
+	$(BIN)/fleet --help
+	bash scripts/roundtrip.sh
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Re-resolve the lock after changing dependencies in pyproject.toml.
+lock:
+	$(BIN)/python -m pip install --quiet uv
+	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 -o requirements.lock
+
+clean:
+	rm -rf $(VENV) .fleet

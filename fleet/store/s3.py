@@ -1,0 +1,125 @@
+"""S3 (or any S3-compatible endpoint) store through boto3, with S3's conditional writes.
+
+``if_match`` maps to ``IfMatch`` and ``if_none_match`` to ``IfNoneMatch="*"``; S3 answers
+412 (or 409 when two conditional writes overlap), both raised as ``PreconditionFailed`` so
+the caller retries from a fresh read. The endpoint comes from ``endpoint_url`` or boto3's
+own ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` variables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from fleet.errors import ConfigError, NotFound, PreconditionFailed, StoreUnavailable
+from fleet.store._keys import check_key, check_prefix
+from fleet.types import StoredObject
+
+_PRECONDITION_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
+_MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+
+
+class S3Store:
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        client: Any = None,
+    ) -> None:
+        if not bucket:
+            raise ConfigError("S3 store needs a bucket; expected s3://<bucket>[/<prefix>]")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        if client is None:
+            import boto3  # deferred: boto3 costs ~0.3 s to import
+            from botocore.config import Config
+
+            client = boto3.client(
+                "s3",
+                endpoint_url=endpoint_url,
+                config=Config(
+                    retries={"max_attempts": 3, "mode": "standard"},
+                    connect_timeout=5,
+                    read_timeout=30,
+                ),
+            )
+        self._s3 = client
+
+    def _full(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def get(self, key: str) -> StoredObject:
+        with self._errors(key):
+            resp = self._s3.get_object(Bucket=self.bucket, Key=self._full(key))
+            data = resp["Body"].read()
+        return StoredObject(key, data, resp["ETag"])
+
+    def put(
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+    ) -> str:
+        kwargs: dict[str, Any] = {}
+        if if_match is not None:
+            kwargs["IfMatch"] = if_match
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        with self._errors(key, conditional=bool(kwargs)):
+            resp = self._s3.put_object(
+                Bucket=self.bucket, Key=self._full(key), Body=bytes(data), **kwargs
+            )
+        return resp["ETag"]
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        check_prefix(prefix)
+        full = f"{self.prefix}/{prefix}" if self.prefix else prefix
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        with self._errors(prefix):
+            pages = self._s3.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=full
+            )
+            keys = [obj["Key"][strip:] for page in pages for obj in page.get("Contents", [])]
+        yield from keys
+
+    def delete(self, key: str) -> None:
+        with self._errors(key):
+            self._s3.delete_object(Bucket=self.bucket, Key=self._full(key))
+
+    def _errors(self, key: str, conditional: bool = False) -> _S3Errors:
+        return _S3Errors(self, key, conditional)
+
+
+class _S3Errors:
+    """Translate botocore's exceptions into the fleet's, naming the key and the bucket."""
+
+    def __init__(self, store: S3Store, key: str, conditional: bool) -> None:
+        self.store, self.key, self.conditional = store, key, conditional
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None:
+            return False
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        where = f"{self.key!r} in {self.store.url}"
+        if isinstance(exc, ClientError):
+            err = exc.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            if code in _PRECONDITION_CODES or (self.conditional and code in _MISSING_CODES):
+                raise PreconditionFailed(
+                    f"conditional write of {where} failed ({code}): it changed or exists"
+                ) from None
+            if code in _MISSING_CODES:
+                raise NotFound(f"no object at {where}") from None
+            if code == "NoSuchBucket":
+                raise ConfigError(
+                    f"bucket {self.store.bucket!r} does not exist; create it or fix FLEET_STORE"
+                ) from None
+            raise StoreUnavailable(f"S3 refused {where}: {code} {err.get('Message', '')}") from None
+        if isinstance(exc, BotoCoreError):
+            raise StoreUnavailable(f"S3 unreachable for {where}: {exc}") from None
+        return False

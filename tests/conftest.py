@@ -1,0 +1,72 @@
+"""Shared fixtures: a real S3 API (moto's threaded server on 127.0.0.1) and stores."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from fleet.store import FileStore, MemoryStore
+from fleet.types import ObjectStore
+
+# boto3 must never find real credentials or reach AWS from the tests.
+os.environ.update(
+    AWS_ACCESS_KEY_ID="testing",
+    AWS_SECRET_ACCESS_KEY="testing",
+    AWS_SESSION_TOKEN="testing",
+    AWS_DEFAULT_REGION="us-east-1",
+    AWS_CONFIG_FILE=os.devnull,
+    AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+)
+os.environ.pop("FLEET_STORE", None)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A moto S3 server on a free port of 127.0.0.1, stopped when the session ends."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    previous = os.environ.get("AWS_ENDPOINT_URL_S3")
+    os.environ["AWS_ENDPOINT_URL_S3"] = endpoint  # read by boto3 in this and child processes
+    yield endpoint
+    if previous is None:
+        os.environ.pop("AWS_ENDPOINT_URL_S3", None)
+    else:
+        os.environ["AWS_ENDPOINT_URL_S3"] = previous
+    server.stop()
+
+
+@pytest.fixture
+def s3_url(s3_endpoint: str) -> str:
+    """A fresh bucket per test, returned as a store URL with a prefix."""
+    import boto3
+
+    bucket = f"fleet-test-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/state"
+
+
+@pytest.fixture(params=["file", "s3", "memory"])
+def store(request: pytest.FixtureRequest, tmp_path) -> ObjectStore:
+    """The same contract, run against every backend."""
+    if request.param == "file":
+        return FileStore(tmp_path / "store")
+    if request.param == "s3":
+        from fleet.store import open_store
+
+        return open_store(request.getfixturevalue("s3_url"))
+    return MemoryStore()
+
+
+@pytest.fixture(params=["file", "s3"])
+def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    """A store URL that several processes can share."""
+    if request.param == "file":
+        return f"file://{tmp_path / 'store'}"
+    return request.getfixturevalue("s3_url")

@@ -1,0 +1,146 @@
+"""One contract for every ObjectStore backend, plus the races two processes can run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleet.errors import ConfigError, InvalidInput, NotFound, PreconditionFailed
+from fleet.store import FileStore, open_store
+from fleet.types import ObjectStore
+
+WORKER = Path(__file__).with_name("race_worker.py")
+
+
+def test_put_then_get_returns_bytes_and_etag(store: ObjectStore) -> None:
+    etag = store.put("routes/demo.json", b'{"a": 1}')
+    obj = store.get("routes/demo.json")
+    assert obj.data == b'{"a": 1}'
+    assert obj.etag == etag
+    assert store.put("routes/demo.json", b'{"a": 2}') != etag
+
+
+def test_get_missing_raises_not_found_naming_the_key(store: ObjectStore) -> None:
+    with pytest.raises(NotFound, match="routes/nope.json"):
+        store.get("routes/nope.json")
+
+
+def test_if_none_match_refuses_existing_key(store: ObjectStore) -> None:
+    store.put("a/b", b"first", if_none_match=True)
+    with pytest.raises(PreconditionFailed):
+        store.put("a/b", b"second", if_none_match=True)
+    assert store.get("a/b").data == b"first"
+
+
+def test_if_match_needs_the_current_etag(store: ObjectStore) -> None:
+    old = store.put("k/v", b"1")
+    new = store.put("k/v", b"2", if_match=old)
+    with pytest.raises(PreconditionFailed):
+        store.put("k/v", b"3", if_match=old)  # stale ETag: someone else wrote in between
+    assert store.get("k/v").data == b"2"
+    store.put("k/v", b"4", if_match=new)
+    assert store.get("k/v").data == b"4"
+
+
+def test_if_match_on_missing_key_fails(store: ObjectStore) -> None:
+    with pytest.raises(PreconditionFailed):
+        store.put("k/missing", b"x", if_match="0" * 64)
+    with pytest.raises(NotFound):
+        store.get("k/missing")
+
+
+def test_list_is_sorted_and_filtered_by_prefix(store: ObjectStore) -> None:
+    for key in ["models/b/1/manifest.json", "models/a/2/x", "models/a/1/x", "routes/a.json", "models2/z"]:
+        store.put(key, b"")
+    assert list(store.list("models/")) == ["models/a/1/x", "models/a/2/x", "models/b/1/manifest.json"]
+    assert list(store.list("models/a")) == ["models/a/1/x", "models/a/2/x"]
+    assert list(store.list("models")) == [
+        "models/a/1/x", "models/a/2/x", "models/b/1/manifest.json", "models2/z",
+    ]  # fmt: skip
+    assert list(store.list("nothing/")) == []
+    assert len(list(store.list())) == 5
+
+
+def test_delete_removes_and_is_idempotent(store: ObjectStore) -> None:
+    store.put("x/y", b"1")
+    store.delete("x/y")
+    store.delete("x/y")
+    with pytest.raises(NotFound):
+        store.get("x/y")
+    assert list(store.list("x/")) == []
+
+
+def test_binary_and_empty_objects_round_trip(store: ObjectStore) -> None:
+    blob = bytes(range(256)) * 100
+    store.put("blobs/bin", blob)
+    store.put("blobs/empty", b"")
+    assert store.get("blobs/bin").data == blob
+    assert store.get("blobs/empty").data == b""
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/../b", "./a", ".locks/x", "a\\b", "a/."])
+def test_bad_keys_are_refused_with_the_rule(store: ObjectStore, key: str) -> None:
+    with pytest.raises(InvalidInput, match="expected"):
+        store.put(key, b"x")
+
+
+def test_racing_conditional_updates_lose_nothing(store_url: str) -> None:
+    """Two processes increment one counter 40 times each: the result must be 80."""
+    times = 40
+    procs = [
+        subprocess.Popen([sys.executable, str(WORKER), store_url, "race/counter.json", str(times), name])
+        for name in ("p1", "p2")
+    ]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    counter = json.loads(open_store(store_url).get("race/counter.json").data)
+    assert counter["value"] == 2 * times
+    assert sorted(set(counter["writers"])) == ["p1", "p2"]
+    assert len(counter["writers"]) == 2 * times
+
+
+def test_file_store_hides_its_own_files_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    store.put("a/b", b"x", if_none_match=True)
+    store.put("a/b", b"y", if_match=store.get("a/b").etag)
+    assert list(store.list()) == ["a/b"]
+    assert list((tmp_path / ".tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "kind"),
+    [("file:///tmp/x", "FileStore"), ("/tmp/y", "FileStore"), ("s3://bucket/pre/fix", "S3Store")],
+)
+def test_open_store_picks_the_backend_by_scheme(url: str, kind: str, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    url = url.replace("/tmp", str(tmp_path))
+    assert type(open_store(url)).__name__ == kind
+
+
+def test_open_store_defaults_to_the_embedded_file_store(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FLEET_STORE", raising=False)
+    store = open_store()
+    assert isinstance(store, FileStore)
+    assert store.root == tmp_path / ".fleet" / "store"
+
+
+def test_s3_url_keeps_bucket_and_prefix() -> None:
+    store = open_store("s3://models-bucket/fleet/prod")
+    assert (store.bucket, store.prefix) == ("models-bucket", "fleet/prod")
+
+
+@pytest.mark.parametrize("url", ["gs://bucket/x", "http://host/x", "s3:bucket", "s3://"])
+def test_unknown_or_malformed_store_urls_name_the_accepted_ones(url: str) -> None:
+    with pytest.raises(ConfigError, match=r"file://.*s3://"):
+        open_store(url)
+
+
+def test_s3_missing_bucket_is_a_clear_error(s3_endpoint: str) -> None:
+    store = open_store("s3://no-such-bucket-here/x")
+    with pytest.raises(ConfigError, match="no-such-bucket-here.*does not exist"):
+        store.put("a", b"x")
