@@ -1,0 +1,327 @@
+"""Declarative fleet policies: the pydantic models behind ``policies/*.yaml`` and their loader.
+
+A policy file holds any of the sections ``models``, ``tenants``, ``rollout`` and
+``monitoring`` (each a mapping name -> spec). Sections merge across files. Every problem is
+reported as ``<file>: <key.path>: got <value> — expected <what>``, all of them in one
+``ConfigError`` (one problem per line), so a bad file is fixed in one pass.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import semver
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fleet.errors import ConfigError, NotFound
+from fleet.names import NAME_RE
+from fleet.validation import checked, expected, explain, hint, problem, read_yaml, show
+
+
+def _is_cron(value: str) -> bool:
+    fields = value.split()
+    limits = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))  # minute hour day month weekday
+    return len(fields) == 5 and all(
+        re.fullmatch(r"[0-9*/,-]+", f) and all(lo <= int(n) <= hi for n in re.findall(r"\d+", f))
+        for f, (lo, hi) in zip(fields, limits)
+    )
+
+
+def _is_canary_ramp(steps: list[int]) -> bool:
+    return all(a < b for a, b in zip(steps, steps[1:])) and steps[-1] == 100
+
+
+SEMVER = "a semver version like '1.2.3'"
+Version = checked(str, SEMVER, semver.Version.is_valid)
+VersionOrAny = checked(
+    str, f"'*' (any version) or {SEMVER}", lambda v: v == "*" or semver.Version.is_valid(v)
+)
+Cron = checked(
+    str,
+    "a 5-field cron expression like '*/15 * * * *' (minute 0-59, hour 0-23, day 1-31, "
+    "month 1-12, weekday 0-7; only the characters 0-9 * / , -)",
+    _is_cron,
+)
+Percent = Annotated[int, Field(ge=1, le=100)]
+Steps = checked(
+    Annotated[list[Percent], Field(min_length=1)],
+    "strictly increasing canary weights (percent of traffic) ending at 100, e.g. [10, 50, 100]",
+    _is_canary_ramp,
+)
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class _Spec(BaseModel):
+    # strict: YAML already yields typed values, so "yes" or "10" in a number field is a typo
+    # to report, not a value to coerce.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class Resources(_Spec):
+    gpu: int = Field(0, ge=0)
+    gpu_memory_gib: float = Field(0.0, ge=0.0)
+    cpu: float = Field(1.0, gt=0.0)
+    memory_gib: float = Field(1.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _gpu_needs_memory(self) -> Resources:
+        # placement packs GPUs by memory; 0 GiB would let a GPU model land anywhere
+        if self.gpu > 0 and self.gpu_memory_gib <= 0:
+            phrase = "a number > 0 when gpu > 0"
+            raise expected(phrase, field="gpu_memory_gib", got=self.gpu_memory_gib)
+        return self
+
+
+class Batching(_Spec):
+    max_batch_size: int = Field(32, ge=1, le=4096)
+    max_latency_ms: int = Field(50, ge=1, le=60000)  # longest a request waits for its batch to fill
+
+
+class Autoscaling(_Spec):
+    min_replicas: int = Field(1, ge=0)  # 0 allows scale-to-zero
+    max_replicas: int = Field(ge=1)
+    target_qps_per_replica: float = Field(gt=0.0)
+    target_p99_ms: float = Field(gt=0.0)
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            phrase = f"an integer <= max_replicas ({self.max_replicas})"
+            raise expected(phrase, field="min_replicas", got=self.min_replicas)
+        return self
+
+
+class Slo(_Spec):
+    p99_ms: float = Field(gt=0.0)
+    error_rate: Fraction  # fraction of requests, 0.01 = 1 %
+
+
+class Cache(_Spec):
+    enabled: bool = False
+    ttl_s: float = Field(60.0, gt=0.0)
+    max_entries: int = Field(10000, ge=1)
+
+
+class InferenceLog(_Spec):
+    sample_rate: Fraction = 0.1  # fraction of requests whose inputs/outputs are logged
+
+
+class ModelSpec(_Spec):
+    family: str = Field(min_length=1)  # shared code/features, e.g. "tabular-mlp"
+    size_class: Literal["small", "medium", "large", "xlarge"]
+    params_millions: float = Field(gt=0.0)
+    dtype: Literal["fp32", "fp16", "bf16", "int8", "int4"] = "fp32"
+    generative: bool = False
+    resources: Resources = Field(default_factory=Resources)
+    batching: Batching = Field(default_factory=Batching)
+    autoscaling: Autoscaling
+    slo: Slo
+    timeout_ms: int = Field(5000, gt=0)  # hard upper bound for one request, queueing included
+    concurrency: int = Field(32, ge=1)  # in-flight requests per replica
+    cache: Cache = Field(default_factory=Cache)
+    inference_log: InferenceLog = Field(default_factory=InferenceLog)
+    rollout: str = "default"  # name of a rollout policy
+    monitoring: str = "default"  # name of a monitoring policy
+    isolation: bool = False  # dedicated replicas, never shared with other models
+
+
+class Quota(_Spec):
+    rps: float = Field(gt=0.0)  # sustained requests per second
+    burst: int = Field(ge=1)  # token-bucket size; may be below rps for smooth-only traffic
+
+
+class TenantSpec(_Spec):
+    entitlements: dict[str, Annotated[list[VersionOrAny], Field(min_length=1)]]  # model -> versions
+    quota: Quota
+    pins: dict[str, Version] = Field(default_factory=dict)  # model -> the version always served
+    isolation: bool = False
+
+    @model_validator(mode="after")
+    def _pins_are_entitled(self) -> TenantSpec:
+        for model, version in self.pins.items():
+            allowed = self.entitlements.get(model)
+            if allowed is None:
+                known = ", ".join(self.entitlements) or "none"
+                phrase = f"a model listed in entitlements ({known})"
+                raise expected(phrase, field=("pins", model), got=model)
+            if "*" not in allowed and version not in allowed:
+                phrase = f"a version allowed by entitlements.{model} ({', '.join(allowed)})"
+                raise expected(phrase, field=("pins", model), got=version)
+        return self
+
+
+class Gates(_Spec):
+    max_error_rate_increase: float = Field(ge=0.0)  # absolute: 0.01 = one percentage point
+    confidence: float = Field(gt=0.5, lt=1.0)  # of the statistical comparison, e.g. 0.95
+    max_p99_ratio: float = Field(ge=1.0)  # canary p99 / baseline p99
+    max_prediction_psi: float = Field(gt=0.0)  # drift of canary predictions vs baseline
+    min_shadow_agreement: Fraction | None = None  # None: no shadow-agreement gate
+
+
+class RolloutPolicy(_Spec):
+    steps: Steps
+    analysis_window_s: float = Field(gt=0.0)
+    min_samples: int = Field(ge=1)  # per step and arm, before any verdict
+    gates: Gates
+    shadow_percent: float = Field(0.0, ge=0.0, le=100.0)
+    shadow_duration_s: float = Field(0.0, ge=0.0)
+    bake_time_s: float = Field(ge=0.0)  # at 100 % before the old version is retired
+    manual_approval: bool = False
+    rollback_window_s: float = Field(600.0, ge=0.0)
+    hold_deadline_s: float = Field(gt=0.0)  # "not enough data" for longer than this fails the step
+    offline_tolerance: float = Field(0.01, ge=0.0)  # allowed eval-metric drop vs the champion
+
+
+class DriftThresholds(_Spec):
+    psi: float = Field(0.2, gt=0.0)
+    js: float = Field(0.1, gt=0.0, le=1.0)
+    wasserstein: float | None = Field(None, gt=0.0)  # None: off (its scale is per feature)
+    ks_pvalue: float = Field(0.01, gt=0.0, lt=1.0)
+    features_drifting_to_alert: int = Field(1, ge=1)
+
+
+class QualityThresholds(_Spec):
+    max_null_rate: Fraction = 0.01
+    max_out_of_range_rate: Fraction = 0.01
+
+
+class RetrainTrigger(_Spec):
+    on_drift: bool = True
+    min_accuracy_drop: float = Field(0.05, ge=0.0)  # absolute
+    min_feedback_rows: int = Field(100, ge=0)
+    cooldown_hours: float = Field(24.0, ge=0.0)
+
+
+class MonitoringPolicy(_Spec):
+    schedule: Cron
+    window_hours: float = Field(gt=0.0)
+    min_rows: int = Field(ge=1)
+    drift: DriftThresholds = Field(default_factory=DriftThresholds)
+    quality: QualityThresholds = Field(default_factory=QualityThresholds)
+    retrain: RetrainTrigger = Field(default_factory=RetrainTrigger)
+
+
+def _reference_problems(
+    models: dict, tenants: dict, rollout: dict, monitoring: dict
+) -> list[tuple[str, str, str]]:
+    """(section, entry name, report line) for each name that points nowhere."""
+    problems = []
+    for name, spec in models.items():
+        for kind, policies in (("rollout", rollout), ("monitoring", monitoring)):
+            ref = getattr(spec, kind)
+            if ref not in policies:
+                set_ = kind in spec.model_fields_set
+                what = f"got {ref!r}" if set_ else f"not set, and no {kind} policy 'default' exists"
+                known = f"a {kind} policy name ({', '.join(policies) or 'none defined'})"
+                problems.append(("models", name, problem(f"models.{name}.{kind}", what, known)))
+    # pins need no check here: a pin must be entitled, and entitlements are checked
+    for name, spec in tenants.items():
+        for model in spec.entitlements:
+            if model not in models:
+                known = f"a model name ({', '.join(models) or 'none defined'})"
+                where = f"tenants.{name}.entitlements"
+                problems.append(("tenants", name, problem(where, f"got {model!r}", known)))
+    return problems
+
+
+class Policies(_Spec):
+    models: dict[str, ModelSpec] = Field(default_factory=dict)
+    tenants: dict[str, TenantSpec] = Field(default_factory=dict)
+    rollout: dict[str, RolloutPolicy] = Field(default_factory=dict)
+    monitoring: dict[str, MonitoringPolicy] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> Policies:
+        problems = _reference_problems(self.models, self.tenants, self.rollout, self.monitoring)
+        if problems:
+            raise ValueError("; ".join(line for _, _, line in problems))
+        return self
+
+    def model(self, name: str) -> ModelSpec:
+        try:
+            return self.models[name]
+        except KeyError:
+            known = ", ".join(sorted(self.models)) or "none"
+            raise NotFound(f"unknown model {name!r}; known models: {known}") from None
+
+    def rollout_for(self, model_name: str) -> RolloutPolicy:
+        return self.rollout[self.model(model_name).rollout]
+
+    def monitoring_for(self, model_name: str) -> MonitoringPolicy:
+        return self.monitoring[self.model(model_name).monitoring]
+
+
+SECTIONS: dict[str, type[_Spec]] = {
+    "models": ModelSpec,
+    "tenants": TenantSpec,
+    "rollout": RolloutPolicy,
+    "monitoring": MonitoringPolicy,
+}
+
+
+def load_policies(path: str | Path = "policies") -> Policies:
+    """Load one YAML file, or every ``*.yaml``/``*.yml`` directly in a directory (sorted)."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".yaml", ".yml"))
+        if not files:
+            raise ConfigError(f"{path}: no policy files (*.yaml, *.yml) in this directory")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise ConfigError(f"{path}: not found; expected a policy directory or YAML file")
+    entries: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+    origin: dict[tuple[str, str], Path] = {}
+    problems = [line for file in files for line in _load_file(file, entries, origin)]
+    if not problems:  # references are only worth checking once every entry parsed
+        problems = [f"{origin[s, n]}: {line}" for s, n, line in _reference_problems(**entries)]
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return Policies(**entries)
+
+
+def _load_file(file: Path, entries: dict[str, dict], origin: dict[tuple, Path]) -> list[str]:
+    """Validate one file's entries into ``entries``; return its problems as report lines."""
+    data, unreadable = read_yaml(file)
+    if unreadable:
+        return [unreadable]
+    if data is None:
+        return []  # an empty (or all-comments) file defines nothing
+    accepted = ", ".join(SECTIONS)
+    if not isinstance(data, dict):
+        return [problem(file, f"got {show(data)}", f"a mapping with sections {accepted}")]
+    problems = []
+    for section, named in data.items():
+        if section not in SECTIONS:
+            what = f"unknown top-level key {section!r}"
+            problems.append(problem(file, what, f"one of {accepted}{hint(section, SECTIONS)}"))
+        elif isinstance(named, dict):
+            problems += _load_section(file, section, named, entries[section], origin)
+        elif named is not None:  # an empty section is fine
+            where = f"{file}: {section}"
+            problems.append(problem(where, f"got {show(named)}", "a mapping of name -> spec"))
+    return problems
+
+
+def _load_section(file: Path, section: str, named: dict, into: dict, origin: dict) -> list[str]:
+    problems = []
+    for name, raw in named.items():
+        where = f"{file}: {section}.{name}"
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            expected = "1-63 lowercase letters, digits or '-', starting and ending with one"
+            problems.append(problem(f"{file}: {section}", f"got name {name!r}", expected))
+        elif (section, name) in origin:
+            what = f"already defined in {origin[section, name]}"
+            problems.append(problem(where, what, "each name defined in one file only"))
+        else:
+            origin[section, name] = file
+            try:
+                into[name] = SECTIONS[section].model_validate(raw)
+            except ValidationError as e:
+                lines = explain(e, SECTIONS[section], (section, name))
+                problems += [f"{file}: {line}" for line in lines]
+    return problems
+
+
