@@ -111,6 +111,16 @@ def test_file_store_hides_its_own_files_and_leaves_no_temp_files(tmp_path: Path)
     assert list((tmp_path / ".tmp").iterdir()) == []
 
 
+def test_file_store_refuses_a_key_that_is_a_folder_of_other_keys(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    store.put("a/b", b"x")
+    with pytest.raises(InvalidInput, match="other keys live under it"):
+        store.put("a", b"y")
+    with pytest.raises(InvalidInput, match="part of its path is already an object"):
+        store.put("a/b/c", b"z")
+    assert list(store.list()) == ["a/b"]
+
+
 @pytest.mark.parametrize(
     ("url", "kind"),
     [("file:///tmp/x", "FileStore"), ("/tmp/y", "FileStore"), ("s3://bucket/pre/fix", "S3Store")],

@@ -53,7 +53,7 @@ class FileStore:
         with self._locked(key):
             if if_match is not None or if_none_match:
                 _check_preconditions(key, self._read_or_none(path), if_match, if_none_match)
-            path.parent.mkdir(parents=True, exist_ok=True)
+            self._make_room(key, path)
             fd, tmp = tempfile.mkstemp(dir=self._tmp, prefix=path.name[:40] + ".")
             try:
                 with os.fdopen(fd, "wb") as f:
@@ -87,6 +87,21 @@ class FileStore:
                 path.unlink()
             except (FileNotFoundError, IsADirectoryError):
                 pass
+
+    def _make_room(self, key: str, path: Path) -> None:
+        """Create the key's folders; S3 allows ``a`` and ``a/b`` side by side, disks do not."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise InvalidInput(
+                f"object key {key!r} cannot be stored in {self.url}: a part of its path is "
+                "already an object; expected keys that are not prefixes of other keys"
+            ) from None
+        if path.is_dir():
+            raise InvalidInput(
+                f"object key {key!r} cannot be stored in {self.url}: other keys live under it; "
+                "expected keys that are not prefixes of other keys"
+            )
 
     @staticmethod
     def _read_or_none(path: Path) -> bytes | None:
