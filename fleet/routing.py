@@ -20,7 +20,7 @@ from fleet import audit, records
 from fleet.errors import Forbidden, InvalidInput, NotFound
 from fleet.names import check_name, check_version
 from fleet.registry import SERVABLE, TRANSITIONS, Registry, State
-from fleet.tenants import Tenant
+from fleet.tenants import Tenant, Tenants
 from fleet.types import ObjectStore
 
 BUCKETS = 10_000  # weights resolve to 0.01 %
@@ -273,8 +273,10 @@ class Router:
         return self.update(model, change, why=why, who=who)
 
     def pin(self, model: str, tenant: str, version: str, *, why: str, who: str | None = None) -> RouteTable:
-        check_name("tenant", tenant)
         check_version(version)
+        record = Tenants(self.store).get(tenant)
+        if not record.allows(model, version):
+            raise _forbidden(model, version, record)
         return self.update(
             model, lambda t: _table({**t.model_dump(), "pins": {**t.pins, tenant: version}}), why=why, who=who
         )

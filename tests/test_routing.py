@@ -13,7 +13,7 @@ from fleet.errors import Forbidden, InvalidInput, NotFound
 from fleet.registry import Registry, State
 from fleet.routing import Canary, RouteTable, Router, Shadow, choose_version, should_shadow, validate_states
 from fleet.store import MemoryStore
-from fleet.tenants import Tenant
+from fleet.tenants import Tenant, Tenants
 from fleet.types import ObjectStore
 
 from tests.test_registry import META
@@ -167,12 +167,23 @@ def test_refused_changes_write_nothing(router: Router) -> None:
 
 def test_pins_are_set_and_removed(router: Router) -> None:
     router.set("demo", stable="1.0.0", why="first")
+    Tenants(router.store).create("acme", {"demo": ["*"]})
     router.pin("demo", "acme", "1.2.0", why="acme tests 1.2")
     assert router.get("demo").pins == {"acme": "1.2.0"}
     router.unpin("demo", "acme", why="done")
     assert router.get("demo").pins == {}
     with pytest.raises(NotFound, match="no pin"):
         router.unpin("demo", "acme", why="again")
+
+
+def test_a_pin_needs_a_tenant_entitled_to_the_version(router: Router) -> None:
+    router.set("demo", stable="1.0.0", why="first")
+    Tenants(router.store).create("globex", {"demo": ["1.0.0"]})
+    with pytest.raises(Forbidden, match="'globex' may not use demo:1.2.0; allowed: 1.0.0"):
+        router.pin("demo", "globex", "1.2.0", why="x")
+    with pytest.raises(NotFound, match="tenant 'ghost' does not exist"):
+        router.pin("demo", "ghost", "1.0.0", why="x")
+    assert router.get("demo").pins == {}
 
 
 def test_history_records_who_why_before_and_after(router: Router) -> None:
@@ -222,6 +233,7 @@ def test_concurrent_route_updates_each_get_their_own_revision() -> None:
 
     def pin(i: int) -> None:
         try:
+            Tenants(store).create(f"tenant-{i}", {"demo": ["*"]})
             Router(store, reg).pin("demo", f"tenant-{i}", "1.0.0", why=f"pin {i}")
         except BaseException as exc:  # noqa: BLE001 - surfaced below
             errors.append(exc)
