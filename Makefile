@@ -1,7 +1,8 @@
 # The two commands a new user needs (see README):
 #   make up    set up .venv and run the main job
 #   make test  set up .venv and run the test suite
-PYTHON ?= python3.11
+# Python 3.11 or newer: python3.11 if it is on PATH, else python3 (checked below).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -14,6 +15,8 @@ setup: $(STAMP)
 # set very slowly, so upgrade pip first and install the already-resolved lock; the project
 # itself goes in with --no-deps.
 $(STAMP): requirements.lock pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "error: $(PYTHON) is older than Python 3.11; set PYTHON=/path/to/python3.11" >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.lock

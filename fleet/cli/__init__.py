@@ -1,0 +1,78 @@
+"""The ``fleet`` command line: tables for people, ``--json`` for scripts.
+
+Errors are one line on stderr and a non-zero exit (1 for a refused operation, 2 for bad
+usage), never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from fleet import __version__
+from fleet.cli import models, policies, route, tenants
+from fleet.cli._output import fail
+from fleet.errors import FleetError
+
+app = typer.Typer(
+    name="fleet",
+    help="Run an ML serving fleet: model registry, routing, tenants and policies.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(models.app, name="models")
+app.add_typer(route.app, name="route")
+app.add_typer(tenants.app, name="tenants")
+app.add_typer(policies.app, name="policies")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"fleet {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store",
+            envvar="FLEET_STORE",
+            help="Object store: file://PATH or s3://BUCKET/PREFIX, prefix optional "
+            "(default file://./.fleet/store). S3-compatible endpoint: AWS_ENDPOINT_URL_S3.",
+            show_envvar=True,
+        ),
+    ] = None,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    if store:
+        os.environ["FLEET_STORE"] = store
+
+
+def main() -> None:
+    try:
+        app()
+    except FleetError as exc:
+        fail(str(exc))
+    except ValidationError as exc:  # a record or input that slipped past a friendlier check
+        fail(f"invalid input: {exc.errors()[0]['msg']} at {'.'.join(map(str, exc.errors()[0]['loc']))}")
+    except OSError as exc:
+        fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+    except KeyboardInterrupt:
+        fail("interrupted", code=130)
+    except Exception as exc:  # a bug: say so in one line; FLEET_DEBUG=1 shows the traceback
+        if os.environ.get("FLEET_DEBUG"):
+            raise
+        fail(f"internal error {type(exc).__name__}: {exc} (set FLEET_DEBUG=1 for the traceback)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

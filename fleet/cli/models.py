@@ -1,0 +1,101 @@
+"""``fleet models``: register, list, show and fetch model versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+from fleet.cli._output import JsonFlag, console, emit_json, err_console, registry, table, when
+from fleet.registry import VersionMetadata
+from fleet.validation import load_yaml_file
+
+app = typer.Typer(help="Register and inspect model versions.", no_args_is_help=True)
+
+
+@app.command()
+def register(
+    model: Annotated[str, typer.Argument(help="Model name, e.g. demo-classifier.")],
+    version: Annotated[str, typer.Argument(help="Semantic version, e.g. 1.0.0.")],
+    artifact_dir: Annotated[Path, typer.Argument(help="Folder holding the model's files.")],
+    meta: Annotated[
+        Path,
+        typer.Option(
+            "--meta", "-m",
+            help="YAML/JSON file: framework, inputs, outputs (name, datatype, shape), "
+            "hyperparameters, training_data {uri, sha256}, metrics, parent_version.",
+        ),
+    ],
+    json: JsonFlag = False,
+) -> None:
+    """Register a new immutable version: checksums every file, then commits the manifest."""
+    metadata = load_yaml_file(meta, VersionMetadata)
+    total = sum(p.stat().st_size for p in artifact_dir.rglob("*") if p.is_file()) if artifact_dir.is_dir() else 0
+    with Progress(
+        TextColumn("uploading {task.description}"), BarColumn(), DownloadColumn(),
+        console=err_console, transient=True, disable=json or not err_console.is_terminal,
+    ) as progress:  # fmt: skip
+        task = progress.add_task(f"{model}:{version}", total=total)
+        mv = registry().register(
+            model, version, artifact_dir, metadata,
+            progress=lambda _rel, size: progress.advance(task, size),
+        )  # fmt: skip
+    if json:
+        emit_json(mv)
+    else:
+        console.print(f"registered [bold]{mv.ref}[/] ({len(mv.files)} files, state {mv.state})")
+
+
+@app.command("list")
+def list_(
+    model: Annotated[str | None, typer.Argument(help="Only this model.")] = None,
+    json: JsonFlag = False,
+) -> None:
+    """List registered versions with their state."""
+    versions = registry().list(model)
+    if json:
+        emit_json(versions)
+        return
+    table(
+        None,
+        ["model", "version", "state", "framework", "files", "created", "by"],
+        [[v.model, v.version, v.state, v.framework, len(v.files), when(v.created_at), v.created_by] for v in versions],
+    )
+
+
+@app.command()
+def show(
+    model: str,
+    version: str,
+    verify: Annotated[bool, typer.Option("--verify", help="Check every stored file's SHA-256.")] = False,
+    json: JsonFlag = False,
+) -> None:
+    """Show one version's manifest."""
+    reg = registry()
+    mv = reg.verify(model, version) if verify else reg.get(model, version)
+    if json:
+        emit_json(mv)
+        return
+    console.print(f"[bold]{mv.ref}[/]  state {mv.state}  framework {mv.framework}")
+    console.print(f"created {when(mv.created_at)} by {mv.created_by}; parent {mv.parent_version or '-'}")
+    for role, specs in (("input", mv.inputs), ("output", mv.outputs)):
+        for s in specs:
+            console.print(f"  {role:6} {s.name}: {s.datatype} {s.shape}")
+    if mv.metrics:
+        console.print("metrics: " + ", ".join(f"{k}={v:g}" for k, v in mv.metrics.items()))
+    table(None, ["file", "bytes", "sha256"], [[f, d.size, d.sha256] for f, d in sorted(mv.files.items())])
+    if verify:
+        console.print("[green]every file matches its checksum[/]")
+
+
+@app.command()
+def fetch(
+    model: str,
+    version: str,
+    dest: Annotated[Path, typer.Argument(help="New folder to download into.")],
+) -> None:
+    """Download a version's artifact, verifying every checksum before it lands."""
+    path = registry().fetch(model, version, dest)
+    console.print(f"fetched {model}:{version} into {path}")
