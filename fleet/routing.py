@@ -255,19 +255,11 @@ class Router:
             if clear_canary:
                 data["canary"] = None
             elif canary is not None or weight is not None:
-                version = canary or (t.canary.version if t.canary else None)
-                if version is None:
-                    raise InvalidInput(f"{model} has no canary to weight; expected --canary VERSION")
-                old = t.canary.weight if t.canary and t.canary.version == version else 0.0
-                data["canary"] = {"version": version, "weight": old if weight is None else weight}
+                data["canary"] = _arm(model, "canary", t.canary, canary, "weight", weight, default=0.0)
             if clear_shadow:
                 data["shadow"] = None
             elif shadow is not None or shadow_percent is not None:
-                version = shadow or (t.shadow.version if t.shadow else None)
-                if version is None:
-                    raise InvalidInput(f"{model} has no shadow to resize; expected --shadow VERSION")
-                old = t.shadow.percent if t.shadow and t.shadow.version == version else 100.0
-                data["shadow"] = {"version": version, "percent": old if shadow_percent is None else shadow_percent}
+                data["shadow"] = _arm(model, "shadow", t.shadow, shadow, "percent", shadow_percent, default=100.0)
             return _table(data)
 
         return self.update(model, change, why=why, who=who)
@@ -349,6 +341,28 @@ class Router:
             current = states.get(version)
             if current is not None and current != state and state in TRANSITIONS[current]:
                 self.registry.transition(after.model, version, state, why=f"route r{after.revision}: {why}", who=who)
+
+
+def _arm(
+    model: str,
+    role: str,
+    current: Canary | Shadow | None,
+    version: str | None,
+    field: str,
+    amount: float | None,
+    *,
+    default: float,
+) -> dict[str, object]:
+    """The canary or shadow after a change of version, amount, or both.
+
+    A new version starts at ``default`` unless an amount is given; naming only an amount
+    changes the current arm's.
+    """
+    version = version or (current.version if current else None)
+    if version is None:
+        raise InvalidInput(f"{model} has no {role} to change; expected --{role} VERSION")
+    kept = getattr(current, field) if current is not None and current.version == version else default
+    return {"version": version, field: kept if amount is None else amount}
 
 
 def _table(data: dict[str, object]) -> RouteTable:

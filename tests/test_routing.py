@@ -155,7 +155,7 @@ def test_refused_changes_write_nothing(router: Router) -> None:
     router.set("demo", stable="1.0.0", why="first")
     with pytest.raises(InvalidInput, match="roll it out as a canary first"):
         router.set("demo", stable="1.2.0", why="skip the canary")
-    with pytest.raises(InvalidInput, match="has no canary to weight"):
+    with pytest.raises(InvalidInput, match="has no canary to change; expected --canary VERSION"):
         router.set("demo", weight=10, why="x")
     with pytest.raises(InvalidInput, match="needs a reason"):
         router.set("demo", canary="1.1.0", weight=5, why=" ")
@@ -253,3 +253,16 @@ def test_route_file_is_plain_json_that_validates(router: Router) -> None:
     router.set("demo", stable="1.0.0", why="first")
     t, _ = records.load(router.store, "routes/demo.json", RouteTable)
     assert t.updated_at is not None and t.updated_at.tzinfo is not None and t.updated_at <= datetime.now(UTC)
+
+
+def test_shadow_is_set_resized_and_removed_without_touching_states(router: Router) -> None:
+    router.set("demo", stable="1.0.0", why="first")
+    with pytest.raises(InvalidInput, match="has no shadow to change"):
+        router.set("demo", shadow_percent=5, why="x")
+    router.set("demo", shadow="1.2.0", why="mirror everything")
+    assert router.get("demo").shadow == Shadow(version="1.2.0", percent=100)
+    router.set("demo", shadow_percent=5, why="less")
+    assert router.get("demo").shadow == Shadow(version="1.2.0", percent=5)
+    assert router.registry.states("demo")["1.2.0"] == State.REGISTERED
+    router.set("demo", clear_shadow=True, why="done")
+    assert router.get("demo").shadow is None
