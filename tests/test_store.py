@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.errors import ConfigError, InvalidInput, NotFound, PreconditionFailed
+from fleet.errors import ConfigError, InvalidInput, NotFound, PreconditionFailed, StoreUnavailable
 from fleet.store import FileStore, open_store
 from fleet.types import ObjectStore
 
@@ -111,6 +111,14 @@ def test_file_store_hides_its_own_files_and_leaves_no_temp_files(tmp_path: Path)
     assert list((tmp_path / ".tmp").iterdir()) == []
 
 
+def test_reading_a_missing_file_store_does_not_create_it(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path / 'typo'}")
+    assert list(store.list("models/")) == []
+    with pytest.raises(NotFound):
+        store.get("routes/demo.json")
+    assert not (tmp_path / "typo").exists()
+
+
 def test_file_store_refuses_a_key_that_is_a_folder_of_other_keys(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     store.put("a/b", b"x")
@@ -154,3 +162,54 @@ def test_s3_missing_bucket_is_a_clear_error(s3_endpoint: str) -> None:
     store = open_store("s3://no-such-bucket-here/x")
     with pytest.raises(ConfigError, match="no-such-bucket-here.*does not exist"):
         store.put("a", b"x")
+
+
+# -- S3 error mapping: answers moto does not give, stubbed at the botocore layer -----------
+
+
+def _stubbed(method: str, code: str, status: int):
+    """An S3Store whose next ``method`` call answers with this error code and status."""
+    import boto3
+    from botocore.stub import Stubber
+
+    from fleet.store.s3 import S3Store
+
+    client = boto3.client("s3", endpoint_url="http://127.0.0.1:9")
+    stub = Stubber(client)
+    stub.add_client_error(method, service_error_code=code, http_status_code=status)
+    stub.activate()
+    return S3Store("bucket", "pre", client=client)
+
+
+@pytest.mark.parametrize(
+    ("method", "code", "status", "op", "raised", "message"),
+    [
+        ("get_object", "NoSuchKey", 404, "get", NotFound, "no object at 'k'"),
+        ("get_object", "404", 404, "get", StoreUnavailable, "not|refused"),
+        ("put_object", "ConditionalRequestConflict", 409, "cput", PreconditionFailed, "changed or exists"),
+        ("put_object", "PreconditionFailed", 412, "cput", PreconditionFailed, "changed or exists"),
+        ("put_object", "NoSuchKey", 404, "cput", PreconditionFailed, "changed or exists"),
+        ("put_object", "AccessDenied", 403, "put", StoreUnavailable, "AccessDenied"),
+        ("put_object", "NoSuchBucket", 404, "put", ConfigError, "'bucket' does not exist"),
+    ],
+)
+def test_s3_error_codes_map_to_fleet_errors(method, code, status, op, raised, message) -> None:
+    store = _stubbed(method, code, status)
+    with pytest.raises(raised, match=message):
+        if op == "get":
+            store.get("k")
+        elif op == "cput":
+            store.put("k", b"x", if_match='"etag"')
+        else:
+            store.put("k", b"x")
+
+
+def test_s3_without_credentials_names_the_variables(monkeypatch) -> None:
+    from fleet.store.s3 import S3Store
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    store = S3Store("bucket", endpoint_url="http://127.0.0.1:9")
+    with pytest.raises(ConfigError, match="no AWS credentials.*AWS_ACCESS_KEY_ID"):
+        store.get("k")

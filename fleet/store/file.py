@@ -17,8 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fleet.errors import InvalidInput, NotFound
-from fleet.store._keys import check_key, check_prefix, content_etag
-from fleet.store.memory import _check_preconditions
+from fleet.store._shared import check_key, check_preconditions, check_prefix, content_etag
 from fleet.types import StoredObject
 
 _LOCK_STRIPES = 256
@@ -32,8 +31,8 @@ class FileStore:
             raise InvalidInput(f"store root {self.root} is a file; expected a directory")
         self._tmp = self.root / ".tmp"
         self._locks = self.root / ".locks"
-        for d in (self.root, self._tmp, self._locks):
-            d.mkdir(parents=True, exist_ok=True)
+        # Folders are made by the first write, so reading a mistyped store path finds
+        # nothing instead of quietly creating an empty store there.
 
     def _path(self, key: str) -> Path:
         return self.root.joinpath(*check_key(key).split("/"))
@@ -52,7 +51,7 @@ class FileStore:
         path = self._path(key)
         with self._locked(key):
             if if_match is not None or if_none_match:
-                _check_preconditions(key, self._read_or_none(path), if_match, if_none_match)
+                check_preconditions(key, self._read_or_none(path), if_match, if_none_match)
             self._make_room(key, path)
             fd, tmp = tempfile.mkstemp(dir=self._tmp, prefix=path.name[:40] + ".")
             try:
@@ -61,6 +60,7 @@ class FileStore:
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
+                _fsync_dir(path.parent)  # the rename itself must survive a crash
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
@@ -113,9 +113,19 @@ class FileStore:
     @contextmanager
     def _locked(self, key: str) -> Iterator[None]:
         stripe = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % _LOCK_STRIPES
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        self._locks.mkdir(parents=True, exist_ok=True)
         with open(self._locks / f"{stripe:03d}.lock", "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

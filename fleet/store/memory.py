@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from fleet.errors import NotFound, PreconditionFailed
-from fleet.store._keys import check_key, check_prefix, content_etag
+from fleet.errors import NotFound
+from fleet.store._shared import check_key, check_preconditions, check_prefix, content_etag
 from fleet.types import StoredObject
 
 
@@ -31,7 +31,7 @@ class MemoryStore:
         data = bytes(data)
         with self._lock:
             current = self._objects.get(key)
-            _check_preconditions(key, current, if_match, if_none_match)
+            check_preconditions(key, current, if_match, if_none_match)
             self._objects[key] = data
         return content_etag(data)
 
@@ -46,15 +46,3 @@ class MemoryStore:
         with self._lock:
             self._objects.pop(key, None)
 
-
-def _check_preconditions(
-    key: str, current: bytes | None, if_match: str | None, if_none_match: bool
-) -> None:
-    """Shared by the content-hash backends (memory, file)."""
-    if if_none_match and current is not None:
-        raise PreconditionFailed(f"{key!r} already exists; expected it not to")
-    if if_match is not None:
-        if current is None:
-            raise PreconditionFailed(f"{key!r} does not exist; expected ETag {if_match}")
-        if content_etag(current) != if_match:
-            raise PreconditionFailed(f"{key!r} changed since it was read (ETag {if_match} is stale)")

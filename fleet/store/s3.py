@@ -12,11 +12,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from fleet.errors import ConfigError, NotFound, PreconditionFailed, StoreUnavailable
-from fleet.store._keys import check_key, check_prefix
+from fleet.store._shared import check_key, check_prefix
 from fleet.types import StoredObject
 
-_PRECONDITION_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
-_MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+_PRECONDITION_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
 
 
 class S3Store:
@@ -37,13 +36,15 @@ class S3Store:
             import boto3  # deferred: boto3 costs ~0.3 s to import
             from botocore.config import Config
 
-            client = boto3.client(
+            # A session of its own: the default one caches credentials process-wide.
+            client = boto3.session.Session().client(
                 "s3",
                 endpoint_url=endpoint_url,
+                # Bounded: a CLI call against a silent endpoint fails in ~30 s, not minutes.
                 config=Config(
-                    retries={"max_attempts": 3, "mode": "standard"},
+                    retries={"total_max_attempts": 3, "mode": "standard"},
                     connect_timeout=5,
-                    read_timeout=30,
+                    read_timeout=10,
                 ),
             )
         self._s3 = client
@@ -103,23 +104,35 @@ class _S3Errors:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         if exc is None:
             return False
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
         where = f"{self.key!r} in {self.store.url}"
+        endpoint = getattr(self.store._s3.meta, "endpoint_url", "?")
         if isinstance(exc, ClientError):
             err = exc.response.get("Error", {})
             code = str(err.get("Code", ""))
-            if code in _PRECONDITION_CODES or (self.conditional and code in _MISSING_CODES):
+            if code in _PRECONDITION_CODES or (self.conditional and code == "NoSuchKey"):
                 raise PreconditionFailed(
                     f"conditional write of {where} failed ({code}): it changed or exists"
                 ) from None
-            if code in _MISSING_CODES:
+            if code == "NoSuchKey":
                 raise NotFound(f"no object at {where}") from None
             if code == "NoSuchBucket":
                 raise ConfigError(
-                    f"bucket {self.store.bucket!r} does not exist; create it or fix FLEET_STORE"
+                    f"bucket {self.store.bucket!r} does not exist at {endpoint}; "
+                    "create it or fix FLEET_STORE / AWS_ENDPOINT_URL_S3"
                 ) from None
-            raise StoreUnavailable(f"S3 refused {where}: {code} {err.get('Message', '')}") from None
+            # Anything else (a bare 404 included) means the endpoint is not answering as S3
+            # does; treating it as "missing" would turn it into wrong answers.
+            raise StoreUnavailable(
+                f"S3 at {endpoint} refused {where}: {code} {err.get('Message', '')}".strip()
+            ) from None
+        if isinstance(exc, NoCredentialsError):
+            raise ConfigError(
+                f"no AWS credentials for {self.store.url}; set AWS_ACCESS_KEY_ID / "
+                "AWS_SECRET_ACCESS_KEY or AWS_PROFILE (and AWS_ENDPOINT_URL_S3 for an "
+                "S3-compatible store)"
+            ) from None
         if isinstance(exc, BotoCoreError):
-            raise StoreUnavailable(f"S3 unreachable for {where}: {exc}") from None
+            raise StoreUnavailable(f"S3 at {endpoint} unreachable for {where}: {exc}") from None
         return False

@@ -1,10 +1,10 @@
-"""Key rules shared by every store backend, so a key valid on one is valid on all."""
+"""Rules shared by the store backends: valid keys (the same on all) and content-hash ETags."""
 
 from __future__ import annotations
 
 import hashlib
 
-from fleet.errors import InvalidInput
+from fleet.errors import InvalidInput, PreconditionFailed
 
 _FORBIDDEN_CHARS = ("\\", "\x00")
 
@@ -40,3 +40,16 @@ def check_prefix(prefix: str) -> str:
 def content_etag(data: bytes) -> str:
     """The ETag of the in-memory and file backends: the SHA-256 of the content."""
     return hashlib.sha256(data).hexdigest()
+
+
+def check_preconditions(
+    key: str, current: bytes | None, if_match: str | None, if_none_match: bool
+) -> None:
+    """The conditional-write rules of the content-hash backends (memory, file)."""
+    if if_none_match and current is not None:
+        raise PreconditionFailed(f"{key!r} already exists; expected it not to")
+    if if_match is not None:
+        if current is None:
+            raise PreconditionFailed(f"{key!r} does not exist; expected ETag {if_match}")
+        if content_etag(current) != if_match:
+            raise PreconditionFailed(f"{key!r} changed since it was read (ETag {if_match} is stale)")
