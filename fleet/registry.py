@@ -2,8 +2,8 @@
 
 ``models/<model>/<version>/manifest.json`` is the commit point of a registration: artifact
 files are uploaded first, the manifest last (must-not-exist), so a version is either fully
-registered or absent. A claim object keeps two registrations of one version from
-interleaving their uploads. Every download verifies each file's SHA-256.
+registered or absent. A lease (``registering.json``) keeps two registrations of one
+version from interleaving their uploads. Every download verifies each file's SHA-256.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleet import audit, records
+from fleet import audit, leases, records
 from fleet.errors import Conflict, IntegrityError, InvalidInput, NotFound, PreconditionFailed
 from fleet.names import check_name, check_version, version_key
 from fleet.types import ObjectStore
@@ -30,7 +30,8 @@ Datatype = Literal[
     "FP16", "FP32", "FP64", "BF16", "BYTES",
 ]  # fmt: skip  (the Open Inference Protocol's tensor datatypes)
 
-CLAIM_STALE_AFTER = timedelta(hours=1)
+# A registration that uploaded no file for this long is taken to have crashed.
+REGISTRATION_LEASE = timedelta(hours=1)
 
 
 class State(StrEnum):
@@ -107,11 +108,6 @@ class ModelVersion(VersionMetadata):
         return f"{self.model}:{self.version}"
 
 
-class _Claim(_Frozen):
-    who: str
-    at: datetime
-
-
 def _prefix(model: str, version: str) -> str:
     return f"models/{model}/{version}"
 
@@ -169,15 +165,26 @@ class Registry:
         if meta.parent_version is not None:
             self.get(model, meta.parent_version)  # the parent must exist
         prefix = _prefix(model, version)
+        duplicate = f"{model}:{version} is already registered; versions are immutable, register a new version"
         if records.exists(self.store, f"{prefix}/manifest.json"):
-            raise Conflict(f"{model}:{version} is already registered; versions are immutable, register a new version")
-        self._claim(model, version, who)
+            raise Conflict(duplicate)
+        lease = leases.acquire(
+            self.store, f"{prefix}/registering.json", what=f"registration of {model}:{version}",
+            who=who, stale_after=REGISTRATION_LEASE,
+        )  # fmt: skip
         try:
+            # Checked again under the lease: another registration may have committed
+            # between the first check and the lease.
+            if records.exists(self.store, f"{prefix}/manifest.json"):
+                raise Conflict(duplicate)
+            for key in list(self.store.list(f"{prefix}/artifact/")):
+                self.store.delete(key)  # debris of a registration that crashed before its manifest
             digests: dict[str, FileDigest] = {}
             for rel, path in files:
                 data = path.read_bytes()
                 self.store.put(f"{prefix}/artifact/{rel}", data)
                 digests[rel] = FileDigest(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+                lease.renew()  # progress; fails if a takeover happened, before the commit
                 if progress:
                     progress(rel, len(data))
             at = audit.now()
@@ -188,33 +195,14 @@ class Registry:
             try:
                 records.create(self.store, f"{prefix}/manifest.json", mv)
             except PreconditionFailed:
-                raise Conflict(f"{model}:{version} was registered by someone else meanwhile") from None
+                raise Conflict(duplicate) from None
         finally:
-            self.store.delete(f"{prefix}/registering.json")
+            lease.release()
         audit.append(self.store, audit.AuditEvent(
             model=model, kind="state", at=at, who=who, why="registered",
             version=version, before=None, after=State.REGISTERED.value,
         ))  # fmt: skip
         return mv
-
-    def _claim(self, model: str, version: str, who: str) -> None:
-        key = f"{_prefix(model, version)}/registering.json"
-        claim = _Claim(who=who, at=audit.now())
-        try:
-            records.create(self.store, key, claim)
-            return
-        except PreconditionFailed:
-            pass
-        held, etag = records.load_or_none(self.store, key, _Claim)
-        if held is not None and audit.now() - held.at < CLAIM_STALE_AFTER:
-            raise Conflict(
-                f"{model}:{version} is being registered by {held.who} since "
-                f"{held.at:%Y-%m-%d %H:%M:%S} UTC; wait for it or register another version"
-            )
-        try:  # a stale claim left by a crashed registration: take it over
-            self.store.put(key, records.dump(claim), **({"if_match": etag} if etag else {"if_none_match": True}))
-        except PreconditionFailed:
-            raise Conflict(f"{model}:{version} is being registered by someone else right now") from None
 
     # -- verifying and downloading ---------------------------------------------------
     def verify(self, model: str, version: str) -> ModelVersion:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet import audit
+from fleet import audit, leases, records
 from fleet.errors import Conflict, IntegrityError, InvalidInput, NotFound
 from fleet.registry import Registry, State, TensorSpec, VersionMetadata
 from fleet.store import MemoryStore
@@ -103,19 +103,61 @@ def test_duplicate_version_is_refused_and_the_original_kept(artifact: Path) -> N
     assert reg.verify("demo", "1.0.0") == first
 
 
+def _lease(who: str, at: str) -> bytes:
+    return (
+        f'{{"id": "x", "who": "{who}", "acquired_at": "{at}", "renewed_at": "{at}"}}'
+    ).encode()
+
+
 def test_a_registration_in_progress_blocks_a_second_one(artifact: Path) -> None:
     store = MemoryStore()
-    store.put("models/demo/1.0.0/registering.json", b'{"who": "bob", "at": "%s"}' % audit.now().isoformat().encode())
-    with pytest.raises(Conflict, match="being registered by bob"):
+    store.put("models/demo/1.0.0/registering.json", _lease("bob", audit.now().isoformat()))
+    with pytest.raises(Conflict, match="registration of demo:1.0.0 is in progress by bob"):
         Registry(store).register("demo", "1.0.0", artifact, META)
+    assert not records.exists(store, "models/demo/1.0.0/manifest.json")
 
 
-def test_a_stale_claim_from_a_crash_is_taken_over(artifact: Path) -> None:
+def test_a_stale_lease_from_a_crash_is_taken_over_and_its_debris_removed(artifact: Path) -> None:
     store = MemoryStore()
-    store.put("models/demo/1.0.0/registering.json", b'{"who": "bob", "at": "2020-01-01T00:00:00Z"}')
-    store.put("models/demo/1.0.0/artifact/config.json", b"half-written leftover")
+    store.put("models/demo/1.0.0/registering.json", _lease("bob", "2020-01-01T00:00:00Z"))
+    store.put("models/demo/1.0.0/artifact/old-shard.bin", b"half-written leftover")
     mv = Registry(store).register("demo", "1.0.0", artifact, META)
     assert Registry(store).verify("demo", "1.0.0") == mv
+    assert not records.exists(store, "models/demo/1.0.0/artifact/old-shard.bin")
+    assert not records.exists(store, "models/demo/1.0.0/registering.json")
+
+
+def test_a_registration_that_loses_the_race_leaves_the_winner_intact(
+    artifact: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B passes the duplicate check, then A commits before B takes the lease."""
+    store = MemoryStore()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("B's different bytes")
+    acquire = leases.acquire
+
+    def a_commits_first(*args, **kwargs):
+        if kwargs["who"] == "bob":
+            Registry(store).register("demo", "1.0.0", artifact, META, who="ann")
+        return acquire(*args, **kwargs)
+
+    monkeypatch.setattr(leases, "acquire", a_commits_first)
+    with pytest.raises(Conflict, match="already registered"):
+        Registry(store).register("demo", "1.0.0", other, META, who="bob")
+    assert Registry(store).verify("demo", "1.0.0").created_by == "ann"
+
+
+def test_a_registration_taken_over_midway_never_commits(artifact: Path) -> None:
+    store = MemoryStore()
+
+    def someone_takes_over(_rel: str, _size: int) -> None:
+        store.put("models/demo/1.0.0/registering.json", _lease("carol", audit.now().isoformat()))
+
+    with pytest.raises(Conflict, match="lost the lease"):
+        Registry(store).register("demo", "1.0.0", artifact, META, progress=someone_takes_over)
+    assert not records.exists(store, "models/demo/1.0.0/manifest.json")
+    assert b"carol" in store.get("models/demo/1.0.0/registering.json").data  # not released by the loser
 
 
 def test_empty_missing_or_symlinked_artifacts_are_refused(tmp_path: Path, artifact: Path) -> None:
