@@ -91,11 +91,15 @@ def load_yaml_file(path: str | Path, cls: type[T]) -> T:
         raise ConfigError("\n".join(f"{path}: {line}" for line in explain(exc, cls, ()))) from None
 
 
-def explain(error: ValidationError, model: type[BaseModel], prefix: tuple[str, ...]) -> list[str]:
+def explain(error: ValidationError, model: type[BaseModel] | None, prefix: tuple[str, ...] = ()) -> list[str]:
     """Translate pydantic's errors into report lines, each aimed at one dotted key."""
     lines = []
     for err in error.errors():
         loc, got, ctx = tuple(err["loc"]), err.get("input"), err.get("ctx") or {}
+        if err["type"] == "value_error":  # a validator's own sentence says it best
+            sentence = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{_dotted(prefix + loc)}: {sentence}" if prefix + loc else sentence)
+            continue
         if err["type"] == "extra_forbidden":
             allowed = list(getattr(_type_at(model, loc[:-1])[0], "model_fields", ()))
             what, wanted = f"unknown key {loc[-1]!r}", f"one of {', '.join(allowed)}"

@@ -1,4 +1,8 @@
-"""Child process for the race tests: increment a shared counter N times by conditional writes."""
+"""Child process for the race tests.
+
+``race_worker.py URL KEY N NAME``: increment a shared counter N times by conditional writes.
+``race_worker.py URL MODEL N NAME --weights``: change the model's canary weight N times.
+"""
 
 from __future__ import annotations
 
@@ -24,5 +28,14 @@ def main(url: str, key: str, times: int, name: str) -> None:
         )  # fmt: skip
 
 
+def weights(url: str, model: str, times: int, name: str) -> None:
+    from fleet.router import Router
+
+    router = Router(open_store(url))
+    for i in range(times):
+        router.set(model, weight=(i * 7 + len(name)) % 100, why=f"{name} step {i}", who=name)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    run = weights if "--weights" in sys.argv else main
+    run(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])

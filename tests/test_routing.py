@@ -1,24 +1,18 @@
-"""Routing: the pure version choice, validation, audited updates and history."""
+"""Routing decisions: the pure version choice, shadow sampling and table validation."""
 
 from __future__ import annotations
 
-import threading
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
-
 import pytest
 
-from fleet import audit, records
+from fleet import audit
 from fleet.errors import Forbidden, InvalidInput, NotFound
-from fleet.registry import Registry, State
-from fleet.routing import Canary, RouteTable, Router, Shadow, choose_version, should_shadow, validate_states
-from fleet.store import MemoryStore
-from fleet.tenants import Tenant, Tenants
-from fleet.types import ObjectStore
-
-from tests.test_registry import META
+from fleet.registry import State
+from fleet.routing import BUCKETS, Canary, RouteTable, Shadow, bucket, choose_version, should_shadow, validate_states
+from fleet.tenants import Tenant
 
 KEYS = [f"user-{i}" for i in range(100_000)]
+# Buckets of user-0, user-1, user-2 and alice for model demo, canary 1.1.0 (see the test).
+GOLDEN_BUCKETS = [5861, 6431, 403, 8118]
 
 
 def tenant(name: str = "acme", versions: list[str] | None = None) -> Tenant:
@@ -34,10 +28,15 @@ def table(weight: float, **kw) -> RouteTable:
 # -- pure choice -----------------------------------------------------------------------
 
 
-def test_choice_is_sticky_per_routing_key() -> None:
+def test_buckets_are_fixed_across_processes_and_releases() -> None:
+    """Golden values: a key must land in the same bucket in every gateway process and after
+    every upgrade (Python's own hash() is salted per process and would break this)."""
     t = table(30)
-    first = [choose_version(t, None, k).version for k in KEYS[:2000]]
-    assert first == [choose_version(t, None, k).version for k in KEYS[:2000]]
+    assert [bucket(t, k) for k in ("user-0", "user-1", "user-2", "alice")] == GOLDEN_BUCKETS
+    assert all(0 <= bucket(t, k) < BUCKETS for k in KEYS[:1000])
+    assert [choose_version(t, None, k).version for k in ("user-0", "user-1", "user-2", "alice")] == [
+        "1.1.0" if b < 3000 else "1.0.0" for b in GOLDEN_BUCKETS
+    ]
 
 
 def test_raising_the_weight_only_moves_keys_from_stable_to_canary() -> None:
@@ -123,146 +122,3 @@ def test_states_are_validated_per_role() -> None:
         validate_states(RouteTable(model="demo", stable="1.0.0", pins={"acme": "0.9.0"}), states, "1.0.0")
     validate_states(RouteTable(model="demo", stable="1.2.0"), states, None)  # first rollout
     validate_states(RouteTable(model="demo", stable="0.9.0"), states, "1.0.0")  # rollback
-
-
-# -- stored routes ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def router(store: ObjectStore, tmp_path: Path) -> Router:
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "w").write_text("w")
-    reg = Registry(store)
-    for v in ("1.0.0", "1.1.0", "1.2.0"):
-        reg.register("demo", v, tmp_path / "a", META)
-    return Router(store, reg)
-
-
-def test_a_rollout_moves_version_states_with_the_route(router: Router) -> None:
-    router.set("demo", stable="1.0.0", why="first", who="ann")
-    router.set("demo", canary="1.1.0", weight=10, why="canary")
-    router.set("demo", weight=50, why="more")
-    assert router.get("demo").canary == Canary(version="1.1.0", weight=50)
-    router.set("demo", stable="1.1.0", why="promote")
-    t = router.get("demo")
-    assert (t.stable, t.canary, t.revision) == ("1.1.0", None, 4)
-    assert router.registry.states("demo") == {"1.0.0": State.RETIRED, "1.1.0": State.STABLE, "1.2.0": State.REGISTERED}
-    router.set("demo", stable="1.0.0", why="roll back")  # retired → stable
-    assert router.registry.states("demo")["1.0.0"] == State.STABLE
-
-
-def test_refused_changes_write_nothing(router: Router) -> None:
-    router.set("demo", stable="1.0.0", why="first")
-    with pytest.raises(InvalidInput, match="roll it out as a canary first"):
-        router.set("demo", stable="1.2.0", why="skip the canary")
-    with pytest.raises(InvalidInput, match="has no canary to change; expected --canary VERSION"):
-        router.set("demo", weight=10, why="x")
-    with pytest.raises(InvalidInput, match="needs a reason"):
-        router.set("demo", canary="1.1.0", weight=5, why=" ")
-    with pytest.raises(NotFound, match="'ghost' has no registered versions"):
-        router.set("ghost", stable="1.0.0", why="x")
-    assert router.get("demo").revision == 1
-    assert [e.revision for e in router.history("demo") if e.kind == "route"] == [1]
-
-
-def test_pins_are_set_and_removed(router: Router) -> None:
-    router.set("demo", stable="1.0.0", why="first")
-    Tenants(router.store).create("acme", {"demo": ["*"]})
-    router.pin("demo", "acme", "1.2.0", why="acme tests 1.2")
-    assert router.get("demo").pins == {"acme": "1.2.0"}
-    router.unpin("demo", "acme", why="done")
-    assert router.get("demo").pins == {}
-    with pytest.raises(NotFound, match="no pin"):
-        router.unpin("demo", "acme", why="again")
-
-
-def test_a_pin_needs_a_tenant_entitled_to_the_version(router: Router) -> None:
-    router.set("demo", stable="1.0.0", why="first")
-    Tenants(router.store).create("globex", {"demo": ["1.0.0"]})
-    with pytest.raises(Forbidden, match="'globex' may not use demo:1.2.0; allowed: 1.0.0"):
-        router.pin("demo", "globex", "1.2.0", why="x")
-    with pytest.raises(NotFound, match="tenant 'ghost' does not exist"):
-        router.pin("demo", "ghost", "1.0.0", why="x")
-    assert router.get("demo").pins == {}
-
-
-def test_history_records_who_why_before_and_after(router: Router) -> None:
-    router.set("demo", stable="1.0.0", why="first", who="ann")
-    router.set("demo", canary="1.1.0", weight=5, why="canary", who="bob")
-    route_events = [e for e in router.history("demo") if e.kind == "route"]
-    assert [(e.revision, e.who, e.why) for e in route_events] == [(1, "ann", "first"), (2, "bob", "canary")]
-    assert route_events[1].before["canary"] is None
-    assert route_events[1].after["canary"] == {"version": "1.1.0", "weight": 5.0}
-
-
-def test_at_answers_what_served_at_a_past_time(router: Router) -> None:
-    before_any = audit.now()
-    router.set("demo", stable="1.0.0", why="first")
-    after_first = audit.now()
-    router.set("demo", canary="1.1.0", weight=20, why="canary")
-    assert router.at("demo", before_any - timedelta(seconds=1)) is None
-    assert router.at("demo", after_first).canary is None
-    assert router.at("demo", audit.now()).canary == Canary(version="1.1.0", weight=20)
-    with pytest.raises(InvalidInput, match="no timezone"):
-        router.at("demo", datetime(2026, 1, 1))
-
-
-def test_a_lost_audit_event_is_rebuilt_from_the_route(router: Router) -> None:
-    router.set("demo", stable="1.0.0", why="first", who="ann")
-    router.set("demo", canary="1.1.0", weight=5, why="canary", who="bob")
-    router.store.delete(audit.route_event_key("demo", 2))  # the writer died before logging
-    events = [e for e in router.history("demo") if e.kind == "route"]
-    assert [(e.revision, e.who, e.why) for e in events] == [(1, "ann", "first"), (2, "bob", "canary")]
-    assert events[-1].before["canary"] is None
-    assert events[-1].after["canary"] == {"version": "1.1.0", "weight": 5.0}
-
-
-def test_concurrent_route_updates_each_get_their_own_revision() -> None:
-    store = MemoryStore()
-    reg = Registry(store)
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        Path(d, "w").write_text("w")
-        for v in ("1.0.0", "1.1.0"):
-            reg.register("demo", v, d, META)
-    router = Router(store, reg)
-    router.set("demo", stable="1.0.0", why="first")
-    router.set("demo", canary="1.1.0", weight=0, why="canary")
-    errors: list[BaseException] = []
-
-    def pin(i: int) -> None:
-        try:
-            Tenants(store).create(f"tenant-{i}", {"demo": ["*"]})
-            Router(store, reg).pin("demo", f"tenant-{i}", "1.0.0", why=f"pin {i}")
-        except BaseException as exc:  # noqa: BLE001 - surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=pin, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    final = router.get("demo")
-    assert final.revision == 10 and len(final.pins) == 8
-    assert sorted(e.revision for e in router.history("demo") if e.kind == "route") == list(range(1, 11))
-
-
-def test_route_file_is_plain_json_that_validates(router: Router) -> None:
-    router.set("demo", stable="1.0.0", why="first")
-    t, _ = records.load(router.store, "routes/demo.json", RouteTable)
-    assert t.updated_at is not None and t.updated_at.tzinfo is not None and t.updated_at <= datetime.now(UTC)
-
-
-def test_shadow_is_set_resized_and_removed_without_touching_states(router: Router) -> None:
-    router.set("demo", stable="1.0.0", why="first")
-    with pytest.raises(InvalidInput, match="has no shadow to change"):
-        router.set("demo", shadow_percent=5, why="x")
-    router.set("demo", shadow="1.2.0", why="mirror everything")
-    assert router.get("demo").shadow == Shadow(version="1.2.0", percent=100)
-    router.set("demo", shadow_percent=5, why="less")
-    assert router.get("demo").shadow == Shadow(version="1.2.0", percent=5)
-    assert router.registry.states("demo")["1.2.0"] == State.REGISTERED
-    router.set("demo", clear_shadow=True, why="done")
-    assert router.get("demo").shadow is None

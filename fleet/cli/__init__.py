@@ -17,6 +17,7 @@ from fleet import __version__
 from fleet.cli import models, policies, route, tenants
 from fleet.cli._output import fail
 from fleet.errors import FleetError
+from fleet.validation import explain
 
 app = typer.Typer(
     name="fleet",
@@ -63,7 +64,7 @@ def main() -> None:
     except FleetError as exc:
         fail(str(exc))
     except ValidationError as exc:  # a record or input that slipped past a friendlier check
-        fail(f"invalid input: {exc.errors()[0]['msg']} at {'.'.join(map(str, exc.errors()[0]['loc']))}")
+        fail(f"invalid {exc.title}: " + "; ".join(explain(exc, None)))
     except OSError as exc:
         fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
     except KeyboardInterrupt:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fleet.registry import Registry
-from fleet.routing import Router
+from fleet.router import Router
 from fleet.store import open_store
 from fleet.tenants import Tenants
 
