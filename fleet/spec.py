@@ -20,13 +20,27 @@ from fleet.names import NAME_RE
 from fleet.validation import checked, expected, explain, hint, problem, read_yaml, show
 
 
+_CRON_ITEM = re.compile(r"(\*|(\d+)(?:-(\d+))?)(?:/(\d+))?")
+
+
 def _is_cron(value: str) -> bool:
+    """Five fields of comma-separated items: ``*``, ``N`` or ``N-M``, each optionally ``/step``."""
     fields = value.split()
     limits = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))  # minute hour day month weekday
-    return len(fields) == 5 and all(
-        re.fullmatch(r"[0-9*/,-]+", f) and all(lo <= int(n) <= hi for n in re.findall(r"\d+", f))
-        for f, (lo, hi) in zip(fields, limits)
-    )
+    if len(fields) != 5:
+        return False
+    for field, (lo, hi) in zip(fields, limits):
+        for item in field.split(","):
+            m = _CRON_ITEM.fullmatch(item)
+            if m is None:
+                return False
+            start, end, step = m.group(2), m.group(3), m.group(4)
+            numbers = [int(n) for n in (start, end) if n is not None]
+            if any(not lo <= n <= hi for n in numbers) or (end is not None and int(start) > int(end)):
+                return False
+            if step is not None and int(step) == 0:
+                return False
+    return True
 
 
 def _is_canary_ramp(steps: list[int]) -> bool:

@@ -1,8 +1,10 @@
 """Tenants: who may call which model versions, at what rate, with which API keys.
 
 An API key is shown once, when it is made; the store keeps only its SHA-256. Keys look
-like ``sfk_<key id>_<secret>``: the key id finds the tenant without scanning, and the hash
-is compared in constant time.
+like ``sfk_<key id>_<secret>``: the key id lets a server index keys in memory (the
+gateway does) instead of hashing against every tenant, and the hash is compared in
+constant time. ``Tenants.authenticate`` reads every tenant: fine for the CLI and admin
+work, not for a request path.
 """
 
 from __future__ import annotations
@@ -149,6 +151,10 @@ class Tenants:
             t = self._existing(name, t)
             if key_id is not None and key_id not in {k.id for k in t.keys}:
                 raise NotFound(f"tenant {name!r} has no key {key_id!r}; keys: {', '.join(k.id for k in t.keys)}")
+            live = [k for k in t.keys if k.revoked_at is None and key_id in (None, k.id)]
+            if not live:
+                what = f"key {key_id!r}" if key_id else "every key"
+                raise Conflict(f"{what} of tenant {name!r} is already revoked; nothing to revoke")
             at = audit.now()
             keys = [
                 k.model_copy(update={"revoked_at": at})

@@ -77,6 +77,10 @@ def test_a_new_user_registers_creates_a_tenant_sets_a_canary_and_reads_history(s
         (["route", "set", "nobody", "--stable", "1.0.0", "-r", "x"], "'nobody' has no registered versions"),
         (["tenants", "create", "acme", "--model", "demo-classifier:latest"], "not a semantic version"),
         (["route", "history", "demo-classifier", "--at", "yesterday"], "expected ISO 8601"),
+        (["route", "set", "demo-classifier", "--no-canary", "--canary", "1.0.0", "-r", "x"], "cannot be combined"),
+        (["route", "set", "demo-classifier", "-r", "x"], "nothing to change"),
+        (["route", "unpin", "demo-classifier", "acme", "-r", "x"], "has no pin"),
+        (["tenants", "revoke", "ghost"], "tenant 'ghost' does not exist"),
     ],
 )
 def test_errors_are_one_line_on_stderr_with_a_nonzero_exit(store_url: str, args: list[str], message: str) -> None:
@@ -128,3 +132,33 @@ def test_help_lists_every_command_group() -> None:
     out = run("file:///tmp/unused", "--help").stdout
     for group in ("models", "route", "tenants", "policies"):
         assert group in out
+
+
+def test_a_tampered_artifact_is_refused_by_name(tmp_path: Path) -> None:
+    url = f"file://{tmp_path / 'store'}"
+    register(url, "1.0.0")
+    (tmp_path / "store" / "models" / "demo-classifier" / "1.0.0" / "artifact" / "config.json").write_text("{}")
+    for args in (["models", "fetch", "demo-classifier", "1.0.0", str(tmp_path / "out")],
+                 ["models", "show", "demo-classifier", "1.0.0", "--verify"]):
+        proc = run(url, *args, ok=False)
+        assert proc.returncode == 1 and "'config.json' of demo-classifier:1.0.0 fails its checksum" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_promote_then_roll_back_moves_states_and_revoking_twice_is_refused(tmp_path: Path) -> None:
+    url = f"file://{tmp_path / 'store'}"
+    register(url, "1.0.0")
+    register(url, "1.1.0")
+    run(url, "route", "set", "demo-classifier", "--stable", "1.0.0", "-r", "first")
+    run(url, "route", "set", "demo-classifier", "--canary", "1.1.0", "--weight", "50", "-r", "canary")
+    run(url, "route", "set", "demo-classifier", "--stable", "1.1.0", "-r", "promote")
+    states = {v["version"]: v["state"] for v in run_json(url, "models", "list")}
+    assert states == {"1.0.0": "retired", "1.1.0": "stable"}
+    run(url, "route", "set", "demo-classifier", "--stable", "1.0.0", "-r", "roll back")
+    states = {v["version"]: v["state"] for v in run_json(url, "models", "list")}
+    assert states == {"1.0.0": "stable", "1.1.0": "retired"}
+
+    run(url, "tenants", "create", "acme", "--model", "demo-classifier")
+    run(url, "tenants", "revoke", "acme")
+    proc = run(url, "tenants", "revoke", "acme", ok=False)
+    assert proc.returncode == 1 and "already revoked" in proc.stderr

@@ -169,8 +169,19 @@ def test_canary_step_out_of_range_names_the_index(tmp_path):
     assert expected in problems(path)
 
 
+@pytest.mark.parametrize("schedule", ["*/15 * * * *", "0 3 * * 1-5", "0,30 8-18/2 1 1,6 0", "59 23 31 12 7"])
+def test_good_cron_schedules_load(tmp_path, schedule):
+    data = base()
+    data["monitoring"]["default"]["schedule"] = schedule
+    assert load_policies(write(tmp_path, "fleet.yaml", data)).monitoring["default"].schedule == schedule
+
+
 @pytest.mark.parametrize(
-    "schedule", ["*/15 * * *", "every 15 minutes", "*/15 * * * MON", "61 * * * *"]
+    "schedule",
+    [
+        "*/15 * * *", "every 15 minutes", "*/15 * * * MON", "61 * * * *",
+        "- - - - -", "5-1 * * * *", "5,,6 * * * *", "*/0 * * * *", "0 0 0 * *",
+    ],
 )
 def test_bad_cron_schedule(tmp_path, schedule):
     data = base()

@@ -32,10 +32,14 @@ def test_unknown_and_revoked_keys_do_not_authenticate(store: ObjectStore) -> Non
     with pytest.raises(NotFound):
         tenants.authenticate(key)
     assert tenants.authenticate(second).name == "acme"
+    with pytest.raises(Conflict, match=f"key '{key_id}' of tenant 'acme' is already revoked"):
+        tenants.revoke("acme", key_id)
     tenants.revoke("acme")
     with pytest.raises(NotFound):
         tenants.authenticate(second)
     assert not tenants.get("acme").active
+    with pytest.raises(Conflict, match="every key of tenant 'acme' is already revoked"):
+        tenants.revoke("acme")
 
 
 def test_duplicate_tenant_and_unknown_key_id_are_refused(store: ObjectStore) -> None:
