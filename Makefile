@@ -6,6 +6,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Installed before the lock and kept out of it: on a CPU machine pip takes the CPU wheel,
+# on a GPU host the CUDA build.
+TORCH  := torch==2.13.0
 
 .PHONY: up test setup clean lock
 
@@ -19,6 +22,7 @@ $(STAMP): requirements.lock pyproject.toml
 	  { echo "error: $(PYTHON) is older than Python 3.11; set PYTHON=/path/to/python3.11" >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH)
 	$(BIN)/python -m pip install --quiet -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $@

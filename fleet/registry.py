@@ -107,6 +107,12 @@ class ModelVersion(VersionMetadata):
     def ref(self) -> str:
         return f"{self.model}:{self.version}"
 
+    @property
+    def artifact_sha256(self) -> str:
+        """One hash for the whole artifact: SHA-256 over the sorted (path, file hash) list."""
+        listing = "".join(f"{rel}\0{d.sha256}\n" for rel, d in sorted(self.files.items()))
+        return hashlib.sha256(listing.encode()).hexdigest()
+
 
 def _prefix(model: str, version: str) -> str:
     return f"models/{model}/{version}"

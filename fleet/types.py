@@ -53,3 +53,29 @@ class ObjectStore(Protocol):
 
     def delete(self, key: str) -> None:
         """Remove the key; removing a missing key is not an error."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """A model version running somewhere, reachable at one URL per replica."""
+
+    model: str
+    version: str
+    endpoints: tuple[str, ...]
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """Where model services run: local processes, or Kubernetes in production."""
+
+    def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment:
+        """Run ``replicas`` ready replicas of the version (idempotent); return their endpoints."""
+
+    def undeploy(self, model: str, version: str) -> None:
+        """Stop every replica of the version; stopping what is not running is not an error."""
+
+    def list(self) -> list[Deployment]:
+        """Every deployment with at least one live replica."""
+
+    def health(self, model: str, version: str) -> dict[str, bool]:
+        """Endpoint → whether it answers its readiness check now."""

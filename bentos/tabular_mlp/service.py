@@ -1,0 +1,46 @@
+"""BentoML service for one tabular-mlp model version.
+
+A thin shell: resources, traffic and batching come from ``fleet_build.json``, which
+``fleet package`` writes into the build from the model's policy; the model is the
+checksum-verified artifact imported into BentoML's model store as ``<model>:<version>``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import bentoml
+import numpy as np
+
+from model import Predictor  # noqa: I001 - the Bento holds this folder's files at its root
+
+BUILD = json.loads((Path(__file__).with_name("fleet_build.json")).read_text())
+
+
+@bentoml.service(
+    name=BUILD["service_name"],
+    resources=BUILD["resources"],
+    traffic=BUILD["traffic"],
+)
+class TabularClassifier:
+    model_ref = bentoml.models.BentoModel(BUILD["bento_model"])
+
+    def __init__(self) -> None:
+        self.predictor = Predictor(self.model_ref.path, quantize=BUILD["quantize"])
+
+    @bentoml.api(
+        batchable=True,
+        batch_dim=0,
+        max_batch_size=BUILD["batching"]["max_batch_size"],
+        max_latency_ms=BUILD["batching"]["max_latency_ms"],
+    )
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        """features [n, 4] float32 → class probabilities [n, 2]."""
+        return self.predictor.predict_proba(features)
+
+    @bentoml.api
+    def metadata(self) -> dict:
+        return {k: BUILD[k] for k in ("model", "version", "artifact_sha256", "quantize")} | {
+            "device": str(self.predictor.device)
+        }

@@ -1,0 +1,155 @@
+"""Packaging: one Bento per model version, built from the verified artifact.
+
+``package`` imports the artifact into BentoML's model store as ``<model>:<version>`` and
+builds a Bento of the model's family (``bentos/<family>/``) with the policy's resources,
+traffic and batching written into ``fleet_build.json``. Packages are pinned to what this
+environment runs and never locked against an index, so a build reaches no registry and
+changes nothing in the project's venv. BentoML keeps its stores under ``$BENTOML_HOME``
+(default ``./.fleet/bentoml``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import version as installed
+from pathlib import Path
+
+from fleet.errors import FleetError, InvalidInput
+from fleet.registry import Registry
+from fleet.runtime.cache import ArtifactCache
+from fleet.spec import ModelSpec
+
+DEFAULT_HOME = ".fleet/bentoml"
+# BentoML pins itself. Local version labels (+cpu) are dropped so a GPU image gets the
+# CUDA build of the same release.
+PINNED = ("torch", "numpy")
+
+
+class PackagingError(FleetError):
+    status = 500
+
+
+@dataclass(frozen=True)
+class Packaged:
+    bento: str  # tag, e.g. demo-classifier:1.0.0
+    model_tag: str
+    artifact_sha256: str
+    built: bool  # False: the Bento already existed
+
+
+def bentoml_home() -> Path:
+    """Set ``BENTOML_HOME`` (before bentoml is imported) and return it."""
+    home = Path(os.environ.setdefault("BENTOML_HOME", str(Path(DEFAULT_HOME).absolute())))
+    os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
+    return home
+
+
+def bento_version(version: str, quantize: bool) -> str:
+    """BentoML tags allow [a-z0-9_.-]: semver build metadata (+x) becomes _x."""
+    tag = version.lower().replace("+", "_") + ("-int8" if quantize else "")
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9_.-]*[a-z0-9])?", tag):
+        raise InvalidInput(f"version {version!r} cannot be a BentoML tag; expected letters, digits, '.', '-', '_'")
+    return tag
+
+
+def family_module(family: str):  # noqa: ANN201 - a module
+    try:
+        return importlib.import_module(f"bentos.{family.replace('-', '_')}")
+    except ModuleNotFoundError:
+        raise InvalidInput(f"model family {family!r} has no folder bentos/{family.replace('-', '_')}/") from None
+
+
+def package(
+    registry: Registry,
+    model: str,
+    version: str,
+    spec: ModelSpec,
+    cache: ArtifactCache,
+    *,
+    quantize: bool = False,
+    force: bool = False,
+    log: Callable[[str], None] = lambda _: None,
+) -> Packaged:
+    """Build (or find) the Bento of ``model:version``; ``log`` gets progress lines."""
+    if quantize and spec.resources.gpu > 0:
+        raise InvalidInput(f"{model} asks for a GPU; int8 dynamic quantization is for CPU-class models")
+    bentoml_home()
+    import bentoml
+
+    mv = registry.get(model, version)
+    tag_version = bento_version(version, quantize)
+    bento_tag = f"{model}:{tag_version}"
+    model_tag = f"{model}:{bento_version(version, False)}"
+    if not force and _exists(bentoml.bentos.get, bento_tag):
+        log(f"Bento {bento_tag} already built")
+        return Packaged(bento_tag, model_tag, mv.artifact_sha256, built=False)
+
+    log(f"verifying and caching the artifact of {mv.ref}")
+    artifact = cache.path(registry, model, version)
+    labels = {"model": model, "version": version, "artifact-sha256": mv.artifact_sha256}
+    if not _exists(bentoml.models.get, model_tag):
+        log(f"importing {mv.ref} into the BentoML model store")
+        with bentoml.models.create(model_tag, labels=labels, metadata={"framework": mv.framework}) as bm:
+            shutil.copytree(artifact, bm.path, dirs_exist_ok=True)
+    else:
+        stored = bentoml.models.get(model_tag)
+        if stored.info.labels.get("artifact-sha256") != mv.artifact_sha256:
+            raise PackagingError(
+                f"BentoML model {model_tag} holds artifact {stored.info.labels.get('artifact-sha256')}, "
+                f"not {mv.artifact_sha256} of {mv.ref}; delete it with `bentoml models delete {model_tag}`"
+            )
+
+    family = family_module(spec.family)
+    with tempfile.TemporaryDirectory(prefix="fleet-bento-") as ctx:
+        for name in family.BENTO_FILES:
+            shutil.copy(Path(family.__file__).with_name(name), Path(ctx) / name)
+        (Path(ctx) / "fleet_build.json").write_text(json.dumps(_build_config(model, version, spec, model_tag, mv.artifact_sha256, quantize), indent=2))
+        log(f"building Bento {bento_tag}")
+        try:
+            bento = bentoml.bentos.build(
+                family.SERVICE,
+                name=model,
+                version=tag_version,
+                labels={**labels, "quantize": "int8" if quantize else "none"},
+                include=[*family.BENTO_FILES, "fleet_build.json"],
+                python={"packages": [f"{p}=={installed(p).split('+')[0]}" for p in PINNED], "lock_packages": False},
+                build_ctx=ctx,
+            )
+        except Exception as exc:  # BentoML raises many kinds; say which build failed
+            raise PackagingError(f"bentoml build of {bento_tag} failed: {type(exc).__name__}: {exc}") from exc
+    log(f"built Bento {bento.tag}")
+    return Packaged(str(bento.tag), model_tag, mv.artifact_sha256, built=True)
+
+
+def _build_config(model: str, version: str, spec: ModelSpec, model_tag: str, sha: str, quantize: bool) -> dict:
+    resources: dict[str, object] = {"cpu": str(spec.resources.cpu), "memory": f"{spec.resources.memory_gib}Gi"}
+    if spec.resources.gpu > 0:
+        resources["gpu"] = spec.resources.gpu
+    return {
+        "model": model,
+        "version": version,
+        "service_name": model,
+        "bento_model": model_tag,
+        "artifact_sha256": sha,
+        "quantize": quantize,
+        "resources": resources,
+        "traffic": {"timeout": spec.timeout_ms / 1000, "concurrency": spec.concurrency},
+        "batching": spec.batching.model_dump(),
+    }
+
+
+def _exists(get: Callable[[str], object], tag: str) -> bool:
+    import bentoml
+
+    try:
+        get(tag)
+        return True
+    except bentoml.exceptions.NotFound:
+        return False

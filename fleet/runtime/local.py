@@ -1,0 +1,240 @@
+"""LocalRuntime: model services as ``bentoml serve`` processes on 127.0.0.1.
+
+Each replica is a process group of its own (BentoML forks workers) on a free port, with
+its log and a state file under ``<run_dir>/<model>/<version>/``. ``deploy`` waits until
+every replica answers ``/readyz`` or fails with the log's last lines. A state file whose
+process is gone (a crash, a reboot) is detected by ``list`` and removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from fleet.errors import FleetError, InvalidInput
+from fleet.names import check_name, check_version
+from fleet.types import Deployment
+
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 10.0
+LOG_TAIL_LINES = 25
+
+
+class DeployFailed(FleetError):
+    status = 503
+
+
+@dataclass(frozen=True)
+class _Replica:
+    pid: int
+    port: int
+    url: str
+    log: str
+    bento: str
+
+    @classmethod
+    def read(cls, path: Path) -> _Replica | None:
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+class LocalRuntime:
+    def __init__(
+        self,
+        run_dir: str | Path = ".fleet/run",
+        *,
+        bento_for: Callable[[str, str], str] | None = None,
+        env: dict[str, str] | None = None,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+    ) -> None:
+        """``bento_for(model, version)`` returns the Bento tag to serve (packaging it if
+        needed); by default the tag is ``<model>:<version>``."""
+        self.run_dir = Path(run_dir).absolute()
+        self.bento_for = bento_for or (lambda model, version: f"{model}:{version}")
+        self.env = env or {}
+        self.ready_timeout_s = ready_timeout_s
+
+    def _dir(self, model: str, version: str) -> Path:
+        return self.run_dir / check_name("model", model) / check_version(version)
+
+    def _replicas(self, model: str, version: str) -> list[tuple[Path, _Replica]]:
+        """Live replicas; state files of dead processes are removed on the way."""
+        live = []
+        for path in sorted(self._dir(model, version).glob("replica-*.json")):
+            replica = _Replica.read(path)
+            if replica is not None and _alive(replica.pid):
+                live.append((path, replica))
+            else:
+                path.unlink(missing_ok=True)
+        return live
+
+    def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment:
+        if replicas < 1:
+            raise InvalidInput(f"replicas must be >= 1, got {replicas}")
+        running = self._replicas(model, version)
+        for path, replica in running[replicas:]:
+            _stop(replica.pid)
+            path.unlink(missing_ok=True)
+        running = running[:replicas]
+        if len(running) < replicas:
+            bento = self.bento_for(model, version)
+            used = {int(p.stem.split("-")[1]) for p, _ in running}
+            slots = [i for i in range(replicas * 2) if i not in used][: replicas - len(running)]
+            started = [self._start(model, version, bento, slot) for slot in slots]
+            try:
+                for path, replica in started:
+                    self._wait_ready(model, version, replica)
+            except BaseException:
+                for path, replica in started:
+                    _stop(replica.pid)
+                    path.unlink(missing_ok=True)
+                raise
+            running += started
+        return Deployment(model, version, tuple(r.url for _, r in running))
+
+    def _start(self, model: str, version: str, bento: str, slot: int) -> tuple[Path, _Replica]:
+        folder = self._dir(model, version)
+        folder.mkdir(parents=True, exist_ok=True)
+        port = _free_port()
+        log = folder / f"replica-{slot}.log"
+        cmd = [sys.executable, "-m", "bentoml", "serve", bento, "--host", "127.0.0.1", "--port", str(port)]
+        env = {**os.environ, "BENTOML_DO_NOT_TRACK": "true", **self.env}
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True,  # its own group: stop reaches the workers too
+            )  # fmt: skip
+        replica = _Replica(pid=proc.pid, port=port, url=f"http://127.0.0.1:{port}", log=str(log), bento=bento)
+        path = folder / f"replica-{slot}.json"
+        path.write_text(json.dumps(replica.__dict__))
+        return path, replica
+
+    def _wait_ready(self, model: str, version: str, replica: _Replica) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if not _alive(replica.pid):
+                    raise DeployFailed(
+                        f"{model}:{version} exited while starting; last log lines of {replica.log}:\n"
+                        + _tail(replica.log)
+                    )
+                try:
+                    if client.get(f"{replica.url}/readyz").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
+        raise DeployFailed(
+            f"{model}:{version} was not ready after {self.ready_timeout_s:.0f} s; last log lines of "
+            f"{replica.log}:\n" + _tail(replica.log)
+        )
+
+    def undeploy(self, model: str, version: str) -> None:
+        for path, replica in self._replicas(model, version):
+            _stop(replica.pid)
+            path.unlink(missing_ok=True)
+
+    def list(self) -> list[Deployment]:
+        found = []
+        for folder in sorted(p for p in self.run_dir.glob("*/*") if p.is_dir()):
+            model, version = folder.parent.name, folder.name
+            urls = tuple(r.url for _, r in self._replicas(model, version))
+            if urls:
+                found.append(Deployment(model, version, urls))
+        return found
+
+    def health(self, model: str, version: str) -> dict[str, bool]:
+        result = {}
+        with httpx.Client(timeout=2.0) as client:
+            for _, replica in self._replicas(model, version):
+                try:
+                    result[replica.url] = client.get(f"{replica.url}/readyz").status_code == 200
+                except httpx.HTTPError:
+                    result[replica.url] = False
+        return result
+
+    def stop_all(self) -> None:
+        for d in self.list():
+            self.undeploy(d.model, d.version)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    """Is ``pid`` a live (not zombie) process of ours? Guards against reused pids too."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc (macOS): trust kill(0)
+    return stat.rsplit(")", 1)[1].split()[0] != "Z" and b"bentoml" in cmdline
+
+
+def _stop(pid: int) -> None:
+    """SIGTERM the replica's process group, then SIGKILL what is left after a grace period."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        _reap(pid)
+        if not _group_alive(pid):
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _reap(pid)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    # A group of zombies only: nothing is running any more.
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:]) or "(empty log)"
