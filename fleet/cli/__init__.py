@@ -14,14 +14,14 @@ import typer
 from pydantic import ValidationError
 
 from fleet import __version__
-from fleet.cli import models, policies, route, tenants
+from fleet.cli import models, policies, route, serving, tenants
 from fleet.cli._output import fail
 from fleet.errors import FleetError
 from fleet.validation import explain
 
 app = typer.Typer(
     name="fleet",
-    help="Run an ML serving fleet: model registry, routing, tenants and policies.",
+    help="Run an ML serving fleet: registry, routing, tenants, policies, packaging and serving.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -30,6 +30,11 @@ app.add_typer(models.app, name="models")
 app.add_typer(route.app, name="route")
 app.add_typer(tenants.app, name="tenants")
 app.add_typer(policies.app, name="policies")
+app.command("package")(serving.package_cmd)
+app.command("deploy")(serving.deploy_cmd)
+app.command("undeploy")(serving.undeploy_cmd)
+app.command("gateway")(serving.gateway_cmd)
+app.command("status")(serving.status_cmd)
 
 
 def _version(value: bool) -> None:

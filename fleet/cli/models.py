@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Annotated
 
@@ -99,3 +100,30 @@ def fetch(
     """Download a version's artifact, verifying every checksum before it lands."""
     path = registry().fetch(model, version, dest)
     console.print(f"fetched {model}:{version} into {path}")
+
+
+@app.command()
+def train(
+    model: str,
+    version: str,
+    seed: Annotated[int, typer.Option(help="Seed for data, initialisation and shuffling.")] = 7,
+    rows: Annotated[int, typer.Option(min=100, help="Generated training rows.")] = 20_000,
+    epochs: Annotated[int, typer.Option(min=1)] = 25,
+    parent: Annotated[str | None, typer.Option(help="Version this one derives from.")] = None,
+    policies: Annotated[Path, typer.Option("--policies", envvar="FLEET_POLICIES")] = Path("policies"),
+    json: JsonFlag = False,
+) -> None:
+    """Train a version of MODEL's family on generated data and register it."""
+    from fleet.runtime.bento import family_module
+    from fleet.spec import load_policies
+
+    family = family_module(load_policies(policies).model(model).family)
+    trainer = importlib.import_module(f"{family.__name__}.train")
+    with err_console.status(f"training {model}:{version} ..."):
+        mv = trainer.train_and_register(
+            registry().store, model, version, trainer.TrainConfig(seed=seed, rows=rows, epochs=epochs), parent=parent
+        )
+    if json:
+        emit_json(mv)
+    else:
+        console.print(f"registered [bold]{mv.ref}[/]: " + ", ".join(f"{k}={v:.4g}" for k, v in mv.metrics.items()))

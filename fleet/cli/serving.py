@@ -1,0 +1,121 @@
+"""``fleet package|deploy|undeploy|gateway|status``: from a registered version to traffic."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fleet.cli._output import JsonFlag, console, emit_json, err_console, registry, table
+
+PoliciesOpt = Annotated[
+    Path, typer.Option("--policies", envvar="FLEET_POLICIES", help="Policy folder or file.", show_envvar=True)
+]
+DEFAULT_POLICIES = Path("policies")
+
+
+def _runtime(policies_path: Path):  # noqa: ANN202
+    from fleet.runtime import open_runtime
+    from fleet.runtime.bento import bentoml_home
+
+    bentoml_home()  # the served Bentos live in the same BentoML home as the built ones
+    return open_runtime(bento_for=lambda model, version: _package(model, version, policies_path).bento)
+
+
+def _package(model: str, version: str, policies_path: Path, quantize: bool = False, force: bool = False):  # noqa: ANN202
+    from fleet.runtime.bento import package
+    from fleet.runtime.cache import ArtifactCache
+    from fleet.spec import load_policies
+
+    spec = load_policies(policies_path).model(model)
+    cache = ArtifactCache(os.environ.get("FLEET_CACHE_DIR", ".fleet/cache"))
+    return package(registry(), model, version, spec, cache, quantize=quantize, force=force,
+                   log=lambda line: err_console.print(f"[dim]{line}[/]"))  # fmt: skip
+
+
+def package_cmd(
+    model: str,
+    version: str,
+    quantize: Annotated[bool, typer.Option("--int8", help="Build the int8 dynamic-quantized CPU variant.")] = False,
+    force: Annotated[bool, typer.Option(help="Rebuild even if the Bento exists.")] = False,
+    policies: PoliciesOpt = DEFAULT_POLICIES,
+    json: JsonFlag = False,
+) -> None:
+    """Build the Bento of a registered version (checksums verified first)."""
+    result = _package(model, version, policies, quantize, force)
+    if json:
+        emit_json(result.__dict__)
+    else:
+        console.print(f"{'built' if result.built else 'found'} Bento [bold]{result.bento}[/] (artifact {result.artifact_sha256[:12]})")
+
+
+def deploy_cmd(
+    model: str,
+    version: str,
+    replicas: Annotated[int, typer.Option(min=1, help="Replicas to run.")] = 1,
+    policies: PoliciesOpt = DEFAULT_POLICIES,
+    json: JsonFlag = False,
+) -> None:
+    """Run a version's service (packaging it if needed) and wait until it is ready."""
+    registry().get(model, version)
+    with err_console.status(f"starting {model}:{version} ..."):
+        deployment = _runtime(policies).deploy(model, version, replicas)
+    if json:
+        emit_json({"model": model, "version": version, "endpoints": list(deployment.endpoints)})
+    else:
+        console.print(f"{model}:{version} ready at " + ", ".join(deployment.endpoints))
+
+
+def undeploy_cmd(model: str, version: str, policies: PoliciesOpt = DEFAULT_POLICIES) -> None:
+    """Stop every replica of a version."""
+    _runtime(policies).undeploy(model, version)
+    console.print(f"stopped {model}:{version}")
+
+
+def gateway_cmd(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    policies: PoliciesOpt = DEFAULT_POLICIES,
+) -> None:
+    """Run the gateway alone, in front of the runtime's deployments."""
+    import uvicorn
+
+    from fleet.gateway import FleetView, create_app
+    from fleet.spec import load_policies
+    from fleet.store import open_store
+
+    app = create_app(FleetView(open_store(), _runtime(policies)), load_policies(policies))
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+
+
+def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False) -> None:
+    """Models, versions, weights, replicas and their health."""
+    from fleet.router import Router
+
+    reg = registry()
+    router = Router(reg.store, reg)
+    runtime = _runtime(policies)
+    running = {(d.model, d.version): d for d in runtime.list()}
+    rows = []
+    for mv in reg.list():
+        t = router.get(mv.model)
+        role = []
+        if t.stable == mv.version:
+            role.append(f"stable {100 - (t.canary.weight if t.canary else 0):g}%")
+        if t.canary and t.canary.version == mv.version:
+            role.append(f"canary {t.canary.weight:g}%")
+        if t.shadow and t.shadow.version == mv.version:
+            role.append(f"shadow {t.shadow.percent:g}%")
+        role += [f"pin {tenant}" for tenant, v in sorted(t.pins.items()) if v == mv.version]
+        health = runtime.health(mv.model, mv.version) if (mv.model, mv.version) in running else {}
+        rows.append({
+            "model": mv.model, "version": mv.version, "state": mv.state.value, "traffic": ", ".join(role),
+            "replicas": len(health), "healthy": sum(health.values()), "endpoints": sorted(health),
+        })  # fmt: skip
+    if json:
+        emit_json(rows)
+        return
+    table(None, ["model", "version", "state", "traffic", "replicas", "healthy"],
+          [[r["model"], r["version"], r["state"], r["traffic"] or "-", r["replicas"], r["healthy"]] for r in rows])  # fmt: skip
