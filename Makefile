@@ -28,8 +28,7 @@ $(STAMP): requirements.lock pyproject.toml
 	@touch $@
 
 up: $(STAMP)
-	$(BIN)/fleet --help
-	bash scripts/roundtrip.sh
+	$(BIN)/fleet up
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

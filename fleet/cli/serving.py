@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -119,3 +120,55 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
         return
     table(None, ["model", "version", "state", "traffic", "replicas", "healthy"],
           [[r["model"], r["version"], r["state"], r["traffic"] or "-", r["replicas"], r["healthy"]] for r in rows])  # fmt: skip
+
+
+def up_cmd(
+    port: Annotated[int, typer.Option(help="Gateway port on 127.0.0.1.")] = 8000,
+    prefect_port: Annotated[int, typer.Option(help="Prefect server (UI and API) port on 127.0.0.1.")] = 4200,
+    model: Annotated[str, typer.Option(help="The demo model (trained on first run).")] = "demo-classifier",
+    no_prefect: Annotated[bool, typer.Option("--no-prefect", help="Do not start the Prefect server.")] = False,
+    policies: PoliciesOpt = DEFAULT_POLICIES,
+) -> None:
+    """Start the local fleet: store, Prefect server, the demo model's services and the gateway.
+
+    Ctrl-C stops every process it started.
+    """
+    from fleet.gateway import FleetView, create_app
+    from fleet.spec import load_policies
+    from fleet.store import open_store
+    from fleet.up import Settings, running_fleet, serve_gateway
+
+    settings = Settings(home=Path(".fleet"), port=port, prefect_port=prefect_port, model=model, with_prefect=not no_prefect)
+    loaded = load_policies(policies)
+    loaded.model(model)  # a clear error before anything starts
+    store = open_store()
+    runtime = _runtime(policies)
+    started = time.monotonic()
+
+    def step(text: str) -> None:
+        err_console.print(f"[dim]{time.monotonic() - started:5.1f}s[/]  {text}")
+
+    try:
+        with running_fleet(settings, store, loaded, runtime, step) as info:
+            app = create_app(FleetView(store, runtime), loaded)
+            serve_gateway(app, port, lambda: _summary(settings, info, time.monotonic() - started))
+    except KeyboardInterrupt:
+        pass
+    err_console.print("stopped: gateway, model services and Prefect server")
+
+
+def _summary(settings, info: dict[str, str], seconds: float) -> None:  # noqa: ANN001
+    url = f"http://127.0.0.1:{settings.port}"
+    body = '{"inputs":[{"name":"features","shape":[1,4],"datatype":"FP32","data":[1.0,0.0,0.0,0.0]}]}'
+    lines = [
+        f"serving-fleet is up ({seconds:.0f} s)",
+        f"  gateway      {url}  (OIP v2 and KServe v1)",
+        f"  Prefect UI   {info['prefect'] or '(not started)'}",
+        f"  store        {os.environ.get('FLEET_STORE', 'file://./.fleet/store')}",
+        f"  tenant key   {info['key']}  (tenant demo; also in {settings.home / 'demo-tenant.key'})",
+        "try it:",
+        f"  curl -s -H 'Authorization: Bearer {info['key']}' -H 'Content-Type: application/json' "
+        f"-d '{body}' {url}/v2/models/{settings.model}/infer",
+        "fleet status shows versions, weights and replicas; Ctrl-C stops everything.",
+    ]
+    print("\n".join(lines), flush=True)

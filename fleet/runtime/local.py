@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,10 +22,10 @@ import httpx
 
 from fleet.errors import FleetError, InvalidInput
 from fleet.names import check_name, check_version
+from fleet.processes import alive, stop_group, tail
 from fleet.types import Deployment
 
 READY_TIMEOUT_S = 120.0
-STOP_TIMEOUT_S = 10.0
 LOG_TAIL_LINES = 25
 
 
@@ -74,7 +73,7 @@ class LocalRuntime:
         live = []
         for path in sorted(self._dir(model, version).glob("replica-*.json")):
             replica = _Replica.read(path)
-            if replica is not None and _alive(replica.pid):
+            if replica is not None and alive(replica.pid, b"bentoml"):
                 live.append((path, replica))
             else:
                 path.unlink(missing_ok=True)
@@ -85,7 +84,7 @@ class LocalRuntime:
             raise InvalidInput(f"replicas must be >= 1, got {replicas}")
         running = self._replicas(model, version)
         for path, replica in running[replicas:]:
-            _stop(replica.pid)
+            stop_group(replica.pid)
             path.unlink(missing_ok=True)
         running = running[:replicas]
         if len(running) < replicas:
@@ -98,7 +97,7 @@ class LocalRuntime:
                     self._wait_ready(model, version, replica)
             except BaseException:
                 for path, replica in started:
-                    _stop(replica.pid)
+                    stop_group(replica.pid)
                     path.unlink(missing_ok=True)
                 raise
             running += started
@@ -125,10 +124,10 @@ class LocalRuntime:
         deadline = time.monotonic() + self.ready_timeout_s
         with httpx.Client(timeout=2.0) as client:
             while time.monotonic() < deadline:
-                if not _alive(replica.pid):
+                if not alive(replica.pid, b"bentoml"):
                     raise DeployFailed(
                         f"{model}:{version} exited while starting; last log lines of {replica.log}:\n"
-                        + _tail(replica.log)
+                        + tail(replica.log, LOG_TAIL_LINES)
                     )
                 try:
                     if client.get(f"{replica.url}/readyz").status_code == 200:
@@ -138,12 +137,12 @@ class LocalRuntime:
                 time.sleep(0.2)
         raise DeployFailed(
             f"{model}:{version} was not ready after {self.ready_timeout_s:.0f} s; last log lines of "
-            f"{replica.log}:\n" + _tail(replica.log)
+            f"{replica.log}:\n" + tail(replica.log, LOG_TAIL_LINES)
         )
 
     def undeploy(self, model: str, version: str) -> None:
         for path, replica in self._replicas(model, version):
-            _stop(replica.pid)
+            stop_group(replica.pid)
             path.unlink(missing_ok=True)
 
     def list(self) -> list[Deployment]:
@@ -174,67 +173,3 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    """Is ``pid`` a live (not zombie) process of ours? Guards against reused pids too."""
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True  # no /proc (macOS): trust kill(0)
-    return stat.rsplit(")", 1)[1].split()[0] != "Z" and b"bentoml" in cmdline
-
-
-def _stop(pid: int) -> None:
-    """SIGTERM the replica's process group, then SIGKILL what is left after a grace period."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        _reap(pid)
-        if not _group_alive(pid):
-            return
-        time.sleep(0.1)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    _reap(pid)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    # A group of zombies only: nothing is running any more.
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
-def _tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = Path(path).read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join(text[-lines:]) or "(empty log)"

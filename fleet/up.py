@@ -1,0 +1,205 @@
+"""``fleet up``: the whole fleet on one machine, on the embedded defaults.
+
+Store ``./.fleet/store``, the Prefect server (SQLite, UI) on 127.0.0.1:4200, the demo model
+trained and registered on first run, its stable (and canary) version served by
+``bentoml serve`` processes, and the gateway on 127.0.0.1:8000. Ctrl-C stops every child;
+a run after a crash first stops what the crashed one left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from fleet.errors import ConfigError, FleetError
+from fleet.registry import Registry
+from fleet.router import Router
+from fleet.processes import alive, stop_group, tail
+from fleet.runtime.local import LocalRuntime
+from fleet.spec import Policies
+from fleet.tenants import Tenants
+from fleet.types import ObjectStore
+
+DEMO_TENANT = "demo"
+PREFECT_READY_TIMEOUT_S = 120.0
+
+
+class StartFailed(FleetError):
+    status = 503
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path  # .fleet
+    port: int
+    prefect_port: int
+    model: str
+    with_prefect: bool = True
+
+
+def check_port_free(port: int, what: str, flag: str) -> None:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise ConfigError(f"port {port} for the {what} is in use on 127.0.0.1; free it or pass {flag}") from None
+
+
+class Prefect:
+    """The Prefect server as a child process group, with a pid file for crash cleanup."""
+
+    def __init__(self, home: Path, port: int) -> None:
+        self.home, self.port = home, port
+        self.pid_file = home / "run" / "prefect.json"
+        self.log = home / "run" / "prefect.log"
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "PREFECT_HOME": str((self.home / "prefect").absolute()),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_API_URL": f"{self.url}/api",
+        }
+
+    def stop_leftover(self) -> None:
+        try:
+            pid = json.loads(self.pid_file.read_text())["pid"]
+        except (OSError, ValueError, KeyError):
+            return
+        if alive(pid, b"prefect"):
+            stop_group(pid)
+        self.pid_file.unlink(missing_ok=True)
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        prefect = str(Path(sys.executable).with_name("prefect"))
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env(),
+                start_new_session=True,
+            )  # fmt: skip
+        self.pid_file.write_text(json.dumps({"pid": self.proc.pid, "port": self.port}))
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + PREFECT_READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise StartFailed(f"the Prefect server exited; last lines of {self.log}:\n{tail(self.log)}")
+            try:
+                if httpx.get(f"{self.url}/api/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise StartFailed(f"the Prefect server was not healthy after {PREFECT_READY_TIMEOUT_S:.0f} s; see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_group(self.proc.pid)
+            self.proc = None
+        self.pid_file.unlink(missing_ok=True)
+
+
+def ensure_demo_model(store: ObjectStore, model: str, policies: Policies, step: Callable[[str], None]) -> str:
+    """Train and register the first version if the model has none; make sure it has a stable."""
+    registry = Registry(store)
+    if not registry.versions(model):
+        from fleet.runtime.bento import family_module
+
+        step(f"training {model} 1.0.0 (first run only)")
+        family = family_module(policies.model(model).family)
+        trainer = __import__(f"{family.__name__}.train", fromlist=["train_and_register"])
+        trainer.train_and_register(store, model, "1.0.0")
+    router = Router(store, registry)
+    table = router.get(model)
+    if table.stable is None:
+        first = registry.versions(model)[0]
+        router.set(model, stable=first, why="fleet up: first version of the model")
+        table = router.get(model)
+    return table.stable or ""
+
+
+def ensure_demo_key(store: ObjectStore, model: str, key_file: Path) -> str:
+    """The demo tenant's key, kept in ``key_file`` (0600) so every ``fleet up`` can print it."""
+    tenants = Tenants(store)
+    if key_file.exists():
+        key = key_file.read_text().strip()
+        with contextlib.suppress(FleetError):
+            if tenants.get(DEMO_TENANT).matches(key):
+                return key
+    try:
+        tenants.get(DEMO_TENANT)
+        _, key = tenants.add_key(DEMO_TENANT)
+    except FleetError:
+        _, key = tenants.create(DEMO_TENANT, {model: ["*"]})
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    key_file.touch(mode=0o600)
+    key_file.write_text(key + "\n")
+    return key
+
+
+@contextlib.contextmanager
+def running_fleet(
+    settings: Settings,
+    store: ObjectStore,
+    policies: Policies,
+    runtime: LocalRuntime,
+    step: Callable[[str], None],
+) -> Iterator[dict[str, str]]:
+    """Start everything but the gateway; stop all of it on the way out, however it ends."""
+    check_port_free(settings.port, "gateway", "--port")
+    prefect = Prefect(settings.home, settings.prefect_port)
+    step("stopping what an earlier run left behind")
+    prefect.stop_leftover()
+    runtime.stop_all()
+    try:
+        if settings.with_prefect:
+            check_port_free(settings.prefect_port, "Prefect server", "--prefect-port")
+            step("starting the Prefect server (SQLite)")
+            prefect.start()
+        stable = ensure_demo_model(store, settings.model, policies, step)
+        key = ensure_demo_key(store, settings.model, settings.home / "demo-tenant.key")
+        table = Router(store).get(settings.model)
+        for version in [stable] + ([table.canary.version] if table.canary else []):
+            step(f"packaging and starting {settings.model}:{version}")
+            runtime.deploy(settings.model, version)
+        if settings.with_prefect:
+            step("waiting for the Prefect server")
+            prefect.wait_ready()
+        yield {"key": key, "prefect": prefect.url if settings.with_prefect else ""}
+    finally:
+        runtime.stop_all()
+        prefect.stop()
+
+
+def serve_gateway(app: object, port: int, on_ready: Callable[[], None]) -> None:
+    """Run the gateway until Ctrl-C / SIGTERM; ``on_ready`` once it accepts requests."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.05)
+        if server.started:
+            on_ready()
+        await task
+
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
+    asyncio.run(main())
