@@ -30,7 +30,7 @@ class TabularClassifier:
         self.predictor = Predictor(self.model_ref.path, quantize=BUILD["quantize"])
 
     @bentoml.api(
-        batchable=True,
+        batchable=BUILD["batching"]["batchable"],
         batch_dim=0,
         max_batch_size=BUILD["batching"]["max_batch_size"],
         max_latency_ms=BUILD["batching"]["max_latency_ms"],

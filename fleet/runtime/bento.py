@@ -74,22 +74,29 @@ def package(
     cache: ArtifactCache,
     *,
     quantize: bool = False,
+    batchable: bool = True,
     force: bool = False,
     log: Callable[[str], None] = lambda _: None,
 ) -> Packaged:
-    """Build (or find) the Bento of ``model:version``; ``log`` gets progress lines."""
+    """Build (or find) the Bento of ``model:version``; ``log`` gets progress lines.
+
+    ``batchable=False`` builds a variant without adaptive batching (tag suffix
+    ``-nobatch``), for comparing the two in ``bench/batching.py``.
+    """
     if quantize and spec.resources.gpu > 0:
         raise InvalidInput(f"{model} asks for a GPU; int8 dynamic quantization is for CPU-class models")
     bentoml_home()
     import bentoml
 
     mv = registry.get(model, version)
-    tag_version = bento_version(version, quantize)
+    tag_version = bento_version(version, quantize) + ("" if batchable else "-nobatch")
     bento_tag = f"{model}:{tag_version}"
     model_tag = f"{model}:{bento_version(version, False)}"
-    if not force and _exists(bentoml.bentos.get, bento_tag):
-        log(f"Bento {bento_tag} already built")
-        return Packaged(bento_tag, model_tag, mv.artifact_sha256, built=False)
+    if _exists(bentoml.bentos.get, bento_tag):
+        if not force:
+            log(f"Bento {bento_tag} already built")
+            return Packaged(bento_tag, model_tag, mv.artifact_sha256, built=False)
+        bentoml.bentos.delete(bento_tag)
 
     log(f"verifying and caching the artifact of {mv.ref}")
     artifact = cache.path(registry, model, version)
@@ -110,7 +117,7 @@ def package(
     with tempfile.TemporaryDirectory(prefix="fleet-bento-") as ctx:
         for name in family.BENTO_FILES:
             shutil.copy(Path(family.__file__).with_name(name), Path(ctx) / name)
-        (Path(ctx) / "fleet_build.json").write_text(json.dumps(_build_config(model, version, spec, model_tag, mv.artifact_sha256, quantize), indent=2))
+        (Path(ctx) / "fleet_build.json").write_text(json.dumps(_build_config(model, version, spec, model_tag, mv.artifact_sha256, quantize, batchable), indent=2))
         log(f"building Bento {bento_tag}")
         try:
             bento = bentoml.bentos.build(
@@ -128,7 +135,9 @@ def package(
     return Packaged(str(bento.tag), model_tag, mv.artifact_sha256, built=True)
 
 
-def _build_config(model: str, version: str, spec: ModelSpec, model_tag: str, sha: str, quantize: bool) -> dict:
+def _build_config(
+    model: str, version: str, spec: ModelSpec, model_tag: str, sha: str, quantize: bool, batchable: bool
+) -> dict:
     resources: dict[str, object] = {"cpu": str(spec.resources.cpu), "memory": f"{spec.resources.memory_gib}Gi"}
     if spec.resources.gpu > 0:
         resources["gpu"] = spec.resources.gpu
@@ -141,7 +150,7 @@ def _build_config(model: str, version: str, spec: ModelSpec, model_tag: str, sha
         "quantize": quantize,
         "resources": resources,
         "traffic": {"timeout": spec.timeout_ms / 1000, "concurrency": spec.concurrency},
-        "batching": spec.batching.model_dump(),
+        "batching": {**spec.batching.model_dump(), "batchable": batchable},
     }
 
 
