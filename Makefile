@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 # on a GPU host the CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: up test setup clean lock
+.PHONY: up test setup clean lock bench-setup
 
 setup: $(STAMP)
 
@@ -33,10 +33,17 @@ up: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# Re-resolve the lock after changing dependencies in pyproject.toml.
+# Re-resolve the locks after changing dependencies in pyproject.toml. The bench lock is the
+# test set plus the bench extra (Evidently, for bench/drift.py), resolved together so that
+# installing it beside the test set changes no version.
 lock:
 	$(BIN)/python -m pip install --quiet uv
 	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 -o requirements.lock
+	$(BIN)/uv pip compile pyproject.toml --extra test --extra bench --python-version 3.11 -o requirements-bench.lock
+
+# What the benchmarks need beyond the tests (run by hand, never by make test).
+bench-setup: $(STAMP)
+	$(BIN)/python -m pip install --quiet -r requirements-bench.lock
 
 clean:
 	rm -rf $(VENV) .fleet
