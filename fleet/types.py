@@ -79,3 +79,53 @@ class Runtime(Protocol):
 
     def health(self, model: str, version: str) -> dict[str, bool]:
         """Endpoint → whether it answers its readiness check now."""
+
+
+# -- what the gateway measured, as canary analysis reads it ---------------------------------
+
+# Upper bounds (ms) of the latency histogram buckets, shared by the gateway's windowed stats,
+# its Prometheus histograms (in seconds) and canary analysis. One open bucket (> the last
+# bound) follows, so a histogram has len(LATENCY_BUCKETS_MS) + 1 counts.
+LATENCY_BUCKETS_MS: tuple[float, ...] = (
+    1, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 2000, 5000, 10000,
+)  # fmt: skip
+# Bins of the predicted score (probability of the last class, or the only output) over
+# [0, 1]: bin i holds scores in [i/10, (i+1)/10), the last bin includes 1.0.
+PREDICTION_BINS = 10
+# Failure classes counted against the version that failed (4xx are the caller's, not counted).
+ERROR_CLASSES = ("5xx", "timeout", "unreachable")
+
+
+@dataclass(frozen=True, slots=True)
+class ArmWindow:
+    """What one version served during one window: counters differenced over [start, end).
+
+    ``requests`` counts every attempt on this version that was not the caller's fault
+    (answered, failed with 5xx, timed out or unreachable) — a canary failure that the
+    gateway retried on stable counts here as a request and an error, and once more on
+    stable. ``latency_ms`` and ``predictions`` cover the answered requests only.
+    """
+
+    model: str
+    version: str
+    start: float  # unix seconds
+    end: float
+    requests: int
+    errors: dict[str, int]  # ERROR_CLASSES → count
+    latency_ms: tuple[int, ...]  # counts per LATENCY_BUCKETS_MS bucket + the open one
+    predictions: tuple[int, ...]  # counts per PREDICTION_BINS score bin (one per output row)
+    shadow_pairs: int = 0  # mirrored requests of which both answers arrived (shadow arm only)
+    shadow_agreed: int = 0  # ... whose predicted classes were all the same
+
+    @property
+    def error_count(self) -> int:
+        return sum(self.errors.values())
+
+
+@runtime_checkable
+class MetricsSource(Protocol):
+    """Where canary analysis reads what a version served: the gateways' own stats (embedded
+    default) or the Prometheus HTTP API (production)."""
+
+    def window(self, model: str, version: str, start: float, end: float) -> ArmWindow:
+        """The version's counters over [start, end) (unix seconds); zeros when it served nothing."""
