@@ -1,0 +1,64 @@
+"""StaticRuntime: model services that run somewhere else, listed in a file.
+
+For servers this fleet does not start (a Triton or BentoML deployment managed by another
+team, a test double): ``FLEET_STATIC_ENDPOINTS`` names a JSON or YAML file mapping
+``"<model>:<version>"`` to a list of base URLs. The file is read again on every ``list``,
+so editing it is how endpoints change. ``deploy`` only checks that the version is listed;
+it starts nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import yaml
+
+from fleet.errors import ConfigError, NotFound
+from fleet.types import Deployment
+
+
+class StaticRuntime:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def _read(self) -> dict[tuple[str, str], tuple[str, ...]]:
+        try:
+            data = yaml.safe_load(self.path.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"FLEET_STATIC_ENDPOINTS {self.path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"FLEET_STATIC_ENDPOINTS {self.path}: not valid YAML/JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"FLEET_STATIC_ENDPOINTS {self.path}: expected a mapping of 'model:version' to URLs")
+        out = {}
+        for ref, urls in data.items():
+            model, sep, version = str(ref).partition(":")
+            if not sep or not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+                raise ConfigError(
+                    f"FLEET_STATIC_ENDPOINTS {self.path}: entry {ref!r}; expected 'model:version': [url, ...]"
+                )
+            out[model, version] = tuple(u.rstrip("/") for u in urls)
+        return out
+
+    def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment:
+        urls = self._read().get((model, version))
+        if not urls:
+            raise NotFound(f"{model}:{version} is not listed in {self.path}; this runtime starts nothing")
+        return Deployment(model, version, urls)
+
+    def undeploy(self, model: str, version: str) -> None:
+        """Nothing to stop: these services are not ours."""
+
+    def list(self) -> list[Deployment]:
+        return [Deployment(m, v, urls) for (m, v), urls in sorted(self._read().items()) if urls]
+
+    def health(self, model: str, version: str) -> dict[str, bool]:
+        result = {}
+        with httpx.Client(timeout=2.0) as client:
+            for url in self._read().get((model, version), ()):
+                try:
+                    result[url] = client.get(f"{url}/readyz").status_code == 200
+                except httpx.HTTPError:
+                    result[url] = False
+        return result
