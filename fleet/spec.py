@@ -134,6 +134,7 @@ class ModelSpec(_Spec):
     slo: Slo
     timeout_ms: int = Field(5000, gt=0)  # hard upper bound for one request, queueing included
     concurrency: int = Field(32, ge=1)  # in-flight requests per replica
+    max_queue: int = Field(256, ge=0)  # requests waiting for a slot (all replicas) before new ones get 503
     cache: Cache = Field(default_factory=Cache)
     inference_log: InferenceLog = Field(default_factory=InferenceLog)
     rollout: str = "default"  # name of a rollout policy
