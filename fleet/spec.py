@@ -140,6 +140,9 @@ class ModelSpec(_Spec):
     rollout: str = "default"  # name of a rollout policy
     monitoring: str = "default"  # name of a monitoring policy
     isolation: bool = False  # dedicated replicas, never shared with other models
+    # placement inputs (fleet.placement); None keeps the planner's defaults
+    kv_cache_gib: float | None = Field(None, ge=0.0)  # KV cache per replica (generative models)
+    peak_qps: float | None = Field(None, gt=0.0)  # expected peak; must fit max_replicas × target
 
 
 class Quota(_Spec):

@@ -1,0 +1,452 @@
+"""Placement: which node pool runs each model, on how many GPUs, and how big each node group is.
+
+A pure planner over frozen inputs: the models of ``policies/`` (parameters, dtype, KV cache,
+replica bounds, isolation of the model or of a tenant entitled to it) and the node pools of
+a stack (instance type, GPUs and their memory, vCPU, RAM, price). ``plan`` returns a
+``Plan``; ``fleet plan`` prints it, ``infra/`` sizes the EKS node groups from it and the
+Kubernetes runtime takes each model's GPU request, node selector and tolerations from it.
+
+Memory of one replica, in GiB::
+
+    weights  = params × bytes per parameter (fp32 4, fp16/bf16 2, int8 1, int4 0.5)
+    kv       = kv_cache_gib, or KV_DEFAULT_SHARE × weights for a generative model
+    estimate = (weights + kv) × (1 + RUNTIME_OVERHEAD)
+    replica  = max(estimate, resources.gpu × resources.gpu_memory_gib)
+
+(the policy's own figure, e.g. a measured peak, wins when it is larger). Models with
+``resources.gpu: 0`` run on CPU pools.
+
+A replica gets the smallest power-of-two number of GPUs of one node (its tensor-parallel
+degree) whose usable memory holds it; each GPU keeps GPU_HEADROOM free. Pools with
+``gpu_slices > 1`` share each GPU between that many small replicas (NVIDIA device-plugin
+time-slicing), so only replicas that fit one slice go there. Each model goes to the pool
+where a replica costs least; isolated models get a node group of their own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fleet.errors import ConfigError, FleetError
+from fleet.names import NAME_RE
+from fleet.spec import ModelSpec, Policies
+from fleet.validation import checked, expected, explain, problem, show
+
+BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
+# Activations, CUDA context and allocator fragmentation on top of weights and KV cache.
+RUNTIME_OVERHEAD = 0.2
+# KV cache of a generative model whose policy does not state kv_cache_gib: a share of its
+# weights, about what a few concurrent sequences of a few thousand tokens take.
+KV_DEFAULT_SHARE = 0.3
+# Kept free on every GPU: a replica that grows a little must not OOM its neighbours.
+GPU_HEADROOM = 0.1
+# vCPU and RAM of a node kept for the kubelet, the OS and per-node daemons (CNI, device
+# plugin, node exporter).
+NODE_RESERVED = 0.1
+
+GPU_RESOURCE = "nvidia.com/gpu"  # extended resource the NVIDIA device plugin advertises
+POOL_LABEL = "fleet.io/node-group"  # node label: the node group a node belongs to
+DEDICATED_KEY = "fleet.io/dedicated"  # label and taint of a node group kept for one model
+SLICES_LABEL = "nvidia.com/device-plugin.config"  # picks the device plugin's sharing config
+STACK_POOLS_KEY = "nodePools"  # Pulumi stack config keys (namespace: the project name)
+STACK_MODELS_KEY = "models"
+
+DnsLabel = checked(str, "1-63 lowercase letters, digits or '-', starting and ending with one", NAME_RE.fullmatch)
+
+
+class PlacementError(FleetError):
+    """No placement satisfies the policies with these pools."""
+
+    status = 422
+
+
+class NodePool(BaseModel):
+    """One kind of node a stack can run, from ``serving-fleet:nodePools`` in Pulumi.<stack>.yaml."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    name: DnsLabel
+    instance_type: str = Field(min_length=1)  # EC2 type, e.g. g5.12xlarge
+    gpus: int = Field(0, ge=0)  # per node; 0 for a CPU pool
+    gpu_memory_gib: float = Field(0.0, ge=0.0)  # per GPU
+    vcpu: int = Field(gt=0)
+    memory_gib: float = Field(gt=0.0)
+    hourly_usd: float = Field(ge=0.0)  # on-demand price of one node, for choosing and cost
+    gpu_slices: int = Field(1, ge=1, le=16)  # replicas sharing one GPU (time-slicing); 1 = whole GPUs
+    min_nodes: int = Field(0, ge=0)
+    max_nodes: int = Field(10, ge=1)  # cap on all node groups made from this pool
+    capacity_type: Literal["ON_DEMAND", "SPOT"] = "ON_DEMAND"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> NodePool:
+        if self.gpus > 0 and self.gpu_memory_gib <= 0:
+            raise expected("a number > 0 when gpus > 0", field="gpu_memory_gib", got=self.gpu_memory_gib)
+        if self.gpus == 0 and self.gpu_slices > 1:
+            raise expected("1 for a pool without GPUs", field="gpu_slices", got=self.gpu_slices)
+        if self.min_nodes > self.max_nodes:
+            raise expected(f"an integer <= max_nodes ({self.max_nodes})", field="min_nodes", got=self.min_nodes)
+        return self
+
+    @property
+    def usable_gpu_gib(self) -> float:
+        return self.gpu_memory_gib * (1 - GPU_HEADROOM)
+
+
+def pools_from_config(raw: Any, where: str) -> tuple[NodePool, ...]:
+    """Validate the ``nodePools`` list of a stack config; ``where`` prefixes each problem."""
+    key = f"{where}: {STACK_POOLS_KEY}"
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(problem(key, f"got {show(raw)}", "a non-empty list of node pools"))
+    pools, problems = [], []
+    for i, item in enumerate(raw):
+        try:
+            pools.append(NodePool.model_validate(item))
+        except ValidationError as exc:
+            problems += [f"{where}: {line}" for line in explain(exc, NodePool, (STACK_POOLS_KEY, i))]
+    names = [p.name for p in pools]
+    problems += [problem(key, f"pool name {n!r} appears twice", "unique names") for n in sorted(set(names)) if names.count(n) > 1]
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return tuple(pools)
+
+
+@dataclass(frozen=True)
+class ModelPlacement:
+    model: str
+    node_group: str
+    pool: str
+    instance_type: str
+    gpus: int  # nvidia.com/gpu requested per replica: the TP degree, or 1 slice; 0 on CPU
+    tensor_parallel: int  # GPUs one replica spans (0 on CPU)
+    shared_gpu: bool  # the replica holds a time-sliced share of one GPU
+    gpu_memory_gib: float  # what one replica needs in total
+    cpu: float
+    memory_gib: float
+    min_replicas: int
+    max_replicas: int
+    target_qps_per_replica: float
+    target_p99_ms: float
+    isolated_for: tuple[str, ...] = ()  # why it has a node group of its own
+
+    @property
+    def node_selector(self) -> dict[str, str]:
+        return {POOL_LABEL: self.node_group}
+
+    @property
+    def tolerations(self) -> list[dict[str, str]]:
+        """Kubernetes tolerations for the taints of its node group."""
+        out = []
+        if self.gpus:
+            out.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+        if self.isolated_for:
+            out.append({"key": DEDICATED_KEY, "operator": "Equal", "value": self.model, "effect": "NoSchedule"})
+        return out
+
+
+@dataclass(frozen=True)
+class NodeGroupPlan:
+    name: str
+    pool: str
+    instance_type: str
+    gpus_per_node: int
+    gpu_slices: int
+    capacity_type: str
+    min_size: int
+    max_size: int
+    hourly_usd: float  # one node
+    models: tuple[str, ...]
+    dedicated_to: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, Kubernetes effect)
+
+    @property
+    def max_gpus(self) -> int:
+        return self.max_size * self.gpus_per_node
+
+    @property
+    def usd_per_hour(self) -> tuple[float, float]:
+        """Cost of the group at its minimum and at its maximum size."""
+        return self.min_size * self.hourly_usd, self.max_size * self.hourly_usd
+
+
+@dataclass(frozen=True)
+class Plan:
+    models: tuple[ModelPlacement, ...]
+    node_groups: tuple[NodeGroupPlan, ...]
+    unused_pools: tuple[str, ...] = ()
+
+    def placement(self, model: str) -> ModelPlacement:
+        for p in self.models:
+            if p.model == model:
+                return p
+        known = ", ".join(p.model for p in self.models) or "none"
+        raise PlacementError(f"model {model!r} is not in the placement plan; planned models: {known}")
+
+    @property
+    def max_gpus(self) -> int:
+        return sum(g.max_gpus for g in self.node_groups)
+
+    @property
+    def usd_per_hour(self) -> tuple[float, float]:
+        return sum(g.usd_per_hour[0] for g in self.node_groups), sum(g.usd_per_hour[1] for g in self.node_groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "models": [{**asdict(p), "node_selector": p.node_selector, "tolerations": p.tolerations} for p in self.models],
+            "node_groups": [{**asdict(g), "max_gpus": g.max_gpus, "usd_per_hour": g.usd_per_hour} for g in self.node_groups],
+            "unused_pools": list(self.unused_pools),
+            "max_gpus": self.max_gpus,
+            "usd_per_hour": self.usd_per_hour,
+        }
+
+
+@dataclass(frozen=True)
+class _Fit:
+    pool: NodePool
+    gpus: int  # device-plugin units per replica
+    tensor_parallel: int
+    shared: bool
+    per_node: int  # replicas of this model alone that one node holds
+
+    @property
+    def cost(self) -> float:
+        return self.pool.hourly_usd / self.per_node
+
+
+def replica_gpu_memory_gib(spec: ModelSpec) -> float:
+    """GPU memory one replica needs (see the module docstring); 0 for a CPU-only model."""
+    return _need(spec)[0]
+
+
+def _need(spec: ModelSpec) -> tuple[float, str]:
+    """(GiB one replica needs, how that number came about) for messages."""
+    if spec.resources.gpu == 0:
+        return 0.0, "CPU only"
+    weights = _weights_gib(spec)
+    kv = _kv_gib(spec, weights)
+    estimate = (weights + kv) * (1 + RUNTIME_OVERHEAD)
+    declared = spec.resources.gpu * spec.resources.gpu_memory_gib
+    how = (
+        f"{spec.params_millions:g}M params {spec.dtype} = {weights:.1f} GiB weights + {kv:.1f} GiB KV cache "
+        f"+ {RUNTIME_OVERHEAD:.0%} runtime overhead = {estimate:.1f} GiB"
+    )
+    if declared > estimate:
+        return declared, f"resources.gpu × gpu_memory_gib = {declared:g} GiB, above the estimate of {how}"
+    return estimate, how
+
+
+def plan(policies: Policies, pools: Sequence[NodePool], models: Iterable[str] | None = None) -> Plan:
+    """Place ``models`` (default: every model in the policies) on ``pools``."""
+    names = sorted(policies.models) if models is None else sorted(set(models))
+    for name in names:
+        policies.model(name)  # unknown names fail here, naming the known ones
+    isolation = _isolation(policies, names)
+    placed = [_place(name, policies.models[name], pools, isolation.get(name, ())) for name in names]
+    groups = _node_groups(placed, pools)
+    used = {p.pool for p in placed}
+    return Plan(tuple(placed), groups, tuple(p.name for p in pools if p.name not in used))
+
+
+def _weights_gib(spec: ModelSpec) -> float:
+    return spec.params_millions * 1e6 * BYTES_PER_PARAM[spec.dtype] / 2**30
+
+
+def _kv_gib(spec: ModelSpec, weights: float) -> float:
+    if spec.kv_cache_gib is not None:
+        return spec.kv_cache_gib
+    return KV_DEFAULT_SHARE * weights if spec.generative else 0.0
+
+
+def _isolation(policies: Policies, names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Model → why it must not share nodes: its own policy, or tenants that ask for isolation."""
+    out = {}
+    for name in names:
+        reasons = ["model policy"] if policies.models[name].isolation else []
+        reasons += [f"tenant {t}" for t, spec in sorted(policies.tenants.items()) if spec.isolation and name in spec.entitlements]
+        if reasons:
+            out[name] = tuple(reasons)
+    return out
+
+
+def _place(name: str, spec: ModelSpec, pools: Sequence[NodePool], isolated_for: tuple[str, ...]) -> ModelPlacement:
+    need, how = _need(spec)
+    fits = [f for pool in pools if (f := _fit(spec, need, pool, dedicated=bool(isolated_for))) is not None]
+    if not fits:
+        raise PlacementError(_no_fit_message(name, spec, need, how, pools))
+    best = min(fits, key=lambda f: f.cost)  # min() keeps the first of equals: config order breaks ties
+    replicas_max = spec.autoscaling.max_replicas
+    if spec.peak_qps is not None:
+        needed = math.ceil(spec.peak_qps / spec.autoscaling.target_qps_per_replica)
+        if needed > replicas_max:
+            raise PlacementError(
+                f"model {name}: peak_qps {spec.peak_qps:g} at target_qps_per_replica "
+                f"{spec.autoscaling.target_qps_per_replica:g} needs {needed} replicas; "
+                f"expected autoscaling.max_replicas >= {needed}, got {replicas_max}"
+            )
+    return ModelPlacement(
+        model=name,
+        node_group=_group_name(best.pool.name, name if isolated_for else None),
+        pool=best.pool.name,
+        instance_type=best.pool.instance_type,
+        gpus=best.gpus,
+        tensor_parallel=best.tensor_parallel,
+        shared_gpu=best.shared,
+        gpu_memory_gib=round(need, 2),
+        cpu=spec.resources.cpu,
+        memory_gib=spec.resources.memory_gib,
+        min_replicas=spec.autoscaling.min_replicas,
+        max_replicas=replicas_max,
+        target_qps_per_replica=spec.autoscaling.target_qps_per_replica,
+        target_p99_ms=spec.autoscaling.target_p99_ms,
+        isolated_for=isolated_for,
+    )
+
+
+def _fit(spec: ModelSpec, need: float, pool: NodePool, *, dedicated: bool) -> _Fit | None:
+    """How a replica fits one node of ``pool``, or None. A dedicated group never slices GPUs."""
+    slices = 1 if dedicated else pool.gpu_slices
+    if need == 0:  # CPU-only models run on CPU pools, leaving GPU nodes to GPU work
+        if pool.gpus:
+            return None
+        gpus, tp, shared = 0, 0, False
+    elif pool.gpus == 0:
+        return None
+    elif slices > 1:
+        if need > pool.usable_gpu_gib / slices or spec.resources.gpu > 1:
+            return None
+        gpus, tp, shared = 1, 1, True
+    else:
+        tp = 1 << max(0, spec.resources.gpu - 1).bit_length()  # smallest power of two >= resources.gpu
+        while tp <= pool.gpus and need / tp > pool.usable_gpu_gib:
+            tp *= 2
+        if tp > pool.gpus:
+            return None
+        gpus, shared = tp, False
+    per_node = _capacity(pool, slices)
+    fits = [per_node[0] // gpus if gpus else math.inf, per_node[1] // spec.resources.cpu, per_node[2] // spec.resources.memory_gib]
+    count = int(min(fits))
+    return _Fit(pool, gpus, tp, shared, count) if count >= 1 else None
+
+
+def _capacity(pool: NodePool, slices: int) -> tuple[int, float, float]:
+    """Device-plugin GPU units, vCPU and GiB of RAM that pods can use on one node."""
+    return pool.gpus * slices, pool.vcpu * (1 - NODE_RESERVED), pool.memory_gib * (1 - NODE_RESERVED)
+
+
+def _no_fit_message(name: str, spec: ModelSpec, need: float, how: str, pools: Sequence[NodePool]) -> str:
+    host = f"{spec.resources.cpu:g} vCPU and {spec.resources.memory_gib:g} GiB RAM"
+    if need == 0:
+        cpu_pools = [p for p in pools if p.gpus == 0]
+        if not cpu_pools:
+            return f"model {name} runs on CPU ({host} per replica) and no node pool is CPU-only; add one with gpus: 0"
+        big = max(cpu_pools, key=lambda p: (p.vcpu, p.memory_gib))
+        return (
+            f"model {name} needs {host} per replica and fits no CPU node pool; the largest is "
+            f"{big.name} ({big.instance_type}: {big.vcpu} vCPU, {big.memory_gib:g} GiB RAM, "
+            f"{1 - NODE_RESERVED:.0%} of it for pods)"
+        )
+    gpu_pools = [p for p in pools if p.gpus > 0]
+    if not gpu_pools:
+        return f"model {name} needs {need:.1f} GiB of GPU memory per replica ({how}) and no node pool has GPUs"
+    big = max(gpu_pools, key=lambda p: (p.gpus * p.usable_gpu_gib, p.vcpu))
+    return (
+        f"model {name} needs {need:.1f} GiB of GPU memory per replica ({how}) plus {host}, and fits no "
+        f"node pool; the largest is {big.name} ({big.instance_type}: {big.gpus} × {big.gpu_memory_gib:g} GiB, "
+        f"{big.gpus * big.usable_gpu_gib:.1f} GiB usable after {GPU_HEADROOM:.0%} headroom per GPU, "
+        f"{big.vcpu} vCPU, {big.memory_gib:g} GiB RAM); a replica's tensor parallelism stays within one node"
+    )
+
+
+def _group_name(pool: str, dedicated_to: str | None) -> str:
+    """``<pool>`` or ``<pool>-<model>``, kept a DNS label (EKS and label values allow 63)."""
+    if dedicated_to is None:
+        return pool
+    name = f"{pool}-{dedicated_to}"
+    if len(name) <= 63:
+        return name
+    return f"{name[:54].rstrip('-')}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def _node_groups(placed: Sequence[ModelPlacement], pools: Sequence[NodePool]) -> tuple[NodeGroupPlan, ...]:
+    by_pool = {p.name: p for p in pools}
+    groups: dict[str, list[ModelPlacement]] = {}
+    for p in placed:
+        groups.setdefault(p.node_group, []).append(p)
+    out = []
+    for group, members in sorted(groups.items()):
+        pool = by_pool[members[0].pool]
+        dedicated_to = members[0].model if members[0].isolated_for else None
+        slices = 1 if dedicated_to else pool.gpu_slices
+        cap = _capacity(pool, slices)
+        at_max = _pack([_demand(m) for m in members for _ in range(m.max_replicas)], cap)
+        at_min = _pack([_demand(m) for m in members for _ in range(m.min_replicas)], cap)
+        min_size = max(at_min, pool.min_nodes)
+        out.append(NodeGroupPlan(
+            name=group, pool=pool.name, instance_type=pool.instance_type, gpus_per_node=pool.gpus,
+            gpu_slices=slices, capacity_type=pool.capacity_type, min_size=min_size,
+            max_size=max(at_max, min_size, 1), hourly_usd=pool.hourly_usd,
+            models=tuple(m.model for m in members), dedicated_to=dedicated_to,
+            labels=_labels(group, pool, slices, dedicated_to), taints=_taints(pool, dedicated_to),
+        ))  # fmt: skip
+    for pool in pools:
+        total = sum(g.max_size for g in out if g.pool == pool.name)
+        if total > pool.max_nodes:
+            models = ", ".join(m for g in out if g.pool == pool.name for m in g.models)
+            raise PlacementError(
+                f"node pool {pool.name} needs {total} nodes to run every replica at max_replicas "
+                f"({models}); expected at most max_nodes {pool.max_nodes}: raise max_nodes or lower max_replicas"
+            )
+    return tuple(out)
+
+
+def _demand(m: ModelPlacement) -> tuple[int, float, float]:
+    return m.gpus, m.cpu, m.memory_gib
+
+
+def _pack(demands: list[tuple[int, float, float]], cap: tuple[int, float, float]) -> int:
+    """Nodes that first-fit-decreasing packing needs for ``demands`` (each fits one node)."""
+    free: list[list[float]] = []
+    for d in sorted(demands, reverse=True):
+        for node in free:
+            if all(x <= left + 1e-9 for x, left in zip(d, node)):
+                node[:] = [left - x for x, left in zip(d, node)]
+                break
+        else:
+            free.append([left - x for x, left in zip(d, cap)])
+    return len(free)
+
+
+def _labels(group: str, pool: NodePool, slices: int, dedicated_to: str | None) -> dict[str, str]:
+    labels = {POOL_LABEL: group, "fleet.io/pool": pool.name}
+    if pool.gpus:
+        labels[SLICES_LABEL] = f"slices-{slices}" if slices > 1 else "whole"
+    if dedicated_to:
+        labels[DEDICATED_KEY] = dedicated_to
+    return labels
+
+
+def _taints(pool: NodePool, dedicated_to: str | None) -> tuple[tuple[str, str, str], ...]:
+    taints = [(GPU_RESOURCE, "present", "NoSchedule")] if pool.gpus else []
+    if dedicated_to:
+        taints.append((DEDICATED_KEY, dedicated_to, "NoSchedule"))
+    return tuple(taints)
+
+
+def models_from_config(raw: Any, where: str, policies: Policies) -> tuple[str, ...] | None:
+    """Validate the optional ``models`` list of a stack config (None: every model)."""
+    if raw is None:
+        return None
+    known = ", ".join(sorted(policies.models)) or "none"
+    if not isinstance(raw, list) or not all(isinstance(m, str) for m in raw):
+        raise ConfigError(problem(f"{where}: {STACK_MODELS_KEY}", f"got {show(raw)}", f"a list of model names ({known})"))
+    bad = [m for m in raw if m not in policies.models]
+    if bad:
+        raise ConfigError(problem(f"{where}: {STACK_MODELS_KEY}", f"got unknown model {bad[0]!r}", f"a model name ({known})"))
+    return tuple(raw)
+
