@@ -259,3 +259,40 @@ def test_pool_names_are_unique_and_the_list_is_not_empty() -> None:
         pools_from_config([CPU, CPU], "s")
     with pytest.raises(ConfigError, match="s: nodePools: got \\[\\] — expected a non-empty list"):
         pools_from_config([], "s")
+
+
+# --- fleet plan -----------------------------------------------------------------------------
+
+
+def _fleet(*args: str):  # noqa: ANN202
+    from typer.testing import CliRunner
+
+    from fleet.cli import app
+
+    return CliRunner().invoke(app, list(args), catch_exceptions=False)
+
+
+def test_fleet_plan_json_is_the_plan_of_the_prod_stack() -> None:
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = _fleet("plan", "--stack", str(root / "Pulumi.prod.yaml"), "--policies", str(root / "policies"), "--json")
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    by_model = {m["model"]: m for m in data["models"]}
+    assert by_model["llm-70b"]["tensor_parallel"] == 8 and by_model["llm-70b"]["node_group"] == "a100-8"
+    assert by_model["embed-small"]["shared_gpu"] is True
+    assert by_model["llm-7b"]["isolated_for"] == ["tenant initech"]
+    assert {g["name"] for g in data["node_groups"]} == {"cpu", "a10g-1", "a10g-1-llm-7b", "a100-8"}
+
+
+def test_fleet_plan_table_and_a_missing_stack(tmp_path) -> None:  # noqa: ANN001
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = _fleet("plan", "-s", str(root / "Pulumi.dev.yaml"), "--policies", str(root / "policies"))
+    assert out.exit_code == 0, out.output
+    assert "model nodes: at most 1 GPU, 1.10-1.20 USD/hour" in out.output  # cpu 1-2 × 0.096 + a10g-1 1 × 1.006
+    with pytest.raises(ConfigError, match="Pulumi.nope.yaml: not found"):
+        _fleet("plan", "-s", "nope")

@@ -14,7 +14,7 @@ import typer
 from pydantic import ValidationError
 
 from fleet import __version__
-from fleet.cli import models, policies, route, serving, tenants
+from fleet.cli import models, plan, policies, route, serving, tenants
 from fleet.cli._output import fail
 from fleet.errors import FleetError
 from fleet.validation import explain
@@ -36,6 +36,7 @@ app.command("deploy")(serving.deploy_cmd)
 app.command("undeploy")(serving.undeploy_cmd)
 app.command("gateway")(serving.gateway_cmd)
 app.command("status")(serving.status_cmd)
+app.command("plan")(plan.plan_cmd)
 
 
 def _version(value: bool) -> None:
