@@ -119,6 +119,7 @@ def pools_from_config(raw: Any, where: str) -> tuple[NodePool, ...]:
 @dataclass(frozen=True)
 class ModelPlacement:
     model: str
+    family: str  # its image repository is the family's
     node_group: str
     pool: str
     instance_type: str
@@ -291,6 +292,7 @@ def _place(name: str, spec: ModelSpec, pools: Sequence[NodePool], isolated_for: 
             )
     return ModelPlacement(
         model=name,
+        family=spec.family,
         node_group=_group_name(best.pool.name, name if isolated_for else None),
         pool=best.pool.name,
         instance_type=best.pool.instance_type,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from fleet.errors import ConfigError
 from fleet.types import Runtime
 
-KINDS = ("local", "static")
+KINDS = ("local", "static", "kubernetes")
 
 
 def open_runtime(kind: str | None = None, *, bento_for: Callable[[str, str], str] | None = None) -> Runtime:
@@ -29,4 +29,8 @@ def open_runtime(kind: str | None = None, *, bento_for: Callable[[str, str], str
         if not path:
             raise ConfigError("FLEET_RUNTIME=static needs FLEET_STATIC_ENDPOINTS, the file listing the endpoints")
         return StaticRuntime(path)
+    if kind == "kubernetes":  # Deployments on EKS; images are built by the pipeline, not here
+        from fleet.runtime.kubernetes import KubernetesRuntime
+
+        return KubernetesRuntime.from_environment()
     raise ConfigError(f"FLEET_RUNTIME {kind!r} is not supported; expected one of {', '.join(KINDS)}")

@@ -1,0 +1,329 @@
+"""KubernetesRuntime: each model version as a Deployment, Service, PodDisruptionBudget and KEDA
+ScaledObject in the models namespace of the EKS cluster (``FLEET_RUNTIME=kubernetes``).
+
+Where a version runs comes from the placement plan that ``infra/`` writes into the ConfigMap
+``fleet-runtime`` (keys ``placement.json``, ``images.json``, ``prometheus_url``): GPUs per
+replica, node selector and tolerations of its node group, replica bounds. The image is the
+family's ECR repository tagged ``<model>-<version>`` (``bentoml containerize``). KEDA scales
+between ``max(replicas, min_replicas)`` and ``max_replicas`` on QPS and p99 latency from
+Prometheus, so ``deploy(replicas=N)`` raises the floor and waits for N ready pods.
+
+Objects are written with server-side apply (field manager ``serving-fleet``), so a deploy is
+idempotent and never fights the HPA over ``spec.replicas`` (which it leaves alone). Endpoints
+are the pods' own addresses: the gateway balances and health-checks per replica.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import httpx
+
+from fleet.errors import ConfigError, FleetError, InvalidInput, NotFound
+from fleet.names import check_name, check_version
+from fleet.placement import GPU_RESOURCE, ModelPlacement, Plan
+from fleet.runtime.local import DeployFailed
+from fleet.types import Deployment
+
+NAMESPACE = "models"
+CONFIG_MAP = "fleet-runtime"
+FIELD_MANAGER = "serving-fleet"
+MANAGED = {"app.kubernetes.io/managed-by": "serving-fleet"}
+BENTO_PORT = 3000
+VERSION_ANNOTATION = "fleet.io/version"  # the exact semver ('+' is not allowed in label values)
+READY_TIMEOUT_S = 900.0  # pulling a large image and loading weights onto GPUs takes minutes
+# Kinds this runtime writes, in the order undeploy removes them (the scaler first, so KEDA
+# does not scale a Deployment that is going away).
+KINDS = (("keda.sh/v1alpha1", "ScaledObject"), ("policy/v1", "PodDisruptionBudget"),
+         ("apps/v1", "Deployment"), ("v1", "Service"))  # fmt: skip
+_PLURALS = {"Deployment": "deployments", "Service": "services", "ScaledObject": "scaledobjects",
+            "PodDisruptionBudget": "poddisruptionbudgets", "Pod": "pods", "ConfigMap": "configmaps"}  # fmt: skip
+
+
+class KubeApiError(FleetError):
+    status = 502
+
+
+class KubeApi(Protocol):
+    """The few Kubernetes API calls the runtime makes (a fake in tests, HTTP in a cluster)."""
+
+    def apply(self, obj: dict) -> dict:
+        """Server-side apply ``obj`` (create or update the fields this manager owns)."""
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+        """The object, or None when it does not exist."""
+
+    def list(self, api_version: str, kind: str, namespace: str, selector: dict[str, str]) -> list[dict]:
+        """Objects whose labels match every ``selector`` pair."""
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        """Delete; a missing object is not an error."""
+
+
+def config_map_data(plan: Plan, images: dict[str, str], prometheus_url: str, timeouts_ms: dict[str, int]) -> dict[str, str]:
+    """The data of the ``fleet-runtime`` ConfigMap (written by infra/, read by ``deploy``)."""
+    return {
+        "placement.json": json.dumps(plan.to_dict(), sort_keys=True),
+        "images.json": json.dumps(images, sort_keys=True),  # family → ECR repository URL
+        "prometheus_url": prometheus_url,
+        "timeouts.json": json.dumps(timeouts_ms, sort_keys=True),  # model → timeout_ms (grace period)
+    }
+
+
+def object_name(model: str, version: str) -> str:
+    """A DNS-1035 name for ``model:version``, unique per exact version.
+
+    >>> object_name("demo-classifier", "1.2.0+build.5")
+    'demo-classifier-1-2-0-build-5-598416'
+    """
+    tag = re.sub(r"[^a-z0-9]+", "-", version.lower()).strip("-")[:40].rstrip("-")
+    digest = hashlib.sha256(version.encode()).hexdigest()[:6]  # "1.2.0-rc.1" and "1.2.0-rc-1" differ
+    head = model if model[0].isalpha() else f"m-{model}"
+    return f"{head[: 63 - len(tag) - 8].rstrip('-')}-{tag}-{digest}"
+
+
+def labels(model: str, version: str) -> dict[str, str]:
+    return {**MANAGED, "app.kubernetes.io/name": model, "app.kubernetes.io/instance": object_name(model, version),
+            "fleet.io/model": model, "fleet.io/version": version.replace("+", "_")}  # fmt: skip
+
+
+def manifests(model: str, version: str, image: str, placement: ModelPlacement, *, floor: int,
+              prometheus_url: str, namespace: str = NAMESPACE, timeout_ms: int = 5000) -> list[dict]:  # fmt: skip
+    """Deployment, Service, PodDisruptionBudget and ScaledObject of one version (pure)."""
+    name, selector = object_name(model, version), {"app.kubernetes.io/instance": object_name(model, version)}
+    meta = {"name": name, "namespace": namespace, "labels": labels(model, version),
+            "annotations": {VERSION_ANNOTATION: version}}  # fmt: skip
+    requests: dict[str, Any] = {"cpu": f"{placement.cpu:g}", "memory": f"{math.ceil(placement.memory_gib * 1024)}Mi"}
+    limits: dict[str, Any] = {"memory": requests["memory"]}  # no CPU limit: throttling hurts latency
+    if placement.gpus:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(placement.gpus)  # extended resources: limits == requests
+    probe = {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3}
+    container = {
+        "name": "bento", "image": image, "ports": [{"name": "http", "containerPort": BENTO_PORT}],
+        "env": [{"name": "FLEET_MODEL", "value": model}, {"name": "FLEET_VERSION", "value": version},
+                {"name": "FLEET_TENSOR_PARALLEL", "value": str(max(placement.tensor_parallel, 1))}],
+        "resources": {"requests": requests, "limits": limits},
+        # weights load before /readyz answers: allow up to 15 minutes before liveness counts
+        "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": 90},
+        "readinessProbe": probe,
+        "livenessProbe": {"httpGet": {"path": "/livez", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5,
+                          "failureThreshold": 3},
+        # keep serving while endpoints drop this pod, then let BentoML drain on SIGTERM
+        "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
+        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True},
+    }  # fmt: skip
+    pod = {
+        "containers": [container],
+        "nodeSelector": placement.node_selector,
+        "tolerations": placement.tolerations,
+        "terminationGracePeriodSeconds": math.ceil(timeout_ms / 1000) + 15,  # the longest request, then some
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                       "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": selector}}],
+    }  # fmt: skip
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+        "spec": {"selector": {"matchLabels": selector}, "revisionHistoryLimit": 2,
+                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                 "template": {"metadata": {"labels": labels(model, version)}, "spec": pod}},
+    }  # fmt: skip
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": meta,
+        "spec": {"selector": selector, "ports": [{"name": "http", "port": BENTO_PORT, "targetPort": "http"}]},
+    }  # fmt: skip
+    budget = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
+              "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}}}  # fmt: skip
+    match = f'model="{model}",version="{version}"'
+    qps = f"sum(rate(fleet_version_requests_total{{{match}}}[1m]))"
+    p99 = f"1000 * histogram_quantile(0.99, sum(rate(fleet_upstream_duration_seconds_bucket{{{match}}}[2m])) by (le))"
+    scaler = {
+        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": meta,
+        "spec": {
+            "scaleTargetRef": {"name": name}, "minReplicaCount": floor, "maxReplicaCount": placement.max_replicas,
+            "pollingInterval": 15, "cooldownPeriod": 300,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}}}},
+            "triggers": [
+                # QPS divides over replicas (AverageValue); latency does not (Value)
+                {"type": "prometheus", "name": "qps", "metricType": "AverageValue", "metadata": {
+                    "serverAddress": prometheus_url, "query": qps, "threshold": f"{placement.target_qps_per_replica:g}"}},
+                {"type": "prometheus", "name": "p99", "metricType": "Value", "metadata": {
+                    "serverAddress": prometheus_url, "query": p99, "threshold": f"{placement.target_p99_ms:g}"}},
+            ],
+        },
+    }  # fmt: skip
+    return [deployment, service, budget, scaler]
+
+
+class KubernetesRuntime:
+    def __init__(self, api: KubeApi, *, namespace: str = NAMESPACE, ready_timeout_s: float = READY_TIMEOUT_S,
+                 poll_s: float = 2.0, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.api, self.namespace = api, namespace
+        self.ready_timeout_s, self.poll_s, self.sleep, self.clock = ready_timeout_s, poll_s, sleep, clock
+
+    @classmethod
+    def from_environment(cls) -> KubernetesRuntime:
+        return cls(HttpKubeApi.from_environment(), namespace=os.environ.get("FLEET_KUBE_NAMESPACE", NAMESPACE))
+
+    def _settings(self) -> tuple[dict[str, ModelPlacement], dict[str, str], str, dict[str, int]]:
+        """(placements, family → image repository, Prometheus URL, model → timeout) from infra's ConfigMap."""
+        cm = self.api.get("v1", "ConfigMap", self.namespace, CONFIG_MAP)
+        if cm is None:
+            raise ConfigError(f"ConfigMap {self.namespace}/{CONFIG_MAP} not found; it is created by `pulumi up` (infra/)")
+        data = cm.get("data") or {}
+        try:
+            placement = json.loads(data["placement.json"])
+            placements = {m["model"]: _placement(m) for m in placement["models"]}
+            return placements, json.loads(data["images.json"]), data["prometheus_url"], json.loads(data["timeouts.json"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"ConfigMap {self.namespace}/{CONFIG_MAP} is malformed ({type(exc).__name__}: {exc}); "
+                              "expected the keys of fleet.runtime.kubernetes.config_map_data, as infra/ writes them") from None  # fmt: skip
+
+    def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment:
+        check_name("model", model)
+        check_version(version)
+        placements, images, prometheus, timeouts = self._settings()
+        placement = placements.get(model)
+        if placement is None:
+            raise NotFound(f"model {model!r} is not in this cluster's placement plan ({', '.join(sorted(placements)) or 'empty'}); "
+                           "add it to the stack's models and run pulumi up")  # fmt: skip
+        if not 1 <= replicas <= placement.max_replicas:
+            raise InvalidInput(f"replicas must be 1..{placement.max_replicas} (max_replicas of {model}), got {replicas}")
+        family = images.get(placement.family)
+        if family is None:
+            raise ConfigError(f"no image repository for family {placement.family!r} of {model} in {CONFIG_MAP}/images.json")
+        floor = max(replicas, placement.min_replicas)
+        image = f"{family}:{model}-{version.replace('+', '_')}"
+        for obj in manifests(model, version, image, placement, floor=floor, prometheus_url=prometheus,
+                             namespace=self.namespace, timeout_ms=timeouts.get(model, 5000)):  # fmt: skip
+            self.api.apply(obj)
+        return Deployment(model, version, self._wait_ready(model, version, floor))
+
+    def _wait_ready(self, model: str, version: str, want: int) -> tuple[str, ...]:
+        deadline = self.clock() + self.ready_timeout_s
+        while True:
+            ready = tuple(url for url, ok in self.health(model, version).items() if ok)
+            if len(ready) >= want:
+                return ready
+            if self.clock() >= deadline:
+                raise DeployFailed(f"{model}:{version} has {len(ready)} of {want} replicas ready after "
+                                   f"{self.ready_timeout_s:.0f} s{self._why_pending(model, version)}")  # fmt: skip
+            self.sleep(self.poll_s)
+
+    def _why_pending(self, model: str, version: str) -> str:
+        """What the scheduler or kubelet says about the pods that are not ready (for the error)."""
+        reasons = []
+        for pod in self._pods(model, version):
+            for cond in (pod.get("status") or {}).get("conditions") or []:
+                if cond.get("status") != "True" and cond.get("message"):
+                    reasons.append(f"{pod['metadata']['name']}: {cond['type']}: {cond['message']}")
+        return "; " + "; ".join(sorted(set(reasons))[:5]) if reasons else ""
+
+    def _pods(self, model: str, version: str) -> list[dict]:
+        selector = {"app.kubernetes.io/instance": object_name(model, version)}
+        return self.api.list("v1", "Pod", self.namespace, selector)
+
+    def undeploy(self, model: str, version: str) -> None:
+        for api_version, kind in KINDS:
+            self.api.delete(api_version, kind, self.namespace, object_name(model, version))
+
+    def list(self) -> list[Deployment]:
+        found = []
+        for d in self.api.list("apps/v1", "Deployment", self.namespace, MANAGED):
+            meta = d["metadata"]
+            model, version = meta["labels"]["fleet.io/model"], meta["annotations"][VERSION_ANNOTATION]
+            urls = tuple(url for url, ok in self.health(model, version).items() if ok)
+            if urls:
+                found.append(Deployment(model, version, urls))
+        return sorted(found, key=lambda d: (d.model, d.version))
+
+    def health(self, model: str, version: str) -> dict[str, bool]:
+        result = {}
+        for pod in self._pods(model, version):
+            status = pod.get("status") or {}
+            if status.get("podIP") and not pod["metadata"].get("deletionTimestamp"):
+                ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+                result[f"http://{status['podIP']}:{BENTO_PORT}"] = ready
+        return dict(sorted(result.items()))
+
+
+def _placement(raw: dict) -> ModelPlacement:
+    fields = {k: raw[k] for k in ModelPlacement.__dataclass_fields__ if k in raw}
+    fields["isolated_for"] = tuple(fields.get("isolated_for", ()))
+    return ModelPlacement(**fields)
+
+
+def _path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    return f"{base}/namespaces/{namespace}/{_PLURALS[kind]}" + (f"/{name}" if name else "")
+
+
+class HttpKubeApi:
+    """The Kubernetes REST API over httpx: in a pod with its service-account token, or at
+    ``FLEET_KUBE_API`` (e.g. ``kubectl proxy``'s http://127.0.0.1:8001, which authenticates)."""
+
+    TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    CA = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+
+    def __init__(self, base_url: str, *, token: Callable[[], str | None] = lambda: None, verify: Any = True,
+                 transport: httpx.BaseTransport | None = None) -> None:  # fmt: skip
+        self.token = token
+        self.client = httpx.Client(base_url=base_url, verify=verify, timeout=httpx.Timeout(10.0, connect=5.0), transport=transport)
+
+    @classmethod
+    def from_environment(cls) -> HttpKubeApi:
+        if url := os.environ.get("FLEET_KUBE_API"):
+            return cls(url, token=lambda: os.environ.get("FLEET_KUBE_TOKEN"))
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host:
+            raise ConfigError("FLEET_RUNTIME=kubernetes needs to run in a pod, or FLEET_KUBE_API set to the API "
+                              "server's URL (for example `kubectl proxy` at http://127.0.0.1:8001)")  # fmt: skip
+        # projected tokens rotate: read the file for every request
+        return cls(f"https://{host}:{port}", token=lambda: cls.TOKEN.read_text().strip(), verify=str(cls.CA))
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response | None:
+        headers = kwargs.pop("headers", {})
+        if token := self.token():
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            response = self.client.request(method, path, headers=headers, **kwargs)
+        except httpx.HTTPError as exc:
+            raise KubeApiError(f"Kubernetes API {method} {path}: {type(exc).__name__}: {exc}") from None
+        if response.status_code == 404:
+            return None
+        if response.is_error:
+            try:
+                message = response.json().get("message") or response.text
+            except ValueError:
+                message = response.text
+            raise KubeApiError(f"Kubernetes API {method} {path}: {response.status_code} {response.reason_phrase}: {message}")
+        return response
+
+    def apply(self, obj: dict) -> dict:
+        meta = obj["metadata"]
+        path = _path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        response = self._send("PATCH", path, params={"fieldManager": FIELD_MANAGER, "force": "true"},
+                              content=json.dumps(obj), headers={"Content-Type": "application/apply-patch+yaml"})  # fmt: skip
+        if response is None:  # 404 on apply: the kind itself is missing (KEDA not installed?)
+            raise KubeApiError(f"Kubernetes API has no {obj['kind']} ({obj['apiVersion']}) in {meta['namespace']}")
+        return response.json()
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+        response = self._send("GET", _path(api_version, kind, namespace, name))
+        return None if response is None else response.json()
+
+    def list(self, api_version: str, kind: str, namespace: str, selector: dict[str, str]) -> list[dict]:
+        params = {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(selector.items()))}
+        response = self._send("GET", _path(api_version, kind, namespace), params=params)
+        return [] if response is None else response.json().get("items", [])
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        self._send("DELETE", _path(api_version, kind, namespace, quote(name)), json={"propagationPolicy": "Background"})

@@ -1,0 +1,302 @@
+"""KubernetesRuntime against a fake API client: the objects it writes (each validated against
+the Kubernetes and CRD schemas), readiness waits, listing, undeploy; and its HTTP client
+against a fake API transport."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import httpx
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from k8s_schemas import validate
+
+from fleet.errors import ConfigError, InvalidInput, NotFound
+from fleet.placement import GPU_RESOURCE, models_from_config, plan, pools_from_config
+from fleet.runtime import open_runtime
+from fleet.runtime.kubernetes import (
+    CONFIG_MAP,
+    FIELD_MANAGER,
+    NAMESPACE,
+    HttpKubeApi,
+    KubeApiError,
+    KubernetesRuntime,
+    config_map_data,
+    object_name,
+)
+from fleet.runtime.local import DeployFailed
+from fleet.spec import load_policies
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMETHEUS = "http://kps-prometheus.monitoring.svc:9090"
+IMAGES = {"llm": "123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/llm",
+          "text-embed": "123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/text-embed",
+          "tabular-mlp": "123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/tabular-mlp"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def prod_plan():  # noqa: ANN201
+    """The placement of the prod example stack, as infra/ writes it into the cluster."""
+    config = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]
+    policies = load_policies(ROOT / "policies")
+    pools = pools_from_config(config["serving-fleet:nodePools"], "prod")
+    return plan(policies, pools, models_from_config(config.get("serving-fleet:models"), "prod", policies)), policies
+
+
+class FakeKube:
+    """The API server, as far as the runtime sees it; every applied object is schema-checked."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.calls: list[tuple[str, str, str]] = []
+
+    def apply(self, obj: dict) -> dict:
+        validate(obj)
+        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        self.calls.append(("apply", *key[::2]))
+        self.objects[key] = copy.deepcopy(obj)
+        return obj
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+        return copy.deepcopy(self.objects.get((kind, namespace, name)))
+
+    def list(self, api_version: str, kind: str, namespace: str, selector: dict[str, str]) -> list[dict]:
+        return [copy.deepcopy(o) for (k, ns, _), o in sorted(self.objects.items()) if k == kind and ns == namespace
+                and all(o["metadata"].get("labels", {}).get(a) == b for a, b in selector.items())]  # fmt: skip
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        self.calls.append(("delete", kind, name))
+        self.objects.pop((kind, namespace, name), None)
+
+    # -- what the controllers would do --------------------------------------------------------
+
+    def pods(self, model: str, version: str, ready: int, pending: str | None = None) -> None:
+        """Give the version's Deployment ``ready`` ready pods (and one pending, if given why)."""
+        deployment = self.objects[("Deployment", NAMESPACE, object_name(model, version))]
+        template = deployment["spec"]["template"]
+        for i in range(ready + (1 if pending else 0)):
+            ok = i < ready
+            name = f"{deployment['metadata']['name']}-{i}"
+            if ok:
+                status = {"podIP": f"10.0.{len(model)}.{i + 10}", "conditions": [{"type": "Ready", "status": "True"}]}
+            else:
+                status = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": pending}]}
+            self.objects[("Pod", NAMESPACE, name)] = {
+                "apiVersion": "v1", "kind": "Pod", "spec": template["spec"], "status": status,
+                "metadata": {"name": name, "namespace": NAMESPACE, "labels": template["metadata"]["labels"]},
+            }  # fmt: skip
+
+    def scale_up(self) -> None:
+        """KEDA and the scheduler: every Deployment gets its ScaledObject's floor of ready pods."""
+        for (kind, _, name), scaler in list(self.objects.items()):
+            if kind == "ScaledObject":
+                labels = scaler["metadata"]["labels"]
+                version = scaler["metadata"]["annotations"]["fleet.io/version"]
+                self.pods(labels["fleet.io/model"], version, ready=scaler["spec"]["minReplicaCount"])
+
+
+@pytest.fixture
+def kube(prod_plan) -> FakeKube:  # noqa: ANN001
+    result, policies = prod_plan
+    fake = FakeKube()
+    timeouts = {m: policies.models[m].timeout_ms for m in policies.models}
+    fake.objects[("ConfigMap", NAMESPACE, CONFIG_MAP)] = {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIG_MAP, "namespace": NAMESPACE},
+        "data": config_map_data(result, IMAGES, PROMETHEUS, timeouts),
+    }  # fmt: skip
+    validate(fake.objects[("ConfigMap", NAMESPACE, CONFIG_MAP)])
+    return fake
+
+
+def runtime(kube: FakeKube, on_sleep=None, timeout_s: float = 60.0) -> KubernetesRuntime:  # noqa: ANN001
+    """A runtime whose waits advance a fake clock; ``on_sleep(n)`` plays the controllers."""
+    now = [0.0]
+    sleeps = [0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        sleeps[0] += 1
+        if on_sleep:
+            on_sleep(sleeps[0])
+
+    return KubernetesRuntime(kube, ready_timeout_s=timeout_s, poll_s=5, sleep=sleep, clock=lambda: now[0])
+
+
+def objects_of(kube: FakeKube, model: str, version: str) -> dict[str, dict]:
+    name = object_name(model, version)
+    return {k: o for (k, _, n), o in kube.objects.items() if n == name}
+
+
+# --- deploy ---------------------------------------------------------------------------------
+
+
+def test_deploy_writes_a_gpu_deployment_from_the_placement_and_waits_for_ready_pods(kube: FakeKube) -> None:
+    rt = runtime(kube, on_sleep=lambda n: n == 2 and kube.pods("llm-70b", "1.0.0", ready=1))
+    deployment = rt.deploy("llm-70b", "1.0.0")
+    assert deployment.endpoints == ("http://10.0.7.10:3000",)
+    objs = objects_of(kube, "llm-70b", "1.0.0")
+    assert set(objs) == {"Deployment", "Service", "PodDisruptionBudget", "ScaledObject"}
+    pod = objs["Deployment"]["spec"]["template"]["spec"]
+    (bento,) = pod["containers"]
+    assert bento["image"] == IMAGES["llm"] + ":llm-70b-1.0.0"
+    assert bento["resources"]["limits"][GPU_RESOURCE] == bento["resources"]["requests"][GPU_RESOURCE] == "8"  # TP 8
+    assert {"name": "FLEET_TENSOR_PARALLEL", "value": "8"} in bento["env"]
+    assert pod["nodeSelector"] == {"fleet.io/node-group": "a100-8"}
+    assert pod["tolerations"] == [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    assert bento["readinessProbe"]["httpGet"]["path"] == "/readyz" and bento["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert bento["startupProbe"]["failureThreshold"] * bento["startupProbe"]["periodSeconds"] == 900
+    assert bento["lifecycle"]["preStop"] == {"sleep": {"seconds": 5}}
+    assert pod["terminationGracePeriodSeconds"] == 60 + 15  # llm-70b's timeout_ms is 60000
+    assert "replicas" not in objs["Deployment"]["spec"]  # the HPA owns it
+    scaler = objs["ScaledObject"]["spec"]
+    assert (scaler["minReplicaCount"], scaler["maxReplicaCount"]) == (1, 2)
+    qps, p99 = scaler["triggers"]
+    assert qps["metadata"]["threshold"] == "1" and qps["metricType"] == "AverageValue"
+    assert 'fleet_version_requests_total{model="llm-70b",version="1.0.0"}' in qps["metadata"]["query"]
+    assert p99["metadata"]["threshold"] == "15000" and p99["metricType"] == "Value"
+    assert p99["metadata"]["serverAddress"] == PROMETHEUS
+
+
+def test_an_isolated_model_tolerates_its_dedicated_taint_and_a_shared_one_gets_a_slice(kube: FakeKube) -> None:
+    rt = runtime(kube, on_sleep=lambda n: kube.scale_up())
+    rt.deploy("llm-7b", "2.0.0")
+    rt.deploy("embed-small", "1.0.0")
+    llm = objects_of(kube, "llm-7b", "2.0.0")["Deployment"]["spec"]["template"]["spec"]
+    assert llm["nodeSelector"] == {"fleet.io/node-group": "a10g-1-llm-7b"}
+    assert {"key": "fleet.io/dedicated", "operator": "Equal", "value": "llm-7b", "effect": "NoSchedule"} in llm["tolerations"]
+    embed = objects_of(kube, "embed-small", "1.0.0")["Deployment"]["spec"]["template"]["spec"]
+    assert embed["containers"][0]["resources"]["limits"][GPU_RESOURCE] == "1"  # one time-sliced share
+    assert embed["nodeSelector"] == {"fleet.io/node-group": "a10g-1"}
+
+
+def test_cpu_model_asks_for_no_gpu_and_tolerates_no_taint(kube: FakeKube) -> None:
+    rt = runtime(kube, on_sleep=lambda n: kube.scale_up())
+    assert len(rt.deploy("demo-classifier", "1.0.0", replicas=2).endpoints) == 2
+    spec = objects_of(kube, "demo-classifier", "1.0.0")["Deployment"]["spec"]["template"]["spec"]
+    assert GPU_RESOURCE not in spec["containers"][0]["resources"]["limits"] and spec["tolerations"] == []
+
+
+def test_replicas_raise_the_scaling_floor_within_the_policy_bounds(kube: FakeKube) -> None:
+    rt = runtime(kube, on_sleep=lambda n: kube.scale_up())
+    rt.deploy("llm-7b", "1.0.0", replicas=3)
+    assert objects_of(kube, "llm-7b", "1.0.0")["ScaledObject"]["spec"]["minReplicaCount"] == 3
+    with pytest.raises(InvalidInput, match=r"replicas must be 1..4 \(max_replicas of llm-7b\), got 5"):
+        rt.deploy("llm-7b", "1.0.0", replicas=5)
+
+
+def test_deploy_is_idempotent(kube: FakeKube) -> None:
+    rt = runtime(kube, on_sleep=lambda n: kube.scale_up())
+    rt.deploy("embed-small", "1.0.0")
+    first = copy.deepcopy(objects_of(kube, "embed-small", "1.0.0"))
+    assert rt.deploy("embed-small", "1.0.0").endpoints  # already ready: no wait
+    assert objects_of(kube, "embed-small", "1.0.0") == first
+
+
+def test_a_deploy_that_never_gets_ready_says_why(kube: FakeKube) -> None:
+    why = "0/6 nodes are available: 6 Insufficient nvidia.com/gpu."
+    rt = runtime(kube, on_sleep=lambda n: n == 1 and kube.pods("llm-70b", "1.0.0", ready=0, pending=why), timeout_s=30)
+    with pytest.raises(DeployFailed, match=r"llm-70b:1.0.0 has 0 of 1 replicas ready after 30 s; .*PodScheduled: 0/6 nodes"):
+        rt.deploy("llm-70b", "1.0.0")
+
+
+def test_unknown_model_and_missing_cluster_config_are_clear(kube: FakeKube) -> None:
+    with pytest.raises(NotFound, match="model 'nope' is not in this cluster's placement plan"):
+        runtime(kube).deploy("nope", "1.0.0")
+    del kube.objects[("ConfigMap", NAMESPACE, CONFIG_MAP)]
+    with pytest.raises(ConfigError, match="ConfigMap models/fleet-runtime not found; it is created by `pulumi up`"):
+        runtime(kube).deploy("llm-7b", "1.0.0")
+
+
+# --- list, health, undeploy -----------------------------------------------------------------
+
+
+def test_list_and_health_report_ready_pods_only(kube: FakeKube) -> None:
+    rt = runtime(kube, on_sleep=lambda n: kube.scale_up())
+    rt.deploy("embed-small", "1.0.0")
+    kube.pods("embed-small", "1.0.0", ready=1, pending="pulling image")  # a second pod, not ready yet
+    health = rt.health("embed-small", "1.0.0")
+    assert list(health.values()) == [True]  # the pending pod has no IP yet: not an endpoint
+    rt_list = rt.list()
+    assert [(d.model, d.version, d.endpoints) for d in rt_list] == [("embed-small", "1.0.0", tuple(health))]
+    assert rt.health("embed-small", "9.9.9") == {}
+
+
+def test_undeploy_removes_the_scaler_first_and_tolerates_missing_objects(kube: FakeKube) -> None:
+    rt = runtime(kube, on_sleep=lambda n: kube.scale_up())
+    rt.deploy("embed-small", "1.0.0")
+    rt.undeploy("embed-small", "1.0.0")
+    rt.undeploy("embed-small", "1.0.0")
+    deletes = [c[1] for c in kube.calls if c[0] == "delete"]
+    assert deletes[:4] == ["ScaledObject", "PodDisruptionBudget", "Deployment", "Service"]
+    assert not {"Deployment", "Service", "PodDisruptionBudget", "ScaledObject"} & set(objects_of(kube, "embed-small", "1.0.0"))
+
+
+# --- names, schemas, factory ----------------------------------------------------------------
+
+
+def test_object_names_are_dns_labels_unique_per_exact_version() -> None:
+    a, b = object_name("demo", "1.2.0-rc.1"), object_name("demo", "1.2.0-rc-1")
+    assert a != b and a.startswith("demo-1-2-0-rc-1-")
+    long = object_name("m" * 63, "1.0.0-" + "x" * 80)
+    assert len(long) <= 63 and long[0].isalpha()
+    assert object_name("9lives", "1.0.0").startswith("m-9lives-")
+
+
+def test_the_schema_check_has_teeth() -> None:
+    good = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}, "spec": {"ports": [{"port": 80}]}}
+    validate(good)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate({**good, "spec": {"ports": [{"port": 80, "targetPrt": 8000}]}})
+    scaler = {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "x"},
+              "spec": {"scaleTargetRef": {"name": "x"}, "triggers": [{"type": "cpu", "metadata": {"value": "50"}}]}}  # fmt: skip
+    validate(scaler)
+    with pytest.raises(jsonschema.ValidationError):
+        validate({**scaler, "spec": {**scaler["spec"], "minReplicas": 1}})  # the field is minReplicaCount
+
+
+def test_factory_opens_the_kubernetes_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("FLEET_KUBE_API", raising=False)
+    with pytest.raises(ConfigError, match="needs to run in a pod, or FLEET_KUBE_API"):
+        open_runtime("kubernetes")
+    monkeypatch.setenv("FLEET_KUBE_API", "http://127.0.0.1:8001")
+    assert isinstance(open_runtime("kubernetes"), KubernetesRuntime)
+
+
+# --- the HTTP client ------------------------------------------------------------------------
+
+
+def test_http_client_speaks_server_side_apply_and_maps_errors() -> None:
+    seen: list[httpx.Request] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.method == "GET" and request.url.path.endswith("/deployments/missing"):
+            return httpx.Response(404, json={"kind": "Status", "message": "not found"})
+        if request.method == "DELETE":
+            return httpx.Response(404, json={"kind": "Status"})
+        if request.url.path.endswith("/scaledobjects/denied"):
+            return httpx.Response(403, json={"kind": "Status", "message": 'scaledobjects.keda.sh "denied" is forbidden'})
+        if request.method == "GET":
+            return httpx.Response(200, json={"items": [{"metadata": {"name": "p"}}]})
+        return httpx.Response(200, json=json.loads(request.content))
+
+    client = HttpKubeApi("https://k8s.test", token=lambda: "tok", transport=httpx.MockTransport(api))
+    obj = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "models"}}
+    assert client.apply(obj) == obj
+    patch = seen[-1]
+    assert (patch.method, patch.url.path) == ("PATCH", "/apis/apps/v1/namespaces/models/deployments/d")
+    assert patch.url.params["fieldManager"] == FIELD_MANAGER and patch.url.params["force"] == "true"
+    assert patch.headers["content-type"] == "application/apply-patch+yaml"
+    assert patch.headers["authorization"] == "Bearer tok"
+    assert client.get("apps/v1", "Deployment", "models", "missing") is None
+    assert client.list("v1", "Pod", "models", {"b": "2", "a": "1"}) == [{"metadata": {"name": "p"}}]
+    assert seen[-1].url.path == "/api/v1/namespaces/models/pods" and seen[-1].url.params["labelSelector"] == "a=1,b=2"
+    client.delete("v1", "Service", "models", "gone")  # 404: already gone, not an error
+    denied = {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "denied", "namespace": "models"}}
+    with pytest.raises(KubeApiError, match=r'PATCH .*/scaledobjects/denied: 403 Forbidden: scaledobjects.keda.sh "denied" is forbidden'):
+        client.apply(denied)
