@@ -14,8 +14,8 @@ A categorical feature (``categorical=`` of ``baseline_profile``) stores category
 frequencies instead. ``format`` is 2; profiles written before it (format 1) lack ``kind``,
 ``reference`` and ``reference_count``, and readers treat them as numeric with no sketch.
 
-Size: a numeric feature is about 11 kB of JSON (the sketch is 1,000 values at 7 significant
-digits), so the demo model's 4 features make a ~45 kB profile.
+Size: a numeric feature is about 11 kB of JSON (the sketch is 1,000 values to a millionth of
+the feature's range), so the demo model's 4 features make a ~45 kB profile.
 """
 
 from __future__ import annotations
@@ -59,10 +59,12 @@ def reference_sketch(sorted_values: np.ndarray, size: int = REFERENCE_SIZE) -> n
     return sorted_values[((np.arange(size) + 0.5) * n / size).astype(np.int64)]
 
 
-def _round(values: np.ndarray) -> list[float]:
-    # 7 significant digits is float32's precision: the demo's data loses nothing, and the
-    # stored sketch is half the size of full float64 repr.
-    return [float(f"{v:.7g}") for v in values.tolist()]
+def _round(values: np.ndarray, spread: float) -> list[float]:
+    # To a millionth of the feature's range (about float32's precision, relative to the
+    # spread rather than to each value, so 1e6 + noise keeps its noise): half the JSON of
+    # full float64 repr, and distinct values stay distinct.
+    decimals = int(np.ceil(-np.log10(spread * 1e-6))) if spread > 0 else 7
+    return [round(v, decimals) for v in values.tolist()]
 
 
 def feature_profile(values: np.ndarray, *, reference_size: int = REFERENCE_SIZE) -> dict[str, Any]:
@@ -85,7 +87,7 @@ def feature_profile(values: np.ndarray, *, reference_size: int = REFERENCE_SIZE)
         "quantiles": {str(q): float(v) for q, v in zip(QUANTILES, np.quantile(finite, QUANTILES))},
         "bin_edges": edges.tolist(),
         "histogram": _histogram(finite, edges),
-        "reference": _round(reference_sketch(finite, reference_size)),
+        "reference": _round(reference_sketch(finite, reference_size), float(finite[-1] - finite[0])),
         "reference_count": int(finite.size),
     }
 

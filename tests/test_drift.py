@@ -145,7 +145,7 @@ def test_js_distance_bounds() -> None:
 # -- features against the profile -------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_baseline() -> tuple[np.ndarray, dict]:
-    # 3 decimals survive the sketch's 7 significant digits exactly: the sketch is the data
+    # 3 decimals survive the sketch's rounding (a millionth of the range): the sketch is the data
     ref = np.round(np.random.default_rng(10).normal(size=(800, 2)), 3)
     return ref, _profile(ref, ["a", "b"])
 
@@ -373,3 +373,22 @@ def test_text_in_a_numeric_column_counts_as_null(small_baseline) -> None:
     window = pd.DataFrame({"a": pd.Series([0.1, "oops", 0.3, None], dtype=object), "b": 0.0})
     a = feature_drift(prof, window, T)[0]
     assert a.rows == 2 and a.null_rate == 0.5
+
+
+def test_ks_from_a_sketch_estimates_the_full_samples_statistic() -> None:
+    rng = np.random.default_rng(17)
+    ref = rng.normal(size=200_000)
+    prof = _profile(ref[:, None], ["x"])
+    window = pd.DataFrame({"x": rng.normal(0.01, 1.0, size=200_000)})
+    f = feature_drift(prof, window, T)[0]
+    full = stats.ks_2samp(ref, window["x"].to_numpy())
+    sketch_only = ks(np.array(prof["features"]["x"]["reference"]), np.sort(window["x"].to_numpy()))[0]
+    assert abs(f.ks_statistic - full.statistic) < 1e-4 < abs(sketch_only - full.statistic)
+    assert f.ks_pvalue.value == pytest.approx(full.pvalue, rel=0.2)
+
+
+def test_ks_from_a_sketch_of_discrete_data_keeps_the_step_cdf() -> None:
+    rng = np.random.default_rng(18)
+    u = np.sort(rng.poisson(3.0, 1000).astype(float))  # ties: a step CDF is the right one
+    v = np.sort(rng.poisson(3.2, 5000).astype(float))
+    assert ks(u, v, 100_000, bounds=(0.0, 12.0)) == ks(u, v, 100_000)

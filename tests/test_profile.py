@@ -116,3 +116,12 @@ def test_baseline_profile_refuses_inconsistent_columns(categorical: dict, messag
     x = np.zeros((6, 2))
     with pytest.raises(ValueError, match=message):
         profile.baseline_profile(x, ["a", "b"], _probabilities(6), categorical=categorical)
+
+
+def test_sketch_rounding_is_relative_to_the_spread_not_the_magnitude() -> None:
+    values = 1e6 + np.random.default_rng(4).normal(size=50_000)
+    p = profile.feature_profile(values)
+    ref = np.array(p["reference"])
+    exact = profile.reference_sketch(np.sort(values))
+    assert np.abs(ref - exact).max() <= 1e-6 * (values.max() - values.min())
+    assert (np.diff(ref) > 0).all()  # 7 significant digits would have made ties of these

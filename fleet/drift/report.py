@@ -191,7 +191,7 @@ def _numeric(window: Any, names: list[str], profiles: Mapping[str, Any], t: Drif
             u = np.asarray(base["reference"], float)  # stored sorted
             w = wasserstein(u, v)
             w_norm = w / max(float(base["std"]), STD_FLOOR)
-            d, p = ks(u, v, base.get("reference_count"))
+            d, p = ks(u, v, base.get("reference_count"), bounds=(float(base["min"]), float(base["max"])))
         psi_s, js_s = _judge(float(psi(ref, cur)), t.psi), _judge(float(js_distance(ref, cur)), t.js)
         w_s = _judge(w, t.wasserstein)
         ks_s = Statistic(value=p, threshold=t.ks_pvalue, exceeded=p is not None and p < t.ks_pvalue)
