@@ -1,0 +1,303 @@
+"""Canary verdicts, window by window: tick-driven steps against the metrics fake, single
+windows for each gate, and seeded property checks that could fail."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from fleet.analysis import Verdict, histogram_quantile, judge, psi
+from fleet.metrics import MemoryMetrics, latency_bucket
+from fleet.spec import RolloutPolicy
+from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow
+
+MODEL, STABLE, CANARY = "demo", "1.0.0", "1.1.0"
+T0 = 1_764_590_000.0
+
+
+def policy(**changes) -> RolloutPolicy:
+    gates = {"max_error_rate_increase": 0.005, "confidence": 0.95, "max_p99_ratio": 1.2, "max_prediction_psi": 0.2}
+    gates.update(changes.pop("gates", {}))
+    raw = {"steps": [10, 50, 100], "analysis_window_s": 10.0, "min_samples": 50, "hold_deadline_s": 900.0,
+           "bake_time_s": 0.0, "gates": gates}  # fmt: skip
+    return RolloutPolicy.model_validate({**raw, **changes})
+
+
+def served(rng: np.random.Generator, n: int, *, errors: float = 0.001, median_ms: float = 10.0, sigma: float = 0.4,
+           scores: tuple[float, float] = (2.0, 5.0), slow_share: float = 0.0) -> dict:  # fmt: skip
+    """n requests as the gateway counts them: Bernoulli errors, lognormal latency, Beta scores."""
+    failed = rng.random(n) < errors
+    ok = int(n - failed.sum())
+    latency = np.exp(rng.normal(math.log(median_ms), sigma, ok))
+    latency[rng.random(ok) < slow_share] *= 8  # a slow tail: GC pauses, a cold cache
+    buckets = np.searchsorted(LATENCY_BUCKETS_MS, latency, side="left")
+    bins = np.clip((rng.beta(*scores, ok) * PREDICTION_BINS).astype(int), 0, PREDICTION_BINS - 1)
+    return {"requests": n, "errors": int(failed.sum()), "buckets": buckets, "bins": bins}
+
+
+def window(version: str, traffic: dict, start: float = T0, end: float = T0 + 60) -> ArmWindow:
+    errors = dict.fromkeys(ERROR_CLASSES, 0)
+    errors["5xx"] = traffic["errors"]
+    return ArmWindow(
+        model=MODEL, version=version, start=start, end=end, requests=traffic["requests"], errors=errors,
+        latency_ms=tuple(np.bincount(traffic["buckets"], minlength=len(LATENCY_BUCKETS_MS) + 1).tolist()),
+        predictions=tuple(np.bincount(traffic["bins"], minlength=PREDICTION_BINS).tolist()),
+    )  # fmt: skip
+
+
+def record(metrics: MemoryMetrics, version: str, at: float, traffic: dict) -> None:
+    """Put traffic into the fake the way the gateway records it (grouped, to stay fast)."""
+    upper = (*LATENCY_BUCKETS_MS, 20000.0)  # a latency inside each bucket
+    pairs, counts = np.unique(np.stack([traffic["buckets"], traffic["bins"]]), axis=1, return_counts=True)
+    for (b, s), c in zip(pairs.T.tolist(), counts.tolist()):
+        metrics.answered(MODEL, version, at, upper[b], scores=[(s + 0.5) / PREDICTION_BINS], count=c)
+    if traffic["errors"]:
+        metrics.failed(MODEL, version, at, "5xx", count=traffic["errors"])
+
+
+def run_step(p: RolloutPolicy, seed: int, rps: float, weight: float, canary: dict, ticks: int = 200) -> list[Verdict]:
+    """Drive one step tick by tick: traffic arrives, the step's window so far is judged,
+    until a verdict other than hold (the flow's loop, against the metrics fake)."""
+    rng = np.random.default_rng(seed)
+    metrics, verdicts = MemoryMetrics(), []
+    for k in range(1, ticks + 1):
+        now = T0 + k * p.analysis_window_s
+        n = int(rng.poisson(rps * p.analysis_window_s))
+        to_canary = int(rng.binomial(n, weight / 100))
+        record(metrics, CANARY, now - 1, served(rng, to_canary, **canary))
+        record(metrics, STABLE, now - 1, served(rng, n - to_canary))
+        v = judge(metrics.window(MODEL, STABLE, T0, now), metrics.window(MODEL, CANARY, T0, now), p, step_started=T0)
+        verdicts.append(v)
+        if v.outcome != "hold":
+            break
+    return verdicts
+
+
+# -- tick by tick ---------------------------------------------------------------------------
+
+
+def test_no_data_holds_it_is_neither_a_failure_nor_a_success() -> None:
+    """flagger#1035 / argo-rollouts#1466: "no values found" must not fail or pass a step."""
+    empty = window(CANARY, served(np.random.default_rng(0), 0))
+    v = judge(dataclasses.replace(empty, version=STABLE), empty, policy(), step_started=T0)
+    assert v.outcome == "hold" and v.breaches == ()
+    # the latency gate needs the most stable data: 299 requests to pin the stable p99 at 95 %
+    assert v.deadline == T0 + 900 and (v.more_canary, v.more_stable) == (50, 299)
+    assert "no data yet: canary 0, stable 0 requests, min_samples 50 per arm" in v.summary
+    gates = ["samples", "error_rate", "latency_p99", "predictions"]
+    assert {g.gate: g.status for g in v.gates} == dict.fromkeys(gates, "pending")
+
+
+def test_low_traffic_canary_holds_tick_by_tick_and_fails_only_at_the_deadline() -> None:
+    p = policy(analysis_window_s=60.0, hold_deadline_s=300.0)
+    verdicts = run_step(p, seed=1, rps=0.5, weight=10, canary={})  # ~3 canary requests a minute
+    assert [v.outcome for v in verdicts] == ["hold"] * 4 + ["rollback"]
+    more = [v.more_canary for v in verdicts[:4]]
+    assert more == sorted(more, reverse=True) and more[-1] > 0  # each tick needs less
+    last = verdicts[-1]
+    assert [g.gate for g in last.breaches] == ["deadline"]  # not a gate: no gate ever failed
+    deadline = last.breaches[0]
+    assert (deadline.observed, deadline.allowed) == (300.0, 300.0)
+    assert "still undecided 300 s into the step" in deadline.explanation and "samples (~" in deadline.explanation
+
+
+def test_good_canary_holds_until_it_has_shown_it_is_no_worse_then_advances() -> None:
+    verdicts = run_step(policy(), seed=2, rps=20, weight=10, canary={})
+    outcomes = [v.outcome for v in verdicts]
+    assert outcomes[-1] == "advance" and set(outcomes[:-1]) == {"hold"}
+    assert 5 < len(verdicts) < 90  # more than min_samples alone, less than the deadline
+    # what it waited for, after min_samples: evidence that errors are within the margin
+    assert [g.gate for g in verdicts[-2].pending] == ["error_rate"]
+    assert all(g.status == "pass" for g in verdicts[-1].gates)
+
+
+def test_canary_with_5pct_more_errors_rolls_back_at_the_first_verdict() -> None:
+    verdicts = run_step(policy(), seed=3, rps=20, weight=10, canary={"errors": 0.051})
+    assert [v.outcome for v in verdicts] == ["hold"] * (len(verdicts) - 1) + ["rollback"]
+    assert len(verdicts) <= 5  # 2 canary requests a second: min_samples 50 in ~25 s
+    (gate,) = verdicts[-1].breaches
+    assert gate.gate == "error_rate" and gate.observed > 0.01 and gate.allowed == 0.005 and gate.p_value < 0.05
+    assert "above the margin at 95%" in gate.explanation
+
+
+def test_3x_slower_canary_rolls_back_on_latency() -> None:
+    verdicts = run_step(policy(), seed=4, rps=20, weight=10, canary={"median_ms": 30.0})
+    gate = verdicts[-1].breaches[0]
+    assert verdicts[-1].outcome == "rollback" and gate.gate == "latency_p99" and gate.observed > 2.5
+    assert "finds it slower overall too" in gate.explanation
+
+
+def test_shifted_predictions_roll_back_on_psi() -> None:
+    verdicts = run_step(policy(), seed=5, rps=20, weight=50, canary={"scores": (3.0, 3.0)})
+    gate = verdicts[-1].breaches[0]
+    assert verdicts[-1].outcome == "rollback" and gate.gate == "predictions" and gate.observed > 0.2
+
+
+# -- one window, one gate ---------------------------------------------------------------------
+
+
+def test_error_rate_is_a_test_on_counts_not_a_threshold_on_small_ones() -> None:
+    rng = np.random.default_rng(6)
+    stable = window(STABLE, served(rng, 2000, errors=0.0))
+    one_in_60 = window(CANARY, {**served(rng, 60, errors=0.0), "errors": 1})  # 1.7 %: noise
+    assert judge(stable, one_in_60, policy(), step_started=T0).outcome == "hold"
+    many = window(CANARY, {**served(rng, 600, errors=0.0), "errors": 30})  # 5 %: a regression
+    v = judge(stable, many, policy(), step_started=T0)
+    assert v.outcome == "rollback" and v.breaches[0].gate == "error_rate"
+
+
+def test_error_rate_increase_within_the_margin_passes_with_enough_data() -> None:
+    rng = np.random.default_rng(7)
+    stable = window(STABLE, served(rng, 20000, errors=0.002))
+    canary = window(CANARY, served(rng, 20000, errors=0.004))  # +0.2 pp, margin 0.5 pp
+    gate = next(g for g in judge(stable, canary, policy(), step_started=T0).gates if g.gate == "error_rate")
+    assert gate.status == "pass" and 0 < gate.observed < 0.005
+    worse = window(CANARY, served(rng, 20000, errors=0.012))  # +1 pp
+    gate = next(g for g in judge(stable, worse, policy(), step_started=T0).gates if g.gate == "error_rate")
+    assert gate.status == "breach"
+
+
+def test_error_gate_with_no_margin_passes_when_no_increase_is_found() -> None:
+    rng = np.random.default_rng(8)
+    p = policy(gates={"max_error_rate_increase": 0.0})
+    stable, canary = window(STABLE, served(rng, 900)), window(CANARY, served(rng, 100))
+    gate = next(g for g in judge(stable, canary, p, step_started=T0).gates if g.gate == "error_rate")
+    assert gate.status == "pass" and "no increase found" in gate.explanation
+
+
+def test_tail_only_slowdown_breaches_latency_though_the_rank_test_sees_little() -> None:
+    rng = np.random.default_rng(29)
+    stable = window(STABLE, served(rng, 9000))
+    canary = window(CANARY, served(rng, 1000, slow_share=0.03))  # 3 % of requests 8x slower
+    gate = next(g for g in judge(stable, canary, policy(), step_started=T0).gates if g.gate == "latency_p99")
+    assert gate.status == "breach" and "finds no overall slowdown: a slower tail" in gate.explanation
+
+
+def test_latency_waits_until_the_stable_p99_can_be_bounded() -> None:
+    rng = np.random.default_rng(10)
+    stable, canary = window(STABLE, served(rng, 200, errors=0.0)), window(CANARY, served(rng, 200, median_ms=30))
+    gate = next(g for g in judge(stable, canary, policy(), step_started=T0).gates if g.gate == "latency_p99")
+    # 0.99^298 > 0.05 > 0.99^299: fewer stable requests than that cannot pin the p99 at 95 %
+    assert gate.status == "pending" and gate.more_stable == 99 and "299 stable" in gate.explanation
+
+
+def test_stable_serving_nothing_at_100_percent_holds_and_asks_for_a_baseline() -> None:
+    rng = np.random.default_rng(11)
+    nothing = window(STABLE, served(rng, 0))
+    v = judge(nothing, window(CANARY, served(rng, 1200)), policy(), step_started=T0)
+    assert v.outcome == "hold" and v.more_stable == 299 and v.more_canary == 0
+    assert "stable 0 requests" in v.summary
+
+
+def test_small_samples_of_one_distribution_do_not_breach_psi_though_raw_psi_is_high() -> None:
+    rng = np.random.default_rng(12)
+    hits = 0
+    for _ in range(50):
+        stable, canary = window(STABLE, served(rng, 60)), window(CANARY, served(rng, 60))
+        gate = next(g for g in judge(stable, canary, policy(), step_started=T0).gates if g.gate == "predictions")
+        hits += gate.observed > 0.2
+        assert gate.status != "breach"
+    assert hits >= 5  # the raw PSI does cross the limit: the significance test is what holds
+
+
+def test_shadow_gate_applies_in_the_shadow_phase_only() -> None:
+    rng = np.random.default_rng(13)
+    p = policy(gates={"min_shadow_agreement": 0.95})
+    stable, shadow = window(STABLE, served(rng, 2000)), window(CANARY, served(rng, 2000))
+
+    def gate(agreed: int, pairs: int, phase: str = "shadow"):
+        v = judge(stable, dataclasses.replace(shadow, shadow_pairs=pairs, shadow_agreed=agreed), p,
+                  step_started=T0, phase=phase)  # fmt: skip
+        return next((g for g in v.gates if g.gate == "shadow_agreement"), None)
+
+    assert gate(170, 200).status == "breach"  # 85 % < 95 %
+    assert gate(500, 500).status == "pass"
+    assert gate(191, 200).status == "pending"  # 95.5 %: not yet distinguishable from 95 %
+    assert gate(10, 10).status == "pending" and gate(10, 10).more_canary == 40
+    assert gate(170, 200, phase="canary") is None
+    assert all(g.gate != "shadow_agreement" for g in judge(stable, shadow, policy(), step_started=T0, phase="shadow").gates)
+
+
+def test_verdict_is_frozen_and_tabulates_observed_vs_allowed() -> None:
+    def arms(seed: int) -> tuple[ArmWindow, ArmWindow]:
+        rng = np.random.default_rng(seed)
+        return window(STABLE, served(rng, 9000)), window(CANARY, served(rng, 1000, median_ms=30))
+
+    v = judge(*arms(14), policy(), step_started=T0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.outcome = "advance"  # type: ignore[misc]
+    rows = {row["gate"]: row for row in v.table()}
+    assert set(rows) == {"samples", "error_rate", "latency_p99", "predictions"}
+    assert rows["latency_p99"]["status"] == "breach" and rows["latency_p99"]["allowed"] == "<= 1.2 x"
+    assert rows["samples"] == {"gate": "samples", "status": "pass", "observed": "1000 requests",
+                               "allowed": ">= 50 requests", "explanation": rows["samples"]["explanation"]}  # fmt: skip
+    assert rows["error_rate"]["allowed"] == "<= +0.50 pp" and rows["error_rate"]["observed"].endswith("pp")
+    # pure: time is the window's end, never the clock, so the same inputs give the same verdict
+    assert judge(*arms(14), policy(), step_started=T0) == v
+
+
+def test_histogram_quantile_reads_buckets_as_prometheus_does() -> None:
+    counts = np.zeros(len(LATENCY_BUCKETS_MS) + 1, dtype=int)
+    counts[1] = 4  # four requests in (1, 2] ms
+    assert histogram_quantile(0.5, counts) == 1.5
+    counts[-1] = 100  # the open bucket holds the quantile: the last finite bound
+    assert histogram_quantile(0.99, counts) == LATENCY_BUCKETS_MS[-1]
+    assert math.isnan(histogram_quantile(0.99, np.zeros_like(counts)))
+    assert latency_bucket(10.0) == 5 and histogram_quantile(1.0, np.eye(22, dtype=int)[5]) == 10.0
+
+
+def test_psi_is_zero_for_identical_histograms_and_finite_with_empty_bins() -> None:
+    a = np.array([10, 20, 30, 0, 0, 0, 0, 0, 0, 40])
+    assert psi(a, a) == 0.0
+    assert 0 < psi(a, a[::-1]) < math.inf
+
+
+# -- properties (seeded, could fail) -----------------------------------------------------------
+
+
+def test_identical_arms_never_roll_back() -> None:
+    rng = np.random.default_rng(15)
+    for _ in range(200):
+        n = int(rng.integers(0, 5000))
+        scores = (float(rng.uniform(0.5, 5)), float(rng.uniform(0.5, 5)))
+        traffic = served(rng, n, errors=float(rng.uniform(0, 0.05)), median_ms=float(rng.uniform(1, 500)),
+                         sigma=float(rng.uniform(0.1, 1.0)), scores=scores)  # fmt: skip
+        w = window(CANARY, traffic)
+        v = judge(dataclasses.replace(w, version=STABLE), w, policy(), step_started=T0)
+        assert v.outcome != "rollback", v.summary
+
+
+def test_a_3x_slower_canary_with_enough_samples_always_rolls_back() -> None:
+    rng = np.random.default_rng(16)
+    for _ in range(100):
+        median, sigma = float(rng.uniform(2, 300)), float(rng.uniform(0.2, 0.8))
+        n = int(rng.integers(500, 3000))
+        stable = window(STABLE, served(rng, 9 * n, median_ms=median, sigma=sigma))
+        canary = window(CANARY, served(rng, n, median_ms=3 * median, sigma=sigma))
+        v = judge(stable, canary, policy(), step_started=T0)
+        assert v.outcome == "rollback" and "latency_p99" in [g.gate for g in v.breaches], v.summary
+
+
+def test_independent_samples_of_one_version_rarely_breach_any_gate() -> None:
+    """Each look tests at 95 %, but margins and tail tests keep the false breach rate well
+    under 5 % (bench/rollout.py measures it over whole rollouts)."""
+    rng = np.random.default_rng(17)
+    breaches = 0
+    for _ in range(300):
+        n = int(rng.integers(50, 3000))
+        stable, canary = window(STABLE, served(rng, 9 * n)), window(CANARY, served(rng, n))
+        breaches += judge(stable, canary, policy(), step_started=T0).outcome == "rollback"
+    assert breaches <= 3
+
+
+def test_more_canary_errors_never_turn_a_rollback_into_an_advance() -> None:
+    rng = np.random.default_rng(18)
+    stable = window(STABLE, served(rng, 5000))
+    base = served(rng, 1000, errors=0.0)
+    outcomes = [judge(stable, window(CANARY, {**base, "errors": k}), policy(), step_started=T0).outcome
+                for k in range(0, 60, 3)]  # fmt: skip
+    first_rollback = outcomes.index("rollback")
+    assert "advance" not in outcomes[first_rollback:] and outcomes[0] == "advance"
