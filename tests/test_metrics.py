@@ -327,7 +327,8 @@ def test_open_metrics_prometheus_needs_its_url(monkeypatch) -> None:
 def test_unknown_metrics_kind_is_refused_not_replaced(monkeypatch, kind: str) -> None:
     monkeypatch.setenv("FLEET_PROMETHEUS_URL", "http://prometheus:9090")
     monkeypatch.setenv("FLEET_METRICS", kind)
-    with pytest.raises(ConfigError, match=f"FLEET_METRICS '{kind}' is not a metrics source; expected one of gateway, prometheus"):
+    expected = f"FLEET_METRICS '{kind}' is not a metrics source; expected one of gateway, prometheus"
+    with pytest.raises(ConfigError, match=expected):
         open_metrics()
     monkeypatch.delenv("FLEET_METRICS")
     with pytest.raises(ConfigError, match=f"'{kind}'"):

@@ -76,7 +76,9 @@ class GatewayMetrics:
             raise InvalidInput(f"window of {window_s} s; gateways keep at most the last {MAX_WINDOW_S} s")
         live = gateways.live(self.store)
         if not live:
-            raise MetricsUnavailable(f"no live gateway registered in {self.store.url} (gateways/*.json with a recent heartbeat)")
+            raise MetricsUnavailable(
+                f"no live gateway registered in {self.store.url} (gateways/*.json with a recent heartbeat)"
+            )
         with httpx.Client(timeout=self._timeout, headers=self._headers) as client:
             with ThreadPoolExecutor(max_workers=min(16, len(live))) as pool:
                 answers = list(pool.map(lambda g: self._read(client, g.url, model, window_s), live))
@@ -110,13 +112,16 @@ def _check_layout(stats: _Stats, url: str, model: str) -> None:
     if stats.model != model:
         raise BadMetricsAnswer(f"gateway at {url} answered for model {stats.model!r}, asked for {model!r}")
     if tuple(stats.latency_buckets_ms) != tuple(float(b) for b in LATENCY_BUCKETS_MS):
-        raise BadMetricsAnswer(f"gateway at {url} uses latency buckets {stats.latency_buckets_ms}; expected {list(LATENCY_BUCKETS_MS)}")
+        raise BadMetricsAnswer(
+            f"gateway at {url} uses latency buckets {stats.latency_buckets_ms}; expected {list(LATENCY_BUCKETS_MS)}"
+        )
     if stats.prediction_bins != PREDICTION_BINS:
         raise BadMetricsAnswer(f"gateway at {url} uses {stats.prediction_bins} prediction bins; expected {PREDICTION_BINS}")
     for version, v in stats.versions.items():
         unknown = set(v.errors) - set(ERROR_CLASSES)
         if unknown:
-            raise BadMetricsAnswer(f"gateway at {url}: {version} has error classes {sorted(unknown)}; expected {', '.join(ERROR_CLASSES)}")
+            expected = ", ".join(ERROR_CLASSES)
+            raise BadMetricsAnswer(f"gateway at {url}: {version} has error classes {sorted(unknown)}; expected {expected}")
 
 
 def _arm(stats: _Stats, model: str, version: str) -> ArmWindow:

@@ -83,7 +83,8 @@ class PrometheusMetrics:
         if body.get("status") != "success":
             # 503/504: timed out or aborted (try again); 400/422: the query itself is wrong
             kind = MetricsUnavailable if r.status_code >= 500 else BadMetricsAnswer
-            raise kind(f"Prometheus at {url} answered {r.status_code} {body.get('errorType')}: {body.get('error')} (query {query})")
+            what = f"{body.get('errorType')}: {body.get('error')}"
+            raise kind(f"Prometheus at {url} answered {r.status_code} {what} (query {query})")
         data = body.get("data") or {}
         if data.get("resultType") != "vector":
             raise BadMetricsAnswer(f"Prometheus at {url}: expected a vector for {query}, got {data.get('resultType')!r}")
@@ -106,7 +107,8 @@ class PrometheusMetrics:
             bound = math.inf if le == "+Inf" else _float(le, self.url) * 1000
             matches = [i for i, b in enumerate(LATENCY_BUCKETS_MS) if math.isclose(b, bound, rel_tol=1e-9)]
             if bound != math.inf and not matches:
-                raise BadMetricsAnswer(f"Prometheus at {self.url}: {LATENCY} has bucket le={le}; expected bounds {[b / 1000 for b in LATENCY_BUCKETS_MS]} and +Inf")
+                expected = [b / 1000 for b in LATENCY_BUCKETS_MS]
+                raise BadMetricsAnswer(f"Prometheus at {self.url}: {LATENCY} has bucket le={le}; expected {expected} and +Inf")
             by_bound[len(LATENCY_BUCKETS_MS) if bound == math.inf else matches[0]] = value
         missing = sorted(set(range(N_LATENCY)) - set(by_bound))
         if missing:
@@ -121,7 +123,8 @@ class PrometheusMetrics:
         counts = [0] * PREDICTION_BINS
         for label, value in by_bin.items():
             if label is None or not label.isdigit() or int(label) >= PREDICTION_BINS:
-                raise BadMetricsAnswer(f"Prometheus at {self.url}: {PREDICTIONS} has bin={label!r}; expected 0..{PREDICTION_BINS - 1}")
+                expected = f"0..{PREDICTION_BINS - 1}"
+                raise BadMetricsAnswer(f"Prometheus at {self.url}: {PREDICTIONS} has bin={label!r}; expected {expected}")
             counts[int(label)] = _count(value)
         return tuple(counts)
 
