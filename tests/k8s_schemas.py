@@ -34,20 +34,20 @@ def _closed(schema: Any) -> Any:
     return schema
 
 
-def _ints(value: Any) -> Any:
+def json_ints(value: Any) -> Any:
     """Pulumi's mocks hand numbers over as floats (protobuf Struct); the engine sends JSON ints."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, dict):
-        return {k: _ints(v) for k, v in value.items()}
+        return {k: json_ints(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_ints(v) for v in value]
+        return [json_ints(v) for v in value]
     return value
 
 
 def validate(obj: dict) -> None:
     """Raise if ``obj`` is not a valid object of its apiVersion and kind."""
-    obj = _ints(copy.deepcopy(obj))
+    obj = json_ints(copy.deepcopy(obj))
     crd = CRD_SCHEMAS.get((obj.get("apiVersion"), obj.get("kind")))
     if crd:
         jsonschema.validate(obj, _closed(json.loads((FIXTURES / crd).read_text())))

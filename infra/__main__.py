@@ -1,0 +1,80 @@
+"""The serving fleet's production infrastructure: `pulumi up` runs this (Pulumi.yaml: main: infra/).
+
+Only wiring: the stack config (read and checked in infra/config.py, placement plan included)
+flows into the components, and their outputs into each other and the stack outputs.
+"""
+
+import sys
+from pathlib import Path
+
+# `pulumi up` runs this file with infra/ on sys.path; the components import as the `infra`
+# package from the project root, as the tests import them.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pulumi  # noqa: E402
+
+from fleet.errors import FleetError  # noqa: E402
+from infra import config as cfg  # noqa: E402
+from infra.cluster import Cluster, ClusterArgs  # noqa: E402
+from infra.cost import usd_per_hour  # noqa: E402
+from infra.edge import Edge, EdgeArgs  # noqa: E402
+from infra.identity import IrsaRole, IrsaRoleArgs, autoscaler_policy, flows_policy, gateway_policy  # noqa: E402
+from infra.images import ImageRegistry, ImageRegistryArgs  # noqa: E402
+from infra.network import Network, NetworkArgs  # noqa: E402
+from infra.nodegroups import NodeGroups, NodeGroupsArgs, SystemGroup  # noqa: E402
+from infra.gateway import NAME as GATEWAY_SA  # noqa: E402
+from infra.platform import FLOWS_NS, FLOWS_SA, GATEWAY_NS, Platform, PlatformArgs  # noqa: E402
+from infra.storage import ModelStore, ModelStoreArgs  # noqa: E402
+
+try:
+    stack = cfg.load()
+except FleetError as exc:  # a config mistake is one clear message, not a traceback
+    raise pulumi.RunError(str(exc)) from None
+s, tags, name = stack.settings, stack.tags, stack.name
+
+network = Network(name, NetworkArgs(s.vpcCidr, s.azCount, s.singleNatGateway, name, tags))
+cluster = Cluster(name, ClusterArgs(name, s.kubernetesVersion, stack.region,
+                                    network.private_subnet_ids + network.public_subnet_ids, s.apiAccessCidrs, tags))
+system = s.systemNodes
+nodes = NodeGroups(name, NodeGroupsArgs(
+    cluster.name, cluster.node_role_arn, network.private_subnet_ids,
+    SystemGroup(system.instance_type, system.min_size, system.max_size, system.root_volume_gib),
+    stack.plan.node_groups, s.rootVolumeGib, tags,
+), opts=pulumi.ResourceOptions(depends_on=cluster.node_policy_attachments))
+store = ModelStore(name, ModelStoreArgs(s.logRetentionDays, s.noncurrentVersionDays, tags))
+images = ImageRegistry(name, ImageRegistryArgs(name, stack.families, tags))
+
+
+def irsa(role: str, namespace: str, account: str, policy: pulumi.Input[str]) -> IrsaRole:
+    return IrsaRole(f"{name}-{role}", IrsaRoleArgs(cluster.oidc_provider_arn, cluster.oidc_issuer, namespace, account, policy, tags))
+
+
+gateway_role = irsa("gateway", GATEWAY_NS, GATEWAY_SA, pulumi.Output.all(store.models_bucket_arn, store.key_arn).apply(lambda v: gateway_policy(*v)))
+flows_role = irsa("flows", FLOWS_NS, FLOWS_SA, pulumi.Output.all(store.models_bucket_arn, store.key_arn).apply(lambda v: flows_policy(*v)))
+autoscaler_role = irsa("cluster-autoscaler", "kube-system", "cluster-autoscaler", cluster.name.apply(autoscaler_policy))
+
+edge = Edge(name, EdgeArgs(
+    network.vpc_id, network.public_subnet_ids, s.certificateArn, s.allowedCidrs, s.gateway.node_port,
+    cluster.security_group_id, nodes.system.resources.apply(lambda r: r[0].autoscaling_groups[0].name),
+    store.logs_bucket, tags,
+))
+store_url = pulumi.Output.concat("s3://", store.models_bucket)
+Platform(name, PlatformArgs(
+    cluster.kubeconfig, cluster.name, stack.region, s.kubernetesVersion, stack.plan, stack.policies, images.urls,
+    store_url, gateway_role.arn, flows_role.arn, autoscaler_role.arn, s.gateway, s.gateway.image_tag,
+), opts=pulumi.ResourceOptions(depends_on=[nodes]))
+
+pulumi.export(cfg.OUT_CLUSTER_NAME, cluster.name)
+pulumi.export(cfg.OUT_KUBECONFIG, cluster.kubeconfig)
+pulumi.export(cfg.OUT_VPC_ID, network.vpc_id)
+pulumi.export(cfg.OUT_MODELS_BUCKET, store.models_bucket)
+pulumi.export(cfg.OUT_LOGS_BUCKET, store.logs_bucket)
+pulumi.export(cfg.OUT_STORE_URL, store_url)
+pulumi.export(cfg.OUT_REPOSITORIES, images.urls)
+pulumi.export(cfg.OUT_LOAD_BALANCER_DNS, edge.dns_name)
+pulumi.export(cfg.OUT_GATEWAY_URL, pulumi.Output.concat("https://", edge.dns_name))
+pulumi.export(cfg.OUT_GATEWAY_ROLE, gateway_role.arn)
+pulumi.export(cfg.OUT_FLOWS_ROLE, flows_role.arn)
+pulumi.export(cfg.OUT_PLACEMENT, stack.plan.to_dict())
+pulumi.export(cfg.OUT_MAX_GPUS, stack.plan.max_gpus)
+pulumi.export(cfg.OUT_USD_PER_HOUR, usd_per_hour(stack, network.nat_gateways))

@@ -1,0 +1,198 @@
+"""Stack configuration: every ``serving-fleet:*`` key of Pulumi.<stack>.yaml, read and checked once.
+
+``load()`` reads the stack's config through Pulumi, ``parse()`` validates it (pure, so tests
+and ``fleet plan`` see the same rules). A problem names the stack file, the key, the bad
+value and what was expected, all problems at once; an unknown key is an error, since a typo
+would otherwise silently fall back to a default. The placement plan is computed here, from
+the policies and the node pools, because every component sizes itself from it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fleet.errors import ConfigError
+from fleet.placement import NodePool, Plan, models_from_config, plan, pools_from_config
+from fleet.spec import Policies, load_policies
+from fleet.validation import checked, expected, explain, hint, problem
+
+PROJECT = "serving-fleet"  # the name in Pulumi.yaml, and so the config namespace
+ROOT = Path(__file__).resolve().parent.parent  # where Pulumi.yaml is
+
+# Stack output names: scripts (`pulumi stack output NAME`) and other stacks read these.
+OUT_CLUSTER_NAME = "clusterName"
+OUT_KUBECONFIG = "kubeconfig"
+OUT_VPC_ID = "vpcId"
+OUT_MODELS_BUCKET = "modelsBucket"
+OUT_LOGS_BUCKET = "logsBucket"
+OUT_STORE_URL = "storeUrl"
+OUT_REPOSITORIES = "imageRepositories"
+OUT_LOAD_BALANCER_DNS = "loadBalancerDns"
+OUT_GATEWAY_URL = "gatewayUrl"
+OUT_GATEWAY_ROLE = "gatewayRoleArn"
+OUT_FLOWS_ROLE = "flowsRoleArn"
+OUT_PLACEMENT = "placement"
+OUT_MAX_GPUS = "maxGpus"
+OUT_USD_PER_HOUR = "usdPerHour"
+
+
+def _is_cidr(value: str) -> bool:
+    try:
+        ipaddress.ip_network(value)
+        return True
+    except ValueError:
+        return False
+
+
+def _is_vpc_cidr(value: str) -> bool:
+    # /16../20: room for one /19 private subnet per AZ (pods take VPC addresses) and small public ones
+    return _is_cidr(value) and ipaddress.ip_network(value).version == 4 and 16 <= ipaddress.ip_network(value).prefixlen <= 20
+
+
+Cidr = checked(str, "a CIDR block like '203.0.113.0/24'", _is_cidr)
+VpcCidr = checked(str, "an IPv4 CIDR block from /16 to /20, like '10.0.0.0/16'", _is_vpc_cidr)
+CertificateArn = checked(
+    str, "an ACM certificate ARN like 'arn:aws:acm:us-east-1:123456789012:certificate/<id>'",
+    re.compile(r"arn:aws[a-z-]*:acm:[a-z0-9-]+:\d{12}:certificate/[A-Za-z0-9-]+").fullmatch,
+)  # fmt: skip
+KubernetesVersion = checked(str, "a Kubernetes minor version like '1.33'", re.compile(r"1\.\d{2}").fullmatch)
+Label = checked(str, "1-63 lowercase letters, digits or '-'", re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?").fullmatch)
+
+
+class _Cfg(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class SystemNodes(_Cfg):
+    """The node group for the platform (gateway, Prometheus, KEDA, Prefect): never GPUs."""
+
+    instance_type: str = Field(min_length=1)
+    min_size: int = Field(2, ge=1)
+    max_size: int = Field(4, ge=1)
+    hourly_usd: float = Field(ge=0.0)
+    root_volume_gib: int = Field(50, ge=20, le=16384)
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> SystemNodes:
+        if self.min_size > self.max_size:
+            raise expected(f"an integer <= max_size ({self.max_size})", field="min_size", got=self.min_size)
+        return self
+
+
+class GatewaySettings(_Cfg):
+    image_tag: str = Field("0.1.0", min_length=1)  # in the gateway's ECR repository (tags are immutable)
+    min_replicas: int = Field(2, ge=1)  # >= 2 so a node drain never takes the whole gateway
+    max_replicas: int = Field(6, ge=1)
+    cpu: float = Field(1.0, gt=0.0)
+    memory_gib: float = Field(1.0, gt=0.0)
+    node_port: int = Field(30080, ge=30000, le=32767)  # the load balancer's target port on the nodes
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> GatewaySettings:
+        if self.min_replicas > self.max_replicas:
+            raise expected(f"an integer <= max_replicas ({self.max_replicas})", field="min_replicas", got=self.min_replicas)
+        return self
+
+
+class Settings(_Cfg):
+    """The ``serving-fleet:<key>`` entries; field names are the config keys."""
+
+    env: Literal["dev", "staging", "prod"]
+    team: Label  # cost tag on every resource
+    certificateArn: CertificateArn  # the HTTPS listener's certificate (ACM, same region)
+    vpcCidr: VpcCidr = "10.0.0.0/16"
+    azCount: int = Field(2, ge=2, le=6)
+    singleNatGateway: bool = False  # one NAT for all AZs: cheaper, but one AZ's outage cuts egress
+    kubernetesVersion: KubernetesVersion = "1.33"
+    apiAccessCidrs: list[Cidr] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)  # Kubernetes API
+    allowedCidrs: list[Cidr] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)  # the HTTPS listener
+    systemNodes: SystemNodes
+    nodePools: list[Any]  # validated by fleet.placement.pools_from_config
+    models: list[str] | None = None  # served by this stack; default every model in the policies
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    rootVolumeGib: int = Field(200, ge=50, le=16384)  # model node disks: images and weights are large
+    logRetentionDays: int = Field(30, ge=1)  # logs bucket expiry
+    noncurrentVersionDays: int = Field(30, ge=1)  # overwritten or deleted objects kept this long
+    policies: str = "policies"  # policy folder, relative to the project root
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    stack: str
+    region: str
+    settings: Settings
+    pools: tuple[NodePool, ...]
+    policies: Policies
+    plan: Plan
+
+    @property
+    def name(self) -> str:
+        """Prefix of physical names (cluster, roles): unique per stack in one account."""
+        return f"{PROJECT}-{self.stack}"
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """Cost tags every taggable resource carries; components override ``model``."""
+        return {"team": self.settings.team, "env": self.settings.env, "model": "shared", "project": PROJECT, "stack": self.stack}
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        return tuple(sorted({self.policies.models[m.model].family for m in self.plan.models}))
+
+
+def _is_text(annotation: Any) -> bool:
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    return annotation is str
+
+
+def parse(raw: dict[str, str], stack: str, region: str | None) -> StackConfig:
+    """Validate ``raw`` (config key without namespace → value as Pulumi stores it: a string,
+    JSON for lists and mappings) into a StackConfig."""
+    where = f"Pulumi.{stack}.yaml"
+    problems = []
+    if not region:
+        problems.append(problem(f"{where}: aws:region", "not set", "the AWS region, e.g. `pulumi config set aws:region us-east-1`"))
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        field = Settings.model_fields.get(key)
+        if field is None:
+            known = list(Settings.model_fields)
+            problems.append(problem(f"{where}: {PROJECT}:{key}", "unknown key", f"one of {', '.join(known)}{hint(key, known)}"))
+            continue
+        try:
+            values[key] = value if _is_text(field.annotation) else json.loads(value)
+        except (TypeError, ValueError):
+            values[key] = value  # pydantic names the type it expected
+    try:
+        settings = Settings.model_validate(values)
+    except ValidationError as exc:
+        problems += [f"{where}: {PROJECT}:{line}" for line in explain(exc, Settings)]
+    if problems:
+        raise ConfigError("\n".join(problems))
+    policies = load_policies(ROOT / settings.policies)
+    pools = pools_from_config(settings.nodePools, f"{where}: {PROJECT}")
+    models = models_from_config(settings.models, f"{where}: {PROJECT}", policies)
+    return StackConfig(stack, region, settings, pools, policies, plan(policies, pools, models))
+
+
+def load() -> StackConfig:
+    """The current stack's config (inside a Pulumi program or under mocks)."""
+    import pulumi
+    from pulumi.runtime.config import CONFIG, get_config_env
+
+    everything = {**get_config_env(), **CONFIG.get()}  # every key, to catch the unknown ones
+    raw = {}
+    for full, value in everything.items():
+        namespace, _, key = full.partition(":")
+        if namespace == PROJECT:
+            raw[key.removeprefix("config:")] = value  # old-style keys read "project:config:key"
+    return parse(raw, pulumi.get_stack(), pulumi.Config("aws").get("region"))
+

@@ -1,0 +1,109 @@
+"""Gateway: the fleet's router as a Kubernetes Deployment behind the load balancer.
+
+It runs on the system nodes, reads its state from the models bucket with its IRSA role, and
+finds model replicas through the Kubernetes runtime (``FLEET_RUNTIME=kubernetes``), which
+its Role in the models namespace lets it read but not change. The Service is a NodePort the
+load balancer's target group points at; a PodDisruptionBudget keeps all but one replica up
+during node drains, and an HPA scales it on CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from fleet.placement import POOL_LABEL
+from infra.config import GatewaySettings
+from infra.nodegroups import SYSTEM_GROUP
+
+NAME = "fleet-gateway"
+PORT = 8000
+LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "serving-fleet"}
+
+
+@dataclass
+class GatewayArgs:
+    namespace: str
+    models_namespace: str
+    image: pulumi.Input[str]
+    store_url: pulumi.Input[str]
+    role_arn: pulumi.Input[str]
+    region: str
+    settings: GatewaySettings
+
+
+class Gateway(pulumi.ComponentResource):
+    def __init__(self, name: str, args: GatewayArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("serving-fleet:infra:Gateway", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        s = args.settings
+        meta = {"name": NAME, "namespace": args.namespace, "labels": LABELS}
+        account = k8s.core.v1.ServiceAccount(
+            f"{name}-sa", metadata={**meta, "annotations": {"eks.amazonaws.com/role-arn": args.role_arn}}, opts=child
+        )
+        probe = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3}
+        memory = f"{int(s.memory_gib * 1024)}Mi"
+        container = {
+            "name": "gateway", "image": args.image,
+            "args": ["fleet", "gateway", "--host", "0.0.0.0", "--port", str(PORT)],
+            "ports": [{"name": "http", "containerPort": PORT}],
+            "env": [
+                {"name": "FLEET_STORE", "value": args.store_url},
+                {"name": "FLEET_RUNTIME", "value": "kubernetes"},
+                {"name": "FLEET_KUBE_NAMESPACE", "value": args.models_namespace},
+                {"name": "AWS_REGION", "value": args.region},
+                {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
+            ],
+            "resources": {"requests": {"cpu": f"{s.cpu:g}", "memory": memory}, "limits": {"memory": memory}},
+            "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, **probe},
+            "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, **probe, "periodSeconds": 10},
+            # stay in the endpoints until kube-proxy on every node has dropped this pod
+            "lifecycle": {"preStop": {"sleep": {"seconds": 10}}},
+            "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
+            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        }  # fmt: skip
+        k8s.apps.v1.Deployment(
+            f"{name}-deployment",
+            metadata=meta,
+            spec={
+                "replicas": s.min_replicas,
+                "selector": {"matchLabels": LABELS},
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                "template": {"metadata": {"labels": LABELS}, "spec": {
+                    "serviceAccountName": NAME,
+                    "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    "nodeSelector": {POOL_LABEL: SYSTEM_GROUP},
+                    "terminationGracePeriodSeconds": 40,
+                    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                                   "whenUnsatisfiable": "ScheduleAnyway",
+                                                   "labelSelector": {"matchLabels": LABELS}}],
+                }},
+            },
+            # the HPA owns the replica count once the Deployment exists
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[account], ignore_changes=["spec.replicas"]),
+        )  # fmt: skip
+        service = k8s.core.v1.Service(
+            f"{name}-service", metadata=meta,
+            spec={"type": "NodePort", "selector": LABELS, "externalTrafficPolicy": "Cluster",
+                  "ports": [{"name": "http", "port": 80, "targetPort": "http", "nodePort": s.node_port}]},
+            opts=child,
+        )  # fmt: skip
+        k8s.policy.v1.PodDisruptionBudget(
+            f"{name}-pdb", metadata=meta, spec={"maxUnavailable": 1, "selector": {"matchLabels": LABELS}}, opts=child
+        )
+        k8s.autoscaling.v2.HorizontalPodAutoscaler(
+            f"{name}-hpa", metadata=meta,
+            spec={
+                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": NAME},
+                "minReplicas": s.min_replicas, "maxReplicas": s.max_replicas,
+                "metrics": [{"type": "Resource", "resource": {"name": "cpu",
+                                                              "target": {"type": "Utilization", "averageUtilization": 70}}}],
+            },
+            opts=child,
+        )  # fmt: skip
+        self.service_name = service.metadata.name
+        self.register_outputs({"service": self.service_name})

@@ -1,0 +1,120 @@
+"""IAM roles for service accounts (IRSA): each in-cluster workload gets only what it needs.
+
+A role trusts exactly one Kubernetes service account (``system:serviceaccount:<ns>:<name>``)
+through the cluster's OIDC provider, and carries one inline policy:
+
+- gateway: read the models bucket (models, routes, tenants); write only under ``logs/``
+  (inference log, feedback) and ``gateways/`` (its heartbeat record).
+- flows (Prefect jobs: rollout, monitor, retrain): read and write the models bucket.
+- cluster-autoscaler: resize only this cluster's node groups.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+GATEWAY_WRITE_PREFIXES = ("logs/", "gateways/")
+
+
+def service_trust(service: str) -> str:
+    """Trust policy letting an AWS service (``eks.amazonaws.com``, ...) assume the role."""
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}],
+    })  # fmt: skip
+
+
+def irsa_trust(provider_arn: str, issuer: str, namespace: str, service_account: str) -> str:
+    """Trust policy for one service account; ``issuer`` is the OIDC issuer without https://."""
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Effect": "Allow",
+            "Principal": {"Federated": provider_arn},
+            "Action": "sts:AssumeRoleWithWebIdentity",
+            "Condition": {"StringEquals": {
+                f"{issuer}:sub": f"system:serviceaccount:{namespace}:{service_account}",
+                f"{issuer}:aud": "sts.amazonaws.com",
+            }},
+        }],
+    })  # fmt: skip
+
+
+def gateway_policy(bucket_arn: str, key_arn: str) -> str:
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "ListStore", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn},
+            {"Sid": "ReadStore", "Effect": "Allow", "Action": "s3:GetObject", "Resource": f"{bucket_arn}/*"},
+            {"Sid": "WriteLogsAndHeartbeat", "Effect": "Allow", "Action": ["s3:PutObject", "s3:DeleteObject"],
+             "Resource": [f"{bucket_arn}/{p}*" for p in GATEWAY_WRITE_PREFIXES]},
+            {"Sid": "UseStoreKey", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"], "Resource": key_arn},
+        ],
+    })  # fmt: skip
+
+
+def flows_policy(bucket_arn: str, key_arn: str) -> str:
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "ListStore", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn},
+            {"Sid": "ReadWriteStore", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+             "Resource": f"{bucket_arn}/*"},
+            {"Sid": "UseStoreKey", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"], "Resource": key_arn},
+        ],
+    })  # fmt: skip
+
+
+def autoscaler_policy(cluster_name: str) -> str:
+    # EKS tags the autoscaling groups of its managed node groups with this key, so the
+    # write actions reach this cluster's groups and no others
+    owned = {"StringEquals": {f"aws:ResourceTag/k8s.io/cluster-autoscaler/{cluster_name}": "owned"}}
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "Discover", "Effect": "Allow", "Resource": "*", "Action": [
+                "autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
+                "autoscaling:DescribeLaunchConfigurations", "autoscaling:DescribeScalingActivities",
+                "autoscaling:DescribeTags", "ec2:DescribeImages", "ec2:DescribeInstanceTypes",
+                "ec2:DescribeLaunchTemplateVersions", "ec2:GetInstanceTypesFromInstanceRequirements",
+                "eks:DescribeNodegroup",
+            ]},
+            {"Sid": "ResizeOwnGroups", "Effect": "Allow", "Resource": "*", "Condition": owned, "Action": [
+                "autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup",
+            ]},
+        ],
+    })  # fmt: skip
+
+
+@dataclass
+class IrsaRoleArgs:
+    oidc_provider_arn: pulumi.Input[str]
+    oidc_issuer: pulumi.Input[str]  # without https://
+    namespace: str
+    service_account: str
+    policy: pulumi.Input[str]  # the inline policy document (JSON)
+    tags: dict[str, str]
+
+
+class IrsaRole(pulumi.ComponentResource):
+    """An IAM role that exactly one Kubernetes service account can assume."""
+
+    arn: pulumi.Output[str]
+
+    def __init__(self, name: str, args: IrsaRoleArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("serving-fleet:infra:IrsaRole", name, None, opts)
+        trust = pulumi.Output.all(args.oidc_provider_arn, args.oidc_issuer).apply(
+            lambda v: irsa_trust(v[0], v[1], args.namespace, args.service_account)
+        )
+        role = aws.iam.Role(
+            name, assume_role_policy=trust, tags=args.tags,
+            description=f"IRSA for {args.namespace}/{args.service_account}", opts=pulumi.ResourceOptions(parent=self),
+        )  # fmt: skip
+        aws.iam.RolePolicy(name, role=role.id, policy=args.policy, opts=pulumi.ResourceOptions(parent=self))
+        self.arn = role.arn
+        self.namespace, self.service_account = args.namespace, args.service_account
+        self.register_outputs({"arn": role.arn})

@@ -1,0 +1,225 @@
+"""Platform: what runs inside the cluster besides the models.
+
+Namespaces with ResourceQuotas sized from the placement plan; Helm releases of the NVIDIA
+device plugin (with time-slicing for pools that share GPUs), KEDA, kube-prometheus-stack,
+the cluster autoscaler, and a Prefect server with a worker polling a Kubernetes work pool;
+the fleet's Grafana dashboard and alert rules; RBAC for the Kubernetes runtime; the
+``fleet-runtime`` ConfigMap it reads; and the gateway. Platform pods stay on the system
+nodes: model nodes are for models.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from fleet.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, SLICES_LABEL, Plan
+from fleet.runtime.kubernetes import CONFIG_MAP, MANAGED, config_map_data
+from fleet.spec import Policies
+from infra.config import GatewaySettings
+from infra.gateway import NAME as GATEWAY, Gateway, GatewayArgs
+from infra.images import GATEWAY_REPOSITORY
+from infra.monitoring import alert_rules, dashboard
+from infra.nodegroups import SYSTEM_GROUP
+
+GATEWAY_NS, MODELS_NS, FLOWS_NS, MONITORING_NS, KEDA_NS = "fleet", "models", "flows", "monitoring", "keda"
+FLOWS_SA = "prefect-worker"  # the worker and the flow-run jobs it starts use this account
+WORK_POOL = "fleet-kubernetes"
+PROMETHEUS_URL = f"http://kps-prometheus.{MONITORING_NS}.svc:9090"  # kube-prometheus-stack, fullnameOverride kps
+ON_SYSTEM = {POOL_LABEL: SYSTEM_GROUP}
+PREFECT_IMAGE_TAG = "3.9.1-python3.11"  # the Prefect release the flows are written against
+# Chart versions are pinned so a stack rebuilds the same; bump them deliberately. The
+# Prefect charts are released with date versions and follow Prefect's images: their
+# version floats and PREFECT_IMAGE_TAG pins what runs.
+CHARTS = {
+    "nvidia-device-plugin": ("https://nvidia.github.io/k8s-device-plugin", "0.17.1"),
+    "keda": ("https://kedacore.github.io/charts", "2.17.2"),
+    "kube-prometheus-stack": ("https://prometheus-community.github.io/helm-charts", "79.7.1"),
+    "cluster-autoscaler": ("https://kubernetes.github.io/autoscaler", "9.43.1"),
+    "prefect-server": ("https://prefecthq.github.io/prefect-helm", None),
+    "prefect-worker": ("https://prefecthq.github.io/prefect-helm", None),
+}
+
+
+@dataclass
+class PlatformArgs:
+    kubeconfig: pulumi.Input[str]
+    cluster_name: pulumi.Input[str]
+    region: str
+    kubernetes_version: str
+    plan: Plan
+    policies: Policies
+    images: dict[str, pulumi.Output[str]]  # family (and "gateway") → ECR repository URL
+    store_url: pulumi.Input[str]
+    gateway_role_arn: pulumi.Input[str]
+    flows_role_arn: pulumi.Input[str]
+    autoscaler_role_arn: pulumi.Input[str]
+    gateway: GatewaySettings
+    gateway_image_tag: str
+
+
+def model_quota(plan: Plan) -> dict[str, str]:
+    """ResourceQuota of the models namespace: GPUs are what the node groups can hold; CPU,
+    memory and pods allow every model at max_replicas twice over (stable and canary)."""
+    units = sum(g.max_size * g.gpus_per_node * g.gpu_slices for g in plan.node_groups)
+    cpu = 2 * sum(m.max_replicas * m.cpu for m in plan.models)
+    memory = 2 * sum(m.max_replicas * m.memory_gib for m in plan.models)
+    pods = 2 * sum(m.max_replicas for m in plan.models)
+    return {f"requests.{GPU_RESOURCE}": str(units), "requests.cpu": f"{cpu:g}", "requests.memory": f"{memory:g}Gi",
+            "pods": str(pods)}  # fmt: skip
+
+
+def device_plugin_config(plan: Plan) -> dict[str, str]:
+    """Device-plugin configs by name: each node picks one with its ``nvidia.com/device-plugin.config``
+    label ("whole", or "slices-N" for N replicas sharing a GPU)."""
+    configs = {"whole": "version: v1\n"}
+    for slices in sorted({g.gpu_slices for g in plan.node_groups if g.gpus_per_node and g.gpu_slices > 1}):
+        configs[f"slices-{slices}"] = (
+            "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+            f"    - name: {GPU_RESOURCE}\n      replicas: {slices}\n"
+        )
+    return configs
+
+
+class Platform(pulumi.ComponentResource):
+    def __init__(self, name: str, args: PlatformArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("serving-fleet:infra:Platform", name, None, opts)
+        provider = k8s.Provider(f"{name}-k8s", kubeconfig=args.kubeconfig, opts=pulumi.ResourceOptions(parent=self))
+        self._opts = pulumi.ResourceOptions(parent=self, provider=provider)
+        self._name = name
+        namespaces = {ns: k8s.core.v1.Namespace(f"{name}-{ns}", metadata={"name": ns, "labels": {"app.kubernetes.io/part-of": "serving-fleet"}},
+                                                opts=self._opts)  # fmt: skip
+                      for ns in (GATEWAY_NS, MODELS_NS, FLOWS_NS, MONITORING_NS, KEDA_NS)}
+        gw = args.gateway
+        quotas = {
+            MODELS_NS: model_quota(args.plan),
+            GATEWAY_NS: {f"requests.{GPU_RESOURCE}": "0", "requests.cpu": f"{2 * gw.max_replicas * gw.cpu:g}",
+                         "requests.memory": f"{2 * gw.max_replicas * gw.memory_gib:g}Gi", "pods": str(2 * gw.max_replicas)},
+            FLOWS_NS: {f"requests.{GPU_RESOURCE}": "0", "requests.cpu": "16", "requests.memory": "64Gi", "pods": "50"},
+        }  # fmt: skip
+        for ns, hard in quotas.items():
+            k8s.core.v1.ResourceQuota(f"{name}-{ns}-quota", metadata={"name": "fleet-quota", "namespace": ns},
+                                      spec={"hard": hard}, opts=self._child(namespaces[ns]))  # fmt: skip
+
+        self._chart("nvidia-device-plugin", "kube-system", {
+            "config": {"map": device_plugin_config(args.plan), "default": "whole"},
+            # run on every GPU node, dedicated ones included, and nowhere else
+            "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+                            {"key": DEDICATED_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": SLICES_LABEL, "operator": "Exists"}]}]}}},
+        })  # fmt: skip
+        keda = self._chart("keda", KEDA_NS, {"nodeSelector": ON_SYSTEM}, namespaces[KEDA_NS])
+        prometheus = self._chart("kube-prometheus-stack", MONITORING_NS, {
+            "fullnameOverride": "kps",
+            "prometheus": {"prometheusSpec": {
+                "nodeSelector": ON_SYSTEM, "retention": "15d",
+                # pick up ServiceMonitors and rules of every namespace, not only the chart's own
+                "serviceMonitorSelectorNilUsesHelmValues": False, "ruleSelectorNilUsesHelmValues": False,
+            }},
+            "alertmanager": {"alertmanagerSpec": {"nodeSelector": ON_SYSTEM}},
+            "grafana": {"nodeSelector": ON_SYSTEM, "sidecar": {"dashboards": {"enabled": True, "label": "grafana_dashboard"}}},
+            "prometheusOperator": {"nodeSelector": ON_SYSTEM},
+        }, namespaces[MONITORING_NS])  # fmt: skip
+        self._chart("cluster-autoscaler", "kube-system", {
+            "autoDiscovery": {"clusterName": args.cluster_name}, "awsRegion": args.region,
+            "image": {"tag": f"v{args.kubernetes_version}.0"},  # the autoscaler's minor follows the cluster's
+            "rbac": {"serviceAccount": {"name": "cluster-autoscaler",
+                                        "annotations": {"eks.amazonaws.com/role-arn": args.autoscaler_role_arn}}},
+            "extraArgs": {"balance-similar-node-groups": True, "skip-nodes-with-local-storage": False},
+            "nodeSelector": ON_SYSTEM,
+        })  # fmt: skip
+        server = self._chart("prefect-server", FLOWS_NS, {
+            "global": {"prefect": {"image": {"prefectTag": PREFECT_IMAGE_TAG}}},
+            "server": {"nodeSelector": ON_SYSTEM},
+        }, namespaces[FLOWS_NS])  # fmt: skip
+        self._chart("prefect-worker", FLOWS_NS, {
+            "worker": {
+                "image": {"prefectTag": f"{PREFECT_IMAGE_TAG}-kubernetes"},
+                "apiConfig": "server",
+                "serverApiConfig": {"apiUrl": f"http://prefect-server.{FLOWS_NS}.svc.cluster.local:4200/api"},
+                "config": {"workPool": WORK_POOL, "type": "kubernetes"},  # the worker creates the pool
+                "nodeSelector": ON_SYSTEM,
+            },
+            "serviceAccount": {"create": True, "name": FLOWS_SA,
+                               "annotations": {"eks.amazonaws.com/role-arn": args.flows_role_arn}},
+        }, namespaces[FLOWS_NS], server)  # fmt: skip
+
+        monitoring = self._child(namespaces[MONITORING_NS], prometheus)
+        k8s.core.v1.ConfigMap(
+            f"{name}-dashboard", metadata={"name": "serving-fleet-dashboard", "namespace": MONITORING_NS,
+                                           "labels": {"grafana_dashboard": "1"}},
+            data={"serving-fleet.json": json.dumps(dashboard())}, opts=monitoring,
+        )  # fmt: skip
+        models = tuple(m.model for m in args.plan.models)
+        k8s.apiextensions.CustomResource(
+            f"{name}-alerts", api_version="monitoring.coreos.com/v1", kind="PrometheusRule",
+            metadata={"name": "serving-fleet", "namespace": MONITORING_NS},
+            spec={"groups": alert_rules(args.policies, models)}, opts=monitoring,
+        )  # fmt: skip
+        k8s.apiextensions.CustomResource(
+            f"{name}-gateway-monitor", api_version="monitoring.coreos.com/v1", kind="ServiceMonitor",
+            metadata={"name": GATEWAY, "namespace": MONITORING_NS},
+            spec={"selector": {"matchLabels": {"app.kubernetes.io/name": GATEWAY}}, "jobLabel": "app.kubernetes.io/name",
+                  "namespaceSelector": {"matchNames": [GATEWAY_NS]},
+                  "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}]},
+            opts=monitoring,
+        )  # fmt: skip
+
+        self._runtime_access(namespaces, keda)
+        families = sorted({m.family for m in args.plan.models})
+        images = pulumi.Output.all(**{f: args.images[f] for f in families}).apply(lambda urls: dict(urls))
+        timeouts = {m: args.policies.models[m].timeout_ms for m in models}
+        k8s.core.v1.ConfigMap(
+            f"{name}-runtime", metadata={"name": CONFIG_MAP, "namespace": MODELS_NS},
+            data=images.apply(lambda urls: config_map_data(args.plan, urls, PROMETHEUS_URL, timeouts)),
+            opts=self._child(namespaces[MODELS_NS]),
+        )  # fmt: skip
+        Gateway(f"{name}-gateway", GatewayArgs(
+            namespace=GATEWAY_NS, models_namespace=MODELS_NS,
+            image=pulumi.Output.concat(args.images[GATEWAY_REPOSITORY], ":", args.gateway_image_tag),
+            store_url=args.store_url, role_arn=args.gateway_role_arn, region=args.region, settings=gw,
+        ), opts=pulumi.ResourceOptions(parent=self, providers={"kubernetes": provider}, depends_on=[namespaces[GATEWAY_NS]]))  # fmt: skip
+        self.register_outputs({})
+
+    def _child(self, *depends: pulumi.Resource) -> pulumi.ResourceOptions:
+        return pulumi.ResourceOptions.merge(self._opts, pulumi.ResourceOptions(depends_on=list(depends)))
+
+    def _chart(self, chart: str, namespace: str, values: dict, *depends: pulumi.Resource) -> k8s.helm.v3.Release:
+        repo, version = CHARTS[chart]
+        return k8s.helm.v3.Release(
+            f"{self._name}-{chart}", name=chart, chart=chart, version=version, namespace=namespace,
+            repository_opts={"repo": repo}, values=values, atomic=True, timeout=900, opts=self._child(*depends),
+        )  # fmt: skip
+
+    def _runtime_access(self, namespaces: dict, keda: k8s.helm.v3.Release) -> None:
+        """Roles in the models namespace: the flows deploy model versions, the gateway reads them."""
+        rules = {
+            "model-deployer": [
+                {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+                {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "create", "patch", "delete"]},
+                {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch", "delete"]},
+                {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"], "verbs": ["get", "create", "patch", "delete"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [CONFIG_MAP], "verbs": ["get"]},
+            ],
+            "model-reader": [
+                {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["pods", "services"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [CONFIG_MAP], "verbs": ["get"]},
+            ],
+        }  # fmt: skip
+        subjects = {"model-deployer": (FLOWS_SA, FLOWS_NS), "model-reader": (GATEWAY, GATEWAY_NS)}
+        for role, role_rules in rules.items():
+            opts = self._child(namespaces[MODELS_NS], keda)
+            k8s.rbac.v1.Role(f"{self._name}-{role}", metadata={"name": role, "namespace": MODELS_NS, "labels": MANAGED},
+                             rules=role_rules, opts=opts)  # fmt: skip
+            account, ns = subjects[role]
+            k8s.rbac.v1.RoleBinding(
+                f"{self._name}-{role}", metadata={"name": role, "namespace": MODELS_NS, "labels": MANAGED},
+                role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+                subjects=[{"kind": "ServiceAccount", "name": account, "namespace": ns}], opts=opts,
+            )  # fmt: skip

@@ -1,0 +1,174 @@
+"""Run the Pulumi program (infra/) under Pulumi's mocks and record what it registers.
+
+``build(stack)`` loads ``Pulumi.<stack>.yaml`` as the stack's config, runs
+``infra/__main__.py`` exactly as ``pulumi up`` would (``runpy`` on the folder), and returns
+every registered resource — type, name, URN, parent, inputs (the wire names, camelCase),
+the state the mocks answered with, and its dependencies per property — plus the stack
+outputs. The mocks answer like AWS would where the program reads outputs back (bucket
+names, OIDC issuer, repository URLs, autoscaling group names).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import runpy
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = "serving-fleet"
+ACCOUNT = "123456789012"
+REGION = "us-east-1"
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # `infra` imports as a package, as infra/__main__.py arranges too
+
+
+@dataclass
+class Registered:
+    type: str
+    name: str
+    urn: str
+    parent: str
+    custom: bool
+    inputs: dict[str, Any]
+    state: dict[str, Any]
+    id: str
+    dependencies: list[str] = field(default_factory=list)
+    property_dependencies: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class Build:
+    stack: str
+    resources: list[Registered]
+    outputs: dict[str, Any]
+
+    def of_type(self, type_: str) -> list[Registered]:
+        return [r for r in self.resources if r.type == type_]
+
+    def one(self, type_: str, name_contains: str = "") -> Registered:
+        found = [r for r in self.of_type(type_) if name_contains in r.name]
+        assert len(found) == 1, f"{len(found)} {type_} named *{name_contains}*: {[r.name for r in found]}"
+        return found[0]
+
+    def by_urn(self, urn: str) -> Registered:
+        return next(r for r in self.resources if r.urn == urn)
+
+
+def _physical(name: str) -> str:
+    return f"{name}-{hashlib.sha256(name.encode()).hexdigest()[:7]}"
+
+
+def _state(typ: str, name: str, inputs: dict) -> tuple[str, dict]:
+    """(id, outputs) as AWS would answer for what the program reads back."""
+    arn = f"arn:aws:{typ.split(':')[1].split('/')[0]}:{REGION}:{ACCOUNT}:{name}"
+    out: dict[str, Any] = {**inputs, "arn": arn}
+    rid = f"{name}-id"
+    if typ == "aws:s3/bucket:Bucket":
+        bucket = inputs.get("bucket") or _physical(name)
+        out.update(bucket=bucket, arn=f"arn:aws:s3:::{bucket}")
+        rid = bucket
+    elif typ == "aws:eks/cluster:Cluster":
+        out.update(
+            endpoint=f"https://{name}.gr7.{REGION}.eks.amazonaws.com",
+            certificateAuthority={"data": "Y2VydA=="},
+            identities=[{"oidcs": [{"issuer": f"https://oidc.eks.{REGION}.amazonaws.com/id/EXAMPLE{len(name)}"}]}],
+            vpcConfig={**inputs.get("vpcConfig", {}), "clusterSecurityGroupId": "sg-cluster"},
+        )
+        rid = inputs["name"]
+    elif typ == "aws:eks/nodeGroup:NodeGroup":
+        out["resources"] = [{"autoscalingGroups": [{"name": f"eks-{inputs['nodeGroupName']}-asg"}]}]
+    elif typ == "aws:ec2/launchTemplate:LaunchTemplate":
+        out["latestVersion"] = 1
+    elif typ == "aws:iam/role:Role":
+        out.update(arn=f"arn:aws:iam::{ACCOUNT}:role/{_physical(name)}", name=_physical(name))
+        rid = out["name"]
+    elif typ == "aws:iam/openIdConnectProvider:OpenIdConnectProvider":
+        out["arn"] = f"arn:aws:iam::{ACCOUNT}:oidc-provider/{inputs['url'].removeprefix('https://')}"
+    elif typ == "aws:kms/key:Key":
+        out.update(arn=f"arn:aws:kms:{REGION}:{ACCOUNT}:key/{name}", keyId=name)
+    elif typ == "aws:ecr/repository:Repository":
+        out["repositoryUrl"] = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{inputs['name']}"
+    elif typ == "aws:lb/loadBalancer:LoadBalancer":
+        out["dnsName"] = f"{name}-1234567890.{REGION}.elb.amazonaws.com"
+    return rid, out
+
+
+def _call(token: str, args: dict) -> dict:
+    if token == "aws:index/getAvailabilityZones:getAvailabilityZones":
+        return {"names": [f"{REGION}{z}" for z in "abcdef"], "zoneIds": [f"use1-az{i}" for i in range(1, 7)], "id": REGION}
+    if token == "aws:index/getCallerIdentity:getCallerIdentity":
+        return {"accountId": ACCOUNT, "arn": f"arn:aws:iam::{ACCOUNT}:user/ci", "userId": "AIDA", "id": ACCOUNT}
+    if token == "aws:elb/getServiceAccount:getServiceAccount":
+        return {"arn": "arn:aws:iam::127311923021:root", "id": "127311923021"}
+    raise AssertionError(f"the program invoked {token}, which the mocks do not answer")
+
+
+def stack_config(stack: str) -> dict[str, str]:
+    """Pulumi.<stack>.yaml's config as the engine hands it to a program: strings, JSON for the rest."""
+    raw = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
+
+
+def build(stack: str, config: dict[str, str] | None = None) -> Build:
+    """Run the program for ``stack`` (its Pulumi.<stack>.yaml, or ``config``) under mocks."""
+    import pulumi
+    from pulumi.runtime import mocks
+
+    resources: list[Registered] = []
+
+    class Mocks(pulumi.runtime.Mocks):
+        def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+            return _state(args.typ, args.name, args.inputs) if args.custom else (None, {})
+
+        def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+            return _call(args.token, args.args)
+
+    class Monitor(mocks.MockMonitor):
+        def RegisterResource(self, request):  # noqa: ANN001, ANN201, N802 - the gRPC method's name
+            response = super().RegisterResource(request)
+            if request.type != "pulumi:pulumi:Stack":
+                registration = self.resources.get(response.urn)
+                resources.append(Registered(
+                    type=request.type, name=request.name, urn=response.urn, parent=request.parent,
+                    custom=request.custom, inputs=pulumi.runtime.rpc.deserialize_properties(request.object),
+                    state=registration.state if registration else {}, id=registration.id if registration else "",
+                    dependencies=list(request.dependencies),
+                    property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
+                ))  # fmt: skip
+            return response
+
+    pulumi.runtime.set_all_config(config if config is not None else stack_config(stack))
+    monitor = Monitor(Mocks())
+    pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+    exported: dict[str, Any] = {}
+    outputs: dict[str, Any] = {}
+    real_export = pulumi.export
+
+    @pulumi.runtime.test
+    def run():  # noqa: ANN202
+        pulumi.export = lambda key, value: exported.__setitem__(key, value)
+        try:
+            runpy.run_path(str(ROOT / "infra"), run_name="__main__")
+        finally:
+            pulumi.export = real_export
+        return pulumi.Output.all(**exported).apply(outputs.update)
+
+    run()
+    return Build(stack, resources, outputs)
+
+
+_BUILDS: dict[str, Build] = {}
+
+
+def example(stack: str) -> Build:
+    """The build of an example stack, made once per test session (each takes about a second)."""
+    if stack not in _BUILDS:
+        _BUILDS[stack] = build(stack)
+    return _BUILDS[stack]

@@ -1,0 +1,300 @@
+"""The Pulumi program under Pulumi's mocks: both example stacks build, and what matters holds —
+node groups sized and tainted from the placement plan, private encrypted versioned buckets,
+HTTPS only, least-privilege IRSA, cost tags, and Kubernetes objects valid against the schemas."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+
+import pulumi
+import pytest
+import yaml
+from infra_harness import ROOT, Build, build, example, stack_config
+from k8s_schemas import json_ints, validate
+
+from fleet.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, models_from_config, plan, pools_from_config
+from fleet.spec import load_policies
+
+STACKS = ("dev", "prod")
+COST_TAGS = ("team", "env", "model")
+
+
+@pytest.fixture(scope="module", params=STACKS)
+def stack(request: pytest.FixtureRequest) -> Build:
+    return example(request.param)
+
+
+def expected_plan(stack: str):  # noqa: ANN201
+    """The placement plan computed straight from the stack file and the policies."""
+    config = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+    policies = load_policies(ROOT / "policies")
+    pools = pools_from_config(config["serving-fleet:nodePools"], stack)
+    return plan(policies, pools, models_from_config(config.get("serving-fleet:models"), stack, policies))
+
+
+def statements(document: str) -> list[dict]:
+    return json.loads(document)["Statement"]
+
+
+# --- the stacks build -----------------------------------------------------------------------
+
+
+def test_both_example_stacks_build_with_their_outputs(stack: Build) -> None:
+    from infra import config as cfg
+
+    names = [getattr(cfg, n) for n in dir(cfg) if n.startswith("OUT_")]
+    assert set(stack.outputs) == set(names)
+    assert stack.outputs[cfg.OUT_CLUSTER_NAME] == f"serving-fleet-{stack.stack}"
+    assert stack.outputs[cfg.OUT_STORE_URL] == f"s3://{stack.outputs[cfg.OUT_MODELS_BUCKET]}"
+    assert stack.outputs[cfg.OUT_GATEWAY_URL].startswith("https://")
+    assert json_ints(json.loads(json.dumps(stack.outputs[cfg.OUT_PLACEMENT]))) == json.loads(json.dumps(expected_plan(stack.stack).to_dict()))
+
+
+def test_cost_per_hour_of_the_example_stacks() -> None:
+    # dev: EKS 0.10 + 1 NAT 0.05 + ALB 0.0225 + 2-3 × t3.large 0.0832 + m6i.large 1-2 × 0.096 + g5.xlarge 1.006
+    assert example("dev").outputs["usdPerHour"] == {"min": 1.44, "max": 1.62}
+    # prod: 3 NATs, 3-6 × m6i.xlarge, and the model nodes of `fleet plan --stack prod` (24.36-49.33)
+    assert example("prod").outputs["usdPerHour"] == {"min": 25.2, "max": 50.76}
+    assert (example("dev").outputs["maxGpus"], example("prod").outputs["maxGpus"]) == (1, 21)
+
+
+def test_a_config_mistake_stops_the_program_with_one_clear_message() -> None:
+    config = stack_config("dev")
+    pools = json.loads(config["serving-fleet:nodePools"])
+    pools[1]["gpus"] = "one"
+    config["serving-fleet:nodePools"] = json.dumps(pools)
+    config["serving-fleet:nodePool"] = "[]"
+    with pytest.raises(pulumi.RunError) as err:
+        build("dev", config)
+    message = str(err.value)
+    assert "Pulumi.dev.yaml: serving-fleet:nodePool: unknown key — expected one of" in message
+    assert "did you mean 'nodePools'?" in message
+    config.pop("serving-fleet:nodePool")
+    with pytest.raises(pulumi.RunError, match=r"Pulumi.dev.yaml: serving-fleet: nodePools\[1\].gpus: got 'one' — expected an integer"):
+        build("dev", config)
+
+
+# --- node groups from the placement plan ----------------------------------------------------
+
+
+def test_node_groups_have_the_sizes_labels_and_taints_of_the_plan(stack: Build) -> None:
+    planned = {g.name: g for g in expected_plan(stack.stack).node_groups}
+    groups = {r.inputs["nodeGroupName"]: r for r in stack.of_type("aws:eks/nodeGroup:NodeGroup")}
+    assert set(groups) == set(planned) | {"system"}
+    for name, group in planned.items():
+        inputs = groups[name].inputs
+        sizes = inputs["scalingConfig"]
+        assert (sizes["minSize"], sizes["maxSize"], sizes["desiredSize"]) == (group.min_size, group.max_size, group.min_size)
+        assert inputs["instanceTypes"] == [group.instance_type] and inputs["labels"] == group.labels
+        taints = {(t["key"], t["value"], t["effect"]) for t in inputs.get("taints", [])}
+        if group.gpus_per_node:
+            assert (GPU_RESOURCE, "present", "NO_SCHEDULE") in taints and inputs["amiType"] == "AL2023_x86_64_NVIDIA"
+        else:
+            assert taints == set() and inputs["amiType"] == "AL2023_x86_64_STANDARD"
+        if group.dedicated_to:
+            assert (DEDICATED_KEY, group.dedicated_to, "NO_SCHEDULE") in taints
+    system = groups["system"].inputs
+    assert system["labels"] == {POOL_LABEL: "system"} and not system.get("taints")
+
+
+def test_prod_runs_the_70b_model_tensor_parallel_on_a100s_and_isolates_llm_7b() -> None:
+    groups = {r.inputs["nodeGroupName"]: r.inputs for r in example("prod").of_type("aws:eks/nodeGroup:NodeGroup")}
+    assert groups["a100-8"]["instanceTypes"] == ["p4d.24xlarge"] and groups["a100-8"]["scalingConfig"]["maxSize"] == 2
+    assert groups["a10g-1-llm-7b"]["labels"][DEDICATED_KEY] == "llm-7b"
+    assert groups["a10g-1"]["labels"]["nvidia.com/device-plugin.config"] == "slices-4"
+    assert "a10g-4" not in groups  # a pool no model needed makes no node group
+
+
+def test_every_node_group_has_a_launch_template_with_a_large_encrypted_root_volume_and_imdsv2(stack: Build) -> None:
+    root_gib = json.loads(stack_config(stack.stack)["serving-fleet:rootVolumeGib"])
+    templates = {r.name: r.inputs for r in stack.of_type("aws:ec2/launchTemplate:LaunchTemplate")}
+    for group in stack.of_type("aws:eks/nodeGroup:NodeGroup"):
+        assert "diskSize" not in group.inputs  # the template's volume is the one used
+        template = templates[group.name]
+        (volume,) = template["blockDeviceMappings"]
+        assert volume["deviceName"] == "/dev/xvda"
+        assert volume["ebs"]["encrypted"] == "true" and volume["ebs"]["volumeType"] == "gp3"
+        expected = 50 if group.inputs["nodeGroupName"] == "system" else root_gib
+        assert volume["ebs"]["volumeSize"] == expected
+        assert template["metadataOptions"]["httpTokens"] == "required"
+        assert {s["resourceType"] for s in template["tagSpecifications"]} == {"instance", "volume"}
+        assert group.property_dependencies["launchTemplate"]  # wired to the template, not copied
+
+
+# --- buckets ----------------------------------------------------------------------------------
+
+
+def _for_bucket(stack: Build, type_: str, bucket: dict) -> dict:
+    (found,) = [r.inputs for r in stack.of_type(type_) if r.inputs["bucket"] == bucket["bucket"]]
+    return found
+
+
+def test_buckets_are_private_versioned_encrypted_and_tls_only(stack: Build) -> None:
+    buckets = [r.state for r in stack.of_type("aws:s3/bucket:Bucket")]
+    assert len(buckets) == 2
+    for bucket in buckets:
+        block = _for_bucket(stack, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", bucket)
+        assert all(block[k] is True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"))
+        assert _for_bucket(stack, "aws:s3/bucketVersioning:BucketVersioning", bucket)["versioningConfiguration"] == {"status": "Enabled"}
+        owner = _for_bucket(stack, "aws:s3/bucketOwnershipControls:BucketOwnershipControls", bucket)
+        assert owner["rule"]["objectOwnership"] == "BucketOwnerEnforced"  # no ACLs at all
+        (rule,) = _for_bucket(stack, "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", bucket)["rules"]
+        deny = statements(_for_bucket(stack, "aws:s3/bucketPolicy:BucketPolicy", bucket)["policy"])[0]
+        assert deny["Effect"] == "Deny" and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+        assert deny["Resource"] == [bucket["arn"], bucket["arn"] + "/*"]
+        lifecycle = _for_bucket(stack, "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration", bucket)["rules"]
+        assert all(r["status"] == "Enabled" and r["noncurrentVersionExpiration"]["noncurrentDays"] >= 1 for r in lifecycle)
+        if "models" in bucket["bucket"]:
+            sse = rule["applyServerSideEncryptionByDefault"]
+            assert sse["sseAlgorithm"] == "aws:kms" and sse["kmsMasterKeyId"].startswith("arn:aws:kms:")
+            days = json.loads(stack_config(stack.stack)["serving-fleet:noncurrentVersionDays"])
+            assert lifecycle[0]["noncurrentVersionExpiration"]["noncurrentDays"] == days
+        else:  # the load balancer can only write its logs to SSE-S3 buckets
+            assert rule["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
+            days = json.loads(stack_config(stack.stack)["serving-fleet:logRetentionDays"])
+            assert lifecycle[0]["expiration"]["days"] == days
+
+
+# --- edge -------------------------------------------------------------------------------------
+
+
+def test_the_load_balancer_listens_on_https_only(stack: Build) -> None:
+    (listener,) = [r.inputs for r in stack.of_type("aws:lb/listener:Listener")]
+    assert (listener["protocol"], listener["port"]) == ("HTTPS", 443)
+    assert listener["certificateArn"] == stack_config(stack.stack)["serving-fleet:certificateArn"]
+    assert listener["sslPolicy"].startswith("ELBSecurityPolicy-TLS13")
+    (alb_sg,) = [r.urn for r in stack.of_type("aws:ec2/securityGroup:SecurityGroup") if r.name.endswith("-alb")]
+    ingress = [r.inputs for r in stack.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+               if alb_sg in r.property_dependencies.get("securityGroupId", [])]  # fmt: skip
+    assert ingress and all((r["fromPort"], r["toPort"]) == (443, 443) for r in ingress)
+    (lb,) = stack.of_type("aws:lb/loadBalancer:LoadBalancer")
+    assert lb.inputs["dropInvalidHeaderFields"] is True and lb.inputs["accessLogs"]["enabled"] is True
+
+
+# --- IRSA -------------------------------------------------------------------------------------
+
+
+def _role(stack: Build, role: str) -> tuple[dict, list[dict]]:
+    trust = stack.one("aws:iam/role:Role", f"-{role}").inputs["assumeRolePolicy"]
+    policy = stack.one("aws:iam/rolePolicy:RolePolicy", f"-{role}").inputs["policy"]
+    return statements(trust)[0], statements(policy)
+
+
+def test_each_irsa_role_trusts_exactly_one_service_account(stack: Build) -> None:
+    for role, subject in (("gateway", "fleet:fleet-gateway"), ("flows", "flows:prefect-worker"),
+                          ("cluster-autoscaler", "kube-system:cluster-autoscaler")):  # fmt: skip
+        trust, _ = _role(stack, role)
+        (oidc,) = stack.of_type("aws:iam/openIdConnectProvider:OpenIdConnectProvider")
+        assert trust["Principal"] == {"Federated": oidc.state["arn"]} and trust["Action"] == "sts:AssumeRoleWithWebIdentity"
+        issuer = oidc.inputs["url"].removeprefix("https://")
+        assert trust["Condition"]["StringEquals"] == {f"{issuer}:sub": f"system:serviceaccount:{subject}",
+                                                      f"{issuer}:aud": "sts.amazonaws.com"}  # fmt: skip
+
+
+def test_the_gateway_reads_the_store_and_writes_only_logs_and_its_heartbeat(stack: Build) -> None:
+    bucket = stack.one("aws:s3/bucket:Bucket", "models").state["arn"]
+    _, policy = _role(stack, "gateway")
+    writes = [s for s in policy if {"s3:PutObject", "s3:DeleteObject"} & set(_list(s["Action"]))]
+    assert [s["Resource"] for s in writes] == [[f"{bucket}/logs/*", f"{bucket}/gateways/*"]]
+    assert {a for s in policy for a in _list(s["Action"])} == {"s3:ListBucket", "s3:GetObject", "s3:PutObject",
+                                                                "s3:DeleteObject", "kms:Decrypt", "kms:GenerateDataKey"}  # fmt: skip
+    _, flows = _role(stack, "flows")
+    assert any(s["Resource"] == f"{bucket}/*" and "s3:PutObject" in s["Action"] for s in flows)
+    for role in ("gateway", "flows", "cluster-autoscaler"):
+        for s in _role(stack, role)[1]:
+            assert not any(a.endswith(":*") or a == "*" for a in _list(s["Action"])), (role, s)
+    _, scaler = _role(stack, "cluster-autoscaler")
+    (resize,) = [s for s in scaler if "autoscaling:SetDesiredCapacity" in s["Action"]]
+    assert resize["Condition"] == {"StringEquals": {
+        f"aws:ResourceTag/k8s.io/cluster-autoscaler/serving-fleet-{stack.stack}": "owned"}}
+
+
+def _list(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else value
+
+
+# --- tags -------------------------------------------------------------------------------------
+
+
+def _takes_tags(type_: str) -> bool:
+    """Does the pulumi_aws class of ``type_`` (aws:<module>/<x>:<Class>) accept ``tags``?"""
+    module, cls = type_.split(":")[1].split("/")[0], type_.split(":")[2]
+    resource = getattr(importlib.import_module(f"pulumi_aws.{module}"), cls)
+    return "tags" in inspect.signature(resource._internal_init).parameters
+
+
+def test_every_taggable_aws_resource_carries_the_cost_tags(stack: Build) -> None:
+    aws = [r for r in stack.resources if r.type.startswith("aws:")]
+    taggable = [r for r in aws if _takes_tags(r.type)]
+    assert len(taggable) > 40 if stack.stack == "prod" else len(taggable) > 30
+    for r in taggable:
+        tags = r.inputs.get("tags") or {}
+        assert all(tags.get(k) for k in COST_TAGS), f"{r.type} {r.name} lacks cost tags: {tags}"
+        assert tags["env"] == stack.stack and tags["team"] == "ml-platform"
+    models = {r.inputs["nodeGroupName"]: r.inputs["tags"]["model"] for r in stack.of_type("aws:eks/nodeGroup:NodeGroup")}
+    if stack.stack == "prod":
+        assert models["a100-8"] == "llm-70b" and models["system"] == "shared"
+
+
+# --- Kubernetes objects -----------------------------------------------------------------------
+
+
+def _manifests(stack: Build) -> list[dict]:
+    skip = ("pulumi:providers:kubernetes", "kubernetes:helm.sh/v3:Release")
+    return [r.inputs for r in stack.resources if r.type.startswith("kubernetes:") and r.type not in skip]
+
+
+def test_every_kubernetes_object_is_valid_against_its_schema(stack: Build) -> None:
+    objects = _manifests(stack)
+    kinds = {o["kind"] for o in objects}
+    assert kinds >= {"Namespace", "ResourceQuota", "Deployment", "Service", "PodDisruptionBudget",
+                     "HorizontalPodAutoscaler", "ConfigMap", "Role", "RoleBinding", "ServiceAccount",
+                     "PrometheusRule", "ServiceMonitor"}  # fmt: skip
+    for obj in objects:
+        validate(obj)
+
+
+def test_the_gateway_deployment_probes_drains_and_runs_on_system_nodes(stack: Build) -> None:
+    (deployment,) = [o for o in _manifests(stack) if o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["FLEET_RUNTIME"] == "kubernetes" and env["FLEET_STORE"] == stack.outputs["storeUrl"]
+    assert pod["nodeSelector"] == {POOL_LABEL: "system"} and GPU_RESOURCE not in container["resources"]["requests"]
+    (service,) = [o for o in _manifests(stack) if o["kind"] == "Service"]
+    node_port = json.loads(stack_config(stack.stack)["serving-fleet:gateway"]).get("node_port", 30080)
+    assert service["spec"]["type"] == "NodePort" and service["spec"]["ports"][0]["nodePort"] == node_port
+    (targets,) = stack.of_type("aws:lb/targetGroup:TargetGroup")
+    assert targets.inputs["port"] == node_port and targets.inputs["healthCheck"]["path"] == "/v2/health/ready"
+
+
+def test_the_runtime_config_map_carries_the_plan_and_quotas_follow_it(stack: Build) -> None:
+    from fleet.runtime.kubernetes import CONFIG_MAP
+    from infra.platform import model_quota
+
+    (cm,) = [o for o in _manifests(stack) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == CONFIG_MAP]
+    expected = expected_plan(stack.stack)
+    assert json.loads(cm["data"]["placement.json"]) == json.loads(json.dumps(expected.to_dict()))
+    assert set(json.loads(cm["data"]["images.json"])) == {m.family for m in expected.models}
+    quotas = {o["metadata"]["namespace"]: o["spec"]["hard"] for o in _manifests(stack) if o["kind"] == "ResourceQuota"}
+    assert quotas["models"] == model_quota(expected)
+    gpu_units = sum(g.max_size * g.gpus_per_node * g.gpu_slices for g in expected.node_groups)
+    assert quotas["models"][f"requests.{GPU_RESOURCE}"] == str(gpu_units) and quotas["fleet"][f"requests.{GPU_RESOURCE}"] == "0"
+
+
+def test_the_platform_charts_are_pinned_and_the_device_plugin_slices_shared_gpus(stack: Build) -> None:
+    releases = {r.inputs["chart"]: r.inputs for r in stack.of_type("kubernetes:helm.sh/v3:Release")}
+    assert set(releases) == {"nvidia-device-plugin", "keda", "kube-prometheus-stack", "cluster-autoscaler",
+                             "prefect-server", "prefect-worker"}  # fmt: skip
+    assert all(releases[c].get("version") for c in ("nvidia-device-plugin", "keda", "kube-prometheus-stack", "cluster-autoscaler"))
+    plugin = releases["nvidia-device-plugin"]["values"]
+    assert "replicas: 4" in plugin["config"]["map"]["slices-4"]
+    assert {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in plugin["tolerations"]
+    worker = releases["prefect-worker"]["values"]["worker"]
+    assert worker["config"] == {"workPool": "fleet-kubernetes", "type": "kubernetes"}
+    rules = [o for o in _manifests(stack) if o["kind"] == "PrometheusRule"][0]["spec"]["groups"]
+    assert {g["name"] for g in rules} >= {f"slo-{m.model}" for m in expected_plan(stack.stack).models}
