@@ -129,3 +129,12 @@ class MetricsSource(Protocol):
 
     def window(self, model: str, version: str, start: float, end: float) -> ArmWindow:
         """The version's counters over [start, end) (unix seconds); zeros when it served nothing."""
+
+
+@runtime_checkable
+class QuotaBackend(Protocol):
+    """Per-tenant rate limits. The gateway's default is in-process token buckets; a shared
+    backend (Redis, say) can replace it so that several gateways enforce one budget."""
+
+    def acquire(self, tenant: str, rps: float, burst: int) -> float | None:
+        """Take one request's token: None when allowed, else seconds until one is free."""

@@ -1,0 +1,110 @@
+"""Windowed per-version counters: one-second slots over the last 15 minutes.
+
+What canary analysis reads (``fleet.types.ArmWindow``): per version, requests that were
+not the caller's fault, failures by class, the latency histogram over
+``LATENCY_BUCKETS_MS`` and the histogram of predicted scores. Recording is a handful of
+list increments; summing a window happens only when someone asks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS
+
+HORIZON_S = 900
+_N_LAT = len(LATENCY_BUCKETS_MS) + 1
+# one slot's layout: requests | errors by class | latency buckets | prediction bins | shadow pairs, agreed
+_REQ = 0
+_ERR = 1
+_LAT = _ERR + len(ERROR_CLASSES)
+_PRED = _LAT + _N_LAT
+_PAIRS = _PRED + PREDICTION_BINS
+_AGREED = _PAIRS + 1
+_WIDTH = _AGREED + 1
+
+
+def latency_bucket(ms: float) -> int:
+    """Index of the bucket whose upper bound is the first >= ms (the open one past the last)."""
+    return bisect.bisect_left(LATENCY_BUCKETS_MS, ms)
+
+
+def score_bins(scores: np.ndarray) -> np.ndarray:
+    """Counts per PREDICTION_BINS bin of scores in [0, 1] (1.0 falls in the last bin)."""
+    idx = np.clip((np.asarray(scores, dtype=np.float64) * PREDICTION_BINS).astype(np.int64), 0, PREDICTION_BINS - 1)
+    return np.bincount(idx, minlength=PREDICTION_BINS)
+
+
+class _Series:
+    __slots__ = ("seconds", "slots")
+
+    def __init__(self) -> None:
+        self.seconds = [-1] * HORIZON_S
+        self.slots = [[0] * _WIDTH for _ in range(HORIZON_S)]
+
+    def slot(self, now: float) -> list[int]:
+        sec = int(now)
+        i = sec % HORIZON_S
+        if self.seconds[i] != sec:
+            self.seconds[i] = sec
+            self.slots[i] = [0] * _WIDTH
+        return self.slots[i]
+
+
+class WindowedStats:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._series: dict[tuple[str, str], _Series] = {}
+
+    def _slot(self, model: str, version: str) -> list[int]:
+        series = self._series.get((model, version))
+        if series is None:
+            series = self._series[model, version] = _Series()
+        return series.slot(self._clock())
+
+    def answered(self, model: str, version: str, latency_ms: float, bins: np.ndarray | None) -> None:
+        slot = self._slot(model, version)
+        slot[_REQ] += 1
+        slot[_LAT + latency_bucket(latency_ms)] += 1
+        if bins is not None:
+            for i, n in enumerate(bins.tolist()):
+                slot[_PRED + i] += n
+
+    def failed(self, model: str, version: str, error_class: str) -> None:
+        slot = self._slot(model, version)
+        slot[_REQ] += 1
+        slot[_ERR + ERROR_CLASSES.index(error_class)] += 1
+
+    def shadow_pair(self, model: str, version: str, agreed: bool) -> None:
+        slot = self._slot(model, version)
+        slot[_PAIRS] += 1
+        slot[_AGREED] += agreed
+
+    def window(self, model: str, window_s: int) -> tuple[float, float, dict[str, dict]]:
+        """(start, end, version → ArmWindow fields) over the last ``window_s`` whole seconds."""
+        window_s = max(1, min(int(window_s), HORIZON_S))
+        now = self._clock()
+        end_sec = int(now) + 1  # the current, partial second is included
+        start_sec = end_sec - window_s
+        out = {}
+        for (m, version), series in list(self._series.items()):
+            if m != model:
+                continue
+            total = np.zeros(_WIDTH, dtype=np.int64)
+            for sec in range(start_sec, end_sec):
+                if series.seconds[sec % HORIZON_S] == sec:
+                    total += series.slots[sec % HORIZON_S]
+            t = total.tolist()
+            out[version] = {
+                "requests": t[_REQ],
+                "errors": dict(zip(ERROR_CLASSES, t[_ERR:_LAT])),
+                "latency_ms": t[_LAT:_PRED],
+                "predictions": t[_PRED:_PAIRS],
+                "shadow_pairs": t[_PAIRS],
+                "shadow_agreed": t[_AGREED],
+            }
+        return float(start_sec), min(now, float(end_sec)), out
