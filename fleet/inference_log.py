@@ -1,0 +1,193 @@
+"""The inference log: sampled requests, written by the gateway in Parquet batches, read by monitoring.
+
+``logs/inference/<model>/<yyyy>/<mm>/<dd>/<hh>/<unix ms>-<writer>-<seq>.parquet``, one row
+per input row: ``ts``, ``request_id``, ``row``, ``model``, ``version``, ``tenant``,
+``latency_ms``, one float64 column per feature, ``prediction`` (argmax class) and
+``score`` (probability of the last class).
+
+Writing never slows a request: ``record`` appends to a buffer; a background thread turns
+the buffer into Parquet and puts it in the store every ``flush_s`` seconds. A store that
+is slow or down delays only that thread; what it could not write stays buffered (up to
+``max_rows``, then the oldest rows are dropped and counted) and is retried. ``close``
+flushes what is left.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+
+from fleet.errors import FleetError
+from fleet.names import check_name
+from fleet.types import ObjectStore
+
+log = logging.getLogger("fleet.inference_log")
+
+FLUSH_S = 2.0
+MAX_ROWS = 200_000
+META_COLUMNS = ("ts", "request_id", "row", "model", "version", "tenant", "latency_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    ts: float  # unix seconds
+    request_id: str
+    model: str
+    version: str
+    tenant: str
+    latency_ms: float
+    features: np.ndarray  # [rows, features]
+    outputs: np.ndarray  # [rows, classes]
+    feature_names: tuple[str, ...]
+
+    @property
+    def rows(self) -> int:
+        return int(self.features.shape[0])
+
+
+def hour_prefix(model: str, at: datetime) -> str:
+    return f"logs/inference/{check_name('model', model)}/{at:%Y/%m/%d/%H}/"
+
+
+def feature_names(profile: dict | None, width: int) -> tuple[str, ...]:
+    """Names from a baseline profile (``features`` keys, in order), else f0, f1, ..."""
+    names = tuple((profile or {}).get("features", {}))
+    return names if len(names) == width else tuple(f"f{i}" for i in range(width))
+
+
+def to_table(samples: Sequence[Sample]):  # noqa: ANN201 - a pyarrow.Table
+    import pyarrow as pa
+
+    rows = [s.rows for s in samples]
+    names = samples[0].feature_names
+    features = np.concatenate([s.features.reshape(s.rows, -1) for s in samples]).astype(np.float64)
+    outputs = [s.outputs.reshape(s.rows, -1) for s in samples]
+    columns = {
+        "ts": pa.array(np.repeat([int(s.ts * 1000) for s in samples], rows), pa.timestamp("ms", tz="UTC")),
+        "request_id": pa.array(np.repeat([s.request_id for s in samples], rows)),
+        "row": pa.array(np.concatenate([np.arange(n) for n in rows]), pa.int32()),
+        **{c: pa.array(np.repeat([getattr(s, c) for s in samples], rows)) for c in ("model", "version", "tenant")},
+        "latency_ms": pa.array(np.repeat([s.latency_ms for s in samples], rows), pa.float64()),
+        **{name: pa.array(features[:, i]) for i, name in enumerate(names)},
+        "prediction": pa.array(np.concatenate([o.argmax(axis=1) for o in outputs]).astype(np.int64)),
+        "score": pa.array(np.concatenate([o[:, -1] for o in outputs]).astype(np.float64)),
+    }
+    return pa.table(columns)
+
+
+class InferenceLog:
+    def __init__(
+        self,
+        store: ObjectStore,
+        writer_id: str,
+        *,
+        flush_s: float = FLUSH_S,
+        max_rows: int = MAX_ROWS,
+        on_written: Callable[[str, int], None] = lambda model, rows: None,
+        on_dropped: Callable[[str, int], None] = lambda model, rows: None,
+    ) -> None:
+        self.store, self.writer_id, self.flush_s, self.max_rows = store, writer_id, flush_s, max_rows
+        self._on_written, self._on_dropped = on_written, on_dropped
+        self._buffer: list[Sample] = []
+        self._buffered_rows = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seq = 0
+        self.failing = False  # the last write failed
+
+    def record(self, sample: Sample) -> None:
+        """Buffer one sampled request (called on the request path: an append, nothing more)."""
+        with self._lock:
+            self._buffer.append(sample)
+            self._buffered_rows += sample.rows
+            if self._buffered_rows > self.max_rows:
+                oldest = self._buffer.pop(0)
+                self._buffered_rows -= oldest.rows
+                self._on_dropped(oldest.model, oldest.rows)
+
+    @property
+    def buffered_rows(self) -> int:
+        return self._buffered_rows
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="inference-log", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_s):
+            self.flush()
+
+    def flush(self) -> int:
+        """Write everything buffered; return the rows written. Failed groups go back to the buffer."""
+        with self._lock:
+            batch, self._buffer, self._buffered_rows = self._buffer, [], 0
+        groups: dict[tuple, list[Sample]] = {}
+        for s in batch:
+            hour = datetime.fromtimestamp(s.ts, UTC).replace(minute=0, second=0, microsecond=0)
+            groups.setdefault((s.model, hour, s.feature_names, s.outputs.shape[-1]), []).append(s)
+        written = 0
+        for (model, hour, _, _), samples in groups.items():
+            try:
+                self._write(model, hour, samples)
+            except (FleetError, OSError) as exc:
+                if not self.failing:
+                    log.warning("cannot write the inference log, keeping %d rows buffered: %s", sum(s.rows for s in samples), exc)
+                self.failing = True
+                for s in samples:
+                    self.record(s)  # back in line, oldest dropped first if over max_rows
+                continue
+            self.failing = False
+            rows = sum(s.rows for s in samples)
+            written += rows
+            self._on_written(model, rows)
+        return written
+
+    def _write(self, model: str, hour: datetime, samples: list[Sample]) -> None:
+        import pyarrow.parquet as pq
+
+        out = io.BytesIO()
+        pq.write_table(to_table(samples), out, compression="zstd")
+        self._seq += 1
+        key = f"{hour_prefix(model, hour)}{int(time.time() * 1000)}-{self.writer_id}-{self._seq:06d}.parquet"
+        self.store.put(key, out.getvalue(), if_none_match=True)
+
+    def close(self, timeout_s: float = 30.0) -> int:
+        """Stop the writer thread and write what is buffered; return rows still unwritten."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while self._buffered_rows and time.monotonic() < deadline:
+            self.flush()
+            if self.failing:
+                time.sleep(0.5)
+        return self._buffered_rows
+
+
+def read_window(store: ObjectStore, model: str, start: datetime, end: datetime):  # noqa: ANN201 - DataFrame
+    """Every logged row of ``model`` with ``start <= ts < end`` as one pandas DataFrame."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if start.tzinfo is None or end.tzinfo is None:
+        raise ValueError("read_window needs timezone-aware datetimes")
+    tables = []
+    hour = start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    while hour < end:
+        for key in store.list(hour_prefix(model, hour)):
+            tables.append(pq.read_table(io.BytesIO(store.get(key).data)))
+        hour += timedelta(hours=1)
+    if not tables:
+        return pd.DataFrame({c: [] for c in META_COLUMNS})
+    frame = pa.concat_tables(tables, promote_options="default").to_pandas()
+    ts = frame["ts"]
+    return frame[(ts >= pd.Timestamp(start)) & (ts < pd.Timestamp(end))].reset_index(drop=True)

@@ -1,0 +1,96 @@
+"""The inference log writer and reader: batches in Parquet, nothing lost when the store fails."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+
+from fleet.errors import StoreUnavailable
+from fleet.inference_log import InferenceLog, Sample, feature_names, read_window
+from fleet.store import MemoryStore
+
+NAMES = ("income", "debt_ratio", "age", "tenure")
+
+
+def sample(i: int, rows: int = 2, ts: float | None = None) -> Sample:
+    features = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4) + i
+    outputs = np.tile(np.array([[0.2, 0.8]], np.float32), (rows, 1))
+    return Sample(ts or time.time(), f"r{i}", "demo", "1.0.0", "apps", 3.5, features, outputs, NAMES)
+
+
+class FlakyStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = True
+
+    def put(self, key: str, data: bytes, **kw) -> str:  # noqa: ANN003
+        if self.down:
+            raise StoreUnavailable("store is down")
+        return super().put(key, data, **kw)
+
+
+def window(store) -> object:  # noqa: ANN001
+    now = datetime.now(UTC)
+    return read_window(store, "demo", now - timedelta(hours=2), now + timedelta(minutes=1))
+
+
+def test_a_flush_writes_one_parquet_file_with_one_row_per_input_row() -> None:
+    store = MemoryStore()
+    log = InferenceLog(store, "gw1")
+    for i in range(3):
+        log.record(sample(i))
+    assert log.flush() == 6
+    keys = list(store.list("logs/inference/demo/"))
+    assert len(keys) == 1 and keys[0].endswith("-gw1-000001.parquet")
+    frame = window(store)
+    assert list(frame.columns) == ["ts", "request_id", "row", "model", "version", "tenant", "latency_ms",
+                                   *NAMES, "prediction", "score"]  # fmt: skip
+    assert frame["request_id"].tolist() == ["r0", "r0", "r1", "r1", "r2", "r2"]
+    assert frame["row"].tolist() == [0, 1] * 3
+    assert frame.loc[1, list(NAMES)].tolist() == [4.0, 5.0, 6.0, 7.0]
+    assert set(frame["prediction"]) == {1} and np.allclose(frame["score"], 0.8)
+
+
+def test_a_failing_store_keeps_rows_buffered_until_it_is_back() -> None:
+    store = FlakyStore()
+    dropped: list[int] = []
+    log = InferenceLog(store, "gw1", max_rows=6, on_dropped=lambda m, n: dropped.append(n))
+    for i in range(3):
+        log.record(sample(i))
+    assert log.flush() == 0 and log.failing and log.buffered_rows == 6
+    log.record(sample(3))  # over max_rows: the oldest request's rows go
+    assert dropped == [2] and log.buffered_rows == 6
+    store.down = False
+    assert log.close(timeout_s=5) == 0
+    assert sorted(set(window(store)["request_id"])) == ["r1", "r2", "r3"]
+
+
+def test_close_flushes_what_the_writer_thread_had_not_written() -> None:
+    store = MemoryStore()
+    log = InferenceLog(store, "gw1", flush_s=3600)
+    log.start()
+    for i in range(5):
+        log.record(sample(i, rows=1))
+    assert list(store.list("logs/")) == []
+    assert log.close() == 0
+    assert len(window(store)) == 5
+
+
+def test_rows_land_in_the_hour_they_were_served_and_the_window_filters_by_time() -> None:
+    store = MemoryStore()
+    log = InferenceLog(store, "gw1")
+    old = time.time() - 3 * 3600
+    log.record(sample(0, ts=old))
+    log.record(sample(1))
+    log.flush()
+    hours = {k.split("/")[3:7].__str__() for k in store.list("logs/inference/demo/")}
+    assert len(hours) == 2
+    assert set(window(store)["request_id"]) == {"r1"}  # the last two hours only
+
+
+def test_feature_names_come_from_the_profile_or_are_numbered() -> None:
+    assert feature_names({"features": {"a": {}, "b": {}}}, 2) == ("a", "b")
+    assert feature_names({"features": {"a": {}}}, 2) == ("f0", "f1")
+    assert feature_names(None, 3) == ("f0", "f1", "f2")
