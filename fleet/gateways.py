@@ -69,3 +69,30 @@ def live(store: ObjectStore) -> list[GatewayRecord]:
         if record is not None and record.live(now):
             found.append(record)
     return sorted(found, key=lambda r: r.started_at)
+
+
+def notify(store: ObjectStore, admin_token: str | None = None, timeout_s: float = 0.5) -> dict[str, bool]:
+    """Ask every live gateway to re-read routing state now; gateway id → whether it answered.
+
+    A gateway that does not answer still picks the change up at its next poll; this only
+    makes it faster. Needs the admin token (``FLEET_ADMIN_TOKEN``); without one, nothing
+    is pushed.
+    """
+    import concurrent.futures
+
+    import httpx
+
+    token = admin_token or os.environ.get("FLEET_ADMIN_TOKEN")
+    gateways = live(store)
+    if not token or not gateways:
+        return {}
+
+    def push(record: GatewayRecord) -> bool:
+        try:
+            r = httpx.post(f"{record.url}/admin/refresh", headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s)
+            return r.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(gateways))) as pool:
+        return dict(zip((g.id for g in gateways), pool.map(push, gateways)))

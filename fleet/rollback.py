@@ -1,0 +1,63 @@
+"""Rollback: put a model's traffic back on a version known to be good, now.
+
+The same function serves ``fleet rollback``, the gateway's admin API and the rollback
+flow. With a canary in flight, rolling back ends the canary (all traffic to stable) and
+marks the canary ``rejected``. Without one, the stable version before the current one —
+the most recent other stable in the route history — becomes stable again. Every running
+gateway is then told to re-read the routes (``fleet.gateways.notify``), so the change is
+served within milliseconds instead of at the next poll.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleet import audit
+from fleet.errors import Conflict, InvalidInput
+from fleet.registry import State
+from fleet.router import Router
+from fleet.routing import RouteTable
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    table: RouteTable
+    from_version: str | None  # what was taking the traffic that moved (the canary, or the old stable)
+    to_version: str
+    rejected: str | None  # the canary marked rejected, if any
+
+
+def previous_stable(router: Router, model: str, current: str | None) -> str | None:
+    """The most recent stable version other than ``current`` in the route history."""
+    for event in reversed(router.history(model)):
+        if event.kind == "route" and event.after:
+            stable = event.after.get("stable")
+            if stable and stable != current:
+                return stable
+    return None
+
+
+def rollback(router: Router, model: str, to_version: str | None = None, *, why: str, who: str | None = None) -> RollbackResult:
+    """Move traffic to ``to_version`` (default: end the canary, else the previous stable)."""
+    who = who or audit.actor()
+    table = router.get(model)
+    if table.stable is None:
+        raise Conflict(f"{model} has no stable version; there is nothing to roll back to")
+    canary = table.canary.version if table.canary else None
+    if to_version is None:
+        if canary is not None:
+            to_version = table.stable
+        else:
+            to_version = previous_stable(router, model, table.stable)
+            if to_version is None:
+                raise Conflict(f"{model} has had no stable version before {table.stable}; name one with --to")
+    states = router.registry.states(model)
+    if to_version not in states:
+        raise InvalidInput(f"{model}:{to_version} is not registered; registered: {', '.join(states) or 'none'}")
+    moved_from = canary if to_version == table.stable else table.stable
+    after = router.set(model, stable=to_version, clear_canary=True, why=f"rollback: {why}", who=who)
+    rejected = None
+    if canary is not None and canary != to_version and router.registry.states(model).get(canary) == State.CANARY:
+        router.registry.transition(model, canary, State.REJECTED, why=f"rolled back: {why}", who=who)
+        rejected = canary
+    return RollbackResult(after, moved_from, to_version, rejected)

@@ -1,0 +1,62 @@
+"""Rollback: end a canary (and reject it), or go back to the previous stable; on every store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleet.errors import Conflict, InvalidInput
+from fleet.registry import Registry, State
+from fleet.rollback import rollback
+from fleet.router import Router
+from fleet.types import ObjectStore
+
+from tests.test_registry import META
+
+
+@pytest.fixture
+def router(store: ObjectStore, tmp_path: Path) -> Router:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "w").write_text("w")
+    reg = Registry(store)
+    for v in ("1.0.0", "1.1.0", "1.2.0"):
+        reg.register("demo", v, tmp_path / "a", META)
+    return Router(store, reg)
+
+
+def test_rolling_back_a_canary_sends_all_traffic_to_stable_and_rejects_it(router: Router) -> None:
+    router.set("demo", stable="1.0.0", why="first")
+    router.set("demo", canary="1.1.0", weight=20, why="canary")
+    result = rollback(router, "demo", why="errors up")
+    assert (result.from_version, result.to_version, result.rejected) == ("1.1.0", "1.0.0", "1.1.0")
+    table = router.get("demo")
+    assert table.stable == "1.0.0" and table.canary is None and table.reason == "rollback: errors up"
+    states = router.registry.states("demo")
+    assert states["1.1.0"] == State.REJECTED and states["1.0.0"] == State.STABLE
+    assert "rolled back: errors up" in router.registry.get("demo", "1.1.0").state_reason
+
+
+def test_without_a_canary_the_previous_stable_comes_back(router: Router) -> None:
+    router.set("demo", stable="1.0.0", why="first")
+    router.set("demo", canary="1.1.0", weight=50, why="canary")
+    router.set("demo", stable="1.1.0", why="promote")
+    assert router.registry.states("demo")["1.0.0"] == State.RETIRED
+    result = rollback(router, "demo", why="1.1 misbehaves at full traffic")
+    assert (result.from_version, result.to_version, result.rejected) == ("1.1.0", "1.0.0", None)
+    states = router.registry.states("demo")
+    assert router.get("demo").stable == "1.0.0" and states["1.0.0"] == State.STABLE
+    assert states["1.1.0"] == State.RETIRED  # it may come back; only a canary is rejected
+
+
+def test_rollback_to_a_named_version_and_the_refusals(router: Router) -> None:
+    with pytest.raises(Conflict, match="no stable version"):
+        rollback(router, "demo", why="x")
+    router.set("demo", stable="1.0.0", why="first")
+    with pytest.raises(Conflict, match="no stable version before 1.0.0; name one"):
+        rollback(router, "demo", why="x")
+    with pytest.raises(InvalidInput, match="9.9.9 is not registered"):
+        rollback(router, "demo", "9.9.9", why="x")
+    router.set("demo", canary="1.1.0", weight=10, why="canary")
+    router.set("demo", stable="1.1.0", why="promote")
+    assert rollback(router, "demo", "1.0.0", why="back to the first").table.stable == "1.0.0"
