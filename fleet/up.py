@@ -191,7 +191,8 @@ def serve_gateway(app: object, port: int, on_ready: Callable[[], None]) -> None:
     """Run the gateway until Ctrl-C / SIGTERM; ``on_ready`` once it accepts requests."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                                          loop="uvloop", http="httptools", timeout_graceful_shutdown=10))
 
     async def main() -> None:
         task = asyncio.create_task(server.serve())

@@ -7,6 +7,7 @@ requests use OIP v2 and v1 bodies and Triton's own HTTP client.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,11 +36,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         env.fleet("route", "set", MODEL, "--stable", "1.0.0", "-r", "first")
         env.fleet("route", "set", MODEL, "--canary", "1.1.0", "--weight", "30", "-r", "canary")
         keys = {}
-        for name, models in [("acme", [MODEL]), ("globex", [MODEL]), ("limited", [f"{MODEL}:1.0.0"]),
+        for name, models in [("apps", [MODEL]), ("partner", [MODEL]), ("limited", [f"{MODEL}:1.0.0"]),
                              ("outsider", ["other-model"]), ("orphan", [MODEL])]:  # fmt: skip
             args = [a for m in models for a in ("--model", m)]
             keys[name] = env.fleet_json("tenants", "create", name, *args)["api_key"]
-        env.fleet("route", "pin", MODEL, "globex", "1.0.0", "-r", "globex stays on 1.0")
+        env.fleet("route", "pin", MODEL, "partner", "1.0.0", "-r", "partner stays on 1.0")
         env.fleet("route", "pin", MODEL, "orphan", "1.2.0", "-r", "a version nobody deployed")
         for version in ("1.0.0", "1.1.0"):
             env.fleet("deploy", MODEL, version)
@@ -49,7 +50,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         env.stop()
 
 
-def post(fleet: dict, path: str, body: object, tenant: str | None = "acme", **headers: str) -> httpx.Response:
+def post(fleet: dict, path: str, body: object, tenant: str | None = "apps", **headers: str) -> httpx.Response:
     if tenant is not None:
         headers["Authorization"] = f"Bearer {fleet['keys'][tenant]}"
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -81,7 +82,7 @@ def test_tritons_own_http_client_works_against_v2(fleet: dict) -> None:
     import tritonclient.http as triton
 
     client = triton.InferenceServerClient(url=fleet["url"].removeprefix("http://"))
-    auth = {"Authorization": f"Bearer {fleet['keys']['acme']}"}
+    auth = {"Authorization": f"Bearer {fleet['keys']['apps']}"}
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready(MODEL, headers=auth)
     meta = client.get_model_metadata(MODEL, headers=auth)
@@ -98,23 +99,23 @@ def test_tritons_own_http_client_works_against_v2(fleet: dict) -> None:
 @pytest.mark.parametrize(
     ("path", "body", "tenant", "headers", "status", "message"),
     [
-        (f"/v2/models/{MODEL}/infer", b"{not json", "acme", {}, 400, "not valid JSON"),
-        (f"/v2/models/{MODEL}/infer", {"input": []}, "acme", {}, 400, 'no "inputs" list'),
+        (f"/v2/models/{MODEL}/infer", b"{not json", "apps", {}, 400, "not valid JSON"),
+        (f"/v2/models/{MODEL}/infer", {"input": []}, "apps", {}, 400, 'no "inputs" list'),
         (f"/v2/models/{MODEL}/infer", V2_BODY, None, {}, 401, "expected 'Authorization: Bearer <key>'"),
         (f"/v2/models/{MODEL}/infer", V2_BODY, None, {"Authorization": "Bearer sfk_00000000_nope"}, 401, "unknown"),
         (f"/v2/models/{MODEL}/infer", V2_BODY, "outsider", {}, 403, "may not use model 'demo-classifier'"),
         (f"/v2/models/{MODEL}/versions/1.1.0/infer", V2_BODY, "limited", {}, 403, "allowed: 1.0.0"),
-        ("/v2/models/nope/infer", V2_BODY, "acme", {}, 404, "'nope' is not served"),
-        (f"/v2/models/{MODEL}/versions/9.9.9/infer", V2_BODY, "acme", {}, 404, "9.9.9 of demo-classifier is not served"),
-        (f"/v2/models/{MODEL}/infer", b"x" * (5 * 1024 * 1024), "acme", {}, 413, "over the limit"),
+        ("/v2/models/nope/infer", V2_BODY, "apps", {}, 404, "'nope' is not served"),
+        (f"/v2/models/{MODEL}/versions/9.9.9/infer", V2_BODY, "apps", {}, 404, "9.9.9 of demo-classifier is not served"),
+        (f"/v2/models/{MODEL}/infer", b"x" * (5 * 1024 * 1024), "apps", {}, 413, "over the limit"),
         (f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "features", "shape": [2, 3], "datatype": "FP32", "data": [0] * 6}]},
-         "acme", {}, 422, "expected [-1, 4]"),
+         "apps", {}, 422, "expected [-1, 4]"),
         (f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "BYTES", "data": ["a"] * 4}]},
-         "acme", {}, 422, "expected FP32"),
+         "apps", {}, 422, "expected FP32"),
         (f"/v2/models/{MODEL}/infer", V2_BODY, "orphan", {}, 503, "no running replica"),
         (f"/v2/models/{MODEL}/versions/1.0.0/infer",
          {"inputs": [{"name": "features", "shape": [4000, 4], "datatype": "FP32", "data": [0.5] * 16000}]},
-         "acme", {"X-Fleet-Timeout-Ms": "1"}, 504, "did not answer within 1 ms"),
+         "apps", {"X-Fleet-Timeout-Ms": "1"}, 504, "did not answer within 1 ms"),
     ],
 )  # fmt: skip
 def test_each_error_status_from_a_real_request(fleet, path, body, tenant, headers, status, message) -> None:
@@ -126,15 +127,15 @@ def test_each_error_status_from_a_real_request(fleet, path, body, tenant, header
 
 def test_weighted_split_over_1000_requests_matches_the_routing_function(fleet: dict) -> None:
     table = RouteTable(model=MODEL, stable="1.0.0", canary=Canary(version="1.1.0", weight=30))
-    acme = Tenant(name="acme", entitlements={MODEL: ["*"]}, created_at=audit.now(), created_by="t")
+    apps = Tenant(name="apps", entitlements={MODEL: ["*"]}, created_at=audit.now(), created_by="t")
     served = {}
     with httpx.Client(base_url=fleet["url"], timeout=30) as client:
         for i in range(1000):
             r = client.post(f"/v2/models/{MODEL}/infer", json=V2_BODY, headers={
-                "Authorization": f"Bearer {fleet['keys']['acme']}", "X-Fleet-Routing-Key": f"user-{i}"})  # fmt: skip
+                "Authorization": f"Bearer {fleet['keys']['apps']}", "X-Fleet-Routing-Key": f"user-{i}"})  # fmt: skip
             assert r.status_code == 200
             served[f"user-{i}"] = r.headers["x-fleet-model-version"]
-    expected = {k: choose_version(table, acme, k).version for k in served}
+    expected = {k: choose_version(table, apps, k).version for k in served}
     assert served == expected  # sticky and exactly the pure function's choice
     share = sum(v == "1.1.0" for v in served.values()) / len(served)
     assert abs(share - 0.30) < 0.05
@@ -144,7 +145,7 @@ def test_a_pinned_tenant_always_gets_its_version(fleet: dict) -> None:
     with httpx.Client(base_url=fleet["url"], timeout=30) as client:
         versions = {
             client.post(f"/v2/models/{MODEL}/infer", json=V2_BODY, headers={
-                "Authorization": f"Bearer {fleet['keys']['globex']}", "X-Fleet-Routing-Key": f"g-{i}"}
+                "Authorization": f"Bearer {fleet['keys']['partner']}", "X-Fleet-Routing-Key": f"g-{i}"}
             ).headers["x-fleet-model-version"]
             for i in range(200)
         }  # fmt: skip
@@ -155,7 +156,7 @@ def test_model_ready_and_metadata_follow_the_tenant(fleet: dict) -> None:
     auth = {"Authorization": f"Bearer {fleet['keys']['orphan']}"}
     r = httpx.get(f"{fleet['url']}/v2/models/{MODEL}/ready", headers=auth)
     assert r.status_code == 503 and r.json()["version"] == "1.2.0"
-    r = httpx.get(f"{fleet['url']}/v2/models/{MODEL}", headers={"Authorization": f"Bearer {fleet['keys']['acme']}"})
+    r = httpx.get(f"{fleet['url']}/v2/models/{MODEL}", headers={"Authorization": f"Bearer {fleet['keys']['apps']}"})
     assert r.status_code == 200 and r.json()["versions"] == ["1.0.0", "1.1.0", "1.2.0"]
 
 
@@ -176,3 +177,41 @@ def test_status_shows_weights_replicas_and_health(fleet: dict) -> None:
     assert rows["1.0.0"]["traffic"].startswith("stable 70%") and rows["1.0.0"]["healthy"] == 1
     assert rows["1.1.0"]["traffic"] == "canary 30%" and rows["1.1.0"]["replicas"] == 1
     assert rows["1.2.0"]["replicas"] == 0 and "pin orphan" in rows["1.2.0"]["traffic"]
+
+
+def test_a_canary_killed_under_load_costs_callers_nothing(fleet: dict) -> None:
+    """Runs last: it kills the canary's Bento, then deploys it again."""
+    import concurrent.futures
+    import os
+    import signal
+    import threading
+
+    from fleet.runtime.local import LocalRuntime
+
+    runtime = LocalRuntime(fleet["env"].root / "run")
+    canary = runtime._replicas(MODEL, "1.1.0")[0][1]
+    failures: list[str] = []
+    served: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        with httpx.Client(base_url=fleet["url"], timeout=30) as client:
+            for i in range(n):
+                r = client.post(f"/v2/models/{MODEL}/infer", json=V2_BODY, headers={
+                    "Authorization": f"Bearer {fleet['keys']['apps']}", "X-Fleet-Routing-Key": f"load-{n}-{i}"})  # fmt: skip
+                with lock:
+                    if r.status_code != 200:
+                        failures.append(f"{r.status_code} {r.text[:100]}")
+                    served[r.headers["x-fleet-model-version"]] = served.get(r.headers["x-fleet-model-version"], 0) + 1
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        jobs = [pool.submit(worker, 60 + k) for k in range(8)]  # 500 requests, 8 at a time
+        while sum(served.values()) < 100:
+            time.sleep(0.01)
+        os.killpg(canary.pid, signal.SIGKILL)  # the canary's whole process group dies mid-load
+        for job in jobs:
+            job.result()
+    print(f"caller-visible failures: {len(failures)} of {sum(served.values())}; served by version: {served}")
+    assert failures == []
+    assert served.get("1.1.0", 0) > 0 and served["1.0.0"] > served.get("1.1.0", 0)
+    fleet["env"].fleet("deploy", MODEL, "1.1.0")  # leave the fleet as it was

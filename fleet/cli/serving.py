@@ -78,17 +78,26 @@ def undeploy_cmd(model: str, version: str, policies: PoliciesOpt = DEFAULT_POLIC
 def gateway_cmd(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    public_url: Annotated[
+        str | None, typer.Option(help="URL other fleet parts reach this gateway at (default http://HOST:PORT).")
+    ] = None,
     policies: PoliciesOpt = DEFAULT_POLICIES,
 ) -> None:
-    """Run the gateway alone, in front of the runtime's deployments."""
+    """Run the gateway alone, in front of the runtime's deployments.
+
+    FLEET_ADMIN_TOKEN turns on the admin API (/admin/...); without it the admin API is off.
+    """
     import uvicorn
 
-    from fleet.gateway import FleetView, create_app
+    from fleet.gateway import FleetView, Settings, create_app
     from fleet.spec import load_policies
     from fleet.store import open_store
 
-    app = create_app(FleetView(open_store(), _runtime(policies)), load_policies(policies))
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    settings = Settings.from_env(public_url=public_url or f"http://{shown}:{port}")
+    app = create_app(FleetView(open_store(), _runtime(policies)), load_policies(policies), settings)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, loop="uvloop", http="httptools",
+                timeout_graceful_shutdown=10)
 
 
 def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False) -> None:
@@ -134,6 +143,7 @@ def up_cmd(
     Ctrl-C stops every process it started.
     """
     from fleet.gateway import FleetView, create_app
+    from fleet.gateway import Settings as GatewaySettings
     from fleet.spec import load_policies
     from fleet.store import open_store
     from fleet.up import Settings, running_fleet, serve_gateway
@@ -150,7 +160,8 @@ def up_cmd(
 
     try:
         with running_fleet(settings, store, loaded, runtime, step) as info:
-            app = create_app(FleetView(store, runtime), loaded)
+            settings_ = GatewaySettings.from_env(public_url=f"http://127.0.0.1:{port}")
+            app = create_app(FleetView(store, runtime), loaded, settings_)
             serve_gateway(app, port, lambda: _summary(settings, info, time.monotonic() - started))
     except KeyboardInterrupt:
         pass

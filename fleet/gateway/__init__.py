@@ -1,6 +1,6 @@
 """The data plane: a multi-tenant Open Inference Protocol gateway in front of model services."""
 
-from fleet.gateway.app import create_app
+from fleet.gateway.app import Settings, create_app
 from fleet.gateway.state import FleetView
 
-__all__ = ["FleetView", "create_app"]
+__all__ = ["FleetView", "Settings", "create_app"]

@@ -1,64 +1,198 @@
-"""Calls to model services: one pooled async HTTP client per replica, round-robin.
+"""Calls to model services: one pooled HTTP client per replica, admission, outlier ejection.
 
-A replica that refuses the connection is skipped for the next one; 503 only when none
-answers. A timeout is the caller's deadline passing: 504, not retried.
+Per version a ``Pool``: its replicas, and ``Slots`` (the policy's ``concurrency`` per
+replica) that queue waiting requests by priority. A call goes to the ready replica with
+the fewest requests in flight; one that refuses the connection or times out connecting
+is skipped for the next replica of the same version (the request never reached a model).
+``EJECT_AFTER`` consecutive failures eject a replica for a while (doubling each time, up
+to ``MAX_EJECTION_S``); after that one request probes it back. When every replica is
+ejected the one due back soonest is tried anyway: a 503 is only said after trying.
+
+Errors carry the class canary analysis counts them as: ``unreachable``, ``5xx``, ``timeout``.
+aiohttp, not httpx: about 0.2 ms a call here against httpx's 0.55 ms (bench/gateway.py).
 """
 
 from __future__ import annotations
 
-import itertools
-from typing import Any
+import asyncio
+import time
+from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 import numpy as np
+import orjson
 
 from fleet.errors import FleetError
+from fleet.gateway.slots import Slots
+
+EJECT_AFTER = 3
+BASE_EJECTION_S = 1.0
+MAX_EJECTION_S = 30.0
+CONNECT_TIMEOUT_S = 0.5
+
+
+class UpstreamError(FleetError):
+    """A version could not answer; ``kind`` is its ERROR_CLASSES class."""
+
+    status = 503
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "timeout")
 
 
 class NoReplica(FleetError):
+    """Nothing is deployed for the version (not a failure of the version itself)."""
+
     status = 503
 
 
-class UpstreamTimeout(FleetError):
-    status = 504
+@dataclass
+class Replica:
+    url: str
+    session: aiohttp.ClientSession
+    in_flight: int = 0
+    failures: int = 0  # consecutive
+    ejections: int = 0  # consecutive ejections, for the back-off
+    ejected_until: float = 0.0
+
+    def ejected(self, now: float) -> bool:
+        return self.ejected_until > now
+
+    def succeeded(self) -> None:
+        self.failures = self.ejections = 0
+        self.ejected_until = 0.0
+
+    def failed(self, now: float) -> None:
+        self.failures += 1
+        if self.failures >= EJECT_AFTER:
+            self.ejections += 1
+            self.ejected_until = now + min(MAX_EJECTION_S, BASE_EJECTION_S * 2 ** (self.ejections - 1))
+            self.failures = EJECT_AFTER - 1  # the probe after the ejection decides at once
+
+
+@dataclass
+class Pool:
+    ref: str
+    replicas: list[Replica]
+    slots: Slots
+    turn: int = field(default=0)
+
+    def order(self, last_resort: bool) -> list[Replica]:
+        """Replicas to try, best first: those not ejected, by fewest in flight. As the last
+        resort (no other version to ask), the ejected one due back soonest too."""
+        now = time.monotonic()
+        self.turn += 1
+        n = len(self.replicas)
+        rotated = [self.replicas[(self.turn + i) % n] for i in range(n)]
+        ready = sorted((r for r in rotated if not r.ejected(now)), key=lambda r: r.in_flight)
+        ejected = sorted((r for r in rotated if r.ejected(now)), key=lambda r: r.ejected_until)
+        return ready + ejected[: 1 if last_resort and not ready else 0]
 
 
 class Upstreams:
-    def __init__(self, max_connections: int = 64) -> None:
-        self._clients: dict[str, httpx.AsyncClient] = {}
-        self._turn: dict[tuple[str, ...], itertools.count] = {}
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    def __init__(self) -> None:
+        self._pools: dict[tuple[str, str], Pool] = {}
+        self._sessions: dict[str, aiohttp.ClientSession] = {}
 
-    def _client(self, url: str) -> httpx.AsyncClient:
-        client = self._clients.get(url)
-        if client is None:
-            client = self._clients[url] = httpx.AsyncClient(base_url=url, limits=self._limits)
-        return client
+    def _session(self, url: str, limit: int) -> aiohttp.ClientSession:
+        session = self._sessions.get(url)
+        if session is None or session.closed:
+            connector = aiohttp.TCPConnector(limit=limit, keepalive_timeout=30, ttl_dns_cache=300)
+            session = self._sessions[url] = aiohttp.ClientSession(
+                base_url=url, connector=connector, json_serialize=lambda v: orjson.dumps(v).decode()
+            )
+        return session
 
-    async def predict(self, ref: str, endpoints: tuple[str, ...], features: np.ndarray, timeout_s: float) -> np.ndarray:
-        if not endpoints:
-            raise NoReplica(f"{ref} has no running replica; expected it to be deployed")
-        start = next(self._turn.setdefault(endpoints, itertools.count()))
-        payload: dict[str, Any] = {"features": features.tolist()}
+    def sync(self, endpoints: dict[tuple[str, str], tuple[str, ...]], concurrency: dict[str, tuple[int, int]]) -> None:
+        """Make the pools match the deployments; ``concurrency``: model → (per replica, max waiting)."""
+        for key, urls in endpoints.items():
+            limit, waiting = concurrency.get(key[0], (32, 256))
+            pool = self._pools.get(key)
+            if pool is not None and [r.url for r in pool.replicas] == list(urls):
+                pool.slots.limit, pool.slots.max_waiting = limit * len(urls), waiting
+                continue
+            kept = {r.url: r for r in pool.replicas} if pool else {}
+            replicas = [kept.get(u) or Replica(u, self._session(u, limit)) for u in urls]
+            slots = pool.slots if pool else Slots(limit * len(urls), waiting)
+            slots.limit, slots.max_waiting = limit * len(urls), waiting
+            self._pools[key] = Pool(f"{key[0]}:{key[1]}", replicas, slots)
+        for key in set(self._pools) - set(endpoints):
+            del self._pools[key]
+        live = {r.url for p in self._pools.values() for r in p.replicas}
+        for url in set(self._sessions) - live:
+            session = self._sessions.pop(url)
+            asyncio.get_running_loop().create_task(session.close())
+
+    def pool(self, model: str, version: str) -> Pool | None:
+        return self._pools.get((model, version))
+
+    def pools(self) -> dict[tuple[str, str], Pool]:
+        return self._pools
+
+    async def predict(
+        self, model: str, version: str, features: np.ndarray, deadline: float, priority: str, last_resort: bool = True
+    ) -> np.ndarray:
+        """Ask one replica of ``model:version``; raise ``UpstreamError`` (with its class) or ``NoReplica``.
+
+        ``last_resort=False``: another version will be asked if this one fails, so ejected
+        replicas are not tried.
+        """
+        pool = self._pools.get((model, version))
+        if pool is None or not pool.replicas:
+            raise NoReplica(f"{model}:{version} has no running replica; expected it to be deployed")
+        remaining = deadline - time.monotonic()
+        try:
+            async with asyncio.timeout(max(remaining, 0.0)):
+                await pool.slots.acquire(priority, pool.ref)
+                try:
+                    return await self._attempt(pool, features, last_resort)
+                finally:
+                    pool.slots.release()
+        except TimeoutError:
+            raise UpstreamTimeout(f"{pool.ref} did not answer within {remaining * 1000:.0f} ms") from None
+
+    async def _attempt(self, pool: Pool, features: np.ndarray, last_resort: bool) -> np.ndarray:
+        payload = orjson.dumps({"features": features.tolist()})
         failures = []
-        for i in range(len(endpoints)):
-            url = endpoints[(start + i) % len(endpoints)]
+        replicas = pool.order(last_resort)
+        if not replicas:
+            raise UpstreamError(f"every replica of {pool.ref} is ejected after consecutive failures", "unreachable")
+        for replica in replicas:
+            replica.in_flight += 1
             try:
-                resp = await self._client(url).post("/predict", json=payload, timeout=timeout_s)
-            except httpx.TimeoutException:
-                raise UpstreamTimeout(f"{ref} did not answer within {timeout_s * 1000:.0f} ms") from None
-            except httpx.TransportError as exc:
-                failures.append(f"{url}: {type(exc).__name__}")
-                continue
-            if resp.status_code >= 500:
-                failures.append(f"{url}: HTTP {resp.status_code}")
-                continue
-            if resp.status_code != 200:
-                raise NoReplica(f"{ref} refused the request: HTTP {resp.status_code} {resp.text[:200]}")
-            return np.asarray(resp.json(), dtype=np.float32)
-        raise NoReplica(f"no replica of {ref} could answer ({'; '.join(failures)})")
+                async with replica.session.post(
+                    "/predict", data=payload, headers={"Content-Type": "application/json"},
+                    timeout=aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S),
+                ) as resp:  # fmt: skip
+                    body = await resp.read()
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.ServerDisconnectedError) as exc:
+                replica.failed(time.monotonic())
+                failures.append(f"{replica.url}: {type(exc).__name__}")
+                continue  # the request never reached a model: the next replica may answer
+            except aiohttp.ClientError as exc:
+                replica.failed(time.monotonic())
+                raise UpstreamError(f"{pool.ref} at {replica.url} failed: {type(exc).__name__}: {exc}", "5xx") from None
+            finally:
+                replica.in_flight -= 1
+            if resp.status >= 500:
+                replica.failed(time.monotonic())
+                raise UpstreamError(f"{pool.ref} answered HTTP {resp.status}: {body[:200].decode(errors='replace')}", "5xx")
+            if resp.status != 200:
+                raise UpstreamError(f"{pool.ref} refused the request: HTTP {resp.status} {body[:200].decode(errors='replace')}", "5xx")
+            replica.succeeded()
+            return np.asarray(orjson.loads(body), dtype=np.float32)
+        raise UpstreamError(f"no replica of {pool.ref} could be reached ({'; '.join(failures)})", "unreachable")
 
     async def close(self) -> None:
-        for client in self._clients.values():
-            await client.aclose()
-        self._clients.clear()
+        for session in self._sessions.values():
+            await session.close()
+        self._sessions.clear()
+        self._pools.clear()

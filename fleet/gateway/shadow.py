@@ -1,0 +1,94 @@
+"""Shadow traffic: mirror a share of requests to the shadow version, off the request path.
+
+The caller's answer is sent before anything here runs: a request only ``offer``s a job to
+a bounded queue (``put_nowait``; when full the job is dropped and counted). A few worker
+tasks call the shadow version with its own deadline and compare its predicted classes
+with the answer the caller got. A slow or dead shadow therefore costs the caller nothing
+but the enqueue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleet.errors import FleetError
+
+log = logging.getLogger("fleet.gateway.shadow")
+
+QUEUE_SIZE = 1000
+WORKERS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowJob:
+    model: str
+    version: str  # the shadow version
+    served_version: str
+    features: np.ndarray
+    served: np.ndarray  # what the caller got
+    served_ms: float
+    timeout_s: float
+
+
+Call = Callable[[str, str, np.ndarray, float, str], "asyncio.Future[np.ndarray]"]
+
+
+class ShadowMirror:
+    def __init__(self, call: Call, on_result: Callable[..., None], queue_size: int = QUEUE_SIZE) -> None:
+        """``call(model, version, features, deadline, priority)`` asks the shadow version;
+        ``on_result(job, outcome, shadow_ms, result, error_class)`` records it (outcome:
+        agree, disagree, error, dropped; error_class as in ERROR_CLASSES, for errors)."""
+        self._call, self._on_result = call, on_result
+        self._queue: asyncio.Queue[ShadowJob] = asyncio.Queue(maxsize=queue_size)
+        self._workers: list[asyncio.Task[None]] = []
+
+    def start(self, workers: int = WORKERS) -> None:
+        self._workers = [asyncio.create_task(self._work()) for _ in range(workers)]
+
+    def offer(self, job: ShadowJob) -> bool:
+        try:
+            self._queue.put_nowait(job)
+            return True
+        except asyncio.QueueFull:
+            self._on_result(job, "dropped", None, None, None)
+            return False
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize()
+
+    async def _work(self) -> None:
+        while True:
+            job = await self._queue.get()
+            start = time.monotonic()
+            try:
+                result = await self._call(job.model, job.version, job.features, start + job.timeout_s, "batch")
+            except FleetError as exc:
+                log.debug("shadow %s:%s failed: %s", job.model, job.version, exc)
+                kind = getattr(exc, "kind", None)
+                self._on_result(job, "error", (time.monotonic() - start) * 1e3, None, kind)
+                continue
+            except Exception:  # a bug must not kill the worker and silently stop mirroring
+                log.exception("shadow call to %s:%s crashed", job.model, job.version)
+                self._on_result(job, "error", (time.monotonic() - start) * 1e3, None, None)
+                continue
+            shadow_ms = (time.monotonic() - start) * 1e3
+            agreed = result.shape == job.served.shape and bool(
+                np.array_equal(result.argmax(axis=-1), job.served.argmax(axis=-1))
+            )
+            self._on_result(job, "agree" if agreed else "disagree", shadow_ms, result, None)
+
+    async def close(self) -> None:
+        for task in self._workers:
+            task.cancel()
+        for task in self._workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._workers = []

@@ -1,0 +1,95 @@
+"""What the gateway measures: Prometheus metrics for people and dashboards, windowed stats
+for canary analysis. Names and labels are the contract in docs/architecture.md.
+
+Each app has its own ``CollectorRegistry`` (several gateways can live in one test process).
+Queue depth is read from the pools at scrape time instead of being kept up to date on
+every request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from fleet.gateway.stats import WindowedStats, score_bins
+from fleet.types import LATENCY_BUCKETS_MS
+
+_SECONDS = tuple(b / 1000 for b in LATENCY_BUCKETS_MS) + (float("inf"),)
+
+
+class _QueueDepth(Collector):
+    def __init__(self, depths: Callable[[], Iterator[tuple[str, str, str, int]]]) -> None:
+        self._depths = depths
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("fleet_queue_depth", "Requests waiting for an upstream slot",
+                                   labels=["model", "version", "priority"])  # fmt: skip
+        for model, version, priority, depth in self._depths():
+            family.add_metric([model, version, priority], depth)
+        yield family
+
+
+class Telemetry:
+    def __init__(self, queue_depths: Callable[[], Iterator[tuple[str, str, str, int]]]) -> None:
+        r = self.registry = CollectorRegistry()
+        self.stats = WindowedStats()
+        self.requests = Counter("fleet_requests", "Answered requests by HTTP status",
+                                ["model", "version", "tenant", "code"], registry=r)  # fmt: skip
+        self.duration = Histogram("fleet_request_duration_seconds", "Whole request in the gateway",
+                                  ["model", "version", "tenant"], buckets=_SECONDS, registry=r)  # fmt: skip
+        self.upstream = Histogram("fleet_upstream_duration_seconds", "The model service's part of a request",
+                                  ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
+        self.version_requests = Counter("fleet_version_requests", "Attempts counted for canary analysis",
+                                        ["model", "version"], registry=r)  # fmt: skip
+        self.version_errors = Counter("fleet_version_errors", "Failures of a version by class",
+                                      ["model", "version", "class"], registry=r)  # fmt: skip
+        self.predictions = Counter("fleet_predictions", "Output rows per score bin",
+                                   ["model", "version", "bin"], registry=r)  # fmt: skip
+        self.cache = Counter("fleet_cache_requests", "Prediction cache lookups", ["model", "result"], registry=r)
+        self.quota = Counter("fleet_quota_rejections", "Requests refused with 429", ["tenant"], registry=r)
+        self.shadow = Counter("fleet_shadow_requests", "Mirrored requests by outcome",
+                              ["model", "version", "outcome"], registry=r)  # fmt: skip
+        self.shadow_duration = Histogram("fleet_shadow_duration_seconds", "Latency of shadow calls",
+                                         ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
+        self.shadow_served = Histogram("fleet_shadow_served_duration_seconds",
+                                       "Latency of the served answer that a shadow call is compared with",
+                                       ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
+        self.stale = Gauge("fleet_routing_stale", "1 while the store cannot be read (serving the last good state)",
+                           registry=r)  # fmt: skip
+        self.log_rows = Counter("fleet_inference_log_rows", "Inference log rows", ["model", "outcome"], registry=r)
+        r.register(_QueueDepth(queue_depths))
+
+    def answered(self, model: str, version: str, upstream_ms: float, result: np.ndarray) -> None:
+        """A version answered: windowed stats, upstream latency and the predicted scores."""
+        scores = result[:, -1] if result.ndim == 2 else result.ravel()
+        bins = score_bins(scores)
+        self.stats.answered(model, version, upstream_ms, bins)
+        self.version_requests.labels(model, version).inc()
+        self.upstream.labels(model, version).observe(upstream_ms / 1000)
+        for i in np.flatnonzero(bins).tolist():
+            self.predictions.labels(model, version, str(i)).inc(int(bins[i]))
+
+    def failed(self, model: str, version: str, error_class: str) -> None:
+        self.stats.failed(model, version, error_class)
+        self.version_requests.labels(model, version).inc()
+        self.version_errors.labels(model, version, error_class).inc()
+
+    def finished(self, model: str, version: str, tenant: str, status: int, total_ms: float) -> None:
+        self.requests.labels(model, version, tenant, str(status)).inc()
+        self.duration.labels(model, version, tenant).observe(total_ms / 1000)
+
+    def shadow_result(self, model: str, version: str, outcome: str, shadow_ms: float | None, served_ms: float) -> None:
+        self.shadow.labels(model, version, outcome).inc()
+        if shadow_ms is not None:
+            self.shadow_duration.labels(model, version).observe(shadow_ms / 1000)
+            self.shadow_served.labels(model, version).observe(served_ms / 1000)
+        if outcome in ("agree", "disagree"):
+            self.stats.shadow_pair(model, version, outcome == "agree")
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
