@@ -1,0 +1,131 @@
+"""GPUs: GPU node groups are tainted, pods that want GPUs tolerate the taint and set limits,
+and a stack never scales past its GPU ceiling (``maxGpus`` from the pack's config)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyConfigSchema,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+
+from fleet_guardrails._common import GPU_RESOURCE, GPU_TAINT_VALUE, as_list, get, gpus_of, is_gpu_node_group
+
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+EC2_INSTANCE = "aws:ec2/instance:Instance"
+# where each workload kind keeps its pod spec
+POD_SPEC = {
+    "kubernetes:core/v1:Pod": ("spec",),
+    "kubernetes:apps/v1:Deployment": ("spec", "template", "spec"),
+    "kubernetes:apps/v1:StatefulSet": ("spec", "template", "spec"),
+    "kubernetes:apps/v1:DaemonSet": ("spec", "template", "spec"),
+    "kubernetes:apps/v1:ReplicaSet": ("spec", "template", "spec"),
+    "kubernetes:batch/v1:Job": ("spec", "template", "spec"),
+    "kubernetes:batch/v1:CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
+}
+
+
+def _node_group_tainted(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if not is_gpu_node_group(args.props):
+        return
+    taints = as_list(args.props.get("taints"))
+    if not any(t.get("key") == GPU_RESOURCE and t.get("effect") == "NO_SCHEDULE" for t in taints):
+        got = ", ".join(f"{t.get('key')}={t.get('value')}:{t.get('effect')}" for t in taints) or "none"
+        report(f"GPU node group {args.props.get('nodeGroupName') or args.name} must carry the taint "
+               f"{GPU_RESOURCE}={GPU_TAINT_VALUE}:NO_SCHEDULE (got {got}), so only pods that asked for GPUs land there")  # fmt: skip
+
+
+def tolerates_gpu_taint(tolerations: Any) -> bool:
+    """Does a pod with these tolerations schedule onto a node tainted nvidia.com/gpu=present:NoSchedule?"""
+    for t in as_list(tolerations):
+        key_ok = t.get("key") == GPU_RESOURCE or (not t.get("key") and t.get("operator") == "Exists")
+        effect_ok = t.get("effect") in (None, "", "NoSchedule")
+        value_ok = t.get("operator") == "Exists" or t.get("value") == GPU_TAINT_VALUE
+        if key_ok and effect_ok and value_ok:
+            return True
+    return False
+
+
+def pod_gpu_problems(pod: Any) -> list[str]:
+    """What is wrong with how a pod spec asks for GPUs (empty when nothing, or it asks for none)."""
+    problems, wants = [], False
+    for c in as_list(get(pod, "containers")) + as_list(get(pod, "initContainers")):
+        requests, limits = get(c, "resources", "requests", default={}), get(c, "resources", "limits", default={})
+        if GPU_RESOURCE not in requests and GPU_RESOURCE not in limits:
+            continue
+        wants = True
+        if GPU_RESOURCE not in limits:
+            problems.append(f"container {c.get('name')} requests {GPU_RESOURCE} without a limit; expected limits.{GPU_RESOURCE}")
+        elif GPU_RESOURCE in requests and str(requests[GPU_RESOURCE]) != str(limits[GPU_RESOURCE]):
+            problems.append(f"container {c.get('name')} requests {requests[GPU_RESOURCE]} GPUs but limits "
+                            f"{limits[GPU_RESOURCE]}; expected them equal")  # fmt: skip
+    if wants and not tolerates_gpu_taint(get(pod, "tolerations")):
+        problems.append(f"the pod asks for GPUs but does not tolerate the {GPU_RESOURCE}:NoSchedule taint of GPU nodes")
+    return problems
+
+
+def _pods_tolerate_and_limit(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    path = POD_SPEC.get(args.resource_type)
+    if path is None:
+        return
+    for problem in pod_gpu_problems(get(args.props, *path)):
+        kind = args.resource_type.rsplit(":", 1)[1]
+        report(f"{kind} {get(args.props, 'metadata', 'name') or args.name}: {problem}")
+
+
+def _gpus(resource: Any) -> tuple[int, int | None, list[str]]:
+    """(nodes at most, GPUs per node or None if unknown, instance types) of a GPU-bearing resource."""
+    if resource.resource_type == NODE_GROUP:
+        types = as_list(resource.props.get("instanceTypes"))
+        counts = [gpus_of(t) for t in types]
+        per_node = None if not types or None in counts else max(counts)
+        return int(get(resource.props, "scalingConfig", "maxSize", default=0)), per_node, types
+    kind = resource.props.get("instanceType") or ""
+    return 1, gpus_of(kind), [kind]
+
+
+def _gpu_ceiling(args: StackValidationArgs, report: ReportViolation) -> None:
+    ceiling = args.get_config()["maxGpus"]
+    total, lines = 0, []
+    for r in args.resources:
+        if r.resource_type not in (NODE_GROUP, EC2_INSTANCE):
+            continue
+        if r.resource_type == NODE_GROUP and not is_gpu_node_group(r.props):
+            continue
+        nodes, per_node, types = _gpus(r)
+        if per_node is None:
+            report(f"{r.name}: cannot count the GPUs of instance type(s) {', '.join(types) or 'none given'}; "
+                   "expected a GPU instance type the guardrails know (fleet_guardrails/_common.py)", r.urn)  # fmt: skip
+            continue
+        if per_node:
+            total += nodes * per_node
+            lines.append(f"{r.name} {nodes} × {per_node}")
+    if total > ceiling:
+        report(f"this stack can scale to {total} GPUs ({'; '.join(lines)}); its ceiling maxGpus is {ceiling}")
+
+
+gpu_node_groups_tainted = ResourceValidationPolicy(
+    name="gpu-node-groups-tainted",
+    description=f"EKS node groups with GPUs carry the {GPU_RESOURCE} NoSchedule taint.",
+    validate=_node_group_tainted,
+    enforcement_level=EnforcementLevel.MANDATORY,
+)
+gpu_pods_tolerate_and_limit = ResourceValidationPolicy(
+    name="gpu-pods-tolerate-and-limit",
+    description="Pods that request GPUs set GPU limits and tolerate the GPU taint.",
+    validate=_pods_tolerate_and_limit,
+    enforcement_level=EnforcementLevel.MANDATORY,
+)
+gpu_ceiling = StackValidationPolicy(
+    name="gpu-ceiling",
+    description="All GPU node groups at their maximum size stay within the stack's maxGpus.",
+    validate=_gpu_ceiling,
+    enforcement_level=EnforcementLevel.MANDATORY,
+    config_schema=PolicyConfigSchema(properties={"maxGpus": {"type": "integer", "minimum": 0}}, required=["maxGpus"]),
+)

@@ -1,0 +1,357 @@
+"""The CrossGuard pack (policies/guardrails/): it passes what the Pulumi program registers for
+both example stacks, catches each deliberately broken variant, and every policy has a passing
+and a failing case of its own."""
+
+from __future__ import annotations
+
+import copy
+import json
+import runpy
+import sys
+from collections.abc import Callable
+
+import pulumi_policy
+import pytest
+from infra_harness import ROOT, Registered, example
+from pulumi_policy import (
+    PolicyCustomTimeouts,
+    PolicyResource,
+    PolicyResourceOptions,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+)
+
+PACK = ROOT / "policies" / "guardrails"
+sys.path.insert(0, str(PACK))  # the pack imports its policies as a sibling package, as here
+
+import fleet_guardrails as guard  # noqa: E402
+from fleet_guardrails.compute import pod_gpu_problems  # noqa: E402
+
+Violation = tuple[str, str]  # (policy name, message)
+
+
+def pack_config(stack: str) -> dict:
+    return json.loads((PACK / f"{stack}.json").read_text())
+
+
+def _options(parent: str | None = None) -> PolicyResourceOptions:
+    return PolicyResourceOptions(False, [], None, [], PolicyCustomTimeouts(0, 0, 0), [], parent)
+
+
+def _stack_resources(resources: list[Registered]) -> list[PolicyResource]:
+    """PolicyResources as the engine builds them for stack policies: outputs, parents, dependencies."""
+    made = {r.urn: PolicyResource(r.type, {**r.inputs, **r.state}, r.urn, r.name, _options(r.parent or None),
+                                  None, None, [], {}) for r in resources}  # fmt: skip
+    for r in resources:
+        p = made[r.urn]
+        p.parent = made.get(r.parent)
+        p.dependencies = [made[d] for d in r.dependencies if d in made]
+        p.property_dependencies = {k: [made[u] for u in urns if u in made] for k, urns in r.property_dependencies.items()}
+    return list(made.values())
+
+
+def run_pack(resources: list[Registered], config: dict) -> list[Violation]:
+    """Every policy of the pack over ``resources``: resource policies see inputs, stack policies outputs."""
+    found: list[Violation] = []
+    stack_resources = _stack_resources(resources)
+    for policy in guard.POLICIES:
+        def report(message: str, urn: str | None = None, name: str = policy.name) -> None:
+            found.append((name, message))
+
+        settings = config.get(policy.name, {})
+        if isinstance(policy, ResourceValidationPolicy):
+            for r in resources:
+                if r.custom:
+                    policy.validate(ResourceValidationArgs(r.type, r.inputs, r.urn, r.name, _options(), None, settings), report)
+        else:
+            policy.validate(StackValidationArgs(stack_resources, settings), report)
+    return found
+
+
+def policies_of(violations: list[Violation]) -> set[str]:
+    return {name for name, _ in violations}
+
+
+# --- the program's own resources ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_pack_finds_nothing_wrong_with_what_the_program_registers(stack: str) -> None:
+    assert run_pack(example(stack).resources, pack_config(stack)) == []
+
+
+def _find(resources: list[Registered], type_: str, name_contains: str = "") -> Registered:
+    return next(r for r in resources if r.type == type_ and name_contains in r.name)
+
+
+def _untaint(rs: list[Registered]) -> None:
+    group = _find(rs, "aws:eks/nodeGroup:NodeGroup", "a100-8")
+    group.inputs["taints"] = []
+
+
+def _suspend_versioning(rs: list[Registered]) -> None:
+    _find(rs, "aws:s3/bucketVersioning:BucketVersioning", "models").inputs["versioningConfiguration"]["status"] = "Suspended"
+    _find(rs, "aws:s3/bucketVersioning:BucketVersioning", "models").state["versioningConfiguration"]["status"] = "Suspended"
+
+
+def _drop_encryption(rs: list[Registered]) -> None:
+    rs.remove(_find(rs, "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", "logs"))
+
+
+def _unblock(rs: list[Registered]) -> None:
+    block = _find(rs, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", "models")
+    block.inputs["restrictPublicBuckets"] = block.state["restrictPublicBuckets"] = False
+
+
+def _public_policy(rs: list[Registered]) -> None:
+    policy = _find(rs, "aws:s3/bucketPolicy:BucketPolicy", "models")
+    document = json.loads(policy.state["policy"])
+    document["Statement"].append({"Sid": "Oops", "Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
+                                  "Resource": "arn:aws:s3:::x/*"})  # fmt: skip
+    policy.inputs["policy"] = policy.state["policy"] = json.dumps(document)
+
+
+def _plain_http(rs: list[Registered]) -> None:
+    listener = _find(rs, "aws:lb/listener:Listener")
+    listener.inputs.update(protocol="HTTP", port=80)
+
+
+def _untag(rs: list[Registered]) -> None:
+    del _find(rs, "aws:lb/loadBalancer:LoadBalancer").inputs["tags"]["model"]
+
+
+def _gpu_pod_without_toleration(rs: list[Registered]) -> None:
+    gateway = _find(rs, "kubernetes:apps/v1:Deployment")
+    container = gateway.inputs["spec"]["template"]["spec"]["containers"][0]
+    container["resources"]["limits"]["nvidia.com/gpu"] = "1"
+
+
+def _unknown_gpu_type(rs: list[Registered]) -> None:
+    _find(rs, "aws:eks/nodeGroup:NodeGroup", "a100-8").inputs["instanceTypes"] = ["p9.96xlarge"]
+    _find(rs, "aws:eks/nodeGroup:NodeGroup", "a100-8").state["instanceTypes"] = ["p9.96xlarge"]
+
+
+BROKEN: dict[str, tuple[Callable[[list[Registered]], None], str]] = {
+    "gpu node group without taint": (_untaint, "gpu-node-groups-tainted"),
+    "models bucket versioning suspended": (_suspend_versioning, "bucket-versioned"),
+    "logs bucket without encryption": (_drop_encryption, "bucket-encrypted"),
+    "public access block loosened": (_unblock, "bucket-never-public"),
+    "bucket policy open to everyone": (_public_policy, "bucket-never-public"),
+    "plain HTTP listener": (_plain_http, "https-only-listeners"),
+    "load balancer without a model tag": (_untag, "cost-tags"),
+    "GPU pod that does not tolerate the taint": (_gpu_pod_without_toleration, "gpu-pods-tolerate-and-limit"),
+    "GPU instance type the ceiling cannot count": (_unknown_gpu_type, "gpu-ceiling"),
+}
+
+
+@pytest.mark.parametrize("variant", list(BROKEN))
+def test_each_deliberately_broken_variant_is_caught_by_its_policy(variant: str) -> None:
+    breaks, policy = BROKEN[variant]
+    resources = copy.deepcopy(example("prod").resources)
+    breaks(resources)
+    violations = run_pack(resources, pack_config("prod"))
+    assert policies_of(violations) == {policy}, violations
+
+
+def test_a_stack_over_its_gpu_ceiling_is_refused() -> None:
+    violations = run_pack(example("prod").resources, {"gpu-ceiling": {"maxGpus": 20}})
+    (message,) = [m for p, m in violations if p == "gpu-ceiling"]
+    assert "can scale to 21 GPUs" in message and "ceiling maxGpus is 20" in message
+    assert "a100-8 2 × 8" in message
+
+
+def test_taggable_covers_every_taggable_type_the_program_uses() -> None:
+    from test_infra import _takes_tags
+
+    used = {r.type for s in ("dev", "prod") for r in example(s).resources if r.type.startswith("aws:")}
+    assert {t for t in used if _takes_tags(t)} <= guard.tags.TAGGABLE
+
+
+def test_the_kubernetes_runtimes_deployments_pass_the_pod_policy() -> None:
+    from test_kubernetes_runtime import IMAGES
+
+    from fleet.runtime.kubernetes import _placement, manifests
+
+    for raw in example("prod").outputs["placement"]["models"]:
+        p = _placement(json.loads(json.dumps(raw)))
+        deployment = manifests(p.model, "1.0.0", IMAGES[p.family] + ":x", p, floor=1, prometheus_url="http://p")[0]
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod_gpu_problems(pod) == [], p.model
+        if p.gpus:
+            assert pod_gpu_problems({**pod, "tolerations": []}), p.model
+
+
+# --- each policy alone ----------------------------------------------------------------------
+
+
+def _resource(policy: ResourceValidationPolicy, type_: str, props: dict, config: dict | None = None) -> list[str]:
+    found: list[str] = []
+    policy.validate(ResourceValidationArgs(type_, props, f"urn:{type_}::r", "r", _options(), None, config or {}),
+                    lambda message, urn=None: found.append(message))  # fmt: skip
+    return found
+
+
+def _stack(policy, resources: list[PolicyResource], config: dict | None = None) -> list[str]:  # noqa: ANN001
+    found: list[str] = []
+    policy.validate(StackValidationArgs(resources, config or {}), lambda message, urn=None: found.append(message))
+    return found
+
+
+def _pr(type_: str, name: str, props: dict, deps: dict | None = None) -> PolicyResource:
+    return PolicyResource(type_, props, f"urn:pulumi:s::p::{type_}::{name}", name, _options(), None, None, [], deps or {})
+
+
+NG = "aws:eks/nodeGroup:NodeGroup"
+TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
+
+
+def test_gpu_node_groups_tainted() -> None:
+    policy = guard.gpu_node_groups_tainted
+    assert _resource(policy, NG, {"instanceTypes": ["m6i.large"], "amiType": "AL2023_x86_64_STANDARD"}) == []
+    assert _resource(policy, NG, {"instanceTypes": ["g5.xlarge"], "taints": [TAINT]}) == []
+    (message,) = _resource(policy, NG, {"nodeGroupName": "gpu", "amiType": "AL2023_x86_64_NVIDIA",
+                                        "taints": [{**TAINT, "effect": "PREFER_NO_SCHEDULE"}]})  # fmt: skip
+    assert "GPU node group gpu must carry the taint nvidia.com/gpu=present:NO_SCHEDULE" in message
+    assert "got nvidia.com/gpu=present:PREFER_NO_SCHEDULE" in message
+
+
+def test_gpu_pods_tolerate_and_limit() -> None:
+    policy, deploy = guard.gpu_pods_tolerate_and_limit, "kubernetes:apps/v1:Deployment"
+
+    def workload(resources: dict, tolerations: list) -> dict:
+        return {"metadata": {"name": "w"}, "spec": {"template": {"spec": {
+            "containers": [{"name": "c", "resources": resources}], "tolerations": tolerations}}}}
+
+    exists = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert _resource(policy, deploy, workload({"limits": {"cpu": "1"}}, [])) == []  # no GPUs, no demands
+    assert _resource(policy, deploy, workload({"limits": {"nvidia.com/gpu": "2"}}, exists)) == []
+    assert _resource(policy, deploy, workload({"limits": {"nvidia.com/gpu": 1}}, [{"operator": "Exists"}])) == []
+    (missing,) = _resource(policy, deploy, workload({"requests": {"nvidia.com/gpu": "1"}}, exists))
+    assert "Deployment w: container c requests nvidia.com/gpu without a limit" in missing
+    (unequal,) = _resource(policy, deploy, workload({"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2"}}, exists))
+    assert "requests 1 GPUs but limits 2" in unequal
+    wrong_value = [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}]
+    (untolerated,) = _resource(policy, deploy, workload({"limits": {"nvidia.com/gpu": "1"}}, wrong_value))
+    assert "does not tolerate the nvidia.com/gpu:NoSchedule taint" in untolerated
+    cron = {"metadata": {"name": "cj"}, "spec": {"jobTemplate": {"spec": {"template": {"spec": {
+        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}}}}
+    assert _resource(policy, "kubernetes:batch/v1:CronJob", cron)  # the same rule reaches CronJobs
+
+
+def test_https_only_listeners() -> None:
+    policy, listener = guard.https_only_listeners, "aws:lb/listener:Listener"
+    assert _resource(policy, listener, {"protocol": "HTTPS", "port": 443, "certificateArn": "arn:cert"}) == []
+    redirect = [{"type": "redirect", "redirect": {"protocol": "HTTPS", "port": "443", "statusCode": "HTTP_301"}}]
+    assert _resource(policy, listener, {"protocol": "HTTP", "port": 80, "defaultActions": redirect}) == []
+    (plain,) = _resource(policy, listener, {"protocol": "HTTP", "port": 80, "defaultActions": [{"type": "forward"}]})
+    assert "uses HTTP; expected HTTPS" in plain
+    assert _resource(policy, listener, {"port": 80})  # no protocol: AWS's default is HTTP
+    assert "without a certificate_arn" in _resource(policy, listener, {"protocol": "HTTPS", "port": 443})[0]
+    classic = {"listeners": [{"lbProtocol": "http", "lbPort": 80, "instancePort": 80, "instanceProtocol": "http"}]}
+    assert _resource(policy, "aws:elb/loadBalancer:LoadBalancer", classic)
+
+
+def test_cost_tags() -> None:
+    policy = guard.cost_tags
+    tags = {"team": "ml", "model": "shared", "env": "dev"}
+    assert _resource(policy, "aws:ec2/vpc:Vpc", {"tags": tags}) == []
+    assert _resource(policy, "aws:ec2/vpc:Vpc", {"tags": {"model": "m"}, "tagsAll": {"team": "ml", "env": "dev"}}) == []
+    assert _resource(policy, "aws:iam/rolePolicy:RolePolicy", {"policy": "{}"}) == []  # takes no tags
+    assert _resource(policy, "kubernetes:core/v1:Namespace", {"metadata": {}}) == []  # not AWS
+    (message,) = _resource(policy, "aws:ec2/vpc:Vpc", {"tags": {"team": "ml", "model": ""}})
+    assert message.startswith("Vpc r lacks the cost tag(s) model, env")
+    assert _resource(policy, "aws:s3/bucket:Bucket", {})  # taggable but untagged
+    assert _resource(policy, "aws:newservice/thing:Thing", {"tags": {}})  # any AWS resource with tags
+
+
+S3 = "aws:s3/"
+
+
+def _bucket_set(**overrides: dict | None) -> list[PolicyResource]:
+    """A bucket and its companions, linked by property dependencies with no values (a preview)."""
+    bucket = _pr(f"{S3}bucket:Bucket", "b", {"bucket": "b-123"})
+    parts = {
+        "sse": (f"{S3}bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+                {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "aws:kms"}}]}),
+        "versioning": (f"{S3}bucketVersioning:BucketVersioning", {"versioningConfiguration": {"status": "Enabled"}}),
+        "block": (f"{S3}bucketPublicAccessBlock:BucketPublicAccessBlock",
+                  {k: True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")}),
+        "policy": (f"{S3}bucketPolicy:BucketPolicy", {"policy": json.dumps({"Statement": [
+            {"Effect": "Deny", "Principal": "*", "Action": "s3:*", "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]})}),
+    }  # fmt: skip
+    out = [bucket]
+    for key, (type_, props) in parts.items():
+        props = overrides.get(key, props)
+        if props is not None:
+            out.append(_pr(type_, f"b-{key}", props, {"bucket": [bucket]}))
+    return out
+
+
+def test_bucket_encrypted() -> None:
+    assert _stack(guard.bucket_encrypted, _bucket_set()) == []
+    sse_s3 = {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}]}
+    assert _stack(guard.bucket_encrypted, _bucket_set(sse=sse_s3)) == []
+    (message,) = _stack(guard.bucket_encrypted, _bucket_set(sse=None))
+    assert message.startswith("bucket b-123 has no default encryption")
+    # linked by value when the engine recorded no property dependencies
+    bucket = _pr(f"{S3}bucket:Bucket", "c", {"bucket": "c-1"})
+    sse = _pr(f"{S3}bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", "c-sse",
+              {"bucket": "c-1", **sse_s3})  # fmt: skip
+    assert _stack(guard.bucket_encrypted, [bucket, sse]) == []
+    other = _pr(f"{S3}bucket:Bucket", "d", {"bucket": "d-1"})
+    assert len(_stack(guard.bucket_encrypted, [bucket, sse, other])) == 1  # one config does not cover two buckets
+
+
+def test_bucket_versioned() -> None:
+    assert _stack(guard.bucket_versioned, _bucket_set()) == []
+    (suspended,) = _stack(guard.bucket_versioned, _bucket_set(versioning={"versioningConfiguration": {"status": "Suspended"}}))
+    assert "bucket b-123 is not versioned (got Suspended)" in suspended
+    (none,) = _stack(guard.bucket_versioned, _bucket_set(versioning=None))
+    assert "got no BucketVersioning" in none
+    inline = _pr(f"{S3}bucketV2:BucketV2", "old", {"bucket": "old", "versioning": {"enabled": True}})
+    assert _stack(guard.bucket_versioned, [inline]) == []  # the deprecated inline form counts
+
+
+def test_bucket_never_public() -> None:
+    assert _stack(guard.bucket_never_public, _bucket_set()) == []
+    loose = {k: True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls")}
+    assert "lacks a BucketPublicAccessBlock" in _stack(guard.bucket_never_public, _bucket_set(block=loose))[0]
+    open_policy = {"policy": json.dumps({"Statement": [{"Sid": "All", "Effect": "Allow", "Principal": {"AWS": "*"},
+                                                         "Action": "s3:GetObject"}]})}  # fmt: skip
+    (message,) = _stack(guard.bucket_never_public, _bucket_set(policy=open_policy))
+    assert "allows s3:GetObject to everyone (statement All)" in message
+    resources = _bucket_set()
+    resources[0].props["acl"] = "public-read"
+    assert "public ACL 'public-read'" in _stack(guard.bucket_never_public, resources)[0]
+
+
+def test_gpu_ceiling() -> None:
+    groups = [
+        _pr(NG, "a", {"instanceTypes": ["g5.12xlarge"], "scalingConfig": {"maxSize": 2.0}, "taints": [TAINT]}),
+        _pr(NG, "cpu", {"instanceTypes": ["m6i.large"], "scalingConfig": {"maxSize": 50}}),
+        _pr("aws:ec2/instance:Instance", "box", {"instanceType": "p4d.24xlarge"}),
+    ]
+    assert _stack(guard.gpu_ceiling, groups, {"maxGpus": 16}) == []  # 2 × 4 + 8; CPU nodes do not count
+    (over,) = _stack(guard.gpu_ceiling, groups, {"maxGpus": 15})
+    assert "can scale to 16 GPUs (a 2 × 4; box 1 × 8); its ceiling maxGpus is 15" in over
+
+
+# --- the pack itself ------------------------------------------------------------------------
+
+
+def test_the_pack_entry_point_builds_a_mandatory_pack_of_every_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[dict] = []
+    monkeypatch.setattr(pulumi_policy, "PolicyPack", lambda **kwargs: made.append(kwargs))
+    runpy.run_path(str(PACK), run_name="__main__")
+    (pack,) = made
+    assert pack["name"] == guard.PACK_NAME and pack["policies"] == guard.POLICIES
+    assert pack["enforcement_level"] == pulumi_policy.EnforcementLevel.MANDATORY
+    assert len({p.name for p in guard.POLICIES}) == len(guard.POLICIES) == 8
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_each_stack_has_a_pack_config_with_a_ceiling_above_its_plan(stack: str) -> None:
+    config = pack_config(stack)
+    assert set(config) <= {p.name for p in guard.POLICIES}
+    assert example(stack).outputs["maxGpus"] <= config["gpu-ceiling"]["maxGpus"]
