@@ -2,7 +2,8 @@
 
 Builds two Bentos of one version (batching as in the policy, and no batching), serves each
 with ``bentoml serve`` on 127.0.0.1, and sends a fixed number of one-row requests at
-concurrency 1, 16 and 64 straight to the service. Prints throughput, p50 and p99 side by
+concurrency 1, 16 and 64 straight to the service with wrk (Debian's package: a C load
+generator in its own process, so the client does not steal the server's CPU). Prints throughput, p50 and p99 side by
 side, plus the mean batch size BentoML reports, which shows where the time goes.
 
     .venv/bin/python bench/batching.py [--requests 2000] [--workdir /tmp/fleet-bench]
@@ -11,45 +12,28 @@ side, plus the mean batch size BentoML reports, which shows where the time goes.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import json
 import os
 import re
-import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._wrk import Result, load  # noqa: E402
 
 
-async def _load(url: str, concurrency: int, total: int) -> tuple[float, list[float], int]:
-    import httpx
+def _bodies() -> list[str]:
+    """One-row requests with varied features (the batcher must not see identical rows)."""
+    rows = [[(i % 7) / 3 - 1, (i % 5) / 2 - 1, (i % 3) - 1, (i % 11) / 5 - 1] for i in range(64)]
+    return [json.dumps({"features": [row]}) for row in rows]
 
-    latencies: list[float] = []
-    errors = 0
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(total):
-        queue.put_nowait(i)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
 
-        async def worker() -> None:
-            nonlocal errors
-            while not queue.empty():
-                i = queue.get_nowait()
-                row = [[(i % 7) / 3 - 1, (i % 5) / 2 - 1, (i % 3) - 1, (i % 11) / 5 - 1]]
-                start = time.perf_counter()
-                try:
-                    r = await client.post("/predict", json={"features": row})
-                    errors += r.status_code != 200
-                except httpx.HTTPError:
-                    errors += 1
-                latencies.append((time.perf_counter() - start) * 1e3)
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - start
-    return total / elapsed, latencies, errors
+def _load(url: str, concurrency: int, total: int) -> Result:
+    return load(f"{url}/predict", _bodies(), concurrency=concurrency, requests=total)
 
 
 def _mean_batch(url: str) -> float | None:
@@ -101,11 +85,10 @@ def main() -> None:
         deployment = runtime.deploy(model, version)
         url = deployment.endpoints[0]
         try:
-            asyncio.run(_load(url, 8, 200))  # warm up
+            _load(url, 8, 200)  # warm up
             for concurrency in (1, 16, 64):
-                rps, lat, errors = asyncio.run(_load(url, concurrency, args.requests))
-                q = statistics.quantiles(lat, n=100)
-                results[name, concurrency] = (rps, q[49], q[98], errors, _mean_batch(url))
+                r = _load(url, concurrency, args.requests)
+                results[name, concurrency] = (r.rps, r.p50_ms, r.p99_ms, r.errors, _mean_batch(url))
         finally:
             runtime.undeploy(model, version)
     print(f"{'concurrency':>11} | {'batching: req/s':>15} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6} {'mean batch':>10} | "

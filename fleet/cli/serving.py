@@ -129,6 +129,11 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
         return
     table(None, ["model", "version", "state", "traffic", "replicas", "healthy"],
           [[r["model"], r["version"], r["state"], r["traffic"] or "-", r["replicas"], r["healthy"]] for r in rows])  # fmt: skip
+    from fleet import audit, gateways
+
+    now = audit.now()
+    for g in gateways.live(reg.store):
+        console.print(f"gateway {g.id} at {g.url} (heartbeat {(now - g.heartbeat_at).total_seconds():.0f} s ago)")
 
 
 def up_cmd(

@@ -1,0 +1,232 @@
+"""What the gateway costs: one fixed load against a Bento directly, through nginx, through the gateway.
+
+Two upstreams: the demo model's Bento (``bentoml serve``) and a trivial echo (nginx
+answering a fixed prediction), which exposes each proxy's own cost. Three ways in front
+of each: direct, Debian's nginx as a keep-alive reverse proxy, and ``fleet gateway``
+(tenant auth, routing, schema check, metrics, 20 % inference-log sampling as in the demo
+policy; prediction cache off so every request reaches the upstream). wrk sends a fixed
+number of one-row requests at concurrency 1, 16 and 64. Direct and nginx get the Bento's
+body (``{"features": [[...]]}``); the gateway gets the OIP v2 body it translates to that.
+
+    .venv/bin/python bench/gateway.py [--requests 3000] [--workdir DIR]
+
+Targets (issue 4): gateway p50 <= direct p50 + 1 ms; gateway throughput >= 0.9x nginx's.
+Needs Debian's nginx and wrk (apt-get install -y nginx-light wrk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._wrk import Result, load  # noqa: E402
+
+MODEL = "demo-classifier"
+ECHO = "[[0.3,0.7]]"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(url: str, timeout: float = 60) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready after {timeout} s")
+
+
+def _nginx(work: Path, name: str, server_block: str) -> tuple[subprocess.Popen[bytes], Path]:
+    folder = work / f"nginx-{name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    temps = " ".join(f"{k}_temp_path {folder / k};" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    conf = folder / "nginx.conf"
+    conf.write_text(f"""
+worker_processes 1;
+daemon off;
+pid {folder / 'nginx.pid'};
+error_log {folder / 'error.log'} warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  {temps}
+  {server_block}
+}}
+""")
+    return subprocess.Popen([shutil.which("nginx") or "/usr/sbin/nginx", "-c", str(conf)], start_new_session=True), conf
+
+
+def _bodies() -> tuple[list[str], list[str]]:
+    rows = [[(i % 7) / 3 - 1, (i % 5) / 2 - 1, (i % 3) - 1, (i % 11) / 5 - 1] for i in range(64)]
+    bento = [json.dumps({"features": [r]}) for r in rows]
+    oip = [json.dumps({"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": r}]}) for r in rows]
+    return bento, oip
+
+
+def _gateway_codes(url: str) -> dict[str, int]:
+    """The gateway's answers by HTTP status, from its own counters."""
+    import httpx
+
+    codes: dict[str, int] = {}
+    for code, value in re.findall(r'^fleet_requests_total\{[^}]*code="(\d+)"[^}]*\} ([0-9.e+-]+)$',
+                                  httpx.get(f"{url}/metrics", timeout=5).text, re.M):  # fmt: skip
+        codes[code] = codes.get(code, 0) + int(float(value))
+    return codes
+
+
+def _gateway_split(url: str) -> tuple[float, float] | None:
+    """Mean time a request spent in the gateway, and the upstream's part of it (ms)."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+
+    def total(name: str) -> float:
+        return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} ([0-9.e+-]+)$", text, re.M))
+
+    n = total("fleet_request_duration_seconds_count")
+    up = total("fleet_upstream_duration_seconds_count")
+    if not n or not up:
+        return None
+    return total("fleet_request_duration_seconds_sum") / n * 1e3, total("fleet_upstream_duration_seconds_sum") / up * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="fleet-bench-gw-"))
+    os.environ["BENTOML_HOME"] = str(work / "bentoml")
+    os.environ["FLEET_STORE"] = f"file://{work / 'store'}"
+
+    import yaml
+
+    from bentos.tabular_mlp.train import TrainConfig, train_and_register
+    from fleet.registry import Registry
+    from fleet.router import Router
+    from fleet.runtime.bento import package
+    from fleet.runtime.cache import ArtifactCache
+    from fleet.runtime.local import LocalRuntime
+    from fleet.spec import load_policies
+    from fleet.store import open_store
+    from fleet.tenants import Tenants
+
+    store = open_store()
+    policies = yaml.safe_load((ROOT / "policies" / "fleet.yaml").read_text())
+    policies["models"][MODEL]["cache"]["enabled"] = False  # every request must reach the upstream
+    policies.pop("tenants")
+    (work / "policies").mkdir(exist_ok=True)
+    (work / "policies" / "fleet.yaml").write_text(yaml.safe_dump(policies))
+    spec = load_policies(work / "policies").model(MODEL)
+    if not Registry(store).versions(MODEL):
+        train_and_register(store, MODEL, "1.0.0", TrainConfig(rows=5000, epochs=5))
+        Router(store).set(MODEL, stable="1.0.0", why="bench")
+    key = Tenants(store).create(f"bench-{os.getpid()}", {MODEL: ["*"]})[1]
+    bento = package(Registry(store), MODEL, "1.0.0", spec, ArtifactCache(work / "cache")).bento
+    runtime = LocalRuntime(work / "run", bento_for=lambda m, v: bento)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        bento_url = runtime.deploy(MODEL, "1.0.0").endpoints[0]
+        echo_port, nginx_bento_port, nginx_echo_port = _free_port(), _free_port(), _free_port()
+        echo_proc, _ = _nginx(work, "echo", f"""server {{ listen 127.0.0.1:{echo_port};
+            location / {{ default_type application/json; return 200 '{ECHO}'; }} }}""")
+        bento_host = bento_url.removeprefix("http://")
+        proxy_proc, _ = _nginx(work, "proxy", f"""
+  upstream bento {{ server {bento_host}; keepalive 128; }}
+  upstream echo {{ server 127.0.0.1:{echo_port}; keepalive 128; }}
+  server {{ listen 127.0.0.1:{nginx_bento_port};
+    location / {{ proxy_pass http://bento; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}
+  server {{ listen 127.0.0.1:{nginx_echo_port};
+    location / {{ proxy_pass http://echo; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}""")
+        procs += [echo_proc, proxy_proc]
+        echo_url = f"http://127.0.0.1:{echo_port}"
+        endpoints = work / "endpoints.yaml"
+        gateways = {}
+        for name, upstream in (("bento", bento_url), ("echo", echo_url)):
+            endpoints_file = endpoints.with_name(f"endpoints-{name}.yaml")
+            endpoints_file.write_text(yaml.safe_dump({f"{MODEL}:1.0.0": [upstream]}))
+            port = _free_port()
+            env = {**os.environ, "FLEET_RUNTIME": "static", "FLEET_STATIC_ENDPOINTS": str(endpoints_file),
+                   "FLEET_POLICIES": str(work / "policies")}  # fmt: skip
+            log = open(work / f"gateway-{name}.log", "wb")
+            procs.append(subprocess.Popen([str(Path(sys.executable).with_name("fleet")), "gateway", "--port", str(port)],
+                                          env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+            gateways[name] = f"http://127.0.0.1:{port}"
+        for url in (f"{echo_url}/", f"http://127.0.0.1:{nginx_echo_port}/", *(f"{g}/v2/health/ready" for g in gateways.values())):
+            _wait(url)
+        bento_bodies, oip_bodies = _bodies()
+        auth = {"Authorization": f"Bearer {key}"}
+        targets = {
+            "bento": [("direct", f"{bento_url}/predict", bento_bodies, {}),
+                      ("nginx", f"http://127.0.0.1:{nginx_bento_port}/predict", bento_bodies, {}),
+                      ("gateway", f"{gateways['bento']}/v2/models/{MODEL}/infer", oip_bodies, auth)],
+            "echo": [("direct", f"{echo_url}/predict", bento_bodies, {}),
+                     ("nginx", f"http://127.0.0.1:{nginx_echo_port}/predict", bento_bodies, {}),
+                     ("gateway", f"{gateways['echo']}/v2/models/{MODEL}/infer", oip_bodies, auth)],
+        }  # fmt: skip
+        results: dict[tuple[str, str, int], Result] = {}
+        for upstream, ways in targets.items():
+            for way, url, bodies, headers in ways:
+                load(url, bodies, concurrency=8, requests=300, headers=headers)  # warm up
+                for concurrency in (1, 16, 64):
+                    results[upstream, way, concurrency] = load(url, bodies, concurrency=concurrency,
+                                                               requests=args.requests, headers=headers)  # fmt: skip
+        _report(results, args.requests, {name: _gateway_split(url) for name, url in gateways.items()},
+                {name: _gateway_codes(url) for name, url in gateways.items()})
+    finally:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in procs:
+            proc.wait(timeout=20)
+        runtime.stop_all()
+
+
+def _report(results: dict, requests: int, splits: dict, codes: dict) -> None:  # noqa: ANN001
+    print(f"{requests} one-row requests per cell, wrk -t1, {os.cpu_count()} cores shared by load, proxy and upstream")
+    print(f"{'upstream':>8} {'conc':>4} | {'direct rps':>10} {'p50':>6} {'p99':>6} {'err':>4} | {'nginx rps':>9} {'p50':>6} "
+          f"{'p99':>6} {'err':>4} | {'gateway rps':>11} {'p50':>6} {'p99':>6} {'err':>4} | {'gw-direct p50':>13} "
+          f"{'gw/nginx rps':>12}")  # fmt: skip
+    for upstream in ("bento", "echo"):
+        for c in (1, 16, 64):
+            d, n, g = (results[upstream, w, c] for w in ("direct", "nginx", "gateway"))
+            print(f"{upstream:>8} {c:>4} | {d.rps:>10.0f} {d.p50_ms:>6.2f} {d.p99_ms:>6.1f} {d.errors:>4} | {n.rps:>9.0f} "
+                  f"{n.p50_ms:>6.2f} {n.p99_ms:>6.1f} {n.errors:>4} | {g.rps:>11.0f} {g.p50_ms:>6.2f} {g.p99_ms:>6.1f} {g.errors:>4} | "
+                  f"{g.p50_ms - d.p50_ms:>+10.2f} ms {g.rps / n.rps:>11.2f}x")  # fmt: skip
+    for name, split in splits.items():
+        if split:
+            total, upstream = split
+            print(f"inside the gateway ({name}): {total:.2f} ms a request on average, of which the upstream call "
+                  f"{upstream:.2f} ms; the gateway's own work {total - upstream:.2f} ms")
+    for name, by_code in codes.items():
+        print(f"gateway answers in front of {name}, by status: {dict(sorted(by_code.items()))}")
+    print("p50/p99 in ms; err: non-2xx answers and socket errors")
+
+
+if __name__ == "__main__":
+    main()
