@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import os
 import random
@@ -57,6 +58,10 @@ DEFAULT_SPEC = ModelSpec.model_validate({
     "slo": {"p99_ms": 1000.0, "error_rate": 0.01},
 })  # fmt: skip  (a model without a policy: 5 s timeout, 32 in flight per replica, no cache, 10 % logged)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+# Request ids: a random per-process prefix and a counter, unique across gateways without
+# asking the OS for randomness on every request (uuid4 did, and it showed in profiles).
+_ID_PREFIX = uuid.uuid4().hex[:12]
+_ID_COUNTER = itertools.count(1)
 
 
 class BodyTooLarge(FleetError):
@@ -100,7 +105,7 @@ class _Headers:
         started = time.monotonic()
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         state = scope.setdefault("state", {})
-        state["request_id"] = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        state["request_id"] = given if given and _REQUEST_ID.fullmatch(given) else f"{_ID_PREFIX}{next(_ID_COUNTER):x}"
         state.setdefault("model_version", "none")
 
         async def send_with_headers(message: Message) -> None:
@@ -396,7 +401,10 @@ def create_app(
         return json_response({"error": f"{exc.detail}: {request.method} {request.url.path}"}, exc.status_code)
 
     app = Starlette(
-        routes=[
+        routes=[  # inference first: the router tries routes in order
+            Route("/v2/models/{model}/infer", infer_v2, methods=["POST"]),
+            Route("/v2/models/{model}/versions/{version}/infer", infer_v2, methods=["POST"]),
+            Route("/v1/models/{target}", predict_v1, methods=["POST"]),
             Route("/v2", server_metadata),
             Route("/v2/health/live", live),
             Route("/v2/health/ready", ready),
@@ -404,9 +412,6 @@ def create_app(
             Route("/v2/models/{model}/ready", model_ready),
             Route("/v2/models/{model}/versions/{version}", model_metadata),
             Route("/v2/models/{model}/versions/{version}/ready", model_ready),
-            Route("/v2/models/{model}/infer", infer_v2, methods=["POST"]),
-            Route("/v2/models/{model}/versions/{version}/infer", infer_v2, methods=["POST"]),
-            Route("/v1/models/{target}", predict_v1, methods=["POST"]),
             Route("/metrics", metrics),
             *admin_routes(view.store, settings.admin_token, on_change=view.wake, stats=stats),
         ],

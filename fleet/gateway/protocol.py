@@ -7,10 +7,10 @@ well-formed body with the wrong tensors).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
+import orjson
 
 from fleet.errors import FleetError, InvalidInput
 from fleet.registry import TensorSpec
@@ -29,8 +29,8 @@ class MalformedBody(FleetError):
 
 def parse_json(body: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
         raise MalformedBody(f"request body is not valid JSON ({exc}); expected a JSON object") from None
     if not isinstance(data, dict):
         raise MalformedBody(f"request body is a JSON {type(data).__name__}; expected a JSON object")

@@ -33,10 +33,19 @@ def latency_bucket(ms: float) -> int:
     return bisect.bisect_left(LATENCY_BUCKETS_MS, ms)
 
 
-def score_bins(scores: np.ndarray) -> np.ndarray:
-    """Counts per PREDICTION_BINS bin of scores in [0, 1] (1.0 falls in the last bin)."""
-    idx = np.clip((np.asarray(scores, dtype=np.float64) * PREDICTION_BINS).astype(np.int64), 0, PREDICTION_BINS - 1)
-    return np.bincount(idx, minlength=PREDICTION_BINS)
+def score_bins(scores: np.ndarray) -> list[int]:
+    """Counts per PREDICTION_BINS bin of scores in [0, 1] (1.0 falls in the last bin).
+
+    Plain Python below 64 scores: numpy's call overhead is most of the cost for one row.
+    """
+    top = PREDICTION_BINS - 1
+    if len(scores) < 64:
+        counts = [0] * PREDICTION_BINS
+        for s in scores.tolist():
+            counts[min(max(int(s * PREDICTION_BINS), 0), top)] += 1
+        return counts
+    idx = np.clip((np.asarray(scores, dtype=np.float64) * PREDICTION_BINS).astype(np.int64), 0, top)
+    return np.bincount(idx, minlength=PREDICTION_BINS).tolist()
 
 
 class _Series:
@@ -66,13 +75,14 @@ class WindowedStats:
             series = self._series[model, version] = _Series()
         return series.slot(self._clock())
 
-    def answered(self, model: str, version: str, latency_ms: float, bins: np.ndarray | None) -> None:
+    def answered(self, model: str, version: str, latency_ms: float, bins: list[int] | None) -> None:
         slot = self._slot(model, version)
         slot[_REQ] += 1
         slot[_LAT + latency_bucket(latency_ms)] += 1
         if bins is not None:
-            for i, n in enumerate(bins.tolist()):
-                slot[_PRED + i] += n
+            for i, n in enumerate(bins):
+                if n:
+                    slot[_PRED + i] += n
 
     def failed(self, model: str, version: str, error_class: str) -> None:
         slot = self._slot(model, version)

@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from fleet.gateway.stats import WindowedStats, score_bins
-from fleet.types import LATENCY_BUCKETS_MS
+from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS
 
 _SECONDS = tuple(b / 1000 for b in LATENCY_BUCKETS_MS) + (float("inf"),)
 
@@ -62,25 +62,44 @@ class Telemetry:
                            registry=r)  # fmt: skip
         self.log_rows = Counter("fleet_inference_log_rows", "Inference log rows", ["model", "outcome"], registry=r)
         r.register(_QueueDepth(queue_depths))
+        self._children: dict[tuple[str, str], tuple] = {}
+        self._finished: dict[tuple[str, str, str, int], tuple] = {}
+
+    def _version(self, model: str, version: str) -> tuple:
+        """The labelled children of one version, looked up once (``labels()`` is not free)."""
+        children = self._children.get((model, version))
+        if children is None:
+            children = self._children[model, version] = (
+                self.version_requests.labels(model, version), self.upstream.labels(model, version),
+                [self.predictions.labels(model, version, str(i)) for i in range(PREDICTION_BINS)],
+            )  # fmt: skip
+        return children
 
     def answered(self, model: str, version: str, upstream_ms: float, result: np.ndarray) -> None:
         """A version answered: windowed stats, upstream latency and the predicted scores."""
         scores = result[:, -1] if result.ndim == 2 else result.ravel()
         bins = score_bins(scores)
         self.stats.answered(model, version, upstream_ms, bins)
-        self.version_requests.labels(model, version).inc()
-        self.upstream.labels(model, version).observe(upstream_ms / 1000)
-        for i in np.flatnonzero(bins).tolist():
-            self.predictions.labels(model, version, str(i)).inc(int(bins[i]))
+        requests, upstream, predictions = self._version(model, version)
+        requests.inc()
+        upstream.observe(upstream_ms / 1000)
+        for i, n in enumerate(bins):
+            if n:
+                predictions[i].inc(n)
 
     def failed(self, model: str, version: str, error_class: str) -> None:
         self.stats.failed(model, version, error_class)
-        self.version_requests.labels(model, version).inc()
+        self._version(model, version)[0].inc()
         self.version_errors.labels(model, version, error_class).inc()
 
     def finished(self, model: str, version: str, tenant: str, status: int, total_ms: float) -> None:
-        self.requests.labels(model, version, tenant, str(status)).inc()
-        self.duration.labels(model, version, tenant).observe(total_ms / 1000)
+        key = (model, version, tenant, status)
+        children = self._finished.get(key)
+        if children is None:
+            children = self._finished[key] = (self.requests.labels(model, version, tenant, str(status)),
+                                              self.duration.labels(model, version, tenant))  # fmt: skip
+        children[0].inc()
+        children[1].observe(total_ms / 1000)
 
     def shadow_result(self, model: str, version: str, outcome: str, shadow_ms: float | None, served_ms: float) -> None:
         self.shadow.labels(model, version, outcome).inc()

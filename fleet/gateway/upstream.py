@@ -89,6 +89,9 @@ class Pool:
         """Replicas to try, best first: those not ejected, by fewest in flight. As the last
         resort (no other version to ask), the ejected one due back soonest too."""
         now = time.monotonic()
+        if len(self.replicas) == 1:
+            only = self.replicas[0]
+            return [only] if not only.ejected(now) or last_resort else []
         self.turn += 1
         n = len(self.replicas)
         rotated = [self.replicas[(self.turn + i) % n] for i in range(n)]
