@@ -257,7 +257,7 @@ def validate(frame: Any, expectations: Sequence[ExpectationSpec], *, name: str =
     ]
     suite = context.suites.add(gx.ExpectationSuite(name=name, expectations=configs))
     definition = context.validation_definitions.add(gx.ValidationDefinition(name=name, data=batch, suite=suite))
-    run = definition.run(batch_parameters={"dataframe": _gx_frame(frame, expectations)}, result_format="SUMMARY")
+    run = definition.run(batch_parameters={"dataframe": _gx_frame(frame, expectations)}, result_format="BASIC")
     # GX returns results in its own order; match them back by expectation id
     by_id = {r.expectation_config.id: r for r in run.results}
     missing = {e.column for e in expectations} - set(frame.columns)

@@ -10,7 +10,7 @@ import numpy as np
 from scipy import special, stats
 
 EPSILON = 1e-4
-KS_EXACT_N = 100_000  # effective sample size up to which the KS p-value is scipy's own
+KS_EXACT_N = 10_000  # effective sample size up to which the KS p-value is scipy's own
 
 
 # -- statistics over proportions: rows are features, columns bins (1-D works too) ------------
@@ -82,7 +82,7 @@ def ks(
     statistic is the sample's as the sketch's interpolated CDF estimates it (``_ks_sketch``);
     with ties (discrete data, whose CDF is a step function anyway) the sketch's own.
     p-value: scipy's for an effective n = n_u·n_v/(n_u + n_v) up to ``KS_EXACT_N``, the
-    limiting Kolmogorov distribution above.
+    corrected limiting Kolmogorov distribution above.
     """
     m = float(n_reference or u.size)
     if bounds is not None and m > u.size and (np.diff(u) > 0).all():
@@ -98,7 +98,9 @@ def ks(
     if en <= KS_EXACT_N:
         p = stats.kstwo.sf(d, en)  # what ks_2samp(method="asymp") computes
     else:
-        # kstwo's exact sums take up to a second each at this size; the limiting
-        # distribution is within 0.5 % of it here, and KS only ever informs.
-        p = stats.kstwobign.sf(d * np.sqrt(en))
+        # kstwo's exact sums take from 10 ms to a second each above this size. The limiting
+        # distribution at √n·d + 1/(6√n) (its first-order finite-n correction) is within
+        # 0.5 % of kstwo for p > 1e-10 from n = 10^4, 0.05 % from 10^5; KS only informs.
+        root = np.sqrt(en)
+        p = stats.kstwobign.sf(d * root + 1 / (6 * root))
     return d, float(np.clip(p, 0.0, 1.0))
