@@ -2,12 +2,15 @@
 
 A lease is an object created with must-not-exist. Its holder renews it as it makes
 progress (a conditional write on its own ETag); a lease not renewed for ``stale_after`` is
-taken to belong to a crashed holder and may be taken over. A holder whose renewal fails
+taken to belong to a crashed holder and may be taken over, and so is one whose holder ran
+on this host in a process that no longer exists. A holder whose renewal fails
 has been taken over and must stop before it commits anything.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import uuid
 from datetime import datetime, timedelta
 
@@ -25,6 +28,20 @@ class LeaseRecord(BaseModel):
     who: str
     acquired_at: datetime
     renewed_at: datetime
+    host: str | None = None  # where the holder runs, so a dead holder on this host is seen at once
+    pid: int | None = None
+
+    def holder_gone(self) -> bool:
+        """True when the holder ran on this host and its process no longer exists."""
+        if self.host != socket.gethostname() or self.pid is None:
+            return False  # elsewhere: only time can tell
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
 
 
 class Lease:
@@ -54,13 +71,14 @@ class Lease:
 def acquire(store: ObjectStore, key: str, *, what: str, who: str, stale_after: timedelta) -> Lease:
     """Take the lease at ``key`` or raise ``Conflict`` naming its live holder."""
     now = audit.now()
-    record = LeaseRecord(id=uuid.uuid4().hex, who=who, acquired_at=now, renewed_at=now)
+    record = LeaseRecord(id=uuid.uuid4().hex, who=who, acquired_at=now, renewed_at=now,
+                         host=socket.gethostname(), pid=os.getpid())  # fmt: skip
     try:
         return Lease(store, key, what, record, records.create(store, key, record), taken_over=False)
     except PreconditionFailed:
         pass
     held, etag = records.load_or_none(store, key, LeaseRecord)
-    if held is not None and now - held.renewed_at < stale_after:
+    if held is not None and now - held.renewed_at < stale_after and not held.holder_gone():
         raise Conflict(
             f"{what} is in progress by {held.who} since {held.acquired_at:%Y-%m-%d %H:%M:%S} UTC "
             f"(last progress {held.renewed_at:%H:%M:%S}); wait for it to finish"

@@ -15,11 +15,18 @@ FEATURES = ("income", "debt_ratio", "age", "tenure")
 LABEL_NOISE = 0.03
 
 
-def generate(rows: int, seed: int, shift: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """``rows`` × 4 float32 features and int64 labels, the same for the same arguments."""
+THRESHOLD = 0.25
+
+
+def generate(rows: int, seed: int, shift: float = 0.0, threshold: float = THRESHOLD) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` × 4 float32 features and int64 labels, the same for the same arguments.
+
+    ``threshold`` other than 0.25 labels by a different rule: a model trained on it predicts
+    a shifted distribution on the same traffic (how a bad version is made on purpose).
+    """
     rng = np.random.default_rng(seed)
     x = rng.normal(loc=shift, scale=1.0, size=(rows, len(FEATURES))).astype(np.float32)
-    y = (rule(x) > 0.25).astype(np.int64)
+    y = (rule(x) > threshold).astype(np.int64)
     flip = rng.random(rows) < LABEL_NOISE
     y[flip] = 1 - y[flip]
     return x, y

@@ -44,6 +44,7 @@ class Predictor:
                 raise ValueError("int8 dynamic quantization runs on the CPU only")
             net = torch.ao.quantization.quantize_dynamic(net, {nn.Linear}, dtype=torch.qint8)
         self.net = net.to(self.device)
+        self.faults: dict[str, float] = self.config.get("faults", {})
         self.mean = torch.tensor(self.config["mean"], dtype=torch.float32, device=self.device)
         self.std = torch.tensor(self.config["std"], dtype=torch.float32, device=self.device)
 

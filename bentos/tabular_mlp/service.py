@@ -8,6 +8,8 @@ checksum-verified artifact imported into BentoML's model store as ``<model>:<ver
 from __future__ import annotations
 
 import json
+import random
+import time
 from pathlib import Path
 
 import bentoml
@@ -28,6 +30,7 @@ class TabularClassifier:
 
     def __init__(self) -> None:
         self.predictor = Predictor(self.model_ref.path, quantize=BUILD["quantize"])
+        self.faults = self.predictor.faults  # built into a version on purpose, to rehearse rollbacks
 
     @bentoml.api(
         batchable=BUILD["batching"]["batchable"],
@@ -37,10 +40,14 @@ class TabularClassifier:
     )
     def predict(self, features: np.ndarray) -> np.ndarray:
         """features [n, 4] float32 → class probabilities [n, 2]."""
+        if self.faults:
+            time.sleep(self.faults.get("latency_ms", 0.0) / 1000)
+            if random.random() < self.faults.get("error_rate", 0.0):
+                raise RuntimeError("fault built into this version: a share of requests fails")
         return self.predictor.predict_proba(features)
 
     @bentoml.api
     def metadata(self) -> dict:
         return {k: BUILD[k] for k in ("model", "version", "artifact_sha256", "quantize")} | {
-            "device": str(self.predictor.device)
+            "device": str(self.predictor.device), "faults": self.faults,
         }

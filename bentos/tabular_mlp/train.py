@@ -34,6 +34,11 @@ class TrainConfig:
     batch_size: int = 256
     holdout: float = 0.2
     data_shift: float = 0.0
+    label_threshold: float = data.THRESHOLD
+    # Faults built into the version, to rehearse a rollback (fleet demo, the rollout tests):
+    # this share of requests fails with HTTP 500, and every answer waits this much longer.
+    fault_error_rate: float = 0.0
+    fault_latency_ms: float = 0.0
 
 
 def train(config: TrainConfig, out: Path) -> VersionMetadata:
@@ -43,7 +48,7 @@ def train(config: TrainConfig, out: Path) -> VersionMetadata:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # reductions in one order: the same bytes every run
     try:
-        x, y = data.generate(config.rows, config.seed, config.data_shift)
+        x, y = data.generate(config.rows, config.seed, config.data_shift, config.label_threshold)
         split = int(len(x) * (1 - config.holdout))
         x_train, y_train, x_test, y_test = x[:split], y[:split], x[split:], y[split:]
         mean, std = x_train.mean(axis=0), x_train.std(axis=0) + 1e-6
@@ -64,6 +69,8 @@ def train(config: TrainConfig, out: Path) -> VersionMetadata:
             "architecture": "mlp", "inputs": x.shape[1], "hidden": list(config.hidden), "classes": 2,
             "features": list(data.FEATURES), "mean": mean.tolist(), "std": std.tolist(),
         }  # fmt: skip
+        if config.fault_error_rate or config.fault_latency_ms:
+            model_config["faults"] = {"error_rate": config.fault_error_rate, "latency_ms": config.fault_latency_ms}
         save(out, net, model_config)
     finally:
         torch.set_num_threads(threads)
@@ -76,7 +83,8 @@ def train(config: TrainConfig, out: Path) -> VersionMetadata:
         outputs=[TensorSpec(name="probabilities", datatype="FP32", shape=[-1, 2])],
         hyperparameters={k: list(v) if isinstance(v, tuple) else v for k, v in vars(config).items()},
         training_data=TrainingData(
-            uri=f"generated://tabular-mlp?rows={config.rows}&seed={config.seed}&shift={config.data_shift}",
+            uri=f"generated://tabular-mlp?rows={config.rows}&seed={config.seed}&shift={config.data_shift}"
+            + (f"&threshold={config.label_threshold}" if config.label_threshold != data.THRESHOLD else ""),
             sha256=data.digest(x, y),
         ),
         metrics=evaluate(proba, y_test),

@@ -110,10 +110,22 @@ def train(
     rows: Annotated[int, typer.Option(min=100, help="Generated training rows.")] = 20_000,
     epochs: Annotated[int, typer.Option(min=1)] = 25,
     parent: Annotated[str | None, typer.Option(help="Version this one derives from.")] = None,
+    label_threshold: Annotated[
+        float, typer.Option(help="Label by rule > this (0.25 is the true rule; other values make a model that predicts a shifted distribution).")
+    ] = 0.25,
+    fault_error_rate: Annotated[
+        float, typer.Option(min=0, max=1, help="Rehearsal: this share of the version's requests fail with HTTP 500.")
+    ] = 0.0,
+    fault_latency_ms: Annotated[
+        float, typer.Option(min=0, help="Rehearsal: every answer of the version waits this much longer.")
+    ] = 0.0,
     policies: Annotated[Path, typer.Option("--policies", envvar="FLEET_POLICIES")] = Path("policies"),
     json: JsonFlag = False,
 ) -> None:
-    """Train a version of MODEL's family on generated data and register it."""
+    """Train a version of MODEL's family on generated data and register it.
+
+    The --fault-* options build a deliberately bad version, to rehearse a rollback.
+    """
     from fleet.runtime.bento import family_module
     from fleet.spec import load_policies
 
@@ -121,8 +133,11 @@ def train(
     trainer = importlib.import_module(f"{family.__name__}.train")
     with err_console.status(f"training {model}:{version} ..."):
         mv = trainer.train_and_register(
-            registry().store, model, version, trainer.TrainConfig(seed=seed, rows=rows, epochs=epochs), parent=parent
-        )
+            registry().store, model, version,
+            trainer.TrainConfig(seed=seed, rows=rows, epochs=epochs, label_threshold=label_threshold,
+                                fault_error_rate=fault_error_rate, fault_latency_ms=fault_latency_ms),
+            parent=parent,
+        )  # fmt: skip
     if json:
         emit_json(mv)
     else:

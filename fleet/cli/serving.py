@@ -18,11 +18,9 @@ DEFAULT_POLICIES = Path("policies")
 
 
 def _runtime(policies_path: Path):  # noqa: ANN202
-    from fleet.runtime import open_runtime
-    from fleet.runtime.bento import bentoml_home
+    from fleet.runtime.packaged import packaged_runtime
 
-    bentoml_home()  # the served Bentos live in the same BentoML home as the built ones
-    return open_runtime(bento_for=lambda model, version: _package(model, version, policies_path).bento)
+    return packaged_runtime(policies_path, log=lambda line: err_console.print(f"[dim]{line}[/]"))
 
 
 def _package(model: str, version: str, policies_path: Path, quantize: bool = False, force: bool = False):  # noqa: ANN202

@@ -1,0 +1,368 @@
+"""Canary rollout as a state machine over stored state, one tick at a time.
+
+``rollouts/<model>.json`` holds where a rollout is (``RolloutState``); every method here
+reads what it needs, acts (a route change, a deploy, a verdict), stores the new state and
+returns it. The Prefect flow (``flows/rollout.py``) only calls these in order and sleeps
+between ticks, so a flow that died is resumed — or rolled back — by the next run from the
+stored state alone.
+
+Phases: ``preflight`` → ``deploy`` → ``shadow`` (optional) → ``step`` (one per weight of
+the policy, judged by ``fleet.analysis``) → ``approval`` (optional, before 100 %) →
+``promote`` → ``promoted``; or ``rolled_back`` (weights back to stable, canary undeployed
+and ``rejected``) or ``rejected`` (preflight refused it; nothing was routed).
+
+Invariant: routing never points at a version that is not running. The canary is deployed
+and ready before it gets weight; a rollback moves traffic first and undeploys after; the
+previous stable is undeployed only after the rollback window, and only if nothing routes
+to it any more.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from fleet import analysis, audit, gateways, records
+from fleet.errors import Conflict, FleetError, InvalidInput
+from fleet.registry import ModelVersion, Registry, State
+from fleet.rollback import rollback
+from fleet.router import Router
+from fleet.spec import RolloutPolicy
+from fleet.types import ArmWindow, MetricsSource, ObjectStore, Runtime
+from fleet.validation import explain
+
+Phase = Literal["preflight", "deploy", "shadow", "step", "approval", "promote", "promoted", "rolled_back", "rejected"]
+TERMINAL = frozenset({"promoted", "rolled_back", "rejected"})
+
+
+class RolloutFailed(FleetError):
+    """The rollout ended without promoting; the message names the breached gate."""
+
+    status = 409
+
+
+class StepReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    phase: str  # shadow | step
+    weight: float
+    started: float
+    ended: float | None = None
+    outcome: str = "running"  # running | advance | rollback | interrupted
+    summary: str = ""
+    gates: list[dict[str, str]] = []
+    canary_requests: int = 0
+    stable_requests: int = 0
+    ticks: int = 0
+
+
+class RolloutState(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    version: str
+    champion: str  # the stable version the rollout started from
+    run_id: str
+    phase: Phase = "preflight"
+    step: int = -1  # index into the policy's steps; -1 before the first
+    weight: float = 0.0
+    step_started: float = 0.0
+    baseline: dict[str, Any] | None = None  # the stable's last judged window (for the 100 % step)
+    reports: list[StepReport] = []
+    preflight: list[dict[str, str]] = []
+    reason: str = ""
+    breached: list[str] = []
+    started_at: datetime
+    updated_at: datetime
+
+    @property
+    def done(self) -> bool:
+        return self.phase in TERMINAL
+
+
+def state_key(model: str) -> str:
+    return f"rollouts/{model}.json"
+
+
+def lease_key(model: str) -> str:
+    return f"rollouts/{model}.lease"
+
+
+def apply_overrides(policy: RolloutPolicy, overrides: dict[str, Any]) -> RolloutPolicy:
+    """The policy with ``overrides`` merged in (nested for ``gates``), validated as a whole."""
+    if not overrides:
+        return policy
+    data = policy.model_dump()
+    for key, value in overrides.items():
+        data[key] = {**data[key], **value} if isinstance(value, dict) and isinstance(data.get(key), dict) else value
+    try:
+        return RolloutPolicy.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidInput("rollout policy overrides refused: " + "; ".join(explain(exc, RolloutPolicy))) from None
+
+
+def _window(data: dict[str, Any]) -> ArmWindow:
+    return ArmWindow(**{**data, "latency_ms": tuple(data["latency_ms"]), "predictions": tuple(data["predictions"])})
+
+
+class Rollout:
+    def __init__(
+        self,
+        store: ObjectStore,
+        runtime: Runtime,
+        metrics: MetricsSource,
+        policy: RolloutPolicy,
+        *,
+        clock: Callable[[], float] = time.time,
+        notify: Callable[[ObjectStore], object] = gateways.notify,
+        emit: Callable[[str, dict[str, Any]], None] = lambda event, payload: None,
+        who: str = "",
+    ) -> None:
+        self.store, self.runtime, self.metrics, self.policy = store, runtime, metrics, policy
+        self.registry = Registry(store)
+        self.router = Router(store, self.registry)
+        self.clock, self.notify, self.emit = clock, notify, emit
+        self.who = who or audit.actor()
+
+    # -- state --------------------------------------------------------------------------
+    def load(self, model: str) -> RolloutState | None:
+        return records.load_or_none(self.store, state_key(model), RolloutState)[0]
+
+    def _save(self, state: RolloutState, **changes: Any) -> RolloutState:
+        new = state.model_copy(update={**changes, "updated_at": audit.now()})
+        self.store.put(state_key(state.model), records.dump(new))  # only the lease holder writes it
+        return new
+
+    def _event(self, name: str, state: RolloutState, **extra: Any) -> None:
+        self.emit(f"fleet.rollout.{name}", {"model": state.model, "version": state.version, "phase": state.phase,
+                                            "weight": state.weight, "run_id": state.run_id, **extra})  # fmt: skip
+
+    def _route(self, state: RolloutState, why: str, **changes: Any) -> None:
+        self.router.set(state.model, why=f"rollout of {state.version}: {why}", who=self.who, **changes)
+        self.notify(self.store)
+
+    # -- begin / resume -----------------------------------------------------------------
+    def begin(self, model: str, version: str, run_id: str) -> RolloutState:
+        """Start a rollout, or resume the stored one of the same version; call under the lease."""
+        stored = self.load(model)
+        if stored is not None and not stored.done:
+            if stored.version == version:
+                state = self._save(stored, run_id=run_id)
+                self._event("resumed", state)
+                return self._recover(state)
+            self._rollback(stored, f"abandoned: a rollout of {version} started after this one's run stopped", [])
+        table = self.router.get(model)
+        if table.stable is None:
+            raise InvalidInput(f"{model} has no stable version to canary against; set one with `fleet route set --stable`")
+        if table.stable == version:
+            raise Conflict(f"{model}:{version} is already the stable version")
+        if table.canary is not None:
+            raise Conflict(f"{model} already has canary {table.canary.version} at {table.canary.weight:g}% that no "
+                           "rollout owns; remove it (fleet route set --no-canary) or roll it back first")  # fmt: skip
+        now = audit.now()
+        state = RolloutState(model=model, version=version, champion=table.stable, run_id=run_id,
+                             started_at=now, updated_at=now)  # fmt: skip
+        state = self._save(state)
+        self._event("started", state, champion=table.stable)
+        return state
+
+    def _recover(self, state: RolloutState) -> RolloutState:
+        """After an interruption: go on only if routing still matches what was stored and the
+        canary still runs; otherwise roll back (the safe way out)."""
+        if state.phase in ("preflight", "deploy"):
+            return state
+        table = self.router.get(state.model)
+        running = any(d.model == state.model and d.version == state.version for d in self.runtime.list())
+        routed = (table.canary and table.canary.version == state.version) or (
+            table.shadow and table.shadow.version == state.version) or table.stable == state.version  # fmt: skip
+        if not running and state.phase != "promoted":
+            return self._rollback(state, "the canary was not running when the interrupted rollout resumed", [])
+        if state.phase in ("step", "shadow") and not routed:
+            return self._ended_elsewhere(state, table)
+        if state.phase in ("step", "shadow"):  # the step starts over: its window before the crash is not trusted
+            return self._save(state, step_started=self.clock())
+        return state
+
+    # -- preflight ------------------------------------------------------------------------
+    def run_preflight(self, state: RolloutState) -> RolloutState:
+        """Checksums, schema compatible with the champion, offline metrics not worse than it."""
+        candidate = self.registry.verify(state.model, state.version)
+        champion = self.registry.get(state.model, state.champion)
+        checks = [
+            {"check": "checksums", "status": "pass", "detail": f"{len(candidate.files)} file(s) match the manifest"},
+            _schema_check(candidate, champion),
+            _offline_check(candidate, champion, self.policy.offline_tolerance),
+        ]
+        if candidate.state not in (State.REGISTERED, State.CANARY):
+            checks.append({"check": "state", "status": "fail",
+                           "detail": f"{candidate.ref} is {candidate.state}; expected registered"})  # fmt: skip
+        failed = [c for c in checks if c["status"] == "fail"]
+        if failed:
+            reason = "preflight failed: " + "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
+            if candidate.state == State.REGISTERED:
+                self.registry.transition(state.model, state.version, State.REJECTED, why=reason, who=self.who)
+            state = self._save(state, phase="rejected", preflight=checks, reason=reason,
+                               breached=[c["check"] for c in failed])  # fmt: skip
+            self._event("rejected", state, reason=reason)
+            return state
+        return self._save(state, phase="deploy", preflight=checks)
+
+    # -- deploy -------------------------------------------------------------------------
+    def deploy(self, state: RolloutState, replicas: int = 1) -> RolloutState:
+        """Run the canary and wait until it is ready; only then does it get traffic."""
+        try:
+            self.runtime.deploy(state.model, state.version, replicas)
+        except FleetError as exc:
+            return self._rollback(state, f"the canary did not start: {exc}", ["deploy"])
+        self._event("deployed", state)
+        if self.policy.shadow_percent > 0 and self.policy.shadow_duration_s > 0:
+            self._route(state, f"shadow {self.policy.shadow_percent:g}%", shadow=state.version,
+                        shadow_percent=self.policy.shadow_percent)  # fmt: skip
+            now = self.clock()
+            report = StepReport(phase="shadow", weight=0.0, started=now)
+            return self._save(state, phase="shadow", step_started=now, reports=[*state.reports, report])
+        return self._next_step(state)
+
+    def _next_step(self, state: RolloutState) -> RolloutState:
+        step = state.step + 1
+        if step >= len(self.policy.steps):
+            return self._save(state, phase="promote")
+        weight = float(self.policy.steps[step])
+        if weight >= 100 and self.policy.manual_approval and state.phase != "approval":
+            state = self._save(state, phase="approval")
+            self._event("awaiting-approval", state)
+            return state
+        self._route(state, f"step {step + 1}/{len(self.policy.steps)} at {weight:g}%", canary=state.version, weight=weight)
+        now = self.clock()
+        report = StepReport(phase="step", weight=weight, started=now)
+        state = self._save(state, phase="step", step=step, weight=weight, step_started=now,
+                           reports=[*state.reports, report])  # fmt: skip
+        self._event("step", state, step=step + 1, steps=len(self.policy.steps))
+        return state
+
+    # -- ticks ----------------------------------------------------------------------------
+    def tick(self, state: RolloutState) -> tuple[RolloutState, analysis.Verdict | None]:
+        """Judge the current step's traffic so far and act on the verdict."""
+        if state.phase not in ("shadow", "step"):
+            return state, None
+        table = self.router.get(state.model)
+        mine = table.shadow.version == state.version if state.phase == "shadow" and table.shadow else (
+            table.canary is not None and table.canary.version == state.version)  # fmt: skip
+        if not mine:
+            return self._ended_elsewhere(state, table), None
+        now = self.clock()
+        t0 = state.step_started
+        stable = self.metrics.window(state.model, state.champion, t0, now)
+        canary = self.metrics.window(state.model, state.version, t0, now)
+        reference = stable
+        if state.phase == "step" and state.weight >= 100:
+            reference = _window(state.baseline) if state.baseline else self._pre_step_baseline(state, t0)
+        verdict = analysis.judge(reference, canary, self.policy, step_started=t0,
+                                 phase="shadow" if state.phase == "shadow" else "canary")  # fmt: skip
+        report = state.reports[-1].model_copy(update={
+            "summary": verdict.summary, "gates": verdict.table(), "canary_requests": verdict.canary_requests,
+            "stable_requests": verdict.stable_requests, "ticks": state.reports[-1].ticks + 1,
+        })  # fmt: skip
+        state = self._save(state, reports=[*state.reports[:-1], report])
+        self._event("verdict", state, outcome=verdict.outcome, summary=verdict.summary)
+        if verdict.outcome == "hold":
+            return state, verdict
+        if verdict.outcome == "rollback":
+            closed = report.model_copy(update={"outcome": "rollback", "ended": now})
+            state = self._save(state, reports=[*state.reports[:-1], closed])
+            gates = [g.gate for g in verdict.breaches]
+            reason = f"gate {', '.join(gates)} breached at {state.weight:g}%: {verdict.summary.removeprefix('roll back: ')}"
+            return self._rollback(state, reason, gates), verdict
+        if state.phase == "shadow" and now - t0 < self.policy.shadow_duration_s:
+            return state, verdict  # the gates pass; the shadow phase still runs its full duration
+        closed = report.model_copy(update={"outcome": "advance", "ended": now})
+        baseline = asdict(stable) if stable.requests else state.baseline
+        state = self._save(state, reports=[*state.reports[:-1], closed], baseline=baseline)
+        if state.phase == "shadow":
+            self._route(state, "shadow phase passed", clear_shadow=True)
+        return self._next_step(state), verdict
+
+    def _pre_step_baseline(self, state: RolloutState, t0: float) -> ArmWindow:
+        """The stable's traffic in the analysis window just before a 100 % first step."""
+        return self.metrics.window(state.model, state.champion, t0 - self.policy.analysis_window_s, t0)
+
+    def approve(self, state: RolloutState, approved: bool, by: str, note: str = "") -> RolloutState:
+        if state.phase != "approval":
+            raise Conflict(f"the rollout of {state.model}:{state.version} is {state.phase}, not waiting for approval")
+        if not approved:
+            return self._rollback(state, f"not approved by {by}{': ' + note if note else ''}", ["approval"])
+        self._event("approved", state, by=by)
+        return self._next_step(state)
+
+    # -- endings --------------------------------------------------------------------------
+    def promote(self, state: RolloutState) -> RolloutState:
+        self._route(state, "promoted: every step passed", stable=state.version, clear_shadow=_shadowed(self.router, state))
+        state = self._save(state, phase="promoted", weight=100.0, reason="every step passed")
+        self._event("promoted", state, previous=state.champion)
+        return state
+
+    def retire_previous(self, state: RolloutState) -> bool:
+        """Undeploy the previous stable unless something routes to it again; True if undeployed."""
+        table = self.router.get(state.model)
+        if state.champion in table.referenced_versions():
+            return False
+        self.runtime.undeploy(state.model, state.champion)
+        return True
+
+    def _rollback(self, state: RolloutState, reason: str, breached: list[str]) -> RolloutState:
+        table = self.router.get(state.model)
+        if table.canary is not None and table.canary.version == state.version:
+            rollback(self.router, state.model, why=f"rollout of {state.version}: {reason}", who=self.who)
+        if table.shadow is not None and table.shadow.version == state.version:
+            self.router.set(state.model, clear_shadow=True, why=f"rollout of {state.version}: {reason}", who=self.who)
+        self.notify(self.store)
+        if self.registry.states(state.model).get(state.version) in (State.REGISTERED, State.CANARY):
+            self.registry.transition(state.model, state.version, State.REJECTED, why=reason, who=self.who)
+        if state.version not in self.router.get(state.model).referenced_versions():
+            self.runtime.undeploy(state.model, state.version)  # traffic moved first, then the process goes
+        state = self._save(state, phase="rolled_back", weight=0.0, reason=reason, breached=breached)
+        self._event("rolled-back", state, reason=reason, breached=breached)
+        return state
+
+    def _ended_elsewhere(self, state: RolloutState, table: Any) -> RolloutState:
+        """Someone changed the route under the rollout (a manual rollback, say): stop here."""
+        reason = f"the route changed outside the rollout (revision {table.revision} by {table.updated_by}: {table.reason})"
+        return self._rollback(state, reason, ["route"])
+
+
+def _shadowed(router: Router, state: RolloutState) -> bool:
+    table = router.get(state.model)
+    return table.shadow is not None and table.shadow.version == state.version
+
+
+def _schema_check(candidate: ModelVersion, champion: ModelVersion) -> dict[str, str]:
+    """The candidate must accept what the champion accepts and answer in the same shape."""
+    problems = []
+    for kind in ("inputs", "outputs"):
+        mine, theirs = getattr(candidate, kind), getattr(champion, kind)
+        by_name = {t.name: t for t in mine}
+        for spec in theirs:
+            got = by_name.get(spec.name)
+            if got is None:
+                problems.append(f"{kind} {spec.name!r} is missing")
+            elif got.datatype != spec.datatype or len(got.shape) != len(spec.shape) or any(
+                a != -1 and a != b for a, b in zip(got.shape, spec.shape)
+            ):
+                problems.append(f"{kind} {spec.name!r} is {got.datatype} {got.shape}, the champion's {spec.datatype} {spec.shape}")
+    if problems:
+        return {"check": "schema", "status": "fail", "detail": f"not compatible with {champion.ref}: " + "; ".join(problems)}
+    return {"check": "schema", "status": "pass", "detail": f"inputs and outputs compatible with {champion.ref}"}
+
+
+def _offline_check(candidate: ModelVersion, champion: ModelVersion, tolerance: float) -> dict[str, str]:
+    metric = next((m for m in ("accuracy", "f1") if m in candidate.metrics and m in champion.metrics), None)
+    if metric is None:
+        return {"check": "offline metrics", "status": "pass", "detail": "no metric both versions report; not compared"}
+    mine, theirs = candidate.metrics[metric], champion.metrics[metric]
+    detail = f"{metric} {mine:.4f} vs champion {champion.version} {theirs:.4f} (tolerance {tolerance:g})"
+    return {"check": "offline metrics", "status": "pass" if mine >= theirs - tolerance else "fail", "detail": detail}

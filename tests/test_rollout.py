@@ -1,0 +1,245 @@
+"""The rollout state machine tick by tick, against fakes: a memory store, a fake runtime,
+in-memory metrics and a clock the test moves (the end-to-end flow is in test_rollout_flow)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleet.errors import Conflict, InvalidInput
+from fleet.metrics import MemoryMetrics
+from fleet.registry import Registry, State, TensorSpec, VersionMetadata
+from fleet.rollout import Rollout, apply_overrides
+from fleet.router import Router
+from fleet.spec import load_policies
+from fleet.store import MemoryStore
+from fleet.types import Deployment
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "demo"
+T0 = 1_000_000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeRuntime:
+    """Records deploys; an undeploy while a route still points at the version is a bug."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store, self.running, self.fail = store, {"1.0.0"}, False
+        self.log: list[str] = []
+
+    def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment:
+        if self.fail:
+            from fleet.runtime.local import DeployFailed
+
+            raise DeployFailed(f"{model}:{version} exited while starting")
+        self.running.add(version)
+        self.log.append(f"deploy {version}")
+        return Deployment(model, version, (f"http://fake/{version}",))
+
+    def undeploy(self, model: str, version: str) -> None:
+        assert version not in Router(self.store).get(model).referenced_versions(), f"{version} still routed"
+        self.running.discard(version)
+        self.log.append(f"undeploy {version}")
+
+    def list(self) -> list[Deployment]:
+        return [Deployment(MODEL, v, (f"http://fake/{v}",)) for v in sorted(self.running)]
+
+    def health(self, model: str, version: str) -> dict[str, bool]:
+        return {f"http://fake/{version}": version in self.running}
+
+
+def meta(accuracy: float = 0.95, inputs: int = 4) -> VersionMetadata:
+    return VersionMetadata(framework="torch", metrics={"accuracy": accuracy},
+                           inputs=[TensorSpec(name="features", datatype="FP32", shape=[-1, inputs])],
+                           outputs=[TensorSpec(name="probabilities", datatype="FP32", shape=[-1, 2])])  # fmt: skip
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> dict:
+    store = MemoryStore()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "w").write_text("w")
+    reg = Registry(store)
+    reg.register(MODEL, "1.0.0", tmp_path / "a", meta())
+    reg.register(MODEL, "1.1.0", tmp_path / "a", meta(0.951))
+    reg.register(MODEL, "1.2.0", tmp_path / "a", meta(0.80))  # worse offline
+    reg.register(MODEL, "2.0.0", tmp_path / "a", meta(inputs=5))  # another input shape
+    Router(store).set(MODEL, stable="1.0.0", why="first")
+    policy = apply_overrides(load_policies(ROOT / "policies").rollout["default"],
+                             {"steps": [10, 50, 100], "analysis_window_s": 60, "min_samples": 100, "hold_deadline_s": 600,
+                              "gates": {"max_error_rate_increase": 0.02}})  # fmt: skip
+    clock, metrics, events = Clock(), MemoryMetrics(), []
+    runtime = FakeRuntime(store)
+    rollout = Rollout(store, runtime, metrics, policy, clock=clock, notify=lambda s: None,
+                      emit=lambda e, p: events.append(e), who="test")  # fmt: skip
+    return {"store": store, "rollout": rollout, "clock": clock, "metrics": metrics, "events": events,
+            "runtime": runtime, "router": Router(store), "registry": reg}  # fmt: skip
+
+
+def traffic(w: dict, version_rates: dict[str, tuple[int, float, float]], seconds: int = 60) -> None:
+    """Per version: requests/s, error share, latency ms; spread over the next ``seconds``."""
+    clock, metrics = w["clock"], w["metrics"]
+    for s in range(seconds):
+        at = clock.now + s
+        for version, (rps, error_share, latency) in version_rates.items():
+            failed = round(rps * error_share)
+            if rps - failed:
+                metrics.answered(MODEL, version, at=at, latency_ms=latency, scores=[0.3, 0.8], count=rps - failed)
+            if failed:
+                metrics.failed(MODEL, version, at=at, count=failed)
+    clock.now += seconds
+
+
+def test_a_good_canary_advances_step_by_step_and_is_promoted(world: dict) -> None:
+    r, router = world["rollout"], world["router"]
+    state = r.begin(MODEL, "1.1.0", "run-1")
+    state = r.run_preflight(state)
+    assert state.phase == "deploy" and [c["status"] for c in state.preflight] == ["pass"] * 3
+    state = r.deploy(state)
+    assert (state.phase, state.step, state.weight) == ("step", 0, 10.0)
+    assert router.get(MODEL).canary.weight == 10 and world["runtime"].log == ["deploy 1.1.0"]
+    for step, weight in ((0, 10.0), (1, 50.0)):
+        traffic(world, {"1.0.0": (20, 0, 10), "1.1.0": (20, 0, 10)})
+        state, verdict = r.tick(state)
+        assert verdict.outcome == "advance", verdict.summary
+        assert state.reports[step].outcome == "advance" and state.reports[step].weight == weight
+    assert (state.phase, state.weight) == ("step", 100.0) and router.get(MODEL).canary.weight == 100
+    traffic(world, {"1.1.0": (40, 0, 10)})  # at 100 % the stable serves nothing: judged against the last baseline
+    state, verdict = r.tick(state)
+    assert verdict.outcome == "advance" and state.phase == "promote"
+    state = r.promote(state)
+    table = router.get(MODEL)
+    assert state.phase == "promoted" and table.stable == "1.1.0" and table.canary is None
+    assert world["registry"].states(MODEL)["1.0.0"] == State.RETIRED
+    assert r.retire_previous(state) and world["runtime"].running == {"1.1.0"}
+    assert world["events"][0] == "fleet.rollout.started" and world["events"][-1] == "fleet.rollout.promoted"
+
+
+def test_thin_traffic_holds_with_how_much_more_is_needed_then_fails_at_the_deadline(world: dict) -> None:
+    r, router = world["rollout"], world["router"]
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    for _ in range(9):  # 9 windows of 60 s: still inside the 600 s deadline
+        traffic(world, {"1.0.0": (1, 0, 10)})  # the canary gets next to nothing
+        state, verdict = r.tick(state)
+        assert verdict.outcome == "hold" and state.phase == "step" and router.get(MODEL).canary.weight == 10
+        assert verdict.more_canary and verdict.more_canary > 0
+    traffic(world, {"1.0.0": (1, 0, 10)})
+    state, verdict = r.tick(state)
+    assert verdict.outcome == "rollback" and state.phase == "rolled_back"
+    assert state.breached == ["deadline"] and "still undecided" in state.reason
+
+
+def test_a_failing_canary_is_rolled_back_rejected_and_undeployed_after_traffic_moved(world: dict) -> None:
+    r, router, reg = world["rollout"], world["router"], world["registry"]
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    traffic(world, {"1.0.0": (20, 0, 10), "1.1.0": (20, 0.10, 10)})
+    state, verdict = r.tick(state)
+    assert verdict.outcome == "rollback" and state.phase == "rolled_back"
+    assert "error_rate" in state.breached and "error_rate" in state.reason
+    table = router.get(MODEL)
+    assert table.stable == "1.0.0" and table.canary is None
+    assert reg.states(MODEL)["1.1.0"] == State.REJECTED
+    assert world["runtime"].log == ["deploy 1.1.0", "undeploy 1.1.0"]  # FakeRuntime checks the order
+
+
+def test_a_slow_canary_is_rolled_back_on_latency(world: dict) -> None:
+    r = world["rollout"]
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    traffic(world, {"1.0.0": (20, 0, 10), "1.1.0": (20, 0, 35)})
+    state, _ = r.tick(state)
+    assert state.phase == "rolled_back" and "latency_p99" in state.breached
+
+
+@pytest.mark.parametrize(("version", "check"), [("1.2.0", "offline metrics"), ("2.0.0", "schema")])
+def test_preflight_refuses_and_nothing_is_routed(world: dict, version: str, check: str) -> None:
+    r = world["rollout"]
+    state = r.run_preflight(r.begin(MODEL, version, "run-1"))
+    assert state.phase == "rejected" and state.breached == [check] and check in state.reason
+    assert world["router"].get(MODEL).canary is None and world["runtime"].log == []
+    assert world["registry"].states(MODEL)[version] == State.REJECTED
+
+
+def test_a_canary_that_cannot_start_is_rolled_back_before_any_traffic(world: dict) -> None:
+    r = world["rollout"]
+    world["runtime"].fail = True
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    assert state.phase == "rolled_back" and state.breached == ["deploy"] and "exited while starting" in state.reason
+    assert world["router"].get(MODEL).revision == 1  # the canary never got weight
+
+
+def test_an_interrupted_rollout_resumes_from_stored_state(world: dict) -> None:
+    r = world["rollout"]
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    traffic(world, {"1.0.0": (20, 0, 10), "1.1.0": (20, 0, 10)})
+    r.tick(state)  # now at 50 %; then the flow process dies
+    resumed = r.begin(MODEL, "1.1.0", "run-2")
+    assert (resumed.phase, resumed.weight, resumed.run_id) == ("step", 50.0, "run-2")
+    assert resumed.step_started == world["clock"].now  # the step's window starts over
+    assert world["events"].count("fleet.rollout.resumed") == 1
+
+
+def test_a_resumed_rollout_whose_canary_is_gone_is_rolled_back(world: dict) -> None:
+    r = world["rollout"]
+    r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    world["runtime"].running.discard("1.1.0")  # the machine rebooted, say
+    state = r.begin(MODEL, "1.1.0", "run-2")
+    assert state.phase == "rolled_back" and "not running" in state.reason
+    assert world["router"].get(MODEL).canary is None
+
+
+def test_an_abandoned_rollout_of_another_version_is_rolled_back_first(world: dict) -> None:
+    r = world["rollout"]
+    r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    state = r.begin(MODEL, "1.2.0", "run-2")
+    assert state.version == "1.2.0" and state.phase == "preflight"
+    assert world["registry"].states(MODEL)["1.1.0"] == State.REJECTED
+    assert world["router"].get(MODEL).canary is None
+
+
+def test_a_route_changed_outside_the_rollout_ends_it(world: dict) -> None:
+    from fleet.rollback import rollback
+
+    r = world["rollout"]
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    rollback(world["router"], MODEL, why="operator saw errors")
+    state, verdict = r.tick(state)
+    assert verdict is None and state.phase == "rolled_back" and "operator saw errors" in state.reason
+
+
+def test_manual_approval_pauses_before_100_and_a_no_rolls_back(world: dict) -> None:
+    r = world["rollout"]
+    r.policy = r.policy.model_copy(update={"manual_approval": True})
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    for _ in range(2):
+        traffic(world, {"1.0.0": (20, 0, 10), "1.1.0": (20, 0, 10)})
+        state, _ = r.tick(state)
+    assert state.phase == "approval" and world["router"].get(MODEL).canary.weight == 50
+    with pytest.raises(Conflict):
+        r.approve(state.model_copy(update={"phase": "step"}), True, "ops")
+    state = r.approve(state, False, "ops", "not before the holidays")
+    assert state.phase == "rolled_back" and state.reason == "not approved by ops: not before the holidays"
+
+
+def test_begin_refuses_what_cannot_be_rolled_out(world: dict) -> None:
+    r = world["rollout"]
+    with pytest.raises(Conflict, match="already the stable"):
+        r.begin(MODEL, "1.0.0", "run-1")
+    world["router"].set(MODEL, canary="1.1.0", weight=5, why="by hand")
+    with pytest.raises(Conflict, match="no rollout owns"):
+        r.begin(MODEL, "1.2.0", "run-1")
+
+
+def test_policy_overrides_are_validated_as_a_whole(world: dict) -> None:
+    policy = world["rollout"].policy
+    assert apply_overrides(policy, {"gates": {"max_p99_ratio": 2.0}}).gates.max_p99_ratio == 2.0
+    with pytest.raises(InvalidInput, match="steps"):
+        apply_overrides(policy, {"steps": [50, 10]})
