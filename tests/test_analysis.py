@@ -149,6 +149,27 @@ def test_error_rate_is_a_test_on_counts_not_a_threshold_on_small_ones() -> None:
     assert v.outcome == "rollback" and v.breaches[0].gate == "error_rate"
 
 
+def test_error_test_is_exact_at_small_counts() -> None:
+    """2 errors in 84 is 1 in 15 even for a good canary at 0.5 %; the normal approximation
+    of the score test calls it p = 0.008, the exact test does not."""
+    rng = np.random.default_rng(19)
+    stable = window(STABLE, {**served(rng, 306, errors=0.0), "errors": 0})
+    canary = window(CANARY, {**served(rng, 84, errors=0.0), "errors": 2})
+    gate = next(g for g in judge(stable, canary, policy(), step_started=T0).gates if g.gate == "error_rate")
+    assert gate.status == "pending" and gate.p_value > 0.05
+
+
+def test_error_breaches_at_the_margin_stay_near_the_stated_confidence() -> None:
+    rng = np.random.default_rng(20)
+    p, breaches, runs = policy(), 0, 400
+    for _ in range(runs):  # canary exactly 0.5 pp worse: a breach here is a false one
+        stable = window(STABLE, served(rng, 540, errors=0.005))
+        canary = window(CANARY, served(rng, 60, errors=0.010))
+        gate = next(g for g in judge(stable, canary, p, step_started=T0).gates if g.gate == "error_rate")
+        breaches += gate.status == "breach"
+    assert breaches / runs < 0.06  # 5 % nominal; the normal approximation gives 7.3 % here
+
+
 def test_error_rate_increase_within_the_margin_passes_with_enough_data() -> None:
     rng = np.random.default_rng(7)
     stable = window(STABLE, served(rng, 20000, errors=0.002))

@@ -388,4 +388,4 @@ def test_binning_matches_the_gateway() -> None:
 
     scores = np.linspace(0.0, 1.0, 1001)
     mine = np.bincount([score_bin(s) for s in scores], minlength=10)
-    assert mine.tolist() == stats.score_bins(scores).tolist()
+    assert mine.tolist() == [int(c) for c in stats.score_bins(scores)]
