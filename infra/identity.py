@@ -17,9 +17,6 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-GATEWAY_WRITE_PREFIXES = ("logs/", "gateways/")
-
-
 def service_trust(service: str) -> str:
     """Trust policy letting an AWS service (``eks.amazonaws.com``, ...) assume the role."""
     return json.dumps({
@@ -50,8 +47,10 @@ def gateway_policy(bucket_arn: str, key_arn: str) -> str:
         "Statement": [
             {"Sid": "ListStore", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn},
             {"Sid": "ReadStore", "Effect": "Allow", "Action": "s3:GetObject", "Resource": f"{bucket_arn}/*"},
-            {"Sid": "WriteLogsAndHeartbeat", "Effect": "Allow", "Action": ["s3:PutObject", "s3:DeleteObject"],
-             "Resource": [f"{bucket_arn}/{p}*" for p in GATEWAY_WRITE_PREFIXES]},
+            {"Sid": "WriteLogs", "Effect": "Allow", "Action": "s3:PutObject", "Resource": f"{bucket_arn}/logs/*"},
+            # its own record under gateways/: written every few seconds, removed on shutdown
+            {"Sid": "Heartbeat", "Effect": "Allow", "Action": ["s3:PutObject", "s3:DeleteObject"],
+             "Resource": f"{bucket_arn}/gateways/*"},
             {"Sid": "UseStoreKey", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"], "Resource": key_arn},
         ],
     })  # fmt: skip

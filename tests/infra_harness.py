@@ -10,10 +10,12 @@ names, OIDC issuer, repository URLs, autoscaling group names).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import runpy
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,7 +119,25 @@ def stack_config(stack: str) -> dict[str, str]:
 
 
 def build(stack: str, config: dict[str, str] | None = None) -> Build:
-    """Run the program for ``stack`` (its Pulumi.<stack>.yaml, or ``config``) under mocks."""
+    """Run the program for ``stack`` (its Pulumi.<stack>.yaml, or ``config``) under mocks.
+
+    It runs in a thread of its own with a fresh event loop: Pulumi's runtime needs one, and
+    other tests in the session may have closed or unset the main thread's."""
+
+    def work() -> Build:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            return _build(stack, config)
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(work).result()
+
+
+def _build(stack: str, config: dict[str, str] | None) -> Build:
     import pulumi
     from pulumi.runtime import mocks
 

@@ -196,8 +196,9 @@ def test_each_irsa_role_trusts_exactly_one_service_account(stack: Build) -> None
 def test_the_gateway_reads_the_store_and_writes_only_logs_and_its_heartbeat(stack: Build) -> None:
     bucket = stack.one("aws:s3/bucket:Bucket", "models").state["arn"]
     _, policy = _role(stack, "gateway")
-    writes = [s for s in policy if {"s3:PutObject", "s3:DeleteObject"} & set(_list(s["Action"]))]
-    assert [s["Resource"] for s in writes] == [[f"{bucket}/logs/*", f"{bucket}/gateways/*"]]
+    writes = {s["Resource"]: set(_list(s["Action"])) for s in policy
+              if {"s3:PutObject", "s3:DeleteObject"} & set(_list(s["Action"]))}  # fmt: skip
+    assert writes == {f"{bucket}/logs/*": {"s3:PutObject"}, f"{bucket}/gateways/*": {"s3:PutObject", "s3:DeleteObject"}}
     assert {a for s in policy for a in _list(s["Action"])} == {"s3:ListBucket", "s3:GetObject", "s3:PutObject",
                                                                 "s3:DeleteObject", "kms:Decrypt", "kms:GenerateDataKey"}  # fmt: skip
     _, flows = _role(stack, "flows")
@@ -298,3 +299,25 @@ def test_the_platform_charts_are_pinned_and_the_device_plugin_slices_shared_gpus
     assert worker["config"] == {"workPool": "fleet-kubernetes", "type": "kubernetes"}
     rules = [o for o in _manifests(stack) if o["kind"] == "PrometheusRule"][0]["spec"]["groups"]
     assert {g["name"] for g in rules} >= {f"slo-{m.model}" for m in expected_plan(stack.stack).models}
+
+
+def _snake_keys(value: object, path: str = "") -> list[str]:
+    """Keys with an underscore below ``value``, skipping user maps (tags, labels)."""
+    if isinstance(value, dict):
+        found = []
+        for k, v in value.items():
+            if "_" in k:
+                found.append(f"{path}.{k}")
+            if k not in ("tags", "labels"):
+                found += _snake_keys(v, f"{path}.{k}")
+        return found
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _snake_keys(v, f"{path}[{i}]")]
+    return []
+
+
+def test_no_misspelt_aws_argument_survives(stack: Build) -> None:
+    """The SDK turns every argument it knows into its camelCase wire name; a misspelt key in a
+    dict argument would reach the provider as snake_case (and fail only at `pulumi up`)."""
+    problems = [f"{r.type} {r.name}{p}" for r in stack.resources if r.type.startswith("aws:") for p in _snake_keys(r.inputs)]
+    assert problems == []

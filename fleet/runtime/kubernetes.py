@@ -236,23 +236,32 @@ class KubernetesRuntime:
             self.api.delete(api_version, kind, self.namespace, object_name(model, version))
 
     def list(self) -> list[Deployment]:
+        # two calls however many versions run: the gateway asks often
+        by_instance: dict[str, list[dict]] = {}
+        for pod in self.api.list("v1", "Pod", self.namespace, MANAGED):
+            by_instance.setdefault(pod["metadata"].get("labels", {}).get("app.kubernetes.io/instance", ""), []).append(pod)
         found = []
         for d in self.api.list("apps/v1", "Deployment", self.namespace, MANAGED):
             meta = d["metadata"]
             model, version = meta["labels"]["fleet.io/model"], meta["annotations"][VERSION_ANNOTATION]
-            urls = tuple(url for url, ok in self.health(model, version).items() if ok)
+            urls = tuple(url for url, ok in _endpoints(by_instance.get(meta["name"], [])).items() if ok)
             if urls:
                 found.append(Deployment(model, version, urls))
         return sorted(found, key=lambda d: (d.model, d.version))
 
     def health(self, model: str, version: str) -> dict[str, bool]:
-        result = {}
-        for pod in self._pods(model, version):
-            status = pod.get("status") or {}
-            if status.get("podIP") and not pod["metadata"].get("deletionTimestamp"):
-                ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-                result[f"http://{status['podIP']}:{BENTO_PORT}"] = ready
-        return dict(sorted(result.items()))
+        return _endpoints(self._pods(model, version))
+
+
+def _endpoints(pods: list[dict]) -> dict[str, bool]:
+    """Pod URL → ready, for pods that have an address and are not being deleted."""
+    result = {}
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("podIP") and not pod["metadata"].get("deletionTimestamp"):
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+            result[f"http://{status['podIP']}:{BENTO_PORT}"] = ready
+    return dict(sorted(result.items()))
 
 
 def _placement(raw: dict) -> ModelPlacement:
