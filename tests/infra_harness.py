@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib
+import inspect
 import json
 import runpy
 import sys
@@ -182,6 +184,13 @@ def _build(stack: str, config: dict[str, str] | None) -> Build:
 
     run()
     return Build(stack, resources, outputs)
+
+
+def takes_tags(type_: str) -> bool:
+    """Does the pulumi_aws class of ``type_`` (aws:<module>/<x>:<Class>) accept ``tags``?"""
+    module, cls = type_.split(":")[1].split("/")[0], type_.split(":")[2]
+    resource = getattr(importlib.import_module(f"pulumi_aws.{module}"), cls)
+    return "tags" in inspect.signature(resource._internal_init).parameters
 
 
 _BUILDS: dict[str, Build] = {}

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pulumi_policy
 import pytest
-from infra_harness import ROOT, Registered, example
+from infra_harness import ROOT, Registered, example, takes_tags
 from pulumi_policy import (
     PolicyCustomTimeouts,
     PolicyResource,
@@ -162,20 +162,17 @@ def test_a_stack_over_its_gpu_ceiling_is_refused() -> None:
 
 
 def test_taggable_covers_every_taggable_type_the_program_uses() -> None:
-    from test_infra import _takes_tags
-
     used = {r.type for s in ("dev", "prod") for r in example(s).resources if r.type.startswith("aws:")}
-    assert {t for t in used if _takes_tags(t)} <= guard.tags.TAGGABLE
+    assert {t for t in used if takes_tags(t)} <= guard.tags.TAGGABLE
 
 
 def test_the_kubernetes_runtimes_deployments_pass_the_pod_policy() -> None:
-    from test_kubernetes_runtime import IMAGES
+    from fleet.runtime.kubernetes import manifests, placement_from_dict
 
-    from fleet.runtime.kubernetes import _placement, manifests
-
+    images = example("prod").outputs["imageRepositories"]
     for raw in example("prod").outputs["placement"]["models"]:
-        p = _placement(json.loads(json.dumps(raw)))
-        deployment = manifests(p.model, "1.0.0", IMAGES[p.family] + ":x", p, floor=1, prometheus_url="http://p")[0]
+        p = placement_from_dict(json.loads(json.dumps(raw)))
+        deployment = manifests(p.model, "1.0.0", f"{images[p.family]}:x", p, floor=1, prometheus_url="http://p")[0]
         pod = deployment["spec"]["template"]["spec"]
         assert pod_gpu_problems(pod) == [], p.model
         if p.gpus:

@@ -4,14 +4,12 @@ HTTPS only, least-privilege IRSA, cost tags, and Kubernetes objects valid agains
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 
 import pulumi
 import pytest
 import yaml
-from infra_harness import ROOT, Build, build, example, stack_config
+from infra_harness import ROOT, Build, build, example, stack_config, takes_tags
 from k8s_schemas import json_ints, validate
 
 from fleet.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, models_from_config, plan, pools_from_config
@@ -219,16 +217,9 @@ def _list(value: str | list[str]) -> list[str]:
 # --- tags -------------------------------------------------------------------------------------
 
 
-def _takes_tags(type_: str) -> bool:
-    """Does the pulumi_aws class of ``type_`` (aws:<module>/<x>:<Class>) accept ``tags``?"""
-    module, cls = type_.split(":")[1].split("/")[0], type_.split(":")[2]
-    resource = getattr(importlib.import_module(f"pulumi_aws.{module}"), cls)
-    return "tags" in inspect.signature(resource._internal_init).parameters
-
-
 def test_every_taggable_aws_resource_carries_the_cost_tags(stack: Build) -> None:
     aws = [r for r in stack.resources if r.type.startswith("aws:")]
-    taggable = [r for r in aws if _takes_tags(r.type)]
+    taggable = [r for r in aws if takes_tags(r.type)]
     assert len(taggable) > 40 if stack.stack == "prod" else len(taggable) > 30
     for r in taggable:
         tags = r.inputs.get("tags") or {}

@@ -181,7 +181,7 @@ class KubernetesRuntime:
         data = cm.get("data") or {}
         try:
             placement = json.loads(data["placement.json"])
-            placements = {m["model"]: _placement(m) for m in placement["models"]}
+            placements = {m["model"]: placement_from_dict(m) for m in placement["models"]}
             return placements, json.loads(data["images.json"]), data["prometheus_url"], json.loads(data["timeouts.json"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"ConfigMap {self.namespace}/{CONFIG_MAP} is malformed ({type(exc).__name__}: {exc}); "
@@ -264,7 +264,8 @@ def _endpoints(pods: list[dict]) -> dict[str, bool]:
     return dict(sorted(result.items()))
 
 
-def _placement(raw: dict) -> ModelPlacement:
+def placement_from_dict(raw: dict) -> ModelPlacement:
+    """A ModelPlacement from its JSON form in placement.json (Plan.to_dict)."""
     fields = {k: raw[k] for k in ModelPlacement.__dataclass_fields__ if k in raw}
     fields["isolated_for"] = tuple(fields.get("isolated_for", ()))
     return ModelPlacement(**fields)
