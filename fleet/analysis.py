@@ -32,7 +32,8 @@ Gates (``policy.gates``), none judged before ``policy.min_samples`` per arm:
   be bounded at ``confidence`` (299 at 95 %), since the limit is made of it. A one-sided
   Mann-Whitney U over the binned latencies (ties share ranks) says whether the whole
   distribution moved or only its tail; it does not decide, because requiring it misses
-  tail-only regressions (bench: a quarter of "3 % of requests 8x slower" canaries).
+  tail-only regressions (simulated on bench/rollout.py's streams: a quarter of canaries
+  whose slowest 3 % of requests are 8x slower were still undetected after 10 minutes).
 - ``predictions``: PSI of canary vs stable score histograms above ``max_prediction_psi``,
   with a noncentral chi-square test that the populations' PSI exceeds it: at 50 rows per
   arm two samples of one model already differ by PSI ~0.2.
