@@ -2,9 +2,10 @@
 
 A pure planner over frozen inputs: the models of ``policies/`` (parameters, dtype, KV cache,
 replica bounds, isolation of the model or of a tenant entitled to it) and the node pools of
-a stack (instance type, GPUs and their memory, vCPU, RAM, price). ``plan`` returns a
-``Plan``; ``fleet plan`` prints it, ``infra/`` sizes the EKS node groups from it and the
-Kubernetes runtime takes each model's GPU request, node selector and tolerations from it.
+a stack (instance type, GPUs and their memory, vCPU, RAM, price; parsed in ``fleet.stack``).
+``plan`` returns a ``Plan``; ``fleet plan`` prints it, ``infra/`` sizes the EKS node groups
+from it and the Kubernetes runtime takes each model's GPU request, node selector and
+tolerations from it.
 
 Memory of one replica, in GiB::
 
@@ -29,14 +30,14 @@ import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from fleet.errors import ConfigError, FleetError
-from fleet.names import NAME_RE
+from fleet.errors import FleetError
 from fleet.spec import ModelSpec, Policies
-from fleet.validation import checked, expected, explain, problem, show
+
+# The planner's inputs are parsed in fleet.stack; re-exported so `from fleet.placement import
+# NodePool, pools_from_config` keeps working.
+from fleet.stack import STACK_MODELS_KEY, STACK_POOLS_KEY, NodePool, models_from_config, pools_from_config  # noqa: F401
 
 BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
 # Activations, CUDA context and allocator fragmentation on top of weights and KV cache.
@@ -54,10 +55,6 @@ GPU_RESOURCE = "nvidia.com/gpu"  # extended resource the NVIDIA device plugin ad
 POOL_LABEL = "fleet.io/node-group"  # node label: the node group a node belongs to
 DEDICATED_KEY = "fleet.io/dedicated"  # label and taint of a node group kept for one model
 SLICES_LABEL = "nvidia.com/device-plugin.config"  # picks the device plugin's sharing config
-STACK_POOLS_KEY = "nodePools"  # Pulumi stack config keys (namespace: the project name)
-STACK_MODELS_KEY = "models"
-
-DnsLabel = checked(str, "1-63 lowercase letters, digits or '-', starting and ending with one", NAME_RE.fullmatch)
 
 
 class PlacementError(FleetError):
@@ -66,54 +63,9 @@ class PlacementError(FleetError):
     status = 422
 
 
-class NodePool(BaseModel):
-    """One kind of node a stack can run, from ``serving-fleet:nodePools`` in Pulumi.<stack>.yaml."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-    name: DnsLabel
-    instance_type: str = Field(min_length=1)  # EC2 type, e.g. g5.12xlarge
-    gpus: int = Field(0, ge=0)  # per node; 0 for a CPU pool
-    gpu_memory_gib: float = Field(0.0, ge=0.0)  # per GPU
-    vcpu: int = Field(gt=0)
-    memory_gib: float = Field(gt=0.0)
-    hourly_usd: float = Field(ge=0.0)  # on-demand price of one node, for choosing and cost
-    gpu_slices: int = Field(1, ge=1, le=16)  # replicas sharing one GPU (time-slicing); 1 = whole GPUs
-    min_nodes: int = Field(0, ge=0)
-    max_nodes: int = Field(10, ge=1)  # cap on all node groups made from this pool
-    capacity_type: Literal["ON_DEMAND", "SPOT"] = "ON_DEMAND"
-
-    @model_validator(mode="after")
-    def _consistent(self) -> NodePool:
-        if self.gpus > 0 and self.gpu_memory_gib <= 0:
-            raise expected("a number > 0 when gpus > 0", field="gpu_memory_gib", got=self.gpu_memory_gib)
-        if self.gpus == 0 and self.gpu_slices > 1:
-            raise expected("1 for a pool without GPUs", field="gpu_slices", got=self.gpu_slices)
-        if self.min_nodes > self.max_nodes:
-            raise expected(f"an integer <= max_nodes ({self.max_nodes})", field="min_nodes", got=self.min_nodes)
-        return self
-
-    @property
-    def usable_gpu_gib(self) -> float:
-        return self.gpu_memory_gib * (1 - GPU_HEADROOM)
-
-
-def pools_from_config(raw: Any, where: str) -> tuple[NodePool, ...]:
-    """Validate the ``nodePools`` list of a stack config; ``where`` prefixes each problem."""
-    key = f"{where}: {STACK_POOLS_KEY}"
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError(problem(key, f"got {show(raw)}", "a non-empty list of node pools"))
-    pools, problems = [], []
-    for i, item in enumerate(raw):
-        try:
-            pools.append(NodePool.model_validate(item))
-        except ValidationError as exc:
-            problems += [f"{where}: {line}" for line in explain(exc, NodePool, (STACK_POOLS_KEY, i))]
-    names = [p.name for p in pools]
-    problems += [problem(key, f"pool name {n!r} appears twice", "unique names") for n in sorted(set(names)) if names.count(n) > 1]
-    if problems:
-        raise ConfigError("\n".join(problems))
-    return tuple(pools)
+def usable_gpu_gib(pool: NodePool) -> float:
+    """GPU memory of one of the pool's GPUs that replicas may fill (GPU_HEADROOM stays free)."""
+    return pool.gpu_memory_gib * (1 - GPU_HEADROOM)
 
 
 @dataclass(frozen=True)
@@ -320,12 +272,12 @@ def _fit(spec: ModelSpec, need: float, pool: NodePool, *, dedicated: bool) -> _F
     elif pool.gpus == 0:
         return None
     elif slices > 1:
-        if need > pool.usable_gpu_gib / slices or spec.resources.gpu > 1:
+        if need > usable_gpu_gib(pool) / slices or spec.resources.gpu > 1:
             return None
         gpus, tp, shared = 1, 1, True
     else:
         tp = 1 << max(0, spec.resources.gpu - 1).bit_length()  # smallest power of two >= resources.gpu
-        while tp <= pool.gpus and need / tp > pool.usable_gpu_gib:
+        while tp <= pool.gpus and need / tp > usable_gpu_gib(pool):
             tp *= 2
         if tp > pool.gpus:
             return None
@@ -356,11 +308,11 @@ def _no_fit_message(name: str, spec: ModelSpec, need: float, how: str, pools: Se
     gpu_pools = [p for p in pools if p.gpus > 0]
     if not gpu_pools:
         return f"model {name} needs {need:.1f} GiB of GPU memory per replica ({how}) and no node pool has GPUs"
-    big = max(gpu_pools, key=lambda p: (p.gpus * p.usable_gpu_gib, p.vcpu))
+    big = max(gpu_pools, key=lambda p: (p.gpus * usable_gpu_gib(p), p.vcpu))
     return (
         f"model {name} needs {need:.1f} GiB of GPU memory per replica ({how}) plus {host}, and fits no "
         f"node pool; the largest is {big.name} ({big.instance_type}: {big.gpus} × {big.gpu_memory_gib:g} GiB, "
-        f"{big.gpus * big.usable_gpu_gib:.1f} GiB usable after {GPU_HEADROOM:.0%} headroom per GPU, "
+        f"{big.gpus * usable_gpu_gib(big):.1f} GiB usable after {GPU_HEADROOM:.0%} headroom per GPU, "
         f"{big.vcpu} vCPU, {big.memory_gib:g} GiB RAM); a replica's tensor parallelism stays within one node"
     )
 
@@ -438,17 +390,3 @@ def _taints(pool: NodePool, dedicated_to: str | None) -> tuple[tuple[str, str, s
     if dedicated_to:
         taints.append((DEDICATED_KEY, dedicated_to, "NoSchedule"))
     return tuple(taints)
-
-
-def models_from_config(raw: Any, where: str, policies: Policies) -> tuple[str, ...] | None:
-    """Validate the optional ``models`` list of a stack config (None: every model)."""
-    if raw is None:
-        return None
-    known = ", ".join(sorted(policies.models)) or "none"
-    if not isinstance(raw, list) or not all(isinstance(m, str) for m in raw):
-        raise ConfigError(problem(f"{where}: {STACK_MODELS_KEY}", f"got {show(raw)}", f"a list of model names ({known})"))
-    bad = [m for m in raw if m not in policies.models]
-    if bad:
-        raise ConfigError(problem(f"{where}: {STACK_MODELS_KEY}", f"got unknown model {bad[0]!r}", f"a model name ({known})"))
-    return tuple(raw)
-

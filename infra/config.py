@@ -19,11 +19,11 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fleet.errors import ConfigError
-from fleet.placement import NodePool, Plan, models_from_config, plan, pools_from_config
+from fleet.placement import Plan, plan
 from fleet.spec import Policies, load_policies
+from fleet.stack import PROJECT, NodePool, models_from_config, pools_from_config
 from fleet.validation import checked, expected, explain, hint, problem
 
-PROJECT = "serving-fleet"  # the name in Pulumi.yaml, and so the config namespace
 ROOT = Path(__file__).resolve().parent.parent  # where Pulumi.yaml is
 
 # Stack output names: scripts (`pulumi stack output NAME`) and other stacks read these.
@@ -114,7 +114,7 @@ class Settings(_Cfg):
     apiAccessCidrs: list[Cidr] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)  # Kubernetes API
     allowedCidrs: list[Cidr] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)  # the HTTPS listener
     systemNodes: SystemNodes
-    nodePools: list[Any]  # validated by fleet.placement.pools_from_config
+    nodePools: list[Any]  # validated by fleet.stack.pools_from_config
     models: list[str] | None = None  # served by this stack; default every model in the policies
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     rootVolumeGib: int = Field(200, ge=50, le=16384)  # model node disks: images and weights are large

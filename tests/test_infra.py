@@ -8,12 +8,12 @@ import json
 
 import pulumi
 import pytest
-import yaml
 from infra_harness import ROOT, Build, build, example, stack_config, takes_tags
 from k8s_schemas import json_ints, validate
 
-from fleet.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, models_from_config, plan, pools_from_config
+from fleet.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, plan
 from fleet.spec import load_policies
+from fleet.stack import placement_inputs, read_stack_file
 
 STACKS = ("dev", "prod")
 COST_TAGS = ("team", "env", "model")
@@ -26,10 +26,8 @@ def stack(request: pytest.FixtureRequest) -> Build:
 
 def expected_plan(stack: str):  # noqa: ANN201
     """The placement plan computed straight from the stack file and the policies."""
-    config = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
     policies = load_policies(ROOT / "policies")
-    pools = pools_from_config(config["serving-fleet:nodePools"], stack)
-    return plan(policies, pools, models_from_config(config.get("serving-fleet:models"), stack, policies))
+    return plan(policies, *placement_inputs(read_stack_file(ROOT / f"Pulumi.{stack}.yaml"), stack, policies))
 
 
 def statements(document: str) -> list[dict]:

@@ -12,11 +12,10 @@ import httpx
 import jsonschema
 import kubernetes_validate
 import pytest
-import yaml
 from k8s_schemas import validate
 
 from fleet.errors import ConfigError, InvalidInput, NotFound
-from fleet.placement import GPU_RESOURCE, models_from_config, plan, pools_from_config
+from fleet.placement import GPU_RESOURCE, plan
 from fleet.runtime import open_runtime
 from fleet.runtime.kubernetes import (
     CONFIG_MAP,
@@ -30,6 +29,7 @@ from fleet.runtime.kubernetes import (
 )
 from fleet.runtime.local import DeployFailed
 from fleet.spec import load_policies
+from fleet.stack import placement_inputs, read_stack_file
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = "http://kps-prometheus.monitoring.svc:9090"
@@ -41,10 +41,8 @@ IMAGES = {"llm": "123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-pro
 @pytest.fixture(scope="module")
 def prod_plan():  # noqa: ANN201
     """The placement of the prod example stack, as infra/ writes it into the cluster."""
-    config = yaml.safe_load((ROOT / "Pulumi.prod.yaml").read_text())["config"]
     policies = load_policies(ROOT / "policies")
-    pools = pools_from_config(config["serving-fleet:nodePools"], "prod")
-    return plan(policies, pools, models_from_config(config.get("serving-fleet:models"), "prod", policies)), policies
+    return plan(policies, *placement_inputs(read_stack_file(ROOT / "Pulumi.prod.yaml"), "prod", policies)), policies
 
 
 class FakeKube:

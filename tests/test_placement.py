@@ -14,13 +14,12 @@ from fleet.placement import (
     KV_DEFAULT_SHARE,
     POOL_LABEL,
     RUNTIME_OVERHEAD,
-    NodePool,
     PlacementError,
     plan,
-    pools_from_config,
     replica_gpu_memory_gib,
 )
 from fleet.spec import Policies
+from fleet.stack import NodePool, models_from_config, placement_inputs, pools_from_config, read_stack_file
 
 CPU = {"name": "cpu", "instance_type": "m6i.xlarge", "vcpu": 4, "memory_gib": 16, "hourly_usd": 0.192}
 A10G_SLICED = {"name": "a10g-1", "instance_type": "g5.xlarge", "gpus": 1, "gpu_memory_gib": 24, "vcpu": 4,
@@ -259,6 +258,36 @@ def test_pool_names_are_unique_and_the_list_is_not_empty() -> None:
         pools_from_config([CPU, CPU], "s")
     with pytest.raises(ConfigError, match="s: nodePools: got \\[\\] — expected a non-empty list"):
         pools_from_config([], "s")
+
+
+def test_the_stack_models_list_names_only_models_of_the_policies() -> None:
+    p = policies({"a": model(10), "b": model(10)})
+    assert models_from_config(None, "s", p) is None  # every model
+    assert models_from_config(["b"], "s", p) == ("b",)
+    with pytest.raises(ConfigError, match=r"s: models: got unknown model 'c' — expected a model name \(a, b\)"):
+        models_from_config(["a", "c"], "s", p)
+    with pytest.raises(ConfigError, match=r"s: models: got 'a' — expected a list of model names"):
+        models_from_config("a", "s", p)
+
+
+def test_a_stack_file_gives_the_planner_its_pools_and_models(tmp_path) -> None:  # noqa: ANN001
+    import fleet.placement
+
+    stack = tmp_path / "Pulumi.t.yaml"
+    stack.write_text("config:\n  aws:region: us-east-1\n  serving-fleet:models: [a]\n"
+                     "  serving-fleet:nodePools:\n    - {name: cpu, instance_type: m6i.xlarge, vcpu: 4, memory_gib: 16, hourly_usd: 0.2}\n")  # fmt: skip
+    p = policies({"a": model(10, gpu=0), "b": model(10)})
+    found, models = placement_inputs(read_stack_file(stack), str(stack), p)
+    assert [pool.name for pool in found] == ["cpu"] and models == ("a",)
+    assert plan(p, found, models).placement("a").node_group == "cpu"
+    stack.write_text("config: [1]\n")
+    with pytest.raises(ConfigError, match=r"Pulumi.t.yaml: config: got \[1\] — expected a mapping of config keys"):
+        read_stack_file(stack)
+    stack.write_text("config:\n  serving-fleet:nodePools: {}\n")
+    with pytest.raises(ConfigError, match=r"Pulumi.t.yaml: serving-fleet: nodePools: got \{\} — expected a non-empty list"):
+        placement_inputs(read_stack_file(stack), str(stack), p)
+    # the planner's inputs still import from fleet.placement, as before fleet.stack existed
+    assert fleet.placement.NodePool is NodePool and fleet.placement.pools_from_config is pools_from_config
 
 
 # --- fleet plan -----------------------------------------------------------------------------

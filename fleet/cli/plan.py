@@ -1,6 +1,7 @@
 """``fleet plan``: the placement plan of a stack — where each model runs and the node-group sizes.
 
-Only gathers inputs (the policies and the node pools of ``Pulumi.<stack>.yaml``) and prints
+Only gathers inputs (the policies, and the node pools of ``Pulumi.<stack>.yaml`` as
+``fleet.stack`` parses them) and prints
 what ``fleet.placement.plan`` decides; the Pulumi program sizes its node groups from the
 same function, so this is what ``pulumi up`` would build.
 """
@@ -13,9 +14,6 @@ from typing import Annotated
 import typer
 
 from fleet.cli._output import JsonFlag, console, emit_json, table
-from fleet.errors import ConfigError
-
-PROJECT = "serving-fleet"  # the Pulumi project name: the namespace of its config keys
 
 StackOpt = Annotated[
     str, typer.Option("--stack", "-s", help="Stack name (reads Pulumi.<stack>.yaml) or a stack file path.")
@@ -25,44 +23,20 @@ PoliciesOpt = Annotated[
 ]
 
 
-def _stack_file(stack: str) -> Path:
-    path = Path(stack)
-    if path.suffix in (".yaml", ".yml"):
-        return path
-    return Path(f"Pulumi.{stack}.yaml")
-
-
-def _stack_config(path: Path) -> dict:
-    from fleet.validation import problem, read_yaml, show
-
-    if not path.is_file():
-        stacks = ", ".join(sorted(p.name for p in Path(".").glob("Pulumi.*.yaml"))) or "none here"
-        raise ConfigError(f"{path}: not found; expected a stack file Pulumi.<stack>.yaml (found: {stacks})")
-    data, bad = read_yaml(path)
-    if bad:
-        raise ConfigError(bad)
-    config = (data or {}).get("config") if isinstance(data, dict) else None
-    if not isinstance(config, dict):
-        raise ConfigError(problem(f"{path}: config", f"got {show(config)}", "a mapping of config keys"))
-    return config
-
-
 def plan_cmd(
     stack: StackOpt = "dev",
     policies: PoliciesOpt = Path("policies"),
     json: JsonFlag = False,
 ) -> None:
     """Place the stack's models on its node pools: GPUs per replica, replicas, node-group sizes, cost."""
-    from fleet.placement import STACK_MODELS_KEY, STACK_POOLS_KEY, models_from_config, plan, pools_from_config
+    from fleet.placement import plan
     from fleet.spec import load_policies
+    from fleet.stack import placement_inputs, read_stack_file, stack_file
 
-    path = _stack_file(stack)
-    config = _stack_config(path)
+    path = stack_file(stack)
+    config = read_stack_file(path)
     loaded = load_policies(policies)
-    where = f"{path}: {PROJECT}"
-    pools = pools_from_config(config.get(f"{PROJECT}:{STACK_POOLS_KEY}"), where)
-    models = models_from_config(config.get(f"{PROJECT}:{STACK_MODELS_KEY}"), where, loaded)
-    result = plan(loaded, pools, models)
+    result = plan(loaded, *placement_inputs(config, str(path), loaded))
     if json:
         emit_json(result.to_dict())
         return
