@@ -49,8 +49,9 @@ def irsa(role: str, namespace: str, account: str, policy: pulumi.Input[str]) -> 
     return IrsaRole(f"{name}-{role}", IrsaRoleArgs(cluster.oidc_provider_arn, cluster.oidc_issuer, namespace, account, policy, tags))
 
 
-gateway_role = irsa("gateway", GATEWAY_NS, GATEWAY_SA, pulumi.Output.all(store.models_bucket_arn, store.key_arn).apply(lambda v: gateway_policy(*v)))
-flows_role = irsa("flows", FLOWS_NS, FLOWS_SA, pulumi.Output.all(store.models_bucket_arn, store.key_arn).apply(lambda v: flows_policy(*v)))
+store_access = pulumi.Output.all(store.models_bucket_arn, store.key_arn)
+gateway_role = irsa("gateway", GATEWAY_NS, GATEWAY_SA, store_access.apply(lambda v: gateway_policy(*v, stack.region)))
+flows_role = irsa("flows", FLOWS_NS, FLOWS_SA, store_access.apply(lambda v: flows_policy(*v, stack.region)))
 autoscaler_role = irsa("cluster-autoscaler", "kube-system", "cluster-autoscaler", cluster.name.apply(autoscaler_policy))
 
 edge = Edge(name, EdgeArgs(

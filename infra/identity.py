@@ -3,10 +3,14 @@
 A role trusts exactly one Kubernetes service account (``system:serviceaccount:<ns>:<name>``)
 through the cluster's OIDC provider, and carries one inline policy:
 
-- gateway: read the models bucket (models, routes, tenants); write only under ``logs/``
-  (inference log, feedback) and ``gateways/`` (its heartbeat record).
+- gateway: read the models bucket; write only what the data plane and its admin API write
+  (``GATEWAY_WRITES``: routes, tenants, audit events, version manifests, the inference log,
+  its heartbeat record), delete only its heartbeat record, and never touch a version's
+  artifact files (an explicit Deny).
 - flows (Prefect jobs: rollout, monitor, retrain): read and write the models bucket.
 - cluster-autoscaler: resize only this cluster's node groups.
+
+Gateway and flows use the store's KMS key only through S3 (``kms:ViaService``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
+
 
 def service_trust(service: str) -> str:
     """Trust policy letting an AWS service (``eks.amazonaws.com``, ...) assume the role."""
@@ -41,29 +46,54 @@ def irsa_trust(provider_arn: str, issuer: str, namespace: str, service_account: 
     })  # fmt: skip
 
 
-def gateway_policy(bucket_arn: str, key_arn: str) -> str:
+# What the gateway writes, by key prefix (fleet/gateway/ and what its admin API calls):
+GATEWAY_WRITES = (
+    "routes/*",  # Router: route tables (admin route set / pin / unpin / rollback)
+    "tenants/*",  # Tenants: records and key hashes (admin tenant create / revoke)
+    "events/*",  # fleet.audit: route revisions and version-state events
+    "models/*/*/manifest.json",  # Registry.transition rewrites a version's manifest with its new state
+    "logs/*",  # the inference log's Parquet batches
+    "gateways/*",  # its heartbeat record
+)
+GATEWAY_DELETES = ("gateways/*",)  # its record, withdrawn at shutdown; nothing else is ever deleted
+# IAM's * matches "/" too, so models/*/*/manifest.json alone would also match a file named
+# manifest.json inside an artifact; the explicit Deny keeps artifacts out of reach whatever
+# an Allow says.
+ARTIFACTS = "models/*/*/artifact/*"
+
+
+def _use_store_key(key_arn: str, region: str) -> dict:
+    """SSE-KMS: data keys for writes, decryption for reads, and only when S3 asks on the role's behalf."""
+    return {"Sid": "UseStoreKey", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"], "Resource": key_arn,
+            "Condition": {"StringEquals": {"kms:ViaService": f"s3.{region}.amazonaws.com"}}}  # fmt: skip
+
+
+def gateway_policy(bucket_arn: str, key_arn: str, region: str) -> str:
+    """Read the whole store; write only the keys the data plane and the admin API write, never artifacts."""
     return json.dumps({
         "Version": "2012-10-17",
         "Statement": [
             {"Sid": "ListStore", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn},
             {"Sid": "ReadStore", "Effect": "Allow", "Action": "s3:GetObject", "Resource": f"{bucket_arn}/*"},
-            {"Sid": "WriteLogs", "Effect": "Allow", "Action": "s3:PutObject", "Resource": f"{bucket_arn}/logs/*"},
-            # its own record under gateways/: written every few seconds, removed on shutdown
-            {"Sid": "Heartbeat", "Effect": "Allow", "Action": ["s3:PutObject", "s3:DeleteObject"],
-             "Resource": f"{bucket_arn}/gateways/*"},
-            {"Sid": "UseStoreKey", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"], "Resource": key_arn},
+            {"Sid": "WriteState", "Effect": "Allow", "Action": "s3:PutObject",
+             "Resource": [f"{bucket_arn}/{k}" for k in GATEWAY_WRITES]},
+            {"Sid": "WithdrawHeartbeat", "Effect": "Allow", "Action": "s3:DeleteObject",
+             "Resource": [f"{bucket_arn}/{k}" for k in GATEWAY_DELETES]},
+            {"Sid": "NeverArtifacts", "Effect": "Deny", "Action": ["s3:PutObject", "s3:DeleteObject"],
+             "Resource": f"{bucket_arn}/{ARTIFACTS}"},
+            _use_store_key(key_arn, region),
         ],
     })  # fmt: skip
 
 
-def flows_policy(bucket_arn: str, key_arn: str) -> str:
+def flows_policy(bucket_arn: str, key_arn: str, region: str) -> str:
     return json.dumps({
         "Version": "2012-10-17",
         "Statement": [
             {"Sid": "ListStore", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn},
             {"Sid": "ReadWriteStore", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
              "Resource": f"{bucket_arn}/*"},
-            {"Sid": "UseStoreKey", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"], "Resource": key_arn},
+            _use_store_key(key_arn, region),
         ],
     })  # fmt: skip
 

@@ -5,6 +5,7 @@ HTTPS only, least-privilege IRSA, cost tags, and Kubernetes objects valid agains
 from __future__ import annotations
 
 import json
+import re
 
 import pulumi
 import pytest
@@ -189,16 +190,59 @@ def test_each_irsa_role_trusts_exactly_one_service_account(stack: Build) -> None
                                                       f"{issuer}:aud": "sts.amazonaws.com"}  # fmt: skip
 
 
-def test_the_gateway_reads_the_store_and_writes_only_logs_and_its_heartbeat(stack: Build) -> None:
+def _matches(pattern: str, value: str) -> bool:
+    """IAM's wildcards in actions and resources: * is any run of characters ("/" included), ? one."""
+    return re.fullmatch(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."), value) is not None
+
+
+def _allows(policy: list[dict], action: str, resource: str) -> bool:
+    """IAM's evaluation within one policy: an explicit Deny wins, else any Allow, else denied."""
+    hits = [s["Effect"] for s in policy
+            if any(_matches(a, action) for a in _list(s["Action"])) and any(_matches(r, resource) for r in _list(s["Resource"]))]  # fmt: skip
+    return "Deny" not in hits and "Allow" in hits
+
+
+# key → may the gateway write it; the keys are what fleet.router, fleet.tenants, fleet.audit,
+# Registry.transition, fleet.gateways and the inference log write
+GATEWAY_KEYS = {
+    "routes/demo-classifier.json": True,
+    "tenants/acme.json": True,
+    "events/demo-classifier/routes/0000000007.json": True,
+    "events/demo-classifier/versions/20250101T000000Z-0a1b2c3d.json": True,
+    "models/demo-classifier/1.2.0/manifest.json": True,
+    "gateways/3f2a9c.json": True,
+    "logs/inference/demo-classifier/2025/01/01/00/1735689600000-3f2a9c-1.parquet": True,
+    "models/demo-classifier/1.2.0/artifact/model.pt": False,
+    "models/demo-classifier/1.2.0/artifact/nested/manifest.json": False,  # * would match it, the Deny does not let it
+    "models/demo-classifier/1.2.0/registering.json": False,  # registration is the flows' work
+    "rollouts/demo-classifier.json": False,
+    "manifest.json": False,
+}
+
+
+def test_the_gateway_writes_exactly_what_its_data_plane_and_admin_api_write_and_never_artifacts(stack: Build) -> None:
     bucket = stack.one("aws:s3/bucket:Bucket", "models").state["arn"]
     _, policy = _role(stack, "gateway")
-    writes = {s["Resource"]: set(_list(s["Action"])) for s in policy
-              if {"s3:PutObject", "s3:DeleteObject"} & set(_list(s["Action"]))}  # fmt: skip
-    assert writes == {f"{bucket}/logs/*": {"s3:PutObject"}, f"{bucket}/gateways/*": {"s3:PutObject", "s3:DeleteObject"}}
+    for key, writable in GATEWAY_KEYS.items():
+        assert _allows(policy, "s3:GetObject", f"{bucket}/{key}"), key
+        assert _allows(policy, "s3:PutObject", f"{bucket}/{key}") is writable, key
+        # it deletes only its own heartbeat record, at shutdown
+        assert _allows(policy, "s3:DeleteObject", f"{bucket}/{key}") is key.startswith("gateways/"), key
+    assert _allows(policy, "s3:ListBucket", bucket)
+    other = "arn:aws:s3:::another-bucket"
+    assert not any(_allows(policy, a, f"{other}/routes/x.json") for a in ("s3:GetObject", "s3:PutObject"))
     assert {a for s in policy for a in _list(s["Action"])} == {"s3:ListBucket", "s3:GetObject", "s3:PutObject",
                                                                 "s3:DeleteObject", "kms:Decrypt", "kms:GenerateDataKey"}  # fmt: skip
+    key_arn = stack.one("aws:kms/key:Key", "models").state["arn"]
+    (kms,) = [s for s in policy if s["Resource"] == key_arn]
+    assert kms["Condition"] == {"StringEquals": {"kms:ViaService": "s3.us-east-1.amazonaws.com"}}  # SSE-KMS, through S3 only
+
+
+def test_the_flows_read_and_write_the_whole_store_and_no_role_has_a_wildcard_action(stack: Build) -> None:
+    bucket = stack.one("aws:s3/bucket:Bucket", "models").state["arn"]
     _, flows = _role(stack, "flows")
-    assert any(s["Resource"] == f"{bucket}/*" and "s3:PutObject" in s["Action"] for s in flows)
+    for key in GATEWAY_KEYS:
+        assert all(_allows(flows, a, f"{bucket}/{key}") for a in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")), key
     for role in ("gateway", "flows", "cluster-autoscaler"):
         for s in _role(stack, role)[1]:
             assert not any(a.endswith(":*") or a == "*" for a in _list(s["Action"])), (role, s)
