@@ -5,10 +5,16 @@ and ``fleet plan`` see the same rules). A problem names the stack file, the key,
 value and what was expected, all problems at once; an unknown key is an error, since a typo
 would otherwise silently fall back to a default. The placement plan is computed here, from
 the policies and the node pools, because every component sizes itself from it.
+
+One key is a secret: ``gatewayAdminToken`` (set with ``pulumi config set --secret``), the
+gateway's admin token. ``parse`` checks that it is there and long enough without ever
+keeping or showing it; ``load`` hands it on only as a secret Output (``require_secret``), so
+Pulumi encrypts it wherever it goes and it never reaches a stack output in plain text.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import re
@@ -41,6 +47,10 @@ OUT_FLOWS_ROLE = "flowsRoleArn"
 OUT_PLACEMENT = "placement"
 OUT_MAX_GPUS = "maxGpus"
 OUT_USD_PER_HOUR = "usdPerHour"
+
+ADMIN_TOKEN_KEY = "gatewayAdminToken"  # secret: FLEET_ADMIN_TOKEN of every gateway (turns on its admin API)
+ADMIN_TOKEN_MIN_CHARS = 32  # `openssl rand -hex 32` gives 64
+SET_ADMIN_TOKEN = f'pulumi config set --secret {ADMIN_TOKEN_KEY} "$(openssl rand -hex 32)"'
 
 
 def _is_cidr(value: str) -> bool:
@@ -131,6 +141,8 @@ class StackConfig:
     pools: tuple[NodePool, ...]
     policies: Policies
     plan: Plan
+    policy_files: dict[str, str]  # file name → text of the policy files, for the gateway's ConfigMap
+    admin_token: Any = None  # a secret pulumi.Output[str]; set by load() only, never a plain string
 
     @property
     def name(self) -> str:
@@ -153,6 +165,24 @@ def _is_text(annotation: Any) -> bool:
     return annotation is str
 
 
+def _admin_token_problem(token: Any, where: str) -> str | None:
+    """What is wrong with the admin token, never saying what it is."""
+    key = f"{where}: {PROJECT}:{ADMIN_TOKEN_KEY}"
+    if not isinstance(token, str) or not token.strip():
+        return problem(key, "not set", f"the gateway's admin token, as a secret: `{SET_ADMIN_TOKEN}`")
+    if len(token) < ADMIN_TOKEN_MIN_CHARS:
+        return problem(key, f"got {len(token)} characters (value not shown)",
+                       f"at least {ADMIN_TOKEN_MIN_CHARS}, e.g. `{SET_ADMIN_TOKEN}`")  # fmt: skip
+    return None
+
+
+def policy_files(path: Path) -> dict[str, str]:
+    """File name → text of the policy files at ``path``: a file, or the *.yaml / *.yml directly
+    in a folder (what ``fleet.spec.load_policies`` reads)."""
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".yaml", ".yml"))
+    return {f.name: f.read_text() for f in files}
+
+
 def parse(raw: dict[str, str], stack: str, region: str | None) -> StackConfig:
     """Validate ``raw`` (config key without namespace → value as Pulumi stores it: a string,
     JSON for lists and mappings) into a StackConfig."""
@@ -160,11 +190,15 @@ def parse(raw: dict[str, str], stack: str, region: str | None) -> StackConfig:
     problems = []
     if not region:
         problems.append(problem(f"{where}: aws:region", "not set", "the AWS region, e.g. `pulumi config set aws:region us-east-1`"))
+    if bad_token := _admin_token_problem(raw.get(ADMIN_TOKEN_KEY), where):
+        problems.append(bad_token)
     values: dict[str, Any] = {}
     for key, value in raw.items():
+        if key == ADMIN_TOKEN_KEY:
+            continue  # checked above; the value stays out of Settings and every message
         field = Settings.model_fields.get(key)
         if field is None:
-            known = list(Settings.model_fields)
+            known = [*Settings.model_fields, ADMIN_TOKEN_KEY]
             problems.append(problem(f"{where}: {PROJECT}:{key}", "unknown key", f"one of {', '.join(known)}{hint(key, known)}"))
             continue
         try:
@@ -180,7 +214,8 @@ def parse(raw: dict[str, str], stack: str, region: str | None) -> StackConfig:
     policies = load_policies(ROOT / settings.policies)
     pools = pools_from_config(settings.nodePools, f"{where}: {PROJECT}")
     models = models_from_config(settings.models, f"{where}: {PROJECT}", policies)
-    return StackConfig(stack, region, settings, pools, policies, plan(policies, pools, models))
+    placed = plan(policies, pools, models)
+    return StackConfig(stack, region, settings, pools, policies, placed, policy_files(ROOT / settings.policies))
 
 
 def load() -> StackConfig:
@@ -194,5 +229,6 @@ def load() -> StackConfig:
         namespace, _, key = full.partition(":")
         if namespace == PROJECT:
             raw[key.removeprefix("config:")] = value  # old-style keys read "project:config:key"
-    return parse(raw, pulumi.get_stack(), pulumi.Config("aws").get("region"))
+    stack = parse(raw, pulumi.get_stack(), pulumi.Config("aws").get("region"))
+    return dataclasses.replace(stack, admin_token=pulumi.Config(PROJECT).require_secret(ADMIN_TOKEN_KEY))
 

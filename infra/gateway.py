@@ -5,6 +5,14 @@ finds model replicas through the Kubernetes runtime (``FLEET_RUNTIME=kubernetes`
 its Role in the models namespace lets it read but not change. The Service is a NodePort the
 load balancer's target group points at; a PodDisruptionBudget keeps all but one replica up
 during node drains, and an HPA scales it on CPU.
+
+Its admin API is on: ``FLEET_ADMIN_TOKEN`` comes from a Secret made from the stack's secret
+``gatewayAdminToken``. The policies are a ConfigMap of ``policies/*.yaml`` mounted at
+``POLICY_DIR`` (``FLEET_POLICIES``). Both are auto-named: pulumi-kubernetes replaces a
+ConfigMap or Secret whose data changed, under a new name, so the pod template changes with
+it and a token rotation or a policy change rolls the gateway. Each pod announces its own
+address (``--public-url http://$(POD_IP):8000``), so an admin change is pushed to every
+gateway, not to whichever one the Service picks.
 """
 
 from __future__ import annotations
@@ -20,6 +28,12 @@ from infra.nodegroups import SYSTEM_GROUP
 
 NAME = "fleet-gateway"
 PORT = 8000
+POLICY_DIR = "/etc/fleet/policies"
+ADMIN_TOKEN_ITEM = "token"  # the key in the Secret's data
+DRAIN_S = 10  # preStop: stay in the endpoints until kube-proxy on every node has dropped this pod
+# after SIGTERM: uvicorn's graceful shutdown (10 s), the inference log's last flush, the
+# heartbeat record withdrawn; the kubelet kills what is left after the grace period
+GRACE_S = DRAIN_S + 30
 LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "serving-fleet"}
 
 
@@ -32,6 +46,8 @@ class GatewayArgs:
     role_arn: pulumi.Input[str]
     region: str
     settings: GatewaySettings
+    admin_token: pulumi.Input[str]  # a secret Output
+    policy_files: dict[str, str]  # file name → YAML text
 
 
 class Gateway(pulumi.ComponentResource):
@@ -43,13 +59,23 @@ class Gateway(pulumi.ComponentResource):
         account = k8s.core.v1.ServiceAccount(
             f"{name}-sa", metadata={**meta, "annotations": {"eks.amazonaws.com/role-arn": args.role_arn}}, opts=child
         )
+        owned = {"namespace": args.namespace, "labels": LABELS}  # no name: auto-named, see the module docstring
+        token = k8s.core.v1.Secret(
+            f"{name}-admin-token", metadata=owned, type="Opaque",
+            string_data={ADMIN_TOKEN_ITEM: pulumi.Output.secret(args.admin_token)}, opts=child,
+        )  # fmt: skip
+        policies = k8s.core.v1.ConfigMap(f"{name}-policies", metadata=owned, data=args.policy_files, opts=child)
         probe = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3}
         memory = f"{int(s.memory_gib * 1024)}Mi"
         container = {
             "name": "gateway", "image": args.image,
-            "args": ["fleet", "gateway", "--host", "0.0.0.0", "--port", str(PORT)],
+            # Kubernetes expands $(POD_IP) from the env below: each pod announces its own address
+            "args": ["fleet", "gateway", "--host", "0.0.0.0", "--port", str(PORT), "--public-url", f"http://$(POD_IP):{PORT}"],
             "ports": [{"name": "http", "containerPort": PORT}],
             "env": [
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": "FLEET_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": token.metadata.name, "key": ADMIN_TOKEN_ITEM}}},
+                {"name": "FLEET_POLICIES", "value": POLICY_DIR},
                 {"name": "FLEET_STORE", "value": args.store_url},
                 {"name": "FLEET_RUNTIME", "value": "kubernetes"},
                 {"name": "FLEET_KUBE_NAMESPACE", "value": args.models_namespace},
@@ -59,11 +85,11 @@ class Gateway(pulumi.ComponentResource):
             "resources": {"requests": {"cpu": f"{s.cpu:g}", "memory": memory}, "limits": {"memory": memory}},
             "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, **probe},
             "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, **probe, "periodSeconds": 10},
-            # stay in the endpoints until kube-proxy on every node has dropped this pod
-            "lifecycle": {"preStop": {"sleep": {"seconds": 10}}},
+            "lifecycle": {"preStop": {"sleep": {"seconds": DRAIN_S}}},
             "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                 "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
-            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
+                             {"name": "policies", "mountPath": POLICY_DIR, "readOnly": True}],
         }  # fmt: skip
         k8s.apps.v1.Deployment(
             f"{name}-deployment",
@@ -75,16 +101,17 @@ class Gateway(pulumi.ComponentResource):
                 "template": {"metadata": {"labels": LABELS}, "spec": {
                     "serviceAccountName": NAME,
                     "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    "volumes": [{"name": "tmp", "emptyDir": {}},
+                                {"name": "policies", "configMap": {"name": policies.metadata.name}}],
                     "nodeSelector": {POOL_LABEL: SYSTEM_GROUP},
-                    "terminationGracePeriodSeconds": 40,
+                    "terminationGracePeriodSeconds": GRACE_S,
                     "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
                                                    "whenUnsatisfiable": "ScheduleAnyway",
                                                    "labelSelector": {"matchLabels": LABELS}}],
                 }},
             },
             # the HPA owns the replica count once the Deployment exists
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[account], ignore_changes=["spec.replicas"]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[account, token, policies], ignore_changes=["spec.replicas"]),
         )  # fmt: skip
         service = k8s.core.v1.Service(
             f"{name}-service", metadata=meta,

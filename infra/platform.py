@@ -59,6 +59,8 @@ class PlatformArgs:
     autoscaler_role_arn: pulumi.Input[str]
     gateway: GatewaySettings
     gateway_image_tag: str
+    gateway_admin_token: pulumi.Input[str]  # a secret Output
+    policy_files: dict[str, str]  # file name → YAML text, mounted into the gateway
 
 
 def model_quota(plan: Plan) -> dict[str, str]:
@@ -182,6 +184,7 @@ class Platform(pulumi.ComponentResource):
             namespace=GATEWAY_NS, models_namespace=MODELS_NS,
             image=pulumi.Output.concat(args.images[GATEWAY_REPOSITORY], ":", args.gateway_image_tag),
             store_url=args.store_url, role_arn=args.gateway_role_arn, region=args.region, settings=gw,
+            admin_token=args.gateway_admin_token, policy_files=args.policy_files,
         ), opts=pulumi.ResourceOptions(parent=self, providers={"kubernetes": provider}, depends_on=[namespaces[GATEWAY_NS]]))  # fmt: skip
         self.register_outputs({})
 

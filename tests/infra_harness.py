@@ -2,10 +2,13 @@
 
 ``build(stack)`` loads ``Pulumi.<stack>.yaml`` as the stack's config, runs
 ``infra/__main__.py`` exactly as ``pulumi up`` would (``runpy`` on the folder), and returns
-every registered resource — type, name, URN, parent, inputs (the wire names, camelCase),
-the state the mocks answered with, and its dependencies per property — plus the stack
-outputs. The mocks answer like AWS would where the program reads outputs back (bucket
-names, OIDC issuer, repository URLs, autoscaling group names).
+every registered resource — type, name, URN, parent, inputs (the wire names, camelCase;
+secrets unwrapped, their top-level names in ``secret_inputs``), the state the mocks
+answered with, and its dependencies per property — plus the stack outputs. The mocks answer
+like AWS would where the program reads outputs back (bucket names, OIDC issuer, repository
+URLs, autoscaling group names), and like pulumi-kubernetes where it auto-names an object.
+The stack's secret ``gatewayAdminToken`` is ``ADMIN_TOKEN``, as if ``pulumi config set
+--secret`` had put it there.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "serving-fleet"
 ACCOUNT = "123456789012"
 REGION = "us-east-1"
+ADMIN_TOKEN_KEY = f"{PROJECT}:gatewayAdminToken"
+ADMIN_TOKEN = "test-admin-token-must-stay-secret-0123456789abcdef"
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `infra` imports as a package, as infra/__main__.py arranges too
@@ -45,6 +50,7 @@ class Registered:
     id: str
     dependencies: list[str] = field(default_factory=list)
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)
+    secret_inputs: set[str] = field(default_factory=set)  # inputs that were registered as secrets
 
 
 @dataclass
@@ -71,6 +77,11 @@ def _physical(name: str) -> str:
 
 def _state(typ: str, name: str, inputs: dict) -> tuple[str, dict]:
     """(id, outputs) as AWS would answer for what the program reads back."""
+    if typ.startswith("kubernetes:"):
+        # pulumi-kubernetes names an object without metadata.name "<resource name>-<8 random characters>"
+        metadata = inputs.get("metadata") or {}
+        named = {**metadata, "name": metadata.get("name") or f"{name}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"}
+        return f"{named.get('namespace', 'default')}/{named['name']}", {**inputs, "metadata": named}
     arn = f"arn:aws:{typ.split(':')[1].split('/')[0]}:{REGION}:{ACCOUNT}:{name}"
     out: dict[str, Any] = {**inputs, "arn": arn}
     rid = f"{name}-id"
@@ -115,9 +126,10 @@ def _call(token: str, args: dict) -> dict:
 
 
 def stack_config(stack: str) -> dict[str, str]:
-    """Pulumi.<stack>.yaml's config as the engine hands it to a program: strings, JSON for the rest."""
+    """Pulumi.<stack>.yaml's config as the engine hands it to a program: strings, JSON for the
+    rest, the secret admin token decrypted."""
     raw = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
-    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
+    return {**{k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}, ADMIN_TOKEN_KEY: ADMIN_TOKEN}
 
 
 def build(stack: str, config: dict[str, str] | None = None) -> Build:
@@ -157,16 +169,19 @@ def _build(stack: str, config: dict[str, str] | None) -> Build:
             response = super().RegisterResource(request)
             if request.type != "pulumi:pulumi:Stack":
                 registration = self.resources.get(response.urn)
+                inputs = pulumi.runtime.rpc.deserialize_properties(request.object)
+                secret = {k for k, v in inputs.items() if pulumi.runtime.rpc.is_rpc_secret(v)}
                 resources.append(Registered(
-                    type=request.type, name=request.name, urn=response.urn, parent=request.parent,
-                    custom=request.custom, inputs=pulumi.runtime.rpc.deserialize_properties(request.object),
+                    type=request.type, name=request.name, urn=response.urn, parent=request.parent, custom=request.custom,
+                    inputs={k: pulumi.runtime.rpc.unwrap_rpc_secret(v) for k, v in inputs.items()},
                     state=registration.state if registration else {}, id=registration.id if registration else "",
                     dependencies=list(request.dependencies),
                     property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
+                    secret_inputs=secret,
                 ))  # fmt: skip
             return response
 
-    pulumi.runtime.set_all_config(config if config is not None else stack_config(stack))
+    pulumi.runtime.set_all_config(config if config is not None else stack_config(stack), [ADMIN_TOKEN_KEY])
     monitor = Monitor(Mocks())
     pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
     exported: dict[str, Any] = {}

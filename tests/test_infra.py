@@ -9,7 +9,7 @@ import re
 
 import pulumi
 import pytest
-from infra_harness import ROOT, Build, build, example, stack_config, takes_tags
+from infra_harness import ADMIN_TOKEN, ADMIN_TOKEN_KEY, ROOT, Build, build, example, stack_config, takes_tags
 from k8s_schemas import json_ints, validate
 
 from fleet.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, plan
@@ -276,34 +276,98 @@ def test_every_taggable_aws_resource_carries_the_cost_tags(stack: Build) -> None
 
 
 def _manifests(stack: Build) -> list[dict]:
+    """The Kubernetes objects as the provider sends them: inputs, with the names it auto-generated."""
     skip = ("pulumi:providers:kubernetes", "kubernetes:helm.sh/v3:Release")
-    return [r.inputs for r in stack.resources if r.type.startswith("kubernetes:") and r.type not in skip]
+    return [{**r.inputs, "metadata": r.state["metadata"]} for r in stack.resources
+            if r.type.startswith("kubernetes:") and r.type not in skip]  # fmt: skip
+
+
+def _gateway(stack: Build) -> tuple[dict, dict]:
+    """(pod spec, container) of the gateway Deployment."""
+    (deployment,) = [o for o in _manifests(stack) if o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    return pod, container
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container["env"]}
 
 
 def test_every_kubernetes_object_is_valid_against_its_schema(stack: Build) -> None:
     objects = _manifests(stack)
     kinds = {o["kind"] for o in objects}
     assert kinds >= {"Namespace", "ResourceQuota", "Deployment", "Service", "PodDisruptionBudget",
-                     "HorizontalPodAutoscaler", "ConfigMap", "Role", "RoleBinding", "ServiceAccount",
+                     "HorizontalPodAutoscaler", "ConfigMap", "Secret", "Role", "RoleBinding", "ServiceAccount",
                      "PrometheusRule", "ServiceMonitor"}  # fmt: skip
     for obj in objects:
         validate(obj)
 
 
 def test_the_gateway_deployment_probes_drains_and_runs_on_system_nodes(stack: Build) -> None:
-    (deployment,) = [o for o in _manifests(stack) if o["kind"] == "Deployment"]
-    pod = deployment["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["FLEET_RUNTIME"] == "kubernetes" and env["FLEET_STORE"] == stack.outputs["storeUrl"]
+    pod, container = _gateway(stack)
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    # SIGTERM comes after the preStop sleep; the gateway then flushes its inference log
+    drain = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pod["terminationGracePeriodSeconds"] >= drain + 15
+    env = _env(container)
+    assert env["FLEET_RUNTIME"]["value"] == "kubernetes" and env["FLEET_STORE"]["value"] == stack.outputs["storeUrl"]
     assert pod["nodeSelector"] == {POOL_LABEL: "system"} and GPU_RESOURCE not in container["resources"]["requests"]
     (service,) = [o for o in _manifests(stack) if o["kind"] == "Service"]
     node_port = json.loads(stack_config(stack.stack)["serving-fleet:gateway"]).get("node_port", 30080)
     assert service["spec"]["type"] == "NodePort" and service["spec"]["ports"][0]["nodePort"] == node_port
     (targets,) = stack.of_type("aws:lb/targetGroup:TargetGroup")
     assert targets.inputs["port"] == node_port and targets.inputs["healthCheck"]["path"] == "/v2/health/ready"
+
+
+def test_each_gateway_pod_announces_its_own_address(stack: Build) -> None:
+    _, container = _gateway(stack)
+    args = container["args"]
+    assert args[:6] == ["fleet", "gateway", "--host", "0.0.0.0", "--port", "8000"]
+    assert args[args.index("--public-url") + 1] == "http://$(POD_IP):8000"  # Kubernetes expands $(POD_IP)
+    assert _env(container)["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert container["ports"] == [{"name": "http", "containerPort": 8000}]
+
+
+def test_the_gateway_admin_token_comes_from_a_secret_and_is_never_plain_text(stack: Build) -> None:
+    (secret,) = stack.of_type("kubernetes:core/v1:Secret")
+    assert secret.inputs["type"] == "Opaque" and secret.inputs["stringData"] == {"token": ADMIN_TOKEN}
+    assert "stringData" in secret.secret_inputs  # encrypted in the state like every secret
+    _, container = _gateway(stack)
+    ref = _env(container)["FLEET_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": secret.state["metadata"]["name"], "key": "token"}
+    assert ADMIN_TOKEN not in json.dumps(stack.outputs, default=str)
+    for r in stack.resources:
+        plain = {k: v for k, v in r.inputs.items() if k not in r.secret_inputs}
+        assert ADMIN_TOKEN not in json.dumps(plain, default=str), f"{r.type} {r.name} holds the admin token in plain text"
+
+
+def test_the_gateway_reads_the_stacks_policies_from_a_config_map(stack: Build, tmp_path) -> None:  # noqa: ANN001
+    pod, container = _gateway(stack)
+    folder = _env(container)["FLEET_POLICIES"]["value"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == folder]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    (cm,) = [o for o in _manifests(stack) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == volume["configMap"]["name"]]
+    assert cm["data"] == {f.name: f.read_text() for f in sorted((ROOT / "policies").glob("*.yaml"))}
+    for name, text in cm["data"].items():  # the folder the gateway sees
+        (tmp_path / name).write_text(text)
+    assert load_policies(tmp_path) == load_policies(ROOT / "policies")
+
+
+def test_the_admin_token_must_be_set_and_long_and_is_never_shown() -> None:
+    config = stack_config("dev")
+    del config[ADMIN_TOKEN_KEY]
+    with pytest.raises(pulumi.RunError) as err:
+        build("dev", config)
+    assert ("Pulumi.dev.yaml: serving-fleet:gatewayAdminToken: not set — expected the gateway's admin token, as a "
+            'secret: `pulumi config set --secret gatewayAdminToken "$(openssl rand -hex 32)"`') in str(err.value)  # fmt: skip
+    config[ADMIN_TOKEN_KEY] = "short-but-secret"
+    with pytest.raises(pulumi.RunError) as err:
+        build("dev", config)
+    assert "serving-fleet:gatewayAdminToken: got 16 characters (value not shown) — expected at least 32" in str(err.value)
+    assert "short-but-secret" not in str(err.value)
 
 
 def test_the_runtime_config_map_carries_the_plan_and_quotas_follow_it(stack: Build) -> None:
