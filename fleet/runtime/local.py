@@ -2,8 +2,10 @@
 
 Each replica is a process group of its own (BentoML forks workers) on a free port, with
 its log and a state file under ``<run_dir>/<model>/<version>/``. ``deploy`` waits until
-every replica answers ``/readyz`` or fails with the log's last lines. A state file whose
-process is gone (a crash, a reboot) is detected by ``list`` and removed.
+every replica answers ``/readyz`` or fails with the log's last lines. BentoML starts its
+workers in sessions of their own, holding the server's socket: the state file records
+them, and stopping a replica stops them too. A state file whose server is gone (a crash,
+a reboot) is detected by ``list``, its surviving workers are stopped and it is removed.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import httpx
 
 from fleet.errors import FleetError, InvalidInput
 from fleet.names import check_name, check_version
-from fleet.processes import alive, stop_group, tail
+from fleet.processes import alive, stop_group, tail, tree
 from fleet.types import Deployment
 
 READY_TIMEOUT_S = 120.0
@@ -40,11 +42,16 @@ class _Replica:
     url: str
     log: str
     bento: str
+    workers: tuple[int, ...] = ()  # BentoML's workers live in sessions of their own
+
+    def stop(self) -> None:
+        stop_group(self.pid, also=tuple(w for w in self.workers if alive(w, b"bentoml")))
 
     @classmethod
     def read(cls, path: Path) -> _Replica | None:
         try:
-            return cls(**json.loads(path.read_text()))
+            data = json.loads(path.read_text())
+            return cls(**{**data, "workers": tuple(data.get("workers", ()))})
         except (OSError, ValueError, TypeError):
             return None
 
@@ -76,6 +83,8 @@ class LocalRuntime:
             if replica is not None and alive(replica.pid, b"bentoml"):
                 live.append((path, replica))
             else:
+                if replica is not None:  # a crashed server's workers may still hold its port
+                    replica.stop()
                 path.unlink(missing_ok=True)
         return live
 
@@ -84,7 +93,7 @@ class LocalRuntime:
             raise InvalidInput(f"replicas must be >= 1, got {replicas}")
         running = self._replicas(model, version)
         for path, replica in running[replicas:]:
-            stop_group(replica.pid)
+            replica.stop()
             path.unlink(missing_ok=True)
         running = running[:replicas]
         if len(running) < replicas:
@@ -97,9 +106,10 @@ class LocalRuntime:
                     self._wait_ready(model, version, replica)
             except BaseException:
                 for path, replica in started:
-                    stop_group(replica.pid)
+                    replica.stop()
                     path.unlink(missing_ok=True)
                 raise
+            started = [(path, self._record_workers(path, replica)) for path, replica in started]
             running += started
         return Deployment(model, version, tuple(r.url for _, r in running))
 
@@ -140,9 +150,16 @@ class LocalRuntime:
             f"{replica.log}:\n" + tail(replica.log, LOG_TAIL_LINES)
         )
 
+    def _record_workers(self, path: Path, replica: _Replica) -> _Replica:
+        """Once ready, note the server's worker processes: they outlive a crash of the server."""
+        workers = tuple(p for p in tree(replica.pid) if p != replica.pid)
+        recorded = _Replica(**{**replica.__dict__, "workers": workers})
+        path.write_text(json.dumps({**recorded.__dict__, "workers": list(workers)}))
+        return recorded
+
     def undeploy(self, model: str, version: str) -> None:
         for path, replica in self._replicas(model, version):
-            stop_group(replica.pid)
+            replica.stop()
             path.unlink(missing_ok=True)
 
     def list(self) -> list[Deployment]:
