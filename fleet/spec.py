@@ -90,7 +90,7 @@ class Resources(_Spec):
 
 class Batching(_Spec):
     max_batch_size: int = Field(32, ge=1, le=4096)
-    max_latency_ms: int = Field(50, ge=1, le=60000)  # longest a request waits for its batch to fill
+    max_latency_ms: int = Field(50, ge=1, le=60000)  # BentoML drops (503) a request queued this long
 
 
 class Autoscaling(_Spec):
