@@ -3,7 +3,8 @@
 The same function serves ``fleet rollback``, the gateway's admin API and the rollback
 flow. With a canary in flight, rolling back ends the canary (all traffic to stable) and
 marks the canary ``rejected``. Without one, the stable version before the current one —
-the most recent other stable in the route history — becomes stable again. Every running
+the most recent other stable in the route history — becomes stable again; given the
+runtime, it is started first if it no longer runs. Every running
 gateway is then told to re-read the routes (``fleet.gateways.notify``), so the change is
 served within milliseconds instead of at the next poll.
 """
@@ -17,6 +18,7 @@ from fleet.errors import Conflict, InvalidInput
 from fleet.registry import State
 from fleet.router import Router
 from fleet.routing import RouteTable
+from fleet.types import Runtime
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,22 @@ def previous_stable(router: Router, model: str, current: str | None) -> str | No
     return None
 
 
-def rollback(router: Router, model: str, to_version: str | None = None, *, why: str, who: str | None = None) -> RollbackResult:
-    """Move traffic to ``to_version`` (default: end the canary, else the previous stable)."""
+def rollback(
+    router: Router,
+    model: str,
+    to_version: str | None = None,
+    *,
+    why: str,
+    who: str | None = None,
+    runtime: Runtime | None = None,
+    start_missing: bool = True,
+) -> RollbackResult:
+    """Move traffic to ``to_version`` (default: end the canary, else the previous stable).
+
+    With a ``runtime``, a target that is not running (an old stable undeployed after its
+    rollback window) is deployed and ready before any traffic moves to it — or, with
+    ``start_missing=False`` (the gateway, which may not start services), refused.
+    """
     who = who or audit.actor()
     table = router.get(model)
     if table.stable is None:
@@ -55,6 +71,11 @@ def rollback(router: Router, model: str, to_version: str | None = None, *, why: 
     if to_version not in states:
         raise InvalidInput(f"{model}:{to_version} is not registered; registered: {', '.join(states) or 'none'}")
     moved_from = canary if to_version == table.stable else table.stable
+    if runtime is not None and not any(d.model == model and d.version == to_version for d in runtime.list()):
+        if not start_missing:
+            raise Conflict(f"{model}:{to_version} is not running, and traffic never goes to a version that is not; "
+                           "`fleet rollback` (the flow) starts it first")  # fmt: skip
+        runtime.deploy(model, to_version)  # routing never points at a version that is not running
     after = router.set(model, stable=to_version, clear_canary=True, why=f"rollback: {why}", who=who)
     rejected = None
     if canary is not None and canary != to_version and router.registry.states(model).get(canary) == State.CANARY:

@@ -60,3 +60,29 @@ def test_rollback_to_a_named_version_and_the_refusals(router: Router) -> None:
     router.set("demo", canary="1.1.0", weight=10, why="canary")
     router.set("demo", stable="1.1.0", why="promote")
     assert rollback(router, "demo", "1.0.0", why="back to the first").table.stable == "1.0.0"
+
+
+def test_a_target_that_is_not_running_is_started_first_or_refused(router: Router) -> None:
+    from fleet.types import Deployment
+
+    class Runtime:
+        def __init__(self) -> None:
+            self.running = {"1.1.0"}
+
+        def list(self) -> list[Deployment]:
+            return [Deployment("demo", v, ("http://x",)) for v in self.running]
+
+        def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment:
+            assert router.get(model).stable != version  # started before traffic moves
+            self.running.add(version)
+            return Deployment(model, version, ("http://x",))
+
+    router.set("demo", stable="1.0.0", why="first")
+    router.set("demo", canary="1.1.0", weight=10, why="canary")
+    router.set("demo", stable="1.1.0", why="promote")
+    runtime = Runtime()  # 1.0.0 was undeployed after its rollback window
+    with pytest.raises(Conflict, match="1.0.0 is not running"):
+        rollback(router, "demo", why="x", runtime=runtime, start_missing=False)
+    assert router.get("demo").stable == "1.1.0"
+    assert rollback(router, "demo", why="x", runtime=runtime).to_version == "1.0.0"
+    assert "1.0.0" in runtime.running

@@ -27,7 +27,7 @@ from fleet.registry import Registry
 from fleet.rollback import rollback
 from fleet.router import Router
 from fleet.tenants import Quota, Tenants, parse_entitlements
-from fleet.types import ObjectStore
+from fleet.types import ObjectStore, Runtime
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -45,7 +45,12 @@ def _default(value: Any) -> Any:
 
 
 def admin_routes(
-    store: ObjectStore, token: str | None, *, on_change: Callable[[], None], stats: Callable[[str, int], dict]
+    store: ObjectStore,
+    token: str | None,
+    *,
+    on_change: Callable[[], None],
+    stats: Callable[[str, int], dict],
+    runtime: Runtime | None = None,
 ) -> list[Route]:
     registry, router, tenants = Registry(store), Router(store), Tenants(store)
 
@@ -113,7 +118,8 @@ def admin_routes(
     async def do_rollback(request: Request) -> Response:
         data, model = await body(request), request.path_params["model"]
         why = reason(data)
-        result = await asyncio.to_thread(rollback, router, model, data.get("to_version"), why=why)
+        result = await asyncio.to_thread(rollback, router, model, data.get("to_version"), why=why, runtime=runtime,
+                                         start_missing=False)  # fmt: skip
         on_change()
         pushed = await asyncio.to_thread(gateways.notify, store, token)
         return json_response({**result.__dict__, "gateways_notified": pushed})

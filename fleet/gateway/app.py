@@ -413,7 +413,7 @@ def create_app(
             Route("/v2/models/{model}/versions/{version}", model_metadata),
             Route("/v2/models/{model}/versions/{version}/ready", model_ready),
             Route("/metrics", metrics),
-            *admin_routes(view.store, settings.admin_token, on_change=view.wake, stats=stats),
+            *admin_routes(view.store, settings.admin_token, on_change=view.wake, stats=stats, runtime=view.runtime),
         ],
         exception_handlers={FleetError: fleet_error, HTTPException: http_error},
         lifespan=lifespan,
