@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fleet import analysis, audit, gateways, records
 from fleet.errors import Conflict, FleetError, InvalidInput
+from fleet.metrics import MetricsUnavailable
 from fleet.registry import ModelVersion, Registry, State
 from fleet.rollback import rollback
 from fleet.router import Router
@@ -38,6 +39,7 @@ from fleet.validation import explain
 
 Phase = Literal["preflight", "deploy", "shadow", "step", "approval", "promote", "promoted", "rolled_back", "rejected"]
 TERMINAL = frozenset({"promoted", "rolled_back", "rejected"})
+BASELINE_S = 300  # the stable's traffic before the rollout that the 100 % step is judged against
 
 
 class RolloutFailed(FleetError):
@@ -72,7 +74,9 @@ class RolloutState(BaseModel):
     step: int = -1  # index into the policy's steps; -1 before the first
     weight: float = 0.0
     step_started: float = 0.0
-    baseline: dict[str, Any] | None = None  # the stable's last judged window (for the 100 % step)
+    # what the 100 % step is judged against: the stable at full traffic before the rollout,
+    # else the stable's window of the last step that passed
+    baseline: dict[str, Any] | None = None
     reports: list[StepReport] = []
     preflight: list[dict[str, str]] = []
     reason: str = ""
@@ -150,6 +154,9 @@ class Rollout:
     def begin(self, model: str, version: str, run_id: str) -> RolloutState:
         """Start a rollout, or resume the stored one of the same version; call under the lease."""
         stored = self.load(model)
+        if stored is not None and stored.phase == "promoted" and stored.version == version:
+            if self.router.get(model).stable == version:
+                return stored  # run again after it finished: nothing left to do
         if stored is not None and not stored.done:
             if stored.version == version:
                 state = self._save(stored, run_id=run_id)
@@ -237,6 +244,13 @@ class Rollout:
             state = self._save(state, phase="approval")
             self._event("awaiting-approval", state)
             return state
+        if step == 0:
+            # At 100 % nothing serves on stable, so the canary is judged against the stable as it
+            # was at full traffic just before the rollout: the same load, not a step's share of it.
+            now = self.clock()
+            recent = self.metrics.window(state.model, state.champion, now - BASELINE_S, now)
+            if recent.requests >= self.policy.min_samples or weight >= 100:
+                state = self._save(state, baseline=asdict(recent))
         self._route(state, f"step {step + 1}/{len(self.policy.steps)} at {weight:g}%", canary=state.version, weight=weight)
         now = self.clock()
         report = StepReport(phase="step", weight=weight, started=now)
@@ -257,11 +271,19 @@ class Rollout:
             return self._ended_elsewhere(state, table), None
         now = self.clock()
         t0 = state.step_started
-        stable = self.metrics.window(state.model, state.champion, t0, now)
-        canary = self.metrics.window(state.model, state.version, t0, now)
+        try:
+            stable = self.metrics.window(state.model, state.champion, t0, now)
+            canary = self.metrics.window(state.model, state.version, t0, now)
+        except MetricsUnavailable as exc:
+            # no data is not bad data: hold, and fail only once the step's deadline passed
+            if now < t0 + self.policy.hold_deadline_s:
+                self._event("verdict", state, outcome="hold", summary=f"metrics unavailable: {exc}")
+                return state, None
+            return self._rollback(state, f"gate metrics breached: unreadable until the step's deadline ({exc})",
+                                  ["metrics"]), None  # fmt: skip
         reference = stable
-        if state.phase == "step" and state.weight >= 100:
-            reference = _window(state.baseline) if state.baseline else self._pre_step_baseline(state, t0)
+        if state.phase == "step" and state.weight >= 100 and state.baseline:
+            reference = _window(state.baseline)
         verdict = analysis.judge(reference, canary, self.policy, step_started=t0,
                                  phase="shadow" if state.phase == "shadow" else "canary")  # fmt: skip
         report = state.reports[-1].model_copy(update={
@@ -281,15 +303,11 @@ class Rollout:
         if state.phase == "shadow" and now - t0 < self.policy.shadow_duration_s:
             return state, verdict  # the gates pass; the shadow phase still runs its full duration
         closed = report.model_copy(update={"outcome": "advance", "ended": now})
-        baseline = asdict(stable) if stable.requests else state.baseline
+        baseline = state.baseline or (asdict(stable) if stable.requests else None)  # the pre-rollout one wins
         state = self._save(state, reports=[*state.reports[:-1], closed], baseline=baseline)
         if state.phase == "shadow":
             self._route(state, "shadow phase passed", clear_shadow=True)
         return self._next_step(state), verdict
-
-    def _pre_step_baseline(self, state: RolloutState, t0: float) -> ArmWindow:
-        """The stable's traffic in the analysis window just before a 100 % first step."""
-        return self.metrics.window(state.model, state.champion, t0 - self.policy.analysis_window_s, t0)
 
     def approve(self, state: RolloutState, approved: bool, by: str, note: str = "") -> RolloutState:
         if state.phase != "approval":

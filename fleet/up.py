@@ -1,8 +1,9 @@
 """``fleet up``: the whole fleet on one machine, on the embedded defaults.
 
-Store ``./.fleet/store``, the Prefect server (SQLite, UI) on 127.0.0.1:4200, the demo model
-trained and registered on first run, its stable (and canary) version served by
-``bentoml serve`` processes, and the gateway on 127.0.0.1:8000. Ctrl-C stops every child;
+Store ``./.fleet/store``, the Prefect server (SQLite, UI) on 127.0.0.1:4200 with the
+fleet's deployments served by ``fleet flows serve``, the demo model trained and registered
+on first run, its stable (and canary) version served by ``bentoml serve`` processes, and
+the gateway on 127.0.0.1:8000 with its admin API on (token in ``.fleet/admin-token``). Ctrl-C stops every child;
 a run after a crash first stops what the crashed one left running.
 """
 
@@ -51,21 +52,57 @@ class Settings:
 
 def check_port_free(port: int, what: str, flag: str) -> None:
     with socket.socket() as s:
+        # as the servers themselves bind: a port whose old connections linger in TIME_WAIT is free
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
             raise ConfigError(f"port {port} for the {what} is in use on 127.0.0.1; free it or pass {flag}") from None
 
 
-class Prefect:
-    """The Prefect server as a child process group, with a pid file for crash cleanup."""
+class Child:
+    """A child process group with a pid file, so a run after a crash can stop what was left."""
+
+    def __init__(self, home: Path, name: str, marker: bytes) -> None:
+        self.home, self.name, self.marker = home, name, marker
+        self.pid_file = home / "run" / f"{name}.json"
+        self.log = home / "run" / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def stop_leftover(self) -> None:
+        try:
+            pid = json.loads(self.pid_file.read_text())["pid"]
+        except (OSError, ValueError, KeyError):
+            return
+        if alive(pid, self.marker):
+            stop_group(pid)
+        self.pid_file.unlink(missing_ok=True)
+
+    def spawn(self, cmd: list[str], env: dict[str, str], **record: object) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, start_new_session=True)  # fmt: skip
+        self.pid_file.write_text(json.dumps({"pid": self.proc.pid, **record}))
+
+    def check_alive(self, what: str) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise StartFailed(f"{what} exited; last lines of {self.log}:\n{tail(self.log)}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_group(self.proc.pid)
+            self.proc = None
+        self.pid_file.unlink(missing_ok=True)
+
+
+class Prefect(Child):
+    """The Prefect server (SQLite) and its UI."""
 
     def __init__(self, home: Path, port: int) -> None:
-        self.home, self.port = home, port
-        self.pid_file = home / "run" / "prefect.json"
-        self.log = home / "run" / "prefect.log"
+        super().__init__(home, "prefect", b"prefect")
+        self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def env(self) -> dict[str, str]:
         return {
@@ -75,31 +112,14 @@ class Prefect:
             "PREFECT_API_URL": f"{self.url}/api",
         }
 
-    def stop_leftover(self) -> None:
-        try:
-            pid = json.loads(self.pid_file.read_text())["pid"]
-        except (OSError, ValueError, KeyError):
-            return
-        if alive(pid, b"prefect"):
-            stop_group(pid)
-        self.pid_file.unlink(missing_ok=True)
-
     def start(self) -> None:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
         prefect = str(Path(sys.executable).with_name("prefect"))
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env(),
-                start_new_session=True,
-            )  # fmt: skip
-        self.pid_file.write_text(json.dumps({"pid": self.proc.pid, "port": self.port}))
+        self.spawn([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(self.port)], self.env(), port=self.port)
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + PREFECT_READY_TIMEOUT_S
         while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise StartFailed(f"the Prefect server exited; last lines of {self.log}:\n{tail(self.log)}")
+            self.check_alive("the Prefect server")
             try:
                 if httpx.get(f"{self.url}/api/health", timeout=2).status_code == 200:
                     return
@@ -108,11 +128,30 @@ class Prefect:
             time.sleep(0.5)
         raise StartFailed(f"the Prefect server was not healthy after {PREFECT_READY_TIMEOUT_S:.0f} s; see {self.log}")
 
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_group(self.proc.pid)
-            self.proc = None
-        self.pid_file.unlink(missing_ok=True)
+
+class FlowServer(Child):
+    """``fleet flows serve``: registers the deployments and runs the rollouts started from the UI or CLI."""
+
+    def __init__(self, home: Path) -> None:
+        super().__init__(home, "flows", b"flows")
+
+    def start(self, prefect: Prefect) -> None:
+        self.spawn([str(Path(sys.executable).with_name("fleet")), "flows", "serve"], prefect.env())
+
+
+def ensure_admin_token(home: Path) -> str:
+    """The local fleet's admin token (``.fleet/admin-token``, 0600), made on first run; it
+    turns on the gateway's admin API and lets flows and the CLI push to the gateway."""
+    path = home / "admin-token"
+    if path.exists() and path.read_text().strip():
+        return path.read_text().strip()
+    import secrets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    token = secrets.token_urlsafe(32)
+    path.write_text(token + "\n")
+    return token
 
 
 def ensure_demo_model(store: ObjectStore, model: str, policies: Policies, step: Callable[[str], None]) -> str:
@@ -164,9 +203,12 @@ def running_fleet(
     """Start everything but the gateway; stop all of it on the way out, however it ends."""
     check_port_free(settings.port, "gateway", "--port")
     prefect = Prefect(settings.home, settings.prefect_port)
+    flows = FlowServer(settings.home)
     step("stopping what an earlier run left behind")
+    flows.stop_leftover()
     prefect.stop_leftover()
     runtime.stop_all()
+    os.environ.setdefault("FLEET_ADMIN_TOKEN", ensure_admin_token(settings.home))
     try:
         if settings.with_prefect:
             check_port_free(settings.prefect_port, "Prefect server", "--prefect-port")
@@ -181,8 +223,11 @@ def running_fleet(
         if settings.with_prefect:
             step("waiting for the Prefect server")
             prefect.wait_ready()
+            step("registering the rollout and rollback deployments (fleet flows serve)")
+            flows.start(prefect)
         yield {"key": key, "prefect": prefect.url if settings.with_prefect else ""}
     finally:
+        flows.stop()
         runtime.stop_all()
         prefect.stop()
 

@@ -35,6 +35,7 @@ class FleetEnv:
             "FLEET_CACHE_DIR": str(root / "cache"),
             "FLEET_POLICIES": str(ROOT / "policies"),
             "FLEET_ACTOR": "e2e",
+            "FLEET_ADMIN_TOKEN": "e2e-admin-token",
             "COLUMNS": "200",
         }
         self.procs: list[subprocess.Popen[bytes]] = []

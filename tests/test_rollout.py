@@ -243,3 +243,29 @@ def test_policy_overrides_are_validated_as_a_whole(world: dict) -> None:
     assert apply_overrides(policy, {"gates": {"max_p99_ratio": 2.0}}).gates.max_p99_ratio == 2.0
     with pytest.raises(InvalidInput, match="steps"):
         apply_overrides(policy, {"steps": [50, 10]})
+
+
+def test_unreadable_metrics_hold_until_the_deadline_then_roll_back(world: dict) -> None:
+    r, metrics = world["rollout"], world["metrics"]
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    metrics.unavailable = "gateway down"
+    world["clock"].now += 60
+    state, verdict = r.tick(state)
+    assert verdict is None and state.phase == "step"  # no data is not bad data
+    world["clock"].now += 600
+    state, _ = r.tick(state)
+    assert state.phase == "rolled_back" and state.breached == ["metrics"] and "gateway down" in state.reason
+
+
+def test_a_rollout_straight_to_100_is_judged_against_the_stables_recent_traffic(world: dict) -> None:
+    r = world["rollout"]
+    r.policy = r.policy.model_copy(update={"steps": [100]})
+    traffic(world, {"1.0.0": (20, 0, 10)}, seconds=300)  # before the rollout
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    assert state.weight == 100 and state.baseline["requests"] == 6000
+    traffic(world, {"1.1.0": (20, 0, 10)})
+    state, verdict = r.tick(state)
+    assert verdict.outcome == "advance" and state.phase == "promote"
+    state = r.promote(state)
+    again = r.begin(MODEL, "1.1.0", "run-2")  # run again after the promotion: nothing to do
+    assert (again.phase, again.run_id) == ("promoted", "run-1")

@@ -64,6 +64,13 @@ def test_fleet_up_serves_recovers_from_a_crash_and_stops_cleanly_on_sigint(tmp_p
         r = predict(port, key)
         assert r.status_code == 200 and r.headers["x-fleet-model-version"] == "1.0.0"
         assert httpx.get(f"http://127.0.0.1:{prefect_port}/api/health", timeout=5).status_code == 200
+        deadline = time.monotonic() + 60  # fleet up serves the flows: their deployments show in the UI
+        names: set[str] = set()
+        while time.monotonic() < deadline and not {"rollout", "rollback"} <= names:
+            found = httpx.post(f"http://127.0.0.1:{prefect_port}/api/deployments/filter", json={}, timeout=5).json()
+            names = {d["name"] for d in found}
+            time.sleep(0.5)
+        assert {"rollout", "rollback"} <= names
 
         first.send_signal(signal.SIGKILL)  # a crash: its children live on in their own sessions
         first.wait(timeout=10)

@@ -14,7 +14,7 @@ import typer
 from pydantic import ValidationError
 
 from fleet import __version__
-from fleet.cli import models, plan, policies, route, serving, tenants
+from fleet.cli import flows, models, plan, policies, route, serving, tenants
 from fleet.cli._output import fail
 from fleet.errors import FleetError
 from fleet.validation import explain
@@ -36,6 +36,10 @@ app.command("deploy")(serving.deploy_cmd)
 app.command("undeploy")(serving.undeploy_cmd)
 app.command("gateway")(serving.gateway_cmd)
 app.command("status")(serving.status_cmd)
+app.add_typer(flows.app, name="flows")
+app.command("rollout")(flows.rollout_cmd)
+app.command("approve")(flows.approve_cmd)
+app.command("rollback")(flows.rollback_cmd)
 app.command("plan")(plan.plan_cmd)
 
 
@@ -63,6 +67,29 @@ def _root(
 ) -> None:
     if store:
         os.environ["FLEET_STORE"] = store
+    _local_fleet_defaults()
+
+
+def _local_fleet_defaults() -> None:
+    """Next to a running ``fleet up`` (same folder), talk to its Prefect server and gateways
+    without exporting anything: PREFECT_API_URL and FLEET_ADMIN_TOKEN come from ``.fleet/``
+    when not set."""
+    import json
+
+    from fleet.processes import alive
+
+    if "FLEET_ADMIN_TOKEN" not in os.environ and os.path.exists(".fleet/admin-token"):
+        with open(".fleet/admin-token") as f:
+            os.environ["FLEET_ADMIN_TOKEN"] = f.read().strip()
+    if "PREFECT_API_URL" not in os.environ and os.path.exists(".fleet/run/prefect.json"):
+        try:
+            with open(".fleet/run/prefect.json") as f:
+                server = json.load(f)
+        except (OSError, ValueError):
+            return
+        if alive(int(server.get("pid", 0)), b"prefect") and server.get("port"):
+            os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{server['port']}/api"
+            os.environ.setdefault("PREFECT_HOME", os.path.abspath(".fleet/prefect"))
 
 
 def main() -> None:

@@ -141,7 +141,7 @@ def up_cmd(
     no_prefect: Annotated[bool, typer.Option("--no-prefect", help="Do not start the Prefect server.")] = False,
     policies: PoliciesOpt = DEFAULT_POLICIES,
 ) -> None:
-    """Start the local fleet: store, Prefect server, the demo model's services and the gateway.
+    """Start the local fleet: store, Prefect server and deployments, the demo model's services, the gateway.
 
     Ctrl-C stops every process it started.
     """
@@ -168,7 +168,7 @@ def up_cmd(
             serve_gateway(app, port, lambda: _summary(settings, info, time.monotonic() - started))
     except KeyboardInterrupt:
         pass
-    err_console.print("stopped: gateway, model services and Prefect server")
+    err_console.print("stopped: gateway, model services, flow deployments and Prefect server")
 
 
 def _summary(settings, info: dict[str, str], seconds: float) -> None:  # noqa: ANN001
@@ -183,6 +183,8 @@ def _summary(settings, info: dict[str, str], seconds: float) -> None:  # noqa: A
         "try it:",
         f"  curl -s -H 'Authorization: Bearer {info['key']}' -H 'Content-Type: application/json' "
         f"-d '{body}' {url}/v2/models/{settings.model}/infer",
+        "roll out a new version (from this folder):",
+        f"  fleet models train {settings.model} 1.1.0 --seed 11 && fleet rollout {settings.model} 1.1.0",
         "fleet status shows versions, weights and replicas; Ctrl-C stops everything.",
     ]
     print("\n".join(lines), flush=True)

@@ -1,0 +1,208 @@
+"""``fleet flows serve``, ``fleet rollout``, ``fleet approve``, ``fleet rollback``: the Prefect flows
+from the terminal. Runs go through the deployments, so they show in the Prefect UI."""
+
+from __future__ import annotations
+
+import asyncio
+import json as jsonlib
+import os
+import time
+from typing import Annotated, Any
+
+import typer
+
+from fleet.cli._output import JsonFlag, console, emit_json, err_console
+from fleet.errors import ConfigError, FleetError, InvalidInput
+
+app = typer.Typer(help="Prefect deployments of the fleet's flows.", no_args_is_help=True)
+
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+class FlowFailed(FleetError):
+    status = 409
+
+
+@app.command("serve")
+def serve_cmd() -> None:
+    """Register the rollout, rollback (and monitoring) deployments and run their flow runs.
+
+    Needs PREFECT_API_URL (fleet up starts a server and sets it). Ctrl-C stops.
+    """
+    from flows.serve import serve
+
+    _api_url()
+    serve()
+
+
+def _api_url() -> str:
+    url = os.environ.get("PREFECT_API_URL")
+    if not url:
+        raise ConfigError("PREFECT_API_URL is not set; start the fleet with `fleet up` or point it at a Prefect server")
+    return url
+
+
+def _ui_link(flow_run_id: str) -> str:
+    ui = os.environ.get("PREFECT_UI_URL") or _api_url().removesuffix("/api")
+    return f"{ui}/runs/flow-run/{flow_run_id}"
+
+
+def _start(deployment: str, parameters: dict[str, Any]) -> Any:  # noqa: ANN401 - a FlowRun
+    from prefect.deployments import run_deployment
+
+    _api_url()
+    try:
+        return run_deployment(deployment, parameters=parameters, timeout=0, as_subflow=False)
+    except Exception as exc:  # the Prefect client raises many kinds: say which call failed
+        name = type(exc).__name__
+        hint = "; is `fleet flows serve` (or `fleet up`) running?" if "NotFound" in name or "404" in str(exc) else ""
+        raise FlowFailed(f"could not start deployment {deployment}: {name}: {exc}{hint}") from None
+
+
+def _run_state(flow_run_id: Any) -> tuple[str, str]:  # noqa: ANN401
+    from prefect.client.orchestration import get_client
+
+    async def read() -> tuple[str, str]:
+        async with get_client() as client:
+            run = await client.read_flow_run(flow_run_id)
+            return (run.state.type.value if run.state else "PENDING", (run.state.message or "") if run.state else "")
+
+    return asyncio.run(read())
+
+
+def _parse_overrides(values: list[str]) -> dict[str, Any]:
+    """``["steps=[10,50,100]", "gates.max_p99_ratio=1.5"]`` → ``{"steps": [...], "gates": {...}}``."""
+    out: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise InvalidInput(f"--set {item!r}; expected KEY=VALUE, e.g. --set analysis_window_s=30")
+        try:
+            value = jsonlib.loads(raw)
+        except ValueError:
+            value = raw
+        head, _, rest = key.partition(".")
+        if rest:
+            out.setdefault(head, {})[rest] = value
+        else:
+            out[key] = value
+    return out
+
+
+def rollout_cmd(
+    model: str,
+    version: str,
+    set_: Annotated[list[str], typer.Option("--set", help="Override a rollout-policy key, e.g. --set steps=[10,100].")] = [],  # noqa: B006
+    follow: Annotated[bool, typer.Option(help="Follow progress until the run ends.")] = True,
+    json: JsonFlag = False,
+) -> None:
+    """Start a canary rollout of VERSION and follow it: weights, verdicts, the run in the UI.
+
+    Exits 0 when the version was promoted, 1 when it was rolled back or refused.
+    """
+    from flows.serve import ROLLOUT
+
+    overrides = _parse_overrides(set_)
+    run = _start(ROLLOUT, {"model": model, "version": version, "policy_overrides": overrides})
+    link = _ui_link(str(run.id))
+    if not json:
+        err_console.print(f"rollout of {model}:{version} started: {link}")
+    if not follow:
+        if json:
+            emit_json({"flow_run_id": str(run.id), "url": link})
+        return
+    final, message = _follow(model, version, run.id, quiet=json)
+    if json:
+        emit_json({"flow_run_id": str(run.id), "url": link, "state": final, "message": message})
+    if final != "COMPLETED":
+        raise FlowFailed(f"rollout of {model}:{version} ended {final.lower()}: {message} ({link})")
+    if not json:
+        console.print(f"[green]{message}[/]")
+
+
+def _follow(model: str, version: str, flow_run_id: Any, *, quiet: bool) -> tuple[str, str]:  # noqa: ANN401
+    """Print each change of the stored rollout state until the flow run is final."""
+    from fleet import records
+    from fleet.rollout import RolloutState, state_key
+    from fleet.store import open_store
+
+    store = open_store()
+    seen: tuple = ()
+    while True:
+        state, message = _run_state(flow_run_id)
+        stored, _ = records.load_or_none(store, state_key(model), RolloutState)
+        if stored is not None and stored.version == version and stored.run_id == str(flow_run_id):
+            last = stored.reports[-1] if stored.reports else None
+            now = (stored.phase, stored.weight, last.ticks if last else 0)
+            if now != seen and not quiet:
+                verdict = f" — {last.summary}" if last and last.summary else ""
+                err_console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {stored.phase} {stored.weight:g}%{verdict}")
+            seen = now
+        if state in FINAL:
+            return state, message
+        time.sleep(1.0)
+
+
+def approve_cmd(
+    model: str,
+    reject: Annotated[bool, typer.Option("--reject", help="Refuse instead: the rollout rolls back.")] = False,
+    note: Annotated[str, typer.Option(help="Why, for the record.")] = "",
+) -> None:
+    """Answer a rollout that waits for approval before 100 %."""
+    from prefect.flow_runs import resume_flow_run
+
+    from fleet import audit, records
+    from fleet.rollout import RolloutState, state_key
+    from fleet.store import open_store
+
+    stored, _ = records.load_or_none(open_store(), state_key(model), RolloutState)
+    if stored is None or stored.phase != "approval":
+        where = f"is {stored.phase}" if stored else "has none"
+        raise InvalidInput(f"{model}'s rollout {where}; only one waiting for approval can be answered")
+    _api_url()
+    resume_flow_run(stored.run_id, run_input={"approve": not reject, "note": note, "by": audit.actor()})
+    console.print(f"{'rejected' if reject else 'approved'} the rollout of {model}:{stored.version}")
+
+
+def rollback_cmd(
+    model: str,
+    reason: Annotated[str, typer.Option("--reason", "-r", help="Why: recorded in the audit log.")],
+    to: Annotated[str | None, typer.Option("--to", help="Version to go back to (default: end the canary, else the previous stable).")] = None,
+    direct: Annotated[bool, typer.Option("--direct", help="Do it here, without Prefect (when its server is down).")] = False,
+    json: JsonFlag = False,
+) -> None:
+    """Put MODEL's traffic back on a good version now, through the rollback flow."""
+    if direct:
+        from fleet import gateways
+        from fleet.cli._output import router
+        from fleet.rollback import rollback
+
+        from fleet.runtime.packaged import packaged_runtime
+
+        r = router()
+        result = rollback(r, model, to, why=reason, runtime=packaged_runtime())
+        pushed = gateways.notify(r.store)
+        out = {"from_version": result.from_version, "to_version": result.to_version, "rejected": result.rejected,
+               "revision": result.table.revision, "gateways_notified": pushed}  # fmt: skip
+    else:
+        from flows.serve import ROLLBACK
+
+        run = _start(ROLLBACK, {"model": model, "to_version": to, "reason": reason})
+        deadline = time.monotonic() + 120
+        state, message = _run_state(run.id)
+        while state not in FINAL and time.monotonic() < deadline:
+            time.sleep(0.5)
+            state, message = _run_state(run.id)
+        if state != "COMPLETED":
+            raise FlowFailed(f"rollback of {model} ended {state.lower()}: {message} ({_ui_link(str(run.id))}); "
+                             "`fleet rollback --direct` does it without Prefect")  # fmt: skip
+        from fleet.cli._output import router
+
+        table = router().get(model)
+        out = {"flow_run_id": str(run.id), "url": _ui_link(str(run.id)), "to_version": table.stable,
+               "revision": table.revision, "message": message}  # fmt: skip
+    if json:
+        emit_json(out)
+    else:
+        console.print(f"{model}: traffic moved to {out.get('to_version')}"
+                      + (f", {out['rejected']} rejected" if out.get("rejected") else ""))  # fmt: skip

@@ -1,0 +1,45 @@
+"""What every flow needs, built once per run from the environment the flow runs in:
+the store, the policies, the runtime (packaging on first deploy) and the metrics source."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet.spec import Policies, load_policies
+from fleet.types import MetricsSource, ObjectStore, Runtime
+
+
+@dataclass(frozen=True)
+class FleetContext:
+    store: ObjectStore
+    policies: Policies
+    runtime: Runtime
+    metrics: MetricsSource
+
+
+def fleet_context() -> FleetContext:
+    from fleet.metrics import open_metrics
+    from fleet.runtime.packaged import packaged_runtime
+    from fleet.store import open_store
+
+    policies_path = Path(os.environ.get("FLEET_POLICIES", "policies"))
+    store = open_store()
+    return FleetContext(store, load_policies(policies_path), packaged_runtime(policies_path), open_metrics(store=store))
+
+
+def run_id() -> str:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id or f"local-{os.getpid()}")
+
+
+def emit(event: str, payload: dict[str, Any]) -> None:
+    """A Prefect event about a model (``fleet.rollout.*``, ``fleet.monitor.*``)."""
+    from prefect.events import emit_event
+
+    resource = {"prefect.resource.id": f"fleet.model.{payload.get('model', 'unknown')}",
+                "prefect.resource.name": str(payload.get("model", ""))}  # fmt: skip
+    emit_event(event=event, resource=resource, payload=payload)

@@ -1,0 +1,31 @@
+"""``rollback(model, to_version=None, reason)``: an immediate flip back to a good version.
+
+The same ``fleet.rollback.rollback`` as the CLI and the admin API, then a push to every
+live gateway so the change is served within a second. If a canary rollout owns the
+model, its next tick sees the route changed under it and ends as rolled back.
+"""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+
+from fleet import gateways
+from fleet.rollback import rollback as do_rollback
+from fleet.router import Router
+from flows._context import emit, run_id
+
+
+@flow(name="rollback", flow_run_name="rollback {model}")
+def rollback(model: str, to_version: str | None = None, reason: str = "rollback requested") -> dict:
+    from flows._context import fleet_context
+
+    ctx = fleet_context()
+    store = ctx.store
+    result = do_rollback(Router(store), model, to_version, why=reason, who=f"flow run {run_id()}", runtime=ctx.runtime)
+    pushed = gateways.notify(store)
+    get_run_logger().info("%s: traffic from %s to %s; gateways told: %s", model, result.from_version, result.to_version,
+                          pushed or "none registered")  # fmt: skip
+    emit("fleet.rollback.done", {"model": model, "from": result.from_version, "to": result.to_version,
+                                 "rejected": result.rejected, "reason": reason})  # fmt: skip
+    return {"from_version": result.from_version, "to_version": result.to_version, "rejected": result.rejected,
+            "revision": result.table.revision, "gateways_notified": pushed}  # fmt: skip

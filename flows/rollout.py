@@ -1,0 +1,129 @@
+"""``canary_rollout(model, version, **policy_overrides)``: preflight → deploy → shadow → weight
+steps → approval → promote, or roll back; the Prefect flow composes ``fleet.rollout``.
+
+Every decision and every write is in ``fleet.rollout.Rollout``; this module only orders
+the calls, sleeps between ticks, holds the rollout lease, asks for approval through a
+Prefect pause, and reports: a table artifact of every step's gates after each tick, a
+markdown summary at the end, and ``fleet.rollout.*`` events. A rollback ends the run
+Failed with a message that names the breached gate; it is never reported as a success.
+
+    from flows.rollout import canary_rollout
+    canary_rollout("demo-classifier", "1.1.0", steps=[20, 50, 100], analysis_window_s=5)
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+from prefect import flow, get_run_logger, pause_flow_run, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.input import RunInput
+from prefect.states import Completed, Failed, State
+
+from fleet import leases
+from fleet.rollout import Rollout, RolloutState, apply_overrides, lease_key
+from flows._context import emit, fleet_context, run_id
+
+
+class Approval(RunInput):
+    """What an approver answers when a rollout pauses before 100 %."""
+
+    approve: bool
+    note: str = ""
+    by: str = "someone"
+
+
+def _lease_stale_after(rollout: Rollout) -> timedelta:
+    # a holder renews once a tick; three missed ticks (and a margin) mean it died
+    return timedelta(seconds=3 * rollout.policy.analysis_window_s + 30)
+
+
+@task(name="preflight", cache_policy=NO_CACHE)
+def preflight(rollout: Rollout, state: RolloutState) -> RolloutState:
+    return rollout.run_preflight(state)
+
+
+@task(name="deploy canary", cache_policy=NO_CACHE, timeout_seconds=900)
+def deploy(rollout: Rollout, state: RolloutState) -> RolloutState:
+    return rollout.deploy(state)
+
+
+@task(name="analysis tick", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def tick(rollout: Rollout, state: RolloutState) -> RolloutState:
+    new, verdict = rollout.tick(state)
+    logger = get_run_logger()
+    if verdict is not None:
+        logger.info("%s at %g%%: %s", new.version, state.weight, verdict.summary)
+        report = new.reports[-1] if new.reports else None
+        if report is not None and report.gates:
+            create_table_artifact(key=f"rollout-{new.model}", table=report.gates,
+                                  description=f"{new.model}:{new.version} {report.phase} at {report.weight:g}%: "
+                                              f"{verdict.summary}")  # fmt: skip
+    return new
+
+
+@task(name="promote", cache_policy=NO_CACHE)
+def promote(rollout: Rollout, state: RolloutState) -> RolloutState:
+    return rollout.promote(state)
+
+
+@task(name="keep previous stable warm", cache_policy=NO_CACHE)
+def keep_warm_then_retire(rollout: Rollout, state: RolloutState) -> bool:
+    """The previous stable stays deployed for the rollback window, then goes if unused."""
+    time.sleep(rollout.policy.rollback_window_s)
+    return rollout.retire_previous(state)
+
+
+def _summary(state: RolloutState) -> str:
+    lines = [f"# Rollout of {state.model}:{state.version} — {state.phase}", "",
+             f"Champion: {state.champion}. Run: {state.run_id}.", ""]  # fmt: skip
+    if state.reason:
+        lines += [f"**{state.reason}**", ""]
+    if state.preflight:
+        lines += ["| preflight | status | detail |", "|---|---|---|"]
+        lines += [f"| {c['check']} | {c['status']} | {c['detail']} |" for c in state.preflight] + [""]
+    lines += ["| phase | weight | outcome | canary requests | stable requests | ticks | verdict |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.phase} | {r.weight:g}% | {r.outcome} | {r.canary_requests} | {r.stable_requests} | {r.ticks} | "
+              f"{r.summary.replace('|', '/')} |" for r in state.reports]  # fmt: skip
+    return "\n".join(lines)
+
+
+@flow(name="canary-rollout", flow_run_name="rollout {model} {version}")
+def canary_rollout(model: str, version: str, **policy_overrides: Any) -> State:
+    """Roll ``version`` of ``model`` out as a canary and promote it, or roll it back."""
+    logger = get_run_logger()
+    ctx = fleet_context()
+    policy = apply_overrides(ctx.policies.rollout_for(model), policy_overrides)
+    rollout = Rollout(ctx.store, ctx.runtime, ctx.metrics, policy, emit=emit, who=f"flow run {run_id()}")
+    lease = leases.acquire(ctx.store, lease_key(model), what=f"the rollout of {model}", who=f"flow run {run_id()}",
+                           stale_after=_lease_stale_after(rollout))  # fmt: skip
+    try:
+        state = rollout.begin(model, version, run_id())
+        if state.phase == "preflight":
+            state = preflight(rollout, state)
+        if state.phase == "deploy":
+            state = deploy(rollout, state)
+        while state.phase in ("shadow", "step", "approval"):
+            lease.renew()
+            if state.phase == "approval":
+                logger.info("waiting for approval before 100%%: fleet rollout approve %s", model)
+                answer = pause_flow_run(wait_for_input=Approval, timeout=int(policy.hold_deadline_s), key=f"approve-{model}")
+                state = rollout.approve(state, answer.approve, answer.by, answer.note) if answer else rollout.approve(
+                    state, False, "nobody", f"no answer within {policy.hold_deadline_s:g} s")  # fmt: skip
+                continue
+            time.sleep(policy.analysis_window_s)
+            state = tick(rollout, state)
+        if state.phase == "promote":
+            state = promote(rollout, state)
+    finally:
+        lease.release()
+    create_markdown_artifact(key=f"rollout-{model}-summary", markdown=_summary(state),
+                             description=f"{model}:{version} {state.phase}")  # fmt: skip
+    if state.phase == "promoted":
+        logger.info("promoted %s:%s; %s stays warm for %g s", model, version, state.champion, policy.rollback_window_s)
+        keep_warm_then_retire(rollout, state)
+        return Completed(message=f"promoted {model}:{version} through {len(policy.steps)} steps")
+    return Failed(message=f"{model}:{version} {state.phase.replace('_', ' ')}: {state.reason}")

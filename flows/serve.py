@@ -1,0 +1,41 @@
+"""The deployments ``fleet flows serve`` (and ``fleet up``) register with the Prefect server.
+
+They appear in the Prefect UI, where runs can be started, watched and approved; this
+process then executes their runs. ``fleet rollout`` and ``fleet rollback`` start them.
+"""
+
+from __future__ import annotations
+
+ROLLOUT = "canary-rollout/rollout"
+ROLLBACK = "rollback/rollback"
+# How often the runner asks the server for runs to start (Prefect's default is 10 s; a
+# rollout or rollback started from the CLI should not wait that long to begin).
+POLL_S = 1.0
+
+
+def deployments() -> list:
+    from flows.rollback import rollback
+    from flows.rollout import canary_rollout
+
+    return [
+        canary_rollout.to_deployment(name="rollout", description="Canary rollout of a model version",
+                                     tags=["fleet"], concurrency_limit=None),  # fmt: skip
+        rollback.to_deployment(name="rollback", description="Immediate rollback of a model", tags=["fleet"]),
+        *_monitoring_deployments(),
+    ]
+
+
+def _monitoring_deployments() -> list:
+    """Monitoring and retraining, when those flows exist (scheduled from policy)."""
+    try:
+        from flows.monitor import deployments as monitor_deployments
+    except ImportError:
+        return []
+    return monitor_deployments()
+
+
+def serve() -> None:
+    """Register the deployments and run their flow runs until interrupted."""
+    from prefect import serve as prefect_serve
+
+    prefect_serve(*deployments(), print_starting_message=True, query_seconds=POLL_S)

@@ -1,0 +1,99 @@
+"""A real fleet for the rollout flows: a stable Bento, a gateway, steady generated load.
+
+Used by the end-to-end flow tests; every process is stopped by PID at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+from tests.serving_env import FleetEnv
+
+MODEL = "demo-classifier"
+# Small, fast steps for tests: every knob the policy has, scaled to seconds.
+FAST = {
+    "steps": [20, 50, 100], "analysis_window_s": 2, "min_samples": 40, "hold_deadline_s": 90,
+    "bake_time_s": 0, "rollback_window_s": 1, "shadow_percent": 0, "shadow_duration_s": 0,
+    "gates": {"max_error_rate_increase": 0.03, "confidence": 0.95, "max_p99_ratio": 3.0, "max_prediction_psi": 0.2},
+}  # fmt: skip
+
+
+@dataclass
+class Load:
+    """Requests at a steady rate through the gateway, from a few threads; counts what callers saw."""
+
+    url: str
+    key: str
+    rps: float
+    threads: int = 4
+    ok: int = 0
+    failures: list[str] = field(default_factory=list)
+    by_version: dict[str, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _workers: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> Load:
+        self._workers = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(self.threads)]
+        for w in self._workers:
+            w.start()
+        return self
+
+    def _run(self, worker: int) -> None:
+        rng = np.random.default_rng(worker)
+        with httpx.Client(base_url=self.url, timeout=30) as client:
+            i = 0
+            while not self._stop.is_set():
+                started = time.monotonic()
+                data = rng.normal(size=4).round(3).tolist()
+                body = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": data}]}
+                try:
+                    r = client.post(f"/v2/models/{MODEL}/infer", json=body, headers={
+                        "Authorization": f"Bearer {self.key}", "X-Fleet-Routing-Key": f"user-{worker}-{i}"})  # fmt: skip
+                    outcome = None if r.status_code == 200 else f"{r.status_code} {r.text[:120]}"
+                    version = r.headers.get("x-fleet-model-version", "none")
+                except httpx.HTTPError as exc:
+                    outcome, version = f"{type(exc).__name__}", "none"
+                with self._lock:
+                    if outcome is None:
+                        self.ok += 1
+                        self.by_version[version] = self.by_version.get(version, 0) + 1
+                    else:
+                        self.failures.append(outcome)
+                i += 1
+                pause = self.threads / self.rps - (time.monotonic() - started)
+                if pause > 0:
+                    self._stop.wait(pause)
+
+    def stop(self) -> Load:
+        self._stop.set()
+        for w in self._workers:
+            w.join(timeout=30)
+        return self
+
+    def report(self) -> str:
+        return f"{self.ok + len(self.failures)} requests, {len(self.failures)} caller-visible failures, by version {self.by_version}"
+
+
+@contextlib.contextmanager
+def environment(env: FleetEnv) -> Iterator[None]:
+    """This process sees the fleet's environment (flows called in-process read it)."""
+    keys = [k for k in env.env if k.startswith(("FLEET_", "BENTOML_", "AWS_", "PREFECT_"))]
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: env.env[k] for k in keys})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -1,0 +1,280 @@
+"""Canary rollouts end to end: real Bentos, a real gateway, a real Prefect API, steady load.
+
+Each test trains its own candidate, rolls it out with the policy scaled to seconds
+(``FAST``) and reports how many failures the callers saw. Assertions on the stable are
+relative: a promotion changes it for the tests after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fleet import records
+from fleet.registry import Registry, State
+from fleet.rollout import RolloutState, state_key
+from fleet.router import Router
+from fleet.store import open_store
+from tests.rollout_env import FAST, MODEL, Load, environment
+from tests.serving_env import FLEET, ROOT, FleetEnv
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> Iterator[dict]:
+    env = FleetEnv(tmp_path_factory.mktemp("rollout"))
+    try:
+        env.fleet("models", "train", MODEL, "1.0.0", "--rows", "20000", "--epochs", "15")
+        env.fleet("route", "set", MODEL, "--stable", "1.0.0", "-r", "first")
+        key = env.fleet_json("tenants", "create", "apps", "--model", MODEL)["api_key"]
+        env.fleet("deploy", MODEL, "1.0.0")
+        url = env.start_gateway()
+        with environment(env):
+            yield {"env": env, "url": url, "key": key, "store": open_store()}
+    finally:
+        env.stop()
+
+
+def train(fleet: dict, version: str, *extra: str) -> None:
+    fleet["env"].fleet("models", "train", MODEL, version, "--rows", "20000", "--epochs", "15", *extra)
+
+
+def stored(fleet: dict) -> RolloutState | None:
+    return records.load_or_none(fleet["store"], state_key(MODEL), RolloutState)[0]
+
+
+def served(fleet: dict, n: int = 30) -> set[str]:
+    with httpx.Client(base_url=fleet["url"], timeout=10) as client:
+        return {client.post(f"/v2/models/{MODEL}/infer", headers={"Authorization": f"Bearer {fleet['key']}",
+                "X-Fleet-Routing-Key": f"probe-{i}"}, json={"inputs": [{"name": "features", "shape": [1, 4],
+                "datatype": "FP32", "data": [1, 0, 0, 0]}]}).headers["x-fleet-model-version"] for i in range(n)}  # fmt: skip
+
+
+def run_rollout(version: str, **overrides):  # noqa: ANN003, ANN201 - a Prefect State
+    from flows.rollout import canary_rollout
+
+    return canary_rollout(MODEL, version, **{**FAST, **overrides}, return_state=True)
+
+
+@pytest.mark.parametrize(
+    ("version", "fault", "gate"),
+    [
+        ("2.0.1", ["--fault-error-rate", "0.1"], "error_rate"),
+        ("2.0.2", ["--fault-latency-ms", "25"], "latency_p99"),
+        ("2.0.3", ["--label-threshold", "2.5"], "predictions"),
+    ],
+    ids=["fails-10pct", "3x-slower", "shifted-predictions"],
+)
+def test_a_bad_version_is_rolled_back_automatically(fleet: dict, version: str, fault: list[str], gate: str) -> None:
+    train(fleet, version, *fault)
+    stable = Router(fleet["store"]).get(MODEL).stable
+    load = Load(fleet["url"], fleet["key"], rps=60).start()
+    try:
+        state = run_rollout(version)
+    finally:
+        load.stop()
+    print(f"{version} ({gate}): {load.report()}; flow: {state.message}")
+    assert state.is_failed() and gate in state.message and "rolled back" in state.message
+    table = Router(fleet["store"]).get(MODEL)
+    assert table.stable == stable and table.canary is None
+    assert Registry(fleet["store"]).states(MODEL)[version] == State.REJECTED
+    assert stored(fleet).phase == "rolled_back" and gate in stored(fleet).breached
+    assert served(fleet) == {stable}
+    assert len(load.failures) <= 1, load.failures  # failed canary requests are retried on stable
+
+
+def test_a_good_version_is_promoted_through_every_step(fleet: dict) -> None:
+    train(fleet, "1.1.0", "--seed", "11")
+    champion = Router(fleet["store"]).get(MODEL).stable
+    load = Load(fleet["url"], fleet["key"], rps=60).start()
+    try:
+        state = run_rollout("1.1.0")
+    finally:
+        load.stop()
+    print(f"1.1.0: {load.report()}; flow: {state.message}")
+    assert state.is_completed(), state.message
+    record = stored(fleet)
+    assert record.phase == "promoted" and [r.weight for r in record.reports] == [20.0, 50.0, 100.0]
+    assert all(r.outcome == "advance" for r in record.reports)
+    assert Router(fleet["store"]).get(MODEL).stable == "1.1.0"
+    states = Registry(fleet["store"]).states(MODEL)
+    assert states["1.1.0"] == State.STABLE and states[champion] == State.RETIRED
+    assert load.failures == [] and load.by_version.get("1.1.0", 0) > 0
+    assert served(fleet) == {"1.1.0"}
+    deadline = time.monotonic() + 30  # the previous stable is undeployed after the 1 s rollback window
+    while time.monotonic() < deadline and any(d.version == champion for d in _runtime(fleet).list()):
+        time.sleep(0.2)
+    assert not any(d.version == champion for d in _runtime(fleet).list())
+    from prefect.client.orchestration import get_client
+
+    async def artifacts() -> list:
+        async with get_client() as client:
+            return await client.read_latest_artifacts()
+
+    keys = {a.key for a in asyncio.run(artifacts())}
+    assert {f"rollout-{MODEL}", f"rollout-{MODEL}-summary"} <= keys
+
+
+def _runtime(fleet: dict):  # noqa: ANN202
+    from fleet.runtime.local import LocalRuntime
+
+    return LocalRuntime(fleet["env"].root / "run")
+
+
+def test_a_low_traffic_canary_holds_instead_of_failing(fleet: dict) -> None:
+    train(fleet, "1.2.0", "--seed", "12")
+    load = Load(fleet["url"], fleet["key"], rps=2, threads=1).start()
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(state=run_rollout("1.2.0")))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            record = stored(fleet)
+            if record and record.version == "1.2.0" and record.reports and record.reports[-1].ticks >= 3:
+                break
+            time.sleep(0.5)
+        record = stored(fleet)
+        assert record.phase == "step" and record.weight == 20.0 and record.reports[-1].summary.startswith("hold")
+        assert Router(fleet["store"]).get(MODEL).canary.version == "1.2.0"  # holding, not failed
+        load.rps = 60  # traffic comes back: the same step now has the data to pass
+    finally:
+        runner.join(timeout=240)
+        load.stop()
+    print(f"1.2.0: {load.report()}; flow: {result['state'].message}")
+    assert result["state"].is_completed(), result["state"].message
+    assert load.failures == []
+
+
+def test_a_flow_killed_mid_rollout_and_run_again_ends_consistent(fleet: dict) -> None:
+    train(fleet, "1.3.0", "--seed", "13")
+    load = Load(fleet["url"], fleet["key"], rps=60).start()
+    code = f"from flows.rollout import canary_rollout; canary_rollout({MODEL!r}, '1.3.0', **{FAST!r})"
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=os.environ.copy(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            record = stored(fleet)
+            if record and record.version == "1.3.0" and record.phase == "step" and record.weight == 50:
+                break
+            assert child.poll() is None, "the rollout ended before it could be killed"
+            time.sleep(0.2)
+        child.send_signal(signal.SIGKILL)  # mid-rollout, canary at 50 %
+        child.wait(timeout=10)
+        table = Router(fleet["store"]).get(MODEL)
+        assert table.canary.version == "1.3.0" and any(d.version == "1.3.0" for d in _runtime(fleet).list())
+        state = run_rollout("1.3.0")  # the lease holder is dead: this run takes over and resumes
+    finally:
+        load.stop()
+        if child.poll() is None:
+            child.kill()
+    print(f"1.3.0: {load.report()}; flow: {state.message}")
+    assert state.is_completed(), state.message
+    assert stored(fleet).phase == "promoted" and Router(fleet["store"]).get(MODEL).stable == "1.3.0"
+    assert load.failures == []
+
+
+def _canary_keys(fleet: dict, n: int = 5) -> list[str]:
+    """Routing keys the current split sends to the canary."""
+    from fleet.routing import choose_version
+
+    table = Router(fleet["store"]).get(MODEL)
+    keys = (f"probe-{i}" for i in range(10_000))
+    return [k for k in keys if choose_version(table, None, k).reason == "canary"][:n]
+
+
+def test_a_concurrent_rollout_is_refused_and_a_rollback_reaches_the_gateway_within_a_second(fleet: dict) -> None:
+    from flows.rollback import rollback
+
+    train(fleet, "2.1.0", "--seed", "21")
+    train(fleet, "2.2.0", "--seed", "22")
+    stable = Router(fleet["store"]).get(MODEL).stable
+    load = Load(fleet["url"], fleet["key"], rps=30).start()
+    result: dict = {}
+    # min_samples out of reach: the first rollout holds at 20 % until it is rolled back
+    runner = threading.Thread(target=lambda: result.update(state=run_rollout("2.1.0", min_samples=10**6, hold_deadline_s=600)))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (stored(fleet) and stored(fleet).version == "2.1.0" and stored(fleet).phase == "step"):
+            time.sleep(0.2)
+        second = run_rollout("2.2.0")
+        assert second.is_failed() and "the rollout of demo-classifier is in progress" in second.message
+        keys = _canary_keys(fleet)
+        first_stable: list[float] = []
+
+        def watch() -> None:  # when does the gateway first answer the canary's keys from stable?
+            with httpx.Client(base_url=fleet["url"], timeout=10) as client:
+                while not first_stable:
+                    versions = {client.post(f"/v2/models/{MODEL}/infer", json={"inputs": [{"name": "features",
+                                "shape": [1, 4], "datatype": "FP32", "data": [1, 0, 0, 0]}]}, headers={
+                                "Authorization": f"Bearer {fleet['key']}", "X-Fleet-Routing-Key": k}
+                                ).headers["x-fleet-model-version"] for k in keys}  # fmt: skip
+                    if versions == {stable}:
+                        first_stable.append(time.time())
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        called = time.time()
+        rollback(MODEL, reason="stop the canary")
+        returned = time.time()
+        watcher.join(timeout=10)
+        written = Router(fleet["store"]).get(MODEL).updated_at.timestamp()
+    finally:
+        runner.join(timeout=60)
+        load.stop()
+    seen = first_stable[0] - written
+    print(f"rollback: flow run took {returned - called:.2f} s; the gateway served stable {seen * 1000:.0f} ms after "
+          f"the route write; {load.report()}")  # fmt: skip
+    assert seen < 1.0
+    assert result["state"].is_failed() and "route changed outside the rollout" in result["state"].message
+    assert load.failures == []
+
+
+def test_deployments_and_the_cli_start_and_follow_the_flows(fleet: dict) -> None:
+    env = fleet["env"]
+    train(fleet, "1.4.0", "--seed", "14")
+    log = open(env.root / "flows-serve.log", "wb")
+    server = subprocess.Popen([FLEET, "flows", "serve"], env={**env.env, **os.environ}, cwd=env.root,
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    load = Load(fleet["url"], fleet["key"], rps=60).start()
+    try:
+        from prefect.client.orchestration import get_client
+
+        async def names() -> set[str]:
+            async with get_client() as client:
+                return {d.name for d in await client.read_deployments()}
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not {"rollout", "rollback"} <= asyncio.run(names()):
+            assert server.poll() is None, (env.root / "flows-serve.log").read_text()
+            time.sleep(0.5)
+        sets = [a for k, v in FAST.items() if k != "gates" for a in ("--set", f"{k}={v}")]
+        sets += [a for k, v in FAST["gates"].items() for a in ("--set", f"gates.{k}={v}")]
+        out = subprocess.run([FLEET, "rollout", MODEL, "1.4.0", *sets], env={**env.env, **os.environ}, cwd=env.root,
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert out.returncode == 0, out.stderr + (env.root / "flows-serve.log").read_text()[-3000:]
+        assert "/runs/flow-run/" in out.stderr and "step 50%" in out.stderr and "promoted" in out.stdout
+        back = subprocess.run([FLEET, "rollback", MODEL, "--reason", "rehearsal", "--json"], env={**env.env, **os.environ},
+                              cwd=env.root, capture_output=True, text=True, timeout=180)  # fmt: skip
+        assert back.returncode == 0, back.stderr
+        assert Router(fleet["store"]).get(MODEL).stable != "1.4.0"  # back on the previous stable
+    finally:
+        load.stop()
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert load.failures == []
