@@ -43,6 +43,13 @@ def _table() -> dict[int, tuple[int, int, str]]:
     return found
 
 
+def parent_pid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def tree(pid: int) -> list[int]:
     """``pid``, its process group and every descendant — also those in sessions of their own
     (BentoML starts each worker in a new session, so signalling the group misses them)."""

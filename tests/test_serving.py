@@ -191,7 +191,7 @@ def test_a_canary_killed_under_load_costs_callers_nothing(fleet: dict) -> None:
 
     runtime = LocalRuntime(fleet["env"].root / "run")
     canary = runtime._replicas(MODEL, "1.1.0")[0][1]
-    assert canary.workers and set(canary.workers) <= set(tree(canary.pid))
+    assert len(tree(canary.pid)) >= 2  # the server and its worker(s), in sessions of their own
     failures: list[str] = []
     served: dict[str, int] = {}
     lock = threading.Lock()

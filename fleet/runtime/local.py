@@ -24,7 +24,7 @@ import httpx
 
 from fleet.errors import FleetError, InvalidInput
 from fleet.names import check_name, check_version
-from fleet.processes import alive, stop_group, tail, tree
+from fleet.processes import alive, parent_pid, stop_group, tail, tree
 from fleet.types import Deployment
 
 READY_TIMEOUT_S = 120.0
@@ -45,7 +45,15 @@ class _Replica:
     workers: tuple[int, ...] = ()  # BentoML's workers live in sessions of their own
 
     def stop(self) -> None:
-        stop_group(self.pid, also=tuple(w for w in self.workers if alive(w, b"bentoml")))
+        stop_group(self.pid, also=tuple(w for w in self.workers if self._ours(w)))
+
+    def _ours(self, worker: int) -> bool:
+        """A recorded worker pid still names this replica's worker (pids get reused): it serves
+        our Bento, and its parent is our server or no longer a BentoML server at all."""
+        if not alive(worker, self.bento.encode()):
+            return False
+        parent = parent_pid(worker)
+        return parent == self.pid or parent is None or not alive(parent, b"bentoml")
 
     @classmethod
     def read(cls, path: Path) -> _Replica | None:
