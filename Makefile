@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 # on a GPU host the CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: up test setup clean lock bench-setup
+.PHONY: up test setup clean lock bench-setup system-deps
 
 setup: $(STAMP)
 
@@ -30,8 +30,25 @@ $(STAMP): requirements.lock pyproject.toml
 up: $(STAMP)
 	$(BIN)/fleet up
 
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Debian packages the tests run for real (Prometheus scraping a gateway), or the benchmarks
+# (wrk, nginx). Installed once, with apt-get (as root, else through sudo).
+TEST_PACKAGES  := prometheus
+BENCH_PACKAGES := wrk nginx-light
+define apt_install
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  $$sudo apt-get update -qq && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+endef
+
+system-deps:
+	$(call apt_install,$(TEST_PACKAGES))
 
 # Re-resolve the locks after changing dependencies in pyproject.toml. The bench lock is the
 # test set plus the bench extra (Evidently, for bench/drift.py), resolved together so that
@@ -43,6 +60,7 @@ lock:
 
 # What the benchmarks need beyond the tests (run by hand, never by make test).
 bench-setup: $(STAMP)
+	$(call apt_install,$(BENCH_PACKAGES))
 	$(BIN)/python -m pip install --quiet -r requirements-bench.lock
 
 clean:

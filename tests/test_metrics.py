@@ -237,7 +237,7 @@ def test_gateway_source_sums_every_live_gateway(serve) -> None:
     canary = source.window(MODEL, "1.1.0", END - 59.5, END)  # only gateway a saw the canary
     assert (canary.requests, canary.errors["5xx"], canary.errors["unreachable"]) == (95, 4, 1)
     for server in (a, b):
-        assert [(p, q) for p, q, _ in server.seen] == [(f"/admin/stats/{MODEL}", {"window_s": "60"})] * 2
+        assert [(p, q) for p, q, _ in server.seen] == [(f"/admin/stats/{MODEL}", {"window_s": "61"})] * 2  # start's second included
 
 
 def test_gateway_refusing_the_token_is_a_config_error(serve) -> None:
@@ -276,7 +276,7 @@ def test_gateway_source_serves_only_windows_ending_now() -> None:
     source = GatewayMetrics(MemoryStore(), TOKEN, clock=lambda: END)
     with pytest.raises(InvalidInput, match="ending now; asked for one ending at .*\\+120.0 s from now"):
         source.window(MODEL, "1.0.0", END - 180, END - 120)
-    with pytest.raises(InvalidInput, match="window of 901 s; gateways keep at most the last 900 s"):
+    with pytest.raises(InvalidInput, match="window of 902 s; gateways keep at most the last 900 s"):
         source.window(MODEL, "1.0.0", END - 900.5, END)
 
 

@@ -71,7 +71,8 @@ class GatewayMetrics:
                 f"gateway stats cover windows ending now; asked for one ending at {end:.1f}, "
                 f"{now - end:+.1f} s from now (use FLEET_METRICS=prometheus for past windows)"
             )
-        window_s = max(1, math.ceil(end - start))
+        # the gateways count whole seconds back from the current one: cover start's second too
+        window_s = max(1, math.floor(end) - math.floor(start) + 1)
         if window_s > MAX_WINDOW_S:
             raise InvalidInput(f"window of {window_s} s; gateways keep at most the last {MAX_WINDOW_S} s")
         live = gateways.live(self.store)
