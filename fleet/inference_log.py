@@ -188,6 +188,6 @@ def read_window(store: ObjectStore, model: str, start: datetime, end: datetime):
         hour += timedelta(hours=1)
     if not tables:
         return pd.DataFrame({c: [] for c in META_COLUMNS})
-    frame = pa.concat_tables(tables, promote_options="default").to_pandas()
+    frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
     ts = frame["ts"]
     return frame[(ts >= pd.Timestamp(start)) & (ts < pd.Timestamp(end))].reset_index(drop=True)

@@ -44,6 +44,9 @@ from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.state import FleetView, Snapshot
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import NoReplica, Upstreams, UpstreamError, UpstreamTimeout
+from fleet.feedback import LoggedRequests
+from fleet.feedback import parse as parse_feedback
+from fleet.feedback import write as write_feedback
 from fleet.inference_log import InferenceLog, Sample, feature_names
 from fleet.registry import ModelVersion
 from fleet.routing import Choice, RouteTable, choose_version, should_shadow
@@ -147,6 +150,7 @@ def create_app(
         on_dropped=lambda m, n: telemetry.log_rows.labels(m, "dropped").inc(n),
     )  # fmt: skip
     policy_quotas = {name: t.quota for name, t in (policies.tenants.items() if policies else [])}
+    logged = LoggedRequests(view.store)
 
     def on_snapshot(snap: Snapshot) -> None:
         limits = {m: (s.concurrency, s.max_queue) for m, s in (policies.models.items() if policies else [])}
@@ -316,6 +320,7 @@ def create_app(
             names = feature_names(served.baseline_profile, features.shape[-1] if features.ndim == 2 else 1)
             inference_log.record(Sample(time.time(), request.state.request_id, model, version, who.name, total_ms,
                                         features.reshape(len(features), -1), result.reshape(len(result), -1), names))  # fmt: skip
+            logged.remember(model, request.state.request_id, len(features), who.name)
         return version, result, snap.manifests.get((model, version), manifest)
 
     def timeout(request: Request, parameters: dict[str, Any], spec: ModelSpec) -> float:
@@ -345,6 +350,24 @@ def create_app(
         data = await read_body(request)
         _, result, _ = await serve(request, model, None, data, lambda d, m: protocol.v1_instances(d, m.inputs))
         return json_response(protocol.v1_response(result))
+
+    async def feedback(request: Request) -> Response:
+        """Labels for earlier (sampled) requests of this tenant; unknown ones are reported."""
+        data = await read_body(request)
+        model, labels = parse_feedback(data)
+        request.state.model = model
+        who = tenant(request, view.snapshot)
+        if not who.allows(model):
+            raise Forbidden(f"tenant {who.name!r} may not use model {model!r}")
+        wanted = {(x.request_id, x.row) for x in labels}
+        owners = await asyncio.to_thread(logged.tenants, model, wanted)
+        accepted = [x for x in labels if owners.get((x.request_id, x.row)) == who.name]
+        unknown = [{"request_id": x.request_id, "row": x.row} for x in labels if owners.get((x.request_id, x.row)) != who.name]
+        if accepted:
+            await asyncio.to_thread(write_feedback, view.store, model, who.name, accepted, settings.gateway_id)
+        body = {"model": model, "accepted": len(accepted), "unknown": unknown,
+                "note": "labels join requests the inference log sampled, of your tenant, from the last 24 h"}  # fmt: skip
+        return json_response(body, 200 if accepted else 404)
 
     async def model_metadata(request: Request) -> Response:
         model, requested = request.path_params["model"], request.path_params.get("version")
@@ -405,6 +428,7 @@ def create_app(
             Route("/v2/models/{model}/infer", infer_v2, methods=["POST"]),
             Route("/v2/models/{model}/versions/{version}/infer", infer_v2, methods=["POST"]),
             Route("/v1/models/{target}", predict_v1, methods=["POST"]),
+            Route("/v1/feedback", feedback, methods=["POST"]),
             Route("/v2", server_metadata),
             Route("/v2/health/live", live),
             Route("/v2/health/ready", ready),

@@ -1,0 +1,69 @@
+"""Feedback: labels for earlier requests, joined to the inference log; unknown ids reported."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fleet.errors import InvalidInput
+from fleet.feedback import labelled, parse
+from tests.gateway_env import MODEL, GatewayEnv, infer, wait_for
+
+
+def test_labels_join_the_logged_requests_of_the_same_tenant_and_the_rest_are_reported(tmp_path: Path) -> None:
+    e = GatewayEnv(tmp_path, inference_log={"sample_rate": 1.0})
+    try:
+        e.register("1.0.0")
+        e.stub("1.0.0")
+        e.route(stable="1.0.0")
+        key, other = e.tenant("apps"), e.tenant("others")
+        a, _ = e.gateway()
+        b, _ = e.gateway()  # a second gateway that never served these requests
+        two_rows = {"inputs": [{"name": "features", "shape": [2, 4], "datatype": "FP32", "data": [1, 0, 0, 0, -1, 1, 0, 0]}]}
+        with httpx.Client(base_url=a, timeout=30) as client:
+            ids = [infer(client, key, two_rows).headers["x-request-id"] for _ in range(3)]
+            theirs = infer(client, other).headers["x-request-id"]
+            r = client.post("/v1/feedback", headers={"Authorization": f"Bearer {key}"}, json={"model": MODEL, "feedback": [
+                {"request_id": ids[0], "label": 1}, {"request_id": ids[0], "row": 1, "label": 0},
+                {"request_id": "never-served", "label": 1}, {"request_id": theirs, "label": 0},
+            ]})  # fmt: skip
+            assert r.status_code == 200, r.text
+            assert r.json()["accepted"] == 2
+            assert r.json()["unknown"] == [{"request_id": "never-served", "row": 0}, {"request_id": theirs, "row": 0}]
+            bad = client.post("/v1/feedback", headers={"Authorization": f"Bearer {key}"},
+                              json={"model": MODEL, "feedback": [{"request_id": ids[1], "label": "yes"}]})  # fmt: skip
+            assert bad.status_code == 422 and "expected the true class as an integer" in bad.json()["error"]
+        # gateway b learns of a's requests from the log in the store (after a flushed it)
+        wait_for(lambda: any(True for _ in e.store.list(f"logs/inference/{MODEL}/")), timeout=10, what="a flush")
+        with httpx.Client(base_url=b, timeout=30) as client:
+            r = client.post("/v1/feedback", headers={"Authorization": f"Bearer {key}"},
+                            json={"model": MODEL, "feedback": [{"request_id": ids[1], "label": 1}]})  # fmt: skip
+            assert r.status_code == 200 and r.json() == {**r.json(), "accepted": 1, "unknown": []}
+            none = client.post("/v1/feedback", headers={"Authorization": f"Bearer {key}"},
+                               json={"model": MODEL, "feedback": [{"request_id": "nope", "label": 1}]})  # fmt: skip
+            assert none.status_code == 404 and none.json()["unknown"] == [{"request_id": "nope", "row": 0}]
+        now = datetime.now(UTC)
+        frame = labelled(e.store, MODEL, now - timedelta(hours=1), now + timedelta(minutes=1))
+        got = {(r.request_id, r.row): r.label for r in frame.itertuples() if r.label == r.label}  # NaN != NaN
+        assert got == {(ids[0], 0): 1, (ids[0], 1): 0, (ids[1], 0): 1}
+        assert len(frame) == 3 * 2 + 1  # every logged row, labelled or not
+    finally:
+        e.stop()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"feedback": [{"request_id": "a", "label": 1}]}, "no model"),
+        ({"model": "m", "feedback": []}, "no model or no feedback list"),
+        ({"model": "m", "feedback": [{"label": 1}]}, "request_id is None"),
+        ({"model": "m", "feedback": [{"request_id": "a", "label": 1, "row": -1}]}, "row is -1"),
+        ({"model": "m", "feedback": [{"request_id": "a", "label": True}]}, "label is True"),
+    ],
+)
+def test_malformed_feedback_says_what_was_expected(body: dict, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        parse(body)
