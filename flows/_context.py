@@ -20,14 +20,17 @@ class FleetContext:
     metrics: MetricsSource
 
 
+def policies_path() -> Path:
+    return Path(os.environ.get("FLEET_POLICIES", "policies"))
+
+
 def fleet_context() -> FleetContext:
     from fleet.metrics import open_metrics
     from fleet.runtime.packaged import packaged_runtime
     from fleet.store import open_store
 
-    policies_path = Path(os.environ.get("FLEET_POLICIES", "policies"))
     store = open_store()
-    return FleetContext(store, load_policies(policies_path), packaged_runtime(policies_path), open_metrics(store=store))
+    return FleetContext(store, load_policies(policies_path()), packaged_runtime(policies_path()), open_metrics(store=store))
 
 
 def run_id() -> str:

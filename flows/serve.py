@@ -26,11 +26,9 @@ def deployments() -> list:
 
 
 def _monitoring_deployments() -> list:
-    """Monitoring and retraining, when those flows exist (scheduled from policy)."""
-    try:
-        from flows.monitor import deployments as monitor_deployments
-    except ImportError:
-        return []
+    """Monitoring (scheduled from each model's policy) and retraining."""
+    from flows.monitor import deployments as monitor_deployments
+
     return monitor_deployments()
 
 

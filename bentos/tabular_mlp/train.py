@@ -42,20 +42,41 @@ class TrainConfig:
 
 
 def train(config: TrainConfig, out: Path) -> VersionMetadata:
-    """Train into ``out`` (model.pt + config.json) and return the version's metadata."""
+    """Train into ``out`` (model.pt + config.json) on generated data; return the version's metadata."""
+    x, y = data.generate(config.rows, config.seed, config.data_shift, config.label_threshold)
+    split = int(len(x) * (1 - config.holdout))
+    uri = f"generated://tabular-mlp?rows={config.rows}&seed={config.seed}&shift={config.data_shift}" + (
+        f"&threshold={config.label_threshold}" if config.label_threshold != data.THRESHOLD else "")  # fmt: skip
+    return fit(x[:split], y[:split], x[split:], y[split:], config, out, TrainingData(uri=uri, sha256=data.digest(x, y)))
+
+
+def generated_training_set(uri: str) -> tuple[np.ndarray, np.ndarray]:
+    """The exact rows a ``generated://tabular-mlp?...`` URI names (what a version was trained on)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    parts = urlsplit(uri)
+    if parts.scheme != "generated" or parts.netloc != "tabular-mlp":
+        raise ValueError(f"training data {uri!r} is not generated://tabular-mlp?rows=..&seed=..; cannot regenerate it")
+    q = {k: v[0] for k, v in parse_qs(parts.query).items()}
+    return data.generate(int(q["rows"]), int(q["seed"]), float(q.get("shift", 0.0)), float(q.get("threshold", data.THRESHOLD)))
+
+
+def fit(
+    x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+    config: TrainConfig, out: Path, training_data: TrainingData,
+) -> VersionMetadata:  # fmt: skip
+    """Train on the given rows (seeded: the same rows give the same bytes), judge on the holdout."""
     torch.manual_seed(config.seed)
     torch.use_deterministic_algorithms(True)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # reductions in one order: the same bytes every run
     try:
-        x, y = data.generate(config.rows, config.seed, config.data_shift, config.label_threshold)
-        split = int(len(x) * (1 - config.holdout))
-        x_train, y_train, x_test, y_test = x[:split], y[:split], x[split:], y[split:]
+        x_train, x_test = x_train.astype(np.float32), x_test.astype(np.float32)
         mean, std = x_train.mean(axis=0), x_train.std(axis=0) + 1e-6
-        net = MLP(x.shape[1], list(config.hidden), 2)
+        net = MLP(x_train.shape[1], list(config.hidden), 2)
         opt = torch.optim.Adam(net.parameters(), lr=config.lr)
         xt = torch.from_numpy((x_train - mean) / std)
-        yt = torch.from_numpy(y_train)
+        yt = torch.from_numpy(y_train.astype(np.int64))
         gen = torch.Generator().manual_seed(config.seed)
         loss_fn = nn.CrossEntropyLoss()
         for _ in range(config.epochs):
@@ -66,7 +87,7 @@ def train(config: TrainConfig, out: Path) -> VersionMetadata:
                 loss_fn(net(xt[idx]), yt[idx]).backward()
                 opt.step()
         model_config = {
-            "architecture": "mlp", "inputs": x.shape[1], "hidden": list(config.hidden), "classes": 2,
+            "architecture": "mlp", "inputs": x_train.shape[1], "hidden": list(config.hidden), "classes": 2,
             "features": list(data.FEATURES), "mean": mean.tolist(), "std": std.tolist(),
         }  # fmt: skip
         if config.fault_error_rate or config.fault_latency_ms:
@@ -79,14 +100,10 @@ def train(config: TrainConfig, out: Path) -> VersionMetadata:
     return VersionMetadata(
         framework="torch",
         description="tabular-mlp: MLP classifier over income, debt_ratio, age, tenure",
-        inputs=[TensorSpec(name="features", datatype="FP32", shape=[-1, x.shape[1]])],
+        inputs=[TensorSpec(name="features", datatype="FP32", shape=[-1, x_train.shape[1]])],
         outputs=[TensorSpec(name="probabilities", datatype="FP32", shape=[-1, 2])],
         hyperparameters={k: list(v) if isinstance(v, tuple) else v for k, v in vars(config).items()},
-        training_data=TrainingData(
-            uri=f"generated://tabular-mlp?rows={config.rows}&seed={config.seed}&shift={config.data_shift}"
-            + (f"&threshold={config.label_threshold}" if config.label_threshold != data.THRESHOLD else ""),
-            sha256=data.digest(x, y),
-        ),
+        training_data=training_data,
         metrics=evaluate(proba, y_test),
         baseline_profile=baseline_profile(x_test, data.FEATURES, proba),
     )
