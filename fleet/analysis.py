@@ -120,6 +120,7 @@ def judge(
     *,
     step_started: float,
     phase: Phase = "canary",
+    concurrent: bool = True,
 ) -> Verdict:
     """Judge one window of both arms; ``step_started`` is when the step's weight was set.
 
@@ -127,6 +128,9 @@ def judge(
     Time is the canary window's end, never the clock, so the same inputs give the same verdict.
     In the shadow phase ``canary`` is the shadow version's window (mirrored traffic), whose
     ``shadow_pairs`` / ``shadow_agreed`` the ``shadow_agreement`` gate reads.
+    ``concurrent=False``: ``stable`` is a baseline from another time (the 100 % step), not
+    the same traffic; predictions then cannot be compared (the inputs differ) and that gate
+    is left to the steps before, where both arms saw the same requests.
     """
     gates_policy, n = policy.gates, policy.min_samples
     alpha = 1.0 - gates_policy.confidence
@@ -134,8 +138,11 @@ def judge(
         _samples(stable, canary, n),
         _error_rate(stable, canary, n, gates_policy.max_error_rate_increase, alpha),
         _latency(stable, canary, n, gates_policy.max_p99_ratio, alpha),
-        _predictions(stable, canary, n, gates_policy.max_prediction_psi, alpha),
-    ]
+        _predictions(stable, canary, n, gates_policy.max_prediction_psi, alpha) if concurrent else GateResult(
+            "predictions", "pass", None, gates_policy.max_prediction_psi, "psi",
+            "not judged against a baseline from another time: the inputs differ; the steps before compared "
+            "both arms on the same traffic"),
+    ]  # fmt: skip
     if phase == "shadow" and gates_policy.min_shadow_agreement is not None:
         results.append(_shadow(canary, n, gates_policy.min_shadow_agreement, alpha))
     at, deadline = canary.end, step_started + policy.hold_deadline_s

@@ -75,7 +75,7 @@ class RolloutState(BaseModel):
     weight: float = 0.0
     step_started: float = 0.0
     # what the 100 % step is judged against: the stable at full traffic before the rollout,
-    # else the stable's window of the last step that passed
+    # or a passed step's stable window if that saw more requests
     baseline: dict[str, Any] | None = None
     reports: list[StepReport] = []
     preflight: list[dict[str, str]] = []
@@ -281,10 +281,10 @@ class Rollout:
                 return state, None
             return self._rollback(state, f"gate metrics breached: unreadable until the step's deadline ({exc})",
                                   ["metrics"]), None  # fmt: skip
-        reference = stable
+        reference, concurrent = stable, True
         if state.phase == "step" and state.weight >= 100 and state.baseline:
-            reference = _window(state.baseline)
-        verdict = analysis.judge(reference, canary, self.policy, step_started=t0,
+            reference, concurrent = _window(state.baseline), False
+        verdict = analysis.judge(reference, canary, self.policy, step_started=t0, concurrent=concurrent,
                                  phase="shadow" if state.phase == "shadow" else "canary")  # fmt: skip
         report = state.reports[-1].model_copy(update={
             "summary": verdict.summary, "gates": verdict.table(), "canary_requests": verdict.canary_requests,
@@ -303,7 +303,11 @@ class Rollout:
         if state.phase == "shadow" and now - t0 < self.policy.shadow_duration_s:
             return state, verdict  # the gates pass; the shadow phase still runs its full duration
         closed = report.model_copy(update={"outcome": "advance", "ended": now})
-        baseline = state.baseline or (asdict(stable) if stable.requests else None)  # the pre-rollout one wins
+        # the stable at full traffic before the rollout is the better baseline, unless it saw
+        # less than this step did (a rollout started right after traffic did): keep the larger
+        baseline = state.baseline
+        if stable.requests > (baseline or {}).get("requests", 0):
+            baseline = asdict(stable)
         state = self._save(state, reports=[*state.reports[:-1], closed], baseline=baseline)
         if state.phase == "shadow":
             self._route(state, "shadow phase passed", clear_shadow=True)

@@ -77,8 +77,12 @@ def check_drift(frame: Any, manifest: Any, policy: Any) -> tuple[Any, Any]:  # n
 
 
 @flow(name="monitor", flow_run_name="monitor {model}")
-def monitor(model: str, window_hours: float | None = None, retrain: bool = True, retrain_overrides: dict | None = None) -> State:
-    """Judge the recent traffic of ``model``'s stable version; alert, retrain, or report all is well."""
+def monitor(model: str, window_hours: float | None = None, retrain: bool = True, retrain_overrides: dict | None = None,
+            cooldown: bool = True) -> State:  # fmt: skip
+    """Judge the recent traffic of ``model``'s stable version; alert, retrain, or report all is well.
+
+    ``cooldown=False`` ignores the policy's retrain cooldown (a rehearsal, ``fleet demo``).
+    """
     logger = get_run_logger()
     ctx = fleet_context()
     policy = ctx.policies.monitoring_for(model)
@@ -94,7 +98,8 @@ def monitor(model: str, window_hours: float | None = None, retrain: bool = True,
         return Completed(message=decision.summary)
     quality = check_quality(frame, manifest, policy)
     report, concept = (None, None) if not quality.passed else check_drift(frame, manifest, policy)
-    decision = decide(quality, report, concept, policy, rows=len(frame), last_retrain_at=last_retrain(ctx.store, model), now=now)
+    last = last_retrain(ctx.store, model) if cooldown else None
+    decision = decide(quality, report, concept, policy, rows=len(frame), last_retrain_at=last, now=now)
     _store_report(ctx.store, model, manifest.version, hours, len(frame), quality, report, concept, decision)
     logger.info("%s:%s over %g h (%d rows): %s", model, manifest.version, hours, len(frame), decision.summary)
     event = {"alert": "bad-data", "retrain": "drift"}.get(decision.action, decision.action)
@@ -104,7 +109,8 @@ def monitor(model: str, window_hours: float | None = None, retrain: bool = True,
         return Failed(message=f"{model}:{manifest.version} {decision.summary}")
     if decision.action == "retrain" and retrain:
         record_retrain(ctx.store, model, now, run_id())
-        state = _start_retrain(model, "; ".join(decision.reasons), retrain_overrides or {})
+        overrides = {"window_hours": hours, **(retrain_overrides or {})}  # train on the window that was judged
+        state = _start_retrain(model, "; ".join(decision.reasons), overrides)
         return Completed(message=f"{decision.summary} — retrain: {state}")
     return Completed(message=decision.summary)
 

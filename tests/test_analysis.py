@@ -322,3 +322,14 @@ def test_more_canary_errors_never_turn_a_rollback_into_an_advance() -> None:
                 for k in range(0, 60, 3)]  # fmt: skip
     first_rollback = outcomes.index("rollback")
     assert "advance" not in outcomes[first_rollback:] and outcomes[0] == "advance"
+
+
+def test_a_baseline_from_another_time_judges_errors_and_latency_but_not_predictions() -> None:
+    rng = np.random.default_rng(9)
+    baseline = window("1.0.0", served(rng, 2000, scores=(5.0, 2.0)))  # the traffic before looked different
+    canary = window("1.1.0", served(rng, 2000, scores=(2.0, 5.0)))
+    concurrent = judge(baseline, canary, policy(gates={"max_error_rate_increase": 0.02}), step_started=T0)
+    assert concurrent.outcome == "rollback" and [g.gate for g in concurrent.breaches] == ["predictions"]
+    at_100 = judge(baseline, canary, policy(gates={"max_error_rate_increase": 0.02}), step_started=T0, concurrent=False)
+    gate = next(g for g in at_100.gates if g.gate == "predictions")
+    assert at_100.outcome == "advance" and gate.status == "pass" and "inputs differ" in gate.explanation

@@ -158,3 +158,16 @@ def test_a_retrain_that_regresses_is_never_rolled_out(fleet: dict) -> None:
     assert state.is_failed() and "the candidate regresses" in state.message and "nothing was registered" in state.message
     assert Registry(fleet["store"]).versions(MODEL) == before
     assert Router(fleet["store"]).get(MODEL).stable == stable and Router(fleet["store"]).get(MODEL).canary is None
+
+
+def test_a_retrain_on_corrupted_feedback_is_refused_before_training(fleet: dict) -> None:
+    from flows.retrain import retrain
+
+    clear_logs(fleet)
+    rows = np.random.default_rng(5).normal(size=(400, 4)).astype(np.float32)
+    rows[::6, 2] = -1e6  # labelled, but broken: mixed into 20,000 registered rows it would be 0.3 %
+    send(fleet, rows, label=True)
+    before = Registry(fleet["store"]).versions(MODEL)
+    state = retrain(MODEL, reason="test", return_state=True)
+    assert state.is_failed() and "failed its quality checks, nothing was trained" in state.message and "age" in state.message
+    assert Registry(fleet["store"]).versions(MODEL) == before

@@ -40,6 +40,7 @@ app.add_typer(flows.app, name="flows")
 app.command("rollout")(flows.rollout_cmd)
 app.command("approve")(flows.approve_cmd)
 app.command("rollback")(flows.rollback_cmd)
+app.command("demo")(flows.demo_cmd)
 app.command("plan")(plan.plan_cmd)
 
 

@@ -206,3 +206,27 @@ def rollback_cmd(
     else:
         console.print(f"{model}: traffic moved to {out.get('to_version')}"
                       + (f", {out['rejected']} rejected" if out.get("rejected") else ""))  # fmt: skip
+
+
+def demo_cmd(
+    model: Annotated[str, typer.Option(help="The demo model fleet up serves.")] = "demo-classifier",
+    json: JsonFlag = False,
+) -> None:
+    """Run the scripted scenario on the local fleet (start it first with `fleet up`, same folder).
+
+    A good version promoted, a bad one rolled back, drift → retrain → a new version promoted,
+    a corrupted batch → an alert with retraining blocked. A few minutes; ends with a table.
+    """
+    from fleet.cli._output import table
+    from fleet.demo import run
+
+    started = time.monotonic()
+    results = run(model, lambda line: err_console.print(f"[dim]{time.monotonic() - started:6.1f}s[/] {line}"))
+    if json:
+        emit_json([r.__dict__ for r in results])
+    else:
+        table("fleet demo", ["step", "expected", "as expected", "took", "what happened", "run in the Prefect UI"],
+              [[r.step, r.expected, "yes" if r.ok else "NO", f"{r.seconds:.0f} s", r.outcome[:160], r.run_url]
+               for r in results])  # fmt: skip
+    if not all(r.ok for r in results):
+        raise FlowFailed("the demo did not go as expected: " + "; ".join(r.step for r in results if not r.ok))
