@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import math
 import os
 import random
-import re
 import socket
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,12 +27,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from fleet import __version__, audit, gateways
 from fleet.errors import FleetError, Forbidden, NotFound, Unauthorized
 from fleet.gateway import protocol
 from fleet.gateway.admin import admin_routes, json_response
+from fleet.gateway.http import BodyTooLarge, Headers, OverQuota, Settings
 from fleet.gateway.cache import PredictionCache
 from fleet.gateway.quota import TokenBuckets
 from fleet.gateway.shadow import ShadowJob, ShadowMirror
@@ -54,79 +51,11 @@ from fleet.spec import ModelSpec, Policies
 from fleet.tenants import Tenant
 from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, QuotaBackend
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_SPEC = ModelSpec.model_validate({
     "family": "unknown", "size_class": "small", "params_millions": 1.0,
     "autoscaling": {"max_replicas": 1, "target_qps_per_replica": 1.0, "target_p99_ms": 1000.0},
     "slo": {"p99_ms": 1000.0, "error_rate": 0.01},
 })  # fmt: skip  (a model without a policy: 5 s timeout, 32 in flight per replica, no cache, 10 % logged)
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
-# Request ids: a random per-process prefix and a counter, unique across gateways without
-# asking the OS for randomness on every request (uuid4 did, and it showed in profiles).
-_ID_PREFIX = uuid.uuid4().hex[:12]
-_ID_COUNTER = itertools.count(1)
-
-
-class BodyTooLarge(FleetError):
-    status = 413
-
-
-class OverQuota(FleetError):
-    status = 429
-
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How one gateway runs; every field has the default ``fleet gateway`` uses."""
-
-    admin_token: str | None = None
-    public_url: str | None = None  # announced in the store so the control plane can reach it
-    gateway_id: str = ""
-    max_body_bytes: int = MAX_BODY_BYTES
-    log_flush_s: float = 2.0
-
-    @classmethod
-    def from_env(cls, public_url: str | None = None) -> Settings:
-        return cls(admin_token=os.environ.get("FLEET_ADMIN_TOKEN") or None, public_url=public_url,
-                   gateway_id=gateways.new_id())  # fmt: skip
-
-
-class _Headers:
-    """ASGI middleware: a request id for every request, the fleet headers on every answer,
-    and the request counted once it is answered."""
-
-    def __init__(self, app: ASGIApp, telemetry: Telemetry) -> None:
-        self.app, self.telemetry = app, telemetry
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        started = time.monotonic()
-        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-        state = scope.setdefault("state", {})
-        state["request_id"] = given if given and _REQUEST_ID.fullmatch(given) else f"{_ID_PREFIX}{next(_ID_COUNTER):x}"
-        state.setdefault("model_version", "none")
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message.setdefault("headers", [])
-                message["headers"] += [
-                    (b"x-request-id", state["request_id"].encode()),
-                    (b"x-fleet-model-version", state["model_version"].encode()),
-                ]
-                if "cache" in state:
-                    message["headers"].append((b"x-fleet-cache", state["cache"].encode()))
-                if "model" in state:
-                    self.telemetry.finished(state["model"], state["model_version"], state.get("tenant", "unknown"),
-                                            message["status"], (time.monotonic() - started) * 1e3)  # fmt: skip
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
-
 
 def _policy(policies: Policies | None, model: str) -> ModelSpec:
     return policies.models.get(model, DEFAULT_SPEC) if policies else DEFAULT_SPEC
@@ -444,7 +373,7 @@ def create_app(
     )
     app.state.inference_log = inference_log
     app.state.telemetry = telemetry
-    return _Headers(app, telemetry)
+    return Headers(app, telemetry)
 
 
 def _queue_depths(upstreams: Upstreams) -> Iterator[tuple[str, str, str, int]]:

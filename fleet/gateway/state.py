@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fleet import records
 from fleet.errors import FleetError
 from fleet.registry import ModelVersion, Registry
 from fleet.routing import RouteTable
