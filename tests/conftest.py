@@ -135,3 +135,18 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.fixture
+def router(store: ObjectStore, tmp_path):  # noqa: ANN201 - a fleet.router.Router
+    """Versions 1.0.0, 1.1.0 and 1.2.0 of model ``demo`` registered on every backend; no route yet."""
+    from fleet.registry import Registry
+    from fleet.router import Router
+    from tests.test_registry import META
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "w").write_text("w")
+    reg = Registry(store)
+    for v in ("1.0.0", "1.1.0", "1.2.0"):
+        reg.register("demo", v, tmp_path / "a", META)
+    return Router(store, reg)

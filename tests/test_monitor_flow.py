@@ -19,8 +19,7 @@ import yaml
 from bentos.tabular_mlp import data
 from fleet.registry import Registry, State
 from fleet.router import Router
-from fleet.store import open_store
-from tests.rollout_env import FAST, MODEL, Load, environment
+from tests.rollout_env import FAST, MODEL, Load, serving_fleet
 from tests.serving_env import ROOT, FleetEnv
 
 
@@ -36,16 +35,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> Iterato
     (root / "policies" / "fleet.yaml").write_text(yaml.safe_dump(policies))
     env = FleetEnv(root)
     env.env["FLEET_POLICIES"] = str(root / "policies")
-    try:
-        env.fleet("models", "train", MODEL, "1.0.0", "--rows", "20000", "--epochs", "15")
-        env.fleet("route", "set", MODEL, "--stable", "1.0.0", "-r", "first")
-        key = env.fleet_json("tenants", "create", "apps", "--model", MODEL)["api_key"]
-        env.fleet("deploy", MODEL, "1.0.0")
-        url = env.start_gateway()
-        with environment(env):
-            yield {"env": env, "url": url, "key": key, "store": open_store()}
-    finally:
-        env.stop()
+    with serving_fleet(env) as fleet:
+        yield fleet
 
 
 def send(fleet: dict, rows: np.ndarray, label: bool) -> int:

@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from fleet.errors import Conflict, InvalidInput
-from fleet.registry import Registry, State
+from fleet.registry import State
 from fleet.rollback import rollback
 from fleet.router import Router
-from fleet.types import ObjectStore
 
-from tests.test_registry import META
-
-
-@pytest.fixture
-def router(store: ObjectStore, tmp_path: Path) -> Router:
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "w").write_text("w")
-    reg = Registry(store)
-    for v in ("1.0.0", "1.1.0", "1.2.0"):
-        reg.register("demo", v, tmp_path / "a", META)
-    return Router(store, reg)
 
 
 def test_rolling_back_a_canary_sends_all_traffic_to_stable_and_rejects_it(router: Router) -> None:

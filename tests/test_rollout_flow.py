@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -24,24 +23,15 @@ from fleet import records
 from fleet.registry import Registry, State
 from fleet.rollout import RolloutState, state_key
 from fleet.router import Router
-from fleet.store import open_store
-from tests.rollout_env import FAST, MODEL, Load, environment
+from tests.rollout_env import FAST, MODEL, Load, serving_fleet
 from tests.serving_env import FLEET, ROOT, FleetEnv
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> Iterator[dict]:
     env = FleetEnv(tmp_path_factory.mktemp("rollout"))
-    try:
-        env.fleet("models", "train", MODEL, "1.0.0", "--rows", "20000", "--epochs", "15")
-        env.fleet("route", "set", MODEL, "--stable", "1.0.0", "-r", "first")
-        key = env.fleet_json("tenants", "create", "apps", "--model", MODEL)["api_key"]
-        env.fleet("deploy", MODEL, "1.0.0")
-        url = env.start_gateway()
-        with environment(env):
-            yield {"env": env, "url": url, "key": key, "store": open_store()}
-    finally:
-        env.stop()
+    with serving_fleet(env) as fleet:
+        yield fleet
 
 
 def train(fleet: dict, version: str, *extra: str) -> None:

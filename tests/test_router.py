@@ -17,21 +17,10 @@ from fleet.router import Router
 from fleet.routing import Canary, RouteTable, Shadow
 from fleet.store import MemoryStore, open_store
 from fleet.tenants import Tenants
-from fleet.types import ObjectStore
 
 from tests.test_registry import META
 
 WORKER = Path(__file__).with_name("race_worker.py")
-
-
-@pytest.fixture
-def router(store: ObjectStore, tmp_path: Path) -> Router:
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "w").write_text("w")
-    reg = Registry(store)
-    for v in ("1.0.0", "1.1.0", "1.2.0"):
-        reg.register("demo", v, tmp_path / "a", META)
-    return Router(store, reg)
 
 
 def test_a_rollout_moves_version_states_with_the_route(router: Router) -> None:
