@@ -232,7 +232,9 @@ def main() -> None:
     args = parser.parse_args()
     current, proposed = _policy(args)
     _check_binning(np.random.default_rng(args.seed))
-    policies = {"fleet, policy as is": current, "fleet, proposed": proposed}
+    policies = {"fleet, policy as is": current}
+    if proposed != current:  # the proposed values are the policy file's once adopted
+        policies["fleet, proposed"] = proposed
     horizon = max(len(p.steps) * p.hold_deadline_s for p in policies.values()) + 120
     print(f"{args.rollouts} rollouts per scenario at {args.rps:g} req/s total (Poisson), canary steps "
           f"{current.steps} %, gates {current.gates.model_dump(exclude_none=True)}")  # fmt: skip
@@ -241,7 +243,9 @@ def main() -> None:
     print(f"flagger: interval {FLAGGER_INTERVAL_S:g} s, success rate >= {FLAGGER_MIN_SUCCESS:g} %, "
           f"p99 <= {FLAGGER_MAX_P99_MS:g} ms, threshold {FLAGGER_THRESHOLD} failed checks, same steps")  # fmt: skip
     print(f"fleet, policy as is: {args.policies}, rollout.{args.rollout} ({_describe(current)})")
-    print(f"fleet, proposed: {_describe(proposed, current)}, the rest as is\n")
+    if "fleet, proposed" in policies:
+        print(f"fleet, proposed: {_describe(proposed, current)}, the rest as is")
+    print()
     began = time.perf_counter()
     table: dict[str, dict[str, dict[str, float]]] = {}
     for si, scenario in enumerate(SCENARIOS):

@@ -80,7 +80,7 @@ def test_shipped_policies_load():
     assert policies.tenants["globex"].pins == {"demo-classifier": "1.0.0"}
     rollout = policies.rollout_for("demo-classifier")
     assert rollout is policies.rollout["default"]
-    assert rollout.steps == [10, 50, 100] and rollout.min_samples == 200
+    assert rollout.steps == [10, 50, 100] and rollout.min_samples == 50
     assert rollout.gates.confidence == 0.95
     assert policies.monitoring_for("demo-classifier").schedule == "*/15 * * * *"
 
