@@ -21,7 +21,8 @@ from fleet.validation import explain
 
 app = typer.Typer(
     name="fleet",
-    help="Run an ML serving fleet: registry, routing, tenants, policies, packaging and serving.",
+    help="Run an ML serving fleet: registry, routing, tenants, policies, packaging, serving, canary rollouts, "
+    "monitoring and retraining, and the production placement plan.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
