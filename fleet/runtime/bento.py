@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,7 +46,16 @@ class Packaged:
 
 
 def bentoml_home() -> Path:
-    """Set ``BENTOML_HOME`` (before bentoml is imported) and return it."""
+    """Set ``BENTOML_HOME`` (before bentoml is imported) and return it.
+
+    BentoML reads the variable once, at import. Once it is imported, its home is the truth:
+    the variable is set back to it, so the ``bentoml serve`` processes started from here
+    look for Bentos where this process builds them.
+    """
+    if "bentoml" in sys.modules:
+        from bentoml._internal.configuration.containers import BentoMLContainer
+
+        os.environ["BENTOML_HOME"] = str(BentoMLContainer.bentoml_home.get())
     home = Path(os.environ.setdefault("BENTOML_HOME", str(Path(DEFAULT_HOME).absolute())))
     os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
     return home
@@ -92,10 +102,15 @@ def package(
     tag_version = bento_version(version, quantize) + ("" if batchable else "-nobatch")
     bento_tag = f"{model}:{tag_version}"
     model_tag = f"{model}:{bento_version(version, False)}"
+    bentoml_home()  # bentoml is imported now: keep the variable on its home
     if _exists(bentoml.bentos.get, bento_tag):
-        if not force:
+        built_from = bentoml.bentos.get(bento_tag).info.labels.get("artifact-sha256")
+        if not force and built_from == mv.artifact_sha256:
             log(f"Bento {bento_tag} already built")
             return Packaged(bento_tag, model_tag, mv.artifact_sha256, built=False)
+        if built_from != mv.artifact_sha256:
+            log(f"Bento {bento_tag} was built from artifact {str(built_from)[:12]}, not {mv.artifact_sha256[:12]} "
+                f"(another store using this BentoML home?): rebuilding it from the registry")  # fmt: skip
         bentoml.bentos.delete(bento_tag)
 
     log(f"verifying and caching the artifact of {mv.ref}")
@@ -107,11 +122,14 @@ def package(
             shutil.copytree(artifact, bm.path, dirs_exist_ok=True)
     else:
         stored = bentoml.models.get(model_tag)
-        if stored.info.labels.get("artifact-sha256") != mv.artifact_sha256:
-            raise PackagingError(
-                f"BentoML model {model_tag} holds artifact {stored.info.labels.get('artifact-sha256')}, "
-                f"not {mv.artifact_sha256} of {mv.ref}; delete it with `bentoml models delete {model_tag}`"
-            )
+        held = stored.info.labels.get("artifact-sha256")
+        if held != mv.artifact_sha256:
+            # BentoML's store is a cache of the registry, which is the truth: replace the entry
+            log(f"BentoML model {model_tag} holds artifact {str(held)[:12]}, not {mv.artifact_sha256[:12]} of "
+                f"{mv.ref}: replacing it")  # fmt: skip
+            bentoml.models.delete(model_tag)
+            with bentoml.models.create(model_tag, labels=labels, metadata={"framework": mv.framework}) as bm:
+                shutil.copytree(artifact, bm.path, dirs_exist_ok=True)
 
     family = family_module(spec.family)
     with tempfile.TemporaryDirectory(prefix="fleet-bento-") as ctx:
