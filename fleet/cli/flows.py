@@ -102,7 +102,12 @@ def rollout_cmd(
     """
     from flows.serve import ROLLOUT
 
+    from fleet.rollout import apply_overrides
+    from fleet.spec import load_policies
+
     overrides = _parse_overrides(set_)
+    # refuse a bad override here, in a second, rather than in a flow run that fails later
+    apply_overrides(load_policies(os.environ.get("FLEET_POLICIES", "policies")).rollout_for(model), overrides)
     run = _start(ROLLOUT, {"model": model, "version": version, "policy_overrides": overrides})
     link = _ui_link(str(run.id))
     if not json:
