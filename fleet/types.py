@@ -6,6 +6,7 @@ factory that refuses unknown kinds.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -92,6 +93,21 @@ LATENCY_BUCKETS_MS: tuple[float, ...] = (
 # Bins of the predicted score (probability of the last class, or the only output) over
 # [0, 1]: bin i holds scores in [i/10, (i+1)/10), the last bin includes 1.0.
 PREDICTION_BINS = 10
+
+
+def latency_bucket(ms: float) -> int:
+    """Index of the first bucket whose upper bound is >= ms; past the last bound, the open one.
+
+    Prometheus's ``le`` rule: 10.0 → 5 (the ``le=10`` bucket), 10.1 → 6.
+    """
+    return bisect.bisect_left(LATENCY_BUCKETS_MS, ms)
+
+
+def score_bin(score: float) -> int:
+    """Bin of a score in [0, 1]: i holds [i/10, (i+1)/10), 1.0 goes to the last bin."""
+    return min(max(int(score * PREDICTION_BINS), 0), PREDICTION_BINS - 1)
+
+
 # Failure classes counted against the version that failed (4xx are the caller's, not counted).
 ERROR_CLASSES = ("5xx", "timeout", "unreachable")
 

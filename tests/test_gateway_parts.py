@@ -11,9 +11,9 @@ import pytest
 from fleet.gateway.cache import PredictionCache
 from fleet.gateway.quota import TokenBuckets
 from fleet.gateway.slots import QueueFull, Slots
-from fleet.gateway.stats import WindowedStats, latency_bucket, score_bins
+from fleet.gateway.stats import WindowedStats, score_bins
 from fleet.gateway.upstream import EJECT_AFTER, Replica
-from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS
+from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, latency_bucket
 
 
 class Clock:

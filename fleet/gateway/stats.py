@@ -8,13 +8,12 @@ list increments; summing a window happens only when someone asks.
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Callable
 
 import numpy as np
 
-from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS
+from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, latency_bucket, score_bin
 
 HORIZON_S = 900
 _N_LAT = len(LATENCY_BUCKETS_MS) + 1
@@ -28,11 +27,6 @@ _AGREED = _PAIRS + 1
 _WIDTH = _AGREED + 1
 
 
-def latency_bucket(ms: float) -> int:
-    """Index of the bucket whose upper bound is the first >= ms (the open one past the last)."""
-    return bisect.bisect_left(LATENCY_BUCKETS_MS, ms)
-
-
 def score_bins(scores: np.ndarray) -> list[int]:
     """Counts per PREDICTION_BINS bin of scores in [0, 1] (1.0 falls in the last bin).
 
@@ -42,7 +36,7 @@ def score_bins(scores: np.ndarray) -> list[int]:
     if len(scores) < 64:
         counts = [0] * PREDICTION_BINS
         for s in scores.tolist():
-            counts[min(max(int(s * PREDICTION_BINS), 0), top)] += 1
+            counts[score_bin(s)] += 1
         return counts
     idx = np.clip((np.asarray(scores, dtype=np.float64) * PREDICTION_BINS).astype(np.int64), 0, top)
     return np.bincount(idx, minlength=PREDICTION_BINS).tolist()

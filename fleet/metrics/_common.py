@@ -1,14 +1,15 @@
-"""What every metrics source shares: its errors, the gateway's binning, and window sums."""
+"""What every metrics source shares: its errors, window sums, and (from fleet.types) the binning."""
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Sequence
 
 from fleet.errors import FleetError, InvalidInput
-from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow
+from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow, latency_bucket, score_bin
 
 N_LATENCY = len(LATENCY_BUCKETS_MS) + 1  # the finite buckets and the open one
+__all__ = ["N_LATENCY", "BadMetricsAnswer", "MetricsUnavailable", "empty_window", "latency_bucket", "score_bin",
+           "sum_windows"]  # fmt: skip
 
 
 class MetricsUnavailable(FleetError):
@@ -25,19 +26,6 @@ class BadMetricsAnswer(MetricsUnavailable):
     """A source answered, but not in the agreed shape (another bucket layout, a bad query)."""
 
     status = 502
-
-
-def latency_bucket(ms: float) -> int:
-    """Index of the first bucket whose upper bound is >= ms; past the last bound, the open one.
-
-    The gateway's rule (a Prometheus ``le`` bucket): 10.0 → 5 (the ``le=10`` bucket), 10.1 → 6.
-    """
-    return bisect.bisect_left(LATENCY_BUCKETS_MS, ms)
-
-
-def score_bin(score: float) -> int:
-    """Bin of a score in [0, 1]: i holds [i/10, (i+1)/10), 1.0 goes to the last bin."""
-    return min(max(int(score * PREDICTION_BINS), 0), PREDICTION_BINS - 1)
 
 
 def empty_window(model: str, version: str, start: float, end: float) -> ArmWindow:
