@@ -18,6 +18,7 @@ import io
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -95,7 +96,7 @@ class InferenceLog:
     ) -> None:
         self.store, self.writer_id, self.flush_s, self.max_rows = store, writer_id, flush_s, max_rows
         self._on_written, self._on_dropped = on_written, on_dropped
-        self._buffer: list[Sample] = []
+        self._buffer: deque[Sample] = deque()  # dropping the oldest must not cost O(n) on the request path
         self._buffered_rows = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -109,7 +110,7 @@ class InferenceLog:
             self._buffer.append(sample)
             self._buffered_rows += sample.rows
             if self._buffered_rows > self.max_rows:
-                oldest = self._buffer.pop(0)
+                oldest = self._buffer.popleft()
                 self._buffered_rows -= oldest.rows
                 self._on_dropped(oldest.model, oldest.rows)
 
@@ -128,7 +129,7 @@ class InferenceLog:
     def flush(self) -> int:
         """Write everything buffered; return the rows written. Failed groups go back to the buffer."""
         with self._lock:
-            batch, self._buffer, self._buffered_rows = self._buffer, [], 0
+            batch, self._buffer, self._buffered_rows = self._buffer, deque(), 0
         groups: dict[tuple, list[Sample]] = {}
         for s in batch:
             hour = datetime.fromtimestamp(s.ts, UTC).replace(minute=0, second=0, microsecond=0)

@@ -164,7 +164,10 @@ def create_app(
             raise OverQuota(f"tenant {who.name!r} is over its quota of {q.rps:g} requests/s (burst {q.burst}); "
                             f"retry after {wait:.2f} s", wait)  # fmt: skip
 
-    def choose(request: Request, model: str, requested: str | None, parameters: dict[str, Any]) -> tuple[Tenant, RouteTable, Choice]:
+    def choose(request: Request, model: str, requested: str | None,
+               parameters: dict[str, Any]) -> tuple[Snapshot, Tenant, RouteTable, Choice]:  # fmt: skip
+        """Tenant, route and version; the snapshot they came from is the one the request uses
+        throughout (a refresh may swap in a new one meanwhile)."""
         snap = view.snapshot
         request.state.model = model
         who = tenant(request, snap)
@@ -177,7 +180,7 @@ def create_app(
         choice = choose_version(table, who, key, requested)
         request.state.model_version = choice.version
         request.state.routing_key = key
-        return who, table, choice
+        return snap, who, table, choice
 
     async def dispatch(model: str, table: RouteTable, choice: Choice, features: np.ndarray, timeout_ms: float,
                        priority: str) -> tuple[str, np.ndarray, float]:  # fmt: skip
@@ -214,14 +217,13 @@ def create_app(
         started = time.monotonic()
         raw = data.get("parameters")
         parameters = raw if isinstance(raw, dict) else {}
-        who, table, choice = choose(request, model, requested, parameters)
+        snap, who, table, choice = choose(request, model, requested, parameters)
         check_quota(who)
         spec = _policy(policies, model)
         priority = control(request, parameters, "priority") or "interactive"
         if priority not in PRIORITIES:
             raise protocol.MalformedBody(f"priority {priority!r} is not known; expected one of {', '.join(PRIORITIES)}")
         timeout_ms = timeout(request, parameters, spec)
-        snap = view.snapshot
         manifest = snap.manifests[model, choice.version]
         features = parse(data, manifest)
 
@@ -243,7 +245,7 @@ def create_app(
 
         if table.shadow is not None and table.shadow.version != version and should_shadow(table, request.state.routing_key):
             mirror.offer(ShadowJob(model, table.shadow.version, version, features, result, total_ms,
-                                   _policy(policies, model).timeout_ms / 1000))  # fmt: skip
+                                   spec.timeout_ms / 1000))  # fmt: skip
         if random.random() < spec.inference_log.sample_rate:
             served = snap.manifests.get((model, version), manifest)
             names = feature_names(served.baseline_profile, features.shape[-1] if features.ndim == 2 else 1)
@@ -300,8 +302,8 @@ def create_app(
 
     async def model_metadata(request: Request) -> Response:
         model, requested = request.path_params["model"], request.path_params.get("version")
-        _, table, choice = choose(request, model, requested, {})
-        manifest = view.snapshot.manifests[model, choice.version]
+        snap, _, table, choice = choose(request, model, requested, {})
+        manifest = snap.manifests[model, choice.version]
         return json_response({
             "name": model,
             "versions": sorted(table.served_versions()),
@@ -312,8 +314,8 @@ def create_app(
 
     async def model_ready(request: Request) -> Response:
         model, requested = request.path_params["model"], request.path_params.get("version")
-        _, _, choice = choose(request, model, requested, {})
-        ready = bool(view.snapshot.endpoints.get((model, choice.version)))
+        snap, _, _, choice = choose(request, model, requested, {})
+        ready = bool(snap.endpoints.get((model, choice.version)))
         return json_response({"name": model, "version": choice.version, "ready": ready}, 200 if ready else 503)
 
     async def live(_: Request) -> Response:
