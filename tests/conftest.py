@@ -85,56 +85,29 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real Prefect server (SQLite) on a free port, for the whole session; stopped by PID.
 
-    PREFECT_API_URL points this process (and the children it starts) at it.
+    The one ``fleet up`` runs (fleet.up.Prefect). PREFECT_API_URL points this process (and
+    the children it starts) at it.
     """
-    import signal
     import socket
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
 
-    import httpx
+    from fleet.up import Prefect
 
-    home = tmp_path_factory.mktemp("prefect")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = home / "server.log"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}"}  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(Path(sys.executable).with_name("prefect")), "server", "start", "--host", "127.0.0.1",
-                                 "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}/api"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the Prefect server exited: {log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    else:
-        raise RuntimeError(f"the Prefect server was not healthy after 120 s: {log.read_text()[-3000:]}")
+    server = Prefect(tmp_path_factory.mktemp("prefect"), port)
+    server.start()
     previous = os.environ.get("PREFECT_API_URL")
-    os.environ["PREFECT_API_URL"] = url
     try:
-        yield url
+        server.wait_ready()
+        os.environ["PREFECT_API_URL"] = f"{server.url}/api"
+        yield os.environ["PREFECT_API_URL"]
     finally:
         if previous is None:
             os.environ.pop("PREFECT_API_URL", None)
         else:
             os.environ["PREFECT_API_URL"] = previous
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        server.stop()
 
 
 @pytest.fixture
