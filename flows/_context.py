@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from fleet.spec import Policies, load_policies
@@ -20,13 +19,9 @@ class FleetContext:
     metrics: MetricsSource
 
 
-def policies_path() -> Path:
-    return Path(os.environ.get("FLEET_POLICIES", "policies"))
-
-
 def fleet_context() -> FleetContext:
     from fleet.metrics import open_metrics
-    from fleet.runtime.packaged import packaged_runtime
+    from fleet.runtime.packaged import packaged_runtime, policies_path
     from fleet.store import open_store
 
     store = open_store()

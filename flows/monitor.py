@@ -20,6 +20,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed, State
 
+from fleet.errors import NotFound
 from fleet.drift import concept_drift, drift_markdown, drift_report, drift_svg, svg_data_uri
 from fleet.feedback import labelled
 from fleet.monitoring import Decision, decide
@@ -37,8 +38,8 @@ def _state_key(model: str) -> str:
 def last_retrain(store: ObjectStore, model: str) -> datetime | None:
     try:
         data = json.loads(store.get(_state_key(model)).data)
-    except Exception:  # noqa: BLE001 - no state yet (or unreadable): no retrain on record
-        return None
+    except NotFound:
+        return None  # never retrained
     return datetime.fromisoformat(data["last_retrain_at"]) if data.get("last_retrain_at") else None
 
 
@@ -145,7 +146,7 @@ def deployments() -> list:
     """A scheduled monitor per model that has a registered version (cron from its policy), and retrain."""
     from fleet.spec import load_policies
     from fleet.store import open_store
-    from flows._context import policies_path
+    from fleet.runtime.packaged import policies_path
     from flows.retrain import retrain
 
     policies, store = load_policies(policies_path()), open_store()

@@ -31,6 +31,7 @@ from fleet.quality import build_expectations, quality_markdown, validate
 from fleet.registry import ModelVersion, Registry, TrainingData
 from fleet.router import Router
 from fleet.runtime.bento import family_module
+from fleet.runtime.packaged import artifact_cache, package_version
 from fleet.types import ObjectStore
 from flows._context import emit, fleet_context
 
@@ -95,10 +96,8 @@ def quality_gate(frame: Any, champion: ModelVersion, policy: Any) -> None:  # no
 
 
 @task(name="train and evaluate", cache_policy=NO_CACHE)
-def train_candidate(store: ObjectStore, frame: Any, family: Any, champion: ModelVersion, cache_dir: str,
+def train_candidate(store: ObjectStore, frame: Any, family: Any, champion: ModelVersion,
                     overrides: dict, out: Path, tolerance: float) -> tuple[Any, dict[str, float]]:  # noqa: ANN401  # fmt: skip
-    from fleet.runtime.cache import ArtifactCache
-
     names = [c for c in frame.columns if c not in ("label", "source")]
     rng = np.random.default_rng(int(champion.artifact_sha256[:8], 16))
     holdout = np.zeros(len(frame), bool)
@@ -116,15 +115,15 @@ def train_candidate(store: ObjectStore, frame: Any, family: Any, champion: Model
     uri = "store://pending"
     meta = family.train.fit(x[~holdout], y[~holdout], x[holdout], y[holdout], config, out,
                             TrainingData(uri=uri, sha256=family.data.digest(x, y)))  # fmt: skip
-    champion_dir = ArtifactCache(cache_dir).path(Registry(store), champion.model, champion.version)
-    champion_proba = family.model.Predictor(champion_dir, device="cpu").predict_proba(x[holdout])
+    champion_dir = artifact_cache().path(Registry(store), champion.model, champion.version)
+    champion_predictor = family.model.Predictor(champion_dir, device="cpu")
+    champion_proba = champion_predictor.predict_proba(x[holdout])
     champion_metrics = family.train.evaluate(champion_proba, y[holdout])
     # how far the candidate's predictions move from the champion's on recent traffic: the
     # shift its canary will show live, which the prediction gate must allow (that is the fix)
     recent = holdout & (frame["source"] == "feedback").to_numpy()
-    candidate = family.model.Predictor(out, device="cpu")
     champion_metrics["expected_prediction_psi"] = _score_psi(
-        candidate.predict_proba(x[recent]), family.model.Predictor(champion_dir, device="cpu").predict_proba(x[recent]))
+        family.model.Predictor(out, device="cpu").predict_proba(x[recent]), champion_predictor.predict_proba(x[recent]))
     if meta.metrics["accuracy"] < champion_metrics["accuracy"] - tolerance:
         raise GateFailed(f"the candidate regresses: accuracy {meta.metrics['accuracy']:.4f} vs champion {champion.version} "
                          f"{champion_metrics['accuracy']:.4f} on the same {int(holdout.sum())}-row holdout "
@@ -183,10 +182,7 @@ def retrain(model: str, reason: str = "requested", hyperparameters: dict | None 
                                       policy.retrain.min_feedback_rows)  # fmt: skip
         quality_gate(frame, champion, policy)
         with tempfile.TemporaryDirectory(prefix="fleet-retrain-") as tmp:
-            import os
-
-            cache = os.environ.get("FLEET_CACHE_DIR", ".fleet/cache")
-            meta, champion_metrics = train_candidate(ctx.store, frame, family, champion, cache, hyperparameters or {},
+            meta, champion_metrics = train_candidate(ctx.store, frame, family, champion, hyperparameters or {},
                                                      Path(tmp) / "artifact", tolerance)  # fmt: skip
             version = next_version(registry, model)
             out = io.BytesIO()
@@ -208,7 +204,7 @@ def retrain(model: str, reason: str = "requested", hyperparameters: dict | None 
     logger.info("registered %s: accuracy %.4f vs champion %.4f on the same holdout", registered.ref,
                 registered.metrics["accuracy"], champion_metrics["accuracy"])  # fmt: skip
     emit("fleet.retrain.registered", {"model": model, "version": version, "parent": champion.version, "reason": reason})
-    _package(ctx, model, version, spec)
+    package_version(model, version)
     if not rollout:
         from prefect.states import Completed
 
@@ -227,12 +223,3 @@ def retrain(model: str, reason: str = "requested", hyperparameters: dict | None 
 
     said = f"registered {registered.ref} from {champion.version} ({reason}); rollout: {rolled.message}"
     return Completed(message=said) if rolled.is_completed() else Failed(message=said)
-
-
-def _package(ctx: Any, model: str, version: str, spec: Any) -> None:  # noqa: ANN401
-    import os
-
-    from fleet.runtime.bento import package
-    from fleet.runtime.cache import ArtifactCache
-
-    package(Registry(ctx.store), model, version, spec, ArtifactCache(os.environ.get("FLEET_CACHE_DIR", ".fleet/cache")))

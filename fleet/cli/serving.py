@@ -24,14 +24,10 @@ def _runtime(policies_path: Path):  # noqa: ANN202
 
 
 def _package(model: str, version: str, policies_path: Path, quantize: bool = False, force: bool = False):  # noqa: ANN202
-    from fleet.runtime.bento import package
-    from fleet.runtime.cache import ArtifactCache
-    from fleet.spec import load_policies
+    from fleet.runtime.packaged import package_version
 
-    spec = load_policies(policies_path).model(model)
-    cache = ArtifactCache(os.environ.get("FLEET_CACHE_DIR", ".fleet/cache"))
-    return package(registry(), model, version, spec, cache, quantize=quantize, force=force,
-                   log=lambda line: err_console.print(f"[dim]{line}[/]"))  # fmt: skip
+    return package_version(model, version, policies=policies_path, quantize=quantize, force=force,
+                           log=lambda line: err_console.print(f"[dim]{line}[/]"))  # fmt: skip
 
 
 def package_cmd(

@@ -1,29 +1,51 @@
-"""The runtime the CLI and the flows use: ``open_runtime()`` whose local kind packages a
-version (``fleet.runtime.bento.package``) the first time it is deployed."""
+"""Packaging as the CLI and the flows use it, and the runtime that packages on first deploy.
+
+``package_version`` is ``fleet.runtime.bento.package`` with this environment's policies,
+store and artifact cache (``FLEET_CACHE_DIR``, default ``.fleet/cache``); ``packaged_runtime``
+is ``open_runtime()`` whose local kind calls it the first time a version is deployed.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fleet.types import Runtime
 
 
-def packaged_runtime(policies_path: str | Path | None = None, log: Callable[[str], None] = lambda _: None) -> Runtime:
-    from fleet.registry import Registry
-    from fleet.runtime import open_runtime
-    from fleet.runtime.bento import bentoml_home, package
+def artifact_cache() -> Any:  # noqa: ANN401 - a fleet.runtime.cache.ArtifactCache
     from fleet.runtime.cache import ArtifactCache
+
+    return ArtifactCache(os.environ.get("FLEET_CACHE_DIR", ".fleet/cache"))
+
+
+def policies_path(path: str | Path | None = None) -> Path:
+    return Path(path or os.environ.get("FLEET_POLICIES") or "policies")
+
+
+def package_version(
+    model: str,
+    version: str,
+    *,
+    policies: str | Path | None = None,
+    quantize: bool = False,
+    force: bool = False,
+    log: Callable[[str], None] = lambda _: None,
+) -> Any:  # noqa: ANN401 - a fleet.runtime.bento.Packaged
+    from fleet.registry import Registry
+    from fleet.runtime.bento import package
     from fleet.spec import load_policies
     from fleet.store import open_store
 
+    spec = load_policies(policies_path(policies)).model(model)
+    return package(Registry(open_store()), model, version, spec, artifact_cache(), quantize=quantize, force=force, log=log)
+
+
+def packaged_runtime(policies: str | Path | None = None, log: Callable[[str], None] = lambda _: None) -> Runtime:
+    from fleet.runtime import open_runtime
+    from fleet.runtime.bento import bentoml_home
+
     bentoml_home()  # the served Bentos live in the same BentoML home as the built ones
-    path = Path(policies_path or os.environ.get("FLEET_POLICIES") or "policies")
-
-    def bento_for(model: str, version: str) -> str:
-        spec = load_policies(path).model(model)
-        cache = ArtifactCache(os.environ.get("FLEET_CACHE_DIR", ".fleet/cache"))
-        return package(Registry(open_store()), model, version, spec, cache, log=log).bento
-
-    return open_runtime(bento_for=bento_for)
+    return open_runtime(bento_for=lambda model, version: package_version(model, version, policies=policies, log=log).bento)
