@@ -5,7 +5,7 @@
 ``POST /predict {"features": [[...], ...]}`` answers class probabilities from the demo
 rule (the same rule bentos/tabular_mlp was trained on), ``--flip`` inverts them (a shadow
 that disagrees). ``GET /readyz`` is its health check. ``POST /_control`` changes delay,
-fail rate or flip while it runs; ``GET /_stats`` counts the predictions it was asked for.
+fail rate or flip while it runs, or sheds the next N requests with 503 (``shed_next``); ``GET /_stats`` counts the predictions it was asked for.
 Real HTTP on 127.0.0.1, for the faults a real Bento cannot be made to have on cue.
 """
 
@@ -34,12 +34,15 @@ def make_app(delay_ms: float, fail_rate: float, flip: bool):  # noqa: ANN201 - a
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    state = {"delay_ms": delay_ms, "fail_rate": fail_rate, "flip": flip, "requests": 0, "failed": 0}
+    state = {"delay_ms": delay_ms, "fail_rate": fail_rate, "flip": flip, "shed_next": 0, "requests": 0, "failed": 0}
     rng = random.Random(0)
 
     async def predict(request: Request) -> JSONResponse:
         state["requests"] += 1
         body = json.loads(await request.body())
+        if state["shed_next"]:  # what BentoML's batcher does when overloaded: 503 before any work
+            state["shed_next"] -= 1
+            return JSONResponse({"error": "process is overloaded"}, status_code=503)
         if state["delay_ms"]:
             await asyncio.sleep(state["delay_ms"] / 1000)
         if state["fail_rate"] and rng.random() < state["fail_rate"]:
@@ -52,7 +55,7 @@ def make_app(delay_ms: float, fail_rate: float, flip: bool):  # noqa: ANN201 - a
 
     async def control(request: Request) -> JSONResponse:
         changes = json.loads(await request.body())
-        state.update({k: v for k, v in changes.items() if k in ("delay_ms", "fail_rate", "flip")})
+        state.update({k: v for k, v in changes.items() if k in ("delay_ms", "fail_rate", "flip", "shed_next")})
         return JSONResponse(state)
 
     async def stats(_: Request) -> JSONResponse:

@@ -212,6 +212,24 @@ def test_a_failing_canary_is_retried_on_stable_counted_and_ejected_then_probed_b
                  what="the recovered canary probed back into service")  # fmt: skip
 
 
+def test_a_version_shedding_load_is_asked_again_while_the_deadline_allows(env) -> None:
+    e = env()
+    e.register("1.0.0")
+    stub = e.stub("1.0.0")
+    e.route(stable="1.0.0")
+    key = e.tenant("apps")
+    url, _ = e.gateway()
+    with httpx.Client(base_url=url, timeout=30) as client, admin(url) as adm:
+        httpx.post(f"{stub}/_control", json={"shed_next": 2})
+        assert infer(client, key).status_code == 200  # shed twice, answered the third time
+        assert httpx.get(f"{stub}/_stats").json()["requests"] == 3
+        assert adm.get(f"/admin/stats/{MODEL}").json()["versions"]["1.0.0"]["errors"]["5xx"] == 0
+        httpx.post(f"{stub}/_control", json={"shed_next": 100})
+        r = infer(client, key)
+        assert r.status_code == 503 and "shed the request" in r.json()["error"]
+        assert adm.get(f"/admin/stats/{MODEL}").json()["versions"]["1.0.0"]["errors"]["5xx"] == 1
+
+
 def test_a_dead_canary_costs_callers_nothing_and_503_only_when_nothing_answers(env) -> None:
     e = env()
     e.register("1.0.0", "1.1.0")

@@ -110,7 +110,6 @@ class Pool:
 
 class Upstreams:
     def __init__(self) -> None:
-        self.sheds = 0  # 503s answered by asking again
         self._pools: dict[tuple[str, str], Pool] = {}
         self._sessions: dict[str, aiohttp.ClientSession] = {}
 
@@ -165,24 +164,24 @@ class Upstreams:
             async with asyncio.timeout(max(remaining, 0.0)):
                 await pool.slots.acquire(priority, pool.ref)
                 try:
-                    for backoff in SHED_BACKOFF_S:
-                        try:
-                            return await self._attempt(pool, features, last_resort)
-                        except _Shed as shed:
-                            if deadline - time.monotonic() < 2 * backoff:
-                                raise UpstreamError(str(shed), "5xx") from None
-                            self.sheds += 1
-                            await asyncio.sleep(backoff)
-                    return await self._attempt(pool, features, last_resort)
-                except _Shed as shed:
-                    raise UpstreamError(str(shed), "5xx") from None
+                    return await self._answer(pool, orjson.dumps({"features": features.tolist()}), last_resort, deadline)
                 finally:
                     pool.slots.release()
         except TimeoutError:
             raise UpstreamTimeout(f"{pool.ref} did not answer within {remaining * 1000:.0f} ms") from None
 
-    async def _attempt(self, pool: Pool, features: np.ndarray, last_resort: bool) -> np.ndarray:
-        payload = orjson.dumps({"features": features.tolist()})
+    async def _answer(self, pool: Pool, payload: bytes, last_resort: bool, deadline: float) -> np.ndarray:
+        """Ask the pool; a version that sheds is asked again after each back-off the deadline allows."""
+        for backoff in (*SHED_BACKOFF_S, None):
+            try:
+                return await self._attempt(pool, payload, last_resort)
+            except _Shed as shed:
+                if backoff is None or deadline - time.monotonic() < 2 * backoff:
+                    raise UpstreamError(str(shed), "5xx") from None
+            await asyncio.sleep(backoff)
+        raise AssertionError("unreachable: the last round raises")
+
+    async def _attempt(self, pool: Pool, payload: bytes, last_resort: bool) -> np.ndarray:
         failures, shed = [], ""
         replicas = pool.order(last_resort)
         if not replicas:
