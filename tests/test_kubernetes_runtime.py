@@ -1,10 +1,11 @@
 """KubernetesRuntime against a fake API client: the objects it writes (each validated against
-the Kubernetes and CRD schemas), readiness waits, listing, undeploy; and its HTTP client
-against a fake API transport."""
+the Kubernetes and CRD schemas), images by recorded digest only, readiness waits, listing,
+undeploy; and its HTTP client against a fake API transport."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from pathlib import Path
 
@@ -14,9 +15,10 @@ import kubernetes_validate
 import pytest
 from k8s_schemas import validate
 
-from fleet.errors import ConfigError, InvalidInput, NotFound
+from fleet.errors import ConfigError, IntegrityError, InvalidInput, NotFound
 from fleet.placement import GPU_RESOURCE, plan
-from fleet.runtime import open_runtime
+from fleet.registry import Registry
+from fleet.runtime import images, open_runtime
 from fleet.runtime.kubernetes import (
     CONFIG_MAP,
     FIELD_MANAGER,
@@ -30,6 +32,9 @@ from fleet.runtime.kubernetes import (
 from fleet.runtime.local import DeployFailed
 from fleet.spec import load_policies
 from fleet.stack import placement_inputs, read_stack_file
+from fleet.store import MemoryStore
+from fleet.types import ObjectStore
+from tests.test_registry import META
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = "http://kps-prometheus.monitoring.svc:9090"
@@ -98,9 +103,10 @@ class FakeKube:
 
 
 @pytest.fixture
-def kube(prod_plan) -> FakeKube:  # noqa: ANN001
+def kube(prod_plan, fleet_store: ObjectStore) -> FakeKube:  # noqa: ANN001
     result, policies = prod_plan
     fake = FakeKube()
+    fake.store = fleet_store  # the fleet's store, beside the cluster: manifests and image digests
     timeouts = {m: policies.models[m].timeout_ms for m in policies.models}
     fake.objects[("ConfigMap", NAMESPACE, CONFIG_MAP)] = {
         "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIG_MAP, "namespace": NAMESPACE},
@@ -108,6 +114,27 @@ def kube(prod_plan) -> FakeKube:  # noqa: ANN001
     }  # fmt: skip
     validate(fake.objects[("ConfigMap", NAMESPACE, CONFIG_MAP)])
     return fake
+
+
+# What the tests deploy, each registered with its image built, pushed and its digest recorded.
+VERSIONS = (("llm-70b", "1.0.0"), ("llm-7b", "1.0.0"), ("llm-7b", "2.0.0"), ("embed-small", "1.0.0"),
+            ("demo-classifier", "1.0.0"))  # fmt: skip
+
+
+def digest_of(model: str, version: str) -> str:
+    return "sha256:" + hashlib.sha256(f"image of {model}:{version}".encode()).hexdigest()
+
+
+@pytest.fixture
+def fleet_store(tmp_path_factory: pytest.TempPathFactory) -> ObjectStore:
+    store = MemoryStore()
+    registry = Registry(store)
+    for model, version in VERSIONS:
+        folder = tmp_path_factory.mktemp("artifact")
+        (folder / "model.pt").write_text(f"weights of {model}:{version}")
+        mv = registry.register(model, version, folder, META)
+        images.record(store, mv, digest_of(model, version), f"{model}:{version}", who="ci")
+    return store
 
 
 def runtime(kube: FakeKube, on_sleep=None, timeout_s: float = 60.0) -> KubernetesRuntime:  # noqa: ANN001
@@ -121,12 +148,18 @@ def runtime(kube: FakeKube, on_sleep=None, timeout_s: float = 60.0) -> Kubernete
         if on_sleep:
             on_sleep(sleeps[0])
 
-    return KubernetesRuntime(kube, ready_timeout_s=timeout_s, poll_s=5, sleep=sleep, clock=lambda: now[0])
+    return KubernetesRuntime(kube, kube.store, ready_timeout_s=timeout_s, poll_s=5, sleep=sleep, clock=lambda: now[0])
 
 
 def objects_of(kube: FakeKube, model: str, version: str) -> dict[str, dict]:
     name = object_name(model, version)
     return {k: o for (k, _, n), o in kube.objects.items() if n == name}
+
+
+@pytest.fixture
+def artifact(tmp_path: Path) -> Path:
+    (tmp_path / "model.pt").write_bytes(b"weights")
+    return tmp_path
 
 
 # --- deploy ---------------------------------------------------------------------------------
@@ -140,7 +173,7 @@ def test_deploy_writes_a_gpu_deployment_from_the_placement_and_waits_for_ready_p
     assert set(objs) == {"Deployment", "Service", "PodDisruptionBudget", "ScaledObject"}
     pod = objs["Deployment"]["spec"]["template"]["spec"]
     (bento,) = pod["containers"]
-    assert bento["image"] == IMAGES["llm"] + ":llm-70b-1.0.0"
+    assert bento["image"] == IMAGES["llm"] + "@" + digest_of("llm-70b", "1.0.0")  # by digest, never a tag
     assert bento["resources"]["limits"][GPU_RESOURCE] == bento["resources"]["requests"][GPU_RESOURCE] == "8"  # TP 8
     assert {"name": "FLEET_TENSOR_PARALLEL", "value": "8"} in bento["env"]
     assert pod["nodeSelector"] == {"fleet.io/node-group": "a100-8"}
@@ -199,6 +232,58 @@ def test_a_deploy_that_never_gets_ready_says_why(kube: FakeKube) -> None:
     rt = runtime(kube, on_sleep=lambda n: n == 1 and kube.pods("llm-70b", "1.0.0", ready=0, pending=why), timeout_s=30)
     with pytest.raises(DeployFailed, match=r"llm-70b:1.0.0 has 0 of 1 replicas ready after 30 s; .*PodScheduled: 0/6 nodes"):
         rt.deploy("llm-70b", "1.0.0")
+
+
+def test_a_version_without_a_recorded_image_digest_is_refused_before_anything_is_written(kube: FakeKube, artifact) -> None:  # noqa: ANN001
+    mv = Registry(kube.store).register("embed-small", "3.0.0", artifact, META)
+    with pytest.raises(NotFound, match=r"no image digest is recorded for embed-small:3.0.0; Kubernetes deploys model images by "
+                                       r"digest only\. .*bentoml containerize embed-small:3.0.0 -t " + IMAGES["text-embed"]
+                                       + r":embed-small-3\.0\.0.*fleet package embed-small 3\.0\.0 --image-digest sha256:"):  # fmt: skip
+        runtime(kube).deploy("embed-small", "3.0.0")
+    assert not [c for c in kube.calls if c[0] == "apply"]
+    with pytest.raises(NotFound, match="model version embed-small:9.9.9 is not registered"):
+        runtime(kube).deploy("embed-small", "9.9.9")
+    stale = mv.model_copy(update={"files": {"other.pt": mv.files["model.pt"]}})  # a record made for another artifact
+    images.record(kube.store, stale, digest_of("embed-small", "3.0.0"), "embed-small:3.0.0")
+    with pytest.raises(IntegrityError, match=rf"image recorded for embed-small:3.0.0 .* was built from artifact {stale.artifact_sha256}, "
+                                             rf"but the manifest's artifact is {mv.artifact_sha256}"):  # fmt: skip
+        runtime(kube).deploy("embed-small", "3.0.0")
+    assert not [c for c in kube.calls if c[0] == "apply"]
+
+
+def test_a_recorded_digest_deploys_and_a_new_record_rolls_the_pods(kube: FakeKube, artifact) -> None:  # noqa: ANN001
+    mv = Registry(kube.store).register("embed-small", "4.0.0", artifact, META)
+    images.record(kube.store, mv, digest_of("embed-small", "4.0.0"), "embed-small:4.0.0")
+    rt = runtime(kube, on_sleep=lambda n: kube.scale_up())
+    rt.deploy("embed-small", "4.0.0")
+    container = objects_of(kube, "embed-small", "4.0.0")["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == f"{IMAGES['text-embed']}@{digest_of('embed-small', '4.0.0')}"
+    rebuilt = "sha256:" + "0f" * 32  # the same artifact, rebuilt on a patched base image
+    images.record(kube.store, mv, rebuilt, "embed-small:4.0.0")
+    rt.deploy("embed-small", "4.0.0")
+    container = objects_of(kube, "embed-small", "4.0.0")["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == f"{IMAGES['text-embed']}@{rebuilt}"
+
+
+def test_a_pod_whose_model_files_fail_their_check_never_turns_ready_and_the_deploy_says_why(kube: FakeKube) -> None:
+    refusal = ("integrity.ArtifactMismatch: model files in /home/bentoml/bento/models/embed-small/1.0.0 do not match the "
+               f"manifest, refusing to load them: model.pt: expected sha256 {'a' * 64} (7 bytes), got {'b' * 64} (7 bytes)")  # fmt: skip
+
+    def crash_loop(n: int) -> None:
+        kube.pods("embed-small", "1.0.0", ready=0, pending="containers with unready status: [bento]")
+        (pod,) = [o for (k, _, name), o in kube.objects.items() if k == "Pod" and name.startswith(object_name("embed-small", "1.0.0"))]
+        pod["status"]["containerStatuses"] = [{
+            "name": "bento", "ready": False, "restartCount": n, "image": "x", "imageID": "", "started": False,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}},
+            "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": f"Traceback ...\n{refusal}\n"}},
+        }]  # fmt: skip
+
+    with pytest.raises(DeployFailed, match=r"embed-small:1.0.0 has 0 of 1 replicas ready after 30 s; .*CrashLoopBackOff: back-off "
+                                           r"40s restarting failed container; exited 1: integrity.ArtifactMismatch: .*model.pt: "
+                                           rf"expected sha256 {'a' * 64} \(7 bytes\), got {'b' * 64}"):  # fmt: skip
+        runtime(kube, on_sleep=crash_loop, timeout_s=30).deploy("embed-small", "1.0.0")
+    container = objects_of(kube, "embed-small", "1.0.0")["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"  # the kubelet keeps the log's end
 
 
 def test_unknown_model_and_missing_cluster_config_are_clear(kube: FakeKube) -> None:

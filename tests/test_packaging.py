@@ -1,10 +1,18 @@
 """Packaging: one Bento per version, labelled with its artifact; BentoML's store is a cache of
-the registry, so an entry built from another artifact under the same tag is replaced."""
+the registry, so an entry built from another artifact under the same tag, or whose files were
+changed, is replaced. A served model whose files differ from the manifest never starts; the
+image digest Kubernetes deploys by is recorded by ``fleet package``."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import subprocess
+import time
 from pathlib import Path
+
+import httpx
 
 import pytest
 
@@ -13,6 +21,7 @@ from fleet.registry import Registry
 from fleet.runtime.cache import ArtifactCache
 from fleet.spec import load_policies
 from fleet.store import FileStore
+from tests.serving_env import FLEET, FleetEnv, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,3 +48,77 @@ def test_a_bento_of_another_artifact_under_the_same_tag_is_rebuilt(tmp_path: Pat
     assert rebuilt.built and bentoml.bentos.get(rebuilt.bento).info.labels["artifact-sha256"] == b.artifact_sha256
     assert any("rebuilding it from the registry" in line for line in lines)
     assert bentoml.models.get(f"{model}:1.0.0").info.labels["artifact-sha256"] == b.artifact_sha256
+
+
+def test_a_changed_byte_in_the_model_store_stops_the_service_before_it_is_ready(tmp_path: Path) -> None:
+    """As a user meets it: `fleet deploy` fails at once naming the file and both hashes (the
+    service checks before it loads), so does the Bento started as its container image starts,
+    the fix the error names repairs it, and the image digest is recorded for Kubernetes."""
+    env = FleetEnv(tmp_path)
+    model = "demo-classifier"
+    try:
+        env.fleet("models", "train", model, "1.0.0", "--rows", "500", "--epochs", "1")
+        env.fleet("package", model, "1.0.0")
+        mv = Registry(FileStore(tmp_path / "store")).get(model, "1.0.0")
+        weights = tmp_path / "bentoml" / "models" / model / "1.0.0" / "model.pt"
+        data = bytearray(weights.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        weights.write_bytes(bytes(data))
+
+        started = time.monotonic()
+        failed = subprocess.run([FLEET, "deploy", model, "1.0.0"], env=env.env, cwd=tmp_path, capture_output=True,
+                                text=True, timeout=300)  # fmt: skip
+        refused_after = time.monotonic() - started
+        assert failed.returncode == 1, failed.stderr
+        assert f"{model}:1.0.0 exited while starting" in failed.stderr  # exited: no wait for a readiness timeout
+        expected, actual = mv.files["model.pt"].sha256, hashlib.sha256(data).hexdigest()
+        assert f"model.pt: expected sha256 {expected} ({len(data)} bytes), got {actual} ({len(data)} bytes)" in failed.stderr
+        assert f"fleet package {model} 1.0.0 --force" in failed.stderr
+        assert refused_after < 60, f"refused only after {refused_after:.0f} s"
+        assert not env.fleet_json("status")[0]["replicas"]
+        # The image's start-up: `bentoml containerize` copies the Bento with its models, and the
+        # container serves that folder with BENTOML_CONTAINERIZED set (BentoML's own Dockerfile)
+        code, output = _serve_as_its_image(env, f"{model}:1.0.0", tmp_path / "image")
+        assert code == 1 and f"{tmp_path}/image/models/{model}/1.0.0 do not match the manifest" in output
+        assert f"model.pt: expected sha256 {expected} ({len(data)} bytes), got {actual}" in output
+
+        repaired = subprocess.run([FLEET, "package", model, "1.0.0", "--force"], env=env.env, cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert repaired.returncode == 0 and "no longer matches the manifest" in repaired.stderr, repaired.stderr
+        (url,) = env.fleet_json("deploy", model, "1.0.0")["endpoints"]
+        answer = httpx.post(f"{url}/metadata", json={}, timeout=10).json()
+        assert answer["artifact_sha256"] == mv.artifact_sha256
+
+        digest = "sha256:" + hashlib.sha256(b"the pushed image").hexdigest()
+        repo = "123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/tabular-mlp"
+        packaged = env.fleet_json("package", model, "1.0.0", "--image-digest", digest, "--repository", repo)
+        assert packaged["built"] is False and packaged["image"]["digest"] == digest
+        record = json.loads((tmp_path / "store" / "images" / model / "1.0.0.json").read_text())
+        assert (record["digest"], record["repository"], record["bento"], record["artifact_sha256"], record["recorded_by"]) == (
+            digest, repo, f"{model}:1.0.0", mv.artifact_sha256, "e2e")  # fmt: skip
+    finally:
+        env.stop()
+
+
+def _serve_as_its_image(env: FleetEnv, bento: str, folder: Path) -> tuple[int, str]:
+    """Serve ``bento`` as its container would: exported with its models into ``folder`` and
+    started from there, with an empty BentoML home and respawning off. Returns its exit code
+    and output; one still serving after 120 s is stopped and fails the test."""
+    import tarfile
+
+    from fleet.processes import stop_group
+
+    subprocess.run([str(Path(FLEET).with_name("bentoml")), "export", bento, str(folder.with_suffix(".bento"))],
+                   env=env.env, check=True, capture_output=True, timeout=120)  # fmt: skip
+    with tarfile.open(folder.with_suffix(".bento")) as archive:
+        archive.extractall(folder, filter="data")
+    container = {**env.env, "BENTOML_HOME": str(folder.parent / "empty-home"), "BENTOML_CONTAINERIZED": "true"}
+    proc = subprocess.Popen([str(Path(FLEET).with_name("python")), "-m", "bentoml", "serve", str(folder), "--host",
+                             "127.0.0.1", "--port", str(free_port())], env=container, cwd=folder, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        stop_group(proc.pid)
+        raise AssertionError(f"{bento} served from {folder} for 120 s instead of refusing its model files") from None
+    return proc.returncode, output

@@ -30,20 +30,61 @@ def _package(model: str, version: str, policies_path: Path, quantize: bool = Fal
                            log=lambda line: err_console.print(f"[dim]{line}[/]"))  # fmt: skip
 
 
+def _digest_option(value: str | None) -> str | None:
+    from fleet.errors import InvalidInput
+    from fleet.runtime.images import check_digest
+
+    try:
+        return None if value is None else check_digest(value)
+    except InvalidInput as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _repository_option(value: str | None) -> str | None:
+    from fleet.errors import InvalidInput
+    from fleet.runtime.images import check_repository
+
+    try:
+        return None if value is None else check_repository(value)
+    except InvalidInput as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 def package_cmd(
     model: str,
     version: str,
     quantize: Annotated[bool, typer.Option("--int8", help="Build the int8 dynamic-quantized CPU variant.")] = False,
-    force: Annotated[bool, typer.Option(help="Rebuild even if the Bento exists.")] = False,
+    force: Annotated[bool, typer.Option(
+        help="Rebuild even if the Bento exists; model files in BentoML's store that differ from the manifest are "
+             "imported again.")] = False,
+    image_digest: Annotated[str | None, typer.Option(
+        help="Record the digest (sha256:<64 hex>) of the image pushed from this Bento: Kubernetes deploys the version "
+             "by it.", callback=_digest_option)] = None,
+    repository: Annotated[str | None, typer.Option(
+        help="With --image-digest: the repository the image was pushed to (recorded for reference).",
+        callback=_repository_option)] = None,
     policies: PoliciesOpt = DEFAULT_POLICIES,
     json: JsonFlag = False,
 ) -> None:
-    """Build the Bento of a registered version (checksums verified first)."""
+    """Build the Bento of a registered version (checksums verified first); with --image-digest, record the digest
+    of the image pushed from it, by which Kubernetes deploys the version."""
+    if repository and not image_digest:
+        raise typer.BadParameter("--repository is recorded with an image digest; expected --image-digest too",
+                                 param_hint="'--repository'")  # fmt: skip
     result = _package(model, version, policies, quantize, force)
+    recorded = None
+    if image_digest:
+        from fleet.runtime.packaged import record_image
+
+        before, recorded = record_image(model, version, image_digest, bento=result.bento, repository=repository)
+        if before and before.digest != recorded.digest:
+            err_console.print(f"[dim]replaced the image recorded for {model}:{version}, {before.digest}[/]")
     if json:
-        emit_json(result.__dict__)
-    else:
-        console.print(f"{'built' if result.built else 'found'} Bento [bold]{result.bento}[/] (artifact {result.artifact_sha256[:12]})")
+        emit_json({**result.__dict__, "image": recorded.model_dump(mode="json") if recorded else None})
+        return
+    console.print(f"{'built' if result.built else 'found'} Bento [bold]{result.bento}[/] (artifact {result.artifact_sha256[:12]})")
+    if recorded:
+        console.print(f"recorded image [bold]{recorded.digest}[/] for {model}:{version}: Kubernetes deploys it by this digest")
 
 
 def deploy_cmd(

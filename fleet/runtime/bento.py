@@ -2,10 +2,11 @@
 
 ``package`` imports the artifact into BentoML's model store as ``<model>:<version>`` and
 builds a Bento of the model's family (``bentos/<family>/``) with the policy's resources,
-traffic and batching written into ``fleet_build.json``. Packages are pinned to what this
-environment runs and never locked against an index, so a build reaches no registry and
-changes nothing in the project's venv. BentoML keeps its stores under ``$BENTOML_HOME``
-(default ``./.fleet/bentoml``).
+traffic and batching written into ``fleet_build.json``, with the manifest's file listing:
+the service checks its model files against it before it loads them (``bentos/integrity.py``,
+copied into every Bento). Packages are pinned to what this environment runs and never locked
+against an index, so a build reaches no registry and changes nothing in the project's venv.
+BentoML keeps its stores under ``$BENTOML_HOME`` (default ``./.fleet/bentoml``).
 """
 
 from __future__ import annotations
@@ -22,15 +23,20 @@ from dataclasses import dataclass
 from importlib.metadata import version as installed
 from pathlib import Path
 
+from bentos import integrity
 from fleet.errors import FleetError, InvalidInput
-from fleet.registry import Registry
-from fleet.runtime.cache import ArtifactCache
+from fleet.registry import ModelVersion, Registry
+from fleet.runtime.cache import ArtifactCache, manifest_listing
 from fleet.spec import ModelSpec
 
 DEFAULT_HOME = ".fleet/bentoml"
 # BentoML pins itself. Local version labels (+cpu) are dropped so a GPU image gets the
 # CUDA build of the same release.
 PINNED = ("torch", "numpy")
+# Shipped in every Bento beside the family's files (from bentos/): the check at load.
+SHARED_FILES = ("integrity.py",)
+# On Bentos whose service checks its model files at load; one built before that is rebuilt.
+INTEGRITY_LABEL = ("integrity", "sha256-at-load")
 
 
 class PackagingError(FleetError):
@@ -104,46 +110,40 @@ def package(
     model_tag = f"{model}:{bento_version(version, False)}"
     bentoml_home()  # bentoml is imported now: keep the variable on its home
     if _exists(bentoml.bentos.get, bento_tag):
-        built_from = bentoml.bentos.get(bento_tag).info.labels.get("artifact-sha256")
-        if not force and built_from == mv.artifact_sha256:
+        held_labels = bentoml.bentos.get(bento_tag).info.labels
+        built_from = held_labels.get("artifact-sha256")
+        checks = held_labels.get(INTEGRITY_LABEL[0]) == INTEGRITY_LABEL[1]
+        if not force and built_from == mv.artifact_sha256 and checks:
             log(f"Bento {bento_tag} already built")
             return Packaged(bento_tag, model_tag, mv.artifact_sha256, built=False)
         if built_from != mv.artifact_sha256:
             log(f"Bento {bento_tag} was built from artifact {str(built_from)[:12]}, not {mv.artifact_sha256[:12]} "
                 f"(another store using this BentoML home?): rebuilding it from the registry")  # fmt: skip
+        elif not checks:
+            log(f"Bento {bento_tag} predates the check of its model files at load: rebuilding it")
         bentoml.bentos.delete(bento_tag)
 
     log(f"verifying and caching the artifact of {mv.ref}")
-    artifact = cache.path(registry, model, version)
+    artifact = cache.path(registry, model, version, log=log)
     labels = {"model": model, "version": version, "artifact-sha256": mv.artifact_sha256}
-    if not _exists(bentoml.models.get, model_tag):
-        log(f"importing {mv.ref} into the BentoML model store")
-        with bentoml.models.create(model_tag, labels=labels, metadata={"framework": mv.framework}) as bm:
-            shutil.copytree(artifact, bm.path, dirs_exist_ok=True)
-    else:
-        stored = bentoml.models.get(model_tag)
-        held = stored.info.labels.get("artifact-sha256")
-        if held != mv.artifact_sha256:
-            # BentoML's store is a cache of the registry, which is the truth: replace the entry
-            log(f"BentoML model {model_tag} holds artifact {str(held)[:12]}, not {mv.artifact_sha256[:12]} of "
-                f"{mv.ref}: replacing it")  # fmt: skip
-            bentoml.models.delete(model_tag)
-            with bentoml.models.create(model_tag, labels=labels, metadata={"framework": mv.framework}) as bm:
-                shutil.copytree(artifact, bm.path, dirs_exist_ok=True)
+    _import_model(model_tag, mv, artifact, labels, log)
 
     family = family_module(spec.family)
+    shared = Path(integrity.__file__).parent
     with tempfile.TemporaryDirectory(prefix="fleet-bento-") as ctx:
         for name in family.BENTO_FILES:
             shutil.copy(Path(family.__file__).with_name(name), Path(ctx) / name)
-        (Path(ctx) / "fleet_build.json").write_text(json.dumps(_build_config(model, version, spec, model_tag, mv.artifact_sha256, quantize, batchable), indent=2))
+        for name in SHARED_FILES:
+            shutil.copy(shared / name, Path(ctx) / name)
+        (Path(ctx) / "fleet_build.json").write_text(json.dumps(_build_config(mv, spec, model_tag, quantize, batchable), indent=2))
         log(f"building Bento {bento_tag}")
         try:
             bento = bentoml.bentos.build(
                 family.SERVICE,
                 name=model,
                 version=tag_version,
-                labels={**labels, "quantize": "int8" if quantize else "none"},
-                include=[*family.BENTO_FILES, "fleet_build.json"],
+                labels={**labels, "quantize": "int8" if quantize else "none", INTEGRITY_LABEL[0]: INTEGRITY_LABEL[1]},
+                include=[*family.BENTO_FILES, *SHARED_FILES, "fleet_build.json"],
                 python={"packages": [f"{p}=={installed(p).split('+')[0]}" for p in PINNED], "lock_packages": False},
                 build_ctx=ctx,
             )
@@ -153,18 +153,42 @@ def package(
     return Packaged(str(bento.tag), model_tag, mv.artifact_sha256, built=True)
 
 
-def _build_config(
-    model: str, version: str, spec: ModelSpec, model_tag: str, sha: str, quantize: bool, batchable: bool
-) -> dict:
+def _import_model(model_tag: str, mv: ModelVersion, artifact: Path, labels: dict[str, str], log: Callable[[str], None]) -> None:
+    """Make BentoML's model ``model_tag`` hold exactly the verified artifact of ``mv``.
+
+    BentoML's store is a cache of the registry, which is the truth: an entry holding another
+    artifact, or whose files no longer match the manifest, is replaced.
+    """
+    import bentoml
+
+    if _exists(bentoml.models.get, model_tag):
+        stored = bentoml.models.get(model_tag)
+        held = stored.info.labels.get("artifact-sha256")
+        if held != mv.artifact_sha256:
+            log(f"BentoML model {model_tag} holds artifact {str(held)[:12]}, not {mv.artifact_sha256[:12]} of "
+                f"{mv.ref}: replacing it")  # fmt: skip
+        elif problems := integrity.check_folder(stored.path, manifest_listing(mv)):
+            log(f"BentoML model {model_tag} no longer matches the manifest of {mv.ref} ({'; '.join(problems)}): replacing it")
+        else:
+            return
+        bentoml.models.delete(model_tag)
+    else:
+        log(f"importing {mv.ref} into the BentoML model store")
+    with bentoml.models.create(model_tag, labels=labels, metadata={"framework": mv.framework}) as bm:
+        shutil.copytree(artifact, bm.path, dirs_exist_ok=True)
+
+
+def _build_config(mv: ModelVersion, spec: ModelSpec, model_tag: str, quantize: bool, batchable: bool) -> dict:
     resources: dict[str, object] = {"cpu": str(spec.resources.cpu), "memory": f"{spec.resources.memory_gib}Gi"}
     if spec.resources.gpu > 0:
         resources["gpu"] = spec.resources.gpu
     return {
-        "model": model,
-        "version": version,
-        "service_name": model,
+        "model": mv.model,
+        "version": mv.version,
+        "service_name": mv.model,
         "bento_model": model_tag,
-        "artifact_sha256": sha,
+        "artifact_sha256": mv.artifact_sha256,
+        "files": manifest_listing(mv),  # what the service checks its model folder against before loading
         "quantize": quantize,
         "resources": resources,
         "traffic": {"timeout": spec.timeout_ms / 1000, "concurrency": spec.concurrency},

@@ -4,9 +4,11 @@ ScaledObject in the models namespace of the EKS cluster (``FLEET_RUNTIME=kuberne
 Where a version runs comes from the placement plan that ``infra/`` writes into the ConfigMap
 ``fleet-runtime`` (keys ``placement.json``, ``images.json``, ``prometheus_url``): GPUs per
 replica, node selector and tolerations of its node group, replica bounds. The image is the
-family's ECR repository tagged ``<model>-<version>`` (``bentoml containerize``). KEDA scales
-between ``max(replicas, min_replicas)`` and ``max_replicas`` on QPS and p99 latency from
-Prometheus, so ``deploy(replicas=N)`` raises the floor and waits for N ready pods.
+family's ECR repository at the digest recorded for the version (``fleet package MODEL VERSION
+--image-digest``, ``fleet.runtime.images``), never a tag: a version with no recorded digest,
+or one recorded for another artifact, is refused. KEDA scales between ``max(replicas,
+min_replicas)`` and ``max_replicas`` on QPS and p99 latency from Prometheus, so
+``deploy(replicas=N)`` raises the floor and waits for N ready pods.
 
 Objects are written with server-side apply (field manager ``serving-fleet``), so a deploy is
 idempotent and never fights the HPA over ``spec.replicas`` (which it leaves alone). Endpoints
@@ -31,8 +33,10 @@ import httpx
 from fleet.errors import ConfigError, FleetError, InvalidInput, NotFound
 from fleet.names import check_name, check_version
 from fleet.placement import GPU_RESOURCE, ModelPlacement, Plan
+from fleet.registry import Registry
+from fleet.runtime import images
 from fleet.runtime.local import DeployFailed
-from fleet.types import Deployment
+from fleet.types import Deployment, ObjectStore
 
 NAMESPACE = "models"
 CONFIG_MAP = "fleet-runtime"
@@ -119,6 +123,8 @@ def manifests(model: str, version: str, image: str, placement: ModelPlacement, *
                           "failureThreshold": 3},
         # keep serving while endpoints drop this pod, then let BentoML drain on SIGTERM
         "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
+        # a container that exits (e.g. model files that fail their SHA-256) reports its log's end
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True},
     }  # fmt: skip
     pod = {
@@ -163,15 +169,18 @@ def manifests(model: str, version: str, image: str, placement: ModelPlacement, *
 
 
 class KubernetesRuntime:
-    def __init__(self, api: KubeApi, *, namespace: str = NAMESPACE, ready_timeout_s: float = READY_TIMEOUT_S,
-                 poll_s: float = 2.0, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
-        self.api, self.namespace = api, namespace
+    def __init__(self, api: KubeApi, store: ObjectStore, *, namespace: str = NAMESPACE,
+                 ready_timeout_s: float = READY_TIMEOUT_S, poll_s: float = 2.0,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        """``store`` is the fleet's store: manifests and the image digests recorded for them."""
+        self.api, self.store, self.namespace = api, store, namespace
         self.ready_timeout_s, self.poll_s, self.sleep, self.clock = ready_timeout_s, poll_s, sleep, clock
 
     @classmethod
     def from_environment(cls) -> KubernetesRuntime:
-        return cls(HttpKubeApi.from_environment(), namespace=os.environ.get("FLEET_KUBE_NAMESPACE", NAMESPACE))
+        from fleet.store import open_store
+
+        return cls(HttpKubeApi.from_environment(), open_store(), namespace=os.environ.get("FLEET_KUBE_NAMESPACE", NAMESPACE))
 
     def _settings(self) -> tuple[dict[str, ModelPlacement], dict[str, str], str, dict[str, int]]:
         """(placements, family → image repository, Prometheus URL, model → timeout) from infra's ConfigMap."""
@@ -190,18 +199,18 @@ class KubernetesRuntime:
     def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment:
         check_name("model", model)
         check_version(version)
-        placements, images, prometheus, timeouts = self._settings()
+        placements, repositories, prometheus, timeouts = self._settings()
         placement = placements.get(model)
         if placement is None:
             raise NotFound(f"model {model!r} is not in this cluster's placement plan ({', '.join(sorted(placements)) or 'empty'}); "
                            "add it to the stack's models and run pulumi up")  # fmt: skip
         if not 1 <= replicas <= placement.max_replicas:
             raise InvalidInput(f"replicas must be 1..{placement.max_replicas} (max_replicas of {model}), got {replicas}")
-        family = images.get(placement.family)
-        if family is None:
+        repository = repositories.get(placement.family)
+        if repository is None:
             raise ConfigError(f"no image repository for family {placement.family!r} of {model} in {CONFIG_MAP}/images.json")
         floor = max(replicas, placement.min_replicas)
-        image = f"{family}:{model}-{version.replace('+', '_')}"
+        image = images.reference(self.store, Registry(self.store).get(model, version), repository)
         for obj in manifests(model, version, image, placement, floor=floor, prometheus_url=prometheus,
                              namespace=self.namespace, timeout_ms=timeouts.get(model, 5000)):  # fmt: skip
             self.api.apply(obj)
@@ -219,12 +228,26 @@ class KubernetesRuntime:
             self.sleep(self.poll_s)
 
     def _why_pending(self, model: str, version: str) -> str:
-        """What the scheduler or kubelet says about the pods that are not ready (for the error)."""
+        """What the scheduler or kubelet says about the pods that are not ready (for the error):
+        unmet conditions, and why the container waits or last ended (an image that cannot be
+        pulled, a service that refused its model files: the end of its log, see
+        ``terminationMessagePolicy``)."""
         reasons = []
         for pod in self._pods(model, version):
-            for cond in (pod.get("status") or {}).get("conditions") or []:
+            name, status = pod["metadata"]["name"], pod.get("status") or {}
+            for cond in status.get("conditions") or []:
                 if cond.get("status") != "True" and cond.get("message"):
-                    reasons.append(f"{pod['metadata']['name']}: {cond['type']}: {cond['message']}")
+                    reasons.append(f"{name}: {cond['type']}: {cond['message']}")
+            for container in status.get("containerStatuses") or []:
+                if container.get("ready"):
+                    continue
+                waiting = (container.get("state") or {}).get("waiting") or {}
+                ended = (container.get("lastState") or {}).get("terminated") or {}
+                if waiting.get("reason") or ended:
+                    said = (ended.get("message") or "").strip().splitlines()
+                    reasons.append(f"{name}: {waiting.get('reason') or 'restarted'}"
+                                   + (f": {waiting['message']}" if waiting.get("message") else "")
+                                   + (f"; exited {ended.get('exitCode')}: {said[-1]}" if said else ""))  # fmt: skip
         return "; " + "; ".join(sorted(set(reasons))[:5]) if reasons else ""
 
     def _pods(self, model: str, version: str) -> list[dict]:

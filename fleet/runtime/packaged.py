@@ -1,7 +1,8 @@
 """Packaging as the CLI and the flows use it, and the runtime that packages on first deploy.
 
 ``package_version`` is ``fleet.runtime.bento.package`` with this environment's policies,
-store and artifact cache (``FLEET_CACHE_DIR``, default ``.fleet/cache``); ``packaged_runtime``
+store and artifact cache (``FLEET_CACHE_DIR``, default ``.fleet/cache``); ``record_image``
+records a version's image digest in that store (``fleet.runtime.images``); ``packaged_runtime``
 is ``open_runtime()`` whose local kind calls it the first time a version is deployed.
 """
 
@@ -41,6 +42,16 @@ def package_version(
 
     spec = load_policies(policies_path(policies)).model(model)
     return package(Registry(open_store()), model, version, spec, artifact_cache(), quantize=quantize, force=force, log=log)
+
+
+def record_image(model: str, version: str, digest: str, *, bento: str, repository: str | None = None) -> Any:  # noqa: ANN401
+    """Record the image digest of ``model:version`` in this environment's store; (before, after) ImageRecords."""
+    from fleet.registry import Registry
+    from fleet.runtime.images import record
+    from fleet.store import open_store
+
+    store = open_store()
+    return record(store, Registry(store).get(model, version), digest, bento, repository=repository)
 
 
 def packaged_runtime(policies: str | Path | None = None, log: Callable[[str], None] = lambda _: None) -> Runtime:
