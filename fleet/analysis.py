@@ -36,7 +36,8 @@ Gates (``policy.gates``), none judged before ``policy.min_samples`` per arm:
   whose slowest 3 % of requests are 8x slower were still undetected after 10 minutes).
 - ``predictions``: PSI of canary vs stable score histograms above ``max_prediction_psi``,
   with a noncentral chi-square test that the populations' PSI exceeds it: at 50 rows per
-  arm two samples of one model already differ by PSI ~0.2.
+  arm two samples of one model already differ by PSI ~0.2. The PSI is drift monitoring's
+  (``fleet.drift.stats.psi``, half a count per used bin), so a limit means the same there.
 - ``shadow_agreement`` (``phase="shadow"`` with ``min_shadow_agreement`` set): binomial
   tests of the agreement rate against the minimum, both directions like ``error_rate``.
 
@@ -56,6 +57,7 @@ from typing import Literal
 import numpy as np
 from scipy import stats
 
+from fleet.drift.stats import psi
 from fleet.spec import RolloutPolicy
 from fleet.types import LATENCY_BUCKETS_MS, ArmWindow
 
@@ -64,7 +66,6 @@ Status = Literal["pass", "pending", "breach"]
 Phase = Literal["canary", "shadow"]
 
 _Q = 0.99  # the latency gate's quantile
-_PSI_SMOOTHING = 0.5  # counts added per bin so empty bins give a finite PSI at any n
 _LARGE_COUNTS = 30  # expected errors and successes per arm from which the normal approximation holds
 _MORE_CAP = 10_000_000  # "more needed" estimates past this are reported as unknown (None)
 
@@ -248,7 +249,7 @@ def _predictions(stable: ArmWindow, canary: ArmWindow, n: int, max_psi: float, a
         return GateResult("predictions", "pending", None, max_psi, "psi",
                           f"waits for min_samples prediction rows per arm (canary {nc}, stable {ns})",
                           None, max(0, n - nc), max(0, n - ns))  # fmt: skip
-    value, p = psi(pc, ps), _psi_above(pc, ps, max_psi)
+    value, p = float(psi(pc, ps)), _psi_above(pc, ps, max_psi)
     # two samples of one distribution differ by chance by about (bins-1)(1/nc + 1/ns)
     noise = (np.count_nonzero(pc + ps) - 1) * (1 / nc + 1 / ns)
     reading = (f"PSI of canary vs stable scores {value:.3f} vs allowed {max_psi:g} "
@@ -319,17 +320,6 @@ def _count_above(counts: np.ndarray, threshold_ms: float) -> float:
     return total
 
 
-def psi(actual: np.ndarray, expected: np.ndarray) -> float:
-    """Population stability index of two histograms over the same bins (0: identical).
-
-    Each bin gets half a count first, so an empty bin costs a bounded amount, not infinity.
-    """
-    a = np.asarray(actual, dtype=np.float64) + _PSI_SMOOTHING
-    e = np.asarray(expected, dtype=np.float64) + _PSI_SMOOTHING
-    a, e = a / a.sum(), e / e.sum()
-    return float(np.sum((a - e) * np.log(a / e)))
-
-
 def _psi_above(actual: np.ndarray, expected: np.ndarray, limit: float) -> float:
     """p-value of "the populations' PSI is at most ``limit``" given these two histograms.
 
@@ -337,14 +327,16 @@ def _psi_above(actual: np.ndarray, expected: np.ndarray, limit: float) -> float:
     freedom and noncentrality PSI x n_eff (PSI is a symmetrised KL divergence; to second
     order it is Pearson's chi-square divergence). So the test is the tail of a noncentral
     chi-square at noncentrality ``limit`` x n_eff, and small samples, whose PSI is inflated
-    by noise, need a larger PSI to breach.
+    by noise, need a larger PSI to breach. The degrees of freedom count the bins either arm
+    has, the ones ``psi`` smooths and sums; its half count per bin keeps the statistic near
+    Pearson's at 50 rows an arm, where a fixed epsilon (1e-4) reads one stray row as 0.1.
     """
     n1, n2 = float(np.sum(actual)), float(np.sum(expected))
     dof = np.count_nonzero(np.asarray(actual) + np.asarray(expected)) - 1
     if dof < 1:
         return 1.0
     n_eff = 1 / (1 / n1 + 1 / n2)
-    return float(stats.ncx2.sf(psi(actual, expected) * n_eff, dof, limit * n_eff))
+    return float(stats.ncx2.sf(float(psi(actual, expected)) * n_eff, dof, limit * n_eff))
 
 
 def _fm(x1, n1: int, x2, n2: int, delta: float):

@@ -31,7 +31,7 @@ from fleet.errors import ConfigError
 # The rollout policy in seconds: the demo has minutes, not hours.
 DEMO_ROLLOUT = {
     "steps": [20, 50, 100], "analysis_window_s": 3, "min_samples": 50, "hold_deadline_s": 180,
-    "bake_time_s": 0, "rollback_window_s": 5, "shadow_percent": 0, "shadow_duration_s": 0,
+    "rollback_window_s": 5, "shadow_percent": 0, "shadow_duration_s": 0,
     "gates": {"max_error_rate_increase": 0.03, "confidence": 0.95, "max_p99_ratio": 3.0, "max_prediction_psi": 0.2},
 }  # fmt: skip
 DRIFT = np.array([1.2, -0.8, 0.8, 0.8])

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from fleet.types import PREDICTION_BINS, score_bins
+
 FORMAT = 2
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 BINS = 10
@@ -162,7 +164,7 @@ def baseline_profile(
             raise ValueError(f"categorical feature {name!r} has {len(values)} values for {features.shape[0]} rows")
     classes = probabilities.argmax(axis=1)
     n_classes = probabilities.shape[1]
-    edges = np.linspace(0.0, 1.0, BINS + 1)
+    edges = np.linspace(0.0, 1.0, PREDICTION_BINS + 1)  # for labels: the counts are score_bins'
     profiles = {
         name: feature_profile(features[:, i], reference_size=reference_size) for i, name in enumerate(names)
     }
@@ -175,7 +177,7 @@ def baseline_profile(
             "class_frequencies": (np.bincount(classes, minlength=n_classes) / len(classes)).tolist(),
             "positive_probability": {
                 "bin_edges": edges.tolist(),
-                "histogram": np.histogram(probabilities[:, -1], bins=edges)[0].astype(int).tolist(),
+                "histogram": score_bins(probabilities[:, -1]),  # as the gateway bins live scores
             },
         },
     }

@@ -7,7 +7,8 @@ factory that refuses unknown kinds.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -91,8 +92,11 @@ LATENCY_BUCKETS_MS: tuple[float, ...] = (
     1, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 2000, 5000, 10000,
 )  # fmt: skip
 # Bins of the predicted score (probability of the last class, or the only output) over
-# [0, 1]: bin i holds scores in [i/10, (i+1)/10), the last bin includes 1.0.
+# [0, 1]: bin i holds scores in [i/10, (i+1)/10), the last bin includes 1.0. One rule
+# (``score_bin``, and ``score_bins`` for many) for the gateway's stats, the metrics sources,
+# the baseline profile, drift and retraining, so their histograms compare bin by bin.
 PREDICTION_BINS = 10
+_SMALL = 64  # below this many scores a Python loop beats numpy's call overhead
 
 
 def latency_bucket(ms: float) -> int:
@@ -103,9 +107,40 @@ def latency_bucket(ms: float) -> int:
     return bisect.bisect_left(LATENCY_BUCKETS_MS, ms)
 
 
-def score_bin(score: float) -> int:
-    """Bin of a score in [0, 1]: i holds [i/10, (i+1)/10), 1.0 goes to the last bin."""
-    return min(max(int(score * PREDICTION_BINS), 0), PREDICTION_BINS - 1)
+def score_bin(score: float) -> int | None:
+    """Bin of a score: i holds [i/10, (i+1)/10), 1.0 goes to the last bin; 0.35 → 3, 1.0 → 9.
+
+    A finite score outside [0, 1] (rounding in a softmax) counts in the nearer end bin. NaN
+    and ±inf are no score at all: None, never a bin (nor an exception on the request path).
+    """
+    if not math.isfinite(score):
+        return None
+    # clipped before int(): 1e308 * 10 is inf, which int() refuses
+    return int(min(max(score * PREDICTION_BINS, 0.0), PREDICTION_BINS - 1))
+
+
+def score_bins(scores: Sequence[float]) -> list[int]:
+    """Counts per ``score_bin`` bin of many scores (NaN and ±inf are not counted).
+
+    [0.0, 0.95, 1.0, nan] → [1, 0, 0, 0, 0, 0, 0, 0, 0, 2]. Takes a list or a 1-D array;
+    numpy only from ``_SMALL`` scores up, where it pays for its call overhead.
+    """
+    if len(scores) < _SMALL:
+        counts = [0] * PREDICTION_BINS
+        for s in scores.tolist() if hasattr(scores, "tolist") else scores:
+            i = score_bin(s)
+            if i is not None:
+                counts[i] += 1
+        return counts
+    import numpy as np  # only here: fleet.types is imported where numpy is not needed
+
+    s = np.asarray(scores, dtype=np.float64)
+    finite = np.isfinite(s)
+    if not finite.all():
+        s = s[finite]
+    with np.errstate(over="ignore"):  # 1e308 * 10 is inf, clipped to the last bin like score_bin's
+        idx = np.clip(s * PREDICTION_BINS, 0.0, PREDICTION_BINS - 1).astype(np.int64)
+    return np.bincount(idx, minlength=PREDICTION_BINS).tolist()
 
 
 # Failure classes counted against the version that failed (4xx are the caller's, not counted).

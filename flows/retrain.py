@@ -32,7 +32,7 @@ from fleet.registry import ModelVersion, Registry, TrainingData
 from fleet.router import Router
 from fleet.runtime.bento import family_module
 from fleet.runtime.packaged import artifact_cache, package_version
-from fleet.types import ObjectStore
+from fleet.types import ObjectStore, score_bins
 from flows._context import emit, fleet_context
 
 
@@ -131,14 +131,14 @@ def train_candidate(store: ObjectStore, frame: Any, family: Any, champion: Model
     return meta, champion_metrics
 
 
-def _score_psi(a: np.ndarray, b: np.ndarray) -> float:
-    from fleet.analysis import psi
-    from fleet.types import PREDICTION_BINS
+def _score_psi(candidate: np.ndarray, champion: np.ndarray) -> float:
+    """PSI of two models' scores (last-class probabilities) on the same rows, binned and
+    compared exactly as the canary's prediction gate will see them live; no rows: 0."""
+    from fleet.drift.stats import psi  # scipy: paid when a retrain runs, not when flows load
 
-    def hist(p: np.ndarray) -> np.ndarray:
-        return np.bincount(np.clip((p[:, -1] * PREDICTION_BINS).astype(int), 0, PREDICTION_BINS - 1), minlength=PREDICTION_BINS)
-
-    return float(psi(hist(a), hist(b))) if len(a) else 0.0
+    if not len(candidate):
+        return 0.0
+    return float(psi(score_bins(candidate[:, -1]), score_bins(champion[:, -1])))
 
 
 def _family(name: str) -> Any:  # noqa: ANN401

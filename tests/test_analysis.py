@@ -8,8 +8,10 @@ import math
 
 import numpy as np
 import pytest
+from scipy import optimize, stats
 
-from fleet.analysis import Verdict, histogram_quantile, judge, psi
+from fleet.analysis import Verdict, histogram_quantile, judge
+from fleet.drift import psi
 from fleet.metrics import MemoryMetrics, latency_bucket
 from fleet.spec import RolloutPolicy
 from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow
@@ -21,8 +23,7 @@ T0 = 1_764_590_000.0
 def policy(**changes) -> RolloutPolicy:
     gates = {"max_error_rate_increase": 0.005, "confidence": 0.95, "max_p99_ratio": 1.2, "max_prediction_psi": 0.2}
     gates.update(changes.pop("gates", {}))
-    raw = {"steps": [10, 50, 100], "analysis_window_s": 10.0, "min_samples": 50, "hold_deadline_s": 900.0,
-           "bake_time_s": 0.0, "gates": gates}  # fmt: skip
+    raw = {"steps": [10, 50, 100], "analysis_window_s": 10.0, "min_samples": 50, "hold_deadline_s": 900.0, "gates": gates}
     return RolloutPolicy.model_validate({**raw, **changes})
 
 
@@ -274,6 +275,46 @@ def test_psi_is_zero_for_identical_histograms_and_finite_with_empty_bins() -> No
     a = np.array([10, 20, 30, 0, 0, 0, 0, 0, 0, 40])
     assert psi(a, a) == 0.0
     assert 0 < psi(a, a[::-1]) < math.inf
+
+
+def test_the_prediction_gate_reads_drift_monitorings_psi() -> None:
+    rng = np.random.default_rng(14)
+    stable, canary = window(STABLE, served(rng, 400)), window(CANARY, served(rng, 400, scores=(3.0, 3.0)))
+    gate = next(g for g in judge(stable, canary, policy(), step_started=T0).gates if g.gate == "predictions")
+    assert gate.observed == pytest.approx(float(psi(np.array(canary.predictions), np.array(stable.predictions))))
+
+
+def _scores_at_psi(target: float) -> tuple[np.ndarray, np.ndarray]:
+    """Bin probabilities of Beta(2, 5) scores, and of a mixture with Beta(3, 3) whose population
+    PSI against them is ``target``."""
+    edges = np.linspace(0, 1, PREDICTION_BINS + 1)
+    p, r = np.diff(stats.beta(2, 5).cdf(edges)), np.diff(stats.beta(3, 3).cdf(edges))
+
+    def mixed(t: float) -> np.ndarray:
+        return (1 - t) * p + t * r
+
+    t = optimize.brentq(lambda t: float(np.sum((p - mixed(t)) * np.log(p / mixed(t)))) - target, 0.0, 1.0)
+    return p, mixed(t)
+
+
+@pytest.mark.parametrize(("population_psi", "breaching"), [(0.2, (0.0, 0.05)), (0.6, (0.75, 1.0))])
+def test_the_psi_gate_breaches_rarely_at_its_limit_and_mostly_at_three_times_it(population_psi, breaching) -> None:
+    # 200 rows an arm, whose populations are as far apart as the limit 0.2 (then 3x it): at the
+    # limit at most 1 - confidence of verdicts may breach, whatever the PSI's smoothing does
+    rng = np.random.default_rng(int(population_psi * 10))
+    stable_p, canary_p = _scores_at_psi(population_psi)
+
+    def arm(version: str, bins: np.ndarray) -> ArmWindow:
+        return window(version, {"requests": 200, "errors": 0, "buckets": np.full(200, 5),
+                                "bins": rng.choice(PREDICTION_BINS, 200, p=bins)})  # fmt: skip
+
+    draws = 300
+    breaches = sum(
+        next(g for g in judge(arm(STABLE, stable_p), arm(CANARY, canary_p), policy(), step_started=T0).gates
+             if g.gate == "predictions").status == "breach"
+        for _ in range(draws)
+    )  # fmt: skip
+    assert breaching[0] <= breaches / draws <= breaching[1]
 
 
 # -- properties (seeded, could fail) -----------------------------------------------------------

@@ -29,6 +29,7 @@ from fleet.drift import (
 )
 from fleet.drift.stats import KS_EXACT_N
 from fleet.spec import DriftThresholds, MonitoringPolicy, RetrainTrigger
+from fleet.types import score_bins
 
 T = DriftThresholds()
 
@@ -101,31 +102,43 @@ def test_ks_p_value_uses_the_size_the_sketch_stands_for() -> None:
 
 
 def test_psi_by_hand() -> None:
-    # (0.5 − 0.25)·ln(2) + (0.5 − 0.75)·ln(2/3) = 0.25·ln 3
-    assert psi(np.array([0.5, 0.5]), np.array([0.25, 0.75])) == pytest.approx(0.25 * math.log(3))
-    assert psi(np.array([0.2, 0.8]), np.array([0.2, 0.8])) == 0.0
+    # half a count per bin: (10.5, 10.5) vs (5.5, 15.5), each over 21: (5/21)·ln(31/11)
+    assert psi(np.array([10, 10]), np.array([5, 15])) == pytest.approx(5 / 21 * math.log(31 / 11))
+    assert psi(np.array([5, 15]), np.array([10, 10])) == pytest.approx(psi(np.array([10, 10]), np.array([5, 15])))
+    assert psi(np.array([2, 8]), np.array([2, 8])) == 0.0
+    # with counts in every bin the smoothing fades: at 10^6 rows it is the unsmoothed 0.25·ln 3
+    big = psi(np.array([500_000, 500_000]), np.array([250_000, 750_000]))
+    assert big == pytest.approx(0.25 * math.log(3), rel=1e-5)
 
 
-def test_psi_empty_bin_becomes_epsilon() -> None:
-    # smallest non-empty proportion 0.5 > 1e-4: the empty bin counts as 1e-4
-    got = psi(np.array([0.5, 0.5, 0.0]), np.array([0.5, 0.25, 0.25]))
-    want = 0.25 * math.log(2) + (1e-4 - 0.25) * math.log(1e-4 / 0.25)
-    assert got == pytest.approx(want)
+def test_psi_matches_scipy_as_the_symmetrised_kl_of_the_smoothed_proportions() -> None:
+    rng = np.random.default_rng(8)
+    a, b = rng.integers(0, 40, 12), rng.integers(0, 40, 12)
+    a[3] = b[3] = 0  # a bin neither side has: left out
+    a[5], b[7] = 0, 0  # a bin one side lacks: half a count
+    used = (a + b) > 0
+    p, q = (a[used] + 0.5) / (a[used] + 0.5).sum(), (b[used] + 0.5) / (b[used] + 0.5).sum()
+    assert psi(a, b) == pytest.approx(stats.entropy(p, q) + stats.entropy(q, p), rel=1e-12)
 
 
-def test_psi_epsilon_stays_below_tiny_real_proportions() -> None:
-    # smallest non-empty proportion 5e-5 <= 1e-4: the empty bin counts as 5e-5 / 1e6
-    ref = np.array([0.99995, 5e-5, 0.0])
-    cur = np.array([0.99995, 0.0, 5e-5])
-    eps = 5e-5 / 1e6
-    want = (5e-5 - eps) * math.log(5e-5 / eps) + (eps - 5e-5) * math.log(eps / 5e-5)
-    assert psi(ref, cur) == pytest.approx(want)
+def test_psi_empty_bins_cost_half_a_count_not_an_epsilon() -> None:
+    # one row in 50 that the other side lacks: a fixed 1e-4 stand-in would read 0.105 here
+    assert psi(np.array([50, 0]), np.array([49, 1])) == pytest.approx(
+        (0.5 / 51 - 1.5 / 51) * math.log(1 / 3) + (50.5 / 51 - 49.5 / 51) * math.log(50.5 / 49.5))
+    assert psi(np.array([50, 0]), np.array([49, 1])) < 0.025
+    # bins neither side has change nothing, so the layout's unused bins do not matter
+    assert psi(np.array([10, 10, 0, 0]), np.array([10, 5, 5, 0])) == psi(np.array([10, 10, 0]), np.array([10, 5, 5]))
+
+
+def test_psi_of_a_side_without_counts_is_nan() -> None:
+    assert math.isnan(psi(np.array([0, 0]), np.array([3, 1])))
 
 
 def test_psi_and_js_are_vectorised_over_rows() -> None:
     rng = np.random.default_rng(8)
-    ref, cur = rng.dirichlet(np.ones(6), size=5), rng.dirichlet(np.ones(6), size=5)
-    cur[2, 3] = 0.0
+    ref, cur = rng.integers(0, 30, (5, 6)), rng.integers(0, 30, (5, 6))
+    cur[2, 3] = 0
+    ref[1, 4] = cur[1, 4] = 0
     assert psi(ref, cur) == pytest.approx([psi(r, c) for r, c in zip(ref, cur)])
     assert js_distance(ref, cur) == pytest.approx([js_distance(r, c) for r, c in zip(ref, cur)])
 
@@ -165,10 +178,10 @@ def test_feature_statistics_match_scipy_on_the_raw_baseline(small_baseline) -> N
         assert f.ks_pvalue.value == pytest.approx(expected.pvalue, rel=1e-9, abs=1e-300)
         edges = np.array(prof["features"][name]["bin_edges"])
         full = np.concatenate(([-np.inf], edges[1:-1], [np.inf]))
-        ref_p = np.histogram(r, full)[0] / r.size
-        cur_p = np.histogram(c, full)[0] / c.size
+        ref_n, cur_n = np.histogram(r, full)[0], np.histogram(c, full)[0]
+        ref_p, cur_p = ref_n / r.size, cur_n / c.size
         assert f.reference == pytest.approx(tuple(ref_p)) and f.current == pytest.approx(tuple(cur_p))
-        assert f.psi.value == pytest.approx(float(psi(ref_p, cur_p)))
+        assert f.psi.value == pytest.approx(float(psi(ref_n, cur_n)))
         assert f.js.value == pytest.approx(distance.jensenshannon(ref_p, cur_p, base=2))
     assert by_name["a"].status == "ok" and by_name["b"].status == "drift"
     assert by_name["b"].psi.exceeded and by_name["b"].js.exceeded
@@ -238,7 +251,8 @@ def test_format_1_profiles_still_give_psi_and_js() -> None:
         },
     }  # fmt: skip
     x, c, gone = feature_drift(old, pd.DataFrame({"x": [0.1, 0.2, 0.3, 0.9], "c": 1.0, "gone": 1.0}), T)
-    assert x.psi.value == pytest.approx(0.25 * math.log(3)) and x.wasserstein.value is None
+    # [2, 2] vs [3, 1], half a count each: (2.5, 2.5) vs (3.5, 1.5) over 5 → 0.2·ln(7/3)
+    assert x.psi.value == pytest.approx(0.2 * math.log(7 / 3)) and x.wasserstein.value is None
     assert x.ks_pvalue.value is None and not x.ks_pvalue.exceeded and x.status == "drift"
     assert c.bins == ("all",) and c.psi.value == 0.0
     assert gone.status == "no_baseline"
@@ -253,7 +267,8 @@ def test_categorical_drift_pools_unseen_values_with_the_baseline_tail() -> None:
     assert f.kind == "categorical" and f.bins == ("r", "g", "b", "(other)")
     assert f.reference == pytest.approx((0.5, 0.4, 0.1, 0.0)) and f.current == pytest.approx((0.4, 0.4, 0.0, 0.2))
     assert f.rows == 10 and f.null_rate == pytest.approx(2 / 12)
-    assert f.psi.value == pytest.approx(float(psi(np.array(f.reference), np.array(f.current))))
+    # the baseline's frequencies times its 10 non-null rows, against the window's 10
+    assert f.psi.value == pytest.approx(float(psi(np.array([5, 4, 1, 0]), np.array([4, 4, 0, 2]))))
     assert f.js.value == pytest.approx(distance.jensenshannon(f.reference, f.current, base=2))
     assert f.wasserstein.value is None and f.status == "drift"
 
@@ -272,8 +287,17 @@ def test_prediction_drift_bins_scores_like_the_profile() -> None:
     assert q.score.current == pytest.approx(tuple(want)) and q.drifting
 
 
+def test_scores_on_bin_edges_land_where_the_profile_put_them() -> None:
+    # profile and window both bin by fleet.types.score_bins (np.histogram put 0.3 in bin 2)
+    scores = np.arange(11) / 10
+    prof = profile.baseline_profile(np.zeros((11, 1)), ["x"], np.stack([1 - scores, scores], axis=1))
+    p = prediction_drift(prof, pd.DataFrame({"score": [*scores, np.nan]}), T)
+    assert p.rows == 11 and p.score.current == pytest.approx(tuple(np.array(score_bins(scores)) / 11))
+    assert p.score.psi.value == 0.0
+
+
 def test_a_class_the_baseline_never_predicted_is_counted() -> None:
-    prof = {"features": {}, "predictions": {"class_frequencies": [0.5, 0.5]}}
+    prof = {"rows": 4, "features": {}, "predictions": {"class_frequencies": [0.5, 0.5]}}
     p = prediction_drift(prof, pd.DataFrame({"prediction": [0, 1, 2, 2]}), T)
     assert p.classes.bins == ("0", "1", "2") and p.classes.reference == (0.5, 0.5, 0.0)
     assert p.classes.current == (0.25, 0.25, 0.5) and p.drifting

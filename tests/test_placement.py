@@ -47,9 +47,9 @@ def model(params: float, *, gpu: int = 1, gpu_mem: float = 0.5, dtype: str = "fp
 
 
 def policies(models: dict, tenants: dict | None = None) -> Policies:
-    rollout = {"default": {"steps": [100], "analysis_window_s": 1, "min_samples": 1, "bake_time_s": 0,
-                           "hold_deadline_s": 1, "gates": {"max_error_rate_increase": 0, "confidence": 0.9,
-                                                           "max_p99_ratio": 1, "max_prediction_psi": 1}}}  # fmt: skip
+    rollout = {"default": {"steps": [100], "analysis_window_s": 1, "min_samples": 1, "hold_deadline_s": 1,
+                           "gates": {"max_error_rate_increase": 0, "confidence": 0.9,
+                                     "max_p99_ratio": 1, "max_prediction_psi": 1}}}  # fmt: skip
     monitoring = {"default": {"schedule": "* * * * *", "window_hours": 1, "min_rows": 1}}
     return Policies.model_validate(
         {"models": models, "tenants": tenants or {}, "rollout": rollout, "monitoring": monitoring}

@@ -9,6 +9,7 @@ import pytest
 
 from bentos.tabular_mlp import data
 from fleet import profile
+from fleet.types import score_bin, score_bins
 
 
 def _probabilities(rows: int, seed: int = 0) -> np.ndarray:
@@ -98,6 +99,15 @@ def test_baseline_profile_of_the_demo_data_is_small_and_json() -> None:
     assert sum(p["predictions"]["class_frequencies"]) == pytest.approx(1.0)
     size = len(json.dumps(p))
     assert size < 60_000, f"profile is {size} bytes"  # ~11 kB per feature
+
+
+def test_scores_are_binned_by_the_gateways_rule() -> None:
+    # np.histogram over linspace(0, 1, 11) put 0.3 in bin 2 (that edge is 0.30000000000000004)
+    # where the gateway's score_bin says 3: the baseline must bin as live traffic is binned
+    scores = np.arange(11) / 10
+    p = profile.baseline_profile(np.zeros((11, 1)), ["x"], np.stack([1 - scores, scores], axis=1))
+    assert [score_bin(s) for s in scores] == [*range(10), 9]
+    assert p["predictions"]["positive_probability"]["histogram"] == score_bins(scores) == [1] * 9 + [2]
 
 
 def test_baseline_profile_with_categorical_features() -> None:

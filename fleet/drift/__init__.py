@@ -6,8 +6,9 @@
     create_markdown_artifact(drift_markdown(report, concept))
     store.put(f"reports/{model}/drift/….svg", drift_svg(report))
 
-``stats`` holds the statistics (pure, vectorised, checked against scipy), ``report`` the
-frozen report types and the functions that build them, ``render`` the markdown and the plot.
+``stats`` holds the statistics (pure, vectorised, checked against scipy; its ``psi`` is the
+fleet's one PSI, which canary analysis and retraining read too), ``report`` the frozen report
+types and the functions that build them, ``render`` the markdown and the plot.
 """
 
 from fleet.drift.render import drift_markdown, drift_svg, svg_data_uri

@@ -7,9 +7,11 @@ the monitoring policy. Out: a frozen, JSON-serialisable ``DriftReport``.
 Per numeric feature, against the profile (nulls — None, NaN, ±inf — are left out of every
 distribution and reported as the window's null rate):
 
-- PSI over the profile's bins. An empty bin's proportion becomes 1e-4, or a millionth of the
-  side's smallest non-empty proportion when that is <= 1e-4 (so the stand-in stays below every
-  real proportion) — Evidently's rule, kept so the two agree on the same bins.
+- PSI over the profile's bins, from counts: ``stats.psi`` adds half a count to each bin
+  either side has, so an empty bin costs what half a row would at the window's size (the
+  fleet's one PSI, also the canary gate's). On the same bins it agrees with Evidently's to
+  O(bins / rows) wherever no bin is empty; an empty bin costs less than Evidently's 1e-4
+  stand-in, which would make a small window's stray rows look like drift.
 - Jensen-Shannon distance over the same bins, base 2 (0 = same, 1 = disjoint); empty bins
   need no epsilon (0·log 0 = 0).
 - Wasserstein-1 against the profile's reference sketch, in the feature's units, and divided by
@@ -20,8 +22,10 @@ distribution and reported as the window's null rate):
   feature drift.
 
 Categorical features get PSI and JS over the baseline's categories plus one bucket for
-everything else (pooled rare values and values never seen). A feature drifts when PSI, JS or
-(when the policy sets a threshold) Wasserstein is over its threshold.
+everything else (pooled rare values and values never seen); the baseline's counts are its
+stored frequencies times its non-null rows. The score histogram is binned by
+``fleet.types.score_bins``, the gateway's rule. A feature drifts when PSI, JS or (when the
+policy sets a threshold) Wasserstein is over its threshold.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pydantic import BaseModel, ConfigDict
 from fleet.drift.stats import js_distance, ks, psi, wasserstein
 from fleet.profile import category_keys, feature_kind
 from fleet.spec import DriftThresholds, MonitoringPolicy, RetrainTrigger
+from fleet.types import PREDICTION_BINS, score_bins
 
 STD_FLOOR = 0.001  # Evidently's floor for the std that normalises Wasserstein
 OTHER = "(other)"
@@ -184,15 +189,15 @@ def _numeric(window: Any, names: list[str], profiles: Mapping[str, Any], t: Drif
         v = ordered[i, n_low[i] : n_low[i] + n_finite[i]]
         inner = base["bin_edges"][1:-1]
         counts = np.diff(np.concatenate(([0], np.searchsorted(v, inner, side="left"), [v.size])))
-        ref = np.asarray(base["histogram"], float)
-        ref, cur = ref / ref.sum(), counts / v.size
+        ref_counts = np.asarray(base["histogram"], float)
+        ref, cur = ref_counts / ref_counts.sum(), counts / v.size
         w = w_norm = d = p = None
         if base.get("reference"):
             u = np.asarray(base["reference"], float)  # stored sorted
             w = wasserstein(u, v)
             w_norm = w / max(float(base["std"]), STD_FLOOR)
             d, p = ks(u, v, base.get("reference_count"), bounds=(float(base["min"]), float(base["max"])))
-        psi_s, js_s = _judge(float(psi(ref, cur)), t.psi), _judge(float(js_distance(ref, cur)), t.js)
+        psi_s, js_s = _judge(float(psi(ref_counts, counts)), t.psi), _judge(float(js_distance(ref, cur)), t.js)
         w_s = _judge(w, t.wasserstein)
         ks_s = Statistic(value=p, threshold=t.ks_pvalue, exceeded=p is not None and p < t.ks_pvalue)
         drifting = psi_s.exceeded or js_s.exceeded or w_s.exceeded
@@ -220,9 +225,14 @@ def _categorical(window: Any, name: str, base: Mapping[str, Any], t: DriftThresh
     cur = np.zeros(len(known) + 1)
     for key, count in counts.items():  # one step per distinct value, not per row
         cur[index.get(key, len(known))] += count
-    cur /= keys.size
     ref = np.array([*base["categories"].values(), base.get("other", 0.0)])
-    psi_s, js_s = _judge(float(psi(ref, cur)), t.psi), _judge(float(js_distance(ref, cur)), t.js)
+    # stored as frequencies among the baseline's non-null values; PSI wants the counts back
+    ref_counts = ref * round(base.get("count", 0) * (1.0 - base.get("null_rate", 0.0)))
+    if ref_counts.sum() == 0:
+        return _missing(name, "categorical", base, rows, t, "no_baseline")
+    psi_s = _judge(float(psi(ref_counts, cur)), t.psi)
+    cur /= keys.size
+    js_s = _judge(float(js_distance(ref, cur)), t.js)
     return FeatureDrift(
         feature=name, kind="categorical", status="drift" if psi_s.exceeded or js_s.exceeded else "ok",
         rows=int(keys.size), null_rate=float(null.mean()), baseline_null_rate=float(base.get("null_rate", 0.0)),
@@ -243,9 +253,11 @@ def feature_drift(profile: Mapping[str, Any], window: Any, thresholds: DriftThre
 
 
 def _distribution(ref: np.ndarray, cur: np.ndarray, bins: tuple[str, ...], t: DriftThresholds) -> DistributionDrift:
+    """Two histograms of counts → their PSI and JS, and the proportions to show."""
+    value = float(psi(ref, cur))
     ref, cur = ref / ref.sum(), cur / cur.sum()
     return DistributionDrift(
-        psi=_judge(float(psi(ref, cur)), t.psi), js=_judge(float(js_distance(ref, cur)), t.js),
+        psi=_judge(value, t.psi), js=_judge(float(js_distance(ref, cur)), t.js),
         bins=bins, reference=tuple(ref.tolist()), current=tuple(cur.tolist()),
     )  # fmt: skip
 
@@ -257,23 +269,25 @@ def prediction_drift(profile: Mapping[str, Any], window: Any, thresholds: DriftT
         return None
     score = classes = None
     rows = 0
-    if "score" in window.columns and "positive_probability" in base:
+    # fleet.profile bins scores by PREDICTION_BINS; a histogram of another layout cannot be compared
+    scored = len(base.get("positive_probability", {}).get("histogram", ())) == PREDICTION_BINS
+    if "score" in window.columns and scored:
         s = window["score"].to_numpy(dtype=np.float64, na_value=np.nan)
         s = s[np.isfinite(s)]
         edges = np.asarray(base["positive_probability"]["bin_edges"], float)
         ref = np.asarray(base["positive_probability"]["histogram"], float)
         rows = s.size
         if s.size and ref.sum() > 0:
-            cur = np.histogram(s, bins=edges)[0].astype(float)  # last bin closed: 1.0 counts
-            if cur.sum() > 0:
-                labels = tuple(f"[{a:.2g}, {b:.2g})" for a, b in zip(edges, edges[1:]))
-                score = _distribution(ref, cur, labels, thresholds)
+            cur = np.asarray(score_bins(s), float)  # the gateway's binning: 1.0 in the last bin
+            labels = tuple(f"[{a:.2g}, {b:.2g})" for a, b in zip(edges, edges[1:]))
+            score = _distribution(ref, cur, labels, thresholds)
     if "prediction" in window.columns and "class_frequencies" in base:
         c = window["prediction"].to_numpy(dtype=np.float64, na_value=np.nan)
         c = c[np.isfinite(c)].astype(np.int64)
-        ref = np.asarray(base["class_frequencies"], float)
+        # stored as frequencies over the baseline's rows; PSI wants the counts back
+        ref = np.asarray(base["class_frequencies"], float) * profile.get("rows", 0)
         rows = max(rows, c.size)
-        if c.size and (c >= 0).all():
+        if c.size and (c >= 0).all() and ref.sum() > 0:
             cur = np.bincount(c, minlength=ref.size).astype(float)
             ref = np.pad(ref, (0, cur.size - ref.size))  # a class the baseline never predicted
             classes = _distribution(ref, cur, tuple(str(k) for k in range(cur.size)), thresholds)

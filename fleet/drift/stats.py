@@ -1,7 +1,9 @@
 """The drift statistics, vectorised and pure: PSI, Jensen-Shannon, Wasserstein-1, KS.
 
-Each is checked against scipy in tests/test_drift.py. PSI and JS take proportions per bin, one
-row per feature (a 1-D array is one feature); Wasserstein and KS take two sorted samples.
+Each is checked against scipy in tests/test_drift.py. PSI takes counts per bin and JS counts
+or proportions, one row per feature (a 1-D array is one feature); Wasserstein and KS take two
+sorted samples. ``psi`` is the fleet's only PSI: drift monitoring, the canary's prediction
+gate (``fleet.analysis``) and retraining's expected shift (``flows/retrain.py``) all read it.
 """
 
 from __future__ import annotations
@@ -9,21 +11,32 @@ from __future__ import annotations
 import numpy as np
 from scipy import special, stats
 
-EPSILON = 1e-4
+PSI_SMOOTHING = 0.5  # counts added to each bin that either histogram has
 KS_EXACT_N = 10_000  # effective sample size up to which the KS p-value is scipy's own
 
 
-# -- statistics over proportions: rows are features, columns bins (1-D works too) ------------
-def _filled(p: np.ndarray) -> np.ndarray:
-    nonzero = np.where(p > 0, p, np.inf).min(axis=-1, keepdims=True)
-    eps = np.where(nonzero <= EPSILON, nonzero / 1e6, EPSILON)
-    return np.where(p == 0, eps, p)
-
-
+# -- statistics over histograms: rows are features, columns bins (1-D works too) -------------
 def psi(reference: np.ndarray, current: np.ndarray) -> np.ndarray:
-    """Population stability index of proportions (each row sums to 1): Σ (r − c)·ln(r / c)."""
-    r, c = _filled(np.asarray(reference, float)), _filled(np.asarray(current, float))
-    return ((r - c) * np.log(r / c)).sum(axis=-1)
+    """Population stability index of two histograms of counts over the same bins: Σ (r − c)·ln(r / c).
+
+    r and c are the proportions after half a count is added to every bin that either side
+    has (Jeffreys' prior); bins empty on both sides are left out, so unused bins of a layout
+    change nothing. An empty bin thus costs what half an observation would at that sample
+    size: finite, and vanishing as the sample grows. A fixed epsilon (Evidently's 1e-4)
+    instead charges 0.1 of PSI for one row in 50 that the other side lacks, at any size,
+    which swamps small samples (the canary gate judges 50 rows a side) and makes PSI x n
+    useless as a chi-square statistic. With counts in every bin the smoothing moves PSI by
+    O(bins / n). The arguments commute; [10, 10] vs [5, 15] → (5/21)·ln(31/11) ≈ 0.247
+    (unsmoothed 0.25·ln 3 ≈ 0.275). A side without any count gives NaN: nothing to compare.
+    """
+    r, c = np.asarray(reference, dtype=np.float64), np.asarray(current, dtype=np.float64)
+    used = (r + c) > 0
+    empty = (r.sum(axis=-1) == 0) | (c.sum(axis=-1) == 0)
+    r, c = np.where(used, r + PSI_SMOOTHING, 0.0), np.where(used, c + PSI_SMOOTHING, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r, c = r / r.sum(axis=-1, keepdims=True), c / c.sum(axis=-1, keepdims=True)
+        terms = np.where(used, (r - c) * np.log(r / c), 0.0)
+    return np.where(empty, np.nan, terms.sum(axis=-1))[()]  # [()]: a number for one histogram
 
 
 def js_distance(reference: np.ndarray, current: np.ndarray) -> np.ndarray:

@@ -13,7 +13,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, latency_bucket, score_bin
+# score_bins is fleet.types' (the one score binning, shared with analysis, drift and retraining);
+# telemetry imports it from here
+from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, latency_bucket, score_bins
 
 HORIZON_S = 900
 _N_LAT = len(LATENCY_BUCKETS_MS) + 1
@@ -25,21 +27,6 @@ _PRED = _LAT + _N_LAT
 _PAIRS = _PRED + PREDICTION_BINS
 _AGREED = _PAIRS + 1
 _WIDTH = _AGREED + 1
-
-
-def score_bins(scores: np.ndarray) -> list[int]:
-    """Counts per PREDICTION_BINS bin of scores in [0, 1] (1.0 falls in the last bin).
-
-    Plain Python below 64 scores: numpy's call overhead is most of the cost for one row.
-    """
-    top = PREDICTION_BINS - 1
-    if len(scores) < 64:
-        counts = [0] * PREDICTION_BINS
-        for s in scores.tolist():
-            counts[score_bin(s)] += 1
-        return counts
-    idx = np.clip((np.asarray(scores, dtype=np.float64) * PREDICTION_BINS).astype(np.int64), 0, top)
-    return np.bincount(idx, minlength=PREDICTION_BINS).tolist()
 
 
 class _Series:

@@ -16,6 +16,7 @@ from fleet.metrics._common import (
     empty_window,
     latency_bucket,
     score_bin,
+    score_bins,
     sum_windows,
 )
 from fleet.metrics.memory import MemoryMetrics
@@ -33,6 +34,7 @@ __all__ = [
     "latency_bucket",
     "open_metrics",
     "score_bin",
+    "score_bins",
     "sum_windows",
 ]
 

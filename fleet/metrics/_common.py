@@ -5,11 +5,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from fleet.errors import FleetError, InvalidInput
-from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow, latency_bucket, score_bin
+from fleet.types import (
+    ERROR_CLASSES,
+    LATENCY_BUCKETS_MS,
+    PREDICTION_BINS,
+    ArmWindow,
+    latency_bucket,
+    score_bin,
+    score_bins,
+)
 
 N_LATENCY = len(LATENCY_BUCKETS_MS) + 1  # the finite buckets and the open one
 __all__ = ["N_LATENCY", "BadMetricsAnswer", "MetricsUnavailable", "empty_window", "latency_bucket", "score_bin",
-           "sum_windows"]  # fmt: skip
+           "score_bins", "sum_windows"]  # fmt: skip
 
 
 class MetricsUnavailable(FleetError):

@@ -14,7 +14,7 @@ from dataclasses import replace as _replace
 from collections.abc import Iterable
 
 from fleet.errors import InvalidInput
-from fleet.metrics._common import MetricsUnavailable, empty_window, latency_bucket, score_bin, sum_windows
+from fleet.metrics._common import MetricsUnavailable, empty_window, latency_bucket, score_bins, sum_windows
 from fleet.types import ERROR_CLASSES, ArmWindow
 
 
@@ -32,8 +32,8 @@ class MemoryMetrics:
         base = empty_window(model, version, at, at)
         latency, predictions = list(base.latency_ms), list(base.predictions)
         latency[latency_bucket(latency_ms)] += count
-        for score in scores:
-            predictions[score_bin(score)] += count
+        for i, n in enumerate(score_bins(list(scores))):
+            predictions[i] += n * count
         self._add(at, _replace(base, requests=count, latency_ms=tuple(latency), predictions=tuple(predictions)))
 
     def failed(self, model: str, version: str, at: float, error_class: str = "5xx", count: int = 1) -> None:
