@@ -1,9 +1,11 @@
-"""Ground-truth labels for earlier requests, joined to the inference log by request id.
+"""Ground-truth labels for earlier requests, joined to the inference log by tenant and request id.
 
 ``logs/feedback/<model>/<yyyy>/<mm>/<dd>/<hh>/<unix ms>-<writer>-<seq>.parquet``: one row per
 label — ``ts``, ``request_id``, ``row``, ``tenant``, ``label``. Labels are accepted only for
-requests the inference log holds, of the same tenant (nobody labels another tenant's
-traffic); the others come back as unknown, never silently dropped.
+requests the inference log holds *of the same tenant*, and a request id is only ever
+looked up within its tenant: two tenants sending the same ``X-Request-Id`` have two
+requests, and neither can label, overwrite or learn of the other's. Ids not found come
+back as unknown, never silently dropped. A label must be one of the model's classes.
 
 ``labelled(store, model, start, end)`` is the inference log of a window with a ``label``
 column where feedback exists: what concept-drift monitoring and retraining read.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -20,14 +23,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from fleet.errors import InvalidInput
+from fleet.errors import FleetError, InvalidInput
 from fleet.inference_log import hour_prefix as log_hour_prefix
 from fleet.inference_log import read_window
 from fleet.names import check_name
 from fleet.types import ObjectStore
 
 LOOKBACK_H = 24  # how far back a label may point
-_FILES_CACHED = 2048
+MAX_LABELS = 10_000  # labels in one feedback request
+MAX_ROW = 2**31 - 1
+REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")  # what the gateway accepts as X-Request-Id
+INDEX_BYTES = 16 * 1024 * 1024
+_ENTRY_BYTES = 160  # one remembered request beyond its strings: key tuple, dict slot, int
+
+
+class TooManyLabels(FleetError):
+    status = 413
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,72 +56,110 @@ def parse(body: dict) -> tuple[str, list[Label]]:
     if not isinstance(model, str) or not isinstance(items, list) or not items:
         raise InvalidInput(f"feedback body has no model or no feedback list; {expected}")
     check_name("model", model)
+    if len(items) > MAX_LABELS:
+        raise TooManyLabels(f"feedback has {len(items)} labels; at most {MAX_LABELS} per request, send the rest after")
     labels = []
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise InvalidInput(f"feedback[{i}] is {type(item).__name__}; {expected}")
         rid, label, row = item.get("request_id"), item.get("label"), item.get("row", 0)
-        if not isinstance(rid, str) or not rid:
-            raise InvalidInput(f"feedback[{i}].request_id is {rid!r}; expected the X-Request-Id of an earlier answer")
+        if not isinstance(rid, str) or not REQUEST_ID.fullmatch(rid):
+            raise InvalidInput(f"feedback[{i}].request_id is {_short(rid)}; expected the X-Request-Id of an earlier answer")
         if isinstance(label, bool) or not isinstance(label, int):
-            raise InvalidInput(f"feedback[{i}].label is {label!r}; expected the true class as an integer")
-        if isinstance(row, bool) or not isinstance(row, int) or row < 0:
-            raise InvalidInput(f"feedback[{i}].row is {row!r}; expected the row's index in the request (0 for one row)")
+            raise InvalidInput(f"feedback[{i}].label is {_short(label)}; expected the true class as an integer")
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row <= MAX_ROW:
+            raise InvalidInput(f"feedback[{i}].row is {_short(row)}; expected the row's index in the request (0 for one row)")
         labels.append(Label(rid, row, label))
     return model, labels
 
 
+def check_classes(labels: Sequence[Label], classes: int) -> None:
+    """Every label must be a class of the model: 0 .. classes - 1."""
+    for i, x in enumerate(labels):
+        if not 0 <= x.label < classes:
+            raise InvalidInput(f"feedback[{i}].label is {_short(x.label)}; expected a class of this model, 0 to {classes - 1}")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 class LoggedRequests:
-    """Which (request id, row) → tenant the inference log holds, for the last ``LOOKBACK_H`` hours.
+    """Which requests the inference log holds, by (tenant, request id) → rows, for the last
+    ``LOOKBACK_H`` hours.
 
     Log files never change once written, so each is read once (its id columns only) and
-    remembered; the gateway's own recent samples are known before they are flushed.
+    remembered; the gateway's own recent samples are known before they are flushed. Both are
+    bounded in bytes (half of ``max_bytes`` each): the least recently used go first, in O(1).
     """
 
-    def __init__(self, store: ObjectStore) -> None:
-        self.store = store
-        self._files: OrderedDict[str, dict[tuple[str, int], str]] = OrderedDict()
-        self._recent: dict[tuple[str, str, int], str] = {}  # (model, id, row) → tenant, not yet flushed
+    def __init__(self, store: ObjectStore, max_bytes: int = INDEX_BYTES) -> None:
+        self.store, self.max_bytes = store, max_bytes
+        self._recent: OrderedDict[tuple[str, str, str], int] = OrderedDict()  # (model, tenant, id) → rows
+        self._recent_bytes = 0
+        self._files: OrderedDict[str, tuple[dict[tuple[str, str], int], int]] = OrderedDict()  # key → (index, bytes)
+        self._files_bytes = 0
         self._lock = threading.Lock()
 
-    def remember(self, model: str, request_id: str, rows: int, tenant: str) -> None:
-        with self._lock:
-            for row in range(rows):
-                self._recent[model, request_id, row] = tenant
-            while len(self._recent) > 200_000:
-                self._recent.pop(next(iter(self._recent)))
+    @property
+    def bytes(self) -> int:
+        return self._recent_bytes + self._files_bytes
 
-    def tenants(self, model: str, wanted: set[tuple[str, int]], now: datetime | None = None) -> dict[tuple[str, int], str]:
-        """The tenant of each wanted (id, row) the log holds; missing ones are absent."""
+    def remember(self, model: str, tenant: str, request_id: str, rows: int) -> None:
+        """One sampled request (on the request path: O(1))."""
+        key = (model, tenant, request_id)
+        size = _ENTRY_BYTES + len(model) + len(tenant) + len(request_id)
         with self._lock:
-            found = {k: self._recent[(model, *k)] for k in wanted if (model, *k) in self._recent}
-        missing = wanted - set(found)
+            if self._recent.pop(key, None) is not None:
+                self._recent_bytes -= size
+            self._recent[key] = rows
+            self._recent_bytes += size
+            while self._recent_bytes > self.max_bytes // 2:
+                (m, t, r), _ = self._recent.popitem(last=False)
+                self._recent_bytes -= _ENTRY_BYTES + len(m) + len(t) + len(r)
+
+    def owned(self, model: str, tenant: str, wanted: set[tuple[str, int]], now: datetime | None = None) -> set[tuple[str, int]]:
+        """Which wanted (request id, row) are logged requests of ``tenant``."""
+        found: set[tuple[str, int]] = set()
+        with self._lock:
+            for rid, row in wanted:
+                rows = self._recent.get((model, tenant, rid))
+                if rows is not None and row < rows:
+                    found.add((rid, row))
+        missing = wanted - found
         now = now or datetime.now(UTC)
         hour = (now - timedelta(hours=LOOKBACK_H)).replace(minute=0, second=0, microsecond=0)
         while missing and hour <= now:
             for key in self.store.list(log_hour_prefix(model, hour)):
-                ids = self._ids(key)
-                for k in list(missing):
-                    if k in ids:
-                        found[k] = ids[k]
-                        missing.discard(k)
+                index = self._index(key)
+                for rid, row in list(missing):
+                    if row < index.get((tenant, rid), 0):
+                        found.add((rid, row))
+                        missing.discard((rid, row))
             hour += timedelta(hours=1)
         return found
 
-    def _ids(self, key: str) -> dict[tuple[str, int], str]:
+    def _index(self, key: str) -> dict[tuple[str, str], int]:
         with self._lock:
             if key in self._files:
                 self._files.move_to_end(key)
-                return self._files[key]
+                return self._files[key][0]
         import pyarrow.parquet as pq
 
         table = pq.read_table(io.BytesIO(self.store.get(key).data), columns=["request_id", "row", "tenant"])
-        ids = {(r, int(n)): t for r, n, t in zip(*(table.column(c).to_pylist() for c in ("request_id", "row", "tenant")))}
+        index: dict[tuple[str, str], int] = {}
+        for rid, row, tenant in zip(*(table.column(c).to_pylist() for c in ("request_id", "row", "tenant"))):
+            index[tenant, rid] = max(index.get((tenant, rid), 0), int(row) + 1)
+        size = sum(_ENTRY_BYTES + len(t) + len(r) for t, r in index) + len(key)
         with self._lock:
-            self._files[key] = ids
-            while len(self._files) > _FILES_CACHED:
-                self._files.popitem(last=False)
-        return ids
+            if size <= self.max_bytes // 2:
+                self._files[key] = (index, size)
+                self._files_bytes += size
+            while self._files_bytes > self.max_bytes // 2:
+                _, (_, evicted) = self._files.popitem(last=False)
+                self._files_bytes -= evicted
+        return index
 
 
 _seq = itertools.count(1)
@@ -136,7 +185,7 @@ def write(store: ObjectStore, model: str, tenant: str, labels: Sequence[Label], 
 
 
 def read_feedback(store: ObjectStore, model: str, start: datetime, end: datetime):  # noqa: ANN201 - DataFrame
-    """Every label given between ``start`` and ``end`` (the last one wins for a request row)."""
+    """Every label given between ``start`` and ``end`` (the last one wins for a tenant's request row)."""
     import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -149,8 +198,8 @@ def read_feedback(store: ObjectStore, model: str, start: datetime, end: datetime
         hour += timedelta(hours=1)
     if not tables:
         return pd.DataFrame({"ts": [], "request_id": [], "row": [], "tenant": [], "label": []})
-    frame = pa.concat_tables(tables, promote_options="permissive").to_pandas().sort_values("ts")
-    return frame.drop_duplicates(["request_id", "row"], keep="last").reset_index(drop=True)
+    frame = pa.concat_tables(tables, promote_options="permissive").to_pandas().sort_values("ts", kind="stable")
+    return frame.drop_duplicates(["tenant", "request_id", "row"], keep="last").reset_index(drop=True)
 
 
 def labelled(store: ObjectStore, model: str, start: datetime, end: datetime):  # noqa: ANN201 - DataFrame
@@ -159,5 +208,5 @@ def labelled(store: ObjectStore, model: str, start: datetime, end: datetime):  #
     feedback = read_feedback(store, model, start, end + timedelta(hours=LOOKBACK_H))
     if window.empty:
         return window.assign(label=[])
-    joined = window.merge(feedback[["request_id", "row", "label"]], on=["request_id", "row"], how="left")
-    return joined
+    # a request id means something only within its tenant: the join is on all three
+    return window.merge(feedback[["tenant", "request_id", "row", "label"]], on=["tenant", "request_id", "row"], how="left")

@@ -7,9 +7,11 @@ per input row: ``ts``, ``request_id``, ``row``, ``model``, ``version``, ``tenant
 
 Writing never slows a request: ``record`` appends to a buffer; a background thread turns
 the buffer into Parquet and puts it in the store every ``flush_s`` seconds. A store that
-is slow or down delays only that thread; what it could not write stays buffered (up to
-``max_rows``, then the oldest rows are dropped and counted) and is retried. ``close``
-flushes what is left.
+is slow or down delays only that thread; what it could not write stays buffered and is
+retried. The buffer is bounded in bytes (``max_bytes``, the policy's
+``gateway.inference_log_buffer_mib``): past it the oldest samples are dropped, and counted,
+until it is under budget again; a sample larger than the whole budget is dropped at once.
+``close`` flushes what is left.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from fleet.types import ObjectStore
 log = logging.getLogger("fleet.inference_log")
 
 FLUSH_S = 2.0
-MAX_ROWS = 200_000
+MAX_BYTES = 64 * 1024 * 1024
+SAMPLE_OVERHEAD = 400  # bytes per sample beyond its arrays: ids, names, the object itself
 META_COLUMNS = ("ts", "request_id", "row", "model", "version", "tenant", "latency_ms")
 
 
@@ -51,6 +54,10 @@ class Sample:
     @property
     def rows(self) -> int:
         return int(self.features.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.features.nbytes + self.outputs.nbytes + SAMPLE_OVERHEAD
 
 
 def hour_prefix(model: str, at: datetime) -> str:
@@ -90,14 +97,16 @@ class InferenceLog:
         writer_id: str,
         *,
         flush_s: float = FLUSH_S,
-        max_rows: int = MAX_ROWS,
+        max_bytes: int = MAX_BYTES,
         on_written: Callable[[str, int], None] = lambda model, rows: None,
         on_dropped: Callable[[str, int], None] = lambda model, rows: None,
     ) -> None:
-        self.store, self.writer_id, self.flush_s, self.max_rows = store, writer_id, flush_s, max_rows
+        self.store, self.writer_id, self.flush_s, self.max_bytes = store, writer_id, flush_s, max_bytes
         self._on_written, self._on_dropped = on_written, on_dropped
         self._buffer: deque[Sample] = deque()  # dropping the oldest must not cost O(n) on the request path
         self._buffered_rows = 0
+        self._buffered_bytes = 0
+        self._writing_bytes = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -105,18 +114,28 @@ class InferenceLog:
         self.failing = False  # the last write failed
 
     def record(self, sample: Sample) -> None:
-        """Buffer one sampled request (called on the request path: an append, nothing more)."""
+        """Buffer one sampled request (on the request path: an append, and amortised O(1) eviction)."""
+        if sample.nbytes > self.max_bytes:
+            self._on_dropped(sample.model, sample.rows)
+            return
         with self._lock:
             self._buffer.append(sample)
             self._buffered_rows += sample.rows
-            if self._buffered_rows > self.max_rows:
+            self._buffered_bytes += sample.nbytes
+            # samples being written count too: they are in memory until the write is over
+            while self._buffered_bytes + self._writing_bytes > self.max_bytes and self._buffer:
                 oldest = self._buffer.popleft()
                 self._buffered_rows -= oldest.rows
+                self._buffered_bytes -= oldest.nbytes
                 self._on_dropped(oldest.model, oldest.rows)
 
     @property
     def buffered_rows(self) -> int:
         return self._buffered_rows
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._buffered_bytes
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="inference-log", daemon=True)
@@ -130,6 +149,7 @@ class InferenceLog:
         """Write everything buffered; return the rows written. Failed groups go back to the buffer."""
         with self._lock:
             batch, self._buffer, self._buffered_rows = self._buffer, deque(), 0
+            self._writing_bytes, self._buffered_bytes = self._buffered_bytes, 0
         groups: dict[tuple, list[Sample]] = {}
         for s in batch:
             hour = datetime.fromtimestamp(s.ts, UTC).replace(minute=0, second=0, microsecond=0)
@@ -139,17 +159,24 @@ class InferenceLog:
             try:
                 self._write(model, hour, samples)
             except (FleetError, OSError) as exc:
+                self._written(samples)
                 if not self.failing:
                     log.warning("cannot write the inference log, keeping %d rows buffered: %s", sum(s.rows for s in samples), exc)
                 self.failing = True
                 for s in samples:
-                    self.record(s)  # back in line, oldest dropped first if over max_rows
+                    self.record(s)  # back in line, oldest dropped first if over max_bytes
                 continue
+            self._written(samples)
             self.failing = False
             rows = sum(s.rows for s in samples)
             written += rows
             self._on_written(model, rows)
         return written
+
+    def _written(self, samples: list[Sample]) -> None:
+        """The write of ``samples`` is over (either way): their memory is no longer held here."""
+        with self._lock:
+            self._writing_bytes -= sum(s.nbytes for s in samples)
 
     def _write(self, model: str, hour: datetime, samples: list[Sample]) -> None:
         import pyarrow.parquet as pq

@@ -91,28 +91,42 @@ def bucket(table: RouteTable, routing_key: str) -> int:
     return int.from_bytes(hashlib.sha256(salt.encode()).digest()[:8], "big") % BUCKETS
 
 
+def usable_versions(table: RouteTable, tenant: Tenant | None) -> set[str]:
+    """Versions a tenant's traffic may reach: stable, canary and its own pin, as far as its
+    entitlements allow. Another tenant's pin and the shadow are not among them, so nothing a
+    tenant is shown (metadata, error messages) tells it of other tenants' versions."""
+    found = {v for v in (table.stable, table.canary.version if table.canary else None,
+                         table.pins.get(tenant.name) if tenant else None) if v}  # fmt: skip
+    return {v for v in found if tenant is None or tenant.allows(table.model, v)}
+
+
 def choose_version(
     table: RouteTable, tenant: Tenant | None, routing_key: str, requested_version: str | None = None
 ) -> Choice:
     """Pick the version for one request.
 
-    requested version (if the tenant may use it and it is served) → tenant pin → sticky
-    weighted split: a key goes to the canary when its bucket is below weight × 100, so
-    raising the weight only ever moves keys from stable to canary.
+    requested version (if it is one the tenant may use) → tenant pin → sticky weighted
+    split: a key goes to the canary when its bucket is below weight × 100, so raising the
+    weight only ever moves keys from stable to canary. A tenant is never given a version
+    it is not entitled to: a canary it may not use leaves its traffic on stable. A version
+    the tenant may not use is answered exactly like one that is not served (``NotFound``).
     """
     if requested_version is not None:
-        if tenant is not None and not tenant.allows(table.model, requested_version):
-            raise forbidden(table.model, requested_version, tenant)
-        if requested_version not in table.served_versions():
-            served = ", ".join(sorted(table.served_versions())) or "none"
-            raise NotFound(f"version {requested_version} of {table.model} is not served; served: {served}")
+        usable = usable_versions(table, tenant)
+        if requested_version not in usable:
+            raise NotFound(f"version {requested_version} of {table.model} is not served; "
+                           f"versions you may use: {', '.join(sorted(usable)) or 'none'}")  # fmt: skip
         return Choice(requested_version, "requested")
-    if tenant is not None and tenant.name in table.pins:
+    if tenant is not None and tenant.name in table.pins and tenant.allows(table.model, table.pins[tenant.name]):
         return Choice(table.pins[tenant.name], "pinned")
     if table.stable is None:
         raise NotFound(f"model {table.model} has no stable version to serve")
-    if table.canary and bucket(table, routing_key) < round(table.canary.weight * BUCKETS / 100):
+    if (table.canary and bucket(table, routing_key) < round(table.canary.weight * BUCKETS / 100)
+            and (tenant is None or tenant.allows(table.model, table.canary.version))):  # fmt: skip
         return Choice(table.canary.version, "canary")
+    if tenant is not None and not tenant.allows(table.model, table.stable):
+        raise NotFound(f"no version of {table.model} that you may use is served; "
+                       f"you may use: {', '.join(tenant.entitlements.get(table.model, []))}")  # fmt: skip
     return Choice(table.stable, "stable")
 
 

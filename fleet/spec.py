@@ -48,7 +48,6 @@ def _is_canary_ramp(steps: list[int]) -> bool:
 
 
 SEMVER = "a semver version like '1.2.3'"
-Version = checked(str, SEMVER, semver.Version.is_valid)
 VersionOrAny = checked(
     str, f"'*' (any version) or {SEMVER}", lambda v: v == "*" or semver.Version.is_valid(v)
 )
@@ -115,7 +114,7 @@ class Slo(_Spec):
 class Cache(_Spec):
     enabled: bool = False
     ttl_s: float = Field(60.0, gt=0.0)
-    max_entries: int = Field(10000, ge=1)
+    max_mib: float = Field(64.0, gt=0.0)  # keys and answers held, per model and gateway
 
 
 class InferenceLog(_Spec):
@@ -135,6 +134,7 @@ class ModelSpec(_Spec):
     timeout_ms: int = Field(5000, gt=0)  # hard upper bound for one request, queueing included
     concurrency: int = Field(32, ge=1)  # in-flight requests per replica
     max_queue: int = Field(256, ge=0)  # requests waiting for a slot (all replicas) before new ones get 503
+    max_rows: int = Field(10_000, ge=1)  # rows (first dimension) one request may carry; more is 413
     cache: Cache = Field(default_factory=Cache)
     inference_log: InferenceLog = Field(default_factory=InferenceLog)
     rollout: str = "default"  # name of a rollout policy
@@ -145,29 +145,35 @@ class ModelSpec(_Spec):
     peak_qps: float | None = Field(None, gt=0.0)  # expected peak; must fit max_replicas × target
 
 
+class GatewaySpec(_Spec):
+    """Byte budgets of one gateway process: the ``gateway:`` section, one per fleet.
+
+    Each bounds memory that tenants' traffic fills; past it the oldest entries are evicted
+    (or new ones dropped and counted), never the process's memory grown.
+    """
+
+    max_body_mib: float = Field(4.0, gt=0.0, le=256.0)  # an inference or feedback request body (413)
+    admin_max_body_kib: float = Field(64.0, gt=0.0, le=4096.0)  # an admin API request body (413)
+    shadow_queue_mib: float = Field(64.0, gt=0.0)  # inputs and answers waiting to be mirrored
+    inference_log_buffer_mib: float = Field(64.0, gt=0.0)  # sampled rows not yet written to the store
+    feedback_index_mib: float = Field(16.0, gt=0.0)  # recent sampled request ids, for feedback joins
+
+    @staticmethod
+    def mib(value: float) -> int:
+        return int(value * 1024 * 1024)
+
+
 class Quota(_Spec):
     rps: float = Field(gt=0.0)  # sustained requests per second
     burst: int = Field(ge=1)  # token-bucket size; may be below rps for smooth-only traffic
 
 
 class TenantSpec(_Spec):
+    # no pins: a tenant's pin lives in the route table only (`fleet route pin`), where the
+    # router reads it; a second copy here would drift from it
     entitlements: dict[str, Annotated[list[VersionOrAny], Field(min_length=1)]]  # model -> versions
     quota: Quota
-    pins: dict[str, Version] = Field(default_factory=dict)  # model -> the version always served
     isolation: bool = False
-
-    @model_validator(mode="after")
-    def _pins_are_entitled(self) -> TenantSpec:
-        for model, version in self.pins.items():
-            allowed = self.entitlements.get(model)
-            if allowed is None:
-                known = ", ".join(self.entitlements) or "none"
-                phrase = f"a model listed in entitlements ({known})"
-                raise expected(phrase, field=("pins", model), got=model)
-            if "*" not in allowed and version not in allowed:
-                phrase = f"a version allowed by entitlements.{model} ({', '.join(allowed)})"
-                raise expected(phrase, field=("pins", model), got=version)
-        return self
 
 
 class Gates(_Spec):
@@ -185,7 +191,8 @@ class RolloutPolicy(_Spec):
     gates: Gates
     shadow_percent: float = Field(0.0, ge=0.0, le=100.0)
     shadow_duration_s: float = Field(0.0, ge=0.0)
-    bake_time_s: float = Field(ge=0.0)  # at 100 % before the old version is retired
+    # no bake_time_s: the 100 % step is judged against the stable's baseline before promotion,
+    # like every step, and rollback_window_s keeps the previous stable warm after it
     manual_approval: bool = False
     rollback_window_s: float = Field(600.0, ge=0.0)
     hold_deadline_s: float = Field(gt=0.0)  # "not enough data" for longer than this fails the step
@@ -234,7 +241,6 @@ def _reference_problems(
                 what = f"got {ref!r}" if set_ else f"not set, and no {kind} policy 'default' exists"
                 known = f"a {kind} policy name ({', '.join(policies) or 'none defined'})"
                 problems.append(("models", name, problem(f"models.{name}.{kind}", what, known)))
-    # pins need no check here: a pin must be entitled, and entitlements are checked
     for name, spec in tenants.items():
         for model in spec.entitlements:
             if model not in models:
@@ -249,6 +255,7 @@ class Policies(_Spec):
     tenants: dict[str, TenantSpec] = Field(default_factory=dict)
     rollout: dict[str, RolloutPolicy] = Field(default_factory=dict)
     monitoring: dict[str, MonitoringPolicy] = Field(default_factory=dict)
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
 
     @model_validator(mode="after")
     def _references_resolve(self) -> Policies:
@@ -292,35 +299,54 @@ def load_policies(path: str | Path = "policies") -> Policies:
         raise ConfigError(f"{path}: not found; expected a policy directory or YAML file")
     entries: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
     origin: dict[tuple[str, str], Path] = {}
-    problems = [line for file in files for line in _load_file(file, entries, origin)]
+    gateway: dict[str, GatewaySpec] = {}
+    problems = [line for file in files for line in _load_file(file, entries, origin, gateway)]
     if not problems:  # references are only worth checking once every entry parsed
         problems = [f"{origin[s, n]}: {line}" for s, n, line in _reference_problems(**entries)]
     if problems:
         raise ConfigError("\n".join(problems))
-    return Policies(**entries)
+    return Policies(**entries, **gateway)
 
 
-def _load_file(file: Path, entries: dict[str, dict], origin: dict[tuple, Path]) -> list[str]:
-    """Validate one file's entries into ``entries``; return its problems as report lines."""
+def _load_file(file: Path, entries: dict[str, dict], origin: dict[tuple, Path], gateway: dict[str, GatewaySpec]) -> list[str]:
+    """Validate one file's entries into ``entries`` (and its ``gateway:`` section into
+    ``gateway``); return its problems as report lines."""
     data, unreadable = read_yaml(file)
     if unreadable:
         return [unreadable]
     if data is None:
         return []  # an empty (or all-comments) file defines nothing
-    accepted = ", ".join(SECTIONS)
+    known = [*SECTIONS, "gateway"]
+    accepted = ", ".join(known)
     if not isinstance(data, dict):
         return [problem(file, f"got {show(data)}", f"a mapping with sections {accepted}")]
     problems = []
     for section, named in data.items():
-        if section not in SECTIONS:
+        if section == "gateway":
+            problems += _load_gateway(file, named, origin, gateway)
+        elif section not in SECTIONS:
             what = f"unknown top-level key {section!r}"
-            problems.append(problem(file, what, f"one of {accepted}{hint(section, SECTIONS)}"))
+            problems.append(problem(file, what, f"one of {accepted}{hint(section, known)}"))
         elif isinstance(named, dict):
             problems += _load_section(file, section, named, entries[section], origin)
         elif named is not None:  # an empty section is fine
             where = f"{file}: {section}"
             problems.append(problem(where, f"got {show(named)}", "a mapping of name -> spec"))
     return problems
+
+
+def _load_gateway(file: Path, raw: Any, origin: dict, into: dict[str, GatewaySpec]) -> list[str]:
+    """The ``gateway:`` section: one mapping of settings for every gateway, in one file only."""
+    if raw is None:
+        return []
+    if ("gateway", "") in origin:
+        return [problem(f"{file}: gateway", f"already defined in {origin['gateway', '']}", "one gateway section in one file")]
+    origin["gateway", ""] = file
+    try:
+        into["gateway"] = GatewaySpec.model_validate(raw)
+    except ValidationError as e:
+        return [f"{file}: {line}" for line in explain(e, GatewaySpec, ("gateway",))]
+    return []
 
 
 def _load_section(file: Path, section: str, named: dict, into: dict, origin: dict) -> list[str]:

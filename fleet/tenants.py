@@ -1,10 +1,10 @@
 """Tenants: who may call which model versions, at what rate, with which API keys.
 
 An API key is shown once, when it is made; the store keeps only its SHA-256. Keys look
-like ``sfk_<key id>_<secret>``: the key id lets a server index keys in memory (the
-gateway does) instead of hashing against every tenant, and the hash is compared in
-constant time. ``Tenants.authenticate`` reads every tenant: fine for the CLI and admin
-work, not for a request path.
+like ``sfk_<key id>_<secret>``: the key id lets a server index keys in memory (``key_index``)
+instead of hashing against every tenant, and the hash is compared in constant time
+(``lookup``). That is the one authentication rule: the gateway looks keys up in the index
+its routing snapshot holds, ``Tenants.authenticate`` in one built from the store.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,6 +23,7 @@ from fleet.names import check_name, check_version
 from fleet.types import ObjectStore
 
 KEY_PREFIX = "sfk_"
+MAX_KEY_LENGTH = 128  # a made key is about 60 characters; anything far longer is not one
 
 
 class Quota(BaseModel):
@@ -70,6 +72,19 @@ class Tenant(BaseModel):
 
 def _hash(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def key_index(tenants: Iterable[Tenant]) -> dict[str, Tenant]:
+    """Key id → tenant, for every live key."""
+    return {k.id: t for t in tenants for k in t.keys if k.revoked_at is None}
+
+
+def lookup(index: Mapping[str, Tenant], api_key: str) -> Tenant | None:
+    """The tenant owning a live ``api_key``, or None (unknown, revoked or malformed)."""
+    if not api_key.startswith(KEY_PREFIX) or len(api_key) > MAX_KEY_LENGTH:
+        return None
+    tenant = index.get(api_key[len(KEY_PREFIX):].split("_", 1)[0])
+    return tenant if tenant is not None and tenant.matches(api_key) else None
 
 
 def _new_key() -> tuple[str, ApiKey]:
@@ -174,8 +189,7 @@ class Tenants:
 
     def authenticate(self, api_key: str) -> Tenant:
         """Find the tenant a key belongs to; ``NotFound`` for unknown or revoked keys."""
-        key_id = api_key[len(KEY_PREFIX):].split("_", 1)[0] if api_key.startswith(KEY_PREFIX) else ""
-        for tenant in self.list():
-            if any(k.id == key_id for k in tenant.keys) and tenant.matches(api_key):
-                return tenant
-        raise NotFound("unknown or revoked API key")
+        found = lookup(key_index(self.list()), api_key)
+        if found is None:
+            raise NotFound("unknown or revoked API key")
+        return found

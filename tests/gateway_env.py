@@ -44,7 +44,9 @@ def model_policy(**overrides: Any) -> dict[str, Any]:
 
 
 class GatewayEnv:
-    def __init__(self, root: Path, store_url: str | None = None, **policy: Any) -> None:
+    def __init__(self, root: Path, store_url: str | None = None, *, limits: dict[str, float] | None = None,
+                 **policy: Any) -> None:  # fmt: skip
+        """``policy``: overrides of the model's policy; ``limits``: the policies' ``gateway:`` section."""
         self.root = root
         self.store_url = store_url or f"file://{root / 'store'}"
         self.store = open_store(self.store_url)
@@ -54,6 +56,8 @@ class GatewayEnv:
         base = yaml.safe_load((ROOT / "policies" / "fleet.yaml").read_text())
         (root / "policies").mkdir(exist_ok=True)
         doc = {"models": {MODEL: model_policy(**policy)}, "rollout": base["rollout"], "monitoring": base["monitoring"]}
+        if limits:
+            doc["gateway"] = limits
         (root / "policies" / "fleet.yaml").write_text(yaml.safe_dump(doc))
         self.write_endpoints()
 
@@ -96,6 +100,16 @@ class GatewayEnv:
         self.endpoints.setdefault(f"{MODEL}:{version}", []).append(url)
         self.write_endpoints()
         return url
+
+    def one_version(self, **extra: str) -> tuple[str, str, str]:
+        """Version 1.0.0 registered, served by one stub and routed as stable, tenant ``apps``
+        and a gateway: (gateway URL, the tenant's key, the stub's URL)."""
+        self.register("1.0.0")
+        stub = self.stub("1.0.0")
+        self.route(stable="1.0.0")
+        key = self.tenant("apps")
+        url, _ = self.gateway(**extra)
+        return url, key, stub
 
     def env(self, **extra: str) -> dict[str, str]:
         return {

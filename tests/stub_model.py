@@ -5,7 +5,9 @@
 ``POST /predict {"features": [[...], ...]}`` answers class probabilities from the demo
 rule (the same rule bentos/tabular_mlp was trained on), ``--flip`` inverts them (a shadow
 that disagrees). ``GET /readyz`` is its health check. ``POST /_control`` changes delay,
-fail rate or flip while it runs, or sheds the next N requests with 503 (``shed_next``); ``GET /_stats`` counts the predictions it was asked for.
+fail rate, flip or ``nan`` (answer NaN probabilities: a broken model) while it runs, sheds
+the next N requests with 503 (``shed_next``) or refuses them with 400 (``reject_next``);
+``GET /_stats`` counts the predictions it was asked for.
 Real HTTP on 127.0.0.1, for the faults a real Bento cannot be made to have on cue.
 """
 
@@ -31,10 +33,11 @@ def probabilities(features: list[list[float]], flip: bool) -> list[list[float]]:
 def make_app(delay_ms: float, fail_rate: float, flip: bool):  # noqa: ANN201 - an ASGI app
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    state = {"delay_ms": delay_ms, "fail_rate": fail_rate, "flip": flip, "shed_next": 0, "requests": 0, "failed": 0}
+    state = {"delay_ms": delay_ms, "fail_rate": fail_rate, "flip": flip, "shed_next": 0, "reject_next": 0, "nan": False,
+             "requests": 0, "failed": 0}  # fmt: skip
     rng = random.Random(0)
 
     async def predict(request: Request) -> JSONResponse:
@@ -43,11 +46,16 @@ def make_app(delay_ms: float, fail_rate: float, flip: bool):  # noqa: ANN201 - a
         if state["shed_next"]:  # what BentoML's batcher does when overloaded: 503 before any work
             state["shed_next"] -= 1
             return JSONResponse({"error": "process is overloaded"}, status_code=503)
+        if state["reject_next"]:  # what a model server says of an input it cannot take
+            state["reject_next"] -= 1
+            return JSONResponse({"error": "input rejected by the model"}, status_code=400)
         if state["delay_ms"]:
             await asyncio.sleep(state["delay_ms"] / 1000)
         if state["fail_rate"] and rng.random() < state["fail_rate"]:
             state["failed"] += 1
             return JSONResponse({"error": "injected failure"}, status_code=500)
+        if state["nan"]:
+            return Response(b"[" + b",".join(b"[NaN,NaN]" for _ in body["features"]) + b"]", media_type="application/json")
         return JSONResponse(probabilities(body["features"], state["flip"]))
 
     async def readyz(_: Request) -> JSONResponse:
@@ -55,7 +63,7 @@ def make_app(delay_ms: float, fail_rate: float, flip: bool):  # noqa: ANN201 - a
 
     async def control(request: Request) -> JSONResponse:
         changes = json.loads(await request.body())
-        state.update({k: v for k, v in changes.items() if k in ("delay_ms", "fail_rate", "flip", "shed_next")})
+        state.update({k: v for k, v in changes.items() if k in ("delay_ms", "fail_rate", "flip", "shed_next", "reject_next", "nan")})
         return JSONResponse(state)
 
     async def stats(_: Request) -> JSONResponse:

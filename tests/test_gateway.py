@@ -168,7 +168,7 @@ def test_a_full_wait_queue_sheds_with_503(env) -> None:
 
 
 def test_cache_hit_and_miss_and_never_for_shadow(env) -> None:
-    e = env(cache={"enabled": True, "ttl_s": 60, "max_entries": 100})
+    e = env(cache={"enabled": True, "ttl_s": 60, "max_mib": 1})
     e.register("1.0.0", "2.0.0")
     stable = e.stub("1.0.0")
     shadow = e.stub("2.0.0")
@@ -213,12 +213,7 @@ def test_a_failing_canary_is_retried_on_stable_counted_and_ejected_then_probed_b
 
 
 def test_a_version_shedding_load_is_asked_again_while_the_deadline_allows(env) -> None:
-    e = env()
-    e.register("1.0.0")
-    stub = e.stub("1.0.0")
-    e.route(stable="1.0.0")
-    key = e.tenant("apps")
-    url, _ = e.gateway()
+    url, key, stub = env().one_version()
     with httpx.Client(base_url=url, timeout=30) as client, admin(url) as adm:
         httpx.post(f"{stub}/_control", json={"shed_next": 2})
         assert infer(client, key).status_code == 200  # shed twice, answered the third time

@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from fleet.gateway.cache import PredictionCache
+from fleet.gateway.cache import ENTRY_OVERHEAD, PredictionCache
 from fleet.gateway.quota import TokenBuckets
 from fleet.gateway.slots import QueueFull, Slots
 from fleet.gateway.stats import WindowedStats, score_bins
@@ -82,18 +82,35 @@ def test_a_waiter_that_gives_up_leaves_the_line_and_loses_no_slot() -> None:
 
 def test_cache_is_lru_with_ttl_and_keys_on_dtype_and_shape() -> None:
     clock = Clock()
-    cache = PredictionCache(max_entries=2, ttl_s=10, clock=clock)
+    answer = np.array([[0.1, 0.9]], np.float32)
+    entry = answer.nbytes + ENTRY_OVERHEAD
+    cache = PredictionCache(max_bytes=2 * entry, ttl_s=10, clock=clock)
     a = np.zeros((1, 4), np.float32)
-    k1 = cache.key("m", "1", a)
-    assert k1 != cache.key("m", "1", a.reshape(4, 1)) != cache.key("m", "2", a)
-    assert k1 != cache.key("m", "1", a.astype(np.float64))
-    cache.put(k1, np.array([[0.1, 0.9]]))
-    cache.put(("k2",), np.array([1]))
+    k1 = cache.key("1", a)
+    assert k1 != cache.key("1", a.reshape(4, 1)) != cache.key("2", a)
+    assert k1 != cache.key("1", a.astype(np.float64)) and len(k1) == 32
+    cache.put(k1, answer)
+    cache.put(b"k2", answer)
     assert cache.get(k1) is not None  # k1 is now the most recent
-    cache.put(("k3",), np.array([2]))  # evicts k2, the least recently used
-    assert cache.get(("k2",)) is None and cache.get(k1) is not None and len(cache) == 2
+    cache.put(b"k3", answer)  # evicts k2, the least recently used
+    assert cache.get(b"k2") is None and cache.get(k1) is not None and len(cache) == 2
+    assert cache.bytes == 2 * entry
     clock.now += 10
-    assert cache.get(k1) is None  # expired
+    assert cache.get(k1) is None and cache.bytes == entry  # expired, and no longer counted
+
+
+def test_cache_evicts_until_under_its_byte_budget() -> None:
+    """Counting entries let 10,000 answers of up to 4 MiB each in; bytes are what is bounded."""
+    cache = PredictionCache(max_bytes=1024 * 1024, ttl_s=60, clock=Clock())
+    for i in range(100):
+        cache.put(f"small{i}".encode(), np.zeros((1, 2), np.float32))
+    big = np.zeros((40_000, 2), np.float32)  # 312 KiB
+    for i in range(5):
+        cache.put(f"big{i}".encode(), big)
+        assert cache.bytes <= cache.max_bytes
+    assert cache.get(b"big4") is not None and cache.get(b"big0") is None and cache.get(b"small0") is None
+    cache.put(b"huge", np.zeros((200_000, 2), np.float32))  # larger than the whole budget: not cached
+    assert cache.get(b"huge") is None and cache.get(b"big4") is not None
 
 
 def test_windowed_stats_sum_the_last_seconds_by_version() -> None:
@@ -132,3 +149,120 @@ def test_ejection_backs_off_and_one_success_restores() -> None:
     assert replica.ejected(102.9) and not replica.ejected(103.0)
     replica.succeeded()
     assert not replica.ejected(103.0) and replica.failures == 0
+
+
+def test_score_bins_is_score_bin_for_many_and_counts_only_numbers() -> None:
+    """One binning rule for the gateway, profiles, drift and retraining; a model's NaN has no bin."""
+    import math
+
+    from fleet.types import score_bin
+    from fleet.types import score_bins as shared
+
+    rng = np.random.default_rng(3)
+    odd = [math.nan, math.inf, -math.inf, 1e308, -1e308, 5e-324, 1.0000001, -0.0]
+    scores = np.concatenate([rng.uniform(-0.2, 1.2, 500), np.arange(11) / 10, np.linspace(0, 1, 11), odd])
+    one_by_one = [0] * PREDICTION_BINS
+    for s in scores.tolist():
+        if (i := score_bin(s)) is not None:
+            one_by_one[i] += 1
+    assert shared(scores) == score_bins(scores) == one_by_one  # the numpy path, and the gateway's name for it
+    assert sum(one_by_one) == len(scores) - 3  # NaN and ±inf have no bin
+    assert shared(np.array(odd)) == shared(odd) == [3, 0, 0, 0, 0, 0, 0, 0, 0, 2]  # the Python path
+    assert (score_bin(math.nan), score_bin(1e308), score_bin(-3.0)) == (None, PREDICTION_BINS - 1, 0)
+
+
+def test_the_shadow_queue_is_bounded_in_bytes_and_counts_what_it_drops() -> None:
+    """The queue once held 1,000 jobs whatever their size; it now holds at most its bytes."""
+    from fleet.gateway.shadow import ShadowJob, ShadowMirror
+
+    async def scenario() -> tuple[list[str], int, int]:
+        release = asyncio.Event()
+
+        async def call(*_: object) -> np.ndarray:
+            await release.wait()
+            return np.zeros((1, 2), np.float32)
+
+        outcomes: list[str] = []
+        big = np.zeros((10_000, 4), np.float32)  # 156 KiB of input
+        job = ShadowJob("m", "2.0.0", "1.0.0", big, np.zeros((10_000, 2), np.float32), 1.0, 5.0)
+        mirror = ShadowMirror(call, lambda j, outcome, *_: outcomes.append(outcome), max_bytes=3 * job.nbytes)
+        mirror.start(workers=1)
+        offered = [mirror.offer(job) for _ in range(10)]
+        held = mirror.bytes
+        release.set()
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if mirror.bytes == 0:
+                break
+        await mirror.close()
+        return offered, held, mirror.bytes
+
+    offered, held, after = asyncio.run(scenario())
+    assert offered == [True] * 3 + [False] * 7 and held <= 3 * (10_000 * 24 + 300) and after == 0
+
+
+def test_scoped_credentials_are_for_one_purpose_one_gateway_and_one_minute() -> None:
+    from fleet import gateways
+
+    token, now = "t" * 40, 1_800_000_000
+    given = gateways.credential(token, "refresh", "gw-1", now)
+    assert token not in given and gateways.verify(given, token, "refresh", "gw-1", now + 59)
+    assert not gateways.verify(given, token, "stats", "gw-1", now)  # another purpose
+    assert not gateways.verify(given, token, "refresh", "gw-2", now)  # another gateway
+    assert not gateways.verify(given, token, "refresh", "gw-1", now + 61)  # too old
+    assert not gateways.verify(given, "another-token", "refresh", "gw-1", now)
+    assert not gateways.verify(f"Bearer {token}", token, "refresh", "gw-1", now)
+    assert not gateways.verify(given.replace(":" + str(now), ":" + str(now + 1)), token, "refresh", "gw-1", now)
+
+
+def test_only_gateways_on_trusted_networks_are_pushed_to(monkeypatch) -> None:
+    from fleet import audit, gateways
+    from fleet.errors import ConfigError
+
+    def record(url: str) -> gateways.GatewayRecord:
+        now = audit.now()
+        return gateways.GatewayRecord(id="g", url=url, host="h", pid=1, started_at=now, heartbeat_at=now)
+
+    monkeypatch.delenv("FLEET_GATEWAY_NETWORKS", raising=False)
+    assert gateways.trusted(record("http://127.0.0.1:8000")) and gateways.trusted(record("http://[::1]:8000"))
+    assert gateways.trusted(record("http://localhost:8000"))
+    for url in ("http://10.0.3.4:8000", "https://evil.example.com", "http://10.0.3.4.nip.io:8000", "file:///etc/passwd"):
+        assert not gateways.trusted(record(url)), url
+    monkeypatch.setenv("FLEET_GATEWAY_NETWORKS", "10.0.0.0/16, fd00::/8")
+    assert gateways.trusted(record("http://10.0.3.4:8000")) and not gateways.trusted(record("http://10.1.0.1:8000"))
+    assert not gateways.trusted(record("https://evil.example.com"))  # a name is never trusted: DNS can point anywhere
+    monkeypatch.setenv("FLEET_GATEWAY_NETWORKS", "10.0.0.0/33")
+    with pytest.raises(ConfigError, match="FLEET_GATEWAY_NETWORKS has '10.0.0.0/33'; expected comma-separated CIDRs"):
+        gateways.trusted_networks()
+
+
+def test_notify_sends_a_scoped_credential_never_the_token_and_skips_untrusted_records(monkeypatch) -> None:
+    import http.server
+    import threading
+
+    from fleet import audit, gateways, records
+    from fleet.store import MemoryStore
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            seen.append(self.headers.get("Authorization", ""))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        store, now, token = MemoryStore(), audit.now(), "admin-token-" + "x" * 30
+        for gid, url in (("real", f"http://127.0.0.1:{server.server_address[1]}"), ("planted", "http://203.0.113.9:8000")):
+            record = gateways.GatewayRecord(id=gid, url=url, host="h", pid=1, started_at=now, heartbeat_at=now)
+            store.put(gateways.key(gid), records.dump(record))
+        monkeypatch.delenv("FLEET_GATEWAY_NETWORKS", raising=False)
+        assert gateways.notify(store, token) == {"real": True, "planted": False}
+        assert len(seen) == 1 and token not in seen[0] and gateways.verify(seen[0], token, "refresh", "real")
+    finally:
+        server.shutdown()

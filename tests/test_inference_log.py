@@ -56,12 +56,12 @@ def test_a_flush_writes_one_parquet_file_with_one_row_per_input_row() -> None:
 def test_a_failing_store_keeps_rows_buffered_until_it_is_back() -> None:
     store = FlakyStore()
     dropped: list[int] = []
-    log = InferenceLog(store, "gw1", max_rows=6, on_dropped=lambda m, n: dropped.append(n))
+    log = InferenceLog(store, "gw1", max_bytes=3 * sample(0).nbytes, on_dropped=lambda m, n: dropped.append(n))
     for i in range(3):
         log.record(sample(i))
     assert log.flush() == 0 and log.failing and log.buffered_rows == 6
-    log.record(sample(3))  # over max_rows: the oldest request's rows go
-    assert dropped == [2] and log.buffered_rows == 6
+    log.record(sample(3))  # over the byte budget: the oldest request's rows go
+    assert dropped == [2] and log.buffered_rows == 6 and log.buffered_bytes == 3 * sample(0).nbytes
     store.down = False
     assert log.close(timeout_s=5) == 0
     assert sorted(set(window(store)["request_id"])) == ["r1", "r2", "r3"]
@@ -94,3 +94,21 @@ def test_feature_names_come_from_the_profile_or_are_numbered() -> None:
     assert feature_names({"features": {"a": {}, "b": {}}}, 2) == ("a", "b")
     assert feature_names({"features": {"a": {}}}, 2) == ("f0", "f1")
     assert feature_names(None, 3) == ("f0", "f1", "f2")
+
+
+def test_the_buffer_stays_under_its_byte_budget_whatever_size_the_samples_are() -> None:
+    """Five 100k-row samples once left 500,995 rows buffered under a 1,000-row bound: eviction
+    dropped one sample per insert. It now evicts until the buffer is under budget again."""
+    dropped: list[int] = []
+    budget = 2 * 1024 * 1024
+    log = InferenceLog(MemoryStore(), "gw1", max_bytes=budget, on_dropped=lambda m, n: dropped.append(n))
+    for i in range(40):
+        log.record(sample(i, rows=1))
+    small = log.buffered_bytes
+    for i in range(5):
+        log.record(sample(100 + i, rows=40_000))  # 0.96 MiB each: two fit, the rest evict
+        assert log.buffered_bytes <= budget
+    assert log.buffered_rows == 80_000 and log.buffered_bytes <= budget and small < budget
+    assert sum(dropped) == 40 + 3 * 40_000  # every small sample, then the oldest large ones, counted
+    log.record(sample(200, rows=200_000))  # larger than the whole budget: dropped at once, nothing evicted
+    assert dropped[-1] == 200_000 and log.buffered_rows == 80_000

@@ -204,7 +204,9 @@ def test_prometheus_url_is_checked_at_the_boundary() -> None:
 
 def gateway(name: str, token: str = TOKEN):
     def answer(path: str, query: dict[str, str], headers: dict[str, str]) -> Answer:
-        if headers.get("Authorization") != f"Bearer {token}":
+        given = headers.get("Authorization", "")
+        gid = given.split(" ", 1)[-1].split(":")[1] if ":" in given else ""
+        if TOKEN in given or not gateways.verify(given, token, "stats", gid):  # scoped, never the token itself
             return 401, b'{"error": "admin token required"}'
         assert path == f"/admin/stats/{MODEL}"
         return 200, fixture(name)
@@ -264,6 +266,20 @@ def test_gateways_with_stale_heartbeats_are_not_asked(serve) -> None:
     announce(store, dead_url(), "gw-gone", age_s=gateways.STALE_AFTER_S + 5)
     w = GatewayMetrics(store, TOKEN, clock=lambda: END).window(MODEL, "1.0.0", END - 60, END)
     assert w.requests == 812
+
+
+def test_a_gateway_announcing_an_untrusted_url_fails_the_read_and_gets_nothing(serve, monkeypatch) -> None:
+    server = serve(gateway("gateway_stats_a.json"))
+    store = MemoryStore()
+    announce(store, server.url, "gw-a")
+    announce(store, "http://203.0.113.7:8000", "gw-planted")  # written by whoever can write gateways/
+    monkeypatch.delenv("FLEET_GATEWAY_NETWORKS", raising=False)
+    with pytest.raises(MetricsUnavailable, match="gw-planted announces http://203.0.113.7:8000, which is not on loopback"):
+        GatewayMetrics(store, TOKEN, clock=lambda: END).window(MODEL, "1.0.0", END - 60, END)
+    assert server.seen == []  # refused before anyone was asked
+    monkeypatch.setenv("FLEET_GATEWAY_NETWORKS", "203.0.113.0/24")
+    with pytest.raises(MetricsUnavailable, match="gw-planted/|203.0.113.7:8000/admin/stats"):
+        GatewayMetrics(store, TOKEN, timeout_s=0.5, clock=lambda: END).window(MODEL, "1.0.0", END - 60, END)
 
 
 def test_no_live_gateway_is_unavailable_not_zeros() -> None:

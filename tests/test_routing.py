@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from fleet import audit
-from fleet.errors import Forbidden, InvalidInput, NotFound
+from fleet.errors import InvalidInput, NotFound
 from fleet.registry import State
-from fleet.routing import BUCKETS, Canary, RouteTable, Shadow, bucket, choose_version, should_shadow, validate_states
+from fleet.routing import (
+    BUCKETS, Canary, RouteTable, Shadow, bucket, choose_version, should_shadow, usable_versions, validate_states,
+)
 from fleet.tenants import Tenant
 
 KEYS = [f"user-{i}" for i in range(100_000)]
@@ -73,12 +75,29 @@ def test_pin_beats_the_split_and_requested_version_beats_the_pin() -> None:
     assert (chosen.version, chosen.reason) == ("1.0.0", "requested")
 
 
-def test_requested_version_must_be_allowed_and_served() -> None:
+def test_a_version_the_tenant_may_not_use_looks_like_one_that_is_not_served() -> None:
     t = table(10)
-    with pytest.raises(Forbidden, match=r"tenant 'acme' may not use demo:1.1.0; allowed: 1.0.0"):
+    with pytest.raises(NotFound) as not_allowed:
         choose_version(t, tenant("acme", ["1.0.0"]), "k", requested_version="1.1.0")
-    with pytest.raises(NotFound, match="version 2.0.0 of demo is not served; served: 1.0.0, 1.1.0"):
+    assert str(not_allowed.value) == "version 1.1.0 of demo is not served; versions you may use: 1.0.0"
+    with pytest.raises(NotFound, match="version 2.0.0 of demo is not served; versions you may use: 1.0.0, 1.1.0"):
         choose_version(t, tenant(), "k", requested_version="2.0.0")
+
+
+def test_another_tenants_pin_is_neither_shown_nor_usable() -> None:
+    t = table(10).model_copy(update={"pins": {"globex": "0.9.0"}, "shadow": Shadow(version="2.0.0", percent=5)})
+    assert usable_versions(t, tenant()) == {"1.0.0", "1.1.0"}
+    assert usable_versions(t, tenant("globex")) == {"1.0.0", "1.1.0", "0.9.0"}
+    with pytest.raises(NotFound, match="versions you may use: 1.0.0, 1.1.0$"):
+        choose_version(t, tenant(), "k", requested_version="0.9.0")
+
+
+def test_a_tenant_is_never_split_onto_a_version_it_is_not_entitled_to() -> None:
+    t = table(100)  # every key would go to the canary 1.1.0
+    assert {choose_version(t, tenant("acme", ["1.0.0"]), k).version for k in KEYS[:200]} == {"1.0.0"}
+    promoted = RouteTable(model="demo", stable="1.1.0")
+    with pytest.raises(NotFound, match="no version of demo that you may use is served; you may use: 1.0.0"):
+        choose_version(promoted, tenant("acme", ["1.0.0"]), "k")
 
 
 def test_a_model_without_stable_has_nothing_to_serve() -> None:

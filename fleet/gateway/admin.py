@@ -3,7 +3,15 @@
 The same operations as the CLI through the same code (``Registry``, ``Router``,
 ``Tenants``, ``fleet.rollback``); store work runs in a thread so serving never waits on
 it. After every change this gateway re-reads routing state at once and pushes the change
-to every other live gateway.
+to every other live gateway (``fleet.gateways.notify``).
+
+Input is as hostile here as anywhere: a body is read only after the token checked out and
+only up to ``max_body_bytes`` (413); bodies are strict pydantic models (``"false"`` is not
+a boolean, ``"50"`` not a weight, unknown fields are refused) and path parameters are
+checked as names and versions before anything touches the store. Failed authentications
+are counted (``fleet_auth_failures_total{surface="admin"}``). ``/admin/refresh`` and
+``/admin/stats`` also take a scoped credential (``fleet.gateways.credential``), which the
+control plane sends instead of the token itself.
 
 Without ``FLEET_ADMIN_TOKEN`` the admin API is off: every call answers 403 saying so.
 """
@@ -16,32 +24,81 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from fleet import gateways
 from fleet.errors import Forbidden, InvalidInput, Unauthorized
+from fleet.gateway import body as bodies
 from fleet.gateway.protocol import MalformedBody, parse_json
+from fleet.gateway.stats import HORIZON_S
+from fleet.gateway.telemetry import Telemetry
+from fleet.names import check_name, check_version
 from fleet.registry import Registry
 from fleet.rollback import rollback
 from fleet.router import Router
 from fleet.tenants import Quota, Tenants, parse_entitlements
 from fleet.types import ObjectStore, Runtime
+from fleet.validation import explain
 
 Handler = Callable[[Request], Awaitable[Response]]
+ADMIN_BODY_BYTES = 64 * 1024
+_REASON = Field(min_length=1, max_length=2000)
+_VERSION = Field(None, min_length=1, max_length=128)
 
 
-def json_response(value: Any, status: int = 200) -> Response:
+def json_response(value: Any, status: int = 200) -> Response:  # noqa: ANN401 - any JSON value
     return Response(orjson.dumps(value, default=_default), status_code=status, media_type="application/json")
 
 
-def _default(value: Any) -> Any:
+def _default(value: Any) -> Any:  # noqa: ANN401
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json")
     if hasattr(value, "isoformat"):
         return value.isoformat()
     raise TypeError(type(value).__name__)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class RouteChange(_Body):
+    stable: str | None = _VERSION
+    canary: str | None = _VERSION
+    weight: float | None = Field(None, ge=0, le=100)
+    shadow: str | None = _VERSION
+    shadow_percent: float | None = Field(None, ge=0, le=100)
+    clear_canary: bool = False
+    clear_shadow: bool = False
+    reason: str = _REASON
+
+
+class PinChange(_Body):
+    version: str = Field(min_length=1, max_length=128)
+    reason: str = _REASON
+
+
+class RollbackRequest(_Body):
+    reason: str = _REASON
+    to_version: str | None = _VERSION
+
+
+class NewTenant(_Body):
+    name: str = Field(min_length=1, max_length=63)
+    models: list[str] = Field(min_length=1, max_length=1000)
+    rps: float | None = Field(None, gt=0, allow_inf_nan=False)
+    burst: int | None = Field(None, ge=1, le=10**9)
+
+
+class Revoke(_Body):
+    key_id: str | None = Field(None, min_length=1, max_length=64)
+
+
+_PATH_CHECKS = {"model": lambda v: check_name("model", v), "tenant": lambda v: check_name("tenant", v),
+                "version": check_version}  # fmt: skip
 
 
 def admin_routes(
@@ -50,30 +107,39 @@ def admin_routes(
     *,
     on_change: Callable[[], None],
     stats: Callable[[str, int], dict],
+    telemetry: Telemetry,
+    gateway_id: str = "",
     runtime: Runtime | None = None,
+    max_body_bytes: int = ADMIN_BODY_BYTES,
 ) -> list[Route]:
-    registry, router, tenants = Registry(store), Router(store), Tenants(store)
+    registry = Registry(store)
+    router, tenants = Router(store, registry), Tenants(store)
 
-    def guarded(handler: Handler) -> Handler:
+    def guarded(handler: Handler, scoped: str | None = None) -> Handler:
         async def run(request: Request) -> Response:
             if not token:
                 raise Forbidden("the admin API is off; start the gateway with FLEET_ADMIN_TOKEN set")
-            scheme, _, given = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+            given = request.headers.get("authorization", "")
+            scheme, _, value = given.partition(" ")
+            ok = scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
+            if not ok and scoped is not None:
+                ok = gateways.verify(given, token, scoped, gateway_id)
+            if not ok:
+                telemetry.auth_failures.labels("admin").inc()
                 raise Unauthorized("admin API: missing or wrong admin token; expected 'Authorization: Bearer <FLEET_ADMIN_TOKEN>'")
+            for name, value in request.path_params.items():
+                _PATH_CHECKS[name](value)
             return await handler(request)
 
         return run
 
-    async def body(request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        return parse_json(raw) if raw else {}
-
-    def reason(data: dict[str, Any]) -> str:
-        why = data.get("reason")
-        if not isinstance(why, str) or not why.strip():
-            raise InvalidInput('a change needs a reason; expected {"reason": "..."} in the body')
-        return why
+    async def body(request: Request, model: type[_Body]) -> Any:  # noqa: ANN401 - an instance of model
+        raw = await bodies.read(request, max_body_bytes)
+        data = parse_json(raw) if raw.strip() else {}
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise InvalidInput("; ".join(explain(exc, model))) from None
 
     async def changed(work: Callable[[], Any]) -> Response:
         result = await asyncio.to_thread(work)
@@ -92,33 +158,25 @@ def admin_routes(
         return json_response(await asyncio.to_thread(router.get, request.path_params["model"]))
 
     async def set_route(request: Request) -> Response:
-        data, model = await body(request), request.path_params["model"]
-        allowed = {"stable", "canary", "weight", "shadow", "shadow_percent", "clear_canary", "clear_shadow", "reason"}
-        unknown = set(data) - allowed
-        if unknown:
-            raise InvalidInput(f"unknown field(s) {sorted(unknown)}; expected some of {sorted(allowed)}")
-        fields = {k: data[k] for k in allowed - {"reason"} if k in data}
+        change, model = await body(request, RouteChange), request.path_params["model"]
+        fields = change.model_dump(exclude={"reason"}, exclude_unset=True)
         if not fields:
             raise InvalidInput("nothing to change; expected stable, canary, weight, shadow, shadow_percent ...")
-        why = reason(data)
-        return await changed(lambda: router.set(model, **fields, why=why))
+        return await changed(lambda: router.set(model, **fields, why=change.reason))
 
     async def pin(request: Request) -> Response:
-        data, p = await body(request), request.path_params
-        version = data.get("version")
-        if not isinstance(version, str):
-            raise InvalidInput('a pin needs {"version": "<version>", "reason": "..."}')
-        why = reason(data)
-        return await changed(lambda: router.pin(p["model"], p["tenant"], version, why=why))
+        change, p = await body(request, PinChange), request.path_params
+        return await changed(lambda: router.pin(p["model"], p["tenant"], change.version, why=change.reason))
 
     async def unpin(request: Request) -> Response:
-        p, why = request.path_params, reason(dict(request.query_params))
+        p, why = request.path_params, request.query_params.get("reason", "")
+        if not why.strip() or len(why) > 2000:
+            raise InvalidInput("a change needs a reason; expected ?reason=... (at most 2000 characters)")
         return await changed(lambda: router.unpin(p["model"], p["tenant"], why=why))
 
     async def do_rollback(request: Request) -> Response:
-        data, model = await body(request), request.path_params["model"]
-        why = reason(data)
-        result = await asyncio.to_thread(rollback, router, model, data.get("to_version"), why=why, runtime=runtime,
+        change, model = await body(request, RollbackRequest), request.path_params["model"]
+        result = await asyncio.to_thread(rollback, router, model, change.to_version, why=change.reason, runtime=runtime,
                                          start_missing=False)  # fmt: skip
         on_change()
         pushed = await asyncio.to_thread(gateways.notify, store, token)
@@ -133,23 +191,19 @@ def admin_routes(
             {"id": k.id, "created_at": k.created_at, "revoked_at": k.revoked_at} for k in t.keys]} for t in found])  # fmt: skip
 
     async def create_tenant(request: Request) -> Response:
-        data = await body(request)
-        name, models = data.get("name"), data.get("models")
-        if not isinstance(name, str) or not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-            raise InvalidInput('expected {"name": "<tenant>", "models": ["model" or "model:1.0.0,1.1.0", ...], "rps": n, "burst": n}')
+        new = await body(request, NewTenant)
         quota = None
-        if data.get("rps") is not None:
-            try:
-                quota = Quota(rps=data["rps"], burst=data.get("burst") or max(1, int(data["rps"])))
-            except (ValueError, TypeError) as exc:
-                raise InvalidInput(f"quota: {exc}; expected rps > 0 and burst >= 1") from None
-        tenant, key = await asyncio.to_thread(tenants.create, name, parse_entitlements(models), quota)
+        if new.rps is not None:
+            quota = Quota(rps=new.rps, burst=new.burst or max(1, int(new.rps)))
+        elif new.burst is not None:
+            raise InvalidInput("burst without rps; expected rps (requests/s) with an optional burst")
+        tenant, key = await asyncio.to_thread(tenants.create, new.name, parse_entitlements(new.models), quota)
         on_change()
         return json_response({"tenant": tenant.name, "key_id": tenant.keys[0].id, "api_key": key}, status=201)
 
     async def revoke(request: Request) -> Response:
-        data, name = await body(request), request.path_params["tenant"]
-        return await changed(lambda: tenants.revoke(name, data.get("key_id")).model_dump(mode="json", exclude={"keys"}))
+        change, name = await body(request, Revoke), request.path_params["tenant"]
+        return await changed(lambda: tenants.revoke(name, change.key_id).model_dump(mode="json", exclude={"keys"}))
 
     async def refresh(_: Request) -> Response:
         on_change()
@@ -157,26 +211,23 @@ def admin_routes(
 
     async def window_stats(request: Request) -> Response:
         raw = request.query_params.get("window_s", "60")
-        try:
-            window_s = int(raw)
-        except ValueError:
-            raise MalformedBody(f"window_s {raw!r} is not a whole number of seconds") from None
-        return json_response(stats(request.path_params["model"], window_s))
+        if not raw.isdigit() or not 1 <= int(raw) <= HORIZON_S:
+            raise MalformedBody(f"window_s {raw[:20]!r} is not a whole number of seconds from 1 to {HORIZON_S}")
+        return json_response(stats(request.path_params["model"], int(raw)))
 
-    table: list[tuple[str, Handler, list[str]]] = [
-        ("/admin/models", list_models, ["GET"]),
-        ("/admin/models/{model}/versions/{version}", show_version, ["GET"]),
-        ("/admin/routes/{model}", show_route, ["GET"]),
-        ("/admin/routes/{model}", set_route, ["POST"]),
-        ("/admin/routes/{model}/pins/{tenant}", pin, ["PUT"]),
-        ("/admin/routes/{model}/pins/{tenant}", unpin, ["DELETE"]),
-        ("/admin/routes/{model}/rollback", do_rollback, ["POST"]),
-        ("/admin/routes/{model}/history", history, ["GET"]),
-        ("/admin/tenants", list_tenants, ["GET"]),
-        ("/admin/tenants", create_tenant, ["POST"]),
-        ("/admin/tenants/{tenant}/revoke", revoke, ["POST"]),
-        ("/admin/refresh", refresh, ["POST"]),
-        ("/admin/stats/{model}", window_stats, ["GET"]),
+    table: list[tuple[str, Handler, list[str], str | None]] = [
+        ("/admin/models", list_models, ["GET"], None),
+        ("/admin/models/{model}/versions/{version}", show_version, ["GET"], None),
+        ("/admin/routes/{model}", show_route, ["GET"], None),
+        ("/admin/routes/{model}", set_route, ["POST"], None),
+        ("/admin/routes/{model}/pins/{tenant}", pin, ["PUT"], None),
+        ("/admin/routes/{model}/pins/{tenant}", unpin, ["DELETE"], None),
+        ("/admin/routes/{model}/rollback", do_rollback, ["POST"], None),
+        ("/admin/routes/{model}/history", history, ["GET"], None),
+        ("/admin/tenants", list_tenants, ["GET"], None),
+        ("/admin/tenants", create_tenant, ["POST"], None),
+        ("/admin/tenants/{tenant}/revoke", revoke, ["POST"], None),
+        ("/admin/refresh", refresh, ["POST"], "refresh"),
+        ("/admin/stats/{model}", window_stats, ["GET"], "stats"),
     ]
-    return [Route(path, guarded(handler), methods=methods) for path, handler, methods in table]
-
+    return [Route(path, guarded(handler, scoped), methods=methods) for path, handler, methods, scoped in table]

@@ -1,60 +1,57 @@
-"""What every gateway answer shares: its settings, the errors it adds, and the middleware that
-gives each request an id and each answer the fleet's headers (and counts it)."""
+"""What every gateway answer shares: its settings and the middleware that gives each request
+an id and each answer the fleet's headers (and counts it).
+
+Request ids the gateway makes are 128 random bits: nobody can guess another request's id
+(feedback is joined by it). An id a client sends in ``X-Request-Id`` is kept if it is a
+plain token, and means something only within that client's tenant (``fleet.feedback``).
+"""
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import time
-import uuid
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet import gateways
-from fleet.errors import FleetError
-from fleet.gateway.telemetry import Telemetry
+from fleet.errors import ConfigError
+from fleet.gateway.telemetry import UNKNOWN, Telemetry
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
-# Request ids: a random per-process prefix and a counter, unique across gateways without
-# asking the OS for randomness on every request (uuid4 did, and it showed in profiles).
-_ID_PREFIX = uuid.uuid4().hex[:12]
-_ID_COUNTER = itertools.count(1)
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,128}")
 
 
-class BodyTooLarge(FleetError):
-    status = 413
-
-
-class OverQuota(FleetError):
-    status = 429
-
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+def new_request_id() -> str:
+    """128 random bits as hex (``os.urandom``: about 0.3 µs, less than uuid4's object)."""
+    return os.urandom(16).hex()
 
 
 @dataclass(frozen=True)
 class Settings:
-    """How one gateway runs; every field has the default ``fleet gateway`` uses."""
+    """How one gateway runs; every field has the default ``fleet gateway`` uses. Byte budgets
+    are policy (the ``gateway:`` section of ``fleet.spec.Policies``)."""
 
     admin_token: str | None = None
     public_url: str | None = None  # announced in the store so the control plane can reach it
     gateway_id: str = ""
-    max_body_bytes: int = MAX_BODY_BYTES
     log_flush_s: float = 2.0
+    decode_workers: int | None = None  # processes decoding large bodies; None: one per CPU but one, 1 to 4
 
     @classmethod
     def from_env(cls, public_url: str | None = None) -> Settings:
+        raw = os.environ.get("FLEET_DECODE_WORKERS", "").strip()
+        if raw and not (raw.isdigit() and int(raw) <= 64):
+            raise ConfigError(f"FLEET_DECODE_WORKERS is {raw!r}; expected a whole number from 0 (decode on the "
+                              "event loop) to 64")  # fmt: skip
         return cls(admin_token=os.environ.get("FLEET_ADMIN_TOKEN") or None, public_url=public_url,
-                   gateway_id=gateways.new_id())  # fmt: skip
+                   gateway_id=gateways.new_id(), decode_workers=int(raw) if raw else None)  # fmt: skip
 
 
 class Headers:
     """ASGI middleware: a request id for every request, the fleet headers on every answer,
-    and the request counted once it is answered."""
+    and each request that reached a model endpoint counted once it is answered, labelled
+    with what was established by then (``unknown`` / ``none`` for what was not)."""
 
     def __init__(self, app: ASGIApp, telemetry: Telemetry) -> None:
         self.app, self.telemetry = app, telemetry
@@ -63,9 +60,9 @@ class Headers:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started = time.monotonic()
-        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        given = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
         state = scope.setdefault("state", {})
-        state["request_id"] = given if given and _REQUEST_ID.fullmatch(given) else f"{_ID_PREFIX}{next(_ID_COUNTER):x}"
+        state["request_id"] = given.decode() if given and _REQUEST_ID.fullmatch(given) else new_request_id()
         state.setdefault("model_version", "none")
 
         async def send_with_headers(message: Message) -> None:
@@ -78,7 +75,7 @@ class Headers:
                 if "cache" in state:
                     message["headers"].append((b"x-fleet-cache", state["cache"].encode()))
                 if "model" in state:
-                    self.telemetry.finished(state["model"], state["model_version"], state.get("tenant", "unknown"),
+                    self.telemetry.finished(state["model"], state["model_version"], state.get("tenant", UNKNOWN),
                                             message["status"], (time.monotonic() - started) * 1e3)  # fmt: skip
             await send(message)
 

@@ -1,10 +1,10 @@
 """Shadow traffic: mirror a share of requests to the shadow version, off the request path.
 
 The caller's answer is sent before anything here runs: a request only ``offer``s a job to
-a bounded queue (``put_nowait``; when full the job is dropped and counted). A few worker
-tasks call the shadow version with its own deadline and compare its predicted classes
-with the answer the caller got. A slow or dead shadow therefore costs the caller nothing
-but the enqueue.
+a queue bounded in bytes (the inputs and answers it holds, ``gateway.shadow_queue_mib``);
+a job that does not fit is dropped and counted. A few worker tasks call the shadow version
+with its own deadline and compare its predicted classes with the answer the caller got.
+A slow or dead shadow therefore costs the caller nothing but the enqueue.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from fleet.errors import FleetError
 
 log = logging.getLogger("fleet.gateway.shadow")
 
-QUEUE_SIZE = 1000
+QUEUE_BYTES = 64 * 1024 * 1024
 WORKERS = 8
+JOB_OVERHEAD = 300  # bytes per job beyond its arrays
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,29 +37,35 @@ class ShadowJob:
     served_ms: float
     timeout_s: float
 
+    @property
+    def nbytes(self) -> int:
+        return self.features.nbytes + self.served.nbytes + JOB_OVERHEAD
+
 
 Call = Callable[[str, str, np.ndarray, float, str], "asyncio.Future[np.ndarray]"]
 
 
 class ShadowMirror:
-    def __init__(self, call: Call, on_result: Callable[..., None], queue_size: int = QUEUE_SIZE) -> None:
+    def __init__(self, call: Call, on_result: Callable[..., None], max_bytes: int = QUEUE_BYTES) -> None:
         """``call(model, version, features, deadline, priority)`` asks the shadow version;
         ``on_result(job, outcome, shadow_ms, result, error_class)`` records it (outcome:
         agree, disagree, error, dropped; error_class as in ERROR_CLASSES, for errors)."""
         self._call, self._on_result = call, on_result
-        self._queue: asyncio.Queue[ShadowJob] = asyncio.Queue(maxsize=queue_size)
+        self.max_bytes = max_bytes
+        self.bytes = 0  # held by queued jobs
+        self._queue: asyncio.Queue[ShadowJob] = asyncio.Queue()
         self._workers: list[asyncio.Task[None]] = []
 
     def start(self, workers: int = WORKERS) -> None:
         self._workers = [asyncio.create_task(self._work()) for _ in range(workers)]
 
     def offer(self, job: ShadowJob) -> bool:
-        try:
-            self._queue.put_nowait(job)
-            return True
-        except asyncio.QueueFull:
+        if self.bytes + job.nbytes > self.max_bytes:
             self._on_result(job, "dropped", None, None, None)
             return False
+        self.bytes += job.nbytes
+        self._queue.put_nowait(job)
+        return True
 
     @property
     def depth(self) -> int:
@@ -67,23 +74,27 @@ class ShadowMirror:
     async def _work(self) -> None:
         while True:
             job = await self._queue.get()
-            start = time.monotonic()
             try:
-                result = await self._call(job.model, job.version, job.features, start + job.timeout_s, "batch")
-            except FleetError as exc:
-                log.debug("shadow %s:%s failed: %s", job.model, job.version, exc)
-                kind = getattr(exc, "kind", None)
-                self._on_result(job, "error", (time.monotonic() - start) * 1e3, None, kind)
-                continue
-            except Exception:  # a bug must not kill the worker and silently stop mirroring
-                log.exception("shadow call to %s:%s crashed", job.model, job.version)
-                self._on_result(job, "error", (time.monotonic() - start) * 1e3, None, None)
-                continue
-            shadow_ms = (time.monotonic() - start) * 1e3
-            agreed = result.shape == job.served.shape and bool(
-                np.array_equal(result.argmax(axis=-1), job.served.argmax(axis=-1))
-            )
-            self._on_result(job, "agree" if agreed else "disagree", shadow_ms, result, None)
+                await self._mirror(job)
+            finally:
+                self.bytes -= job.nbytes  # counted until its call is over: it is in memory till then
+
+    async def _mirror(self, job: ShadowJob) -> None:
+        start = time.monotonic()
+        try:
+            result = await self._call(job.model, job.version, job.features, start + job.timeout_s, "batch")
+        except FleetError as exc:
+            log.debug("shadow %s:%s failed: %s", job.model, job.version, exc)
+            kind = getattr(exc, "kind", None)
+            self._on_result(job, "error", (time.monotonic() - start) * 1e3, None, kind)
+            return
+        except Exception:  # a bug must not kill the worker and silently stop mirroring
+            log.exception("shadow call to %s:%s crashed", job.model, job.version)
+            self._on_result(job, "error", (time.monotonic() - start) * 1e3, None, None)
+            return
+        shadow_ms = (time.monotonic() - start) * 1e3
+        agreed = result.shape == job.served.shape and bool(np.array_equal(result.argmax(axis=-1), job.served.argmax(axis=-1)))
+        self._on_result(job, "agree" if agreed else "disagree", shadow_ms, result, None)
 
     async def close(self) -> None:
         for task in self._workers:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from fleet.errors import FleetError
 from fleet.registry import ModelVersion, Registry
 from fleet.routing import RouteTable
-from fleet.tenants import KEY_PREFIX, Tenant
+from fleet.tenants import Quota, Tenant, key_index, lookup
 from fleet.types import ObjectStore, Runtime
 
 log = logging.getLogger("fleet.gateway")
@@ -38,11 +38,8 @@ class Snapshot:
     loaded_at: float = 0.0
 
     def tenant_for(self, api_key: str) -> Tenant | None:
-        """The tenant owning a live ``api_key`` (hash compared in constant time)."""
-        if not api_key.startswith(KEY_PREFIX):
-            return None
-        tenant = self.keys.get(api_key[len(KEY_PREFIX):].split("_", 1)[0])
-        return tenant if tenant is not None and tenant.matches(api_key) else None
+        """The tenant owning a live ``api_key`` (``fleet.tenants.lookup``, the one rule)."""
+        return lookup(self.keys, api_key)
 
 
 class FleetView:
@@ -60,6 +57,15 @@ class FleetView:
         self._records: dict[str, RouteTable | Tenant] = {}
         self._runtime_read_at = 0.0
         self._wake: asyncio.Event | None = None
+        self._default_quotas: dict[str, Quota] = {}
+
+    def use_policies(self, quotas: dict[str, Quota]) -> None:
+        """Quotas from the policies' ``tenants:`` section, for tenants whose record sets none.
+
+        Resolved here, once per snapshot, so a tenant's facts are in one place: the ``Tenant``
+        the snapshot hands out carries the quota that applies to it.
+        """
+        self._default_quotas = dict(quotas)
 
     @property
     def stale(self) -> bool:
@@ -105,7 +111,10 @@ class FleetView:
             for version in table.referenced_versions():
                 cached = self.snapshot.manifests.get((model, version))
                 manifests[model, version] = cached or self.registry.get(model, version)
-        keys = {k.id: t for t in tenant_records.values() for k in t.keys if k.revoked_at is None}  # type: ignore[union-attr]
+        tenants = [t if t.quota is not None or t.name not in self._default_quotas  # type: ignore[union-attr]
+                   else t.model_copy(update={"quota": self._default_quotas[t.name]})  # type: ignore[union-attr]
+                   for t in tenant_records.values()]  # fmt: skip
+        keys = key_index(tenants)  # type: ignore[arg-type]
         self.snapshot = Snapshot(routes, keys, endpoints, manifests, time.time())
         return True
 

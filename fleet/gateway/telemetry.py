@@ -2,8 +2,14 @@
 for canary analysis. Names and labels are the contract in docs/architecture.md.
 
 Each app has its own ``CollectorRegistry`` (several gateways can live in one test process).
-Queue depth is read from the pools at scrape time instead of being kept up to date on
-every request.
+Queue depth and the bytes each bounded buffer holds are read at scrape time instead of
+being kept up to date on every request.
+
+Label values are only ever what is real, so nobody can grow ``/metrics`` by sending
+requests: ``model`` is a model the gateway serves (``unknown`` before that is known, e.g.
+for a request without a valid key or to a model that is not served), ``tenant`` an
+authenticated tenant (``unknown`` otherwise), ``version`` a version routing chose
+(``none`` before).
 """
 
 from __future__ import annotations
@@ -33,8 +39,28 @@ class _QueueDepth(Collector):
         yield family
 
 
+class _Gauges(Collector):
+    """A gauge family whose samples are read from a callable when scraped."""
+
+    def __init__(self, name: str, doc: str, labels: list[str], read: Callable[[], Iterator[tuple[tuple[str, ...], float]]]) -> None:
+        self._name, self._doc, self._labels, self._read = name, doc, labels, read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self._name, self._doc, labels=self._labels)
+        for labels, value in self._read():
+            family.add_metric(list(labels), value)
+        yield family
+
+
+UNKNOWN = "unknown"
+
+
 class Telemetry:
-    def __init__(self, queue_depths: Callable[[], Iterator[tuple[str, str, str, int]]]) -> None:
+    def __init__(
+        self,
+        queue_depths: Callable[[], Iterator[tuple[str, str, str, int]]],
+        buffers: Callable[[], Iterator[tuple[tuple[str, ...], float]]] = lambda: iter(()),
+    ) -> None:
         r = self.registry = CollectorRegistry()
         self.stats = WindowedStats()
         self.requests = Counter("fleet_requests", "Answered requests by HTTP status",
@@ -61,7 +87,15 @@ class Telemetry:
         self.stale = Gauge("fleet_routing_stale", "1 while the store cannot be read (serving the last good state)",
                            registry=r)  # fmt: skip
         self.log_rows = Counter("fleet_inference_log_rows", "Inference log rows", ["model", "outcome"], registry=r)
+        self.auth_failures = Counter("fleet_auth_failures", "Requests refused for a missing, unknown or revoked key",
+                                     ["surface"], registry=r)  # fmt: skip
+        self.rejections = Counter("fleet_upstream_rejections",
+                                  "Inputs a version refused with 4xx: passed on to the caller, not counted against it",
+                                  ["model", "version"], registry=r)  # fmt: skip
+        self.busy = Counter("fleet_decode_refusals", "Large bodies refused because too many were being decoded",
+                            ["scope"], registry=r)  # fmt: skip
         r.register(_QueueDepth(queue_depths))
+        r.register(_Gauges("fleet_buffer_bytes", "Bytes held by each bounded buffer (see its budget)", ["buffer"], buffers))
         self._children: dict[tuple[str, str], tuple] = {}
         self._finished: dict[tuple[str, str, str, int], tuple] = {}
 

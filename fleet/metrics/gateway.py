@@ -9,7 +9,10 @@ than answer for a different range than the one asked. The returned ArmWindow car
 range the gateways actually covered (whole seconds, the current one included).
 
 Every live gateway must answer: a sum that left one out would understate the canary's
-failures, so one unreachable gateway makes the whole read ``MetricsUnavailable``.
+failures, so one unreachable gateway makes the whole read ``MetricsUnavailable`` — and so
+does one whose announced URL is not trusted (``fleet.gateways``: loopback or
+``FLEET_GATEWAY_NETWORKS``). Each is asked with a scoped credential for ``stats`` on that
+gateway, never with the admin token itself.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ class GatewayMetrics:
         self, store: ObjectStore, admin_token: str, *, timeout_s: float = 5.0, clock: Callable[[], float] = time.time
     ) -> None:
         self.store = store
-        self._headers = {"Authorization": f"Bearer {admin_token}"}
+        self._token = admin_token
         self._timeout = httpx.Timeout(timeout_s)
         self._clock = clock
 
@@ -80,16 +83,22 @@ class GatewayMetrics:
             raise MetricsUnavailable(
                 f"no live gateway registered in {self.store.url} (gateways/*.json with a recent heartbeat)"
             )
-        with httpx.Client(timeout=self._timeout, headers=self._headers) as client:
+        networks = gateways.trusted_networks()
+        for g in live:
+            if not gateways.trusted(g, networks):
+                raise MetricsUnavailable(f"gateway {g.id} announces {g.url}, which is not on loopback or in "
+                                         "FLEET_GATEWAY_NETWORKS; its stats are not read (nor summed without it)")  # fmt: skip
+        with httpx.Client(timeout=self._timeout) as client:
             with ThreadPoolExecutor(max_workers=min(16, len(live))) as pool:
-                answers = list(pool.map(lambda g: self._read(client, g.url, model, window_s), live))
+                answers = list(pool.map(lambda g: self._read(client, g, model, window_s), live))
         parts = [_arm(a, model, version) for a in answers]
         return sum_windows(parts, model, version, start, end)
 
-    def _read(self, client: httpx.Client, base_url: str, model: str, window_s: int) -> _Stats:
-        url = f"{base_url.rstrip('/')}/admin/stats/{quote(model, safe='')}"
+    def _read(self, client: httpx.Client, record: gateways.GatewayRecord, model: str, window_s: int) -> _Stats:
+        url = f"{record.url.rstrip('/')}/admin/stats/{quote(model, safe='')}"
         try:
-            r = client.get(url, params={"window_s": window_s})
+            r = client.get(url, params={"window_s": window_s},
+                           headers={"Authorization": gateways.credential(self._token, "stats", record.id)})  # fmt: skip
         except httpx.HTTPError as exc:
             raise MetricsUnavailable(f"gateway at {url} could not be reached: {exc}") from None
         if r.status_code in (401, 403):

@@ -1,0 +1,206 @@
+"""The request path as named steps, run in this order for every protocol:
+
+1. ``authenticate``  the API key → a tenant (401), before any byte of the body is read
+2. ``entitle``       the model is served and the tenant may use it, else it does not
+                     exist (404, the same answer for both); a version named in the path
+                     must be one the tenant may use (404 likewise)
+3. ``admit``         the tenant's quota (429), still before the body
+4. ``decode``        the body, within its byte budget (413), decoded against the schema of
+                     the version it will most likely reach (400 / 413 / 422); large bodies
+                     off the event loop (``fleet.gateway.body``)
+5. ``choose``        routing controls (400) and the version (``fleet.routing``, pure)
+6. ``answer``        prediction cache, then dispatch (``fleet.gateway.dispatch``: slots,
+                     retry on stable, blame) (503 / 504 / 502 / a model's 4xx)
+7. ``record``        shadow offer, inference log, feedback index (``fleet.gateway.record``)
+
+A ``Call`` carries what the steps established; as each fact becomes real it is written to
+the ASGI scope's state, which is what the headers middleware labels metrics with — so a
+metric label is never a name a request merely claimed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fleet.errors import InvalidInput, NotFound, Unauthorized
+from fleet.gateway.body import Decoder
+from fleet.gateway.cache import PredictionCache
+from fleet.gateway.dispatch import Dispatcher
+from fleet.gateway.protocol import Decoded, MalformedBody, conforms
+from fleet.gateway.quota import Quotas
+from fleet.gateway.record import Recorder
+from fleet.gateway.slots import PRIORITIES
+from fleet.gateway.state import FleetView, Snapshot
+from fleet.gateway.telemetry import Telemetry
+from fleet.registry import ModelVersion
+from fleet.routing import Choice, RouteTable, choose_version, usable_versions
+from fleet.spec import ModelSpec, Policies
+from fleet.tenants import Tenant
+
+DEFAULT_SPEC = ModelSpec.model_validate({
+    "family": "unknown", "size_class": "small", "params_millions": 1.0,
+    "autoscaling": {"max_replicas": 1, "target_qps_per_replica": 1.0, "target_p99_ms": 1000.0},
+    "slo": {"p99_ms": 1000.0, "error_rate": 0.01},
+})  # fmt: skip  (a model without a policy: 5 s timeout, 32 in flight per replica, no cache, 10 % logged)
+MAX_CONTROL = 256  # characters of a routing key or other control value
+
+
+def _shown(name: str) -> str:
+    return repr(name if len(name) <= 64 else name[:61] + "...")
+
+
+@dataclass(slots=True)
+class Call:
+    """One request as the steps establish it."""
+
+    model: str
+    requested: str | None  # a version named in the path
+    headers: Mapping[str, str]
+    state: dict[str, Any]  # the ASGI scope's state (request id in; tenant, model, version out)
+    started: float = field(default_factory=time.monotonic)
+    snapshot: Snapshot | None = None
+    tenant: Tenant | None = None
+    table: RouteTable | None = None
+    spec: ModelSpec = DEFAULT_SPEC
+    expected: ModelVersion | None = None  # the version whose schema the body is decoded against
+    routing_key: str = ""
+
+    @property
+    def request_id(self) -> str:
+        return self.state["request_id"]
+
+
+class Pipeline:
+    def __init__(self, view: FleetView, policies: Policies | None, telemetry: Telemetry, quotas: Quotas, decoder: Decoder,
+                 dispatcher: Dispatcher, recorder: Recorder) -> None:  # fmt: skip
+        self.view, self.policies, self.telemetry = view, policies, telemetry
+        self.quotas, self.decoder, self.dispatch, self.recorder = quotas, decoder, dispatcher, recorder
+        self.caches: dict[str, PredictionCache] = {}
+
+    def spec(self, model: str) -> ModelSpec:
+        return self.policies.models.get(model, DEFAULT_SPEC) if self.policies else DEFAULT_SPEC
+
+    # -- 1-3: before the body -------------------------------------------------------------
+    def begin(self, call: Call, *, admit: bool = True) -> Call:
+        """Authenticate, entitle and (for inference) admit; nothing of the body is read yet."""
+        call.state["model"] = "unknown"  # counted from here on, under names that are real only
+        self.authenticate(call)
+        self.entitle(call)
+        if admit:
+            self.quotas.take(call.tenant)  # type: ignore[arg-type]
+        return call
+
+    def authenticate(self, call: Call, surface: str = "inference") -> Tenant:
+        call.snapshot = snap = self.view.snapshot  # the one snapshot this request uses throughout
+        scheme, _, key = call.headers.get("authorization", "").partition(" ")
+        found = snap.tenant_for(key.strip()) if scheme.lower() == "bearer" else None
+        if found is None:
+            self.telemetry.auth_failures.labels(surface).inc()
+            raise Unauthorized("missing, unknown or revoked API key; expected 'Authorization: Bearer <key>'")
+        call.tenant = found
+        call.state["tenant"] = found.name
+        return found
+
+    def entitle(self, call: Call) -> None:
+        snap, tenant = call.snapshot, call.tenant
+        assert snap is not None and tenant is not None
+        table = snap.routes.get(call.model)
+        if table is None or not tenant.allows(call.model):
+            raise NotFound(f"model {_shown(call.model)} is not served here")
+        call.table, call.spec = table, self.spec(call.model)
+        call.state["model"] = call.model
+        if call.requested is not None:
+            usable = usable_versions(table, tenant)
+            if call.requested not in usable:
+                raise NotFound(f"version {_shown(call.requested)} of {call.model} is not served; "
+                               f"versions you may use: {', '.join(sorted(usable)) or 'none'}")  # fmt: skip
+            expected = call.requested
+        else:
+            pin = table.pins.get(tenant.name)
+            expected = pin if pin and tenant.allows(call.model, pin) else table.stable
+        if expected is not None:
+            call.expected = snap.manifests.get((call.model, expected))
+
+    # -- 4: the body ------------------------------------------------------------------------
+    async def decode(self, call: Call, body: bytes, decode: Callable[..., Decoded]) -> Decoded:
+        if call.expected is None:
+            raise NotFound(f"model {call.model} has no stable version to serve")
+        return await self.decoder.run(call.tenant.name, decode, body, call.expected.inputs, call.spec.max_rows)  # type: ignore[union-attr]
+
+    # -- 5: controls and the version --------------------------------------------------------
+    def control(self, call: Call, parameters: dict[str, Any], name: str) -> str | None:
+        value = call.headers.get(f"x-fleet-{name.replace('_', '-')}")
+        if value is None and parameters.get(name) is not None:
+            raw = parameters[name]
+            if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
+                raise MalformedBody(f"parameters.{name} is a JSON {type(raw).__name__}; expected a string or number")
+            value = str(raw)
+        if value is not None and len(value) > MAX_CONTROL:
+            raise MalformedBody(f"{name} is {len(value)} characters long; expected at most {MAX_CONTROL}")
+        return value
+
+    def choose(self, call: Call, decoded: Decoded) -> tuple[Choice, str, float, ModelVersion]:
+        """(the version, priority, timeout in ms, the version's manifest) for this request."""
+        key = self.control(call, decoded.parameters, "routing_key") or call.request_id
+        priority = self.control(call, decoded.parameters, "priority") or "interactive"
+        if priority not in PRIORITIES:
+            raise MalformedBody(f"priority {priority!r} is not known; expected one of {', '.join(PRIORITIES)}")
+        timeout_ms = self.timeout(call, decoded.parameters)
+        call.routing_key = key
+        choice = choose_version(call.table, call.tenant, key, call.requested)  # type: ignore[arg-type]
+        call.state["model_version"] = choice.version
+        manifest = call.snapshot.manifests[call.model, choice.version]  # type: ignore[union-attr]
+        if manifest is not call.expected and not conforms(decoded.features, manifest.inputs):
+            spec = manifest.inputs[0]
+            raise InvalidInput(f"{call.model}:{choice.version} takes {spec.name}: {spec.datatype} {spec.shape}; "
+                               f"got {decoded.features.dtype} {list(decoded.features.shape)}")  # fmt: skip
+        return choice, priority, timeout_ms, manifest
+
+    def timeout(self, call: Call, parameters: dict[str, Any]) -> float:
+        asked = self.control(call, parameters, "timeout_ms")
+        if asked is None:
+            return float(call.spec.timeout_ms)
+        try:
+            value = float(asked)
+        except ValueError:
+            raise MalformedBody(f"X-Fleet-Timeout-Ms {asked[:40]!r} is not a number of milliseconds") from None
+        if not math.isfinite(value) or value <= 0:
+            raise MalformedBody(f"X-Fleet-Timeout-Ms {asked[:40]!r}; expected a positive number of milliseconds")
+        return min(value, float(call.spec.timeout_ms))
+
+    # -- 6-7: the answer and what is kept of it --------------------------------------------
+    async def answer(self, call: Call, decoded: Decoded) -> tuple[str, np.ndarray, ModelVersion]:
+        """(the version that answered, its answer, that version's manifest)."""
+        choice, priority, timeout_ms, manifest = self.choose(call, decoded)
+        model, features, spec = call.model, decoded.features, call.spec
+        cache = self._cache(model, spec)
+        key = PredictionCache.key(choice.version, features) if cache is not None else b""
+        result = cache.get(key) if cache is not None else None
+        if cache is not None:
+            call.state["cache"] = "hit" if result is not None else "miss"
+            self.telemetry.cache.labels(model, call.state["cache"]).inc()
+        version = choice.version
+        if result is None:
+            version, result = await self.dispatch(model, call.table, choice, features, timeout_ms, priority)  # type: ignore[arg-type]
+            if cache is not None and version == choice.version:
+                cache.put(key, result)
+        call.state["model_version"] = version
+        served = call.snapshot.manifests.get((model, version), manifest)  # type: ignore[union-attr]
+        self.recorder.served(model=model, version=version, tenant=call.tenant.name, request_id=call.request_id,  # type: ignore[union-attr]
+                             routing_key=call.routing_key, table=call.table, spec=spec, manifest=served,  # type: ignore[arg-type]
+                             features=features, result=result, total_ms=(time.monotonic() - call.started) * 1e3)  # fmt: skip
+        return version, result, served
+
+    def _cache(self, model: str, spec: ModelSpec) -> PredictionCache | None:
+        if not spec.cache.enabled:
+            return None
+        cache = self.caches.get(model)
+        if cache is None:
+            cache = self.caches[model] = PredictionCache(int(spec.cache.max_mib * 1024 * 1024), spec.cache.ttl_s)
+        return cache

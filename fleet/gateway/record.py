@@ -1,0 +1,38 @@
+"""What the gateway keeps of an answered request, none of which the caller waits for: the
+shadow mirror's offer, the inference-log sample and the request's id for feedback joins.
+
+Each is O(1) on the request path — an enqueue, an append and a dictionary insert — and
+each lands in a buffer bounded in bytes (``fleet.gateway.shadow``, ``fleet.inference_log``,
+``fleet.feedback.LoggedRequests``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+
+from fleet.feedback import LoggedRequests
+from fleet.gateway.shadow import ShadowJob, ShadowMirror
+from fleet.inference_log import InferenceLog, Sample, feature_names
+from fleet.registry import ModelVersion
+from fleet.routing import RouteTable, should_shadow
+from fleet.spec import ModelSpec
+
+
+class Recorder:
+    def __init__(self, mirror: ShadowMirror, log: InferenceLog, logged: LoggedRequests) -> None:
+        self.mirror, self.log, self.logged = mirror, log, logged
+
+    def served(self, *, model: str, version: str, tenant: str, request_id: str, routing_key: str, table: RouteTable,
+               spec: ModelSpec, manifest: ModelVersion, features: np.ndarray, result: np.ndarray, total_ms: float) -> None:  # fmt: skip
+        if table.shadow is not None and table.shadow.version != version and should_shadow(table, routing_key):
+            self.mirror.offer(ShadowJob(model, table.shadow.version, version, features, result, total_ms,
+                                        spec.timeout_ms / 1000))  # fmt: skip
+        if spec.inference_log.sample_rate and random.random() < spec.inference_log.sample_rate:
+            rows = len(features)
+            names = feature_names(manifest.baseline_profile, features.shape[-1] if features.ndim == 2 else 1)
+            self.log.record(Sample(time.time(), request_id, model, version, tenant, total_ms,
+                                   features.reshape(rows, -1), result.reshape(rows, -1), names))  # fmt: skip
+            self.logged.remember(model, tenant, request_id, rows)

@@ -1,0 +1,92 @@
+"""The REST adapters: Open Inference Protocol v2 and KServe v1 over HTTP, model metadata and
+readiness, and feedback. Each only parses, calls the pipeline's steps in order and
+serializes; every decision is in ``fleet.gateway.pipeline`` and the modules it names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from fleet import feedback as labels
+from fleet.errors import NotFound
+from fleet.gateway import body as bodies
+from fleet.gateway import protocol
+from fleet.gateway.admin import json_response
+from fleet.gateway.pipeline import Call, Pipeline
+from fleet.routing import choose_version, usable_versions
+from fleet.types import ObjectStore
+
+JSON = "application/json"
+
+
+class Rest:
+    def __init__(self, pipeline: Pipeline, store: ObjectStore, gateway_id: str, max_body_bytes: int,
+                 logged: labels.LoggedRequests) -> None:  # fmt: skip
+        self.pipeline, self.store, self.gateway_id = pipeline, store, gateway_id
+        self.max_body_bytes, self.logged = max_body_bytes, logged
+
+    def _call(self, request: Request, model: str, version: str | None = None) -> Call:
+        return Call(model=model, requested=version, headers=request.headers, state=request.scope["state"])
+
+    async def infer_v2(self, request: Request) -> Response:
+        call = self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")))
+        raw = await bodies.read(request, self.max_body_bytes)
+        decoded = await self.pipeline.decode(call, raw, protocol.decode_v2)
+        version, result, manifest = await self.pipeline.answer(call, decoded)
+        body = protocol.v2_response(call.model, version, decoded.id or call.request_id, manifest.outputs, result)
+        return Response(body, media_type=JSON)
+
+    async def predict_v1(self, request: Request) -> Response:
+        model, sep, verb = request.path_params["target"].rpartition(":")
+        if not sep or verb != "predict":
+            raise NotFound("no such route; expected POST /v1/models/<model>:predict")
+        call = self.pipeline.begin(self._call(request, model))
+        raw = await bodies.read(request, self.max_body_bytes)
+        decoded = await self.pipeline.decode(call, raw, protocol.decode_v1)
+        _, result, _ = await self.pipeline.answer(call, decoded)
+        return Response(protocol.v1_response(result), media_type=JSON)
+
+    async def model_metadata(self, request: Request) -> Response:
+        call = self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")),
+                                   admit=False)  # fmt: skip
+        if call.expected is None:
+            raise NotFound(f"model {call.model} has no stable version to serve")
+        manifest = call.expected
+        return json_response({
+            "name": call.model,
+            "versions": sorted(usable_versions(call.table, call.tenant)),  # type: ignore[arg-type]
+            "platform": f"bentoml_{manifest.framework}",
+            "inputs": [s.model_dump() for s in manifest.inputs],
+            "outputs": [s.model_dump() for s in manifest.outputs],
+        })  # fmt: skip
+
+    async def model_ready(self, request: Request) -> Response:
+        call = self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")),
+                                   admit=False)  # fmt: skip
+        choice = choose_version(call.table, call.tenant, call.request_id, call.requested)  # type: ignore[arg-type]
+        ready = bool(call.snapshot.endpoints.get((call.model, choice.version)))  # type: ignore[union-attr]
+        return json_response({"name": call.model, "version": choice.version, "ready": ready}, 200 if ready else 503)
+
+    async def feedback(self, request: Request) -> Response:
+        """Labels for earlier (sampled) requests of this tenant; unknown ones are reported."""
+        call = self._call(request, "")
+        call.state["model"] = "unknown"
+        tenant = self.pipeline.authenticate(call)  # before a byte of the body is read
+        raw = await bodies.read(request, self.max_body_bytes)
+        model, given = labels.parse(protocol.parse_json(raw))
+        call.model = model
+        self.pipeline.entitle(call)  # a model the tenant may not use looks like one that does not exist
+        outputs = call.expected.outputs[0].shape if call.expected else [-1]
+        labels.check_classes(given, outputs[-1] if outputs[-1] > 0 else 2**31)
+        wanted = {(x.request_id, x.row) for x in given}
+        owned = await asyncio.to_thread(self.logged.owned, model, tenant.name, wanted)
+        accepted = [x for x in given if (x.request_id, x.row) in owned]
+        unknown = [{"request_id": x.request_id, "row": x.row} for x in given if (x.request_id, x.row) not in owned]
+        if accepted:
+            await asyncio.to_thread(labels.write, self.store, model, tenant.name, accepted, self.gateway_id)
+        body = {"model": model, "accepted": len(accepted), "unknown": unknown,
+                "note": "labels join requests the inference log sampled, of your tenant, from the last 24 h"}  # fmt: skip
+        return json_response(body, 200 if accepted else 404)
