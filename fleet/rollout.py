@@ -15,6 +15,16 @@ Invariant: routing never points at a version that is not running. The canary is 
 and ready before it gets weight; a rollback moves traffic first and undeploys after; the
 previous stable is undeployed only after the rollback window, and only if nothing routes
 to it any more.
+
+One writer per rollout. Before every route change and every state write the ``guard`` is
+asked (the flow passes its lease's ``check``: it raises once the lease is lost or about to
+be). State writes are conditional on the ETag this ``Rollout`` last read or wrote, and a
+route change first checks that ETag is still the stored one: a second run that wrote the
+state makes this one's next act raise ``Conflict`` before it routes anything. A route change
+is itself conditional on the route being as the rollout left it (the champion stable, the
+canary absent before the first step and this version after): a route someone else changed
+meanwhile — `fleet rollback` during a long deploy, say — is never overwritten; the rollout
+ends as changed elsewhere.
 """
 
 from __future__ import annotations
@@ -22,17 +32,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fleet import analysis, audit, gateways, records
-from fleet.errors import Conflict, FleetError, InvalidInput
+from fleet.errors import Conflict, FleetError, InvalidInput, NotFound, PreconditionFailed
 from fleet.metrics import MetricsUnavailable
 from fleet.registry import ModelVersion, Registry, State
 from fleet.rollback import rollback
 from fleet.router import Router
+from fleet.routing import Canary, RouteTable, Shadow
 from fleet.spec import RolloutPolicy
 from fleet.types import ArmWindow, MetricsSource, ObjectStore, Runtime
 from fleet.validation import explain
@@ -40,12 +51,24 @@ from fleet.validation import explain
 Phase = Literal["preflight", "deploy", "shadow", "step", "approval", "promote", "promoted", "rolled_back", "rejected"]
 TERMINAL = frozenset({"promoted", "rolled_back", "rejected"})
 BASELINE_S = 300  # the stable's traffic before the rollout that the 100 % step is judged against
+# The rollout lease is renewed by a heartbeat every third of this, whatever the step (deploy,
+# packaging, a pause for approval), so it need not outlast any step: it only says how soon a
+# holder that died on another host is replaced (on the same host, at once).
+LEASE_TTL = timedelta(seconds=30)
 
 
 class RolloutFailed(FleetError):
     """The rollout ended without promoting; the message names the breached gate."""
 
     status = 409
+
+
+class _RouteMoved(Exception):
+    """The route is no longer as the rollout left it; carries what to end the rollout with."""
+
+    def __init__(self, state: RolloutState, table: RouteTable) -> None:
+        super().__init__(f"route of {table.model} changed outside the rollout")
+        self.state, self.table = state, table
 
 
 class StepReport(BaseModel):
@@ -126,34 +149,83 @@ class Rollout:
         notify: Callable[[ObjectStore], object] = gateways.notify,
         emit: Callable[[str, dict[str, Any]], None] = lambda event, payload: None,
         who: str = "",
+        guard: Callable[[], None] = lambda: None,
     ) -> None:
+        """``guard`` is called before every route change and state write and raises
+        (``Conflict``) when this run may no longer act: the flow passes its lease's ``check``."""
         self.store, self.runtime, self.metrics, self.policy = store, runtime, metrics, policy
         self.registry = Registry(store)
         self.router = Router(store, self.registry)
         self.clock, self.notify, self.emit = clock, notify, emit
         self.who = who or audit.actor()
+        self.guard = guard
+        self._etags: dict[str, str | None] = {}  # model → ETag of the state this run last read or wrote
 
     # -- state --------------------------------------------------------------------------
     def load(self, model: str) -> RolloutState | None:
         return records.load_or_none(self.store, state_key(model), RolloutState)[0]
 
+    def _read(self, model: str) -> RolloutState | None:
+        """The stored state, whose ETag the next write of this run is conditional on."""
+        state, self._etags[model] = records.load_or_none(self.store, state_key(model), RolloutState)
+        return state
+
     def _save(self, state: RolloutState, **changes: Any) -> RolloutState:
+        self.guard()
         new = state.model_copy(update={**changes, "updated_at": audit.now()})
-        self.store.put(state_key(state.model), records.dump(new))  # only the lease holder writes it
+        etag = self._etags.get(state.model)
+        condition: dict[str, Any] = {"if_match": etag} if etag else {"if_none_match": True}
+        try:
+            self._etags[state.model] = self.store.put(state_key(state.model), records.dump(new), **condition)
+        except PreconditionFailed:
+            raise self._taken(state) from None
         return new
+
+    def _owned(self, state: RolloutState) -> None:
+        """Return if this run may still act on ``state``'s model, else raise ``Conflict``:
+        the guard passes and the stored state is still the one this run last read or wrote."""
+        self.guard()
+        try:
+            etag: str | None = self.store.get(state_key(state.model)).etag
+        except NotFound:
+            etag = None
+        if etag != self._etags.get(state.model):
+            raise self._taken(state)
+
+    def _taken(self, state: RolloutState) -> Conflict:
+        return Conflict(f"{state_key(state.model)} was changed by another run since run {state.run_id} of "
+                        f"{state.model}:{state.version} last read or wrote it; expected to be its only writer, "
+                        "this run stops without routing or writing anything more")  # fmt: skip
 
     def _event(self, name: str, state: RolloutState, **extra: Any) -> None:
         self.emit(f"fleet.rollout.{name}", {"model": state.model, "version": state.version, "phase": state.phase,
                                             "weight": state.weight, "run_id": state.run_id, **extra})  # fmt: skip
 
-    def _route(self, state: RolloutState, why: str, **changes: Any) -> None:
-        self.router.set(state.model, why=f"rollout of {state.version}: {why}", who=self.who, **changes)
+    def _route(self, state: RolloutState, why: str, **fields: Any) -> None:
+        """Set ``fields`` of the route table, only while this run owns the rollout and only
+        if the route is still as the rollout left it (else ``_RouteMoved``, nothing written)."""
+        self._owned(state)
+
+        def change(table: RouteTable) -> RouteTable:
+            canary = table.canary.version if table.canary else None
+            if table.stable != state.champion or canary != (state.version if state.step >= 0 else None):
+                raise _RouteMoved(state, table)
+            return RouteTable.model_validate({**table.model_dump(), **fields})
+
+        self.router.update(state.model, change, why=f"rollout of {state.version}: {why}", who=self.who)
         self.notify(self.store)
+
+    def _unless_moved(self, act: Callable[[], RolloutState]) -> RolloutState:
+        """``act()``, or the rollback that ends the rollout if the route moved under it."""
+        try:
+            return act()
+        except _RouteMoved as moved:
+            return self._ended_elsewhere(moved.state, moved.table)
 
     # -- begin / resume -----------------------------------------------------------------
     def begin(self, model: str, version: str, run_id: str) -> RolloutState:
         """Start a rollout, or resume the stored one of the same version; call under the lease."""
-        stored = self.load(model)
+        stored = self._read(model)
         if stored is not None and stored.phase == "promoted" and stored.version == version:
             if self.router.get(model).stable == version:
                 return stored  # run again after it finished: nothing left to do
@@ -227,9 +299,12 @@ class Rollout:
         except FleetError as exc:
             return self._rollback(state, f"the canary did not start: {exc}", ["deploy"])
         self._event("deployed", state)
+        return self._unless_moved(lambda: self._first_arm(state))
+
+    def _first_arm(self, state: RolloutState) -> RolloutState:
         if self.policy.shadow_percent > 0 and self.policy.shadow_duration_s > 0:
-            self._route(state, f"shadow {self.policy.shadow_percent:g}%", shadow=state.version,
-                        shadow_percent=self.policy.shadow_percent)  # fmt: skip
+            shadow = Shadow(version=state.version, percent=self.policy.shadow_percent)
+            self._route(state, f"shadow {self.policy.shadow_percent:g}%", shadow=shadow.model_dump())
             now = self.clock()
             report = StepReport(phase="shadow", weight=0.0, started=now)
             return self._save(state, phase="shadow", step_started=now, reports=[*state.reports, report])
@@ -251,7 +326,8 @@ class Rollout:
             recent = self.metrics.window(state.model, state.champion, now - BASELINE_S, now)
             if recent.requests >= self.policy.min_samples or weight >= 100:
                 state = self._save(state, baseline=asdict(recent))
-        self._route(state, f"step {step + 1}/{len(self.policy.steps)} at {weight:g}%", canary=state.version, weight=weight)
+        canary = Canary(version=state.version, weight=weight)
+        self._route(state, f"step {step + 1}/{len(self.policy.steps)} at {weight:g}%", canary=canary.model_dump())
         now = self.clock()
         report = StepReport(phase="step", weight=weight, started=now)
         state = self._save(state, phase="step", step=step, weight=weight, step_started=now,
@@ -309,9 +385,12 @@ class Rollout:
         if stable.requests > (baseline or {}).get("requests", 0):
             baseline = asdict(stable)
         state = self._save(state, reports=[*state.reports[:-1], closed], baseline=baseline)
+        return self._unless_moved(lambda: self._advance(state)), verdict
+
+    def _advance(self, state: RolloutState) -> RolloutState:
         if state.phase == "shadow":
-            self._route(state, "shadow phase passed", clear_shadow=True)
-        return self._next_step(state), verdict
+            self._route(state, "shadow phase passed", shadow=None)
+        return self._next_step(state)
 
     def approve(self, state: RolloutState, approved: bool, by: str, note: str = "") -> RolloutState:
         if state.phase != "approval":
@@ -319,11 +398,15 @@ class Rollout:
         if not approved:
             return self._rollback(state, f"not approved by {by}{': ' + note if note else ''}", ["approval"])
         self._event("approved", state, by=by)
-        return self._next_step(state)
+        return self._unless_moved(lambda: self._next_step(state))
 
     # -- endings --------------------------------------------------------------------------
     def promote(self, state: RolloutState) -> RolloutState:
-        self._route(state, "promoted: every step passed", stable=state.version, clear_shadow=_shadowed(self.router, state))
+        return self._unless_moved(lambda: self._promote(state))
+
+    def _promote(self, state: RolloutState) -> RolloutState:
+        shadow = {"shadow": None} if _shadowed(self.router, state) else {}
+        self._route(state, "promoted: every step passed", stable=state.version, canary=None, **shadow)
         state = self._save(state, phase="promoted", weight=100.0, reason="every step passed")
         self._event("promoted", state, previous=state.champion)
         return state
@@ -337,6 +420,7 @@ class Rollout:
         return True
 
     def _rollback(self, state: RolloutState, reason: str, breached: list[str]) -> RolloutState:
+        self._owned(state)
         table = self.router.get(state.model)
         if table.canary is not None and table.canary.version == state.version:
             rollback(self.router, state.model, why=f"rollout of {state.version}: {reason}", who=self.who)

@@ -3,7 +3,10 @@ steps → approval → promote, or roll back; the Prefect flow composes ``fleet.
 
 Every decision and every write is in ``fleet.rollout.Rollout``; this module only orders
 the calls, sleeps between ticks, holds the rollout lease, asks for approval through a
-Prefect pause, and reports: a table artifact of every step's gates after each tick, a
+Prefect pause, and reports. The lease is kept alive by a heartbeat for the whole run —
+through a deploy that packages and waits for readiness, and through the approval pause —
+and is the ``Rollout``'s guard, so a run that lost it stops before its next route change
+or state write. Reports: a table artifact of every step's gates after each tick, a
 markdown summary at the end, and ``fleet.rollout.*`` events. A rollback ends the run
 Failed with a message that names the breached gate; it is never reported as a success.
 
@@ -14,7 +17,6 @@ Failed with a message that names the breached gate; it is never reported as a su
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from typing import Any
 
 from prefect import flow, get_run_logger, pause_flow_run, task
@@ -24,7 +26,8 @@ from prefect.input import RunInput
 from prefect.states import Completed, Failed, State
 
 from fleet import leases
-from fleet.rollout import Rollout, RolloutState, apply_overrides, lease_key
+from fleet.errors import Conflict
+from fleet.rollout import LEASE_TTL, Rollout, RolloutState, apply_overrides, lease_key
 from flows._context import emit, fleet_context, run_id
 
 
@@ -34,11 +37,6 @@ class Approval(RunInput):
     approve: bool
     note: str = ""
     by: str = "someone"
-
-
-def _lease_stale_after(rollout: Rollout) -> timedelta:
-    # a holder renews once a tick; three missed ticks (and a margin) mean it died
-    return timedelta(seconds=3 * rollout.policy.analysis_window_s + 30)
 
 
 @task(name="preflight", cache_policy=NO_CACHE)
@@ -51,7 +49,19 @@ def deploy(rollout: Rollout, state: RolloutState) -> RolloutState:
     return rollout.deploy(state)
 
 
-@task(name="analysis tick", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def _retry_unless_conflict(task: Any, task_run: Any, state: State) -> bool:  # noqa: ANN401 - Prefect's hook signature
+    """A tick that lost its lease or its state to another run would lose again: fail at once."""
+    try:
+        state.result()
+    except Conflict:
+        return False
+    except Exception:  # noqa: BLE001 - anything else (the store blinked) is worth the retries
+        return True
+    return True
+
+
+@task(name="analysis tick", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2,
+      retry_condition_fn=_retry_unless_conflict)  # fmt: skip
 def tick(rollout: Rollout, state: RolloutState) -> RolloutState:
     new, verdict = rollout.tick(state)
     logger = get_run_logger()
@@ -97,27 +107,30 @@ def canary_rollout(model: str, version: str, **policy_overrides: Any) -> State:
     logger = get_run_logger()
     ctx = fleet_context()
     policy = apply_overrides(ctx.policies.rollout_for(model), policy_overrides)
-    rollout = Rollout(ctx.store, ctx.runtime, ctx.metrics, policy, emit=emit, who=f"flow run {run_id()}")
     lease = leases.acquire(ctx.store, lease_key(model), what=f"the rollout of {model}", who=f"flow run {run_id()}",
-                           stale_after=_lease_stale_after(rollout))  # fmt: skip
+                           stale_after=LEASE_TTL)  # fmt: skip
+    rollout = Rollout(ctx.store, ctx.runtime, ctx.metrics, policy, emit=emit, who=f"flow run {run_id()}",
+                      guard=lease.check)  # fmt: skip
     try:
-        state = rollout.begin(model, version, run_id())
-        if state.phase == "preflight":
-            state = preflight(rollout, state)
-        if state.phase == "deploy":
-            state = deploy(rollout, state)
-        while state.phase in ("shadow", "step", "approval"):
-            lease.renew()
-            if state.phase == "approval":
-                logger.info("waiting for approval before 100%%: fleet rollout approve %s", model)
-                answer = pause_flow_run(wait_for_input=Approval, timeout=int(policy.hold_deadline_s), key=f"approve-{model}")
-                state = rollout.approve(state, answer.approve, answer.by, answer.note) if answer else rollout.approve(
-                    state, False, "nobody", f"no answer within {policy.hold_deadline_s:g} s")  # fmt: skip
-                continue
-            time.sleep(policy.analysis_window_s)
-            state = tick(rollout, state)
-        if state.phase == "promote":
-            state = promote(rollout, state)
+        with lease.kept_alive():
+            state = rollout.begin(model, version, run_id())
+            if state.phase == "preflight":
+                state = preflight(rollout, state)
+            if state.phase == "deploy":
+                state = deploy(rollout, state)
+            while state.phase in ("shadow", "step", "approval"):
+                if state.phase == "approval":
+                    logger.info("waiting for approval before 100%%: fleet rollout approve %s", model)
+                    silence = Approval(approve=False, by="nobody",
+                                       note=f"no answer within {policy.hold_deadline_s:g} s")  # fmt: skip
+                    answer = pause_flow_run(wait_for_input=Approval, timeout=int(policy.hold_deadline_s),
+                                            key=f"approve-{model}") or silence  # fmt: skip
+                    state = rollout.approve(state, answer.approve, answer.by, answer.note)
+                    continue
+                time.sleep(policy.analysis_window_s)
+                state = tick(rollout, state)
+            if state.phase == "promote":
+                state = promote(rollout, state)
     finally:
         lease.release()
     create_markdown_artifact(key=f"rollout-{model}-summary", markdown=_summary(state),

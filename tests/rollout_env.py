@@ -21,19 +21,25 @@ MODEL = "demo-classifier"
 # Small, fast steps for tests: every knob the policy has, scaled to seconds.
 FAST = {
     "steps": [20, 50, 100], "analysis_window_s": 2, "min_samples": 40, "hold_deadline_s": 90,
-    "bake_time_s": 0, "rollback_window_s": 1, "shadow_percent": 0, "shadow_duration_s": 0,
+    "rollback_window_s": 1, "shadow_percent": 0, "shadow_duration_s": 0,
     "gates": {"max_error_rate_increase": 0.03, "confidence": 0.95, "max_p99_ratio": 3.0, "max_prediction_psi": 0.2},
 }  # fmt: skip
 
 
 @dataclass
 class Load:
-    """Requests at a steady rate through the gateway, from a few threads; counts what callers saw."""
+    """Requests at a steady rate through the gateway, from a few threads; counts what callers saw.
+
+    ``version``: ask for that version by name instead of letting the split choose. ``seed``
+    offsets each thread's inputs, so two loads at once do not answer each other from the cache.
+    """
 
     url: str
     key: str
     rps: float
     threads: int = 4
+    version: str | None = None
+    seed: int = 0
     ok: int = 0
     failures: list[str] = field(default_factory=list)
     by_version: dict[str, int] = field(default_factory=dict)
@@ -48,7 +54,8 @@ class Load:
         return self
 
     def _run(self, worker: int) -> None:
-        rng = np.random.default_rng(worker)
+        rng = np.random.default_rng(self.seed + worker)
+        path = f"/v2/models/{MODEL}" + (f"/versions/{self.version}" if self.version else "") + "/infer"
         with httpx.Client(base_url=self.url, timeout=30) as client:
             i = 0
             while not self._stop.is_set():
@@ -56,7 +63,7 @@ class Load:
                 data = rng.normal(size=4).round(3).tolist()
                 body = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": data}]}
                 try:
-                    r = client.post(f"/v2/models/{MODEL}/infer", json=body, headers={
+                    r = client.post(path, json=body, headers={
                         "Authorization": f"Bearer {self.key}", "X-Fleet-Routing-Key": f"user-{worker}-{i}"})  # fmt: skip
                     outcome = None if r.status_code == 200 else f"{r.status_code} {r.text[:120]}"
                     version = r.headers.get("x-fleet-model-version", "none")

@@ -3,6 +3,7 @@ in-memory metrics and a clock the test moves (the end-to-end flow is in test_rol
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from fleet.errors import Conflict, InvalidInput
 from fleet.metrics import MemoryMetrics
 from fleet.registry import Registry, State, TensorSpec, VersionMetadata
-from fleet.rollout import Rollout, apply_overrides
+from fleet.rollout import Rollout, RolloutState, apply_overrides, state_key
 from fleet.router import Router
 from fleet.spec import load_policies
 from fleet.store import MemoryStore
@@ -35,8 +36,10 @@ class FakeRuntime:
     def __init__(self, store: MemoryStore) -> None:
         self.store, self.running, self.fail = store, {"1.0.0"}, False
         self.log: list[str] = []
+        self.while_deploying: Callable[[], object] = lambda: None  # what happens elsewhere meanwhile
 
     def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment:
+        self.while_deploying()
         if self.fail:
             from fleet.runtime.local import DeployFailed
 
@@ -269,3 +272,56 @@ def test_a_rollout_straight_to_100_is_judged_against_the_stables_recent_traffic(
     state = r.promote(state)
     again = r.begin(MODEL, "1.1.0", "run-2")  # run again after the promotion: nothing to do
     assert (again.phase, again.run_id) == ("promoted", "run-1")
+
+
+def stored(w: dict) -> RolloutState:
+    return RolloutState.model_validate_json(w["store"].get(state_key(MODEL)).data)
+
+
+def test_a_run_whose_guard_refuses_routes_and_writes_nothing_more(world: dict) -> None:
+    """The flow's guard is its lease's check: once the lease is lost, the run stops dead."""
+    r, router = world["rollout"], world["router"]
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    before, revision = stored(world), router.get(MODEL).revision
+
+    def lost() -> None:
+        raise Conflict("the rollout of demo: lost the lease")
+
+    r.guard = lost
+    traffic(world, {"1.0.0": (20, 0, 10), "1.1.0": (20, 0, 10)})
+    with pytest.raises(Conflict, match="lost the lease"):
+        r.tick(state)
+    with pytest.raises(Conflict, match="lost the lease"):
+        r.promote(state)
+    with pytest.raises(Conflict, match="lost the lease"):
+        r.approve(state.model_copy(update={"phase": "approval"}), False, "ops")  # a rollback is a route change too
+    assert stored(world) == before and router.get(MODEL).revision == revision
+    assert router.get(MODEL).canary.weight == 10 and world["runtime"].log == ["deploy 1.1.0"]
+
+
+def test_a_second_run_that_wrote_the_state_stops_the_first_before_it_routes(world: dict) -> None:
+    r, router = world["rollout"], world["router"]
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    second = Rollout(world["store"], world["runtime"], world["metrics"], r.policy, clock=world["clock"],
+                     notify=lambda s: None, who="test")  # fmt: skip
+    second.begin(MODEL, "1.1.0", "run-2")  # took the rollout over (resumed it)
+    revision = router.get(MODEL).revision
+    traffic(world, {"1.0.0": (20, 0, 10), "1.1.0": (20, 0, 10)})
+    with pytest.raises(Conflict, match=r"rollouts/demo.json was changed by another run since run run-1"):
+        r.tick(state)  # its state write is conditional: it loses, and routes nothing after
+    with pytest.raises(Conflict, match="changed by another run"):
+        r.promote(state)  # a route change first checks the state is still the one it wrote
+    assert router.get(MODEL).revision == revision and router.get(MODEL).canary.weight == 10
+    assert stored(world).run_id == "run-2" and stored(world).reports[-1].ticks == 0
+
+
+def test_a_route_changed_during_a_long_deploy_is_not_overwritten(world: dict) -> None:
+    """An operator's change made while the canary deploys wins; the rollout ends, rolled back."""
+    r, router = world["rollout"], world["router"]
+    world["runtime"].while_deploying = lambda: router.set(MODEL, canary="1.2.0", weight=5, why="hotfix by hand")
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    assert state.phase == "rolled_back" and state.breached == ["route"] and "hotfix by hand" in state.reason
+    table = router.get(MODEL)
+    assert (table.stable, table.canary.version, table.canary.weight) == ("1.0.0", "1.2.0", 5)
+    assert world["registry"].states(MODEL)["1.1.0"] == State.REJECTED
+    assert world["runtime"].log == ["deploy 1.1.0", "undeploy 1.1.0"]
