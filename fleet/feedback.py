@@ -148,9 +148,10 @@ class LoggedRequests:
         import pyarrow.parquet as pq
 
         table = pq.read_table(io.BytesIO(self.store.get(key).data), columns=["request_id", "row", "tenant"])
-        index: dict[tuple[str, str], int] = {}
-        for rid, row, tenant in zip(*(table.column(c).to_pylist() for c in ("request_id", "row", "tenant"))):
-            index[tenant, rid] = max(index.get((tenant, rid), 0), int(row) + 1)
+        # grouped by Arrow: one Python object per request, not three per row (a 10,000-row
+        # request would otherwise hold the GIL, and the gateway's loop, for tens of ms)
+        grouped = table.group_by(["tenant", "request_id"]).aggregate([("row", "max")])
+        index = {(t, r): int(m) + 1 for t, r, m in zip(*(grouped.column(c).to_pylist() for c in ("tenant", "request_id", "row_max")))}
         size = sum(_ENTRY_BYTES + len(t) + len(r) for t, r in index) + len(key)
         with self._lock:
             if size <= self.max_bytes // 2:

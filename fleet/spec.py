@@ -153,6 +153,7 @@ class GatewaySpec(_Spec):
     """
 
     max_body_mib: float = Field(4.0, gt=0.0, le=256.0)  # an inference or feedback request body (413)
+    inflight_body_mib: float = Field(64.0, gt=0.0)  # all bodies held at once; a tenant gets half (503 / 429)
     admin_max_body_kib: float = Field(64.0, gt=0.0, le=4096.0)  # an admin API request body (413)
     shadow_queue_mib: float = Field(64.0, gt=0.0)  # inputs and answers waiting to be mirrored
     inference_log_buffer_mib: float = Field(64.0, gt=0.0)  # sampled rows not yet written to the store

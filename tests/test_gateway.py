@@ -365,3 +365,20 @@ def test_admin_api_needs_the_token_and_runs_the_cli_operations(env) -> None:
         assert adm.post("/admin/tenants/newco/revoke", json={}).status_code == 200
         wait_for(lambda: infer(httpx.Client(base_url=url), key).status_code == 401, what="the revoked key refused")
         assert adm.post(f"/admin/routes/{MODEL}/rollback", json={"reason": "x", "to_version": "9.9.9"}).status_code == 422
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
+def test_a_gateway_leaves_no_decode_worker_behind(env, stop: signal.Signals) -> None:
+    """Its decode workers once outlived every gateway; stopped cleanly or killed, they go with it."""
+    from fleet.processes import alive, tree
+
+    e = env()
+    e.one_version()
+    gateway = e.procs[-1]  # the last process started
+    wait_for(lambda: len(tree(gateway.pid)) >= 2, timeout=30, what="the decode worker started")
+    workers = [p for p in tree(gateway.pid) if p != gateway.pid]
+    assert workers and all(alive(p, b"multiprocessing") for p in workers)
+    gateway.send_signal(stop)
+    gateway.wait(timeout=30)
+    wait_for(lambda: not any(alive(p, b"multiprocessing") for p in workers), timeout=10,
+             what=f"the decode workers gone after {stop.name}")  # fmt: skip

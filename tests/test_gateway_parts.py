@@ -266,3 +266,21 @@ def test_notify_sends_a_scoped_credential_never_the_token_and_skips_untrusted_re
         assert len(seen) == 1 and token not in seen[0] and gateways.verify(seen[0], token, "refresh", "real")
     finally:
         server.shutdown()
+
+
+def test_bodies_in_flight_are_bounded_in_all_and_per_tenant() -> None:
+    from fleet.gateway.body import BodyBudget, DecodeBusy
+
+    budget = BodyBudget(max_bytes=8_000)
+    with budget.holding("a") as first, budget.holding("a") as second:
+        first.add(3_000)
+        with pytest.raises(DecodeBusy, match="tenant 'a' has .* over its share") as info:
+            second.add(1_500)  # 4,500 of a's 4,000
+        assert info.value.status == 429
+        with budget.holding("b") as third, budget.holding("c") as fourth:
+            third.add(3_500)
+            with pytest.raises(DecodeBusy, match="the gateway holds .* its budget") as info:
+                fourth.add(2_000)  # 8,500 of 8,000 in all
+            assert info.value.status == 503
+        assert budget.held == 3_000  # what b and c held is given back when their requests end
+    assert budget.held == 0 and budget._tenants == {}

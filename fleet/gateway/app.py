@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -30,7 +31,7 @@ from fleet import __version__, audit, gateways
 from fleet.errors import FleetError
 from fleet.feedback import LoggedRequests
 from fleet.gateway.admin import admin_routes, json_response
-from fleet.gateway.body import DecodeBusy, Decoder
+from fleet.gateway.body import BodyBudget, DecodeBusy, Decoder
 from fleet.gateway.dispatch import Dispatcher
 from fleet.gateway.http import Headers, Settings
 from fleet.gateway.pipeline import Pipeline
@@ -60,8 +61,8 @@ def create_app(
 ) -> ASGIApp:
     settings = settings or Settings(gateway_id=gateways.new_id())
     limits = policies.gateway if policies else GatewaySpec()
-    upstreams = Upstreams()
     decoder = decoder or Decoder(settings.decode_workers)
+    upstreams = Upstreams(decoder.answer)
     pipeline: Pipeline | None = None
 
     def buffers() -> Iterator[tuple[tuple[str, ...], float]]:
@@ -69,6 +70,7 @@ def create_app(
         yield ("inference_log",), inference_log.buffered_bytes
         yield ("feedback_index",), logged.bytes
         yield ("prediction_cache",), sum(c.bytes for c in pipeline.caches.values()) if pipeline else 0
+        yield ("request_bodies",), in_flight.held
 
     telemetry = Telemetry(lambda: _queue_depths(upstreams), buffers)
     inference_log = InferenceLog(
@@ -94,7 +96,8 @@ def create_app(
     mirror = ShadowMirror(upstreams.predict, on_shadow, max_bytes=limits.mib(limits.shadow_queue_mib))
     pipeline = Pipeline(view, policies, telemetry, Quotas(quota or TokenBuckets(), telemetry), decoder,
                         Dispatcher(upstreams, telemetry), Recorder(mirror, inference_log, logged))  # fmt: skip
-    rest = Rest(pipeline, view.store, settings.gateway_id, limits.mib(limits.max_body_mib), logged)
+    in_flight = BodyBudget(limits.mib(limits.inflight_body_mib))
+    rest = Rest(pipeline, view.store, settings.gateway_id, limits.mib(limits.max_body_mib), logged, in_flight)
 
     async def heartbeat(record: gateways.GatewayRecord) -> None:
         while True:
@@ -106,7 +109,7 @@ def create_app(
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         await asyncio.to_thread(view.refresh, True)  # serve nothing until routing state is loaded
         on_snapshot(view.snapshot)
-        tasks = [asyncio.create_task(view.run(on_snapshot))]
+        tasks = [asyncio.create_task(view.run(on_snapshot)), asyncio.create_task(telemetry.watch_loop())]
         record = None
         if settings.public_url:
             now = audit.now()
@@ -117,6 +120,9 @@ def create_app(
         decoder.start()
         mirror.start()
         inference_log.start()
+        # everything imported and built so far lives as long as the process: keep it out of
+        # the garbage collector's full passes, which otherwise pause the loop for tens of ms
+        gc.freeze()
         try:
             yield
         finally:
@@ -128,7 +134,7 @@ def create_app(
                 with contextlib.suppress(FleetError, OSError):
                     await asyncio.to_thread(gateways.withdraw, view.store, record.id)
             await upstreams.close()
-            decoder.close()
+            await asyncio.to_thread(decoder.close)
 
     async def live(_: Request) -> Response:
         return json_response({"live": True})

@@ -6,6 +6,7 @@ serializes; every decision is in ``fleet.gateway.pipeline`` and the modules it n
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -24,17 +25,22 @@ JSON = "application/json"
 
 class Rest:
     def __init__(self, pipeline: Pipeline, store: ObjectStore, gateway_id: str, max_body_bytes: int,
-                 logged: labels.LoggedRequests) -> None:  # fmt: skip
+                 logged: labels.LoggedRequests, bodies_in_flight: bodies.BodyBudget) -> None:  # fmt: skip
         self.pipeline, self.store, self.gateway_id = pipeline, store, gateway_id
-        self.max_body_bytes, self.logged = max_body_bytes, logged
+        self.max_body_bytes, self.logged, self.in_flight = max_body_bytes, logged, bodies_in_flight
+
+    async def _decoded(self, request: Request, call: Call, decode: Callable[..., protocol.Decoded]) -> protocol.Decoded:
+        """The body read and decoded, its bytes counted against the bodies in flight until then."""
+        with self.in_flight.holding(call.tenant.name) as held:  # type: ignore[union-attr]
+            raw = await bodies.read(request, self.max_body_bytes, held)
+            return await self.pipeline.decode(call, raw, decode)
 
     def _call(self, request: Request, model: str, version: str | None = None) -> Call:
         return Call(model=model, requested=version, headers=request.headers, state=request.scope["state"])
 
     async def infer_v2(self, request: Request) -> Response:
         call = self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")))
-        raw = await bodies.read(request, self.max_body_bytes)
-        decoded = await self.pipeline.decode(call, raw, protocol.decode_v2)
+        decoded = await self._decoded(request, call, protocol.decode_v2)
         version, result, manifest = await self.pipeline.answer(call, decoded)
         body = protocol.v2_response(call.model, version, decoded.id or call.request_id, manifest.outputs, result)
         return Response(body, media_type=JSON)
@@ -44,8 +50,7 @@ class Rest:
         if not sep or verb != "predict":
             raise NotFound("no such route; expected POST /v1/models/<model>:predict")
         call = self.pipeline.begin(self._call(request, model))
-        raw = await bodies.read(request, self.max_body_bytes)
-        decoded = await self.pipeline.decode(call, raw, protocol.decode_v1)
+        decoded = await self._decoded(request, call, protocol.decode_v1)
         _, result, _ = await self.pipeline.answer(call, decoded)
         return Response(protocol.v1_response(result), media_type=JSON)
 
@@ -75,8 +80,9 @@ class Rest:
         call = self._call(request, "")
         call.state["model"] = "unknown"
         tenant = self.pipeline.authenticate(call)  # before a byte of the body is read
-        raw = await bodies.read(request, self.max_body_bytes)
-        model, given = labels.parse(protocol.parse_json(raw))
+        with self.in_flight.holding(tenant.name) as held:
+            raw = await bodies.read(request, self.max_body_bytes, held)
+            model, given = labels.parse(protocol.parse_json(raw))
         call.model = model
         self.pipeline.entitle(call)  # a model the tenant may not use looks like one that does not exist
         outputs = call.expected.outputs[0].shape if call.expected else [-1]

@@ -14,6 +14,8 @@ authenticated tenant (``unknown`` otherwise), ``version`` a version routing chos
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -94,6 +96,12 @@ class Telemetry:
                                   ["model", "version"], registry=r)  # fmt: skip
         self.busy = Counter("fleet_decode_refusals", "Large bodies refused because too many were being decoded",
                             ["scope"], registry=r)  # fmt: skip
+        loop_buckets = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))
+        self.loop_lag = Histogram("fleet_event_loop_lag_seconds", "How late the event loop ran a 20 ms timer",
+                                  buckets=loop_buckets, registry=r)  # fmt: skip
+        self.loop_held = Histogram("fleet_event_loop_held_seconds",
+                                   "The part of that lateness the gateway spent computing (not waiting for a CPU)",
+                                   buckets=loop_buckets, registry=r)  # fmt: skip
         r.register(_QueueDepth(queue_depths))
         r.register(_Gauges("fleet_buffer_bytes", "Bytes held by each bounded buffer (see its budget)", ["buffer"], buffers))
         self._children: dict[tuple[str, str], tuple] = {}
@@ -142,6 +150,17 @@ class Telemetry:
             self.shadow_served.labels(model, version).observe(served_ms / 1000)
         if outcome in ("agree", "disagree"):
             self.stats.shadow_pair(model, version, outcome == "agree")
+
+    async def watch_loop(self, interval_s: float = 0.02) -> None:
+        """Measure the event loop forever: how late a timer fires (lag), and how much of that
+        the process was computing (held: CPU time it used meanwhile). Lag alone also counts a
+        machine too busy to schedule the gateway; held is what the gateway itself did."""
+        while True:
+            t0, c0 = time.monotonic(), time.process_time()
+            await asyncio.sleep(interval_s)
+            lag = max(0.0, time.monotonic() - t0 - interval_s)
+            self.loop_lag.observe(lag)
+            self.loop_held.observe(max(0.0, min(lag, time.process_time() - c0)))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -24,8 +24,8 @@ aiohttp, not httpx: about 0.2 ms a call here against httpx's 0.55 ms (bench/gate
 from __future__ import annotations
 
 import asyncio
-import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -33,7 +33,11 @@ import numpy as np
 import orjson
 
 from fleet.errors import FleetError
+from fleet.gateway.answers import BadAnswer, UpstreamError, decode_answer
 from fleet.gateway.slots import Slots
+
+__all__ = ["BadAnswer", "NoReplica", "Rejected", "UpstreamError", "UpstreamTimeout", "Upstreams"]
+AnswerParser = Callable[[bytes, str, int], Awaitable[np.ndarray]]
 
 EJECT_AFTER = 3
 BASE_EJECTION_S = 1.0
@@ -43,30 +47,11 @@ SHED_BACKOFF_S = (0.01, 0.05)  # waits before asking a shedding version again
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
 
-class UpstreamError(FleetError):
-    """A version could not answer; ``kind`` is its ERROR_CLASSES class."""
-
-    status = 503
-
-    def __init__(self, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
 class UpstreamTimeout(UpstreamError):
     status = 504
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, "timeout")
-
-
-class BadAnswer(UpstreamError):
-    """The version answered, but not with what a model must answer: its failure (class 5xx)."""
-
-    status = 502
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, "5xx")
+    def __init__(self, message: str, kind: str = "timeout") -> None:
+        super().__init__(message, kind)
 
 
 class Rejected(FleetError):
@@ -133,8 +118,15 @@ class Pool:
         return ready + ejected[: 1 if last_resort and not ready else 0]
 
 
+async def _inline(body: bytes, ref: str, rows: int) -> np.ndarray:
+    return decode_answer(body, ref, rows)
+
+
 class Upstreams:
-    def __init__(self) -> None:
+    def __init__(self, parse: AnswerParser = _inline) -> None:
+        """``parse(body, ref, rows)`` turns an answer into an array (``answers.decode_answer``,
+        off the event loop for large answers when the gateway passes its decoder's)."""
+        self._parse = parse
         self._pools: dict[tuple[str, str], Pool] = {}
         self._sessions: dict[str, aiohttp.ClientSession] = {}
 
@@ -190,7 +182,8 @@ class Upstreams:
                 await pool.slots.acquire(priority, pool.ref)
                 try:
                     payload = orjson.dumps({"features": features}, option=orjson.OPT_SERIALIZE_NUMPY)
-                    return _checked(pool.ref, await self._answer(pool, payload, last_resort, deadline), len(features))
+                    answer = await self._answer(pool, payload, last_resort, deadline)
+                    return await self._parse(answer, pool.ref, len(features))
                 finally:
                     pool.slots.release()
         except TimeoutError:
@@ -258,21 +251,3 @@ class Upstreams:
         self._sessions.clear()
         self._pools.clear()
 
-
-def _checked(ref: str, body: bytes, rows: int) -> np.ndarray:
-    """A model's answer as float32 [rows, outputs]; anything else is the model's failure."""
-    try:
-        try:
-            parsed = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            parsed = json.loads(body)  # Python's json writes NaN and Infinity, which orjson refuses
-        result = np.asarray(parsed, dtype=np.float32)
-    except (ValueError, TypeError):
-        raise BadAnswer(f"{ref} answered something that is not a JSON list of numbers: {body[:120]!r}") from None
-    if result.ndim == 1:
-        result = result.reshape(rows, -1) if rows and result.size % rows == 0 else result
-    if result.ndim != 2 or len(result) != rows:
-        raise BadAnswer(f"{ref} answered shape {list(result.shape)} for {rows} input rows; expected one row per input row")
-    if not np.isfinite(result).all():
-        raise BadAnswer(f"{ref} answered non-finite values (NaN or infinity) for {rows} input rows; the model failed on them")
-    return result
