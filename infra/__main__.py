@@ -63,7 +63,7 @@ store_url = pulumi.Output.concat("s3://", store.models_bucket)
 Platform(name, PlatformArgs(
     cluster.kubeconfig, cluster.name, stack.region, s.kubernetesVersion, stack.plan, stack.policies, images.urls,
     store_url, gateway_role.arn, flows_role.arn, autoscaler_role.arn, s.gateway, s.gateway.image_tag,
-    stack.admin_token, stack.policy_files,
+    stack.admin_token, stack.policy_files, s.vpcCidr,
 ), opts=pulumi.ResourceOptions(depends_on=[nodes]))
 
 pulumi.export(cfg.OUT_CLUSTER_NAME, cluster.name)

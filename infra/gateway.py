@@ -48,6 +48,7 @@ class GatewayArgs:
     settings: GatewaySettings
     admin_token: pulumi.Input[str]  # a secret Output
     policy_files: dict[str, str]  # file name → YAML text
+    trusted_networks: str = ""  # FLEET_GATEWAY_NETWORKS: where the other gateways' pod IPs are
 
 
 class Gateway(pulumi.ComponentResource):
@@ -79,6 +80,8 @@ class Gateway(pulumi.ComponentResource):
                 {"name": "FLEET_STORE", "value": args.store_url},
                 {"name": "FLEET_RUNTIME", "value": "kubernetes"},
                 {"name": "FLEET_KUBE_NAMESPACE", "value": args.models_namespace},
+                # an admin change is pushed to every pod's announced IP: only inside the VPC
+                {"name": "FLEET_GATEWAY_NETWORKS", "value": args.trusted_networks},
                 {"name": "AWS_REGION", "value": args.region},
                 {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
             ],

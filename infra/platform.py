@@ -61,6 +61,7 @@ class PlatformArgs:
     gateway_image_tag: str
     gateway_admin_token: pulumi.Input[str]  # a secret Output
     policy_files: dict[str, str]  # file name → YAML text, mounted into the gateway
+    vpc_cidr: str = "10.0.0.0/16"  # where gateway pods live: the network pushes between them may use
 
 
 def model_quota(plan: Plan) -> dict[str, str]:
@@ -184,7 +185,7 @@ class Platform(pulumi.ComponentResource):
             namespace=GATEWAY_NS, models_namespace=MODELS_NS,
             image=pulumi.Output.concat(args.images[GATEWAY_REPOSITORY], ":", args.gateway_image_tag),
             store_url=args.store_url, role_arn=args.gateway_role_arn, region=args.region, settings=gw,
-            admin_token=args.gateway_admin_token, policy_files=args.policy_files,
+            admin_token=args.gateway_admin_token, policy_files=args.policy_files, trusted_networks=args.vpc_cidr,
         ), opts=pulumi.ResourceOptions(parent=self, providers={"kubernetes": provider}, depends_on=[namespaces[GATEWAY_NS]]))  # fmt: skip
         self.register_outputs({})
 

@@ -328,6 +328,9 @@ def test_each_gateway_pod_announces_its_own_address(stack: Build) -> None:
     assert args[args.index("--public-url") + 1] == "http://$(POD_IP):8000"  # Kubernetes expands $(POD_IP)
     assert _env(container)["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert container["ports"] == [{"name": "http", "containerPort": 8000}]
+    # pod IPs are pushed to only inside the stack's VPC (fleet.gateways' trust model)
+    (vpc,) = stack.of_type("aws:ec2/vpc:Vpc")
+    assert _env(container)["FLEET_GATEWAY_NETWORKS"]["value"] == vpc.inputs["cidrBlock"]
 
 
 def test_the_gateway_admin_token_comes_from_a_secret_and_is_never_plain_text(stack: Build) -> None:
