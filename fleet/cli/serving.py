@@ -121,6 +121,8 @@ def gateway_cmd(
     """Run the gateway alone, in front of the runtime's deployments.
 
     FLEET_ADMIN_TOKEN turns on the admin API (/admin/...); without it the admin API is off.
+
+    Byte budgets come from the policies' gateway: section. FLEET_DECODE_WORKERS: processes that decode large bodies (0: on the event loop).
     """
     import uvicorn
 
