@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.gateway_env import ADMIN_TOKEN, BODY, MODEL, GatewayEnv, admin, infer, metric, wait_for
+from tests.gateway_env import MODEL, GatewayEnv, admin, infer, metric, wait_for
 
 ROW = [1.0, 0.0, 0.0, 0.0]
 
