@@ -333,3 +333,5 @@ def test_large_requests_never_hold_the_event_loop(env) -> None:
     assert max(probes) < 1.0 and sorted(probes)[len(probes) // 2] < 0.1, f"liveness answers: {sorted(probes)[-5:]}"
     assert {code for code, _ in victims} == {200}
     assert set(flood_codes) <= {200, 400, 413, 429} and 200 in flood_codes and 413 in flood_codes
+    # the flooder has no quota: each 429 it got was its share of large bodies, and counted as such
+    assert metric(url, "fleet_decode_refusals_total", scope="tenant") == flood_codes.count(429)

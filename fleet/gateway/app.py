@@ -164,6 +164,8 @@ def create_app(
     async def fleet_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, FleetError)
         response = json_response({"error": str(exc)}, exc.status)
+        if isinstance(exc, DecodeBusy):
+            telemetry.busy.labels("tenant" if exc.status == 429 else "gateway").inc()
         if isinstance(exc, (OverQuota, DecodeBusy)):
             response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
         return response

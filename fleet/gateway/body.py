@@ -169,10 +169,6 @@ class Decoder:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
-    @property
-    def in_flight(self) -> int:
-        return self._total
-
     async def run(self, tenant: str, decode: Callable[..., T], body: bytes, *args: object) -> T:
         if len(body) <= self.inline_bytes or self._pool is None:
             return decode(body, *args)
@@ -192,7 +188,6 @@ class Decoder:
                 self._busy[tenant] = left
             else:
                 del self._busy[tenant]
-
 
     async def answer(self, body: bytes, ref: str, rows: int) -> np.ndarray:
         """A model's answer decoded (``answers.decode_answer``): off the loop when it is large.

@@ -94,7 +94,8 @@ class Telemetry:
         self.rejections = Counter("fleet_upstream_rejections",
                                   "Inputs a version refused with 4xx: passed on to the caller, not counted against it",
                                   ["model", "version"], registry=r)  # fmt: skip
-        self.busy = Counter("fleet_decode_refusals", "Large bodies refused because too many were being decoded",
+        self.busy = Counter("fleet_decode_refusals",
+                            "Large bodies refused: too many decoding or held at once, for a tenant or the gateway",
                             ["scope"], registry=r)  # fmt: skip
         loop_buckets = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))
         self.loop_lag = Histogram("fleet_event_loop_lag_seconds", "How late the event loop ran a 20 ms timer",
