@@ -98,6 +98,8 @@ HOSTILE = [
      "parameters.routing_key is a JSON dict"),
     ("an unknown priority", INFER, v2(ROW), {"X-Fleet-Priority": "urgent"}, 400, "priority 'urgent' is not known"),
     ("a timeout that is not a number", INFER, v2(ROW), {"X-Fleet-Timeout-Ms": "soon"}, 400, "not a number"),
+    ("a NaN timeout", INFER, v2(ROW), {"X-Fleet-Timeout-Ms": "nan"}, 400, "expected a positive number of milliseconds"),
+    ("a negative timeout", INFER, v2(ROW), {"X-Fleet-Timeout-Ms": "-1"}, 400, "expected a positive number"),
     ("a JSON list body", INFER, [1, 2], {}, 400, "is a JSON list; expected a JSON object"),
     ("a body over 4 MiB", INFER, b" " * (4 * 1024 * 1024 + 1), {}, 413, "over the limit of 4194304 bytes"),
     ("v1 nulls", f"/v1/models/{MODEL}:predict", {"instances": [[None, 1, 1, 1]]}, {}, 422, "holds null at instances[0][0]"),
@@ -133,9 +135,15 @@ def test_feedback_refuses_labels_outside_the_models_classes_and_integer_range(gw
     assert r.status_code == 422 and "request_id is 'a b/../c'" in r.json()["error"]
     r = post(gw, "/v1/feedback", {"model": MODEL, "feedback": [{"request_id": rid, "label": 1}]})
     assert r.status_code == 200 and r.json()["accepted"] == 1
+    # a large feedback body is decoded off the event loop like an inference body, and its limits hold there too
+    many = [{"request_id": f"r{i:031d}", "label": i % 2} for i in range(10_001)]
+    r = post(gw, "/v1/feedback", {"model": MODEL, "feedback": many})
+    assert r.status_code == 413 and "has 10001 labels; at most 10000" in r.json()["error"], r.text
+    r = post(gw, "/v1/feedback", {"model": MODEL, "feedback": [*many[:9_999], {"request_id": rid, "label": 9}]})
+    assert r.status_code == 422 and "feedback[9999].label is 9" in r.json()["error"], r.text
 
 
-def test_a_model_the_tenant_may_not_use_looks_exactly_like_one_that_does_not_exist(gw: dict, tmp_path: Path) -> None:
+def test_a_model_the_tenant_may_not_use_looks_exactly_like_one_that_does_not_exist(gw: dict) -> None:
     from fleet.tenants import Tenants
 
     e = gw["env"]
@@ -184,6 +192,9 @@ def test_request_ids_are_unguessable_and_a_clients_id_is_scoped_to_its_tenant(gw
     made = [post(gw, INFER, v2(ROW)).headers["x-request-id"] for _ in range(50)]
     assert all(re.fullmatch(r"[0-9a-f]{32}", rid) for rid in made) and len(set(made)) == 50
     assert len({rid[:8] for rid in made}) == 50  # no shared prefix: not a process prefix plus a counter
+    for hostile in (b"a b", b"x" * 129, b"../../etc", "ümlaut".encode()):  # not a plain token: replaced, never echoed
+        given = post(gw, INFER, v2(ROW), **{"X-Request-Id": hostile}).headers["x-request-id"]
+        assert re.fullmatch(r"[0-9a-f]{32}", given), given
 
     same = "order-4711"
     mine = post(gw, INFER, v2([1, 0, 0, 0]), "apps", **{"X-Request-Id": same})
@@ -269,6 +280,7 @@ def test_the_admin_api_refuses_hostile_input_and_counts_failed_logins(gw: dict) 
             (adm.post(f"/admin/routes/{MODEL}", json={"clear_canary": "false", "reason": "x"}), 422, "clear_canary: got 'false'"),
             (adm.post(f"/admin/routes/{MODEL}", json={"weight": "50", "reason": "x"}), 422, "weight: got '50'"),
             (adm.post(f"/admin/routes/{MODEL}", json={"weight": 50, "reason": "x", "why": "y"}), 422, "unknown key 'why'"),
+            (adm.post(f"/admin/routes/{MODEL}", json={"weight": 50, "reason": "   "}), 422, "reason: got '   '"),
             (adm.post(f"/admin/routes/{MODEL}", content=b'{"reason": "' + b"x" * 70_000 + b'"}'), 413, "over the limit"),
             (adm.post("/admin/tenants", content=b'{"name": "t", "models": ["stub-model"], "rps": 1e309}'), 400, "not valid JSON"),
             (adm.post("/admin/tenants", content=b'{"name": "t", "models": ["stub-model"], "rps": "inf"}'), 422, "rps: got 'inf'"),

@@ -45,7 +45,7 @@ from fleet.validation import explain
 
 Handler = Callable[[Request], Awaitable[Response]]
 ADMIN_BODY_BYTES = 64 * 1024
-_REASON = Field(min_length=1, max_length=2000)
+_REASON = Field(min_length=1, max_length=2000, pattern=r"\S")  # a reason, not blanks
 _VERSION = Field(None, min_length=1, max_length=128)
 
 

@@ -63,13 +63,12 @@ def create_app(
     limits = policies.gateway if policies else GatewaySpec()
     decoder = decoder or Decoder(settings.decode_workers)
     upstreams = Upstreams(decoder.answer)
-    pipeline: Pipeline | None = None
 
     def buffers() -> Iterator[tuple[tuple[str, ...], float]]:
         yield ("shadow_queue",), mirror.bytes
         yield ("inference_log",), inference_log.buffered_bytes
         yield ("feedback_index",), logged.bytes
-        yield ("prediction_cache",), sum(c.bytes for c in pipeline.caches.values()) if pipeline else 0
+        yield ("prediction_cache",), sum(c.bytes for c in pipeline.caches.values())  # read at scrape time: all built
         yield ("request_bodies",), in_flight.held
 
     telemetry = Telemetry(lambda: _queue_depths(upstreams), buffers)

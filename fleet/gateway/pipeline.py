@@ -128,10 +128,15 @@ class Pipeline:
             call.expected = snap.manifests.get((call.model, expected))
 
     # -- 4: the body ------------------------------------------------------------------------
-    async def decode(self, call: Call, body: bytes, decode: Callable[..., Decoded]) -> Decoded:
+    def expected(self, call: Call) -> ModelVersion:
+        """The manifest whose schema the body is decoded against (``entitle`` found it)."""
         if call.expected is None:
             raise NotFound(f"model {call.model} has no stable version to serve")
-        return await self.decoder.run(call.tenant.name, decode, body, call.expected.inputs, call.spec.max_rows)  # type: ignore[union-attr]
+        return call.expected
+
+    async def decode(self, call: Call, body: bytes, decode: Callable[..., Decoded]) -> Decoded:
+        inputs = self.expected(call).inputs
+        return await self.decoder.run(call.tenant.name, decode, body, inputs, call.spec.max_rows)  # type: ignore[union-attr]
 
     # -- 5: controls and the version --------------------------------------------------------
     def control(self, call: Call, parameters: dict[str, Any], name: str) -> str | None:

@@ -217,6 +217,14 @@ def _show(value: Any) -> str:  # noqa: ANN401 - any JSON value
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def decode_feedback(body: bytes) -> tuple[str, list]:
+    """A ``POST /v1/feedback`` body → (model, labels) (``fleet.feedback.parse``), pure so that a
+    large one is decoded off the event loop like an inference body."""
+    from fleet.feedback import parse
+
+    return parse(parse_json(body))
+
+
 def v2_response(model: str, version: str, request_id: str, outputs: list[TensorSpec], result: np.ndarray) -> bytes:
     spec = outputs[0]
     body = {"model_name": model, "model_version": version, "id": request_id,

@@ -57,9 +57,7 @@ class Rest:
     async def model_metadata(self, request: Request) -> Response:
         call = self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")),
                                    admit=False)  # fmt: skip
-        if call.expected is None:
-            raise NotFound(f"model {call.model} has no stable version to serve")
-        manifest = call.expected
+        manifest = self.pipeline.expected(call)
         return json_response({
             "name": call.model,
             "versions": sorted(usable_versions(call.table, call.tenant)),  # type: ignore[arg-type]
@@ -82,7 +80,7 @@ class Rest:
         tenant = self.pipeline.authenticate(call)  # before a byte of the body is read
         with self.in_flight.holding(tenant.name) as held:
             raw = await bodies.read(request, self.max_body_bytes, held)
-            model, given = labels.parse(protocol.parse_json(raw))
+            model, given = await self.pipeline.decoder.run(tenant.name, protocol.decode_feedback, raw)
         call.model = model
         self.pipeline.entitle(call)  # a model the tenant may not use looks like one that does not exist
         outputs = call.expected.outputs[0].shape if call.expected else [-1]
