@@ -66,8 +66,10 @@ def package_cmd(
     policies: PoliciesOpt = DEFAULT_POLICIES,
     json: JsonFlag = False,
 ) -> None:
-    """Build the Bento of a registered version (checksums verified first); with --image-digest, record the digest
-    of the image pushed from it, by which Kubernetes deploys the version."""
+    """Build the Bento of a registered version (checksums verified first); --image-digest records its pushed image.
+
+    Kubernetes deploys a version only by the image digest recorded for it.
+    """
     if repository and not image_digest:
         raise typer.BadParameter("--repository is recorded with an image digest; expected --image-digest too",
                                  param_hint="'--repository'")  # fmt: skip
