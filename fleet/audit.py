@@ -64,10 +64,6 @@ def append(store: ObjectStore, event: AuditEvent) -> str:
 
 
 def events(store: ObjectStore, model: str) -> list[AuditEvent]:
-    """Every event of ``model``, oldest first."""
-    found = [
-        records.load(store, key, AuditEvent)[0]
-        for key in store.list(f"events/{model}/")
-        if key.endswith(".json")
-    ]
+    """Every readable event of ``model``, oldest first (an unreadable one is reported, skipped)."""
+    found = records.load_all(store, f"events/{model}/", AuditEvent)[0].values()
     return sorted(found, key=lambda e: (e.at, e.kind, e.revision or 0))

@@ -59,3 +59,9 @@ class StoreUnavailable(FleetError):
     """The object store could not be reached or refused the operation."""
 
     status = 503
+
+
+class VersionUnavailable(FleetError):
+    """A routed version cannot be served now (its manifest is unreadable, say): 503."""
+
+    status = 503

@@ -42,12 +42,14 @@ class State(StrEnum):
     REJECTED = "rejected"
 
 
-# registered → canary → stable → retired, or rejected. Two more edges, both deliberate:
+# registered → canary → stable → retired, or rejected. Three more edges, all deliberate:
 # registered → stable bootstraps a model that has no stable version yet (routing refuses it
-# otherwise), and retired → stable is a rollback to the previous stable.
+# otherwise), retired → stable is a rollback to the previous stable, and canary → registered
+# is a canary taken out of its slot by hand (replaced or cleared) without a verdict: it may
+# be rolled out again. States follow the route table (``Router._reconcile_states``).
 TRANSITIONS: dict[State, frozenset[State]] = {
     State.REGISTERED: frozenset({State.CANARY, State.STABLE, State.REJECTED}),
-    State.CANARY: frozenset({State.STABLE, State.REJECTED}),
+    State.CANARY: frozenset({State.STABLE, State.REGISTERED, State.REJECTED}),
     State.STABLE: frozenset({State.RETIRED}),
     State.RETIRED: frozenset({State.STABLE}),
     State.REJECTED: frozenset(),
@@ -124,8 +126,12 @@ class Registry:
 
     # -- reading ---------------------------------------------------------------------
     def get(self, model: str, version: str) -> ModelVersion:
+        key = f"{_prefix(model, version)}/manifest.json"
         try:
-            return records.load(self.store, f"{_prefix(model, version)}/manifest.json", ModelVersion)[0]
+            mv = records.load(self.store, key, ModelVersion)[0]
+            if (mv.model, mv.version) != (model, version):
+                raise IntegrityError(f"{key!r} in {self.store.url} names {mv.ref}, not {model}:{version}")
+            return mv
         except NotFound:
             known = self.versions(model)
             hint = f"registered: {', '.join(known)}" if known else "it has no versions"
@@ -143,8 +149,32 @@ class Registry:
         return sorted(found, key=version_key)
 
     def list(self, model: str | None = None) -> list[ModelVersion]:
-        names = [model] if model else self.models()
-        return [self.get(m, v) for m in names for v in self.versions(m)]
+        """Every readable version (of ``model``, or of all models); bad manifests are skipped."""
+        return self.scan(model)[0]
+
+    def scan(self, model: str | None = None) -> tuple[list[ModelVersion], list[records.BadRecord]]:
+        """Every version's manifest, and the manifests that cannot be read (reported once).
+
+        One corrupt or tampered manifest never hides the others: listing commands, the
+        gateway and placement read through here. A manifest whose model or version differs
+        from its key is bad too (a copied file must not pose as another version).
+        """
+        good, bad = records.load_all(
+            self.store, f"models/{check_name('model', model)}/" if model else "models/", ModelVersion,
+            keep=_is_manifest,
+        )  # fmt: skip
+        found = []
+        for key, mv in good.items():
+            _, model_name, version, _ = key.split("/")
+            if (mv.model, mv.version) != (model_name, version):
+                wrong = records.BadRecord(
+                    key, f"{key!r} in {self.store.url} names {mv.ref}, not {model_name}:{version}", "ModelVersion"
+                )  # fmt: skip
+                records.report(wrong)
+                bad.append(wrong)
+            else:
+                found.append(mv)
+        return sorted(found, key=lambda mv: (mv.model, version_key(mv.version))), bad
 
     def states(self, model: str) -> dict[str, State]:
         return {mv.version: mv.state for mv in self.list(model)}
@@ -288,6 +318,11 @@ class Registry:
             version=version, before=before.state.value if before else None, after=to.value,
         ))  # fmt: skip
         return after
+
+
+def _is_manifest(key: str) -> bool:
+    parts = key.split("/")
+    return len(parts) == 4 and parts[3] == "manifest.json"
 
 
 def _state(value: State | str) -> State:

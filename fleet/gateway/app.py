@@ -138,20 +138,29 @@ def create_app(
     async def live(_: Request) -> Response:
         return json_response({"live": True})
 
-    async def ready(_: Request) -> Response:
-        ok = view.snapshot.loaded_at > 0
+    def observe_store() -> list[dict[str, str]]:
         telemetry.stale.set(1 if view.stale else 0)
+        bad = view.bad_records
+        for kind in ("RouteTable", "Tenant", "ModelVersion"):
+            telemetry.bad_records.labels(kind).set(sum(b.kind == kind for b in bad))
+        return [{"key": b.key, "kind": b.kind, "reason": b.reason} for b in bad]
+
+    async def ready(_: Request) -> Response:
+        # ready once a snapshot is loaded: bad records are reported here, not a reason to refuse
+        # traffic for every good model
+        ok = view.snapshot.loaded_at > 0
+        bad = observe_store()
         return json_response({
             "ready": ok, "routing_state": "stale" if view.stale else "current",
             "store_reachable": view.healthy, "last_refresh_age_s": round(time.time() - view.last_success, 3),
-            "store_error": view.last_error or None, "gateway": settings.gateway_id,
+            "store_error": view.last_error or None, "bad_records": bad, "gateway": settings.gateway_id,
         }, 200 if ok else 503)  # fmt: skip
 
     async def server_metadata(_: Request) -> Response:
         return json_response({"name": "serving-fleet", "version": __version__, "extensions": []})
 
     async def metrics(_: Request) -> Response:
-        telemetry.stale.set(1 if view.stale else 0)
+        observe_store()
         return Response(telemetry.exposition(), media_type="text/plain; version=0.0.4")
 
     def stats(model: str, window_s: int) -> dict[str, Any]:
@@ -202,7 +211,7 @@ def create_app(
     app.state.inference_log = inference_log
     app.state.telemetry = telemetry
     app.state.pipeline = pipeline
-    return Headers(app, telemetry)
+    return Headers(app, telemetry, access=settings.access_log)
 
 
 def _queue_depths(upstreams: Upstreams) -> Iterator[tuple[str, str, str, int]]:

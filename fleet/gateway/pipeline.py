@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from fleet.errors import InvalidInput, NotFound, Unauthorized
+from fleet.errors import InvalidInput, NotFound, Unauthorized, VersionUnavailable
 from fleet.gateway.body import Decoder
 from fleet.gateway.cache import PredictionCache
 from fleet.gateway.dispatch import Dispatcher
@@ -69,6 +69,7 @@ class Call:
     table: RouteTable | None = None
     spec: ModelSpec = DEFAULT_SPEC
     expected: ModelVersion | None = None  # the version whose schema the body is decoded against
+    unreadable: str | None = None  # the expected version, when its manifest cannot be read
     routing_key: str = ""
 
     @property
@@ -126,10 +127,13 @@ class Pipeline:
             expected = pin if pin and tenant.allows(call.model, pin) else table.stable
         if expected is not None:
             call.expected = snap.manifests.get((call.model, expected))
+            call.unreadable = expected if call.expected is None else None
 
     # -- 4: the body ------------------------------------------------------------------------
     def expected(self, call: Call) -> ModelVersion:
         """The manifest whose schema the body is decoded against (``entitle`` found it)."""
+        if call.expected is None and call.unreadable is not None:
+            raise _unreadable(call.model, call.unreadable)
         if call.expected is None:
             raise NotFound(f"model {call.model} has no stable version to serve")
         return call.expected
@@ -160,7 +164,9 @@ class Pipeline:
         call.routing_key = key
         choice = choose_version(call.table, call.tenant, key, call.requested)  # type: ignore[arg-type]
         call.state["model_version"] = choice.version
-        manifest = call.snapshot.manifests[call.model, choice.version]  # type: ignore[union-attr]
+        manifest = call.snapshot.manifests.get((call.model, choice.version))  # type: ignore[union-attr]
+        if manifest is None:
+            raise _unreadable(call.model, choice.version)
         if manifest is not call.expected and not conforms(decoded.features, manifest.inputs):
             spec = manifest.inputs[0]
             raise InvalidInput(f"{call.model}:{choice.version} takes {spec.name}: {spec.datatype} {spec.shape}; "
@@ -209,3 +215,8 @@ class Pipeline:
         if cache is None:
             cache = self.caches[model] = PredictionCache(int(spec.cache.max_mib * 1024 * 1024), spec.cache.ttl_s)
         return cache
+
+
+def _unreadable(model: str, version: str) -> VersionUnavailable:
+    return VersionUnavailable(f"{model}:{version} cannot be served now: the gateway cannot read its manifest "
+                              "(the operator is told; try again later)")  # fmt: skip

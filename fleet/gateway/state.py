@@ -7,6 +7,12 @@ milliseconds, and within ``interval`` even without a push. Deployments are re-re
 the runtime whenever routes change (so a route never gets ahead of the endpoints it
 needs) and every ``runtime_interval`` seconds otherwise. When the store cannot be read,
 the last good snapshot keeps serving and ``stale`` says so.
+
+One bad record never takes the gateway down: a route table, tenant or manifest that does not
+parse is skipped (or, if it was good before, its last good copy kept) and listed in
+``bad_records`` for health, metrics and ``fleet doctor``. A canary or shadow whose manifest
+cannot be read is left out of the snapshot's table, so its traffic stays on stable; a stable
+or pinned version without a readable manifest is answered 503 (``VersionUnavailable``).
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fleet.errors import FleetError
+from fleet import records
+from fleet.errors import FleetError, IntegrityError, NotFound
 from fleet.registry import ModelVersion, Registry
 from fleet.routing import RouteTable
 from fleet.tenants import Quota, Tenant, key_index, lookup
@@ -55,6 +62,8 @@ class FleetView:
         self.last_error = ""
         self._etags: dict[str, str] = {}
         self._records: dict[str, RouteTable | Tenant] = {}
+        self._bad: dict[str, records.BadRecord] = {}  # key → why it is skipped (records read)
+        self._bad_manifests: dict[str, records.BadRecord] = {}  # rebuilt with each snapshot
         self._runtime_read_at = 0.0
         self._wake: asyncio.Event | None = None
         self._default_quotas: dict[str, Quota] = {}
@@ -71,46 +80,90 @@ class FleetView:
     def stale(self) -> bool:
         return not self.healthy
 
+    @property
+    def bad_records(self) -> list[records.BadRecord]:
+        """Stored records this gateway skips (or serves from their last good copy), by key."""
+        found = {**self._bad, **self._bad_manifests}
+        return [found[k] for k in sorted(found)]
+
     def _read(self, prefix: str, cls: type) -> tuple[dict[str, object], bool]:
-        """Records under ``prefix``; parse only those whose ETag changed. (records, changed)."""
-        found, changed = {}, False
+        """Records under ``prefix``; parse only those whose ETag changed. (records, changed).
+
+        A record that does not parse is reported and skipped; if an earlier copy of it was
+        good, that copy keeps serving (a bad write must not take a model or tenant away).
+        """
+        found, changed, listed = {}, False, set()
         for key in self.store.list(prefix):
             if not key.endswith(".json"):
                 continue
+            listed.add(key)
             try:
                 obj = self.store.get(key)
-            except FleetError as exc:
-                if exc.status == 404:
-                    continue  # deleted between list and get
-                raise
+            except NotFound:
+                continue  # deleted between list and get
             if self._etags.get(key) != obj.etag:
-                self._records[key] = cls.model_validate_json(obj.data)
                 self._etags[key] = obj.etag
-                changed = True
-            found[key] = self._records[key]
-        gone = [k for k in self._etags if k.startswith(prefix) and k not in found]
+                try:
+                    self._records[key] = records.parse(self.store, key, obj.data, cls)
+                    self._bad.pop(key, None)
+                    changed = True
+                except IntegrityError as exc:
+                    bad = records.BadRecord(key, str(exc), cls.__name__)
+                    if key in self._records:
+                        bad = records.BadRecord(key, f"{exc}; serving its last good copy", cls.__name__)
+                    records.report(bad)
+                    self._bad[key] = bad
+            if key in self._records:
+                found[key] = self._records[key]
+        gone = [k for k in self._etags if k.startswith(prefix) and k not in listed]
         for k in gone:
-            del self._etags[k], self._records[k]
+            self._etags.pop(k, None)
+            self._records.pop(k, None)
+            self._bad.pop(k, None)
         return found, changed or bool(gone)
+
+    def _manifests(self, routes: dict[str, RouteTable]) -> dict[tuple[str, str], ModelVersion]:
+        """The manifest of every version a route names; unreadable ones are reported."""
+        manifests: dict[tuple[str, str], ModelVersion] = {}
+        bad: dict[str, records.BadRecord] = {}
+        for model, table in routes.items():
+            for version in sorted(table.referenced_versions()):
+                cached = self.snapshot.manifests.get((model, version))
+                if cached is not None:
+                    manifests[model, version] = cached
+                    continue
+                try:
+                    manifests[model, version] = self.registry.get(model, version)
+                except (IntegrityError, NotFound) as exc:
+                    key = f"models/{model}/{version}/manifest.json"
+                    bad[key] = records.BadRecord(key, f"route of {model} names {version}: {exc}", "ModelVersion")
+                    records.report(bad[key])
+        self._bad_manifests = bad
+        return manifests
 
     def refresh(self, force_runtime: bool = False) -> bool:
         """Poll the store (and maybe the runtime); swap in a new snapshot if anything changed."""
         route_records, routes_changed = self._read("routes/", RouteTable)
         tenant_records, tenants_changed = self._read("tenants/", Tenant)
         now = time.monotonic()
-        endpoints = self.snapshot.endpoints
+        endpoints, periodic = self.snapshot.endpoints, False
         if routes_changed or force_runtime or now - self._runtime_read_at >= self.runtime_interval:
             endpoints = {(d.model, d.version): d.endpoints for d in self.runtime.list()}
-            self._runtime_read_at = now
+            self._runtime_read_at, periodic = now, True
         self.healthy, self.last_success, self.last_error = True, time.time(), ""
-        if not (routes_changed or tenants_changed or endpoints != self.snapshot.endpoints or not self.snapshot.loaded_at):
+        retry = periodic and bool(self._bad_manifests)  # a fixed manifest is picked up within a second
+        if not (routes_changed or tenants_changed or retry or endpoints != self.snapshot.endpoints
+                or not self.snapshot.loaded_at):  # fmt: skip
             return False
-        routes = {t.model: t for t in route_records.values()}  # type: ignore[union-attr]
-        manifests = {}
-        for model, table in routes.items():
-            for version in table.referenced_versions():
-                cached = self.snapshot.manifests.get((model, version))
-                manifests[model, version] = cached or self.registry.get(model, version)
+        routes = {}
+        for key, table in route_records.items():
+            if key != f"routes/{table.model}.json":  # type: ignore[union-attr]
+                self._bad[key] = records.BadRecord(key, f"{key!r} holds the route of {table.model!r}", "RouteTable")  # type: ignore[union-attr]
+                records.report(self._bad[key])
+                continue
+            routes[table.model] = table  # type: ignore[union-attr]
+        manifests = self._manifests(routes)
+        routes = {model: _servable(table, manifests) for model, table in routes.items()}
         tenants = [t if t.quota is not None or t.name not in self._default_quotas  # type: ignore[union-attr]
                    else t.model_copy(update={"quota": self._default_quotas[t.name]})  # type: ignore[union-attr]
                    for t in tenant_records.values()]  # fmt: skip
@@ -139,3 +192,16 @@ class FleetView:
             except TimeoutError:
                 pass
             self._wake.clear()
+
+
+def _servable(table: RouteTable, manifests: dict[tuple[str, str], ModelVersion]) -> RouteTable:
+    """The table as this gateway serves it: a canary or shadow without a readable manifest is
+    dropped (its traffic stays on stable, as after a rollback); stable and pins stay, and a
+    request for them is answered 503 until the manifest is fixed."""
+    readable = {version for (model, version) in manifests if model == table.model}
+    update: dict[str, object] = {}
+    if table.canary is not None and table.canary.version not in readable:
+        update["canary"] = None
+    if table.shadow is not None and table.shadow.version not in readable:
+        update["shadow"] = None
+    return table.model_copy(update=update) if update else table

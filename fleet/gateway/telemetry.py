@@ -88,6 +88,9 @@ class Telemetry:
                                        ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
         self.stale = Gauge("fleet_routing_stale", "1 while the store cannot be read (serving the last good state)",
                            registry=r)  # fmt: skip
+        self.bad_records = Gauge("fleet_store_bad_records",
+                                 "Stored records this gateway cannot read and skips (see /v2/health/ready, fleet doctor)",
+                                 ["kind"], registry=r)  # fmt: skip
         self.log_rows = Counter("fleet_inference_log_rows", "Inference log rows", ["model", "outcome"], registry=r)
         self.auth_failures = Counter("fleet_auth_failures", "Requests refused for a missing, unknown or revoked key",
                                      ["surface"], registry=r)  # fmt: skip
