@@ -78,7 +78,11 @@ def rollback(
         runtime.deploy(model, to_version)  # routing never points at a version that is not running
     after = router.set(model, stable=to_version, clear_canary=True, why=f"rollback: {why}", who=who)
     rejected = None
-    if canary is not None and canary != to_version and router.registry.states(model).get(canary) == State.CANARY:
+    # the route write already moved the canary back to registered (states follow routes);
+    # a rollback is a verdict: it ends rejected
+    if canary is not None and canary != to_version and router.registry.states(model).get(canary) in (
+        State.CANARY, State.REGISTERED,
+    ):  # fmt: skip
         router.registry.transition(model, canary, State.REJECTED, why=f"rolled back: {why}", who=who)
         rejected = canary
     return RollbackResult(after, moved_from, to_version, rejected)

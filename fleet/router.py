@@ -27,10 +27,20 @@ from fleet.types import ObjectStore
 from fleet.validation import explain
 
 
+# What a change writes besides the route itself: a change that differs only here is no change.
+_STAMP = {"revision", "updated_at", "updated_by", "reason"}
+
+
+class _Unchanged(Exception):
+    def __init__(self, table: RouteTable) -> None:
+        self.table = table
+
+
 class Router:
     def __init__(self, store: ObjectStore, registry: Registry | None = None) -> None:
         self.store = store
         self.registry = registry or Registry(store)
+        self.unchanged = False  # whether the last update found nothing to change (and wrote nothing)
 
     @staticmethod
     def _key(model: str) -> str:
@@ -52,22 +62,32 @@ class Router:
         why: str,
         who: str | None = None,
     ) -> RouteTable:
-        """Apply ``change`` as one audited revision; retried from a fresh read on a lost race."""
+        """Apply ``change`` as one audited revision; retried from a fresh read on a lost race.
+
+        A change that leaves the table as it is writes nothing (no revision, no event) and
+        returns the stored table with ``self.unchanged`` set.
+        """
         who = who or audit.actor()
         if not why.strip():
             raise InvalidInput("a route change needs a reason; expected a non-empty --reason")
 
         def apply(before: RouteTable | None) -> RouteTable:
             before = before or RouteTable(model=model)
-            after = change(before)
+            after = change(before).model_copy(update={"model": model})
+            if after.model_dump(exclude=_STAMP) == before.model_dump(exclude=_STAMP):
+                raise _Unchanged(before)
             validate_states(after, self.registry.states(model), before.stable)
             return after.model_copy(update={
-                "model": model, "revision": before.revision + 1,
-                "updated_at": audit.now(), "updated_by": who, "reason": why,
+                "revision": before.revision + 1, "updated_at": audit.now(), "updated_by": who, "reason": why,
             })  # fmt: skip
 
         self.get(model)  # NotFound for a model that was never registered
-        before, after = records.update(self.store, self._key(model), RouteTable, apply)
+        try:
+            before, after = records.update(self.store, self._key(model), RouteTable, apply)
+        except _Unchanged as same:
+            self.unchanged = True
+            return same.table
+        self.unchanged = False
         self._log(before, after)
         self._repair_audit(model)
         self._reconcile_states(model, who)
@@ -98,9 +118,16 @@ class Router:
                 data["stable"] = stable
                 if t.canary and t.canary.version == stable:
                     data["canary"] = None  # promoting the canary ends the split
+                if t.shadow and t.shadow.version == stable:
+                    data["shadow"] = None  # and a version cannot mirror its own traffic
             if clear_canary:
                 data["canary"] = None
             elif canary is not None or weight is not None:
+                if t.canary and canary not in (None, t.canary.version) and weight is None and t.canary.weight > 0:
+                    raise InvalidInput(
+                        f"canary {t.canary.version} of {model} takes {t.canary.weight:g}% of traffic; replacing it "
+                        f"with {canary} needs --weight (e.g. --weight 0 to start it without traffic)"
+                    )
                 data["canary"] = _arm(model, "canary", t.canary, canary, "weight", weight, default=0.0)
             if clear_shadow:
                 data["shadow"] = None
@@ -182,20 +209,14 @@ class Router:
     def _reconcile_states(self, model: str, who: str) -> None:
         """Move version states to match the current table (after the route write won).
 
-        The table's stable is ``stable`` and its canary ``canary``; a ``stable`` version the
-        table no longer uses (not stable, pinned, canary or shadow) is ``retired``.
+        States are a function of the table: its stable is ``stable``, its canary ``canary``;
+        a ``canary`` version out of the canary slot (replaced or cleared without a verdict)
+        is ``registered`` again, and a ``stable`` version the table no longer uses (not
+        stable, pinned or shadow) is ``retired``. Each move is an audited transition.
         """
         table = self.get(model)
-        used = table.referenced_versions()
         for version, state in self.registry.states(model).items():
-            if version == table.stable:
-                wanted = State.STABLE
-            elif table.canary and version == table.canary.version:
-                wanted = State.CANARY
-            elif state == State.STABLE and version not in used:
-                wanted = State.RETIRED
-            else:
-                continue
+            wanted = wanted_state(table, version, state)
             if state != wanted and wanted in TRANSITIONS[state]:
                 try:
                     self.registry.transition(
@@ -203,6 +224,19 @@ class Router:
                     )
                 except Conflict:
                     pass  # another writer reconciled it first
+
+
+def wanted_state(table: RouteTable, version: str, state: State) -> State:
+    """The state ``version`` (now in ``state``) has under ``table``: the one rule."""
+    if version == table.stable:
+        return State.STABLE
+    if table.canary and version == table.canary.version:
+        return State.CANARY
+    if state == State.CANARY:
+        return State.REGISTERED
+    if state == State.STABLE and version not in table.referenced_versions():
+        return State.RETIRED
+    return state
 
 
 def _arm(

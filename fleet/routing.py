@@ -23,14 +23,14 @@ BUCKETS = 10_000  # weights resolve to 0.01 %
 
 
 class Canary(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     version: str
     weight: float = Field(ge=0, le=100, description="percent of unpinned traffic")
 
 
 class Shadow(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     version: str
     percent: float = Field(ge=0, le=100, description="percent of requests mirrored")
@@ -57,6 +57,9 @@ class RouteTable(BaseModel):
             raise ValueError(f"canary {self.canary.version} is already the stable version")
         if self.shadow and not self.stable:
             raise ValueError("a shadow needs a stable version whose traffic it mirrors")
+        if self.shadow and self.shadow.version == self.stable:
+            raise ValueError(f"shadow {self.shadow.version} is already the stable version; "
+                             "expected another version to mirror stable's traffic to")  # fmt: skip
         return self
 
     def served_versions(self) -> set[str]:

@@ -33,7 +33,11 @@ def weights(url: str, model: str, times: int, name: str) -> None:
 
     router = Router(open_store(url))
     for i in range(times):
-        router.set(model, weight=(i * 7 + len(name)) % 100, why=f"{name} step {i}", who=name)
+        # no write in any interleaving sets the weight already there (that would be a no-op, no
+        # revision): p1 writes 7i + 53, p2 7j + 3 (mod 100), neither ever 0 (the start), and
+        # 7(j - i) = 50 (mod 100) needs |j - i| = 50
+        offset = 53 if name == "p1" else 3
+        router.set(model, weight=(i * 7 + offset) % 100, why=f"{name} step {i}", who=name)
 
 
 if __name__ == "__main__":

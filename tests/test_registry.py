@@ -203,8 +203,8 @@ def test_lifecycle_allows_the_documented_path_and_audits_it(artifact: Path) -> N
     ("path", "refused"),
     [
         ([], State.RETIRED),  # registered → retired
-        ([State.CANARY], State.REGISTERED),
         ([State.CANARY], State.RETIRED),
+        ([State.CANARY, State.REGISTERED], State.RETIRED),
         ([State.REJECTED], State.CANARY),  # rejected is final
         ([State.CANARY, State.STABLE], State.CANARY),
     ],
