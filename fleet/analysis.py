@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal
 
 import numpy as np
@@ -165,7 +166,7 @@ def judge(
         outcome = "hold"
         # before min_samples every gate waits for the same thing: say it once
         shown = [g for g in pending if g.gate == "samples"] or pending
-        summary = f"hold (a failure from {deadline:.0f} on): " + "; ".join(g.explanation for g in shown)
+        summary = f"hold (a failure from {_clock(deadline)} on): " + "; ".join(g.explanation for g in shown)
     return Verdict(
         outcome=outcome, gates=tuple(results), at=at, deadline=deadline,
         canary_requests=canary.requests, stable_requests=stable.requests, summary=summary,
@@ -406,6 +407,11 @@ def _most(values) -> int | None:
 
 
 # -- wording ----------------------------------------------------------------------------------
+
+
+def _clock(seconds: float) -> str:
+    """Unix seconds as a UTC clock time, "2026-12-01 14:02:09 UTC": summaries are read by people."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _pct(x: float) -> str:

@@ -16,6 +16,7 @@ was what was expected, how long it took, and the run in the UI.
 from __future__ import annotations
 
 import os
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +46,23 @@ class StepResult:
     ok: bool
     seconds: float
     run_url: str = ""
+
+
+def summary_table(results: list[StepResult]) -> tuple[list[str], list[list[str]]]:
+    """Columns and rows of the table ``fleet demo`` ends with: ``table("fleet demo", *summary_table(r))``.
+
+    The verdict (as expected, took) comes right after the step's name, headers are short, and
+    what happened is cut at a word, not mid-word: six columns with a Prefect URL in them do not
+    fit 80 columns, so at that width each step prints as a record and this order is how it reads.
+    """
+    columns = ["step", "as expected", "took", "expected", "what happened", "Prefect run"]
+    rows = [[r.step, "yes" if r.ok else "NO", f"{r.seconds:.0f} s", r.expected,
+             textwrap.shorten(r.outcome or "-", _OUTCOME_CHARS, placeholder=" …"), r.run_url or "-"]
+            for r in results]  # fmt: skip
+    return columns, rows
+
+
+_OUTCOME_CHARS = 240  # a Prefect state message can run to pages; the UI link has the rest
 
 
 @dataclass

@@ -152,6 +152,7 @@ def approve_cmd(
     model: str,
     reject: Annotated[bool, typer.Option("--reject", help="Refuse instead: the rollout rolls back.")] = False,
     note: Annotated[str, typer.Option(help="Why, for the record.")] = "",
+    json: JsonFlag = False,
 ) -> None:
     """Answer a rollout that waits for approval before 100 %."""
     from prefect.flow_runs import resume_flow_run
@@ -166,7 +167,10 @@ def approve_cmd(
         raise InvalidInput(f"{model}'s rollout {where}; only one waiting for approval can be answered")
     _api_url()
     resume_flow_run(stored.run_id, run_input={"approve": not reject, "note": note, "by": audit.actor()})
-    console.print(f"{'rejected' if reject else 'approved'} the rollout of {model}:{stored.version}")
+    if json:
+        emit_json({"model": model, "version": stored.version, "approved": not reject, "run_id": stored.run_id})
+    else:
+        console.print(f"{'rejected' if reject else 'approved'} the rollout of {model}:{stored.version}")
 
 
 def rollback_cmd(
@@ -223,15 +227,13 @@ def demo_cmd(
     a corrupted batch → an alert with retraining blocked. A few minutes; ends with a table.
     """
     from fleet.cli._output import table
-    from fleet.demo import run
+    from fleet.demo import run, summary_table
 
     started = time.monotonic()
     results = run(model, lambda line: err_console.print(f"[dim]{time.monotonic() - started:6.1f}s[/] {line}"))
     if json:
         emit_json([r.__dict__ for r in results])
     else:
-        table("fleet demo", ["step", "expected", "as expected", "took", "what happened", "run in the Prefect UI"],
-              [[r.step, r.expected, "yes" if r.ok else "NO", f"{r.seconds:.0f} s", r.outcome[:160], r.run_url]
-               for r in results])  # fmt: skip
+        table("fleet demo", *summary_table(results))
     if not all(r.ok for r in results):
         raise FlowFailed("the demo did not go as expected: " + "; ".join(r.step for r in results if not r.ok))
