@@ -147,6 +147,8 @@ class Plan:
 
     @property
     def usd_per_hour(self) -> tuple[float, float]:
+        """The model nodes only, at minimum and maximum size; ``fleet.stack.stack_cost`` adds the
+        system nodes, EKS, NAT and the load balancer for the whole stack."""
         return sum(g.usd_per_hour[0] for g in self.node_groups), sum(g.usd_per_hour[1] for g in self.node_groups)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Stack config: the node pools and models of a ``Pulumi.<stack>.yaml``, parsed once.
+"""Stack config: the node pools and models of a ``Pulumi.<stack>.yaml``, parsed once, and
+what the stack costs per hour and may scale to (its guardrails' GPU ceiling).
 
 Pure and Pulumi-free, so ``fleet plan`` (reading the stack file), ``infra/config.py``
 (reading the config the engine hands the program) and the tests check the same rules. A
@@ -10,8 +11,10 @@ list at once::
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -19,6 +22,9 @@ from fleet.errors import ConfigError
 from fleet.names import NAME_RE
 from fleet.spec import Policies
 from fleet.validation import checked, expected, explain, problem, read_yaml, show
+
+if TYPE_CHECKING:  # fleet.placement imports this module
+    from fleet.placement import Plan
 
 PROJECT = "serving-fleet"  # the name in Pulumi.yaml, and so the namespace of the config keys
 STACK_POOLS_KEY = "nodePools"
@@ -110,3 +116,199 @@ def placement_inputs(config: dict[str, Any], where: str, policies: Policies) -> 
     """(node pools, models or None for all) of a stack file's ``config`` mapping."""
     pools = pools_from_config(config.get(f"{PROJECT}:{STACK_POOLS_KEY}"), f"{where}: {PROJECT}")
     return pools, models_from_config(config.get(f"{PROJECT}:{STACK_MODELS_KEY}"), f"{where}: {PROJECT}", policies)
+
+
+# --- what the stack costs besides its model nodes, and its GPU ceiling ----------------------
+
+STACK_SYSTEM_KEY = "systemNodes"
+STACK_AZ_KEY = "azCount"
+STACK_SINGLE_NAT_KEY = "singleNatGateway"
+
+# The fixed parts of a stack's hourly cost, in USD per hour: AWS list prices in us-east-1,
+# the region of the example stacks (nodes are priced by the stack file's hourly_usd). One
+# table for `fleet plan` and the `usdPerHour` stack output (infra/cost.py). Prices change:
+# check them against the pages named before relying on them.
+AWS_PRICE_SOURCE = "AWS list price, us-east-1"
+AWS_PRICE_LABEL = "AWS us-east-1"
+EKS_CONTROL_PLANE_USD = 0.10  # per cluster-hour, standard support (aws.amazon.com/eks/pricing)
+NAT_GATEWAY_USD = 0.045  # per NAT gateway-hour, before $0.045/GB processed (aws.amazon.com/vpc/pricing)
+PUBLIC_IPV4_USD = 0.005  # per public IPv4 address-hour: each NAT gateway's Elastic IP (same page)
+ALB_USD = 0.0225  # per Application Load Balancer-hour, before LCUs (aws.amazon.com/elasticloadbalancing/pricing)
+# Not in the totals: billed by traffic or storage, growing with load (the ALB adds public
+# IPv4s as it scales out), or by the month (KMS keys).
+COST_LEFT_OUT = (
+    "data transfer, NAT data processing, ALB capacity units and public IPv4s, "
+    "EBS volumes, S3, KMS keys, CloudWatch"
+)
+
+# The CrossGuard pack policies/guardrails refuses a stack whose GPU node groups can scale past
+# this config value (policies/guardrails/fleet_guardrails/compute.py, gpu-ceiling).
+GUARDRAIL_CEILING_POLICY = "gpu-ceiling"
+GUARDRAIL_CEILING_KEY = "maxGpus"
+
+
+class SystemNodes(BaseModel):
+    """The platform's node group (gateway, Prometheus, KEDA, Prefect), ``serving-fleet:systemNodes``.
+
+    One model for both readers: infra/config.py takes it from here, so ``fleet plan`` refuses what
+    ``pulumi up`` refuses.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    instance_type: str = Field(min_length=1)
+    min_size: int = Field(2, ge=1)
+    max_size: int = Field(4, ge=1)
+    hourly_usd: float = Field(ge=0.0)
+    root_volume_gib: int = Field(50, ge=20, le=16384)
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> SystemNodes:
+        if self.min_size > self.max_size:
+            raise expected(f"an integer <= max_size ({self.max_size})", field="min_size", got=self.min_size)
+        return self
+
+
+class StackBuild(BaseModel):
+    """The keys of a stack file, besides the node pools, that decide what the stack pays for
+    by the hour; names and defaults as in infra/config.py's Settings."""
+
+    model_config = ConfigDict(frozen=True, strict=True)
+
+    systemNodes: SystemNodes
+    azCount: int = Field(2, ge=2, le=6)
+    singleNatGateway: bool = False
+
+    @property
+    def nat_gateways(self) -> int:
+        """What infra/network.py builds: one NAT gateway per AZ, or one for all."""
+        return 1 if self.singleNatGateway else self.azCount
+
+
+def build_inputs(config: dict[str, Any], where: str) -> StackBuild:
+    """The system nodes and network shape of a stack file's ``config`` mapping.
+
+    A value ``pulumi config set`` stored as text (``"3"``, ``"true"``, JSON) is read as Pulumi
+    hands it to the program, so this agrees with ``pulumi up``.
+    """
+    keys = (STACK_SYSTEM_KEY, STACK_AZ_KEY, STACK_SINGLE_NAT_KEY)
+    values = {k: _as_pulumi_reads(config[f"{PROJECT}:{k}"]) for k in keys if f"{PROJECT}:{k}" in config}
+    try:
+        return StackBuild.model_validate(values)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(f"{where}: {PROJECT}:{line}" for line in explain(exc, StackBuild))) from None
+
+
+def _as_pulumi_reads(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value  # pydantic names the type it expected
+
+
+@dataclass(frozen=True)
+class CostPart:
+    """One row of a stack's hourly cost: what, how many, USD at minimum and maximum size, and
+    where the price came from: ``source`` in full (the stack file's key, or the AWS list price
+    above), ``label`` short enough for a table column at 80 characters."""
+
+    part: str
+    count: str
+    usd_per_hour: tuple[float, float]
+    source: str
+    label: str
+
+
+@dataclass(frozen=True)
+class StackCost:
+    parts: tuple[CostPart, ...]
+    left_out: str = COST_LEFT_OUT
+
+    @property
+    def usd_per_hour(self) -> tuple[float, float]:
+        """The whole stack at its minimum and at its maximum size: the sum of the parts."""
+        return sum(p.usd_per_hour[0] for p in self.parts), sum(p.usd_per_hour[1] for p in self.parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        # rounded to 6 decimals: float sums like 1.6200999999999999 say more than they know
+        parts = [{**asdict(p), "usd_per_hour": _usd(p.usd_per_hour)} for p in self.parts]
+        return {"parts": parts, "usd_per_hour": _usd(self.usd_per_hour), "left_out": self.left_out}
+
+
+def _usd(pair: tuple[float, float]) -> tuple[float, float]:
+    return round(pair[0], 6), round(pair[1], 6)
+
+
+def stack_cost(plan: Plan, build: StackBuild, where: str) -> StackCost:
+    """Every part of the stack that ``pulumi up`` builds and AWS bills by the hour; ``where``
+    (the stack file's name) goes into the sources of the node prices."""
+    system = build.systemNodes
+    parts = [_nodes(
+        "system nodes", system.min_size, system.max_size, system.instance_type, system.hourly_usd,
+        f"{where}: {STACK_SYSTEM_KEY}.hourly_usd", STACK_SYSTEM_KEY,
+    )]  # fmt: skip
+    parts += [_nodes(
+        f"node group {g.name}", g.min_size, g.max_size, g.instance_type, g.hourly_usd,
+        f"{where}: {STACK_POOLS_KEY}[{g.pool}].hourly_usd", f"{STACK_POOLS_KEY} {g.pool}",
+    ) for g in plan.node_groups]  # fmt: skip
+    nats = build.nat_gateways
+    per_az = f"1 for {build.azCount} AZs" if build.singleNatGateway else f"{nats}, 1 per AZ"
+    parts += [
+        _fixed("EKS control plane", 1, "1 cluster", EKS_CONTROL_PLANE_USD),
+        _fixed("NAT gateways", nats, per_az, NAT_GATEWAY_USD),
+        _fixed("NAT Elastic IPs", nats, f"{nats}", PUBLIC_IPV4_USD),
+        _fixed("load balancer", 1, "1 ALB", ALB_USD),
+    ]
+    return StackCost(tuple(parts))
+
+
+def _nodes(part: str, low: int, high: int, instance_type: str, hourly: float, source: str, label: str) -> CostPart:
+    count = f"{low} × {instance_type}" if low == high else f"{low}-{high} × {instance_type}"
+    return CostPart(part, count, (low * hourly, high * hourly), source, label)
+
+
+def _fixed(part: str, n: int, count: str, hourly: float) -> CostPart:
+    return CostPart(part, count, (n * hourly, n * hourly), AWS_PRICE_SOURCE, AWS_PRICE_LABEL)
+
+
+@dataclass(frozen=True)
+class GpuCeiling:
+    """The guardrails' ``maxGpus`` for a stack (None: no pack config found) and where it was read."""
+
+    max_gpus: int | None
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def guardrail_config_file(stack_path: Path, policies: Path) -> Path | None:
+    """``<policies>/guardrails/<stack>.json``, the ``--policy-pack-config`` of ``pulumi up``
+    for ``Pulumi.<stack>.yaml``; None when the stack file's name does not say the stack."""
+    name = stack_path.name
+    if not (name.startswith("Pulumi.") and stack_path.suffix in (".yaml", ".yml")):
+        return None
+    folder = policies if policies.is_dir() else policies.parent
+    return folder / "guardrails" / f"{name.removeprefix('Pulumi.').rsplit('.', 1)[0]}.json"
+
+
+def gpu_ceiling(path: Path | None, *, required: bool = False) -> GpuCeiling:
+    """The GPU ceiling in the guardrail pack config ``path``. A missing default file means no
+    ceiling is known (``pulumi up`` without ``--policy-pack`` has none); a file asked for by
+    name (``required``) must exist, and a malformed one is always an error."""
+    if path is not None and required and not path.is_file():
+        raise ConfigError(f"{path}: not found; expected a guardrail pack config like policies/guardrails/dev.json")
+    if path is None or not path.is_file():
+        return GpuCeiling(None, f"no guardrail config at {path}" if path else "no guardrail config for this stack file")
+    key = f"{path}: {GUARDRAIL_CEILING_POLICY}.{GUARDRAIL_CEILING_KEY}"
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc}) — expected a CrossGuard policy pack config") from None
+    section = data.get(GUARDRAIL_CEILING_POLICY) if isinstance(data, dict) else None
+    value = section.get(GUARDRAIL_CEILING_KEY) if isinstance(section, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(problem(key, f"got {show(value)}", "an integer >= 0 (the stack's GPU ceiling)"))
+    return GpuCeiling(value, key)

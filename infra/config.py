@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from fleet.errors import ConfigError
 from fleet.placement import Plan, plan
 from fleet.spec import Policies, load_policies
-from fleet.stack import PROJECT, NodePool, models_from_config, pools_from_config
+from fleet.stack import PROJECT, NodePool, SystemNodes, models_from_config, pools_from_config
 from fleet.validation import checked, expected, explain, hint, problem
 
 ROOT = Path(__file__).resolve().parent.parent  # where Pulumi.yaml is
@@ -78,22 +78,6 @@ Label = checked(str, "1-63 lowercase letters, digits or '-'", re.compile(r"[a-z0
 
 class _Cfg(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-
-class SystemNodes(_Cfg):
-    """The node group for the platform (gateway, Prometheus, KEDA, Prefect): never GPUs."""
-
-    instance_type: str = Field(min_length=1)
-    min_size: int = Field(2, ge=1)
-    max_size: int = Field(4, ge=1)
-    hourly_usd: float = Field(ge=0.0)
-    root_volume_gib: int = Field(50, ge=20, le=16384)
-
-    @model_validator(mode="after")
-    def _min_below_max(self) -> SystemNodes:
-        if self.min_size > self.max_size:
-            raise expected(f"an integer <= max_size ({self.max_size})", field="min_size", got=self.min_size)
-        return self
 
 
 class GatewaySettings(_Cfg):

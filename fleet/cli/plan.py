@@ -1,19 +1,32 @@
-"""``fleet plan``: the placement plan of a stack — where each model runs and the node-group sizes.
+"""``fleet plan``: the placement plan of a stack — where each model runs, the node-group sizes,
+what the whole stack costs per hour and how its GPUs compare with the guardrails' ceiling.
 
-Only gathers inputs (the policies, and the node pools of ``Pulumi.<stack>.yaml`` as
-``fleet.stack`` parses them) and prints
-what ``fleet.placement.plan`` decides; the Pulumi program sizes its node groups from the
-same function, so this is what ``pulumi up`` would build.
+Only gathers inputs (the policies, the node pools, system nodes and network of
+``Pulumi.<stack>.yaml`` as ``fleet.stack`` parses them, the guardrail pack's config) and prints
+what ``fleet.placement.plan`` and ``fleet.stack.stack_cost`` decide; the Pulumi program sizes its
+node groups from the same function and exports the same cost, so this is what ``pulumi up``
+would build.
+
+The tables are built here rather than with ``_output.table`` because they need column-level
+control to stay readable at 80 columns: names never wrap (each is one token a reader copies),
+lists go one item per line, and only free text wraps, at spaces.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich import box
+from rich.table import Table
+from rich.text import Text
 
-from fleet.cli._output import JsonFlag, console, emit_json, table
+from fleet.cli._output import JsonFlag, console, emit_json
+
+if TYPE_CHECKING:  # imported where used: `fleet --help` stays fast
+    from fleet.placement import ModelPlacement, NodeGroupPlan, Plan
+    from fleet.stack import GpuCeiling, StackCost
 
 StackOpt = Annotated[
     str, typer.Option("--stack", "-s", help="Stack name (reads Pulumi.<stack>.yaml) or a stack file path.")
@@ -21,44 +34,131 @@ StackOpt = Annotated[
 PoliciesOpt = Annotated[
     Path, typer.Option("--policies", envvar="FLEET_POLICIES", help="Policy folder or file.", show_envvar=True)
 ]
+GuardrailsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--guardrails",
+        help="The guardrail pack config with the GPU ceiling (default <policies>/guardrails/<stack>.json, "
+        "what `pulumi up --policy-pack-config` is given).",
+    ),
+]
 
 
 def plan_cmd(
     stack: StackOpt = "dev",
     policies: PoliciesOpt = Path("policies"),
+    guardrails: GuardrailsOpt = None,
     json: JsonFlag = False,
 ) -> None:
-    """Place the stack's models on its node pools: GPUs per replica, replicas, node-group sizes, cost."""
+    """Place the stack's models on its node pools: GPUs per replica, replicas, node-group sizes,
+    the whole stack's cost per hour and the GPU ceiling."""
     from fleet.placement import plan
     from fleet.spec import load_policies
-    from fleet.stack import placement_inputs, read_stack_file, stack_file
+    from fleet.stack import build_inputs, gpu_ceiling, guardrail_config_file, placement_inputs, read_stack_file
+    from fleet.stack import stack_cost, stack_file
 
     path = stack_file(stack)
     config = read_stack_file(path)
     loaded = load_policies(policies)
     result = plan(loaded, *placement_inputs(config, str(path), loaded))
+    cost = stack_cost(result, build_inputs(config, str(path)), path.name)
+    ceiling = gpu_ceiling(guardrails, required=True) if guardrails else gpu_ceiling(guardrail_config_file(path, policies))
     if json:
-        emit_json(result.to_dict())
+        within = None if ceiling.max_gpus is None else result.max_gpus <= ceiling.max_gpus
+        emit_json({**result.to_dict(), "cost": cost.to_dict(), "gpu_ceiling": {**ceiling.to_dict(), "within": within}})
         return
-    table(
-        f"placement ({path})",
-        ["model", "node group", "instance", "GPUs / replica", "GiB / replica", "replicas", "isolated for"],
-        [[m.model, m.node_group, m.instance_type, _gpus(m), f"{m.gpu_memory_gib:g}" if m.gpus else "-",
-          f"{m.min_replicas}-{m.max_replicas}", ", ".join(m.isolated_for) or "-"] for m in result.models],
-    )  # fmt: skip
-    table(
-        "node groups",
-        ["node group", "instance", "GPUs / node", "nodes", "max GPUs", "USD / hour", "models"],
-        [[g.name, g.instance_type, _per_node(g), f"{g.min_size}-{g.max_size}", g.max_gpus,
-          f"{g.usd_per_hour[0]:.2f}-{g.usd_per_hour[1]:.2f}", ", ".join(g.models)] for g in result.node_groups],
-    )  # fmt: skip
+    for table in (_placement_table(result, path), _node_group_table(result), _cost_table(cost, path)):
+        console.print(table)
+        console.print()
+    for line in _summary(result, cost, ceiling):
+        console.print(line, markup=False, highlight=False)
+
+
+def _table(title: str) -> Table:
+    # no vertical rules and one space of padding: six columns of names and numbers fit 80 columns
+    return Table(title=Text(title), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
+
+
+def _name_column(t: Table, header: str) -> None:
+    """A column of names: never wrapped at a space or cut short with "…", so each stays whole on one line."""
+    t.add_column(header, no_wrap=True, overflow="fold")  # fold: only a name wider than the screen
+
+
+def _text_column(t: Table, header: str, *, right: bool = False) -> None:
+    """A column of words: wraps at spaces; a single token longer than the column folds."""
+    t.add_column(header, overflow="fold", justify="right" if right else "left")
+
+
+def _row(t: Table, *cells: str, end_section: bool = False) -> None:
+    """Cells as plain text: a name like ``nodePools[a10g-1]`` is not rich markup."""
+    t.add_row(*(Text(c) for c in cells), end_section=end_section)
+
+
+def _placement_table(result: Plan, path: Path) -> Table:
+    t = _table(f"placement ({path})")
+    _name_column(t, "model")
+    _name_column(t, "node group")
+    _text_column(t, "GPUs / replica")
+    _text_column(t, "GPU GiB / replica", right=True)
+    _text_column(t, "replicas", right=True)
+    _text_column(t, "isolated for")
+    for m in result.models:
+        gib = f"{m.gpu_memory_gib:g}" if m.gpus else "-"
+        _row(t, m.model, m.node_group, _gpus(m), gib, f"{m.min_replicas}-{m.max_replicas}", "\n".join(m.isolated_for) or "-")
+    return t
+
+
+def _node_group_table(result: Plan) -> Table:
+    t = _table("node groups")
+    _name_column(t, "node group")
+    _name_column(t, "instance")
+    _text_column(t, "GPUs / node")
+    _text_column(t, "nodes", right=True)
+    _text_column(t, "max GPUs", right=True)
+    _name_column(t, "models")  # one per line
+    for g in result.node_groups:
+        _row(t, g.name, g.instance_type, _per_node(g), f"{g.min_size}-{g.max_size}", str(g.max_gpus), "\n".join(g.models))
+    return t
+
+
+def _cost_table(cost: StackCost, path: Path) -> Table:
+    t = _table(f"cost per hour, USD, at min and max size ({path.name})")
+    t.caption = Text("source: hourly_usd of the stack file's key, or AWS list price")
+    t.caption_justify = "left"
+    _text_column(t, "part")
+    _name_column(t, "count")
+    _text_column(t, "min", right=True)
+    _text_column(t, "max", right=True)
+    _text_column(t, "price source")
+    for p in cost.parts:
+        _row(t, p.part, p.count, _usd(p.usd_per_hour[0]), _usd(p.usd_per_hour[1]), p.label, end_section=p is cost.parts[-1])
+    low, high = cost.usd_per_hour
+    _row(t, "total", "", _usd(low), _usd(high), "sum of the parts")
+    return t
+
+
+def _summary(result: Plan, cost: StackCost, ceiling: GpuCeiling) -> list[str]:
+    """The totals in words: model nodes, GPUs against the guardrails' ceiling, the whole stack."""
     low, high = result.usd_per_hour
     unused = f"; unused pools: {', '.join(result.unused_pools)}" if result.unused_pools else ""
     gpus = f"{result.max_gpus} GPU{'' if result.max_gpus == 1 else 's'}"
-    console.print(f"model nodes: at most {gpus}, {low:.2f}-{high:.2f} USD/hour{unused}")
+    lines = [f"model nodes: at most {gpus}, {low:.2f}-{high:.2f} USD/hour{unused}"]
+    if ceiling.max_gpus is None:
+        lines.append(f"GPU ceiling: at most {gpus}; none known ({ceiling.source})")
+    else:
+        over = " — OVER the ceiling: the guardrails will refuse `pulumi up`" if result.max_gpus > ceiling.max_gpus else ""
+        lines.append(f"GPU ceiling: at most {gpus} of the guardrail's {ceiling.max_gpus} ({ceiling.source}){over}")
+    low, high = cost.usd_per_hour
+    lines.append(f"whole stack: {low:.2f}-{high:.2f} USD/hour on demand; left out: {cost.left_out}")
+    return lines
 
 
-def _gpus(m) -> str:  # noqa: ANN001 - a ModelPlacement
+def _usd(value: float) -> str:
+    # four decimals: every list price here (e.g. the ALB's 0.0225) shows exactly, so the parts add up to the total
+    return f"{value:.4f}"
+
+
+def _gpus(m: ModelPlacement) -> str:
     if not m.gpus:
         return "0 (CPU)"
     if m.shared_gpu:
@@ -66,7 +166,7 @@ def _gpus(m) -> str:  # noqa: ANN001 - a ModelPlacement
     return f"{m.gpus} (tensor parallel)" if m.tensor_parallel > 1 else "1"
 
 
-def _per_node(g) -> str:  # noqa: ANN001 - a NodeGroupPlan
+def _per_node(g: NodeGroupPlan) -> str:
     if not g.gpus_per_node:
         return "0"
     return f"{g.gpus_per_node} × {g.gpu_slices} shares" if g.gpu_slices > 1 else str(g.gpus_per_node)

@@ -1,0 +1,200 @@
+"""``fleet plan`` as a user reads it at 80 columns, for every stack file of the repo: whole
+names, the whole stack's cost part by part with each price's source, the README's totals and
+the guardrails' GPU ceiling; and the demo example's metadata file, which the README registers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleet.errors import ConfigError
+from fleet.stack import (
+    ALB_USD,
+    EKS_CONTROL_PLANE_USD,
+    NAT_GATEWAY_USD,
+    PUBLIC_IPV4_USD,
+    build_inputs,
+    gpu_ceiling,
+    guardrail_config_file,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+FLEET = str(Path(sys.executable).with_name("fleet"))
+STACKS = sorted(p.name.split(".")[1] for p in ROOT.glob("Pulumi.*.yaml"))
+EXAMPLE = ROOT / "examples" / "demo-classifier"
+WIDTH = 80
+USD = r"\d+\.\d{4}"
+COST_ROW = re.compile(rf"^(?P<part>.*?)\s+(?P<min>{USD})\s+(?P<max>{USD})\s+(?P<source>\S.*?)\s*$")
+
+
+def fleet_plan(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    """The real command, from the project root as the README runs it, on an 80-column screen."""
+    env = {**os.environ, "COLUMNS": str(WIDTH), "FLEET_STORE": "file:///nonexistent-not-needed"}
+    env.pop("FLEET_POLICIES", None)
+    proc = subprocess.run([FLEET, "plan", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def plan_json(stack: str) -> dict:
+    return json.loads(fleet_plan("-s", stack, "--json").stdout)
+
+
+def whole(name: str) -> re.Pattern[str]:
+    """``name`` as a token of its own: not a piece of a longer name, not cut."""
+    return re.compile(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])")
+
+
+def readme_totals() -> dict[str, tuple[float, float]]:
+    """Stack → (min, max) USD/hour from the README's cost table."""
+    rows = re.findall(r"^\| (\w+) \|.*\| ([\d.]+) → ([\d.]+) \|", (ROOT / "README.md").read_text(), re.M)
+    return {stack: (float(low), float(high)) for stack, low, high in rows}
+
+
+def test_the_repo_has_stack_files() -> None:
+    assert {"dev", "prod"} <= set(STACKS)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_plan_fits_80_columns_and_keeps_every_name_whole(stack: str) -> None:
+    data = plan_json(stack)
+    lines = fleet_plan("-s", stack).stdout.splitlines()
+    too_wide = [line for line in lines if len(line) > WIDTH]
+    assert not too_wide, f"lines wider than {WIDTH}: {too_wide}"
+    models = [m["model"] for m in data["models"]]
+    groups = [g["name"] for g in data["node_groups"]]
+    # a model is in the placement and node-group tables, a node group in those and the cost table
+    for names, tables in ((models, 2), (groups, 3)):
+        for name in names:
+            found = sum(len(whole(name).findall(line)) for line in lines)
+            assert found >= tables, f"{name} is whole on {found} lines, expected {tables}: {lines}"
+    fragments = [
+        (token, line) for line in lines for token in re.split(r"[\s,;()]+", line)
+        if len(token) >= 3 and token not in models + groups
+        and any(n != token and (n.startswith(token) or n.endswith(token)) for n in models + groups)
+    ]  # fmt: skip
+    assert not fragments, f"names cut mid-word: {fragments}"
+    assert "GPU GiB" in "\n".join(lines)  # the memory column says it is GPU memory
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_cost_rows_name_their_source_and_add_up_to_the_total(stack: str) -> None:
+    lines = fleet_plan("-s", stack).stdout.splitlines()
+    rows = [m for line in lines if (m := COST_ROW.match(line))]
+    *parts, total = rows
+    assert total["part"].strip() == "total" and len(parts) >= 6
+    for row in parts:
+        assert re.fullmatch(r"AWS us-east-1|systemNodes|nodePools \S+", row["source"]), f"no price source: {row.string!r}"
+    for side in ("min", "max"):
+        assert sum(float(r[side]) for r in parts) == pytest.approx(float(total[side]), abs=1e-9 + 5e-5 * len(parts))
+    text = "\n".join(lines)
+    for part in ("system nodes", "EKS control plane", "NAT gateways", "load balancer"):
+        assert part in text
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_json_has_the_cost_parts_their_sources_and_the_gpu_ceiling(stack: str) -> None:
+    data = plan_json(stack)
+    cost = data["cost"]
+    parts = cost["parts"]
+    for side in (0, 1):
+        assert sum(p["usd_per_hour"][side] for p in parts) == pytest.approx(cost["usd_per_hour"][side])
+    by_part = {p["part"]: p for p in parts}
+    assert by_part["system nodes"]["source"] == f"Pulumi.{stack}.yaml: systemNodes.hourly_usd"
+    for g in data["node_groups"]:
+        assert by_part[f"node group {g['name']}"]["source"] == f"Pulumi.{stack}.yaml: nodePools[{g['pool']}].hourly_usd"
+        assert tuple(by_part[f"node group {g['name']}"]["usd_per_hour"]) == pytest.approx(tuple(g["usd_per_hour"]))
+    assert all(by_part[p]["source"].startswith("AWS list price") for p in ("EKS control plane", "NAT gateways", "load balancer"))
+    assert "data transfer" in cost["left_out"]
+    ceiling = json.loads((ROOT / "policies" / "guardrails" / f"{stack}.json").read_text())["gpu-ceiling"]["maxGpus"]
+    assert data["gpu_ceiling"] == {
+        "max_gpus": ceiling, "source": f"policies/guardrails/{stack}.json: gpu-ceiling.maxGpus", "within": True,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_whole_stack_total_is_the_readme_s_and_the_gpu_ceiling_is_shown(stack: str) -> None:
+    data = plan_json(stack)
+    text = " ".join(fleet_plan("-s", stack).stdout.split())  # joined: a summary line may wrap
+    low, high = (round(x, 2) for x in data["cost"]["usd_per_hour"])
+    assert readme_totals()[stack] == (low, high), "README.md's cost table and `fleet plan` disagree"
+    assert f"whole stack: {low:.2f}-{high:.2f} USD/hour" in text
+    gpus = data["max_gpus"]
+    ceiling = data["gpu_ceiling"]["max_gpus"]
+    assert f"at most {gpus} GPU{'' if gpus == 1 else 's'} of the guardrail's {ceiling}" in text
+
+
+def test_the_dev_stack_costs_what_its_parts_cost() -> None:
+    # dev: 2-3 × t3.large, 1-2 × m6i.large, 1 × g5.xlarge, one NAT for two AZs, one ALB
+    parts = {p["part"]: p["usd_per_hour"] for p in plan_json("dev")["cost"]["parts"]}
+    assert {k: pytest.approx(v) for k, v in parts.items()} == {
+        "system nodes": [2 * 0.0832, 3 * 0.0832],
+        "node group a10g-1": [1.006, 1.006],
+        "node group cpu": [0.096, 2 * 0.096],
+        "EKS control plane": [EKS_CONTROL_PLANE_USD] * 2,
+        "NAT gateways": [NAT_GATEWAY_USD] * 2,
+        "NAT Elastic IPs": [PUBLIC_IPV4_USD] * 2,
+        "load balancer": [ALB_USD] * 2,
+    }  # fmt: skip
+
+
+def test_over_the_ceiling_is_said_and_a_named_guardrail_file_must_exist(tmp_path: Path) -> None:
+    config = tmp_path / "ceiling.json"
+    config.write_text(json.dumps({"gpu-ceiling": {"maxGpus": 0}}))
+    out = " ".join(fleet_plan("-s", "dev", "--guardrails", str(config)).stdout.split())
+    assert "of the guardrail's 0" in out and "OVER the ceiling" in out
+    assert json.loads(fleet_plan("-s", "dev", "--guardrails", str(config), "--json").stdout)["gpu_ceiling"]["within"] is False
+    missing = fleet_plan("-s", "dev", "--guardrails", str(tmp_path / "nope.json"), ok=False)
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "nope.json: not found" in missing.stderr
+    config.write_text(json.dumps({"gpu-ceiling": {"maxGpus": "many"}}))
+    with pytest.raises(ConfigError, match=r"gpu-ceiling\.maxGpus: got 'many' — expected an integer >= 0"):
+        gpu_ceiling(config)
+
+
+def test_guardrail_config_follows_the_stack_name(tmp_path: Path) -> None:
+    assert guardrail_config_file(Path("Pulumi.prod.yaml"), ROOT / "policies") == ROOT / "policies/guardrails/prod.json"
+    assert guardrail_config_file(Path("elsewhere/stack.yaml"), ROOT / "policies") is None
+    assert gpu_ceiling(tmp_path / "absent.json").max_gpus is None  # the default file may be absent: no ceiling known
+
+
+def test_stack_values_as_pulumi_config_set_writes_them() -> None:
+    system = {"instance_type": "t3.large", "hourly_usd": 0.0832}
+    build = build_inputs({"serving-fleet:systemNodes": system, "serving-fleet:azCount": "3"}, "Pulumi.x.yaml")
+    assert (build.nat_gateways, build.systemNodes.min_size) == (3, 2)  # one NAT per AZ by default
+    single = build_inputs({"serving-fleet:systemNodes": json.dumps(system), "serving-fleet:singleNatGateway": "true"}, "s")
+    assert single.nat_gateways == 1
+    with pytest.raises(ConfigError, match=r"Pulumi.x.yaml: serving-fleet:systemNodes: missing required key"):
+        build_inputs({}, "Pulumi.x.yaml")
+    with pytest.raises(ConfigError, match=r"serving-fleet:systemNodes.min_size: got 5 — expected an integer <= max_size"):
+        build_inputs({"serving-fleet:systemNodes": {**system, "min_size": 5, "max_size": 3}}, "Pulumi.x.yaml")
+
+
+# --- examples/demo-classifier/meta.yaml --------------------------------------------------------
+
+
+def test_demo_meta_parses_with_the_register_loader() -> None:
+    from fleet.registry import VersionMetadata
+    from fleet.validation import load_yaml_file
+
+    meta = load_yaml_file(EXAMPLE / "meta.yaml", VersionMetadata)  # what `fleet models register --meta` does
+    config = json.loads((EXAMPLE / "artifact" / "config.json").read_text())
+    assert meta.inputs[0].shape == [-1, config["inputs"]] and meta.outputs[0].shape == [-1, config["outputs"]]
+    assert meta.hyperparameters.get("hidden", config["hidden"]) == config["hidden"]
+    if not any((EXAMPLE / "artifact").glob("*.pt")):  # no weights: nothing was trained or measured
+        assert meta.training_data is None and not meta.metrics
+
+
+def test_every_file_the_demo_meta_names_exists() -> None:
+    text = (EXAMPLE / "meta.yaml").read_text()  # comments too: they tell a reader which files to use
+    uris = re.findall(r"file://([^\s'\"}]+)", text)
+    paths = re.findall(r"(?<![\w/.])(examples/[\w./-]+)", text)
+    assert paths, "meta.yaml names the artifact it describes"
+    for rel in uris + paths:
+        assert (ROOT / rel).exists(), f"meta.yaml names {rel}, which is not in the repo"
