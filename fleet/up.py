@@ -232,12 +232,13 @@ def running_fleet(
         prefect.stop()
 
 
-def serve_gateway(app: object, port: int, on_ready: Callable[[], None]) -> None:
+def serve_gateway(app: object, port: int, on_ready: Callable[[], None], host: str = "127.0.0.1") -> None:
     """Run the gateway until Ctrl-C / SIGTERM; ``on_ready`` once it accepts requests."""
     import uvicorn
+    import uvloop
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                                          loop="uvloop", http="httptools", timeout_graceful_shutdown=10))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                          loop="none", http="httptools", timeout_graceful_shutdown=10))
 
     async def main() -> None:
         task = asyncio.create_task(server.serve())
@@ -248,4 +249,5 @@ def serve_gateway(app: object, port: int, on_ready: Callable[[], None]) -> None:
         await task
 
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())

@@ -14,10 +14,15 @@ import typer
 from pydantic import ValidationError
 
 from fleet import __version__
-from fleet.cli import flows, models, plan, policies, route, serving, tenants
+from fleet.cli import doctor, flows, models, plan, policies, route, serving, tenants
 from fleet.cli._output import fail
 from fleet.errors import FleetError
 from fleet.validation import explain
+
+try:  # typer 0.29 ships its own copy of click; the exceptions are its
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover - a typer on plain click
+    from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # type: ignore[no-redef]
 
 app = typer.Typer(
     name="fleet",
@@ -25,6 +30,7 @@ app = typer.Typer(
     "monitoring and retraining, and the production placement plan.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: no boxes, no "<bool>" type column, fits 80 columns
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(models.app, name="models")
@@ -43,6 +49,10 @@ app.command("approve")(flows.approve_cmd)
 app.command("rollback")(flows.rollback_cmd)
 app.command("demo")(flows.demo_cmd)
 app.command("plan")(plan.plan_cmd)
+app.command("doctor")(doctor.doctor_cmd)
+
+# Options of the root that are also taken after the subcommand (`fleet models list --store X`).
+GLOBAL_OPTIONS = ("--store",)
 
 
 def _version(value: bool) -> None:
@@ -94,9 +104,50 @@ def _local_fleet_defaults() -> None:
             os.environ.setdefault("PREFECT_HOME", os.path.abspath(".fleet/prefect"))
 
 
+def hoist_global_options(argv: list[str]) -> list[str]:
+    """Move ``--store X`` / ``--store=X`` from anywhere before ``--`` to the front, where the
+    root command reads it: operators type global options after the subcommand too."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest += argv[i:]
+            break
+        name = arg.split("=", 1)[0]
+        if name in GLOBAL_OPTIONS and "=" in arg:
+            front.append(arg)
+        elif name in GLOBAL_OPTIONS:
+            if i + 1 == len(argv) or argv[i + 1].startswith("-"):
+                fail(f"option {arg} needs a value (see `fleet --help`)", code=2)
+            front += argv[i : i + 2]
+            i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
+def _usage_error(exc: UsageError) -> str:
+    where = exc.ctx.command_path if exc.ctx is not None else "fleet"
+    return f"{exc.format_message()} (see `{where} --help`)"
+
+
 def main() -> None:
     try:
-        app()
+        code = app(args=hoist_global_options(sys.argv[1:]), prog_name="fleet", standalone_mode=False)
+        if isinstance(code, int) and code:
+            raise SystemExit(code)
+    except NoArgsIsHelpError as exc:  # `fleet models`: the group's help, as asked
+        sys.stdout.write(exc.format_message() + "\n")
+        raise SystemExit(2) from None
+    except UsageError as exc:  # bad usage: one line too, exit 2 (click's default is a box)
+        fail(_usage_error(exc), code=2)
+    except ClickException as exc:
+        fail(exc.format_message(), code=exc.exit_code)
+    except typer.Abort:
+        fail("aborted", code=1)
     except FleetError as exc:
         fail(str(exc))
     except ValidationError as exc:  # a record or input that slipped past a friendlier check

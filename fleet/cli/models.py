@@ -10,6 +10,8 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
 from fleet.cli._output import JsonFlag, console, emit_json, err_console, registry, table, when
+from fleet.cli.doctor import skipped
+from fleet.errors import InvalidInput
 from fleet.registry import VersionMetadata
 from fleet.validation import load_yaml_file
 
@@ -55,7 +57,8 @@ def list_(
     json: JsonFlag = False,
 ) -> None:
     """List registered versions with their state."""
-    versions = registry().list(model)
+    versions, bad = registry().scan(model)
+    skipped(bad)
     if json:
         emit_json(versions)
         return
@@ -96,10 +99,20 @@ def fetch(
     model: str,
     version: str,
     dest: Annotated[Path, typer.Argument(help="New folder to download into.")],
+    json: JsonFlag = False,
 ) -> None:
     """Download a version's artifact, verifying every checksum before it lands."""
-    path = registry().fetch(model, version, dest)
-    console.print(f"fetched {model}:{version} into {path}")
+    try:
+        path = registry().fetch(model, version, dest)
+    except OSError as exc:  # name the folder asked for, not the temporary one beside it
+        raise InvalidInput(f"cannot download {model}:{version} into {dest}: {exc.strerror or exc}; "
+                           "nothing was left there") from None  # fmt: skip
+    mv = registry().get(model, version)
+    if json:
+        emit_json({"model": model, "version": version, "path": str(path), "files": len(mv.files),
+                   "artifact_sha256": mv.artifact_sha256})  # fmt: skip
+    else:
+        console.print(f"fetched {model}:{version} into {path} ({len(mv.files)} files, checksums verified)")
 
 
 @app.command()
@@ -108,7 +121,7 @@ def train(
     version: str,
     seed: Annotated[int, typer.Option(help="Seed for data, initialisation and shuffling.")] = 7,
     rows: Annotated[int, typer.Option(min=100, help="Generated training rows.")] = 20_000,
-    epochs: Annotated[int, typer.Option(min=1)] = 25,
+    epochs: Annotated[int, typer.Option(min=1, help="Passes over the training rows.")] = 25,
     parent: Annotated[str | None, typer.Option(help="Version this one derives from.")] = None,
     label_threshold: Annotated[
         float, typer.Option(help="Label by rule > this (0.25 is the true rule; other values make a model that predicts a shifted distribution).")
@@ -119,7 +132,7 @@ def train(
     fault_latency_ms: Annotated[
         float, typer.Option(min=0, help="Rehearsal: every answer of the version waits this much longer.")
     ] = 0.0,
-    policies: Annotated[Path, typer.Option("--policies", envvar="FLEET_POLICIES")] = Path("policies"),
+    policies: Annotated[Path, typer.Option("--policies", envvar="FLEET_POLICIES", help="Policy folder or file (names the model's family).")] = Path("policies"),
     json: JsonFlag = False,
 ) -> None:
     """Train a version of MODEL's family on generated data and register it.

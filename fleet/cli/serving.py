@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -106,10 +107,13 @@ def deploy_cmd(
         console.print(f"{model}:{version} ready at " + ", ".join(deployment.endpoints))
 
 
-def undeploy_cmd(model: str, version: str, policies: PoliciesOpt = DEFAULT_POLICIES) -> None:
+def undeploy_cmd(model: str, version: str, policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False) -> None:
     """Stop every replica of a version."""
     _runtime(policies).undeploy(model, version)
-    console.print(f"stopped {model}:{version}")
+    if json:
+        emit_json({"model": model, "version": version, "stopped": True})
+    else:
+        console.print(f"stopped {model}:{version}")
 
 
 def gateway_cmd(
@@ -119,6 +123,10 @@ def gateway_cmd(
         str | None, typer.Option(help="URL other fleet parts reach this gateway at (default http://HOST:PORT).")
     ] = None,
     policies: PoliciesOpt = DEFAULT_POLICIES,
+    access_log: Annotated[
+        bool, typer.Option("--access-log", help="Print one line per request: client, method, path, status, "
+                           "time, tenant, model, version, request id.")
+    ] = False,
 ) -> None:
     """Run the gateway alone, in front of the runtime's deployments.
 
@@ -126,30 +134,73 @@ def gateway_cmd(
 
     Byte budgets come from the policies' gateway: section. FLEET_DECODE_WORKERS: processes that decode large bodies (0: on the event loop).
     """
-    import uvicorn
+    import dataclasses
 
     from fleet.gateway import FleetView, Settings, create_app
     from fleet.spec import load_policies
     from fleet.store import open_store
+    from fleet.up import serve_gateway
 
+    _gateway_logging(access_log)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    settings = Settings.from_env(public_url=public_url or f"http://{shown}:{port}")
-    app = create_app(FleetView(open_store(), _runtime(policies)), load_policies(policies), settings)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, loop="uvloop", http="httptools",
-                timeout_graceful_shutdown=10)
+    settings = dataclasses.replace(Settings.from_env(public_url=public_url or f"http://{shown}:{port}"),
+                                   access_log=access_log)  # fmt: skip
+    store = open_store()
+    app = create_app(FleetView(store, _runtime(policies)), load_policies(policies), settings)
+    url = f"http://{shown}:{port}"
+
+    def ready() -> None:
+        admin = "on (FLEET_ADMIN_TOKEN)" if settings.admin_token else "off (set FLEET_ADMIN_TOKEN to turn it on)"
+        console.print(
+            f"gateway {settings.gateway_id} listening on http://{host}:{port} (store {store.url})\n"
+            f"  inference  {url}/v2/models/MODEL/infer\n  health     {url}/v2/health/ready\n"
+            f"  metrics    {url}/metrics\n  admin API  {admin}\n"
+            f"  access log {'on' if access_log else 'off (--access-log)'}; Ctrl-C stops",
+            markup=False, highlight=False, soft_wrap=True,
+        )  # fmt: skip
+
+    serve_gateway(app, port, ready, host=host)
+
+
+def _gateway_logging(access: bool) -> None:
+    """Warnings of the fleet (bad records, a store that cannot be read) on stderr; with
+    ``access``, one line per request on stdout, stamped with the UTC time."""
+    import logging
+    import time
+
+    warn = logging.StreamHandler(sys.stderr)
+    warn.setFormatter(logging.Formatter("%(asctime)sZ %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S"))
+    warn.formatter.converter = time.gmtime  # type: ignore[union-attr]
+    fleet_log = logging.getLogger("fleet")
+    fleet_log.addHandler(warn)
+    fleet_log.setLevel(logging.WARNING)
+    if access:
+        out = logging.StreamHandler(sys.stdout)
+        out.setFormatter(logging.Formatter("%(asctime)sZ %(message)s", "%Y-%m-%dT%H:%M:%S"))
+        out.formatter.converter = time.gmtime  # type: ignore[union-attr]
+        log = logging.getLogger("fleet.gateway.access")
+        log.addHandler(out)
+        log.setLevel(logging.INFO)
+        log.propagate = False
 
 
 def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False) -> None:
     """Models, versions, weights, replicas and their health."""
     from fleet.router import Router
 
+    from fleet.doctor import scan
+    from fleet.routing import RouteTable
+
     reg = registry()
     router = Router(reg.store, reg)
     runtime = _runtime(policies)
     running = {(d.model, d.version): d for d in runtime.list()}
     rows = []
+    bad = scan(reg.store)
+    unreadable = {f.key for f in bad}
     for mv in reg.list():
-        t = router.get(mv.model)
+        # a model whose route is unreadable is shown without traffic; doctor's list says why
+        t = RouteTable(model=mv.model) if f"routes/{mv.model}.json" in unreadable else router.get(mv.model)
         role = []
         if t.stable == mv.version:
             role.append(f"stable {100 - (t.canary.weight if t.canary else 0):g}%")
@@ -163,6 +214,9 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
             "model": mv.model, "version": mv.version, "state": mv.state.value, "traffic": ", ".join(role),
             "replicas": len(health), "healthy": sum(health.values()), "endpoints": sorted(health),
         })  # fmt: skip
+    for f in bad:  # on stderr: --json's list of versions stays what scripts expect
+        err_console.print(f"bad record {f.key}: {f.reason}; run `fleet doctor`", markup=False, highlight=False,
+                          soft_wrap=True)  # fmt: skip
     if json:
         emit_json(rows)
         return

@@ -8,6 +8,7 @@ plain token, and means something only within that client's tenant (``fleet.feedb
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -20,6 +21,9 @@ from fleet.errors import ConfigError
 from fleet.gateway.telemetry import UNKNOWN, Telemetry
 
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,128}")
+_UNSAFE = re.compile(r"[^\x21-\x7e]")  # a logged path is one printable token: a tenant cannot forge lines
+
+access_log = logging.getLogger("fleet.gateway.access")
 
 
 def new_request_id() -> str:
@@ -37,6 +41,7 @@ class Settings:
     gateway_id: str = ""
     log_flush_s: float = 2.0
     decode_workers: int | None = None  # processes decoding large bodies; None: one per CPU but one, 1 to 4
+    access_log: bool = False  # one line per request on the fleet.gateway.access logger
 
     @classmethod
     def from_env(cls, public_url: str | None = None) -> Settings:
@@ -53,8 +58,8 @@ class Headers:
     and each request that reached a model endpoint counted once it is answered, labelled
     with what was established by then (``unknown`` / ``none`` for what was not)."""
 
-    def __init__(self, app: ASGIApp, telemetry: Telemetry) -> None:
-        self.app, self.telemetry = app, telemetry
+    def __init__(self, app: ASGIApp, telemetry: Telemetry, access: bool = False) -> None:
+        self.app, self.telemetry, self.access = app, telemetry, access
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -77,6 +82,20 @@ class Headers:
                 if "model" in state:
                     self.telemetry.finished(state["model"], state["model_version"], state.get("tenant", UNKNOWN),
                                             message["status"], (time.monotonic() - started) * 1e3)  # fmt: skip
+                if self.access:
+                    _log_access(scope, state, message["status"], started)
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+def _log_access(scope: Scope, state: dict, status: int, started: float) -> None:
+    """``client METHOD path status ms tenant= model= version= id=``: every field one token."""
+    client = scope.get("client")
+    path = _UNSAFE.sub("?", scope.get("path", ""))[:200]
+    access_log.info(
+        "%s %s %s %d %.1fms tenant=%s model=%s version=%s id=%s",
+        client[0] if client else "-", scope.get("method", "-"), path, status, (time.monotonic() - started) * 1e3,
+        state.get("tenant", "-"), _UNSAFE.sub("?", str(state.get("model", "-")))[:64], state["model_version"],
+        state["request_id"],
+    )  # fmt: skip
