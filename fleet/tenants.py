@@ -5,45 +5,85 @@ like ``sfk_<key id>_<secret>``: the key id lets a server index keys in memory (`
 instead of hashing against every tenant, and the hash is compared in constant time
 (``lookup``). That is the one authentication rule: the gateway looks keys up in the index
 its routing snapshot holds, ``Tenants.authenticate`` in one built from the store.
+
+A key is live until it is revoked or its ``expires_at`` passes. Expiry is checked against
+the clock on every lookup, not only when an index is built: a gateway rebuilds its index
+only when a record changes, and nothing changes in the store when a rotated key's grace
+period runs out.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fleet import audit, records
 from fleet.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
 from fleet.names import check_name, check_version
+from fleet.records import BadRecord
 from fleet.types import ObjectStore
 
 KEY_PREFIX = "sfk_"
 MAX_KEY_LENGTH = 128  # a made key is about 60 characters; anything far longer is not one
+MAX_GRACE = timedelta(days=30)  # a rotated key left alive longer than this is not rotated
+ENTITLEMENT_FORM = "MODEL (every version) or MODEL:VERSION[,VERSION]"
+
+# JSON has no inf or NaN (they are written as null and then refused on every read), so no
+# tenant record may hold one.
+_RECORD = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Quota(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _RECORD
 
     rps: float = Field(gt=0)
     burst: int = Field(ge=1)
 
 
+def make_quota(rps: float, burst: int) -> Quota:
+    """A quota from user input, refused in one line that says what is expected."""
+    if not (math.isfinite(rps) and rps > 0):
+        raise InvalidInput(f"rps {rps:g} is not valid; expected a finite number > 0")
+    if burst < 1:
+        raise InvalidInput(f"burst {burst} is not valid; expected a whole number >= 1")
+    return Quota(rps=rps, burst=burst)
+
+
 class ApiKey(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _RECORD
 
     id: str
     sha256: str
     created_at: datetime
     revoked_at: datetime | None = None
+    expires_at: datetime | None = None  # set by a rotation: the end of its grace period
+    replaced_by: str | None = None  # the id of the key a rotation made to replace this one
+
+    @field_validator("expires_at")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        """A hand-written time without a zone is UTC; naive and aware times cannot be compared."""
+        return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+    def live(self, at: datetime) -> bool:
+        """Usable at ``at``: not revoked and not past its expiry."""
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > at)
+
+    @property
+    def ends_at(self) -> datetime | None:
+        """When it stops (stopped) working: revocation or expiry, whichever comes first."""
+        ends = [t for t in (self.revoked_at, self.expires_at) if t is not None]
+        return min(ends) if ends else None
 
 
 class Tenant(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _RECORD
 
     name: str
     # model → allowed versions: ["*"] for every version, else exact versions.
@@ -55,7 +95,16 @@ class Tenant(BaseModel):
 
     @property
     def active(self) -> bool:
-        return any(k.revoked_at is None for k in self.keys)
+        return bool(self.live_keys())
+
+    def live_keys(self, at: datetime | None = None) -> list[ApiKey]:
+        """Keys usable at ``at`` (default: now): asked on every request, so only comparisons."""
+        at = at or audit.now()
+        return [k for k in self.keys if k.live(at)]
+
+    def replaced(self, key_id: str) -> list[ApiKey]:
+        """The keys a rotation retired in favour of ``key_id``."""
+        return [k for k in self.keys if k.replaced_by == key_id]
 
     def allows(self, model: str, version: str | None = None) -> bool:
         allowed = self.entitlements.get(model)
@@ -63,10 +112,10 @@ class Tenant(BaseModel):
             return False
         return version is None or "*" in allowed or version in allowed
 
-    def matches(self, api_key: str) -> bool:
-        """Constant-time check of ``api_key`` against this tenant's live keys."""
+    def matches(self, api_key: str, at: datetime | None = None) -> bool:
+        """Constant-time check of ``api_key`` against the keys live at ``at`` (default: now)."""
         digest = _hash(api_key)
-        hits = [hmac.compare_digest(digest, k.sha256) for k in self.keys if k.revoked_at is None]
+        hits = [hmac.compare_digest(digest, k.sha256) for k in self.live_keys(at)]
         return any(hits)
 
 
@@ -74,13 +123,17 @@ def _hash(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 
 
-def key_index(tenants: Iterable[Tenant]) -> dict[str, Tenant]:
-    """Key id → tenant, for every live key."""
-    return {k.id: t for t in tenants for k in t.keys if k.revoked_at is None}
+def key_index(tenants: Iterable[Tenant], at: datetime | None = None) -> dict[str, Tenant]:
+    """Key id → tenant, for every key live at ``at`` (default: now).
+
+    A key may expire after the index is built: ``lookup`` checks the clock again.
+    """
+    at = at or audit.now()
+    return {k.id: t for t in tenants for k in t.keys if k.live(at)}
 
 
 def lookup(index: Mapping[str, Tenant], api_key: str) -> Tenant | None:
-    """The tenant owning a live ``api_key``, or None (unknown, revoked or malformed)."""
+    """The tenant owning a key live now, or None (unknown, revoked, expired or malformed)."""
     if not api_key.startswith(KEY_PREFIX) or len(api_key) > MAX_KEY_LENGTH:
         return None
     tenant = index.get(api_key[len(KEY_PREFIX):].split("_", 1)[0])
@@ -94,20 +147,44 @@ def _new_key() -> tuple[str, ApiKey]:
 
 
 def parse_entitlements(specs: list[str]) -> dict[str, list[str]]:
-    """``["demo", "other:1.0.0,1.1.0"]`` → ``{"demo": ["*"], "other": ["1.0.0", "1.1.0"]}``."""
+    """``["demo", "other:1.0.0,1.1.0"]`` → ``{"demo": ["*"], "other": ["1.0.0", "1.1.0"]}``.
+
+    ``demo:`` with nothing after the colon is refused rather than read as every version:
+    a version list that went missing (an unset shell variable) must not widen access.
+    """
     out: dict[str, list[str]] = {}
     for spec in specs:
-        model, _, versions = spec.partition(":")
+        model, colon, versions = spec.partition(":")
         check_name("model", model)
-        vs = [v.strip() for v in versions.split(",") if v.strip()] if versions else ["*"]
+        vs = [v.strip() for v in versions.split(",") if v.strip()] if colon else ["*"]
+        if not vs:
+            raise InvalidInput(f"{spec!r} names no version; expected {ENTITLEMENT_FORM}")
         for v in vs:
             if v != "*":
                 check_version(v)
         out.setdefault(model, [])
         out[model] = sorted(set(out[model]) | set(vs))
     if not out:
-        raise InvalidInput("a tenant needs at least one entitlement; expected MODEL or MODEL:VERSION[,VERSION]")
+        raise InvalidInput(f"a tenant needs at least one entitlement; expected {ENTITLEMENT_FORM}")
     return out
+
+
+def check_grace(grace: timedelta) -> timedelta:
+    """A rotation's grace period: 0 (revoke at once) up to ``MAX_GRACE``."""
+    if grace < timedelta(0) or grace > MAX_GRACE:
+        raise InvalidInput(
+            f"grace {span(grace)} is not valid; expected 0 (stop the old key at once) up to {span(MAX_GRACE)}"
+        )
+    return grace
+
+
+def span(duration: timedelta) -> str:
+    """``timedelta(hours=2)`` → ``2h``: the largest unit that says it exactly (d, h, m, s)."""
+    seconds = duration.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 class Tenants:
@@ -124,12 +201,14 @@ class Tenants:
         except NotFound:
             raise NotFound(f"tenant {name!r} does not exist") from None
 
+    def scan(self) -> tuple[list[Tenant], list[BadRecord]]:
+        """Every readable tenant, and the records that cannot be read (skipped, not fatal:
+        one corrupt file must not hide every other tenant)."""
+        good, bad = records.load_all(self.store, "tenants/", Tenant)
+        return list(good.values()), bad
+
     def list(self) -> list[Tenant]:
-        return [
-            records.load(self.store, key, Tenant)[0]
-            for key in self.store.list("tenants/")
-            if key.endswith(".json")
-        ]
+        return self.scan()[0]
 
     def create(
         self,
@@ -148,16 +227,62 @@ class Tenants:
         try:
             records.create(self.store, self._key(name), tenant)
         except PreconditionFailed:
-            raise Conflict(f"tenant {name!r} already exists; pick another name or add a key to it") from None
+            raise Conflict(
+                f"tenant {name!r} already exists; pick another name or add a key to it with "
+                f"`fleet tenants add-key {name}`"
+            ) from None
         return tenant, plaintext
 
     def add_key(self, name: str) -> tuple[Tenant, str]:
+        """Add a key, whatever state the others are in (all revoked or expired included)."""
         plaintext, key = _new_key()
         _, after = records.update(
             self.store, self._key(name), Tenant,
             lambda t: self._existing(name, t).model_copy(update={"keys": [*t.keys, key]}),
         )  # fmt: skip
         return after, plaintext
+
+    def rotate(
+        self, name: str, key_id: str | None = None, *, grace: timedelta = timedelta(hours=1)
+    ) -> tuple[Tenant, str]:
+        """Add a key and retire the live ones (or only ``key_id``) after ``grace``.
+
+        Callers get ``grace`` to switch to the new key; grace 0 revokes the old ones at once.
+        A rotation never lengthens a key's life: an earlier expiry is kept. The retired keys
+        name the new one (``replaced_by``), so ``Tenant.replaced`` says what a rotation did.
+        Returns the tenant and the new key's only plaintext copy.
+        """
+        check_grace(grace)
+        plaintext, new = _new_key()
+        at = new.created_at
+        ends = at + grace
+
+        def retire(k: ApiKey) -> ApiKey:
+            if not grace:
+                return k.model_copy(update={"revoked_at": at, "replaced_by": new.id})
+            expires = min(ends, k.expires_at) if k.expires_at is not None else ends
+            return k.model_copy(update={"expires_at": expires, "replaced_by": new.id})
+
+        def change(t: Tenant | None) -> Tenant:
+            t = self._existing(name, t)
+            targets = {k.id for k in self._targets(t, key_id, at)}
+            keys = [retire(k) if k.id in targets else k for k in t.keys]
+            return t.model_copy(update={"keys": [*keys, new]})
+
+        return records.update(self.store, self._key(name), Tenant, change)[1], plaintext
+
+    @staticmethod
+    def _targets(t: Tenant, key_id: str | None, at: datetime) -> list[ApiKey]:
+        """The live keys a rotation retires; refused when there is none to retire."""
+        if key_id is not None and key_id not in {k.id for k in t.keys}:
+            raise NotFound(f"tenant {t.name!r} has no key {key_id!r}; keys: {', '.join(k.id for k in t.keys)}")
+        live = [k for k in t.live_keys(at) if key_id in (None, k.id)]
+        if live:
+            return live
+        add = f"add a key with `fleet tenants add-key {t.name}`"
+        if key_id is not None:
+            raise Conflict(f"key {key_id!r} of tenant {t.name!r} is already revoked or expired; nothing to rotate; {add}")
+        raise Conflict(f"tenant {t.name!r} has no live key to rotate (all revoked or expired); {add}")
 
     def revoke(self, name: str, key_id: str | None = None) -> Tenant:
         """Revoke one key, or every live key of the tenant when ``key_id`` is None."""
@@ -188,8 +313,8 @@ class Tenants:
         return tenant
 
     def authenticate(self, api_key: str) -> Tenant:
-        """Find the tenant a key belongs to; ``NotFound`` for unknown or revoked keys."""
+        """Find the tenant a key belongs to; ``NotFound`` for unknown, revoked or expired keys."""
         found = lookup(key_index(self.list()), api_key)
         if found is None:
-            raise NotFound("unknown or revoked API key")
+            raise NotFound("unknown, revoked or expired API key")
         return found

@@ -6,6 +6,7 @@ usage), never a traceback.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Annotated
@@ -79,6 +80,9 @@ def _root(
 ) -> None:
     if store:
         os.environ["FLEET_STORE"] = store
+    # Commands name each bad record they skip themselves; without a logging setup Python would
+    # print the store's own warning too. Servers (`fleet gateway`, `fleet up`) turn it back on.
+    logging.getLogger("fleet.store").disabled = True
     _local_fleet_defaults()
 
 

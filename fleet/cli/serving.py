@@ -168,6 +168,7 @@ def _gateway_logging(access: bool) -> None:
     import logging
     import time
 
+    logging.getLogger("fleet.store").disabled = False  # the CLI mutes it for commands that name bad records
     warn = logging.StreamHandler(sys.stderr)
     warn.setFormatter(logging.Formatter("%(asctime)sZ %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S"))
     warn.formatter.converter = time.gmtime  # type: ignore[union-attr]
@@ -246,6 +247,7 @@ def up_cmd(
     from fleet.store import open_store
     from fleet.up import Settings, running_fleet, serve_gateway
 
+    _gateway_logging(access=False)
     settings = Settings(home=Path(".fleet"), port=port, prefect_port=prefect_port, model=model, with_prefect=not no_prefect)
     loaded = load_policies(policies)
     loaded.model(model)  # a clear error before anything starts

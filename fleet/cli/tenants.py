@@ -1,16 +1,51 @@
-"""``fleet tenants``: create tenants with API keys, list and revoke them."""
+"""``fleet tenants``: create tenants with API keys, list them, add, rotate and revoke keys."""
 
 from __future__ import annotations
 
+import re
+from datetime import datetime, timedelta
 from typing import Annotated
 
 import typer
 
+from fleet import audit
 from fleet.cli._output import JsonFlag, console, emit_json, err_console, table, tenants, when
 from fleet.errors import InvalidInput
-from fleet.tenants import Quota, parse_entitlements
+from fleet.tenants import MAX_GRACE, ApiKey, check_grace, make_quota, parse_entitlements, span
 
 app = typer.Typer(help="Manage tenants and their API keys.", no_args_is_help=True)
+
+_DURATION = re.compile(r"(\d{1,9})([smhd])")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def parse_grace(raw: str) -> timedelta:
+    """``0``, ``90s``, ``15m``, ``1h``, ``2d`` → a grace period (0 up to ``MAX_GRACE``)."""
+    text = raw.strip()
+    if text == "0":
+        return timedelta(0)
+    found = _DURATION.fullmatch(text)
+    if found is None:
+        raise InvalidInput(
+            f"--grace {raw!r} is not a duration; expected 0 or a whole number with a unit s, m, h or d "
+            f"(90s, 15m, 1h, 2d), at most {span(MAX_GRACE)}"
+        )
+    return check_grace(timedelta(**{_UNITS[found[2]]: int(found[1])}))
+
+
+def key_label(key: ApiKey, now: datetime) -> str:
+    """``abcd1234``, ``abcd1234 (revoked)``, ``(expired)`` or ``(expires <UTC time>)``."""
+    if key.revoked_at is not None:
+        return f"{key.id} (revoked)"
+    if key.expires_at is not None:
+        return f"{key.id} (expired)" if key.expires_at <= now else f"{key.id} (expires {when(key.expires_at)})"
+    return key.id
+
+
+def _show_key(api_key: str) -> None:
+    console.print("API key (shown once, store it now):")
+    console.print(api_key, soft_wrap=True, markup=False, highlight=False)
+    err_console.print("only the key's SHA-256 is kept; a lost key cannot be recovered, only revoked")
 
 
 @app.command()
@@ -27,31 +62,77 @@ def create(
     """Create a tenant and print its API key once (only its SHA-256 is stored)."""
     if (rps is None) != (burst is None):
         raise InvalidInput("a quota needs both --rps and --burst")
-    quota = Quota(rps=rps, burst=burst) if rps is not None and burst is not None else None
+    quota = make_quota(rps, burst) if rps is not None and burst is not None else None
     tenant, key = tenants().create(name, parse_entitlements(model), quota)
     if json:
         emit_json({"tenant": tenant.model_dump(mode="json"), "api_key": key})
         return
     console.print(f"created tenant [bold]{tenant.name}[/]")
-    console.print("API key (shown once, store it now):")
-    console.print(key, soft_wrap=True, markup=False, highlight=False)
-    err_console.print("only the key's SHA-256 is kept; a lost key cannot be recovered, only revoked")
+    _show_key(key)
 
 
 @app.command("list")
 def list_(json: JsonFlag = False) -> None:
-    """List tenants, their entitlements, quotas and keys."""
-    found = tenants().list()
+    """List tenants, their entitlements, quotas and keys; unreadable records are skipped and named."""
+    found, bad = tenants().scan()
+    for record in bad:  # stderr, so --json output stays a list a script can read
+        typer.echo(f"skipped {record.key}: {record.reason}; run `fleet doctor`", err=True)
     if json:
         emit_json(found)
         return
+    now = audit.now()
     rows = []
     for t in found:
         ents = "; ".join(f"{m}:{','.join(v)}" for m, v in sorted(t.entitlements.items()))
         quota = f"{t.quota.rps:g} rps / {t.quota.burst}" if t.quota else "-"
-        keys = ", ".join(k.id + (" (revoked)" if k.revoked_at else "") for k in t.keys)
+        keys = ", ".join(key_label(k, now) for k in t.keys)
         rows.append([t.name, ents, quota, keys, when(t.created_at)])
     table(None, ["tenant", "entitlements", "quota", "keys", "created"], rows)
+
+
+@app.command("add-key")
+def add_key(name: str, json: JsonFlag = False) -> None:
+    """Add an API key to a tenant and print it once; its other keys keep working."""
+    tenant, key = tenants().add_key(name)
+    if json:
+        emit_json({"tenant": tenant.model_dump(mode="json"), "key_id": tenant.keys[-1].id, "api_key": key})
+        return
+    console.print(f"added key [bold]{tenant.keys[-1].id}[/] to tenant [bold]{tenant.name}[/]")
+    _show_key(key)
+
+
+@app.command()
+def rotate(
+    name: str,
+    key_id: Annotated[
+        str | None, typer.Option("--key-id", help="Retire only this key (default: every live key).")
+    ] = None,
+    grace: Annotated[
+        str,
+        typer.Option(
+            help=f"How long the old key(s) keep working: 0 (revoke now), 90s, 15m, 1h, 2d; at most {span(MAX_GRACE)}."
+        ),
+    ] = "1h",
+    json: JsonFlag = False,
+) -> None:
+    """Add a new API key (printed once) and retire the old one(s) after a grace period."""
+    tenant, key = tenants().rotate(name, key_id, grace=parse_grace(grace))
+    new_id = tenant.keys[-1].id
+    retired = tenant.replaced(new_id)
+    if json:
+        emit_json({"tenant": tenant.model_dump(mode="json"), "key_id": new_id, "api_key": key,
+                   "retired": [{"id": k.id, "stops_at": k.ends_at.isoformat()} for k in retired]})  # fmt: skip
+        return
+    console.print(f"rotated tenant [bold]{tenant.name}[/]: new key [bold]{new_id}[/]")
+    _show_key(key)
+    for old in retired:
+        console.print(_retired_line(old), highlight=False)
+
+
+def _retired_line(old: ApiKey) -> str:
+    if old.revoked_at is not None:
+        return f"old key {old.id} stopped working at {when(old.revoked_at)} (revoked, no grace)"
+    return f"old key {old.id} stops working at {when(old.expires_at)} (move its callers to the new key before then)"
 
 
 @app.command()

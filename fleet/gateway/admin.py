@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 import orjson
@@ -39,9 +40,9 @@ from fleet.names import check_name, check_version
 from fleet.registry import Registry
 from fleet.rollback import rollback
 from fleet.router import Router
-from fleet.tenants import Quota, Tenants, parse_entitlements
+from fleet.tenants import MAX_GRACE, Tenant, Tenants, make_quota, parse_entitlements, span
 from fleet.types import ObjectStore, Runtime
-from fleet.validation import explain
+from fleet.validation import checked, explain
 
 Handler = Callable[[Request], Awaitable[Response]]
 ADMIN_BODY_BYTES = 64 * 1024
@@ -97,6 +98,28 @@ class Revoke(_Body):
     key_id: str | None = Field(None, min_length=1, max_length=64)
 
 
+class NewKey(_Body):
+    """No fields: the body may be empty or ``{}``; anything else is refused like elsewhere."""
+
+
+_MAX_GRACE_S = int(MAX_GRACE.total_seconds())
+
+
+class Rotate(_Body):
+    key_id: str | None = Field(None, min_length=1, max_length=64)
+    # bounded here, not only in Tenants.rotate: a huge number would overflow timedelta first
+    grace_s: checked(
+        float, f"seconds from 0 (stop the old key at once) to {_MAX_GRACE_S} ({span(MAX_GRACE)})",
+        lambda v: 0 <= v <= _MAX_GRACE_S,
+    ) = Field(allow_inf_nan=False)  # fmt: skip
+
+
+def public(tenant: Tenant) -> dict[str, Any]:
+    """A tenant as the admin API shows it: everything but its keys' hashes."""
+    keys = [k.model_dump(mode="json", exclude={"sha256"}) for k in tenant.keys]
+    return tenant.model_dump(mode="json", exclude={"keys"}) | {"keys": keys}
+
+
 _PATH_CHECKS = {"model": lambda v: check_name("model", v), "tenant": lambda v: check_name("tenant", v),
                 "version": check_version}  # fmt: skip
 
@@ -141,11 +164,11 @@ def admin_routes(
         except ValidationError as exc:
             raise InvalidInput("; ".join(explain(exc, model))) from None
 
-    async def changed(work: Callable[[], Any]) -> Response:
+    async def changed(work: Callable[[], Any], status: int = 200) -> Response:
         result = await asyncio.to_thread(work)
         on_change()
         await asyncio.to_thread(gateways.notify, store, token)
-        return json_response(result)
+        return json_response(result, status)
 
     async def list_models(_: Request) -> Response:
         return json_response(await asyncio.to_thread(registry.list))
@@ -187,14 +210,13 @@ def admin_routes(
 
     async def list_tenants(_: Request) -> Response:
         found = await asyncio.to_thread(tenants.list)
-        return json_response([t.model_dump(mode="json", exclude={"keys"}) | {"keys": [
-            {"id": k.id, "created_at": k.created_at, "revoked_at": k.revoked_at} for k in t.keys]} for t in found])  # fmt: skip
+        return json_response([public(t) for t in found])
 
     async def create_tenant(request: Request) -> Response:
         new = await body(request, NewTenant)
         quota = None
         if new.rps is not None:
-            quota = Quota(rps=new.rps, burst=new.burst or max(1, int(new.rps)))
+            quota = make_quota(new.rps, new.burst or max(1, int(new.rps)))
         elif new.burst is not None:
             raise InvalidInput("burst without rps; expected rps (requests/s) with an optional burst")
         tenant, key = await asyncio.to_thread(tenants.create, new.name, parse_entitlements(new.models), quota)
@@ -203,7 +225,28 @@ def admin_routes(
 
     async def revoke(request: Request) -> Response:
         change, name = await body(request, Revoke), request.path_params["tenant"]
-        return await changed(lambda: tenants.revoke(name, change.key_id).model_dump(mode="json", exclude={"keys"}))
+        return await changed(lambda: public(tenants.revoke(name, change.key_id)))
+
+    async def add_key(request: Request) -> Response:
+        await body(request, NewKey)
+        name = request.path_params["tenant"]
+
+        def work() -> dict[str, Any]:
+            tenant, key = tenants.add_key(name)
+            return {"tenant": public(tenant), "key_id": tenant.keys[-1].id, "api_key": key}
+
+        return await changed(work, status=201)
+
+    async def rotate(request: Request) -> Response:
+        change, name = await body(request, Rotate), request.path_params["tenant"]
+
+        def work() -> dict[str, Any]:
+            tenant, key = tenants.rotate(name, change.key_id, grace=timedelta(seconds=change.grace_s))
+            new_id = tenant.keys[-1].id
+            retired = [{"id": k.id, "stops_at": k.ends_at} for k in tenant.replaced(new_id)]
+            return {"tenant": public(tenant), "key_id": new_id, "api_key": key, "retired": retired}
+
+        return await changed(work)
 
     async def refresh(_: Request) -> Response:
         on_change()
@@ -227,6 +270,8 @@ def admin_routes(
         ("/admin/tenants", list_tenants, ["GET"], None),
         ("/admin/tenants", create_tenant, ["POST"], None),
         ("/admin/tenants/{tenant}/revoke", revoke, ["POST"], None),
+        ("/admin/tenants/{tenant}/keys", add_key, ["POST"], None),
+        ("/admin/tenants/{tenant}/rotate", rotate, ["POST"], None),
         ("/admin/refresh", refresh, ["POST"], "refresh"),
         ("/admin/stats/{model}", window_stats, ["GET"], "stats"),
     ]

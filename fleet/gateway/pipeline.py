@@ -103,7 +103,7 @@ class Pipeline:
         found = snap.tenant_for(key.strip()) if scheme.lower() == "bearer" else None
         if found is None:
             self.telemetry.auth_failures.labels(surface).inc()
-            raise Unauthorized("missing, unknown or revoked API key; expected 'Authorization: Bearer <key>'")
+            raise Unauthorized("missing, unknown, revoked or expired API key; expected 'Authorization: Bearer <key>'")
         call.tenant = found
         call.state["tenant"] = found.name
         return found

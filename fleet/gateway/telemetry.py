@@ -92,7 +92,7 @@ class Telemetry:
                                  "Stored records this gateway cannot read and skips (see /v2/health/ready, fleet doctor)",
                                  ["kind"], registry=r)  # fmt: skip
         self.log_rows = Counter("fleet_inference_log_rows", "Inference log rows", ["model", "outcome"], registry=r)
-        self.auth_failures = Counter("fleet_auth_failures", "Requests refused for a missing, unknown or revoked key",
+        self.auth_failures = Counter("fleet_auth_failures", "Requests refused for a missing, unknown, revoked or expired key",
                                      ["surface"], registry=r)  # fmt: skip
         self.rejections = Counter("fleet_upstream_rejections",
                                   "Inputs a version refused with 4xx: passed on to the caller, not counted against it",
