@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fleet.errors import InvalidInput, NotFound
+from fleet.errors import InvalidInput, NotFound, StoreUnavailable
 from fleet.store._shared import check_key, check_preconditions, check_prefix, content_etag
 from fleet.types import StoredObject
 
@@ -49,22 +49,29 @@ class FileStore:
         self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
     ) -> str:
         path = self._path(key)
-        with self._locked(key):
-            if if_match is not None or if_none_match:
-                check_preconditions(key, self._read_or_none(path), if_match, if_none_match)
-            self._make_room(key, path)
-            fd, tmp = tempfile.mkstemp(dir=self._tmp, prefix=path.name[:40] + ".")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-                _fsync_dir(path.parent)  # the rename itself must survive a crash
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+        try:
+            with self._locked(key):
+                if if_match is not None or if_none_match:
+                    check_preconditions(key, self._read_or_none(path), if_match, if_none_match)
+                self._make_room(key, path)
+                self._write(path, data)
+        except OSError as exc:  # name the key, never a lock or temporary file of the store's own
+            raise StoreUnavailable(f"cannot write {key!r} in {self.url}: {exc.strerror or exc}; "
+                                   "nothing was changed") from None  # fmt: skip
         return content_etag(bytes(data))
+
+    def _write(self, path: Path, data: bytes) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self._tmp, prefix=path.name[:40] + ".")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)  # the rename itself must survive a crash
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def list(self, prefix: str = "") -> Iterator[str]:
         check_prefix(prefix)

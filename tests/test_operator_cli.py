@@ -1,0 +1,139 @@
+"""The CLI as the README promises it to an operator: one-line errors, clean help, global
+options anywhere, a gateway that says where it listens and logs what it served."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+import typer.main
+
+from fleet.cli import app, hoist_global_options
+
+from tests.gateway_env import BODY, MODEL, GatewayEnv, wait_for
+from tests.serving_env import FLEET, free_port, wait_ready
+
+
+def run(env: GatewayEnv, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([FLEET, *args], env=env.env(COLUMNS="80"), cwd=env.root, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+
+
+def _commands(cmd, path):  # noqa: ANN001, ANN202
+    if hasattr(cmd, "commands"):
+        for name, sub in cmd.commands.items():
+            yield from _commands(sub, [*path, name])
+    else:
+        yield path, cmd
+
+
+def test_every_option_is_described_and_help_shows_no_type_boxes(tmp_path: Path) -> None:
+    for path, cmd in _commands(typer.main.get_command(app), ["fleet"]):
+        for param in cmd.params:
+            if param.param_type_name == "option":
+                assert param.help, f"{' '.join(path)} {param.opts[0]} has no help"
+    env = GatewayEnv(tmp_path)
+    for args in (["--help"], ["route", "set", "--help"], ["tenants", "rotate", "--help"], ["gateway", "--help"]):
+        out = run(env, *args)
+        assert out.returncode == 0, out.stderr
+        assert "<bool>" not in out.stdout and "╭" not in out.stdout, out.stdout
+        assert max(len(line) for line in out.stdout.splitlines()) <= 80
+
+
+def test_usage_mistakes_are_one_line_with_exit_2(tmp_path: Path) -> None:
+    env = GatewayEnv(tmp_path)
+    for args, says in (
+        (["route", "set", "m"], "Missing option '--reason'"),
+        (["models", "list", "--bogus"], "No such option: --bogus"),
+        (["route", "set", "m", "-r", "x", "--weight", "200"], "--weight"),
+        (["nosuch"], "No such command 'nosuch'"),
+        (["models", "list", "--store"], "--store needs a value"),
+    ):
+        out = run(env, *args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: ") and says in out.stderr, out.stderr
+
+
+def test_global_options_are_taken_after_the_subcommand(tmp_path: Path) -> None:
+    assert hoist_global_options(["models", "list", "--store", "s3://b/p", "--json"]) == [
+        "--store", "s3://b/p", "models", "list", "--json",
+    ]  # fmt: skip
+    assert hoist_global_options(["route", "set", "m", "--store=file:///x", "--", "--store"]) == [
+        "--store=file:///x", "route", "set", "m", "--", "--store",
+    ]  # fmt: skip
+    env = GatewayEnv(tmp_path)
+    env.register("1.0.0")
+    other = f"file://{tmp_path / 'elsewhere'}"
+    here = run(env, "models", "list", "--json")
+    there = run(env, "models", "list", "--json", "--store", other)
+    assert [v["version"] for v in json.loads(here.stdout)] == ["1.0.0"]
+    assert json.loads(there.stdout) == [], there.stderr
+
+
+def test_route_changes_say_when_nothing_changed_and_at_takes_seconds(tmp_path: Path) -> None:
+    env = GatewayEnv(tmp_path)
+    env.register("1.0.0", "1.1.0")
+    env.route(stable="1.0.0")
+    first = run(env, "route", "set", MODEL, "--canary", "1.1.0", "--weight", "10", "-r", "canary", "--json")
+    assert json.loads(first.stdout)["revision"] == 2
+    again = run(env, "route", "set", MODEL, "--weight", "10", "-r", "again", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["revision"] == 2
+    assert "nothing changed" in again.stderr
+    replaced = run(env, "route", "set", MODEL, "--canary", "1.0.0-rc.1", "-r", "swap")
+    assert replaced.returncode != 0
+    at = run(env, "route", "history", MODEL, "--at", "23:59:59", "--json")
+    assert at.returncode == 0, at.stderr
+    bad = run(env, "route", "history", MODEL, "--at", "25:00:00")
+    assert bad.returncode == 1 and "HH:MM:SS" in bad.stderr
+
+
+def test_fleet_gateway_prints_its_addresses_and_an_access_log(tmp_path: Path) -> None:
+    env = GatewayEnv(tmp_path)
+    env.register("1.0.0")
+    env.stub("1.0.0")
+    env.route(stable="1.0.0")
+    key = env.tenant("apps")
+    port = free_port()
+    out_file = tmp_path / "gateway.out"
+    with open(out_file, "wb") as out:
+        proc = subprocess.Popen([FLEET, "gateway", "--port", str(port), "--access-log"], env=env.env(), cwd=env.root,
+                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(f"{url}/v2/health/ready", proc, out_file)
+        wait_for(lambda: "listening on" in out_file.read_text(), what="the start-up lines")
+        with httpx.Client(base_url=url, timeout=10) as c:
+            r = c.post(f"/v2/models/{MODEL}/infer", json=BODY,
+                       headers={"Authorization": f"Bearer {key}", "x-request-id": "req-42"})  # fmt: skip
+            assert r.status_code == 200, r.text
+            c.get("/v2/models/%0Aforged%20line/ready")  # a tenant cannot break the log's lines
+        wait_for(lambda: "id=req-42" in out_file.read_text(), what="the access-log line")
+        text = out_file.read_text()
+        assert f"listening on http://127.0.0.1:{port}" in text and f"{url}/metrics" in text
+        line = next(ln for ln in text.splitlines() if "id=req-42" in ln)
+        assert re.search(rf"POST /v2/models/{MODEL}/infer 200 [\d.]+ms tenant=apps model={MODEL} version=1.0.0", line)
+        assert not any(ln.startswith("forged") for ln in text.splitlines())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        env.stop()
+
+
+@pytest.mark.parametrize("args", [["tenants", "create", "x", "--model", "m", "--rps", "inf", "--burst", "5"],
+                                  ["tenants", "create", "x", "--model", "m", "--rps", "nan", "--burst", "5"],
+                                  ["tenants", "create", "x", "--model", "m:"]])  # fmt: skip
+def test_values_that_cannot_be_stored_are_refused_and_nothing_is_written(tmp_path: Path, args: list[str]) -> None:
+    env = GatewayEnv(tmp_path)
+    env.register("1.0.0")
+    out = run(env, *args)
+    assert out.returncode in (1, 2) and out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, out.stderr
+    assert list(env.store.list("tenants/")) == []
