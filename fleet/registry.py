@@ -58,7 +58,8 @@ SERVABLE = frozenset({State.REGISTERED, State.CANARY, State.STABLE})
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # JSON has no inf or NaN: a metric of nan would be stored as null and refused on every read
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class TensorSpec(_Frozen):

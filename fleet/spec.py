@@ -69,7 +69,7 @@ Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 class _Spec(BaseModel):
     # strict: YAML already yields typed values, so "yes" or "10" in a number field is a typo
     # to report, not a value to coerce.
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class Resources(_Spec):

@@ -167,7 +167,7 @@ def _describe(tp: Any, meta: list) -> str:
         return f"a mapping of name -> {_describe(args[1], [])}"
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return "a mapping with keys " + ", ".join(tp.model_fields)
-    simple = {bool: "true or false", int: "an integer", float: "a number"}
+    simple = {bool: "true or false", int: "an integer", float: "a finite number"}
     simple[str] = f"a {non_empty}string"
     return f"{simple.get(tp, getattr(tp, '__name__', tp))} {bounds}".strip()
 

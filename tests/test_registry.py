@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from fleet import audit, leases, records
 from fleet.errors import Conflict, IntegrityError, InvalidInput, NotFound
@@ -230,3 +231,11 @@ def test_unknown_state_name_is_refused(artifact: Path) -> None:
 def test_bad_tensor_shapes_are_refused() -> None:
     with pytest.raises(ValueError, match="dimension"):
         TensorSpec(name="x", datatype="FP32", shape=[-1, 0])
+
+
+def test_metadata_that_json_cannot_hold_is_refused_before_any_upload(artifact: Path) -> None:
+    store = MemoryStore()
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValidationError, match="finite number"):
+            VersionMetadata.model_validate({**META.model_dump(), "metrics": {"accuracy": bad}})
+    assert list(store.list()) == []

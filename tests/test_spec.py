@@ -137,7 +137,7 @@ def test_error_rate_above_one(tmp_path):
     data = base()
     data["models"]["m"]["slo"]["error_rate"] = 1.5
     path = write(tmp_path, "fleet.yaml", data)
-    assert f"{path}: models.m.slo.error_rate: got 1.5 — expected a number >= 0 and <= 1" in (
+    assert f"{path}: models.m.slo.error_rate: got 1.5 — expected a finite number >= 0 and <= 1" in (
         problems(path)
     )
 
@@ -224,7 +224,7 @@ def test_missing_required_key(tmp_path):
     data = base()
     del data["models"]["m"]["slo"]["p99_ms"]
     message = problems(write(tmp_path, "fleet.yaml", data))
-    assert "models.m.slo.p99_ms: missing required key — expected a number > 0" in message
+    assert "models.m.slo.p99_ms: missing required key — expected a finite number > 0" in message
 
 
 def test_unknown_rollout_policy_reference(tmp_path):
@@ -420,3 +420,11 @@ def test_every_policy_key_is_read_somewhere():
             if f"{model.__name__}.{key}" not in NOT_READ_YET and not re.search(read, code):
                 unread.append(f"{model.__name__}.{key}")
     assert not unread, f"policy keys that no code reads: {', '.join(unread)}; read them, or remove them"
+
+
+def test_thresholds_refuse_inf_and_nan(tmp_path):
+    for value in (float("inf"), float("nan")):
+        data = base()
+        data["models"]["m"]["slo"]["p99_ms"] = value
+        path = write(tmp_path, "fleet.yaml", data)
+        assert f"{path}: models.m.slo.p99_ms: got {value} — expected a finite number > 0" in problems(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import shutil
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,16 @@ def test_s3_without_credentials_names_the_variables(monkeypatch) -> None:
     store = S3Store("bucket", endpoint_url="http://127.0.0.1:9")
     with pytest.raises(ConfigError, match="no AWS credentials.*AWS_ACCESS_KEY_ID"):
         store.get("k")
+
+
+def test_a_file_store_that_cannot_write_names_the_key_not_its_temporary_file(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "s")
+    store.put("routes/a.json", b"{}")
+    tmp = tmp_path / "s" / ".tmp"
+    shutil.rmtree(tmp)
+    tmp.write_text("not a folder")  # every write now fails below the store's own files
+    with pytest.raises(StoreUnavailable) as caught:
+        store.put("routes/a.json", b"{ }")
+    message = str(caught.value)
+    assert "'routes/a.json'" in message and ".tmp" not in message and ".locks" not in message
+    assert store.get("routes/a.json").data == b"{}"  # nothing was changed
