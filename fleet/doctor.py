@@ -1,10 +1,12 @@
 """``fleet doctor``: find the stored records nothing can read, say what to do, repair on request.
 
 Every reader that lists many records skips a bad one (``fleet.records.load_all``); this is
-where an operator sees them all at once. Nothing is changed unless asked: ``remove`` moves a
-record's bytes aside under ``quarantine/`` (never deletes them), ``restore_route`` rewrites a
-route table from its last audited revision. Both are conditional on the bad bytes still
-being there, so a record fixed meanwhile by someone else is never overwritten.
+where an operator sees them all at once. Nothing is changed unless asked: ``remove`` copies a
+record's bytes under ``quarantine/`` and then deletes the key (it checks first that the bad
+bytes are still there; the store has no conditional delete, so a fix landing in the instant
+between the check and the delete is deleted too, and still kept in quarantine);
+``restore_route`` rewrites a route table from its last audited revision with a conditional
+write, so a table fixed meanwhile by someone else is never overwritten.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from fleet import audit, records
 from fleet.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
 from fleet.registry import Registry
 from fleet.rollout import RolloutState
+from fleet.router import Router
 from fleet.routing import RouteTable
-from fleet.tenants import Tenant
+from fleet.tenants import Tenants
 from fleet.types import ObjectStore
 
 QUARANTINE = "quarantine/"
@@ -37,13 +40,15 @@ class _Kind:
     advice: str
 
 
+_ROUTE_ADVICE = (
+    "the model is not served from this table: `fleet doctor --restore-route {key}` rewrites its last "
+    "audited revision (see `fleet route history`), or fix the JSON by hand"
+)
+_TENANT_ADVICE = (
+    "this record's keys do not work: fix the JSON, or `fleet doctor --remove {key}` and, if the tenant is "
+    "gone with it, create it again (it gets new keys)"
+)
 _KINDS = (
-    _Kind("routes/", RouteTable, _top,
-          "the model is not served from this table: `fleet doctor --restore-route {key}` rewrites its last "
-          "audited revision (see `fleet route history`), or fix the JSON by hand"),
-    _Kind("tenants/", Tenant, _top,
-          "this tenant's keys do not work: fix the JSON, or `fleet doctor --remove {key}` and create the "
-          "tenant again (it gets new keys)"),
     _Kind("rollouts/", RolloutState, _top,
           "the model's rollout cannot resume: `fleet doctor --remove {key}`, then start the rollout again"),
     _Kind("events/", audit.AuditEvent, None,
@@ -64,12 +69,22 @@ class Finding:
     advice: str
 
 
-def scan(store: ObjectStore) -> list[Finding]:
-    """Every stored record that does not parse as what its key says it is, by key."""
+def scan(store: ObjectStore, *, history: bool = True) -> list[Finding]:
+    """Every stored record that does not parse as what its key says it is, by key.
+
+    ``history=False`` leaves out rollouts and audit events (every event is one read: on S3,
+    thousands of GETs), for a quick look such as ``fleet status``'s.
+    """
     found = [Finding(b.key, b.kind, b.reason, _MANIFEST_ADVICE.format(key=b.key)) for b in Registry(store).scan()[1]]
-    for kind in _KINDS:
-        for bad in records.load_all(store, kind.prefix, kind.cls, keep=kind.keep)[1]:
-            found.append(Finding(bad.key, bad.kind, bad.reason, kind.advice.format(key=bad.key)))
+    found += [Finding(b.key, b.kind, b.reason, _TENANT_ADVICE.format(key=b.key)) for b in Tenants(store).scan()[1]]
+    routes, bad = records.load_all(store, "routes/", RouteTable, keep=_top)
+    for key, table in routes.items():
+        if key != f"routes/{table.model}.json":
+            bad.append(records.BadRecord(key, f"{key!r} holds the route of {table.model!r}", "RouteTable"))
+    found += [Finding(b.key, b.kind, b.reason, _ROUTE_ADVICE.format(key=b.key)) for b in bad]
+    for kind in _KINDS if history else ():
+        for b in records.load_all(store, kind.prefix, kind.cls, keep=kind.keep)[1]:
+            found.append(Finding(b.key, b.kind, b.reason, kind.advice.format(key=b.key)))
     return sorted(found, key=lambda f: f.key)
 
 
@@ -96,7 +111,11 @@ def remove(store: ObjectStore, key: str) -> str:
 
 
 def restore_route(store: ObjectStore, key: str, *, who: str | None = None) -> RouteTable:
-    """Rewrite a bad route table from its last audited revision (only over the bad bytes)."""
+    """Rewrite a bad route table from its last audited revision, as a new audited revision.
+
+    Written only over the bad bytes (a conditional write); then logged and states reconciled
+    like any route change, so history shows the restore and who did it.
+    """
     finding, etag = _bad(store, key)
     if finding.kind != "RouteTable":
         raise InvalidInput(f"{key} is a {finding.kind} record; --restore-route takes a routes/<model>.json key")
@@ -105,12 +124,18 @@ def restore_route(store: ObjectStore, key: str, *, who: str | None = None) -> Ro
     if not revisions:
         raise NotFound(f"{model} has no audited route revision to restore; fix {key} by hand")
     last = max(revisions, key=lambda e: e.revision or 0)
-    table = RouteTable.model_validate(last.after).model_copy(
-        update={"reason": f"restored r{last.revision} by fleet doctor", "updated_by": who or audit.actor()}
-    )
+    who = who or audit.actor()
+    restored = RouteTable.model_validate(last.after)
+    table = restored.model_copy(update={
+        "revision": restored.revision + 1, "updated_at": audit.now(), "updated_by": who,
+        "reason": f"restored r{restored.revision} by fleet doctor",
+    })  # fmt: skip
     try:
         store.put(key, records.dump(table), if_match=etag)
     except PreconditionFailed:
         raise Conflict(f"{key} changed while it was being restored; run `fleet doctor` again") from None
+    router = Router(store)
+    router._log(restored, table)
+    router._reconcile_states(model, who)
     return table
 

@@ -297,15 +297,22 @@ class Registry:
 
     # -- lifecycle -------------------------------------------------------------------
     def transition(
-        self, model: str, version: str, to: State | str, *, why: str, who: str | None = None
+        self, model: str, version: str, to: State | str, *, why: str, who: str | None = None,
+        expect: State | None = None,
     ) -> ModelVersion:
-        """Move a version to state ``to`` if the lifecycle allows it; audit the change."""
+        """Move a version to state ``to`` if the lifecycle allows it; audit the change.
+
+        ``expect``: move only from this state (``Conflict`` otherwise), for a caller that
+        decided the move from a state it read earlier.
+        """
         to = _state(to)
         who = who or audit.actor()
         self.get(model, version)  # a clear NotFound before the update loop
 
         def change(mv: ModelVersion | None) -> ModelVersion:
             assert mv is not None
+            if expect is not None and mv.state != expect:
+                raise Conflict(f"{mv.ref} is {mv.state}, no longer {expect}; not moved to {to}")
             if to not in TRANSITIONS[mv.state]:
                 allowed = ", ".join(sorted(TRANSITIONS[mv.state])) or "none (final state)"
                 raise Conflict(f"{mv.ref} cannot go from {mv.state} to {to}; allowed from {mv.state}: {allowed}")

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleet import audit
-from fleet.errors import Conflict, InvalidInput
+from fleet import audit, records
+from fleet.errors import Conflict, FleetError, InvalidInput
 from fleet.registry import State
 from fleet.router import Router
 from fleet.routing import RouteTable
@@ -77,6 +77,8 @@ def rollback(
                            "`fleet rollback` (the flow) starts it first")  # fmt: skip
         runtime.deploy(model, to_version)  # routing never points at a version that is not running
     after = router.set(model, stable=to_version, clear_canary=True, why=f"rollback: {why}", who=who)
+    if not router.unchanged:  # the canary this write really ended (another may have replaced it since the read)
+        canary = _canary_before(router, model, after.revision, canary)
     rejected = None
     # the route write already moved the canary back to registered (states follow routes);
     # a rollback is a verdict: it ends rejected
@@ -86,3 +88,13 @@ def rollback(
         router.registry.transition(model, canary, State.REJECTED, why=f"rolled back: {why}", who=who)
         rejected = canary
     return RollbackResult(after, moved_from, to_version, rejected)
+
+
+def _canary_before(router: Router, model: str, revision: int, read: str | None) -> str | None:
+    """The canary of the table ``revision`` replaced (its audit event's ``before``)."""
+    try:
+        event = records.load(router.store, audit.route_event_key(model, revision), audit.AuditEvent)[0]
+    except FleetError:
+        return read  # the event is rebuilt later; the canary read before the write is the best guess
+    before = (event.before or {}).get("canary")
+    return before["version"] if isinstance(before, dict) else None

@@ -18,7 +18,7 @@ from datetime import datetime
 from pydantic import ValidationError
 
 from fleet import audit, records
-from fleet.errors import Conflict, InvalidInput, NotFound
+from fleet.errors import Conflict, IntegrityError, InvalidInput, NotFound
 from fleet.names import check_name, check_version
 from fleet.registry import TRANSITIONS, Registry, State
 from fleet.routing import Canary, RouteTable, Shadow, forbidden, validate_states
@@ -26,6 +26,9 @@ from fleet.tenants import Tenants
 from fleet.types import ObjectStore
 from fleet.validation import explain
 
+
+# Rounds of reconciling against a table that moved meanwhile (each round re-reads it).
+_RECONCILE_ROUNDS = 5
 
 # What a change writes besides the route itself: a change that differs only here is no change.
 _STAMP = {"revision", "updated_at", "updated_by", "reason"}
@@ -76,7 +79,9 @@ class Router:
             after = change(before).model_copy(update={"model": model})
             if after.model_dump(exclude=_STAMP) == before.model_dump(exclude=_STAMP):
                 raise _Unchanged(before)
-            validate_states(after, self.registry.states(model), before.stable)
+            versions, bad = self.registry.scan(model)
+            unreadable = frozenset(b.key.split("/")[2] for b in bad)
+            validate_states(after, {mv.version: mv.state for mv in versions}, before.stable, unreadable)
             return after.model_copy(update={
                 "revision": before.revision + 1, "updated_at": audit.now(), "updated_by": who, "reason": why,
             })  # fmt: skip
@@ -85,7 +90,11 @@ class Router:
         try:
             before, after = records.update(self.store, self._key(model), RouteTable, apply)
         except _Unchanged as same:
+            # nothing to write, but what a writer that died after its route write left undone
+            # is still caught up: re-running the command is how an operator repairs it
             self.unchanged = True
+            self._repair_audit(model)
+            self._reconcile_states(model, who)
             return same.table
         self.unchanged = False
         self._log(before, after)
@@ -190,13 +199,17 @@ class Router:
         if table is None or table.revision == 0:
             return
         prefix = f"events/{model}/routes/"
-        logged = {int(k[len(prefix):].removesuffix(".json")) for k in self.store.list(prefix)}
+        names = (k[len(prefix):].removesuffix(".json") for k in self.store.list(prefix) if k.endswith(".json"))
+        logged = {int(n) for n in names if n.isdigit()}  # a stray file is not a revision
         missing = [r for r in range(1, table.revision + 1) if r not in logged]
         if not missing:
             return
         tables: dict[int, dict[str, object] | None] = {0: None, table.revision: table.model_dump(mode="json")}
         for r in {n for m in missing for n in (m - 1, m + 1)} & logged:
-            event = records.load(self.store, audit.route_event_key(model, r), audit.AuditEvent)[0]
+            try:
+                event = records.load(self.store, audit.route_event_key(model, r), audit.AuditEvent)[0]
+            except (IntegrityError, NotFound):
+                continue  # an unreadable neighbour (fleet doctor names it) only means less to rebuild from
             tables[r] = event.after
             tables.setdefault(r - 1, event.before)
         for r in missing:
@@ -214,16 +227,22 @@ class Router:
         is ``registered`` again, and a ``stable`` version the table no longer uses (not
         stable, pinned or shadow) is ``retired``. Each move is an audited transition.
         """
-        table = self.get(model)
-        for version, state in self.registry.states(model).items():
-            wanted = wanted_state(table, version, state)
-            if state != wanted and wanted in TRANSITIONS[state]:
-                try:
-                    self.registry.transition(
-                        model, version, wanted, why=f"route r{table.revision}: {table.reason}", who=who
-                    )
-                except Conflict:
-                    pass  # another writer reconciled it first
+        for _ in range(_RECONCILE_ROUNDS):
+            table = self.get(model)
+            for version, state in self.registry.states(model).items():
+                wanted = wanted_state(table, version, state)
+                if state != wanted and wanted in TRANSITIONS[state]:
+                    try:
+                        self.registry.transition(
+                            model, version, wanted, why=f"route r{table.revision}: {table.reason}", who=who,
+                            expect=state,
+                        )  # fmt: skip
+                    except Conflict:
+                        pass  # another writer moved it first; the next round sees where it is
+            # a newer revision written meanwhile may have been reconciled by its writer
+            # against states this round then changed: settle against the latest table
+            if self.get(model).revision == table.revision:
+                return
 
 
 def wanted_state(table: RouteTable, version: str, state: State) -> State:

@@ -57,9 +57,6 @@ class RouteTable(BaseModel):
             raise ValueError(f"canary {self.canary.version} is already the stable version")
         if self.shadow and not self.stable:
             raise ValueError("a shadow needs a stable version whose traffic it mirrors")
-        if self.shadow and self.shadow.version == self.stable:
-            raise ValueError(f"shadow {self.shadow.version} is already the stable version; "
-                             "expected another version to mirror stable's traffic to")  # fmt: skip
         return self
 
     def served_versions(self) -> set[str]:
@@ -154,20 +151,28 @@ _ROLE_STATES = {
 }
 
 
-def validate_states(table: RouteTable, states: Mapping[str, State], current_stable: str | None) -> None:
+def validate_states(
+    table: RouteTable, states: Mapping[str, State], current_stable: str | None, unreadable: frozenset[str] = frozenset()
+) -> None:
     """Refuse a table that points at missing or unservable versions, or skips the canary.
 
     ``states`` maps each registered version to its state; ``current_stable`` is the stable
-    version before this change. A registered version may become stable directly only when
+    version before this change; ``unreadable`` names versions whose manifest is bad. A registered version may become stable directly only when
     the model has no stable version yet (its first rollout).
     """
     problems: list[str] = []
+    # refused on write only: tables stored before this rule stay readable (and fixable)
+    if table.shadow and table.shadow.version == table.stable:
+        problems.append(f"shadow {table.shadow.version} is already the stable version; "
+                        "expected another version to mirror stable's traffic to")  # fmt: skip
     for role, version in _roles(table):
         state = states.get(version)
         allowed = _ROLE_STATES.get(role, SERVABLE)
         if role == "stable" and current_stable in (None, version):
             allowed = allowed | {State.REGISTERED}
-        if state is None:
+        if state is None and version in unreadable:
+            problems.append(f"the manifest of {role} {version} cannot be read (see `fleet doctor`)")
+        elif state is None:
             problems.append(f"{role} {version} is not registered")
         elif state not in allowed:
             hint = " (roll it out as a canary first)" if state == State.REGISTERED else ""

@@ -20,6 +20,7 @@ import math
 import secrets
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -169,6 +170,21 @@ def parse_entitlements(specs: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def public(tenant: Tenant) -> dict[str, Any]:
+    """A tenant as the admin API and the CLI's --json show it: everything but its keys' hashes."""
+    keys = [k.model_dump(mode="json", exclude={"sha256"}) for k in tenant.keys]
+    return tenant.model_dump(mode="json", exclude={"keys"}) | {"keys": keys}
+
+
+def misplaced(key: str, tenant: Tenant) -> BadRecord | None:
+    """A tenant record anywhere but ``tenants/<its name>.json`` is bad: a copy (a backup, a
+    file in a subfolder) would otherwise keep keys working that were revoked in the original."""
+    if key == f"tenants/{tenant.name}.json":
+        return None
+    return BadRecord(key, f"{key!r} holds tenant {tenant.name!r}; expected it at tenants/{tenant.name}.json "
+                          "(a copy must not keep revoked keys working)", "Tenant")  # fmt: skip
+
+
 def check_grace(grace: timedelta) -> timedelta:
     """A rotation's grace period: 0 (revoke at once) up to ``MAX_GRACE``."""
     if grace < timedelta(0) or grace > MAX_GRACE:
@@ -205,7 +221,14 @@ class Tenants:
         """Every readable tenant, and the records that cannot be read (skipped, not fatal:
         one corrupt file must not hide every other tenant)."""
         good, bad = records.load_all(self.store, "tenants/", Tenant)
-        return list(good.values()), bad
+        found = []
+        for key, tenant in good.items():
+            if (wrong := misplaced(key, tenant)) is not None:
+                records.report(wrong)
+                bad.append(wrong)
+            else:
+                found.append(tenant)
+        return found, bad
 
     def list(self) -> list[Tenant]:
         return self.scan()[0]

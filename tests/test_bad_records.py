@@ -16,21 +16,23 @@ import httpx
 import pytest
 
 from fleet import doctor, records
-from fleet.errors import InvalidInput
+from fleet.errors import FleetError, InvalidInput
 from fleet.gateway.state import FleetView
 from fleet.registry import Registry
 from fleet.router import Router
+from fleet.routing import Shadow
 from fleet.store import MemoryStore
 from fleet.tenants import Quota, Tenants
 from fleet.types import Deployment
 
-from tests.gateway_env import MODEL, GatewayEnv, infer, metric, wait_for
+from tests.gateway_env import ADMIN_TOKEN, MODEL, GatewayEnv, infer, metric, wait_for
 from tests.serving_env import FLEET
 from tests.test_registry import META
 
 MANIFEST = f"models/{MODEL}/1.1.0/manifest.json"
 ROUTE = "routes/ghost-model.json"
 TENANT = "tenants/evil.json"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 def corrupt(env: GatewayEnv) -> bytes:
@@ -63,7 +65,11 @@ def test_a_gateway_starts_on_a_store_with_bad_records_serves_the_good_ones_and_r
             assert ready.status_code == 200, ready.text
             health = ready.json()
             assert (health["routing_state"], health["store_reachable"]) == ("current", True)
-            assert {b["key"] for b in health["bad_records"]} == {MANIFEST, ROUTE, TENANT}
+            # anyone sees how many; the keys and reasons (tenant names, the store) need the admin token
+            assert health["bad_records"] == {"ModelVersion": 1, "RouteTable": 1, "Tenant": 1}
+            assert "evil" not in ready.text and "ghost" not in ready.text
+            detail = c.get("/v2/health/ready", headers=ADMIN).json()["bad_records"]
+            assert {b["key"] for b in detail} == {MANIFEST, ROUTE, TENANT}
             assert metric(url, "fleet_store_bad_records") == 3
             assert metric(url, "fleet_store_bad_records", kind="Tenant") == 1
             for _ in range(5):  # the unreadable canary is left out: its traffic stays on stable
@@ -73,9 +79,9 @@ def test_a_gateway_starts_on_a_store_with_bad_records_serves_the_good_ones_and_r
             # later changes still apply: a tenant created now can call at once
             late = env.tenant("late")
             wait_for(lambda: infer(c, late).status_code == 200, timeout=20, what="a new tenant's key to work")
-            # a fixed manifest is picked up: the canary serves again (no replica: 502/503, not 200 from 1.0.0)
+            # a fixed manifest is picked up again without a restart
             env.store.put(MANIFEST, good_manifest)
-            wait_for(lambda: MANIFEST not in {b["key"] for b in c.get("/v2/health/ready").json()["bad_records"]},
+            wait_for(lambda: "ModelVersion" not in c.get("/v2/health/ready").json()["bad_records"],
                      timeout=20, what="the fixed manifest to leave the bad records")  # fmt: skip
         log = next(tmp_path.glob("gateway-*.log")).read_text()
         assert log.count("skipping a bad record") >= 3 and ROUTE in log and TENANT in log
@@ -121,11 +127,13 @@ def test_doctor_restores_a_route_from_its_last_audited_revision(router: Router) 
     with pytest.raises(InvalidInput, match="not a bad record"):
         doctor.restore_route(router.store, "routes/other.json")
     restored = doctor.restore_route(router.store, "routes/demo.json")
-    assert (restored.revision, restored.stable, restored.canary.weight) == (2, "1.0.0", 10)
+    assert (restored.revision, restored.stable, restored.canary.weight) == (3, "1.0.0", 10)
     assert router.get("demo").canary.version == "1.1.0"
     assert doctor.scan(router.store) == []
+    last = [e for e in router.history("demo") if e.kind == "route"][-1]  # the restore is audited
+    assert (last.revision, last.why) == (3, "restored r2 by fleet doctor")
     router.set("demo", weight=20, why="and on")  # the next change follows on
-    assert router.get("demo").revision == 3
+    assert router.get("demo").revision == 4
 
 
 class _NoRuntime:
@@ -160,3 +168,35 @@ def test_a_record_that_would_not_read_back_is_never_written() -> None:
 
 class _Loose(records.BaseModel):  # a model that forgot allow_inf_nan=False
     value: float
+
+
+def test_a_copied_tenant_file_cannot_keep_a_revoked_key_working(tmp_path: Path) -> None:
+    store = MemoryStore()
+    tenants = Tenants(store)
+    _, key = tenants.create("acme", {"demo": ["*"]})
+    store.put("tenants/acme.backup.json", store.get("tenants/acme.json").data)
+    store.put("tenants/old/acme.json", store.get("tenants/acme.json").data)
+    tenants.revoke("acme")
+    found, bad = tenants.scan()
+    assert [t.name for t in found] == ["acme"] and {b.key for b in bad} == {
+        "tenants/acme.backup.json", "tenants/old/acme.json",
+    }  # fmt: skip
+    with pytest.raises(FleetError, match="unknown, revoked or expired"):
+        tenants.authenticate(key)
+    view = FleetView(store, _NoRuntime())  # type: ignore[arg-type]
+    view.refresh()
+    assert view.snapshot.tenant_for(key) is None
+    assert {b.key for b in view.bad_records} == {"tenants/acme.backup.json", "tenants/old/acme.json"}
+
+
+def test_a_table_stored_with_shadow_equal_to_stable_stays_readable_and_fixable(router: Router) -> None:
+    router.set("demo", stable="1.0.0", why="first")
+    t = router.get("demo")
+    # written before shadow = stable was refused: reading it must not turn it into a bad record
+    old = t.model_copy(update={"shadow": Shadow(version="1.0.0", percent=10)})
+    router.store.put("routes/demo.json", records.dump(old))
+    assert router.get("demo").shadow is not None and doctor.scan(router.store) == []
+    with pytest.raises(InvalidInput, match="shadow 1.0.0 is already the stable version"):
+        router.set("demo", shadow_percent=20, why="still refused on write")
+    router.set("demo", clear_shadow=True, why="fix it")
+    assert router.get("demo").shadow is None

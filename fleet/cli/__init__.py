@@ -141,6 +141,8 @@ def _usage_error(exc: UsageError) -> str:
 def main() -> None:
     try:
         code = app(args=hoist_global_options(sys.argv[1:]), prog_name="fleet", standalone_mode=False)
+        if code == 130:  # typer turns Ctrl-C into exit code 130
+            fail("interrupted", code=130)
         if isinstance(code, int) and code:
             raise SystemExit(code)
     except NoArgsIsHelpError as exc:  # `fleet models`: the group's help, as asked

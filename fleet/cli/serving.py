@@ -142,7 +142,7 @@ def gateway_cmd(
     from fleet.up import serve_gateway
 
     _gateway_logging(access_log)
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
     settings = dataclasses.replace(Settings.from_env(public_url=public_url or f"http://{shown}:{port}"),
                                    access_log=access_log)  # fmt: skip
     store = open_store()
@@ -152,7 +152,8 @@ def gateway_cmd(
     def ready() -> None:
         admin = "on (FLEET_ADMIN_TOKEN)" if settings.admin_token else "off (set FLEET_ADMIN_TOKEN to turn it on)"
         console.print(
-            f"gateway {settings.gateway_id} listening on http://{host}:{port} (store {store.url})\n"
+            f"gateway {settings.gateway_id} listening on http://{f'[{host}]' if ':' in host else host}:{port} "
+            f"(store {store.url})\n"
             f"  inference  {url}/v2/models/MODEL/infer\n  health     {url}/v2/health/ready\n"
             f"  metrics    {url}/metrics\n  admin API  {admin}\n"
             f"  access log {'on' if access_log else 'off (--access-log)'}; Ctrl-C stops",
@@ -197,7 +198,7 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
     runtime = _runtime(policies)
     running = {(d.model, d.version): d for d in runtime.list()}
     rows = []
-    bad = scan(reg.store)
+    bad = scan(reg.store, history=False)
     unreadable = {f.key for f in bad}
     for mv in reg.list():
         # a model whose route is unreadable is shown without traffic; doctor's list says why

@@ -11,7 +11,7 @@ import typer
 from fleet import audit
 from fleet.cli._output import JsonFlag, console, emit_json, err_console, table, tenants, when
 from fleet.errors import InvalidInput
-from fleet.tenants import MAX_GRACE, ApiKey, check_grace, make_quota, parse_entitlements, span
+from fleet.tenants import MAX_GRACE, ApiKey, check_grace, make_quota, parse_entitlements, public, span
 
 app = typer.Typer(help="Manage tenants and their API keys.", no_args_is_help=True)
 
@@ -65,7 +65,7 @@ def create(
     quota = make_quota(rps, burst) if rps is not None and burst is not None else None
     tenant, key = tenants().create(name, parse_entitlements(model), quota)
     if json:
-        emit_json({"tenant": tenant.model_dump(mode="json"), "api_key": key})
+        emit_json({"tenant": public(tenant), "api_key": key})
         return
     console.print(f"created tenant [bold]{tenant.name}[/]")
     _show_key(key)
@@ -78,7 +78,7 @@ def list_(json: JsonFlag = False) -> None:
     for record in bad:  # stderr, so --json output stays a list a script can read
         typer.echo(f"skipped {record.key}: {record.reason}; run `fleet doctor`", err=True)
     if json:
-        emit_json(found)
+        emit_json([public(t) for t in found])
         return
     now = audit.now()
     rows = []
@@ -95,7 +95,7 @@ def add_key(name: str, json: JsonFlag = False) -> None:
     """Add an API key to a tenant and print it once; its other keys keep working."""
     tenant, key = tenants().add_key(name)
     if json:
-        emit_json({"tenant": tenant.model_dump(mode="json"), "key_id": tenant.keys[-1].id, "api_key": key})
+        emit_json({"tenant": public(tenant), "key_id": tenant.keys[-1].id, "api_key": key})
         return
     console.print(f"added key [bold]{tenant.keys[-1].id}[/] to tenant [bold]{tenant.name}[/]")
     _show_key(key)
@@ -120,7 +120,7 @@ def rotate(
     new_id = tenant.keys[-1].id
     retired = tenant.replaced(new_id)
     if json:
-        emit_json({"tenant": tenant.model_dump(mode="json"), "key_id": new_id, "api_key": key,
+        emit_json({"tenant": public(tenant), "key_id": new_id, "api_key": key,
                    "retired": [{"id": k.id, "stops_at": k.ends_at.isoformat()} for k in retired]})  # fmt: skip
         return
     console.print(f"rotated tenant [bold]{tenant.name}[/]: new key [bold]{new_id}[/]")
@@ -144,6 +144,6 @@ def revoke(
     """Revoke a tenant's keys (all of them unless --key-id names one)."""
     t = tenants().revoke(name, key_id)
     if json:
-        emit_json(t)
+        emit_json(public(t))
         return
     console.print(f"revoked {'key ' + key_id if key_id else 'every key'} of {name}")

@@ -40,7 +40,7 @@ from fleet.names import check_name, check_version
 from fleet.registry import Registry
 from fleet.rollback import rollback
 from fleet.router import Router
-from fleet.tenants import MAX_GRACE, Tenant, Tenants, make_quota, parse_entitlements, span
+from fleet.tenants import MAX_GRACE, Tenants, make_quota, parse_entitlements, public, span
 from fleet.types import ObjectStore, Runtime
 from fleet.validation import checked, explain
 
@@ -113,11 +113,6 @@ class Rotate(_Body):
         lambda v: 0 <= v <= _MAX_GRACE_S,
     ) = Field(allow_inf_nan=False)  # fmt: skip
 
-
-def public(tenant: Tenant) -> dict[str, Any]:
-    """A tenant as the admin API shows it: everything but its keys' hashes."""
-    keys = [k.model_dump(mode="json", exclude={"sha256"}) for k in tenant.keys]
-    return tenant.model_dump(mode="json", exclude={"keys"}) | {"keys": keys}
 
 
 _PATH_CHECKS = {"model": lambda v: check_name("model", v), "tenant": lambda v: check_name("tenant", v),

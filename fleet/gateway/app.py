@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hmac
 import logging
 import math
 import os
@@ -44,6 +45,7 @@ from fleet.gateway.state import FleetView, Snapshot
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import Upstreams
 from fleet.inference_log import InferenceLog
+from fleet.records import BadRecord
 from fleet.spec import GatewaySpec, Policies
 from fleet.tenants import Quota
 from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, QuotaBackend
@@ -138,22 +140,31 @@ def create_app(
     async def live(_: Request) -> Response:
         return json_response({"live": True})
 
-    def observe_store() -> list[dict[str, str]]:
+    def observe_store() -> list[BadRecord]:
         telemetry.stale.set(1 if view.stale else 0)
         bad = view.bad_records
         for kind in ("RouteTable", "Tenant", "ModelVersion"):
             telemetry.bad_records.labels(kind).set(sum(b.kind == kind for b in bad))
-        return [{"key": b.key, "kind": b.kind, "reason": b.reason} for b in bad]
+        return bad
 
-    async def ready(_: Request) -> Response:
-        # ready once a snapshot is loaded: bad records are reported here, not a reason to refuse
-        # traffic for every good model
+    def admin(request: Request) -> bool:
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        token = settings.admin_token
+        return bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())  # type: ignore[union-attr]
+
+    async def ready(request: Request) -> Response:
+        # Ready once a snapshot is loaded: bad records are reported, not a reason to refuse
+        # traffic for every good model. Their keys and reasons name tenants, versions and the
+        # store: shown with the admin token only; anyone sees how many of each kind.
         ok = view.snapshot.loaded_at > 0
         bad = observe_store()
+        shown: object = {kind: sum(b.kind == kind for b in bad) for kind in sorted({b.kind for b in bad})}
+        if admin(request):
+            shown = [{"key": b.key, "kind": b.kind, "reason": b.reason} for b in bad]
         return json_response({
             "ready": ok, "routing_state": "stale" if view.stale else "current",
             "store_reachable": view.healthy, "last_refresh_age_s": round(time.time() - view.last_success, 3),
-            "store_error": view.last_error or None, "bad_records": bad, "gateway": settings.gateway_id,
+            "store_error": view.last_error or None, "bad_records": shown, "gateway": settings.gateway_id,
         }, 200 if ok else 503)  # fmt: skip
 
     async def server_metadata(_: Request) -> Response:

@@ -27,7 +27,7 @@ from fleet import records
 from fleet.errors import FleetError, IntegrityError, NotFound
 from fleet.registry import ModelVersion, Registry
 from fleet.routing import RouteTable
-from fleet.tenants import Quota, Tenant, key_index, lookup
+from fleet.tenants import Quota, Tenant, key_index, lookup, misplaced
 from fleet.types import ObjectStore, Runtime
 
 log = logging.getLogger("fleet.gateway")
@@ -164,9 +164,16 @@ class FleetView:
             routes[table.model] = table  # type: ignore[union-attr]
         manifests = self._manifests(routes)
         routes = {model: _servable(table, manifests) for model, table in routes.items()}
+        placed = []
+        for key, tenant in tenant_records.items():
+            if (wrong := misplaced(key, tenant)) is not None:  # type: ignore[arg-type]
+                self._bad[key] = wrong
+                records.report(wrong)
+            else:
+                placed.append(tenant)
         tenants = [t if t.quota is not None or t.name not in self._default_quotas  # type: ignore[union-attr]
                    else t.model_copy(update={"quota": self._default_quotas[t.name]})  # type: ignore[union-attr]
-                   for t in tenant_records.values()]  # fmt: skip
+                   for t in placed]  # fmt: skip
         keys = key_index(tenants)  # type: ignore[arg-type]
         self.snapshot = Snapshot(routes, keys, endpoints, manifests, time.time())
         return True
@@ -202,6 +209,6 @@ def _servable(table: RouteTable, manifests: dict[tuple[str, str], ModelVersion])
     update: dict[str, object] = {}
     if table.canary is not None and table.canary.version not in readable:
         update["canary"] = None
-    if table.shadow is not None and table.shadow.version not in readable:
-        update["shadow"] = None
+    if table.shadow is not None and (table.shadow.version not in readable or table.shadow.version == table.stable):
+        update["shadow"] = None  # (a table stored before shadow = stable was refused mirrors to itself)
     return table.model_copy(update=update) if update else table
