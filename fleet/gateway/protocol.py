@@ -112,7 +112,15 @@ def decode_v2(body: bytes, inputs: list[TensorSpec], max_rows: int) -> Decoded:
 
 
 def _tensor(tensor: dict[str, Any], spec: TensorSpec, max_rows: int) -> np.ndarray:
-    name, shape, datatype, values = spec.name, tensor.get("shape"), tensor.get("datatype"), tensor.get("data")
+    shape, datatype, values = tensor.get("shape"), tensor.get("datatype"), tensor.get("data")
+    return from_values(spec, check_header(spec, shape, datatype, max_rows), values)
+
+
+def check_header(spec: TensorSpec, shape: Any, datatype: Any, max_rows: int) -> list[int]:  # noqa: ANN401
+    """An input's declared shape and datatype checked against the schema and the row limit,
+    before any of its data is looked at; returns the shape. Every protocol (JSON, binary
+    HTTP, gRPC) goes through here, so each refuses the same inputs with the same words."""
+    name = spec.name
     if not isinstance(shape, list) or not 0 < len(shape) <= MAX_DIMS or not all(
         type(d) is int and d >= 0 for d in shape
     ):
@@ -122,11 +130,17 @@ def _tensor(tensor: dict[str, Any], spec: TensorSpec, max_rows: int) -> np.ndarr
     if datatype != spec.datatype and not (datatype in _NUMERIC and spec.datatype in _NUMERIC):
         raise InvalidInput(f"input {name!r} has datatype {datatype!r}; expected {spec.datatype}")
     if spec.datatype not in _NUMPY:
-        raise InvalidInput(f"input {name!r} is {spec.datatype}, which this gateway cannot pass on as JSON; "
+        raise InvalidInput(f"input {name!r} is {spec.datatype}, which this gateway cannot pass on; "
                            "expected a numeric or BOOL input")  # fmt: skip
     if not shape_fits(shape, spec):
         raise InvalidInput(f"input {name!r} has shape {shape}; expected {spec.shape} (-1: any size)")
     _check_rows(name, shape[0], max_rows)
+    return shape
+
+
+def from_values(spec: TensorSpec, shape: list[int], values: Any) -> np.ndarray:  # noqa: ANN401 - a JSON value
+    """JSON ``data`` (flat row-major, or one nested list per row) of a checked header → numpy."""
+    name = spec.name
     if not isinstance(values, list):
         raise MalformedBody(f"input {name!r} has data {_show(values)}; expected a list of {spec.datatype} values")
     count = math.prod(shape)  # Python ints: a shape like [2**62, 4] cannot overflow to 0
@@ -138,6 +152,37 @@ def _tensor(tensor: dict[str, Any], spec: TensorSpec, max_rows: int) -> np.ndarr
     if array.size != count:
         raise InvalidInput(f"input {name!r} has {array.size} values; shape {shape} needs {count}")
     return array.reshape(shape)
+
+
+def from_raw(spec: TensorSpec, shape: list[int], datatype: str, raw: bytes | memoryview) -> np.ndarray:
+    """Raw little-endian tensor bytes (Triton's binary extension, gRPC ``raw_input_contents``)
+    of a checked header → numpy as the schema's dtype; the byte count must match the shape.
+
+    The values are checked like JSON ones: a float that is not finite where the schema's
+    type cannot hold it, an integer out of the schema's range after conversion, a BOOL byte
+    other than 0 or 1.
+    """
+    name = spec.name
+    if datatype not in _NUMPY:
+        raise InvalidInput(f"input {name!r} is {datatype}; raw bytes are taken for numeric and BOOL inputs")
+    given = np.dtype(_NUMPY[datatype]).newbyteorder("<")
+    count = math.prod(shape)
+    expected = count * given.itemsize
+    if len(raw) != expected:
+        raise InvalidInput(f"input {name!r} has {len(raw)} bytes; shape {shape} of {datatype} needs {expected} "
+                           f"({count} values × {given.itemsize} bytes, little-endian)")  # fmt: skip
+    array = np.frombuffer(raw, dtype=given, count=count).reshape(shape)
+    if datatype == "BOOL":
+        if array.view(np.uint8).max(initial=0) > 1:
+            raise InvalidInput(f"input {name!r} holds a BOOL byte other than 0 or 1")
+        return array.copy()
+    target = _NUMPY[spec.datatype]
+    if datatype in _FLOAT and spec.datatype in _FLOAT:
+        if array.size and not np.isfinite(array).all():
+            bad = array.ravel()[~np.isfinite(array.ravel())][0]
+            raise InvalidInput(f"input {name!r} holds {bad:g}; expected finite {spec.datatype} values")
+    converted = _array(name, array.tolist(), spec.datatype) if datatype != spec.datatype else array
+    return np.ascontiguousarray(converted, dtype=target).reshape(shape)
 
 
 def _check_rows(name: str, rows: int, max_rows: int) -> None:
