@@ -6,13 +6,14 @@ serializes; every decision is in ``fleet.gateway.pipeline`` and the modules it n
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from fleet import feedback as labels
-from fleet.errors import NotFound
+from fleet.errors import FleetError, NotFound
 from fleet.gateway import body as bodies
 from fleet.gateway import protocol
 from fleet.gateway.admin import json_response
@@ -23,6 +24,11 @@ from fleet.types import ObjectStore
 JSON = "application/json"
 
 
+class UnsupportedEncoding(FleetError):
+    status = 415
+BINARY = "application/octet-stream"  # what Triton answers binary outputs with
+
+
 class Rest:
     def __init__(self, pipeline: Pipeline, store: ObjectStore, gateway_id: str, max_body_bytes: int,
                  logged: labels.LoggedRequests, bodies_in_flight: bodies.BodyBudget) -> None:  # fmt: skip
@@ -31,6 +37,10 @@ class Rest:
 
     async def _decoded(self, request: Request, call: Call, decode: Callable[..., protocol.Decoded]) -> protocol.Decoded:
         """The body read and decoded, its bytes counted against the bodies in flight until then."""
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("identity", ""):  # a compressed body would otherwise read as "not valid JSON"
+            raise UnsupportedEncoding(f"Content-Encoding {encoding[:40]!r} is not accepted; expected an "
+                                      "uncompressed body (identity)")  # fmt: skip
         with self.in_flight.holding(call.tenant.name) as held:  # type: ignore[union-attr]
             raw = await bodies.read(request, self.max_body_bytes, held)
             return await self.pipeline.decode(call, raw, decode)
@@ -39,11 +49,16 @@ class Rest:
         return Call(model=model, requested=version, headers=request.headers, state=request.scope["state"])
 
     async def infer_v2(self, request: Request) -> Response:
+        """OIP v2 infer, as JSON or in Triton's binary tensor data extension (request and answer)."""
         call = self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")))
-        decoded = await self._decoded(request, call, protocol.decode_v2)
+        decoded = await self._decoded(request, call, _v2_decoder(request))
+        protocol.check_outputs(decoded.outputs, self.pipeline.expected(call).outputs)  # before a model is asked
         version, result, manifest = await self.pipeline.answer(call, decoded)
-        body = protocol.v2_response(call.model, version, decoded.id or call.request_id, manifest.outputs, result)
-        return Response(body, media_type=JSON)
+        body, header_length = protocol.v2_reply(call.model, version, decoded.id or call.request_id, manifest.outputs,
+                                                result, decoded)  # fmt: skip
+        if header_length is None:
+            return Response(body, media_type=JSON)
+        return Response(body, media_type=BINARY, headers={protocol.HEADER_LENGTH: str(header_length)})
 
     async def predict_v1(self, request: Request) -> Response:
         model, sep, verb = request.path_params["target"].rpartition(":")
@@ -94,3 +109,13 @@ class Rest:
         body = {"model": model, "accepted": len(accepted), "unknown": unknown,
                 "note": "labels join requests the inference log sampled, of your tenant, from the last 24 h"}  # fmt: skip
         return json_response(body, 200 if accepted else 404)
+
+
+def _v2_decoder(request: Request) -> Callable[..., protocol.Decoded]:
+    """The decode function for this body: plain JSON, or, with ``Inference-Header-Content-Length``,
+    the binary extension told where its JSON part ends (a partial of a module-level function:
+    it pickles, so a large body is decoded in the worker like a JSON one)."""
+    header_length = protocol.binary_header_length(request.headers.getlist(protocol.HEADER_LENGTH))
+    if header_length is None:
+        return protocol.decode_v2
+    return functools.partial(protocol.decode_v2_binary, header_length=header_length)
