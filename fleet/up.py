@@ -3,7 +3,8 @@
 Store ``./.fleet/store``, the Prefect server (SQLite, UI) on 127.0.0.1:4200 with the
 fleet's deployments served by ``fleet flows serve``, the demo model trained and registered
 on first run, its stable (and canary) version served by ``bentoml serve`` processes, and
-the gateway on 127.0.0.1:8000 with its admin API on (token in ``.fleet/admin-token``). Ctrl-C stops every child;
+the gateway on 127.0.0.1:8000 (OIP over gRPC on 127.0.0.1:8001) with its admin API on (token in
+``.fleet/admin-token``). Ctrl-C stops every child;
 a run after a crash first stops what the crashed one left running.
 """
 
@@ -48,16 +49,18 @@ class Settings:
     prefect_port: int
     model: str
     with_prefect: bool = True
+    grpc_port: int = 8001  # the gateway's gRPC port; 0: any free one
 
 
-def check_port_free(port: int, what: str, flag: str) -> None:
-    with socket.socket() as s:
+def check_port_free(port: int, what: str, flag: str, host: str = "127.0.0.1") -> None:
+    """A clear error before anything starts, rather than a server's traceback once it binds."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         # as the servers themselves bind: a port whose old connections linger in TIME_WAIT is free
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
-            raise ConfigError(f"port {port} for the {what} is in use on 127.0.0.1; free it or pass {flag}") from None
+            raise ConfigError(f"port {port} for the {what} is in use on {host}; free it or pass {flag}") from None
 
 
 class Child:
@@ -202,6 +205,8 @@ def running_fleet(
 ) -> Iterator[dict[str, str]]:
     """Start everything but the gateway; stop all of it on the way out, however it ends."""
     check_port_free(settings.port, "gateway", "--port")
+    if settings.grpc_port:
+        check_port_free(settings.grpc_port, "gateway's gRPC endpoint", "--grpc-port")
     prefect = Prefect(settings.home, settings.prefect_port)
     flows = FlowServer(settings.home)
     step("stopping what an earlier run left behind")
@@ -240,8 +245,14 @@ def serve_gateway(app: object, port: int, on_ready: Callable[[], None], host: st
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                                           loop="none", http="httptools", timeout_graceful_shutdown=10))
 
+    async def serve() -> None:
+        try:
+            await server.serve()
+        except SystemExit:  # uvicorn's way of failing to start (a port in use, a lifespan error); it logged why
+            raise StartFailed("the gateway did not start; the lines above say why") from None
+
     async def main() -> None:
-        task = asyncio.create_task(server.serve())
+        task = asyncio.create_task(serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started:

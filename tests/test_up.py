@@ -36,7 +36,7 @@ def start_up(cwd: Path, env: dict[str, str], port: int, prefect_port: int) -> tu
     out = cwd / f"up-{time.monotonic_ns()}.out"
     with open(out, "wb") as stdout:
         proc = subprocess.Popen(
-            [FLEET, "up", "--port", str(port), "--prefect-port", str(prefect_port)],
+            [FLEET, "up", "--port", str(port), "--prefect-port", str(prefect_port), "--grpc-port", "0"],
             cwd=cwd, env=env, stdout=stdout, stderr=subprocess.STDOUT,
         )  # fmt: skip
     deadline = time.monotonic() + 240

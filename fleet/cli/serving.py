@@ -127,6 +127,11 @@ def gateway_cmd(
         bool, typer.Option("--access-log", help="Print one line per request: client, method, path, status, "
                            "time, tenant, model, version, request id.")
     ] = False,
+    grpc_port: Annotated[
+        int | None, typer.Option("--grpc-port", min=0, max=65535,
+                                 help="Also serve the Open Inference Protocol over gRPC (inference.GRPCInferenceService, "
+                                      "Triton's) on this port of --host; 0 picks a free port. Off when not given.")
+    ] = None,
 ) -> None:
     """Run the gateway alone, in front of the runtime's deployments.
 
@@ -139,12 +144,14 @@ def gateway_cmd(
     from fleet.gateway import FleetView, Settings, create_app
     from fleet.spec import load_policies
     from fleet.store import open_store
-    from fleet.up import serve_gateway
+    from fleet.up import check_port_free, serve_gateway
 
     _gateway_logging(access_log)
+    if grpc_port:
+        check_port_free(grpc_port, "gateway's gRPC endpoint", "--grpc-port", host)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
     settings = dataclasses.replace(Settings.from_env(public_url=public_url or f"http://{shown}:{port}"),
-                                   access_log=access_log)  # fmt: skip
+                                   access_log=access_log, grpc_port=grpc_port, grpc_host=host)  # fmt: skip
     store = open_store()
     app = create_app(FleetView(store, _runtime(policies)), load_policies(policies), settings)
     url = f"http://{shown}:{port}"
@@ -154,13 +161,24 @@ def gateway_cmd(
         console.print(
             f"gateway {settings.gateway_id} listening on http://{f'[{host}]' if ':' in host else host}:{port} "
             f"(store {store.url})\n"
-            f"  inference  {url}/v2/models/MODEL/infer\n  health     {url}/v2/health/ready\n"
+            f"  inference  {url}/v2/models/MODEL/infer\n  gRPC       {_grpc_line(app, shown)}\n"
+            f"  health     {url}/v2/health/ready\n"
             f"  metrics    {url}/metrics\n  admin API  {admin}\n"
             f"  access log {'on' if access_log else 'off (--access-log)'}; Ctrl-C stops",
             markup=False, highlight=False, soft_wrap=True,
         )  # fmt: skip
 
     serve_gateway(app, port, ready, host=host)
+
+
+def _grpc_line(app: object, shown_host: str) -> str:
+    """Where a gRPC client connects (the port bound, when 0 was asked for), or how to turn it on."""
+    from fleet.gateway.app import grpc_address
+
+    address = grpc_address(app)  # type: ignore[arg-type]
+    if address is None:
+        return "off (--grpc-port N)"
+    return f"{shown_host}:{address.rpartition(':')[2]}  (inference.GRPCInferenceService)"
 
 
 def _gateway_logging(access: bool) -> None:
@@ -233,6 +251,9 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
 
 def up_cmd(
     port: Annotated[int, typer.Option(help="Gateway port on 127.0.0.1.")] = 8000,
+    grpc_port: Annotated[int, typer.Option(
+        min=0, max=65535, help="The gateway's gRPC port on 127.0.0.1 (Open Inference Protocol, Triton's "
+                               "inference.GRPCInferenceService; 8001 as Triton's); 0 picks a free port.")] = 8001,
     prefect_port: Annotated[int, typer.Option(help="Prefect server (UI and API) port on 127.0.0.1.")] = 4200,
     model: Annotated[str, typer.Option(help="The demo model (trained on first run).")] = "demo-classifier",
     no_prefect: Annotated[bool, typer.Option("--no-prefect", help="Do not start the Prefect server.")] = False,
@@ -242,6 +263,8 @@ def up_cmd(
 
     Ctrl-C stops every process it started.
     """
+    import dataclasses
+
     from fleet.gateway import FleetView, create_app
     from fleet.gateway import Settings as GatewaySettings
     from fleet.spec import load_policies
@@ -249,7 +272,8 @@ def up_cmd(
     from fleet.up import Settings, running_fleet, serve_gateway
 
     _gateway_logging(access=False)
-    settings = Settings(home=Path(".fleet"), port=port, prefect_port=prefect_port, model=model, with_prefect=not no_prefect)
+    settings = Settings(home=Path(".fleet"), port=port, prefect_port=prefect_port, model=model,
+                        with_prefect=not no_prefect, grpc_port=grpc_port)  # fmt: skip
     loaded = load_policies(policies)
     loaded.model(model)  # a clear error before anything starts
     store = open_store()
@@ -261,26 +285,30 @@ def up_cmd(
 
     try:
         with running_fleet(settings, store, loaded, runtime, step) as info:
-            settings_ = GatewaySettings.from_env(public_url=f"http://127.0.0.1:{port}")
+            settings_ = dataclasses.replace(GatewaySettings.from_env(public_url=f"http://127.0.0.1:{port}"),
+                                            grpc_port=grpc_port)  # fmt: skip
             app = create_app(FleetView(store, runtime), loaded, settings_)
-            serve_gateway(app, port, lambda: _summary(settings, info, time.monotonic() - started))
+            serve_gateway(app, port, lambda: _summary(settings, info, time.monotonic() - started,
+                                                      _grpc_line(app, "127.0.0.1")))  # fmt: skip
     except KeyboardInterrupt:
         pass
     err_console.print("stopped: gateway, model services, flow deployments and Prefect server")
 
 
-def _summary(settings, info: dict[str, str], seconds: float) -> None:  # noqa: ANN001
+def _summary(settings, info: dict[str, str], seconds: float, grpc: str) -> None:  # noqa: ANN001
     url = f"http://127.0.0.1:{settings.port}"
     body = '{"inputs":[{"name":"features","shape":[1,4],"datatype":"FP32","data":[1.0,0.0,0.0,0.0]}]}'
     lines = [
         f"serving-fleet is up ({seconds:.0f} s)",
         f"  gateway      {url}  (OIP v2 and KServe v1)",
+        f"  gRPC         {grpc}",
         f"  Prefect UI   {info['prefect'] or '(not started)'}",
         f"  store        {os.environ.get('FLEET_STORE', 'file://./.fleet/store')}",
         f"  tenant key   {info['key']}  (tenant demo; also in {settings.home / 'demo-tenant.key'})",
         "try it:",
         f"  curl -s -H 'Authorization: Bearer {info['key']}' -H 'Content-Type: application/json' "
         f"-d '{body}' {url}/v2/models/{settings.model}/infer",
+        "  or Triton's gRPC client (tritonclient.grpc) at the gRPC address, metadata authorization: Bearer <key>",
         "roll out a new version (from this folder):",
         f"  fleet models train {settings.model} 1.1.0 --seed 11 && fleet rollout {settings.model} 1.1.0",
         "fleet status shows versions, weights and replicas; Ctrl-C stops everything.",

@@ -1,6 +1,8 @@
 """The gateway's ASGI app: wiring only. Routes go to the REST adapters (``rest``), which run
 the request pipeline (``pipeline``: authenticate → entitle → admit → decode → choose →
-answer → record); admin routes to ``admin``; health and metrics are answered here.
+answer → record); admin routes to ``admin``; health and metrics are answered here. With
+``Settings.grpc_port`` the same pipeline also answers OIP over gRPC (``grpc_server``), on
+its own port but in this process and on this event loop, started and stopped with the app.
 
 Every answer carries ``X-Request-Id`` and ``X-Fleet-Model-Version`` (``none`` before a
 version was chosen); every error is ``{"error": "..."}`` with the contract's status —
@@ -13,8 +15,6 @@ import asyncio
 import contextlib
 import gc
 import hmac
-import logging
-import math
 import os
 import socket
 import time
@@ -32,11 +32,11 @@ from fleet import __version__, audit, gateways
 from fleet.errors import FleetError
 from fleet.feedback import LoggedRequests
 from fleet.gateway.admin import admin_routes, json_response
-from fleet.gateway.body import BodyBudget, DecodeBusy, Decoder
+from fleet.gateway.body import BodyBudget, Decoder
 from fleet.gateway.dispatch import Dispatcher
-from fleet.gateway.http import Headers, Settings
+from fleet.gateway.http import Headers, Settings, internal_error, retry_after
 from fleet.gateway.pipeline import Pipeline
-from fleet.gateway.quota import OverQuota, Quotas, TokenBuckets
+from fleet.gateway.quota import Quotas, TokenBuckets
 from fleet.gateway.record import Recorder
 from fleet.gateway.rest import Rest
 from fleet.gateway.shadow import ShadowJob, ShadowMirror
@@ -50,7 +50,7 @@ from fleet.spec import GatewaySpec, Policies
 from fleet.tenants import Quota
 from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, QuotaBackend
 
-log = logging.getLogger("fleet.gateway")
+GRPC_GRACE_S = 5.0  # how long gRPC calls in flight may finish once the gateway stops
 
 
 def create_app(
@@ -99,6 +99,14 @@ def create_app(
                         Dispatcher(upstreams, telemetry), Recorder(mirror, inference_log, logged))  # fmt: skip
     in_flight = BodyBudget(limits.mib(limits.inflight_body_mib))
     rest = Rest(pipeline, view.store, settings.gateway_id, limits.mib(limits.max_body_mib), logged, in_flight)
+    server_info = {"name": "serving-fleet", "version": __version__, "extensions": []}
+    grpc = None
+    if settings.grpc_port is not None:  # imported only when asked for: grpcio and the OIP protos load in ~70 ms
+        from fleet.gateway.grpc_server import GrpcEndpoint, InferenceService
+
+        service = InferenceService(pipeline, lambda: view.snapshot.loaded_at > 0, server_info, in_flight,
+                                   access=settings.access_log)  # fmt: skip
+        grpc = GrpcEndpoint(service, settings.grpc_host, settings.grpc_port, limits.mib(limits.max_body_mib))
 
     async def heartbeat(record: gateways.GatewayRecord) -> None:
         while True:
@@ -121,12 +129,16 @@ def create_app(
         decoder.start()
         mirror.start()
         inference_log.start()
-        # everything imported and built so far lives as long as the process: keep it out of
-        # the garbage collector's full passes, which otherwise pause the loop for tens of ms
-        gc.freeze()
         try:
+            if grpc is not None:  # on this loop: its calls share every step's state with HTTP's
+                await grpc.start()  # inside try: a port it cannot bind still stops what started above
+            # everything imported and built so far lives as long as the process: keep it out of
+            # the garbage collector's full passes, which otherwise pause the loop for tens of ms
+            gc.freeze()
             yield
         finally:
+            if grpc is not None:
+                await grpc.stop(GRPC_GRACE_S)  # first: its calls in flight still need everything below
             for task in tasks:
                 task.cancel()
             await mirror.close()
@@ -168,7 +180,7 @@ def create_app(
         }, 200 if ok else 503)  # fmt: skip
 
     async def server_metadata(_: Request) -> Response:
-        return json_response({"name": "serving-fleet", "version": __version__, "extensions": []})
+        return json_response(server_info)
 
     async def metrics(_: Request) -> Response:
         observe_store()
@@ -183,10 +195,9 @@ def create_app(
     async def fleet_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, FleetError)
         response = json_response({"error": str(exc)}, exc.status)
-        if isinstance(exc, DecodeBusy):
-            telemetry.busy.labels("tenant" if exc.status == 429 else "gateway").inc()
-        if isinstance(exc, (OverQuota, DecodeBusy)):
-            response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+        wait = retry_after(telemetry, exc)
+        if wait is not None:
+            response.headers["Retry-After"] = str(wait)
         return response
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -194,9 +205,7 @@ def create_app(
         return json_response({"error": f"{exc.detail}: {request.method} {request.url.path[:200]}"}, exc.status_code)
 
     async def unexpected(request: Request, exc: Exception) -> Response:
-        rid = request.scope.get("state", {}).get("request_id", "?")
-        log.error("unexpected error in request %s: %s", rid, exc, exc_info=exc)
-        return json_response({"error": f"internal error in the gateway (request id {rid}); its log has the details"}, 500)
+        return json_response({"error": internal_error(request.scope.get("state", {}).get("request_id", "?"), exc)}, 500)
 
     app = Starlette(
         routes=[  # inference first: the router tries routes in order
@@ -222,7 +231,15 @@ def create_app(
     app.state.inference_log = inference_log
     app.state.telemetry = telemetry
     app.state.pipeline = pipeline
+    app.state.grpc = grpc
     return Headers(app, telemetry, access=settings.access_log)
+
+
+def grpc_address(gateway: ASGIApp) -> str | None:
+    """``host:port`` the gateway's gRPC endpoint listens on (the port it bound, when asked
+    for 0), once the app has started; None when gRPC is off."""
+    grpc = gateway.app.state.grpc  # type: ignore[attr-defined]  # create_app's Headers around its Starlette
+    return grpc.address if grpc is not None else None
 
 
 def _queue_depths(upstreams: Upstreams) -> Iterator[tuple[str, str, str, int]]:

@@ -14,8 +14,14 @@
 7. ``record``        shadow offer, inference log, feedback index (``fleet.gateway.record``)
 
 A ``Call`` carries what the steps established; as each fact becomes real it is written to
-the ASGI scope's state, which is what the headers middleware labels metrics with — so a
-metric label is never a name a request merely claimed.
+the request's state (the ASGI scope's, or the gRPC call's), which is what
+``fleet.gateway.http.close_request`` labels metrics with — so a metric label is never a
+name a request merely claimed.
+
+The protocols enter here: ``rest`` (HTTP: JSON and Triton's binary bodies) and
+``grpc_server`` (OIP gRPC) each only turn their request into a ``Call`` (headers or gRPC
+metadata, the version asked for, the caller's deadline) and their body into a ``Decoded``;
+every decision above is made once, in this module.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from fleet.errors import InvalidInput, NotFound, Unauthorized, VersionUnavailable
+from fleet.errors import FleetError, InvalidInput, NotFound, Unauthorized, VersionUnavailable
 from fleet.gateway.body import Decoder
 from fleet.gateway.cache import PredictionCache
 from fleet.gateway.dispatch import Dispatcher
@@ -38,7 +44,7 @@ from fleet.gateway.record import Recorder
 from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.state import FleetView, Snapshot
 from fleet.gateway.telemetry import Telemetry
-from fleet.registry import ModelVersion
+from fleet.registry import ModelVersion, TensorSpec
 from fleet.routing import Choice, RouteTable, choose_version, usable_versions
 from fleet.spec import ModelSpec, Policies
 from fleet.tenants import Tenant
@@ -49,6 +55,13 @@ DEFAULT_SPEC = ModelSpec.model_validate({
     "slo": {"p99_ms": 1000.0, "error_rate": 0.01},
 })  # fmt: skip  (a model without a policy: 5 s timeout, 32 in flight per replica, no cache, 10 % logged)
 MAX_CONTROL = 256  # characters of a routing key or other control value
+
+
+class DeadlinePassed(FleetError):
+    """The caller's own deadline (gRPC's) ran out before a model was asked: nobody's failure
+    but the caller's wait, so no version is blamed for it."""
+
+    status = 504
 
 
 def _shown(name: str) -> str:
@@ -71,10 +84,22 @@ class Call:
     expected: ModelVersion | None = None  # the version whose schema the body is decoded against
     unreadable: str | None = None  # the expected version, when its manifest cannot be read
     routing_key: str = ""
+    deadline: float | None = None  # monotonic time the caller stops waiting (a gRPC deadline), if it said
 
     @property
     def request_id(self) -> str:
         return self.state["request_id"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """A model's metadata (OIP ``ModelMetadata``), whichever protocol asks."""
+
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
 
 
 class Pipeline:
@@ -174,16 +199,38 @@ class Pipeline:
         return choice, priority, timeout_ms, manifest
 
     def timeout(self, call: Call, parameters: dict[str, Any]) -> float:
+        """Milliseconds the model may take: what the request asks (``timeout_ms``), capped by
+        the time left before the caller's deadline, capped by the model's policy."""
+        limit = float(call.spec.timeout_ms)
+        if call.deadline is not None:
+            left = (call.deadline - time.monotonic()) * 1e3
+            if left <= 0:
+                raise DeadlinePassed(f"the call's deadline passed {-left:.0f} ms before {call.model} was asked; "
+                                     "expected a deadline that leaves the model time to answer")  # fmt: skip
+            limit = min(limit, left)
         asked = self.control(call, parameters, "timeout_ms")
         if asked is None:
-            return float(call.spec.timeout_ms)
+            return limit
         try:
             value = float(asked)
         except ValueError:
             raise MalformedBody(f"X-Fleet-Timeout-Ms {asked[:40]!r} is not a number of milliseconds") from None
         if not math.isfinite(value) or value <= 0:
             raise MalformedBody(f"X-Fleet-Timeout-Ms {asked[:40]!r}; expected a positive number of milliseconds")
-        return min(value, float(call.spec.timeout_ms))
+        return min(value, limit)
+
+    # -- what a tenant may learn of a model: metadata and readiness ---------------------------
+    def metadata(self, call: Call) -> ModelInfo:
+        """A ``begin``-ed call's model as the tenant may see it, in every protocol: only the
+        versions it may use, the schema of the one its requests are decoded against."""
+        manifest = self.expected(call)
+        return ModelInfo(call.model, sorted(usable_versions(call.table, call.tenant)),  # type: ignore[arg-type]
+                         f"bentoml_{manifest.framework}", manifest.inputs, manifest.outputs)  # fmt: skip
+
+    def readiness(self, call: Call) -> tuple[str, bool]:
+        """(the version this tenant's request would reach now, whether it has a replica)."""
+        choice = choose_version(call.table, call.tenant, call.request_id, call.requested)  # type: ignore[arg-type]
+        return choice.version, bool(call.snapshot.endpoints.get((call.model, choice.version)))  # type: ignore[union-attr]
 
     # -- 6-7: the answer and what is kept of it --------------------------------------------
     async def answer(self, call: Call, decoded: Decoded) -> tuple[str, np.ndarray, ModelVersion]:

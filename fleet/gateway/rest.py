@@ -18,7 +18,6 @@ from fleet.gateway import body as bodies
 from fleet.gateway import protocol
 from fleet.gateway.admin import json_response
 from fleet.gateway.pipeline import Call, Pipeline
-from fleet.routing import choose_version, usable_versions
 from fleet.types import ObjectStore
 
 JSON = "application/json"
@@ -72,21 +71,17 @@ class Rest:
     async def model_metadata(self, request: Request) -> Response:
         call = self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")),
                                    admit=False)  # fmt: skip
-        manifest = self.pipeline.expected(call)
+        info = self.pipeline.metadata(call)
         return json_response({
-            "name": call.model,
-            "versions": sorted(usable_versions(call.table, call.tenant)),  # type: ignore[arg-type]
-            "platform": f"bentoml_{manifest.framework}",
-            "inputs": [s.model_dump() for s in manifest.inputs],
-            "outputs": [s.model_dump() for s in manifest.outputs],
+            "name": info.name, "versions": info.versions, "platform": info.platform,
+            "inputs": [s.model_dump() for s in info.inputs], "outputs": [s.model_dump() for s in info.outputs],
         })  # fmt: skip
 
     async def model_ready(self, request: Request) -> Response:
         call = self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")),
                                    admit=False)  # fmt: skip
-        choice = choose_version(call.table, call.tenant, call.request_id, call.requested)  # type: ignore[arg-type]
-        ready = bool(call.snapshot.endpoints.get((call.model, choice.version)))  # type: ignore[union-attr]
-        return json_response({"name": call.model, "version": choice.version, "ready": ready}, 200 if ready else 503)
+        version, ready = self.pipeline.readiness(call)
+        return json_response({"name": call.model, "version": version, "ready": ready}, 200 if ready else 503)
 
     async def feedback(self, request: Request) -> Response:
         """Labels for earlier (sampled) requests of this tenant; unknown ones are reported."""
