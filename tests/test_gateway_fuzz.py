@@ -1,4 +1,5 @@
-"""Property: whatever a client sends — generated bodies, headers, paths and query strings —
+"""Property: whatever a client sends — generated bodies (JSON, and Triton's binary tensor
+extension), headers, paths and query strings —
 a running gateway answers it without a 5xx, every error is a JSON ``{"error": ...}``, the
 gateway stays live, and the memory it holds stays under its budgets.
 
@@ -89,6 +90,40 @@ admin_bodies = st.fixed_dictionaries({}, optional={"stable": versions, "canary":
                                                    "clear_canary": scalars, "reason": st.one_of(ascii_text, scalars)})  # fmt: skip
 
 
+_RAW = {"FP32": "<f4", "FP64": "<f8", "FP16": "<f2", "INT64": "<i8", "UINT8": "u1", "BOOL": "u1"}
+
+
+@st.composite
+def binary_oip(draw: st.DrawFn) -> tuple[bytes, dict[str, str]]:
+    """Triton's binary extension: a JSON part, then raw tensor bytes, with an
+    Inference-Header-Content-Length that is mostly right and sometimes a lie."""
+    import numpy as np
+
+    rows = draw(st.integers(0, 6))
+    datatype = draw(st.sampled_from([*_RAW, "BYTES", "FP32", "FP32"]))
+    if draw(st.booleans()) and datatype in _RAW:  # exactly sized, with values that may be out of range
+        values = draw(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32) | st.integers(-300, 300),
+                               min_size=rows * 4, max_size=rows * 4))  # fmt: skip
+        with np.errstate(all="ignore"):
+            raw = np.array(values, dtype=np.float64).astype(_RAW[datatype]).tobytes()
+    else:
+        raw = draw(st.binary(max_size=200))
+    size = draw(st.one_of(st.just(len(raw)), st.just(len(raw)), st.integers(-2, 300), scalars))
+    tensor = {"name": draw(st.one_of(st.just("features"), st.just("features"), ascii_text)),
+              "shape": draw(st.one_of(st.just([rows, 4]), st.just([rows, 4]), json_values)),
+              "datatype": datatype, "parameters": draw(st.one_of(st.just({"binary_data_size": size}), json_values))}  # fmt: skip
+    header: dict = {"inputs": [tensor]}
+    if draw(st.booleans()):
+        header["outputs"] = [{"name": draw(st.one_of(st.just("probabilities"), ascii_text)),
+                              "parameters": draw(st.one_of(st.just({"binary_data": True}), json_values))}]  # fmt: skip
+    if draw(st.booleans()):
+        header["parameters"] = {"binary_data_output": draw(scalars)}
+    json_part = json.dumps(header, allow_nan=True).encode()
+    length = draw(st.one_of(st.just(str(len(json_part))), st.just(str(len(json_part))),
+                            st.integers(-5, 10**6).map(str), ascii_text))  # fmt: skip
+    return json_part + raw, {"Inference-Header-Content-Length": length}
+
+
 def encoded(values: st.SearchStrategy) -> st.SearchStrategy[bytes]:
     return st.one_of(st.builds(lambda v: json.dumps(v, allow_nan=True).encode(), values), st.binary(max_size=100))
 
@@ -114,15 +149,17 @@ requests = st.one_of(
     st.tuples(st.just("GET"), st.builds(lambda m: f"/admin/stats/{q(m)}", names), st.just(b"")),
     st.tuples(st.sampled_from(["GET", "POST", "PUT", "DELETE"]), st.builds(lambda t: "/" + quote(t, safe="/"), st.text(max_size=40)),
               st.binary(max_size=100)),
-)  # fmt: skip
+).map(lambda r: (*r, {}))  # fmt: skip
+binary_requests = st.builds(lambda m, b: ("POST", f"/v2/models/{q(m)}/infer", *b),
+                            st.one_of(st.just(MODEL), st.just(MODEL), st.just(MODEL), names), binary_oip())  # fmt: skip
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])  # fmt: skip
-@given(request=requests, head=headers, query=queries)
-def test_any_request_gets_a_json_answer_and_never_a_5xx(gw: dict, request: tuple[str, str, bytes], head: dict, query: dict) -> None:
-    method, path, body = request
-    head = {k: v.replace("KEY", gw["key"]) for k, v in head.items()}
+@given(request=st.one_of(requests, requests, binary_requests), head=headers, query=queries)
+def test_any_request_gets_a_json_answer_and_never_a_5xx(gw: dict, request: tuple, head: dict, query: dict) -> None:
+    method, path, body, extra = request
+    head = {k: v.replace("KEY", gw["key"]) for k, v in {**head, **extra}.items()}
     if "Content-Length" in head:  # a lying Content-Length: httpx would refuse to send it; say the truth or less
         head["Content-Length"] = str(min(int(head["Content-Length"]), len(body))) if head["Content-Length"].isdigit() else "0"
         body = body[: int(head["Content-Length"])]
@@ -131,7 +168,9 @@ def test_any_request_gets_a_json_answer_and_never_a_5xx(gw: dict, request: tuple
     except httpx.LocalProtocolError:
         return  # a header httpx itself will not send (h11 refuses it before it leaves)
     if r.status_code == 200 and path.endswith("/infer"):
-        event("answered by a model")
+        event("answered by a model" + (" (binary extension)" if extra else ""))
+    if extra and r.status_code in (400, 413, 422):
+        event("binary extension refused in the decoder")
     event(f"HTTP {r.status_code}")
     assert r.status_code < 500, f"{method} {path} {head} {body[:200]!r} -> {r.status_code} {r.text[:300]}"
     if r.status_code >= 400:
