@@ -28,6 +28,7 @@ from infra.nodegroups import SYSTEM_GROUP
 
 NAME = "fleet-gateway"
 PORT = 8000
+GRPC_PORT = 8001  # OIP over gRPC (Triton's port); in-cluster clients reach it through the Service
 POLICY_DIR = "/etc/fleet/policies"
 ADMIN_TOKEN_ITEM = "token"  # the key in the Secret's data
 DRAIN_S = 10  # preStop: stay in the endpoints until kube-proxy on every node has dropped this pod
@@ -71,8 +72,9 @@ class Gateway(pulumi.ComponentResource):
         container = {
             "name": "gateway", "image": args.image,
             # Kubernetes expands $(POD_IP) from the env below: each pod announces its own address
-            "args": ["fleet", "gateway", "--host", "0.0.0.0", "--port", str(PORT), "--public-url", f"http://$(POD_IP):{PORT}"],
-            "ports": [{"name": "http", "containerPort": PORT}],
+            "args": ["fleet", "gateway", "--host", "0.0.0.0", "--port", str(PORT), "--public-url", f"http://$(POD_IP):{PORT}",
+                     "--grpc-port", str(GRPC_PORT)],
+            "ports": [{"name": "http", "containerPort": PORT}, {"name": "grpc", "containerPort": GRPC_PORT}],
             "env": [
                 {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                 {"name": "FLEET_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": token.metadata.name, "key": ADMIN_TOKEN_ITEM}}},
@@ -119,7 +121,9 @@ class Gateway(pulumi.ComponentResource):
         service = k8s.core.v1.Service(
             f"{name}-service", metadata=meta,
             spec={"type": "NodePort", "selector": LABELS, "externalTrafficPolicy": "Cluster",
-                  "ports": [{"name": "http", "port": 80, "targetPort": "http", "nodePort": s.node_port}]},
+                  "ports": [{"name": "http", "port": 80, "targetPort": "http", "nodePort": s.node_port},
+                            # in-cluster gRPC (the public load balancer listens for HTTPS only)
+                            {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"}]},
             opts=child,
         )  # fmt: skip
         k8s.policy.v1.PodDisruptionBudget(

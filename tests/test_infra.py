@@ -327,7 +327,10 @@ def test_each_gateway_pod_announces_its_own_address(stack: Build) -> None:
     assert args[:6] == ["fleet", "gateway", "--host", "0.0.0.0", "--port", "8000"]
     assert args[args.index("--public-url") + 1] == "http://$(POD_IP):8000"  # Kubernetes expands $(POD_IP)
     assert _env(container)["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-    assert container["ports"] == [{"name": "http", "containerPort": 8000}]
+    assert container["ports"] == [{"name": "http", "containerPort": 8000}, {"name": "grpc", "containerPort": 8001}]
+    assert args[args.index("--grpc-port") + 1] == "8001"  # OIP over gRPC, on the port the Service names
+    (service,) = [s for s in stack.of_type("kubernetes:core/v1:Service") if s.inputs["metadata"]["name"] == "fleet-gateway"]
+    assert {p["name"]: p["targetPort"] for p in service.inputs["spec"]["ports"]} == {"http": "http", "grpc": "grpc"}
     # pod IPs are pushed to only inside the stack's VPC (fleet.gateways' trust model)
     (vpc,) = stack.of_type("aws:ec2/vpc:Vpc")
     assert _env(container)["FLEET_GATEWAY_NETWORKS"]["value"] == vpc.inputs["cidrBlock"]
