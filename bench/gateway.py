@@ -8,10 +8,17 @@ policy; prediction cache off so every request reaches the upstream). wrk sends a
 number of one-row requests at concurrency 1, 16 and 64. Direct and nginx get the Bento's
 body (``{"features": [[...]]}``); the gateway gets the OIP v2 body it translates to that.
 
-    .venv/bin/python bench/gateway.py [--requests 3000] [--workdir DIR]
+    .venv/bin/python bench/gateway.py [--requests 3000] [--workdir DIR] [--baseline GIT-REF]
+
+Each gateway cell also reports, for that cell alone, the mean time a request spent in the
+gateway and the upstream call's part of it (from the gateway's own histograms, differenced
+over the cell), and the gateway process's CPU time per request (/proc). ``--baseline REF``
+runs one more gateway in front of the echo, from that commit's tree (``git archive``), so
+today's code and REF's are measured in the same run, side by side.
 
 Targets (issue 4): gateway p50 <= direct p50 + 1 ms; gateway throughput >= 0.9x nginx's.
-Needs Debian's nginx and wrk (apt-get install -y nginx-light wrk).
+Issue 13: in front of the echo at concurrency 16, >= 2.5x the baseline's throughput with
+p99 under 20 ms. Needs Debian's nginx and wrk (apt-get install -y nginx-light wrk).
 """
 
 from __future__ import annotations
@@ -97,26 +104,46 @@ def _gateway_codes(url: str) -> dict[str, int]:
     return codes
 
 
-def _gateway_split(url: str) -> tuple[float, float] | None:
-    """Mean time a request spent in the gateway, and the upstream's part of it (ms)."""
+_SPLIT = ("fleet_request_duration_seconds_count", "fleet_request_duration_seconds_sum",
+          "fleet_upstream_duration_seconds_count", "fleet_upstream_duration_seconds_sum")  # fmt: skip
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _counters(url: str, pid: int) -> dict[str, float]:
+    """The gateway's duration histograms' counts and sums, and its process's CPU seconds, now."""
     import httpx
 
     text = httpx.get(f"{url}/metrics", timeout=5).text
+    found = {name: sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} ([0-9.e+-]+)$", text, re.M)) for name in _SPLIT}
+    with open(f"/proc/{pid}/stat") as f:  # noqa: PTH123
+        fields = f.read().rsplit(")", 1)[1].split()
+    found["cpu"] = (int(fields[11]) + int(fields[12])) / _TICKS
+    return found
 
-    def total(name: str) -> float:
-        return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} ([0-9.e+-]+)$", text, re.M))
 
-    n = total("fleet_request_duration_seconds_count")
-    up = total("fleet_upstream_duration_seconds_count")
+def _cell(before: dict[str, float], after: dict[str, float]) -> dict[str, float] | None:
+    """One cell's mean ms in the gateway, the upstream's part, and CPU ms per request."""
+    d = {k: after[k] - before[k] for k in after}
+    n, up = d["fleet_request_duration_seconds_count"], d["fleet_upstream_duration_seconds_count"]
     if not n or not up:
         return None
-    return total("fleet_request_duration_seconds_sum") / n * 1e3, total("fleet_upstream_duration_seconds_sum") / up * 1e3
+    return {"total_ms": d["fleet_request_duration_seconds_sum"] / n * 1e3,
+            "upstream_ms": d["fleet_upstream_duration_seconds_sum"] / up * 1e3, "cpu_ms": d["cpu"] / n * 1e3}  # fmt: skip
+
+
+def _baseline_tree(ref: str, into: Path) -> Path:
+    """``ref``'s ``fleet`` package and policies, extracted from git (the working tree is not touched)."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "fleet", "bentos"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--baseline", default=None, help="also run a gateway from this git ref, in front of the echo")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="fleet-bench-gw-"))
     os.environ["BENTOML_HOME"] = str(work / "bentoml")
@@ -164,17 +191,22 @@ def main() -> None:
         procs += [echo_proc, proxy_proc]
         echo_url = f"http://127.0.0.1:{echo_port}"
         endpoints = work / "endpoints.yaml"
-        gateways = {}
-        for name, upstream in (("bento", bento_url), ("echo", echo_url)):
+        gateways, pids = {}, {}
+        baseline = _baseline_tree(args.baseline, work / "baseline") if args.baseline else None
+        runs = [("bento", bento_url, None), ("echo", echo_url, None)] + ([("baseline", echo_url, baseline)] if baseline else [])
+        for name, upstream, tree in runs:
             endpoints_file = endpoints.with_name(f"endpoints-{name}.yaml")
             endpoints_file.write_text(yaml.safe_dump({f"{MODEL}:1.0.0": [upstream]}))
             port = _free_port()
             env = {**os.environ, "FLEET_RUNTIME": "static", "FLEET_STATIC_ENDPOINTS": str(endpoints_file),
                    "FLEET_POLICIES": str(work / "policies")}  # fmt: skip
+            if tree is not None:  # the baseline's fleet package first on the path
+                env["PYTHONPATH"] = str(tree)
             log = open(work / f"gateway-{name}.log", "wb")
-            procs.append(subprocess.Popen([str(Path(sys.executable).with_name("fleet")), "gateway", "--port", str(port)],
-                                          env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
-            gateways[name] = f"http://127.0.0.1:{port}"
+            command = [sys.executable, "-c", "from fleet.cli import main; main()", "gateway", "--port", str(port)]
+            procs.append(subprocess.Popen(command, env=env, cwd=tree or ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))  # fmt: skip
+            gateways[name], pids[name] = f"http://127.0.0.1:{port}", procs[-1].pid
         for url in (f"{echo_url}/", f"http://127.0.0.1:{nginx_echo_port}/", *(f"{g}/v2/health/ready" for g in gateways.values())):
             _wait(url)
         bento_bodies, oip_bodies = _bodies()
@@ -185,9 +217,12 @@ def main() -> None:
                       ("gateway", f"{gateways['bento']}/v2/models/{MODEL}/infer", oip_bodies, auth)],
             "echo": [("direct", f"{echo_url}/predict", bento_bodies, {}),
                      ("nginx", f"http://127.0.0.1:{nginx_echo_port}/predict", bento_bodies, {}),
-                     ("gateway", f"{gateways['echo']}/v2/models/{MODEL}/infer", oip_bodies, auth)],
+                     ("gateway", f"{gateways['echo']}/v2/models/{MODEL}/infer", oip_bodies, auth)]
+                    + ([("baseline", f"{gateways['baseline']}/v2/models/{MODEL}/infer", oip_bodies, auth)]
+                       if baseline else []),
         }  # fmt: skip
         results: dict[tuple[str, str, int], Result] = {}
+        cells: dict[tuple[str, str, int], dict[str, float] | None] = {}
         for upstream, ways in targets.items():
             for way, url, bodies, headers in ways:
                 load(url, bodies, concurrency=8, requests=300, headers=headers)  # warm up
@@ -196,10 +231,14 @@ def main() -> None:
             # waited ~10 ms per request at 1, which an earlier order blamed on the proxies)
             for concurrency in (1, 16, 64):
                 for way, url, bodies, headers in ways:
+                    gw = ("baseline" if way == "baseline" else upstream) if way in ("gateway", "baseline") else None
+                    before = _counters(gateways[gw], pids[gw]) if gw else None
                     results[upstream, way, concurrency] = load(url, bodies, concurrency=concurrency,
                                                                requests=args.requests, headers=headers)  # fmt: skip
-        _report(results, args.requests, {name: _gateway_split(url) for name, url in gateways.items()},
-                {name: _gateway_codes(url) for name, url in gateways.items()})
+                    if gw:
+                        cells[upstream, way, concurrency] = _cell(before, _counters(gateways[gw], pids[gw]))  # type: ignore[arg-type]
+        _report(results, args.requests, cells, {name: _gateway_codes(url) for name, url in gateways.items()},
+                args.baseline)
     finally:
         for proc in procs:
             try:
@@ -211,7 +250,7 @@ def main() -> None:
         runtime.stop_all()
 
 
-def _report(results: dict, requests: int, splits: dict, codes: dict) -> None:  # noqa: ANN001
+def _report(results: dict, requests: int, cells: dict, codes: dict, baseline: str | None) -> None:  # noqa: ANN001
     print(f"{requests} one-row requests per cell, wrk -t1, {os.cpu_count()} cores shared by load, proxy and upstream")
     print(f"{'upstream':>8} {'conc':>4} | {'direct rps':>10} {'p50':>6} {'p99':>6} {'err':>4} | {'nginx rps':>9} {'p50':>6} "
           f"{'p99':>6} {'err':>4} | {'gateway rps':>11} {'p50':>6} {'p99':>6} {'err':>4} | {'gw-direct p50':>13} "
@@ -222,11 +261,20 @@ def _report(results: dict, requests: int, splits: dict, codes: dict) -> None:  #
             print(f"{upstream:>8} {c:>4} | {d.rps:>10.0f} {d.p50_ms:>6.2f} {d.p99_ms:>6.1f} {d.errors:>4} | {n.rps:>9.0f} "
                   f"{n.p50_ms:>6.2f} {n.p99_ms:>6.1f} {n.errors:>4} | {g.rps:>11.0f} {g.p50_ms:>6.2f} {g.p99_ms:>6.1f} {g.errors:>4} | "
                   f"{g.p50_ms - d.p50_ms:>+10.2f} ms {g.rps / n.rps:>11.2f}x")  # fmt: skip
-    for name, split in splits.items():
-        if split:
-            total, upstream = split
-            print(f"inside the gateway ({name}): {total:.2f} ms a request on average, of which the upstream call "
-                  f"{upstream:.2f} ms; the gateway's own work {total - upstream:.2f} ms")
+    print()
+    print("per gateway cell (that cell alone): mean ms in the gateway, the upstream call's part, gateway CPU per request")
+    for (upstream, way, c), cell in sorted(cells.items()):
+        if cell:
+            print(f"{upstream:>8} {way:>8} {c:>4} | in gateway {cell['total_ms']:6.2f} ms, upstream {cell['upstream_ms']:6.2f} ms,"
+                  f" own {cell['total_ms'] - cell['upstream_ms']:6.2f} ms | CPU {cell['cpu_ms']:.3f} ms/request")  # fmt: skip
+    if baseline:
+        print()
+        for c in (1, 16, 64):
+            now, then = results["echo", "gateway", c], results["echo", "baseline", c]
+            cpu_now, cpu_then = cells.get(("echo", "gateway", c)), cells.get(("echo", "baseline", c))
+            cpu = f", CPU/request {cpu_then['cpu_ms']:.3f} -> {cpu_now['cpu_ms']:.3f} ms" if cpu_now and cpu_then else ""
+            print(f"echo, concurrency {c}: this tree {now.rps:.0f} req/s against {baseline}'s {then.rps:.0f}: "
+                  f"{now.rps / then.rps:.2f}x (p99 {then.p99_ms:.1f} -> {now.p99_ms:.1f} ms){cpu}")  # fmt: skip
     for name, by_code in codes.items():
         print(f"gateway answers in front of {name}, by status: {dict(sorted(by_code.items()))}")
     print("p50/p99 in ms; err: non-2xx answers and socket errors")
