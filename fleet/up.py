@@ -256,7 +256,12 @@ def serve_gateway(app: object, port: int, on_ready: Callable[[], None], host: st
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started:
-            on_ready()
+            try:
+                on_ready()
+            except BaseException:  # a broken start-up report must not leave a half-started gateway serving
+                server.should_exit = True
+                await task
+                raise
         await task
 
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
