@@ -98,6 +98,18 @@ def to_table(samples: Sequence[Sample]):  # noqa: ANN201 - a pyarrow.Table
     return pa.table(columns)
 
 
+def _warm() -> None:
+    """Do once, at start-up, what the first write would otherwise do in the writer thread:
+    pyarrow imports pandas (about 0.2 s, holding the GIL) the first time it builds a
+    timezone-aware timestamp column, which stalled the gateway's event loop at the first
+    flush after every start."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ts = pa.array(np.zeros(1, dtype=np.int64), pa.timestamp("ms", tz="UTC"))
+    pq.write_table(pa.table({"ts": ts}), io.BytesIO(), compression="zstd")
+
+
 class InferenceLog:
     def __init__(
         self,
@@ -146,6 +158,7 @@ class InferenceLog:
         return self._buffered_bytes
 
     def start(self) -> None:
+        _warm()
         self._thread = threading.Thread(target=self._run, name="inference-log", daemon=True)
         self._thread.start()
 
