@@ -102,7 +102,8 @@ def _warm() -> None:
     """Do once, at start-up, what the first write would otherwise do in the writer thread:
     pyarrow imports pandas (about 0.2 s, holding the GIL) the first time it builds a
     timezone-aware timestamp column, which stalled the gateway's event loop at the first
-    flush after every start."""
+    flush after every start. Called when the log is made (``create_app``, before the loop
+    serves anything or its watch starts), not in ``start`` (inside the running lifespan)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -131,6 +132,7 @@ class InferenceLog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seq = 0
+        _warm()
         self.failing = False  # the last write failed
 
     def record(self, sample: Sample) -> None:
@@ -158,7 +160,6 @@ class InferenceLog:
         return self._buffered_bytes
 
     def start(self) -> None:
-        _warm()
         self._thread = threading.Thread(target=self._run, name="inference-log", daemon=True)
         self._thread.start()
 
