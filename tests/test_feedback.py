@@ -45,6 +45,7 @@ def test_labels_join_the_logged_requests_of_the_same_tenant_and_the_rest_are_rep
             none = client.post("/v1/feedback", headers={"Authorization": f"Bearer {key}"},
                                json={"model": MODEL, "feedback": [{"request_id": "nope", "label": 1}]})  # fmt: skip
             assert none.status_code == 404 and none.json()["unknown"] == [{"request_id": "nope", "row": 0}]
+            assert "none of the 1 label(s) matched" in none.json()["error"]  # an error body like any other
         now = datetime.now(UTC)
         frame = labelled(e.store, MODEL, now - timedelta(hours=1), now + timedelta(minutes=1))
         got = {(r.request_id, r.row): r.label for r in frame.itertuples() if r.label == r.label}  # NaN != NaN

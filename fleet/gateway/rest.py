@@ -103,6 +103,9 @@ class Rest:
             await asyncio.to_thread(labels.write, self.store, model, tenant.name, accepted, self.gateway_id)
         body = {"model": model, "accepted": len(accepted), "unknown": unknown,
                 "note": "labels join requests the inference log sampled, of your tenant, from the last 24 h"}  # fmt: skip
+        if not accepted:  # a 404 reads like every other error, with the details beside it
+            body = {"error": f"none of the {len(given)} label(s) matched a request the inference log sampled for "
+                             "your tenant in the last 24 h; see unknown", **body}  # fmt: skip
         return json_response(body, 200 if accepted else 404)
 
 
