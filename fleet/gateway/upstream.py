@@ -13,10 +13,19 @@ A 503 is a replica shedding load before doing any work: it is asked again after 
 
 Errors carry the class canary analysis counts them as: ``unreachable``, ``5xx``, ``timeout``.
 Only the version's own failures are errors: a refused connection, a 5xx, a timeout, or an
-answer that is not what a model must answer (not JSON, not one finite row per input row,
-larger than ``MAX_ANSWER_BYTES``) — a model that answers NaN has failed, and says so with
-502. A 4xx is the model refusing the input (``Rejected``): the caller's error, passed on,
-never counted against the version or its replica.
+answer that is not what a model must answer (neither JSON nor tensor bytes that match their
+headers, not one finite row per input row, larger than ``MAX_ANSWER_BYTES``) — a model that
+answers NaN has failed, and says so with 502. A 4xx is the model refusing the input
+(``Rejected``): the caller's error, passed on, never counted against the version or its replica.
+
+Tensors go to the model as tensors where its service takes them: ``POST /predict_tensor``
+with the features' raw little-endian bytes (``Content-Type: application/octet-stream``,
+``X-Fleet-Datatype: FP32``, ``X-Fleet-Shape: 256,4``), answered the same way (read by
+``answers.decode_answer``). A binary-HTTP or gRPC request is so never turned into text on
+its way to the model, and a JSON request's numbers are parsed once, by the gateway. A
+replica whose service lacks that route says so with 404, 405 or 415: the same request goes
+to it again as JSON (``POST /predict {"features": ...}``), and it gets JSON from then on.
+That probe costs one round trip per replica, once; it is never a failure of the replica.
 
 The HTTP client is ``fleet.gateway.h1``: one keep-alive pool per replica, capped at the
 policy's ``concurrency``. Not aiohttp (about 30 % of the gateway's CPU per request, an extra
@@ -26,6 +35,7 @@ loop turn per body on Python 3.11) nor httpx (0.55 ms a call against aiohttp's 0
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -35,11 +45,21 @@ import orjson
 
 from fleet.errors import FleetError
 from fleet.gateway import h1
-from fleet.gateway.answers import BadAnswer, UpstreamError, decode_answer
+from fleet.gateway.answers import (
+    DATATYPE_HEADER,
+    SHAPE_HEADER,
+    TENSOR_TYPE,
+    BadAnswer,
+    TensorAnswer,
+    UpstreamError,
+    decode_answer,
+)
+from fleet.gateway.protocol import NUMPY_DTYPES
 from fleet.gateway.slots import Slots
 
 __all__ = ["BadAnswer", "NoReplica", "Rejected", "UpstreamError", "UpstreamTimeout", "Upstreams"]
-AnswerParser = Callable[[bytes, str, int], Awaitable[np.ndarray]]
+AnswerParser = Callable[[bytes | TensorAnswer, str, int], Awaitable[np.ndarray]]
+log = logging.getLogger("fleet.gateway.upstream")
 
 EJECT_AFTER = 3
 BASE_EJECTION_S = 1.0
@@ -52,6 +72,12 @@ MAX_ANSWER_BYTES = 32 * 1024 * 1024
 # (those that do are sent again once on a new one, by h1).
 IDLE_CLOSE_S = 4.0
 _JSON = ((b"Content-Type", b"application/json"),)
+JSON_PATH, TENSOR_PATH = "/predict", "/predict_tensor"
+# what a service without the tensor route answers it: no route, no POST there, not that body type
+NO_TENSOR_ROUTE = frozenset({404, 405, 415})
+_OIP_NAMES = {np.dtype(t): name.encode() for name, t in NUMPY_DTYPES.items()}  # native dtype → X-Fleet-Datatype
+_TENSOR_TYPE = TENSOR_TYPE.encode()
+_DATATYPE, _SHAPE = DATATYPE_HEADER.encode(), SHAPE_HEADER.encode()
 
 
 class UpstreamTimeout(UpstreamError):
@@ -87,6 +113,7 @@ class Replica:
     failures: int = 0  # consecutive
     ejections: int = 0  # consecutive ejections, for the back-off
     ejected_until: float = 0.0
+    takes_tensors: bool = True  # until its /predict_tensor answers 404, 405 or 415: JSON from then on
 
     def ejected(self, now: float) -> bool:
         return self.ejected_until > now
@@ -125,7 +152,48 @@ class Pool:
         return ready + ejected[: 1 if last_resort and not ready else 0]
 
 
-async def _inline(body: bytes, ref: str, rows: int) -> np.ndarray:
+class Outbound:
+    """One request's features in the encodings replicas take, each made at most once and only
+    when a replica needs it: a pool may hold replicas that take tensors and some that take
+    JSON only, and a request may meet both when one replica fails over to the next."""
+
+    __slots__ = ("_json", "_tensor", "features")
+
+    def __init__(self, features: np.ndarray) -> None:
+        self.features = features
+        self._json: bytes | None = None
+        self._tensor: tuple[bytes, tuple[tuple[bytes, bytes], ...]] | None = None
+
+    @property
+    def tensor_ok(self) -> bool:
+        """Whether the features have a fixed-size OIP encoding (BYTES or object arrays do not)."""
+        return self.features.dtype.isnative and self.features.dtype in _OIP_NAMES and self.features.ndim >= 1
+
+    def json(self) -> bytes:
+        if self._json is None:
+            self._json = orjson.dumps({"features": self.features}, option=orjson.OPT_SERIALIZE_NUMPY)
+        return self._json
+
+    def tensor(self) -> tuple[bytes, tuple[tuple[bytes, bytes], ...]]:
+        """(raw little-endian row-major bytes, the headers that describe them)."""
+        if self._tensor is None:
+            x = self.features
+            raw = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("<")).tobytes()
+            shape = ",".join(map(str, x.shape)).encode()
+            self._tensor = raw, ((b"Content-Type", _TENSOR_TYPE), (_DATATYPE, _OIP_NAMES[x.dtype]), (_SHAPE, shape))
+        return self._tensor
+
+
+def read_answer(resp: h1.Response) -> bytes | TensorAnswer:
+    """An answer as its ``Content-Type`` says: the tensor contract's bytes with their headers
+    (checked by ``decode_answer``, not here: this runs on the event loop), else JSON."""
+    content_type = resp.header(b"content-type")
+    if content_type is not None and content_type.split(b";", 1)[0].strip().lower() == _TENSOR_TYPE:
+        return TensorAnswer(resp.body, resp.header(_DATATYPE), resp.header(_SHAPE))
+    return resp.body
+
+
+async def _inline(body: bytes | TensorAnswer, ref: str, rows: int) -> np.ndarray:
     return decode_answer(body, ref, rows)
 
 
@@ -186,26 +254,25 @@ class Upstreams:
             async with asyncio.timeout(max(remaining, 0.0)):
                 await pool.slots.acquire(priority, pool.ref)
                 try:
-                    payload = orjson.dumps({"features": features}, option=orjson.OPT_SERIALIZE_NUMPY)
-                    answer = await self._answer(pool, payload, last_resort, deadline)
+                    answer = await self._answer(pool, Outbound(features), last_resort, deadline)
                     return await self._parse(answer, pool.ref, len(features))
                 finally:
                     pool.slots.release()
         except TimeoutError:
             raise UpstreamTimeout(f"{pool.ref} did not answer within {remaining * 1000:.0f} ms") from None
 
-    async def _answer(self, pool: Pool, payload: bytes, last_resort: bool, deadline: float) -> bytes:
+    async def _answer(self, pool: Pool, outbound: Outbound, last_resort: bool, deadline: float) -> bytes | TensorAnswer:
         """Ask the pool; a version that sheds is asked again after each back-off the deadline allows."""
         for backoff in (*SHED_BACKOFF_S, None):
             try:
-                return await self._attempt(pool, payload, last_resort)
+                return await self._attempt(pool, outbound, last_resort)
             except _Shed as shed:
                 if backoff is None or deadline - time.monotonic() < 2 * backoff:
                     raise UpstreamError(str(shed), "5xx") from None
             await asyncio.sleep(backoff)
         raise AssertionError("unreachable: the last round raises")
 
-    async def _attempt(self, pool: Pool, payload: bytes, last_resort: bool) -> bytes:
+    async def _attempt(self, pool: Pool, outbound: Outbound, last_resort: bool) -> bytes | TensorAnswer:
         failures, shed = [], ""
         replicas = pool.order(last_resort)
         if not replicas:
@@ -213,8 +280,7 @@ class Upstreams:
         for replica in replicas:
             replica.in_flight += 1
             try:
-                resp = await replica.session.request("POST", "/predict", payload, _JSON, max_body=MAX_ANSWER_BYTES,
-                                                     connect_timeout=CONNECT_TIMEOUT_S)  # fmt: skip
+                resp = await self._exchange(pool, replica, outbound)
             except h1.BodyTooLarge as exc:
                 if exc.declared is not None:
                     raise BadAnswer(f"{pool.ref} answered {exc.declared} bytes; at most {MAX_ANSWER_BYTES} are read") from None
@@ -241,10 +307,28 @@ class Upstreams:
                 replica.succeeded()  # it answered: the replica is healthy, the input was not
                 raise Rejected(f"{pool.ref} refused the input: HTTP {resp.status} {body[:200].decode(errors='replace')}", resp.status)
             replica.succeeded()
-            return body
+            return read_answer(resp)
         if shed:
             raise _Shed(shed)
         raise UpstreamError(f"no replica of {pool.ref} could be reached ({'; '.join(failures)})", "unreachable")
+
+    async def _exchange(self, pool: Pool, replica: Replica, outbound: Outbound) -> h1.Response:
+        """Send the request to one replica: as a tensor unless the replica is known to lack
+        the route. A 404, 405 or 415 there says it lacks it (no such route, no POST there, or
+        not this body type): the same request goes to it at once as JSON, and JSON from then
+        on. That is not a failure, so nothing is counted: ``_attempt`` only sees the answer
+        to the JSON request. h1's errors pass through to ``_attempt``, which classes them."""
+        if replica.takes_tensors and outbound.tensor_ok:
+            body, headers = outbound.tensor()
+            resp = await replica.session.request("POST", TENSOR_PATH, body, headers, max_body=MAX_ANSWER_BYTES,
+                                                 connect_timeout=CONNECT_TIMEOUT_S)  # fmt: skip
+            if resp.status not in NO_TENSOR_ROUTE:
+                return resp
+            replica.takes_tensors = False
+            log.info("%s at %s answered HTTP %d to POST %s: sending it JSON (POST %s) from now on",
+                     pool.ref, replica.url, resp.status, TENSOR_PATH, JSON_PATH)  # fmt: skip
+        return await replica.session.request("POST", JSON_PATH, outbound.json(), _JSON, max_body=MAX_ANSWER_BYTES,
+                                             connect_timeout=CONNECT_TIMEOUT_S)  # fmt: skip
 
     async def close(self) -> None:
         for session in list(self._sessions.values()):
