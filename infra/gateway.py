@@ -121,9 +121,15 @@ class Gateway(pulumi.ComponentResource):
         service = k8s.core.v1.Service(
             f"{name}-service", metadata=meta,
             spec={"type": "NodePort", "selector": LABELS, "externalTrafficPolicy": "Cluster",
-                  "ports": [{"name": "http", "port": 80, "targetPort": "http", "nodePort": s.node_port},
-                            # in-cluster gRPC (the public load balancer listens for HTTPS only)
-                            {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"}]},
+                  "ports": [{"name": "http", "port": 80, "targetPort": "http", "nodePort": s.node_port}]},
+            opts=child,
+        )  # fmt: skip
+        # gRPC for in-cluster clients only: a ClusterIP Service of its own (on the NodePort one it
+        # would get a port on every node; the public load balancer listens for HTTPS only)
+        k8s.core.v1.Service(
+            f"{name}-grpc-service", metadata={**meta, "name": f"{NAME}-grpc"},
+            spec={"type": "ClusterIP", "selector": LABELS,
+                  "ports": [{"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"}]},
             opts=child,
         )  # fmt: skip
         k8s.policy.v1.PodDisruptionBudget(

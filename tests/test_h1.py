@@ -292,6 +292,27 @@ def test_an_answer_that_is_not_http_is_a_protocol_error_and_drops_the_connection
     run(scenario)
 
 
+@pytest.mark.parametrize("head", [
+    b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 16384,  # an endless header, sent in pieces
+    b"HTTP/1.1 100 Continue\r\n\r\n" * 12,  # interim answers without end
+])  # fmt: skip
+def test_an_answer_head_without_end_is_refused_before_it_costs_the_loop(run, head: bytes) -> None:  # noqa: ANN001
+    async def script(peer: Peer) -> None:
+        await peer.request()
+        for _ in range(8):  # 128 KiB of header in 16 KiB writes (or the interim answers, 8 times)
+            await peer.send(head)
+        await peer.until_closed()
+
+    async def scenario() -> None:
+        async with Scripted(script) as srv, pooled(srv) as pool:
+            with pytest.raises(ProtocolError, match="bytes of headers or .* interim answers"):
+                await post(pool)
+            await until(lambda: srv.closed_by_client == [1], "the client dropped the connection")
+            assert pool.stats()["open"] == 0
+
+    run(scenario)
+
+
 def test_bytes_after_a_complete_answer_keep_the_connection_out_of_the_pool(run) -> None:  # noqa: ANN001
     async def script(peer: Peer) -> None:
         await peer.request()

@@ -314,7 +314,7 @@ def test_the_gateway_deployment_probes_drains_and_runs_on_system_nodes(stack: Bu
     env = _env(container)
     assert env["FLEET_RUNTIME"]["value"] == "kubernetes" and env["FLEET_STORE"]["value"] == stack.outputs["storeUrl"]
     assert pod["nodeSelector"] == {POOL_LABEL: "system"} and GPU_RESOURCE not in container["resources"]["requests"]
-    (service,) = [o for o in _manifests(stack) if o["kind"] == "Service"]
+    (service,) = [o for o in _manifests(stack) if o["kind"] == "Service" and o["spec"]["type"] == "NodePort"]
     node_port = json.loads(stack_config(stack.stack)["serving-fleet:gateway"]).get("node_port", 30080)
     assert service["spec"]["type"] == "NodePort" and service["spec"]["ports"][0]["nodePort"] == node_port
     (targets,) = stack.of_type("aws:lb/targetGroup:TargetGroup")
@@ -329,8 +329,10 @@ def test_each_gateway_pod_announces_its_own_address(stack: Build) -> None:
     assert _env(container)["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert container["ports"] == [{"name": "http", "containerPort": 8000}, {"name": "grpc", "containerPort": 8001}]
     assert args[args.index("--grpc-port") + 1] == "8001"  # OIP over gRPC, on the port the Service names
-    (service,) = [s for s in stack.of_type("kubernetes:core/v1:Service") if s.inputs["metadata"]["name"] == "fleet-gateway"]
-    assert {p["name"]: p["targetPort"] for p in service.inputs["spec"]["ports"]} == {"http": "http", "grpc": "grpc"}
+    services = {s.inputs["metadata"]["name"]: s.inputs["spec"] for s in stack.of_type("kubernetes:core/v1:Service")}
+    assert [p["name"] for p in services["fleet-gateway"]["ports"]] == ["http"]  # the NodePort one: HTTP only
+    grpc_service = services["fleet-gateway-grpc"]  # gRPC in-cluster only: no port on every node
+    assert grpc_service["type"] == "ClusterIP" and grpc_service["ports"][0]["targetPort"] == "grpc"
     # pod IPs are pushed to only inside the stack's VPC (fleet.gateways' trust model)
     (vpc,) = stack.of_type("aws:ec2/vpc:Vpc")
     assert _env(container)["FLEET_GATEWAY_NETWORKS"]["value"] == vpc.inputs["cidrBlock"]

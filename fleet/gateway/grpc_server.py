@@ -17,7 +17,10 @@ counted against the bodies in flight. Errors are the pipeline's, as gRPC status 
 under the HTTP status its code stands for.
 
 Unlike HTTP, grpc has read the whole message before the gateway sees it, so the key and the
-quota are checked after the bytes arrived (still before any of them is decoded).
+quota are checked after the bytes arrived, but before any of them is parsed: the model and
+version are read from the message's leading fields alone (``leading_target``). What
+unauthenticated calls can make grpc hold is bounded by the message size and
+``MAX_CONCURRENT_CALLS``.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from fleet.gateway.pipeline import Call, Pipeline
 from fleet.gateway.protocol import (
     MAX_NAME,
     NUMPY_DTYPES,
+    requested_outputs,
     Decoded,
     MalformedBody,
     Output,
@@ -56,6 +60,12 @@ T = TypeVar("T")
 # cancellation; a cancellation from then on is counted as the deadline's (504), not as a
 # client that went away (499).
 DEADLINE_MARGIN_S = 0.005
+MAX_PARAMETERS = 64  # of a request (or an output): HTTP's are bounded by the body's byte budget too
+# Calls grpc runs at once (it reads each message whole before the handler runs, so this and
+# the message size bound what unauthenticated calls can make it hold), and streams per
+# connection: past them grpc refuses with RESOURCE_EXHAUSTED.
+MAX_CONCURRENT_CALLS = 256
+MAX_STREAMS_PER_CONNECTION = 64
 
 
 @contextlib.contextmanager
@@ -140,9 +150,50 @@ def decode_infer(body: bytes, inputs: list[TensorSpec], max_rows: int) -> Decode
     request = parse_infer(body)
     if len(request.id) > MAX_NAME:
         raise MalformedBody(f"id is {len(request.id)} characters long; expected at most {MAX_NAME}")
-    outputs = tuple(Output(o.name, True) for o in request.outputs)
+    if len(request.parameters) > MAX_PARAMETERS:
+        raise MalformedBody(f"the request has {len(request.parameters)} parameters; expected at most {MAX_PARAMETERS}")
+    # the outputs asked for are checked by HTTP's rule (count, names, twice, classification,
+    # shared memory); over gRPC every output is answered as raw bytes
+    named = [{"name": o.name, "parameters": _parameters(o.parameters)} for o in request.outputs]
+    outputs, _ = requested_outputs({"outputs": named} if named else {}, {})
     return Decoded(request.id or None, _parameters(request.parameters), _features(request, inputs[0], max_rows),
-                   outputs)  # fmt: skip
+                   tuple(Output(o.name, True) for o in outputs))  # fmt: skip
+
+
+def leading_target(body: bytes) -> tuple[str, str] | None:
+    """``model_name`` and ``model_version`` (fields 1 and 2) read from the message's first
+    fields without parsing the rest: protobuf writers put fields in number order, so these
+    come first, and a caller's megabytes of tensors are not parsed on the event loop before
+    its key is checked. None when the message does not start that way (then it is parsed
+    whole, once the caller is known)."""
+    found: dict[int, str] = {}
+    i, end = 0, len(body)
+    while i < end and len(found) < 2:
+        tag, i = _varint(body, i)
+        number, wire = tag >> 3, tag & 7
+        if number not in (1, 2) or wire != 2:
+            break
+        size, i = _varint(body, i)
+        if i + size > end or size > MAX_NAME * 4:
+            return None
+        try:
+            found[number] = body[i : i + size].decode()
+        except UnicodeDecodeError:
+            return None
+        i += size
+    return (found[1], found.get(2, "")) if 1 in found else None
+
+
+def _varint(body: bytes, i: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while i < len(body) and shift < 64:
+        byte = body[i]
+        value |= (byte & 0x7F) << shift
+        i += 1
+        if not byte & 0x80:
+            return value, i
+        shift += 7
+    return -1, len(body)  # truncated: ends the scan
 
 
 def _features(request: Any, spec: TensorSpec, max_rows: int) -> np.ndarray:  # noqa: ANN401
@@ -270,6 +321,10 @@ class InferenceService:
 
     async def model_infer(self, body: bytes, context: grpc.aio.ServicerContext) -> Any:  # noqa: ANN401
         async def infer(call: Call) -> Any:  # noqa: ANN401
+            if not call.model:  # names not at the front: parse the message, but for a known caller only
+                self.pipeline.authenticate(call)
+                request = parse_infer(body)
+                call.model, call.requested = request.model_name, request.model_version or None
             self.pipeline.begin(call)
             with self.in_flight.holding(call.tenant.name) as held:  # type: ignore[union-attr]
                 held.add(len(body))
@@ -279,8 +334,9 @@ class InferenceService:
             return infer_response(call.model, version, decoded.id or call.request_id, manifest.outputs[0], result)
 
         def target() -> tuple[str, str]:
-            request = parse_infer(body)  # for its model and version: a few µs, the tensors are not looked at
-            return request.model_name, request.model_version
+            # Only the leading fields: the key is checked before the message is parsed (in
+            # infer, for a message whose names do not come first).
+            return leading_target(body) or ("", "")
 
         return await self._serve(context, "ModelInfer", target, infer)
 
@@ -360,8 +416,9 @@ class GrpcEndpoint:
         (RESOURCE_EXHAUSTED) before the gateway reads it. Without SO_REUSEPORT (grpc's
         default is to set it) a port another process holds is an error here, not a second
         server silently sharing that port."""
-        server = grpc.aio.server(options=[
+        server = grpc.aio.server(maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS, options=[
             ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
             ("grpc.so_reuseport", 0),
         ])  # fmt: skip
         server.add_generic_rpc_handlers((self.service.handler(),))

@@ -19,7 +19,10 @@ One ``ConnectionPool`` per origin (plain ``http://host:port``):
   than the caller's ``max_body`` is an error of its own and closes the connection;
 * a stale keep-alive connection (the server closed it while idle, and the request met the
   close before any byte of an answer) is retried once on a new connection. Never after an
-  answer began: a POST is not sent twice to a server that started answering it.
+  answer began: a POST is not sent twice to a server that started answering it. A server
+  that crashed while running the request, on a reused connection, looks the same as a
+  stale close, so such a request may run twice; for inference (no side effects) that is
+  the better trade than failing every request that meets a closing connection.
 
 Errors say what the caller needs to know: ``Unreachable`` (refused, connect timeout, no
 connection free in time, closed before any byte of an answer: the request got no answer
@@ -52,6 +55,10 @@ Headers = Mapping[str | bytes, str | bytes] | Iterable[tuple[str | bytes, str | 
 _SET_BY_POOL = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection"})
 _HEAD_CACHE_SIZE = 64  # request heads by (method, path, headers): a gateway sends a handful
 _TIMER_SLACK_S = 0.001  # timers may fire up to a clock tick early
+# An answer's head (status line and headers) is a few hundred bytes; llhttp joins a header
+# split across reads by concatenation, so a huge one costs the event loop more than linearly.
+MAX_HEAD_BYTES = 64 * 1024
+MAX_INTERIM = 8  # 1xx answers before the real one
 
 
 class HTTPClientError(Exception):
@@ -163,6 +170,8 @@ class _Connection(asyncio.Protocol):
         self._complete = False
         self._keep_alive = False
         self._error: HTTPClientError | None = None
+        self._head_bytes = 0  # bytes read before the (final) answer's head ended
+        self._interim = 0  # 1xx answers before it
 
     @property
     def reusable(self) -> bool:
@@ -198,6 +207,13 @@ class _Connection(asyncio.Protocol):
             self.abort()
             return
         self._answered = True
+        if not self._headers_done:  # a head without end: refused before the parser's cost grows with it
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES or self._interim > MAX_INTERIM:
+                self._resolve(None, ProtocolError(f"{self._pool.origin} sent more than {MAX_HEAD_BYTES} bytes of "
+                                                  f"headers or {MAX_INTERIM} interim answers; expected an answer"))  # fmt: skip
+                self.abort()
+                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -206,6 +222,9 @@ class _Connection(asyncio.Protocol):
             if not self._complete:
                 self._error = self._error or ProtocolError(f"{self._pool.origin} sent a malformed answer: {exc}")
             self._keep_alive = False  # bytes after the answer: not reusable
+        if self._error is None and not self._headers_done and self._interim > MAX_INTERIM:
+            self._error = ProtocolError(f"{self._pool.origin} sent more than {MAX_HEAD_BYTES} bytes of headers or "
+                                        f"{MAX_INTERIM} interim answers; expected an answer")  # fmt: skip
         if self._error is not None:
             self._resolve(None, self._error)
             self.abort()
@@ -282,6 +301,7 @@ class _Connection(asyncio.Protocol):
             return
         if self._status < 200:
             self._headers, self._length, self._chunked = [], None, False
+            self._interim += 1
             return
         self._complete = True
         self._keep_alive = self._parser.should_keep_alive()

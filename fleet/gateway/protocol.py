@@ -171,7 +171,7 @@ def _decode_v2(data: dict[str, Any], inputs: list[TensorSpec], max_rows: int, pa
         found = tensor
         sizes.append((name, _binary_size(tensor, name, payload is not None)))
     chunks = split_binary(sizes, payload) if payload is not None else [None]
-    outputs, binary_output = _outputs(data, parameters)
+    outputs, binary_output = requested_outputs(data, parameters)
     return Decoded(rid, parameters, _tensor(found, spec, max_rows, chunks[0]), outputs, binary_output)
 
 
@@ -243,7 +243,7 @@ def _tensor(tensor: dict[str, Any], spec: TensorSpec, max_rows: int, raw: memory
     return from_values(spec, shape, tensor["data"])
 
 
-def _outputs(data: dict[str, Any], parameters: dict[str, Any]) -> tuple[tuple[Output, ...], bool]:
+def requested_outputs(data: dict[str, Any], parameters: dict[str, Any]) -> tuple[tuple[Output, ...], bool]:
     """The outputs the request names (``"outputs"``), each as binary or JSON, and the
     request's ``binary_data_output`` (the default for outputs it does not name)."""
     binary_output = parameters.get("binary_data_output", False)

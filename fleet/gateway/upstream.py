@@ -24,8 +24,9 @@ with the features' raw little-endian bytes (``Content-Type: application/octet-st
 ``answers.decode_answer``). A binary-HTTP or gRPC request is so never turned into text on
 its way to the model, and a JSON request's numbers are parsed once, by the gateway. A
 replica whose service lacks that route says so with 404, 405 or 415: the same request goes
-to it again as JSON (``POST /predict {"features": ...}``), and it gets JSON from then on.
-That probe costs one round trip per replica, once; it is never a failure of the replica.
+to it again as JSON (``POST /predict {"features": ...}``), and it gets JSON for the next
+``TENSOR_REPROBE_S``. That probe costs one round trip per replica every few minutes; it is
+never a failure of the replica.
 
 The HTTP client is ``fleet.gateway.h1``: one keep-alive pool per replica, capped at the
 policy's ``concurrency``. Not aiohttp (about 30 % of the gateway's CPU per request, an extra
@@ -75,6 +76,7 @@ _JSON = ((b"Content-Type", b"application/json"),)
 JSON_PATH, TENSOR_PATH = "/predict", "/predict_tensor"
 # what a service without the tensor route answers it: no route, no POST there, not that body type
 NO_TENSOR_ROUTE = frozenset({404, 405, 415})
+TENSOR_REPROBE_S = 300.0  # a replica without the route is asked for it again this long after
 _OIP_NAMES = {np.dtype(t): name.encode() for name, t in NUMPY_DTYPES.items()}  # native dtype → X-Fleet-Datatype
 _TENSOR_TYPE = TENSOR_TYPE.encode()
 _DATATYPE, _SHAPE = DATATYPE_HEADER.encode(), SHAPE_HEADER.encode()
@@ -113,7 +115,11 @@ class Replica:
     failures: int = 0  # consecutive
     ejections: int = 0  # consecutive ejections, for the back-off
     ejected_until: float = 0.0
-    takes_tensors: bool = True  # until its /predict_tensor answers 404, 405 or 415: JSON from then on
+    json_until: float = 0.0  # its /predict_tensor answered 404, 405 or 415: JSON until then (monotonic)
+
+    @property
+    def takes_tensors(self) -> bool:
+        return time.monotonic() >= self.json_until
 
     def ejected(self, now: float) -> bool:
         return self.ejected_until > now
@@ -324,9 +330,10 @@ class Upstreams:
                                                  connect_timeout=CONNECT_TIMEOUT_S)  # fmt: skip
             if resp.status not in NO_TENSOR_ROUTE:
                 return resp
-            replica.takes_tensors = False
-            log.info("%s at %s answered HTTP %d to POST %s: sending it JSON (POST %s) from now on",
-                     pool.ref, replica.url, resp.status, TENSOR_PATH, JSON_PATH)  # fmt: skip
+            # asked again later: a service redeployed at the same address may have gained the route
+            replica.json_until = time.monotonic() + TENSOR_REPROBE_S
+            log.info("%s at %s answered HTTP %d to POST %s: sending it JSON (POST %s) for the next %.0f s",
+                     pool.ref, replica.url, resp.status, TENSOR_PATH, JSON_PATH, TENSOR_REPROBE_S)  # fmt: skip
         return await replica.session.request("POST", JSON_PATH, outbound.json(), _JSON, max_body=MAX_ANSWER_BYTES,
                                              connect_timeout=CONNECT_TIMEOUT_S)  # fmt: skip
 
