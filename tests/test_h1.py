@@ -313,6 +313,22 @@ def test_an_answer_head_without_end_is_refused_before_it_costs_the_loop(run, hea
     run(scenario)
 
 
+def test_a_large_answer_in_the_same_read_as_its_head_is_not_mistaken_for_a_long_head(run) -> None:  # noqa: ANN001
+    body = b"x" * 200_000  # one write: the head and far more than MAX_HEAD_BYTES of body together
+
+    async def script(peer: Peer) -> None:
+        await peer.request()
+        await peer.send(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        await peer.until_closed()
+
+    async def scenario() -> None:
+        async with Scripted(script) as srv, pooled(srv) as pool:
+            answer = await post(pool, max_body=1_000_000)
+            assert answer.status == 200 and answer.body == body
+
+    run(scenario)
+
+
 def test_bytes_after_a_complete_answer_keep_the_connection_out_of_the_pool(run) -> None:  # noqa: ANN001
     async def script(peer: Peer) -> None:
         await peer.request()

@@ -207,13 +207,6 @@ class _Connection(asyncio.Protocol):
             self.abort()
             return
         self._answered = True
-        if not self._headers_done:  # a head without end: refused before the parser's cost grows with it
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD_BYTES or self._interim > MAX_INTERIM:
-                self._resolve(None, ProtocolError(f"{self._pool.origin} sent more than {MAX_HEAD_BYTES} bytes of "
-                                                  f"headers or {MAX_INTERIM} interim answers; expected an answer"))  # fmt: skip
-                self.abort()
-                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -222,7 +215,10 @@ class _Connection(asyncio.Protocol):
             if not self._complete:
                 self._error = self._error or ProtocolError(f"{self._pool.origin} sent a malformed answer: {exc}")
             self._keep_alive = False  # bytes after the answer: not reusable
-        if self._error is None and not self._headers_done and self._interim > MAX_INTERIM:
+        if not self._headers_done:  # still in the head after this read: count it (one read is bounded)
+            self._head_bytes += len(data)
+        if self._error is None and not self._headers_done and (self._head_bytes > MAX_HEAD_BYTES
+                                                                or self._interim > MAX_INTERIM):  # fmt: skip
             self._error = ProtocolError(f"{self._pool.origin} sent more than {MAX_HEAD_BYTES} bytes of headers or "
                                         f"{MAX_INTERIM} interim answers; expected an answer")  # fmt: skip
         if self._error is not None:
