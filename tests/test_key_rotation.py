@@ -121,8 +121,13 @@ def test_the_admin_api_refuses_bad_rotations_in_one_line(env: GatewayEnv) -> Non
             ("/admin/tenants/apps/keys", {"extra": 1}, 422, "extra"),
             ("/admin/tenants/ghost/keys", {}, 404, "tenant 'ghost' does not exist"),
         ]
+        other_key = env.tenant("others")  # another tenant's key id is not this tenant's key
+        cases.append(("/admin/tenants/apps/rotate", {"grace_s": 1, "key_id": other_key.split("_")[1]}, 404, "has no key"))
         for path, body, status, said in cases:
             r = adm.post(path, json=body)
             assert r.status_code == status and said in r.json()["error"], (path, body, r.status_code, r.text)
             assert "\n" not in r.json()["error"]
+        for raw in (b'{"grace_s": Infinity}', b'{"grace_s": NaN}', b'{"grace_s": 1e308}', b'{"grace_s": 1e400}'):
+            r = adm.post("/admin/tenants/apps/rotate", content=raw, headers={"Content-Type": "application/json"})
+            assert 400 <= r.status_code < 500 and "\n" not in r.json()["error"], (raw, r.status_code, r.text)
         assert httpx.post(f"{url}/admin/tenants/apps/rotate", json={"grace_s": 1}).status_code == 401
