@@ -69,13 +69,16 @@ class Finding:
     advice: str
 
 
-def scan(store: ObjectStore, *, history: bool = True) -> list[Finding]:
+def scan(store: ObjectStore, *, history: bool = True, bad_manifests: list[records.BadRecord] | None = None) -> list[Finding]:
     """Every stored record that does not parse as what its key says it is, by key.
 
     ``history=False`` leaves out rollouts and audit events (every event is one read: on S3,
-    thousands of GETs), for a quick look such as ``fleet status``'s.
+    thousands of GETs), for a quick look such as ``fleet status``'s; ``bad_manifests``: what
+    a caller's own ``Registry.scan`` found, so the manifests are not read twice.
     """
-    found = [Finding(b.key, b.kind, b.reason, _MANIFEST_ADVICE.format(key=b.key)) for b in Registry(store).scan()[1]]
+    if bad_manifests is None:
+        bad_manifests = Registry(store).scan()[1]
+    found = [Finding(b.key, b.kind, b.reason, _MANIFEST_ADVICE.format(key=b.key)) for b in bad_manifests]
     found += [Finding(b.key, b.kind, b.reason, _TENANT_ADVICE.format(key=b.key)) for b in Tenants(store).scan()[1]]
     routes, bad = records.load_all(store, "routes/", RouteTable, keep=_top)
     for key, table in routes.items():

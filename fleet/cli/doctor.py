@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,8 +11,11 @@ from fleet.cli._output import JsonFlag, console, emit_json, err_console, table
 from fleet.records import BadRecord
 from fleet.store import open_store
 
+if TYPE_CHECKING:  # fleet.doctor imports the rollout machinery: not at every command's start
+    from fleet.doctor import Finding
 
-def skipped(bad: Iterable[BadRecord]) -> None:
+
+def skipped(bad: Iterable[BadRecord | Finding]) -> None:
     """One stderr line per record a listing left out, so a table never hides one silently."""
     for b in bad:
         err_console.print(f"skipped {b.key}: {b.reason}; run `fleet doctor`", markup=False, highlight=False,

@@ -187,19 +187,20 @@ def _gateway_logging(access: bool) -> None:
     import logging
     import time
 
+    def utc_handler(stream: object, fmt: str) -> logging.Handler:
+        handler = logging.StreamHandler(stream)  # type: ignore[arg-type]
+        formatter = logging.Formatter(f"%(asctime)sZ {fmt}", "%Y-%m-%dT%H:%M:%S")
+        formatter.converter = time.gmtime  # type: ignore[assignment]
+        handler.setFormatter(formatter)
+        return handler
+
     logging.getLogger("fleet.store").disabled = False  # the CLI mutes it for commands that name bad records
-    warn = logging.StreamHandler(sys.stderr)
-    warn.setFormatter(logging.Formatter("%(asctime)sZ %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S"))
-    warn.formatter.converter = time.gmtime  # type: ignore[union-attr]
     fleet_log = logging.getLogger("fleet")
-    fleet_log.addHandler(warn)
+    fleet_log.addHandler(utc_handler(sys.stderr, "%(levelname)s %(name)s: %(message)s"))
     fleet_log.setLevel(logging.WARNING)
     if access:
-        out = logging.StreamHandler(sys.stdout)
-        out.setFormatter(logging.Formatter("%(asctime)sZ %(message)s", "%Y-%m-%dT%H:%M:%S"))
-        out.formatter.converter = time.gmtime  # type: ignore[union-attr]
         log = logging.getLogger("fleet.gateway.access")
-        log.addHandler(out)
+        log.addHandler(utc_handler(sys.stdout, "%(message)s"))
         log.setLevel(logging.INFO)
         log.propagate = False
 
@@ -208,6 +209,7 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
     """Models, versions, weights, replicas and their health."""
     from fleet.router import Router
 
+    from fleet.cli.doctor import skipped
     from fleet.doctor import scan
     from fleet.routing import RouteTable
 
@@ -216,11 +218,16 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
     runtime = _runtime(policies)
     running = {(d.model, d.version): d for d in runtime.list()}
     rows = []
-    bad = scan(reg.store, history=False)
+    versions, bad_manifests = reg.scan()  # every manifest read once, for the table and the bad records
+    bad = scan(reg.store, history=False, bad_manifests=bad_manifests)
     unreadable = {f.key for f in bad}
-    for mv in reg.list():
+    tables: dict[str, RouteTable] = {}
+    for mv in versions:
         # a model whose route is unreadable is shown without traffic; doctor's list says why
-        t = RouteTable(model=mv.model) if f"routes/{mv.model}.json" in unreadable else router.get(mv.model)
+        if mv.model not in tables:
+            key = f"routes/{mv.model}.json"
+            tables[mv.model] = RouteTable(model=mv.model) if key in unreadable else router.get(mv.model)
+        t = tables[mv.model]
         role = []
         if t.stable == mv.version:
             role.append(f"stable {100 - (t.canary.weight if t.canary else 0):g}%")
@@ -234,9 +241,7 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
             "model": mv.model, "version": mv.version, "state": mv.state.value, "traffic": ", ".join(role),
             "replicas": len(health), "healthy": sum(health.values()), "endpoints": sorted(health),
         })  # fmt: skip
-    for f in bad:  # on stderr: --json's list of versions stays what scripts expect
-        err_console.print(f"bad record {f.key}: {f.reason}; run `fleet doctor`", markup=False, highlight=False,
-                          soft_wrap=True)  # fmt: skip
+    skipped(bad)  # on stderr: --json's list of versions stays what scripts expect
     if json:
         emit_json(rows)
         return

@@ -10,6 +10,7 @@ import typer
 
 from fleet import audit
 from fleet.cli._output import JsonFlag, console, emit_json, err_console, table, tenants, when
+from fleet.cli.doctor import skipped
 from fleet.errors import InvalidInput
 from fleet.tenants import MAX_GRACE, ApiKey, check_grace, make_quota, parse_entitlements, public, span
 
@@ -75,8 +76,7 @@ def create(
 def list_(json: JsonFlag = False) -> None:
     """List tenants, their entitlements, quotas and keys; unreadable records are skipped and named."""
     found, bad = tenants().scan()
-    for record in bad:  # stderr, so --json output stays a list a script can read
-        typer.echo(f"skipped {record.key}: {record.reason}; run `fleet doctor`", err=True)
+    skipped(bad)  # stderr, so --json output stays a list a script can read
     if json:
         emit_json([public(t) for t in found])
         return
