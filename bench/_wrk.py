@@ -11,7 +11,6 @@ to that line, and wrk is then stopped with SIGINT (which makes it print its summ
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import subprocess
@@ -59,11 +58,13 @@ class Result:
         return self.non_2xx + self.socket_errors
 
 
-def _lua(value: str) -> str:
-    return json.dumps(value)  # a JSON string literal is a valid Lua string literal here
+def _lua(value: str | bytes) -> str:
+    """A Lua string literal of ``value``: printable ASCII as is, every other byte as a decimal escape."""
+    raw = value.encode() if isinstance(value, str) else value
+    return '"' + "".join(chr(b) if 32 <= b < 127 and b not in (34, 92) else f"\\{b:03d}" for b in raw) + '"'
 
 
-def load(url: str, bodies: list[str], *, concurrency: int, requests: int, headers: dict[str, str] | None = None,
+def load(url: str, bodies: list[str] | list[bytes], *, concurrency: int, requests: int, headers: dict[str, str] | None = None,
          timeout_s: float = 600) -> Result:  # fmt: skip
     """POST ``bodies`` (round robin) to ``url`` until ``requests`` answers arrived."""
     if shutil.which("wrk") is None:

@@ -134,9 +134,34 @@ def _cell(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
 def _baseline_tree(ref: str, into: Path) -> Path:
     """``ref``'s ``fleet`` package and policies, extracted from git (the working tree is not touched)."""
     into.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "fleet", "bentos"], capture_output=True, check=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "fleet", "bentos", "policies"],
+                             capture_output=True, check=True)  # fmt: skip
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     return into
+
+
+def _bench_policies(source: Path, into: Path) -> Path:
+    """``source``'s fleet policies with the demo model's cache off and no tenants, in ``into``."""
+    import yaml
+
+    policies = yaml.safe_load(source.read_text())
+    policies["models"][MODEL]["cache"]["enabled"] = False  # every request must reach the upstream
+    policies.pop("tenants", None)
+    into.mkdir(parents=True, exist_ok=True)
+    (into / "fleet.yaml").write_text(yaml.safe_dump(policies))
+    return into
+
+
+def _baseline_store(tree: Path, store: Path, into: Path) -> str:
+    """A copy of ``store`` whose tenant is written by the baseline's own code (record formats change); its key."""
+    shutil.rmtree(into, ignore_errors=True)
+    shutil.copytree(store, into)
+    shutil.rmtree(into / "tenants", ignore_errors=True)
+    script = ("import sys; from fleet.store import open_store; from fleet.tenants import Tenants; "
+              f"print(Tenants(open_store(sys.argv[1])).create('bench-baseline', {{'{MODEL}': ['*']}})[1])")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script, f"file://{into}"], env={**os.environ, "PYTHONPATH": str(tree)},
+                          cwd=tree, capture_output=True, text=True, check=True)  # fmt: skip
+    return done.stdout.strip().splitlines()[-1]
 
 
 def main() -> None:
@@ -162,12 +187,7 @@ def main() -> None:
     from fleet.tenants import Tenants
 
     store = open_store()
-    policies = yaml.safe_load((ROOT / "policies" / "fleet.yaml").read_text())
-    policies["models"][MODEL]["cache"]["enabled"] = False  # every request must reach the upstream
-    policies.pop("tenants")
-    (work / "policies").mkdir(exist_ok=True)
-    (work / "policies" / "fleet.yaml").write_text(yaml.safe_dump(policies))
-    spec = load_policies(work / "policies").model(MODEL)
+    spec = load_policies(_bench_policies(ROOT / "policies" / "fleet.yaml", work / "policies")).model(MODEL)
     if not Registry(store).versions(MODEL):
         train_and_register(store, MODEL, "1.0.0", TrainConfig(rows=5000, epochs=5))
         Router(store).set(MODEL, stable="1.0.0", why="bench")
@@ -193,6 +213,7 @@ def main() -> None:
         endpoints = work / "endpoints.yaml"
         gateways, pids = {}, {}
         baseline = _baseline_tree(args.baseline, work / "baseline") if args.baseline else None
+        baseline_key = _baseline_store(baseline, work / "store", work / "store-baseline") if baseline else None
         runs = [("bento", bento_url, None), ("echo", echo_url, None)] + ([("baseline", echo_url, baseline)] if baseline else [])
         for name, upstream, tree in runs:
             endpoints_file = endpoints.with_name(f"endpoints-{name}.yaml")
@@ -200,8 +221,10 @@ def main() -> None:
             port = _free_port()
             env = {**os.environ, "FLEET_RUNTIME": "static", "FLEET_STATIC_ENDPOINTS": str(endpoints_file),
                    "FLEET_POLICIES": str(work / "policies")}  # fmt: skip
-            if tree is not None:  # the baseline's fleet package first on the path
+            if tree is not None:  # the baseline's fleet package first on the path, and its own policy schema
                 env["PYTHONPATH"] = str(tree)
+                env["FLEET_POLICIES"] = str(_bench_policies(tree / "policies" / "fleet.yaml", work / "policies-baseline"))
+                env["FLEET_STORE"] = f"file://{work / 'store-baseline'}"
             log = open(work / f"gateway-{name}.log", "wb")
             command = [sys.executable, "-c", "from fleet.cli import main; main()", "gateway", "--port", str(port)]
             procs.append(subprocess.Popen(command, env=env, cwd=tree or ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -218,7 +241,8 @@ def main() -> None:
             "echo": [("direct", f"{echo_url}/predict", bento_bodies, {}),
                      ("nginx", f"http://127.0.0.1:{nginx_echo_port}/predict", bento_bodies, {}),
                      ("gateway", f"{gateways['echo']}/v2/models/{MODEL}/infer", oip_bodies, auth)]
-                    + ([("baseline", f"{gateways['baseline']}/v2/models/{MODEL}/infer", oip_bodies, auth)]
+                    + ([("baseline", f"{gateways['baseline']}/v2/models/{MODEL}/infer", oip_bodies,
+                         {"Authorization": f"Bearer {baseline_key}"})]
                        if baseline else []),
         }  # fmt: skip
         results: dict[tuple[str, str, int], Result] = {}

@@ -11,10 +11,13 @@ gateway's CPU time per request (user + system of its process, from /proc, over t
 the floors every protocol pays on top of.
 
 The model is ``tests/stub_model.py`` (the demo rule in numpy behind Starlette), so the
-upstream's own cost is small and what differs between rows is the protocol. The load
-comes from this process (aiohttp for HTTP, grpc.aio for gRPC): on a 2-core machine it
-competes with the servers, which is why the gateway's CPU per request, not only the
-throughput, is in the table.
+upstream's own cost is small and what differs between rows is the protocol. The load comes
+from C load generators, wrk for HTTP and h2load for gRPC (one HTTP/2 connection with up to 16
+calls in flight, as one gRPC channel), so that on a 2-core machine the client does not eat
+the CPU the servers need; a Python client cost more per call than the gateway, and more for
+gRPC than for HTTP. Every cell is checked: no error seen by the client, and no answer but
+200 counted by the gateway (h2load cannot read gRPC's status). Needs wrk and h2load
+(apt-get install -y wrk nghttp2-client).
 
 Targets (issue 13): binary HTTP and gRPC each >= 2x the throughput of JSON for 256-row
 requests; gRPC's p50 over direct's at concurrency 1 at most 1 ms.
@@ -23,14 +26,11 @@ requests; gRPC's p50 over direct's at concurrency 1 at most 1 ms.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +38,10 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from fleet.gateway.grpc_server import pb, pb_grpc  # noqa: E402 - first: loads tritonclient's protos
+from bench._h2load import grpc_load  # noqa: E402
+from bench._wrk import Result, load  # noqa: E402
+from bench.gateway import _gateway_codes  # noqa: E402
+from fleet.gateway.grpc_server import pb  # noqa: E402 - first: loads tritonclient's protos
 from tests.gateway_env import MODEL, GatewayEnv  # noqa: E402
 from tests.test_grpc import start_gateway  # noqa: E402
 
@@ -63,64 +66,44 @@ def bodies(rows: int) -> dict[str, object]:
             "binary": header + x.tobytes(), "binary_header": len(header), "grpc": grpc_request}  # fmt: skip
 
 
-async def drive(send: Callable[[], Awaitable[None]], requests: int, concurrency: int) -> tuple[float, list[float]]:
-    """``requests`` calls of ``send`` from ``concurrency`` workers: (seconds, latencies in ms)."""
-    latencies: list[float] = []
-    left = requests
-
-    async def worker() -> None:
-        nonlocal left
-        while left > 0:
-            left -= 1
-            t0 = time.perf_counter()
-            await send()
-            latencies.append((time.perf_counter() - t0) * 1e3)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return time.perf_counter() - start, latencies
+def _failures(url: str) -> int:
+    """Answers the gateway counted with a status other than 200, so far (h2load cannot read gRPC's status)."""
+    return sum(n for code, n in _gateway_codes(url).items() if code != "200")
 
 
-async def run(env: GatewayEnv, url: str, grpc_address: str, stub: str, key: str, gateway_pid: int, requests: int) -> list[dict]:
-    import aiohttp
-    import grpc
-
+def run(url: str, grpc_address: str, stub: str, key: str, gateway_pid: int, requests: int) -> list[dict]:
     auth = {"Authorization": f"Bearer {key}"}
     results = []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http, \
-            grpc.aio.insecure_channel(grpc_address) as channel:  # fmt: skip
-        stub_grpc = pb_grpc.GRPCInferenceServiceStub(channel)
-        metadata = (("authorization", f"Bearer {key}"),)
-        for rows in (1, 256):
-            b = bodies(rows)
-
-            async def post(target: str, body: bytes, headers: dict[str, str]) -> None:
-                async with http.post(target, data=body, headers=headers) as r:
-                    await r.read()
-                    assert r.status == 200, (r.status, await r.text())
-
-            sends = {
-                "direct": lambda: post(f"{stub}/predict", b["direct"], {"Content-Type": "application/json"}),
-                "direct-t": lambda: post(f"{stub}/predict_tensor", b["tensor"], {
-                    "Content-Type": "application/octet-stream", "X-Fleet-Datatype": "FP32", "X-Fleet-Shape": f"{rows},4"}),
-                "json": lambda: post(f"{url}/v2/models/{MODEL}/infer", b["json"], {**auth, "Content-Type": "application/json"}),
-                "binary": lambda: post(f"{url}/v2/models/{MODEL}/infer", b["binary"],
-                                       {**auth, "Inference-Header-Content-Length": str(b["binary_header"])}),
-                "grpc": lambda: stub_grpc.ModelInfer(b["grpc"], metadata=metadata),
-            }  # fmt: skip
-            for concurrency in (1, 16):
-                n = requests if concurrency > 1 else max(200, requests // 4)
-                for name, send in sends.items():
-                    await drive(send, 50, concurrency)  # warm: connections, caches of every layer
-                    cpu0 = cpu_seconds(gateway_pid)
-                    seconds, lat = await drive(send, n, concurrency)
-                    cpu = cpu_seconds(gateway_pid) - cpu0
-                    lat.sort()
-                    results.append({
-                        "rows": rows, "concurrency": concurrency, "protocol": name, "requests": n,
-                        "rps": n / seconds, "p50_ms": statistics.median(lat), "p99_ms": lat[int(len(lat) * 0.99) - 1],
-                        "gateway_cpu_ms": None if name.startswith("direct") else cpu / n * 1e3,
-                    })  # fmt: skip
+    for rows in (1, 256):
+        b = bodies(rows)
+        infer = f"{url}/v2/models/{MODEL}/infer"
+        sends: dict[str, Callable[[int, int], Result]] = {
+            "direct": lambda c, n: load(f"{stub}/predict", [b["direct"]], concurrency=c, requests=n),
+            "direct-t": lambda c, n: load(f"{stub}/predict_tensor", [b["tensor"]], concurrency=c, requests=n, headers={
+                "Content-Type": "application/octet-stream", "X-Fleet-Datatype": "FP32", "X-Fleet-Shape": f"{rows},4"}),
+            "json": lambda c, n: load(infer, [b["json"]], concurrency=c, requests=n, headers=auth),
+            "binary": lambda c, n: load(infer, [b["binary"]], concurrency=c, requests=n, headers={
+                **auth, "Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(b["binary_header"])}),
+            "grpc": lambda c, n: grpc_load(grpc_address, "/inference.GRPCInferenceService/ModelInfer",
+                                           b["grpc"].SerializeToString(), concurrency=c, requests=n,
+                                           metadata={"authorization": f"Bearer {key}"}),
+        }  # fmt: skip
+        for concurrency in (1, 16):
+            n = requests if concurrency > 1 else max(200, requests // 4)
+            for name, send in sends.items():
+                send(concurrency, 50)  # warm: connections, caches of every layer
+                cpu0, failed0 = cpu_seconds(gateway_pid), _failures(url)
+                r = send(concurrency, n)
+                cpu, failed = cpu_seconds(gateway_pid) - cpu0, _failures(url) - failed0
+                gateway = not name.startswith("direct")
+                if r.errors or (gateway and failed):
+                    raise RuntimeError(f"{name}, {rows} rows, concurrency {concurrency}: {r.errors} errors seen by the "
+                                       f"client, {failed if gateway else 0} failures counted by the gateway")  # fmt: skip
+                results.append({
+                    "rows": rows, "concurrency": concurrency, "protocol": name, "requests": r.requests,
+                    "rps": r.rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
+                    "gateway_cpu_ms": cpu / r.requests * 1e3 if gateway else None,
+                })  # fmt: skip
     return results
 
 
@@ -156,7 +139,7 @@ def main() -> None:
         env.route(stable="1.0.0")
         key = env.tenant("bench")
         url, grpc_address, proc = start_gateway(env)
-        results = asyncio.run(run(env, url, grpc_address, stub, key, proc.pid, args.requests))
+        results = run(url, grpc_address, stub, key, proc.pid, args.requests)
     finally:
         env.stop()
     table(results)
