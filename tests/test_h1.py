@@ -593,6 +593,130 @@ def test_close_fails_requests_in_flight_and_in_line_and_refuses_new_ones(run) ->
     run(scenario)
 
 
+def test_drain_lets_the_request_in_flight_finish_and_refuses_the_line_and_new_ones(run) -> None:  # noqa: ANN001
+    async def scenario() -> None:
+        held, arrived, release = held_server()
+
+        async def script(peer: Peer) -> None:
+            await held(peer)
+            peer.server.closed_by_client.append(peer.index)  # the client closed its end
+
+        async with Scripted(script) as srv:
+            pool = srv.pool(limit=1)
+            in_flight = asyncio.create_task(post(pool))
+            await waited(arrived)
+            in_line = asyncio.create_task(post(pool))
+            await until(lambda: pool.stats()["waiting"] == 1, "a request in line")
+            pool.drain()
+            with pytest.raises(PoolClosed):
+                await in_line
+            with pytest.raises(PoolClosed):
+                await post(pool)
+            assert not in_flight.done()
+            release.set()
+            assert (await in_flight).status == 200  # answered, not failed
+            await until(lambda: srv.closed_by_client == [1], "its connection closed once answered")
+            assert pool.stats() == {"open": 0, "idle": 0, "waiting": 0}
+
+    run(scenario)
+
+
+def test_drain_closes_idle_connections_at_once(run) -> None:  # noqa: ANN001
+    async def scenario() -> None:
+        async with Scripted(answer_all) as srv:
+            pool = srv.pool(limit=2, idle_timeout=3600)
+            await asyncio.gather(post(pool), post(pool))
+            assert pool.stats() == {"open": 2, "idle": 2, "waiting": 0}
+            pool.drain()
+            await until(lambda: sorted(srv.closed_by_client) == [1, 2], "both idle connections closed")
+            assert pool.stats() == {"open": 0, "idle": 0, "waiting": 0}
+
+    run(scenario)
+
+
+def test_a_larger_cap_lets_the_line_connect_and_a_smaller_one_closes_connections_as_they_return(run) -> None:  # noqa: ANN001
+    async def scenario() -> None:
+        held, arrived, release = held_server()
+
+        async def script(peer: Peer) -> None:
+            await held(peer)
+            peer.server.closed_by_client.append(peer.index)  # the client closed its end
+
+        async with Scripted(script) as srv, pooled(srv, limit=1, idle_timeout=3600) as pool:
+            first = asyncio.create_task(post(pool, b"0"))
+            await waited(arrived)
+            rest = [asyncio.create_task(post(pool, b"%d" % i)) for i in (1, 2)]
+            await until(lambda: pool.stats()["waiting"] == 2, "two requests in line")
+            pool.resize(3)
+            await until(lambda: srv.accepted == 3, "the two in line connected under the larger cap")
+            assert pool.stats() == {"open": 3, "idle": 0, "waiting": 0}
+            pool.resize(1)
+            release.set()
+            await asyncio.gather(first, *rest)  # every request in flight is answered
+            await until(lambda: len(srv.closed_by_client) == 2, "two connections closed as they came back")
+            assert pool.stats() == {"open": 1, "idle": 1, "waiting": 0}
+            assert (await post(pool, b"after")).status == 200 and srv.accepted == 3
+            with pytest.raises(ValueError, match="at least 1"):
+                pool.resize(0)
+
+    run(scenario)
+
+
+def test_a_smaller_cap_serves_the_line_only_once_the_pool_fits(run) -> None:  # noqa: ANN001
+    async def scenario() -> None:
+        script, arrived, release = held_server()
+        async with Scripted(script) as srv, pooled(srv, limit=2, idle_timeout=3600) as pool:
+            held = [asyncio.create_task(post(pool, b"%d" % i)) for i in (0, 1)]
+            await until(lambda: srv.accepted == 2 and len(srv.seen) == 2, "both connections busy")
+            pool.resize(1)
+            waiting = asyncio.create_task(post(pool, b"2"))
+            await until(lambda: pool.stats()["waiting"] == 1, "a request in line")
+            release.set()
+            await asyncio.gather(*held, waiting)
+            assert srv.accepted == 2 and pool.stats()["open"] == 1  # the line reused what fit, nothing new
+
+    run(scenario)
+
+
+def test_upstreams_sync_applies_a_new_concurrency_and_drains_a_replica_it_drops(run) -> None:  # noqa: ANN001
+    import time
+
+    import numpy as np
+
+    from fleet.gateway.upstream import Upstreams
+
+    arrived, release = asyncio.Event(), asyncio.Event()
+
+    async def script(peer: Peer) -> None:
+        while await peer.request() is not None:
+            arrived.set()
+            await release.wait()
+            await peer.send(ANSWER)
+
+    async def scenario() -> None:
+        async with Scripted(script) as srv:
+            upstreams = Upstreams()
+            url = f"http://127.0.0.1:{srv.port}"
+            upstreams.sync({("m", "1"): (url,)}, {"m": (4, 16)})
+            try:
+                replica = upstreams.pool("m", "1").replicas[0]  # type: ignore[union-attr]
+                assert replica.session.limit == 4
+                upstreams.sync({("m", "1"): (url,)}, {"m": (9, 16)})  # the policy changed
+                assert replica.session.limit == 9 and upstreams.pool("m", "1").slots.limit == 9  # type: ignore[union-attr]
+                features = np.zeros((1, 4), dtype=np.float32)
+                call = asyncio.create_task(upstreams.predict("m", "1", features, time.monotonic() + 5, "interactive"))
+                await waited(arrived)
+                upstreams.sync({}, {})  # the version left the list while answering
+                assert replica.session.closed
+                release.set()
+                assert (await call).shape == (1, 2)  # answered, not failed for the routing change
+                assert replica.failures == 0
+            finally:
+                await upstreams.close()
+
+    run(scenario)
+
+
 def test_headers_that_would_break_the_request_are_refused_before_connecting(run) -> None:  # noqa: ANN001
     async def scenario() -> None:
         async with Scripted(answer_all) as srv, pooled(srv) as pool:

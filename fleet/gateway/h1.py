@@ -385,6 +385,13 @@ class ConnectionPool:
     def close(self) -> None:
         """Close every connection, idle or busy (a request in flight fails), refuse the line
         and anything after. Idempotent."""
+        self.drain()
+        for conn in list(self._all):
+            conn.close()
+
+    def drain(self) -> None:
+        """Close the idle connections, refuse the line and anything after, and let each request
+        in flight finish; its connection closes when the answer is read. Idempotent."""
         self.closed = True
         if self._reaper is not None:
             self._reaper.cancel()
@@ -393,11 +400,28 @@ class ConnectionPool:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(PoolClosed(f"the pool for {self.origin} was closed"))
-        for conn in self._idle:
+        idle, self._idle = self._idle, []
+        for conn in idle:
             conn.idle = False
-        self._idle.clear()
-        for conn in list(self._all):
             conn.close()
+            self._open -= 1
+
+    def resize(self, limit: int) -> None:
+        """A new connection cap: under a larger one, requests in line connect now; over a
+        smaller one, connections close as they come back until the pool fits."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        self.limit = limit
+        while self._idle and self._open > limit:
+            conn = self._idle.pop(0)  # the oldest
+            conn.idle = False
+            conn.close()
+            self._open -= 1
+        while self._waiters and self._open < limit:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._open += 1  # a slot of its own, to connect in
+                waiter.set_result(None)
 
     # -- the request head ------------------------------------------------------------------------
     def _head(self, method: str, path: str, headers: Headers, length: int) -> bytes:
@@ -489,7 +513,12 @@ class ConnectionPool:
         return conn
 
     def _checkin(self, conn: _Connection) -> None:
-        """A connection after a complete keep-alive answer: to the first waiter, else idle."""
+        """A connection after a complete keep-alive answer: to the first waiter, else idle;
+        closed instead while the pool holds more than its cap (``resize``)."""
+        if self._open > self.limit:
+            conn.close()
+            self._open -= 1
+            return
         conn.reused = True
         while self._waiters:
             waiter = self._waiters.popleft()
@@ -502,8 +531,9 @@ class ConnectionPool:
             self._reaper = self.loop.call_later(self.idle_timeout, self._reap)
 
     def _free_slot(self) -> None:
-        """A connection is gone: its slot goes to the first waiter (who connects), else is freed."""
-        while self._waiters:
+        """A connection is gone: its slot goes to the first waiter (who connects), else is freed
+        (always, while the pool holds more than its cap)."""
+        while self._waiters and self._open <= self.limit:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)

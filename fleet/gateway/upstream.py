@@ -221,22 +221,27 @@ class Upstreams:
 
     def sync(self, endpoints: dict[tuple[str, str], tuple[str, ...]], concurrency: dict[str, tuple[int, int]]) -> None:
         """Make the pools match the deployments; ``concurrency``: model → (per replica, max waiting)."""
+        caps: dict[str, int] = {}  # per replica URL: the largest cap of the models it serves
         for key, urls in endpoints.items():
             limit, waiting = concurrency.get(key[0], (32, 256))
             pool = self._pools.get(key)
-            if pool is not None and [r.url for r in pool.replicas] == list(urls):
-                pool.slots.limit, pool.slots.max_waiting = limit * len(urls), waiting
-                continue
-            kept = {r.url: r for r in pool.replicas} if pool else {}
-            replicas = [kept.get(u) or Replica(u, self._session(u, limit)) for u in urls]
-            slots = pool.slots if pool else Slots(limit * len(urls), waiting)
-            slots.limit, slots.max_waiting = limit * len(urls), waiting
-            self._pools[key] = Pool(f"{key[0]}:{key[1]}", replicas, slots)
+            if pool is None or [r.url for r in pool.replicas] != list(urls):
+                kept = {r.url: r for r in pool.replicas} if pool else {}
+                replicas = [kept.get(u) or Replica(u, self._session(u, limit)) for u in urls]
+                pool = self._pools[key] = Pool(f"{key[0]}:{key[1]}", replicas, pool.slots if pool else Slots(limit, waiting))
+            pool.slots.limit, pool.slots.max_waiting = limit * len(urls), waiting
+            for url in urls:
+                caps[url] = max(caps.get(url, 0), limit)
         for key in set(self._pools) - set(endpoints):
             del self._pools[key]
+        for url, cap in caps.items():  # a changed policy reaches the connections too
+            if self._sessions[url].limit != cap:
+                self._sessions[url].resize(cap)
         live = {r.url for p in self._pools.values() for r in p.replicas}
         for url in set(self._sessions) - live:
-            self._sessions.pop(url).close()
+            # a replica taken out of the list finishes what it is answering: a request in
+            # flight is not failed (and charged to the version) for a routing change
+            self._sessions.pop(url).drain()
 
     def pool(self, model: str, version: str) -> Pool | None:
         return self._pools.get((model, version))
