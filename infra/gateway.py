@@ -30,6 +30,7 @@ NAME = "fleet-gateway"
 PORT = 8000
 GRPC_PORT = 8001  # OIP over gRPC (Triton's port); in-cluster clients reach it through the Service
 POLICY_DIR = "/etc/fleet/policies"
+USER_ID = 10001  # the numeric user and group of the gateway image (the repository's Dockerfile)
 ADMIN_TOKEN_ITEM = "token"  # the key in the Secret's data
 DRAIN_S = 10  # preStop: stay in the endpoints until kube-proxy on every node has dropped this pod
 # after SIGTERM: uvicorn's graceful shutdown (10 s), the inference log's last flush, the
@@ -71,8 +72,9 @@ class Gateway(pulumi.ComponentResource):
         memory = f"{int(s.memory_gib * 1024)}Mi"
         container = {
             "name": "gateway", "image": args.image,
-            # Kubernetes expands $(POD_IP) from the env below: each pod announces its own address
-            "args": ["fleet", "gateway", "--host", "0.0.0.0", "--port", str(PORT), "--public-url", f"http://$(POD_IP):{PORT}",
+            # the image's entry point is `fleet gateway` (Dockerfile); Kubernetes expands
+            # $(POD_IP) from the env below: each pod announces its own address
+            "args": ["--host", "0.0.0.0", "--port", str(PORT), "--public-url", f"http://$(POD_IP):{PORT}",
                      "--grpc-port", str(GRPC_PORT)],
             "ports": [{"name": "http", "containerPort": PORT}, {"name": "grpc", "containerPort": GRPC_PORT}],
             "env": [
@@ -91,7 +93,8 @@ class Gateway(pulumi.ComponentResource):
             "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, **probe},
             "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, **probe, "periodSeconds": 10},
             "lifecycle": {"preStop": {"sleep": {"seconds": DRAIN_S}}},
-            "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": USER_ID, "runAsGroup": USER_ID,
+                                "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                 "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
             "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
                              {"name": "policies", "mountPath": POLICY_DIR, "readOnly": True}],

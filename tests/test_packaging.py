@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -122,3 +123,44 @@ def _serve_as_its_image(env: FleetEnv, bento: str, folder: Path) -> tuple[int, s
         stop_group(proc.pid)
         raise AssertionError(f"{bento} served from {folder} for 120 s instead of refusing its model files") from None
     return proc.returncode, output
+
+
+def _dockerfile_user(dockerfile: str) -> tuple[str, dict[str, str]]:
+    """The last ``USER`` of a Dockerfile and its ``ARG`` defaults."""
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", dockerfile, re.M))
+    users = re.findall(r"^USER (\S+)$", dockerfile, re.M)
+    assert users, "the Dockerfile sets no USER"
+    return users[-1], args
+
+
+def test_model_pods_run_as_the_numeric_user_of_the_image_bentoml_builds(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """`bentoml containerize` images end in ``USER bentoml`` (a name): with runAsNonRoot alone the
+    kubelet refuses them (non-numeric user). The runtime's pods must name that user's numbers."""
+    import bentoml
+
+    from fleet.placement import ModelPlacement
+    from fleet.runtime.bento import bentoml_home, package
+    from fleet.runtime.kubernetes import manifests
+
+    if "bentoml" not in __import__("sys").modules:
+        monkeypatch.setenv("BENTOML_HOME", str(tmp_path / "bentoml"))
+    bentoml_home()
+    spec = load_policies(ROOT / "policies").model("demo-classifier")
+    model = f"user-{os.getpid()}"
+    store = FileStore(tmp_path / "store")
+    train_and_register(store, model, "1.0.0", TrainConfig(rows=300, epochs=1, seed=3))
+    built = package(Registry(store), model, "1.0.0", spec, ArtifactCache(tmp_path / "cache"))
+    dockerfile = (Path(bentoml.bentos.get(built.bento).path) / "env" / "docker" / "Dockerfile").read_text()
+    user, args = _dockerfile_user(dockerfile)
+    assert user == args["BENTO_USER"] and not user.isdigit()  # a name: the kubelet cannot check it
+    placement = ModelPlacement(model=model, family="tabular-mlp", node_group="cpu", pool="cpu", instance_type="m7i.large",
+                               gpus=0, tensor_parallel=0, shared_gpu=False, gpu_memory_gib=0, cpu=1, memory_gib=1,
+                               min_replicas=1, max_replicas=1, target_qps_per_replica=10, target_p99_ms=100)  # fmt: skip
+    deployment = manifests(model, "1.0.0", "repo@sha256:" + "0" * 64, placement, floor=1, prometheus_url="http://p")[0]
+    pod = deployment["spec"]["template"]["spec"]
+    context = pod["securityContext"]
+    assert context["runAsNonRoot"] is True
+    assert context["runAsUser"] == int(args["BENTO_USER_UID"]) and context["runAsUser"] != 0
+    assert context["runAsGroup"] == int(args["BENTO_USER_GID"])
+    assert all("runAsUser" not in c.get("securityContext", {}) for c in pod["containers"])  # nothing overrides it

@@ -43,6 +43,11 @@ CONFIG_MAP = "fleet-runtime"
 FIELD_MANAGER = "serving-fleet"
 MANAGED = {"app.kubernetes.io/managed-by": "serving-fleet"}
 BENTO_PORT = 3000
+# The user `bentoml containerize` images run as: the Dockerfile `bentoml build` writes ends in
+# `USER bentoml`, a name the kubelet cannot check against runAsNonRoot, created with
+# `ARG BENTO_USER_UID=1034` / `BENTO_USER_GID=1034`. Pods say the numbers (tests read them
+# back from a built Bento's Dockerfile).
+BENTO_UID = BENTO_GID = 1034
 VERSION_ANNOTATION = "fleet.io/version"  # the exact semver ('+' is not allowed in label values)
 READY_TIMEOUT_S = 900.0  # pulling a large image and loading weights onto GPUs takes minutes
 # Kinds this runtime writes, in the order undeploy removes them (the scaler first, so KEDA
@@ -125,9 +130,11 @@ def manifests(model: str, version: str, image: str, placement: ModelPlacement, *
         "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
         # a container that exits (e.g. model files that fail their SHA-256) reports its log's end
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }  # fmt: skip
     pod = {
+        "securityContext": {"runAsNonRoot": True, "runAsUser": BENTO_UID, "runAsGroup": BENTO_GID, "fsGroup": BENTO_GID,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         "nodeSelector": placement.node_selector,
         "tolerations": placement.tolerations,
