@@ -57,13 +57,14 @@ autoscaler_role = irsa("cluster-autoscaler", "kube-system", "cluster-autoscaler"
 edge = Edge(name, EdgeArgs(
     network.vpc_id, network.public_subnet_ids, s.certificateArn, s.allowedCidrs, s.gateway.node_port,
     cluster.security_group_id, nodes.system.resources.apply(lambda r: r[0].autoscaling_groups[0].name),
-    store.logs_bucket, tags,
+    store.logs_bucket, store.logs_policy, tags,
 ))
 store_url = pulumi.Output.concat("s3://", store.models_bucket)
 Platform(name, PlatformArgs(
     cluster.kubeconfig, cluster.name, stack.region, s.kubernetesVersion, stack.plan, stack.policies, images.urls,
     store_url, gateway_role.arn, flows_role.arn, autoscaler_role.arn, s.gateway, s.gateway.image_tag,
-    stack.admin_token, stack.policy_files, s.vpcCidr,
+    stack.admin_token, stack.policy_files, stack.secrets[cfg.GRAFANA_PASSWORD_KEY],
+    stack.secrets[cfg.PREFECT_DB_PASSWORD_KEY], s.vpcCidr,
 ), opts=pulumi.ResourceOptions(depends_on=[nodes]))
 
 pulumi.export(cfg.OUT_CLUSTER_NAME, cluster.name)

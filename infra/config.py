@@ -6,10 +6,11 @@ value and what was expected, all problems at once; an unknown key is an error, s
 would otherwise silently fall back to a default. The placement plan is computed here, from
 the policies and the node pools, because every component sizes itself from it.
 
-One key is a secret: ``gatewayAdminToken`` (set with ``pulumi config set --secret``), the
-gateway's admin token. ``parse`` checks that it is there and long enough without ever
-keeping or showing it; ``load`` hands it on only as a secret Output (``require_secret``), so
-Pulumi encrypts it wherever it goes and it never reaches a stack output in plain text.
+Three keys are secrets (set with ``pulumi config set --secret``): ``gatewayAdminToken``, the
+gateway's admin token; ``grafanaAdminPassword``; ``prefectDbPassword``, the password of
+Prefect server's database. ``parse`` checks that each is there and long enough without ever
+keeping or showing it; ``load`` hands them on only as secret Outputs (``require_secret``), so
+Pulumi encrypts them wherever they go and they never reach a stack output in plain text.
 """
 
 from __future__ import annotations
@@ -49,8 +50,21 @@ OUT_MAX_GPUS = "maxGpus"
 OUT_USD_PER_HOUR = "usdPerHour"
 
 ADMIN_TOKEN_KEY = "gatewayAdminToken"  # secret: FLEET_ADMIN_TOKEN of every gateway (turns on its admin API)
-ADMIN_TOKEN_MIN_CHARS = 32  # `openssl rand -hex 32` gives 64
-SET_ADMIN_TOKEN = f'pulumi config set --secret {ADMIN_TOKEN_KEY} "$(openssl rand -hex 32)"'
+GRAFANA_PASSWORD_KEY = "grafanaAdminPassword"  # secret: Grafana's admin password (kube-prometheus-stack)
+PREFECT_DB_PASSWORD_KEY = "prefectDbPassword"  # secret: the password of Prefect server's PostgreSQL
+SECRETS = {  # key → what it is; each set with `pulumi config set --secret`, never shown
+    ADMIN_TOKEN_KEY: "the gateway's admin token",
+    GRAFANA_PASSWORD_KEY: "Grafana's admin password",
+    PREFECT_DB_PASSWORD_KEY: "the password of Prefect server's database",
+}
+SECRET_MIN_CHARS = ADMIN_TOKEN_MIN_CHARS = 32  # `openssl rand -hex 32` gives 64
+
+
+def set_secret(key: str) -> str:
+    return f'pulumi config set --secret {key} "$(openssl rand -hex 32)"'
+
+
+SET_ADMIN_TOKEN = set_secret(ADMIN_TOKEN_KEY)
 
 
 def _is_cidr(value: str) -> bool:
@@ -116,6 +130,15 @@ class Settings(_Cfg):
     noncurrentVersionDays: int = Field(30, ge=1)  # overwritten or deleted objects kept this long
     policies: str = "policies"  # policy folder, relative to the project root
 
+    @model_validator(mode="after")
+    def _prod_api_is_not_open(self) -> Settings:
+        """A prod cluster's Kubernetes API is reachable only from the CIDRs someone wrote down."""
+        open_ = [c for c in self.apiAccessCidrs if ipaddress.ip_network(c, strict=False).prefixlen == 0]
+        if self.env == "prod" and open_:
+            raise expected("the CIDRs of your office, VPN or CI (required for env prod; the API is open to the "
+                           "internet otherwise)", field="apiAccessCidrs", got=open_)  # fmt: skip
+        return self
+
 
 @dataclass(frozen=True)
 class StackConfig:
@@ -126,7 +149,11 @@ class StackConfig:
     policies: Policies
     plan: Plan
     policy_files: dict[str, str]  # file name → text of the policy files, for the gateway's ConfigMap
-    admin_token: Any = None  # a secret pulumi.Output[str]; set by load() only, never a plain string
+    secrets: dict[str, Any] = dataclasses.field(default_factory=dict)  # key → secret pulumi.Output[str]; load() only
+
+    @property
+    def admin_token(self) -> Any:
+        return self.secrets.get(ADMIN_TOKEN_KEY)
 
     @property
     def name(self) -> str:
@@ -149,14 +176,14 @@ def _is_text(annotation: Any) -> bool:
     return annotation is str
 
 
-def _admin_token_problem(token: Any, where: str) -> str | None:
-    """What is wrong with the admin token, never saying what it is."""
-    key = f"{where}: {PROJECT}:{ADMIN_TOKEN_KEY}"
-    if not isinstance(token, str) or not token.strip():
-        return problem(key, "not set", f"the gateway's admin token, as a secret: `{SET_ADMIN_TOKEN}`")
-    if len(token) < ADMIN_TOKEN_MIN_CHARS:
-        return problem(key, f"got {len(token)} characters (value not shown)",
-                       f"at least {ADMIN_TOKEN_MIN_CHARS}, e.g. `{SET_ADMIN_TOKEN}`")  # fmt: skip
+def _secret_problem(name: str, value: Any, where: str) -> str | None:
+    """What is wrong with the secret ``name``, never saying what it is."""
+    key = f"{where}: {PROJECT}:{name}"
+    if not isinstance(value, str) or not value.strip():
+        return problem(key, "not set", f"{SECRETS[name]}, as a secret: `{set_secret(name)}`")
+    if len(value) < SECRET_MIN_CHARS:
+        return problem(key, f"got {len(value)} characters (value not shown)",
+                       f"at least {SECRET_MIN_CHARS}, e.g. `{set_secret(name)}`")  # fmt: skip
     return None
 
 
@@ -174,15 +201,14 @@ def parse(raw: dict[str, str], stack: str, region: str | None) -> StackConfig:
     problems = []
     if not region:
         problems.append(problem(f"{where}: aws:region", "not set", "the AWS region, e.g. `pulumi config set aws:region us-east-1`"))
-    if bad_token := _admin_token_problem(raw.get(ADMIN_TOKEN_KEY), where):
-        problems.append(bad_token)
+    problems += [bad for name in SECRETS if (bad := _secret_problem(name, raw.get(name), where))]
     values: dict[str, Any] = {}
     for key, value in raw.items():
-        if key == ADMIN_TOKEN_KEY:
+        if key in SECRETS:
             continue  # checked above; the value stays out of Settings and every message
         field = Settings.model_fields.get(key)
         if field is None:
-            known = [*Settings.model_fields, ADMIN_TOKEN_KEY]
+            known = [*Settings.model_fields, *SECRETS]
             problems.append(problem(f"{where}: {PROJECT}:{key}", "unknown key", f"one of {', '.join(known)}{hint(key, known)}"))
             continue
         try:
@@ -214,5 +240,6 @@ def load() -> StackConfig:
         if namespace == PROJECT:
             raw[key.removeprefix("config:")] = value  # old-style keys read "project:config:key"
     stack = parse(raw, pulumi.get_stack(), pulumi.Config("aws").get("region"))
-    return dataclasses.replace(stack, admin_token=pulumi.Config(PROJECT).require_secret(ADMIN_TOKEN_KEY))
+    config = pulumi.Config(PROJECT)
+    return dataclasses.replace(stack, secrets={name: config.require_secret(name) for name in SECRETS})
 

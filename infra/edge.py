@@ -30,6 +30,7 @@ class EdgeArgs:
     node_security_group_id: pulumi.Input[str]  # the EKS cluster security group the nodes use
     node_autoscaling_group: pulumi.Input[str]  # of the system node group, where the gateway runs
     logs_bucket: pulumi.Input[str]
+    logs_policy: pulumi.Resource  # the logs bucket's policy: ELB checks that it may write when logging is turned on
     tags: dict[str, str]
 
 
@@ -61,7 +62,7 @@ class Edge(pulumi.ComponentResource):
             f"{name}-alb", load_balancer_type="application", internal=False, subnets=args.public_subnet_ids,
             security_groups=[sg.id], drop_invalid_header_fields=True, idle_timeout=120,  # LLM answers take a while
             access_logs={"bucket": args.logs_bucket, "prefix": ALB_LOG_PREFIX, "enabled": True},
-            tags=args.tags, opts=child,
+            tags=args.tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[args.logs_policy]),
         )  # fmt: skip
         targets = aws.lb.TargetGroup(
             f"{name}-gateway", port=args.node_port, protocol="HTTP", target_type="instance", vpc_id=args.vpc_id,

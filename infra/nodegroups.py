@@ -18,6 +18,7 @@ import pulumi_aws as aws
 from fleet.placement import POOL_LABEL, NodeGroupPlan
 
 SYSTEM_GROUP = "system"
+IMDS_HOP_LIMIT = 1
 GPU_AMI = "AL2023_x86_64_NVIDIA"  # NVIDIA driver and container toolkit preinstalled
 CPU_AMI = "AL2023_x86_64_STANDARD"
 # Kubernetes effect → the EKS API's spelling
@@ -81,8 +82,10 @@ class NodeGroups(pulumi.ComponentResource):
                 "device_name": "/dev/xvda",  # the root volume of the AL2023 EKS AMIs
                 "ebs": {"volume_size": root_gib, "volume_type": "gp3", "encrypted": "true", "delete_on_termination": "true"},
             }],
-            # IMDSv2 only; hop limit 2 so that pods on the host network (CNI) still reach it
-            metadata_options={"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 2},
+            # IMDSv2 only, hop limit 1: pods in their own network namespace (one hop more) cannot
+            # take the node's role; every workload has its own (IRSA), and host-network pods
+            # (the VPC CNI) are not a hop away
+            metadata_options={"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": IMDS_HOP_LIMIT},
             tag_specifications=[{"resource_type": kind, "tags": tags} for kind in ("instance", "volume")],
             update_default_version=True,
             tags=tags,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -30,18 +31,43 @@ FLOWS_SA = "prefect-worker"  # the worker and the flow-run jobs it starts use th
 WORK_POOL = "fleet-kubernetes"
 PROMETHEUS_URL = f"http://kps-prometheus.{MONITORING_NS}.svc:9090"  # kube-prometheus-stack, fullnameOverride kps
 ON_SYSTEM = {POOL_LABEL: SYSTEM_GROUP}
-PREFECT_IMAGE_TAG = "3.9.1-python3.11"  # the Prefect release the flows are written against
-# Chart versions are pinned so a stack rebuilds the same; bump them deliberately. The
-# Prefect charts are released with date versions and follow Prefect's images: their
-# version floats and PREFECT_IMAGE_TAG pins what runs.
+PREFECT_IMAGE_TAG = "3.9.1-python3.11"  # the Prefect release the flows are written against (requirements.lock)
+# Every chart at an exact version. The default values and values.schema.json of each, as the
+# chart's source has them at that version (tag, commit and date in
+# tests/fixtures/charts/SOURCES.json, checked 2026-12-01), are test fixtures: the values below
+# are validated against them. Bump a version together with its fixtures.
 CHARTS = {
     "nvidia-device-plugin": ("https://nvidia.github.io/k8s-device-plugin", "0.17.1"),
     "keda": ("https://kedacore.github.io/charts", "2.17.2"),
     "kube-prometheus-stack": ("https://prometheus-community.github.io/helm-charts", "79.7.1"),
     "cluster-autoscaler": ("https://kubernetes.github.io/autoscaler", "9.43.1"),
-    "prefect-server": ("https://prefecthq.github.io/prefect-helm", None),
-    "prefect-worker": ("https://prefecthq.github.io/prefect-helm", None),
+    # Prefect's charts are released together with date versions; PREFECT_IMAGE_TAG pins what runs
+    "prefect-server": ("https://prefecthq.github.io/prefect-helm", "2026.8.18172642"),
+    "prefect-worker": ("https://prefecthq.github.io/prefect-helm", "2026.8.18172642"),
 }
+STORAGE_CLASS = "gp3"  # the cluster's default: encrypted gp3 volumes through the EBS CSI driver
+PROMETHEUS_STORAGE = "50Gi"
+PREFECT_DB_STORAGE = "20Gi"
+GRAFANA_SECRET = "grafana-admin"
+# The Kubernetes work pool's base job template: prefect-kubernetes 0.8.0's default
+# (KubernetesWorker.get_default_base_job_template(), taken 2026-12-01), with this fleet's
+# namespace, service account and default requests (flow_run_job_template sets them).
+JOB_TEMPLATE = Path(__file__).with_name("prefect-kubernetes-job-template.json")
+FLOW_JOB_DEFAULTS = {"namespace": FLOWS_NS, "service_account_name": FLOWS_SA, "cpu_request": "500m",
+                     "memory_request": "1Gi", "memory_limit": "2Gi", "finished_job_ttl": 86400}  # fmt: skip
+# Pods that ask for nothing in a namespace with a ResourceQuota are refused; these defaults
+# let them in with a bounded size (a LimitRange per namespace with a quota).
+LIMIT_DEFAULTS = {"defaultRequest": {"cpu": "250m", "memory": "256Mi"}, "default": {"memory": "1Gi"}}
+
+
+def flow_run_job_template() -> dict:
+    """The work pool's base job template: flow runs as Jobs in the flows namespace, under the
+    flows' service account (their IAM role), with requests the namespace quota accepts."""
+    template = json.loads(JOB_TEMPLATE.read_text())
+    variables = template["variables"]["properties"]
+    for name, value in FLOW_JOB_DEFAULTS.items():
+        variables[name]["default"] = value
+    return template
 
 
 @dataclass
@@ -61,6 +87,8 @@ class PlatformArgs:
     gateway_image_tag: str
     gateway_admin_token: pulumi.Input[str]  # a secret Output
     policy_files: dict[str, str]  # file name → YAML text, mounted into the gateway
+    grafana_admin_password: pulumi.Input[str]  # a secret Output
+    prefect_db_password: pulumi.Input[str]  # a secret Output
     vpc_cidr: str = "10.0.0.0/16"  # where gateway pods live: the network pushes between them may use
 
 
@@ -106,6 +134,20 @@ class Platform(pulumi.ComponentResource):
         for ns, hard in quotas.items():
             k8s.core.v1.ResourceQuota(f"{name}-{ns}-quota", metadata={"name": "fleet-quota", "namespace": ns},
                                       spec={"hard": hard}, opts=self._child(namespaces[ns]))  # fmt: skip
+            k8s.core.v1.LimitRange(f"{name}-{ns}-limits", metadata={"name": "fleet-defaults", "namespace": ns},
+                                   spec={"limits": [{"type": "Container", **LIMIT_DEFAULTS}]},
+                                   opts=self._child(namespaces[ns]))  # fmt: skip
+        k8s.storage.v1.StorageClass(
+            f"{name}-{STORAGE_CLASS}",
+            metadata={"name": STORAGE_CLASS, "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            provisioner="ebs.csi.aws.com", volume_binding_mode="WaitForFirstConsumer", allow_volume_expansion=True,
+            parameters={"type": "gp3", "encrypted": "true"}, reclaim_policy="Delete", opts=self._opts,
+        )  # fmt: skip
+        grafana_admin = k8s.core.v1.Secret(
+            f"{name}-grafana-admin", metadata={"name": GRAFANA_SECRET, "namespace": MONITORING_NS}, type="Opaque",
+            string_data={"admin-user": "admin", "admin-password": pulumi.Output.secret(args.grafana_admin_password)},
+            opts=self._child(namespaces[MONITORING_NS]),
+        )  # fmt: skip
 
         self._chart("nvidia-device-plugin", "kube-system", {
             "config": {"map": device_plugin_config(args.plan), "default": "whole"},
@@ -122,11 +164,16 @@ class Platform(pulumi.ComponentResource):
                 "nodeSelector": ON_SYSTEM, "retention": "15d",
                 # pick up ServiceMonitors and rules of every namespace, not only the chart's own
                 "serviceMonitorSelectorNilUsesHelmValues": False, "ruleSelectorNilUsesHelmValues": False,
+                # 15 days of samples outlive the pod: a volume, not an emptyDir
+                "storageSpec": {"volumeClaimTemplate": {"spec": {
+                    "storageClassName": STORAGE_CLASS, "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": PROMETHEUS_STORAGE}}}}},
             }},
             "alertmanager": {"alertmanagerSpec": {"nodeSelector": ON_SYSTEM}},
-            "grafana": {"nodeSelector": ON_SYSTEM, "sidecar": {"dashboards": {"enabled": True, "label": "grafana_dashboard"}}},
+            "grafana": {"nodeSelector": ON_SYSTEM, "sidecar": {"dashboards": {"enabled": True, "label": "grafana_dashboard"}},
+                        "admin": {"existingSecret": GRAFANA_SECRET, "userKey": "admin-user", "passwordKey": "admin-password"}},
             "prometheusOperator": {"nodeSelector": ON_SYSTEM},
-        }, namespaces[MONITORING_NS])  # fmt: skip
+        }, namespaces[MONITORING_NS], grafana_admin)  # fmt: skip
         self._chart("cluster-autoscaler", "kube-system", {
             "autoDiscovery": {"clusterName": args.cluster_name}, "awsRegion": args.region,
             "image": {"tag": f"v{args.kubernetes_version}.0"},  # the autoscaler's minor follows the cluster's
@@ -138,13 +185,22 @@ class Platform(pulumi.ComponentResource):
         server = self._chart("prefect-server", FLOWS_NS, {
             "global": {"prefect": {"image": {"prefectTag": PREFECT_IMAGE_TAG}}},
             "server": {"nodeSelector": ON_SYSTEM},
+            # the bundled PostgreSQL with the stack's secret password (the chart and its
+            # subchart keep it in Secrets) on a volume: not the chart's default password, and
+            # flow-run history that outlives the pod
+            "postgresql": {"auth": {"password": pulumi.Output.secret(args.prefect_db_password)},
+                           "primary": {"persistence": {"enabled": True, "storageClass": STORAGE_CLASS,
+                                                       "size": PREFECT_DB_STORAGE},
+                                       "nodeSelector": ON_SYSTEM}},
         }, namespaces[FLOWS_NS])  # fmt: skip
         self._chart("prefect-worker", FLOWS_NS, {
             "worker": {
                 "image": {"prefectTag": f"{PREFECT_IMAGE_TAG}-kubernetes"},
-                "apiConfig": "server",
-                "serverApiConfig": {"apiUrl": f"http://prefect-server.{FLOWS_NS}.svc.cluster.local:4200/api"},
-                "config": {"workPool": WORK_POOL, "type": "kubernetes"},  # the worker creates the pool
+                "apiConfig": "selfHostedServer",
+                "selfHostedServerApiConfig": {"apiUrl": f"http://prefect-server.{FLOWS_NS}.svc.cluster.local:4200/api"},
+                # the worker creates the pool with this template and syncs it on every deploy
+                "config": {"workPool": WORK_POOL, "type": "kubernetes",
+                           "baseJobTemplate": {"configuration": json.dumps(flow_run_job_template())}},
                 "nodeSelector": ON_SYSTEM,
             },
             "serviceAccount": {"create": True, "name": FLOWS_SA,

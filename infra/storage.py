@@ -65,7 +65,7 @@ class ModelStore(pulumi.ComponentResource):
         )  # fmt: skip
         aws.kms.Alias(f"{name}-models", name=f"alias/{name}-models", target_key_id=key.key_id, opts=pulumi.ResourceOptions(parent=self))
 
-        logs = self._bucket(
+        logs, logs_policy = self._bucket(
             f"{name}-logs", args.tags,
             encryption={"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}},
             lifecycle=[{
@@ -76,7 +76,7 @@ class ModelStore(pulumi.ComponentResource):
             }],
             delivery=lambda arn: pulumi.Output.all(arn, account, elb_account).apply(lambda v: log_delivery(*v)),
         )  # fmt: skip
-        models = self._bucket(
+        models, _ = self._bucket(
             f"{name}-models", args.tags,
             encryption={
                 "apply_server_side_encryption_by_default": {"sse_algorithm": "aws:kms", "kms_master_key_id": key.arn},
@@ -94,11 +94,15 @@ class ModelStore(pulumi.ComponentResource):
         )  # fmt: skip
         self.models_bucket, self.models_bucket_arn = models.bucket, models.arn
         self.logs_bucket, self.logs_bucket_arn = logs.bucket, logs.arn
+        # what writes logs into the bucket (the load balancer) must wait for this: AWS checks
+        # that it may write when the writer is configured ("Access Denied" otherwise)
+        self.logs_policy = logs_policy
         self.key_arn = key.arn
         self.register_outputs({"models_bucket": models.bucket, "logs_bucket": logs.bucket, "key_arn": key.arn})
 
     def _bucket(self, name: str, tags: dict[str, str], *, encryption: dict, lifecycle: list[dict],
-                delivery: Callable[[pulumi.Output[str]], pulumi.Output[list]] | None = None) -> aws.s3.Bucket:  # fmt: skip
+                delivery: Callable[[pulumi.Output[str]], pulumi.Output[list]] | None = None,
+                ) -> tuple[aws.s3.Bucket, aws.s3.BucketPolicy]:  # fmt: skip
         child = pulumi.ResourceOptions(parent=self)
         bucket = aws.s3.Bucket(name, tags=tags, opts=child)
         aws.s3.BucketOwnershipControls(name, bucket=bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=child)
@@ -114,8 +118,8 @@ class ModelStore(pulumi.ComponentResource):
         def policy(arn: str, more: list[dict]) -> str:
             return json.dumps({"Version": "2012-10-17", "Statement": [tls_only(arn), *more]})
 
-        aws.s3.BucketPolicy(
+        bucket_policy = aws.s3.BucketPolicy(
             name, bucket=bucket.id, policy=pulumi.Output.all(bucket.arn, allowed).apply(lambda v: policy(v[0], v[1])),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[blocked]),  # a policy put before the block could be public
         )  # fmt: skip
-        return bucket
+        return bucket, bucket_policy

@@ -7,8 +7,8 @@ secrets unwrapped, their top-level names in ``secret_inputs``), the state the mo
 answered with, and its dependencies per property — plus the stack outputs. The mocks answer
 like AWS would where the program reads outputs back (bucket names, OIDC issuer, repository
 URLs, autoscaling group names), and like pulumi-kubernetes where it auto-names an object.
-The stack's secret ``gatewayAdminToken`` is ``ADMIN_TOKEN``, as if ``pulumi config set
---secret`` had put it there.
+The stack's secrets are ``SECRET_CONFIG`` (``gatewayAdminToken`` is ``ADMIN_TOKEN``), as if
+``pulumi config set --secret`` had put them there.
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ ACCOUNT = "123456789012"
 REGION = "us-east-1"
 ADMIN_TOKEN_KEY = f"{PROJECT}:gatewayAdminToken"
 ADMIN_TOKEN = "test-admin-token-must-stay-secret-0123456789abcdef"
+SECRET_CONFIG = {  # as if `pulumi config set --secret` had put them there
+    ADMIN_TOKEN_KEY: ADMIN_TOKEN,
+    f"{PROJECT}:grafanaAdminPassword": "test-grafana-password-must-stay-secret-0123456789",
+    f"{PROJECT}:prefectDbPassword": "test-prefect-db-password-must-stay-secret-012345",
+}
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `infra` imports as a package, as infra/__main__.py arranges too
@@ -129,7 +134,7 @@ def stack_config(stack: str) -> dict[str, str]:
     """Pulumi.<stack>.yaml's config as the engine hands it to a program: strings, JSON for the
     rest, the secret admin token decrypted."""
     raw = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
-    return {**{k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}, ADMIN_TOKEN_KEY: ADMIN_TOKEN}
+    return {**{k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}, **SECRET_CONFIG}
 
 
 def build(stack: str, config: dict[str, str] | None = None) -> Build:
@@ -181,7 +186,7 @@ def _build(stack: str, config: dict[str, str] | None) -> Build:
                 ))  # fmt: skip
             return response
 
-    pulumi.runtime.set_all_config(config if config is not None else stack_config(stack), [ADMIN_TOKEN_KEY])
+    pulumi.runtime.set_all_config(config if config is not None else stack_config(stack), list(SECRET_CONFIG))
     monitor = Monitor(Mocks())
     pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
     exported: dict[str, Any] = {}

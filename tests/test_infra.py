@@ -9,7 +9,8 @@ import re
 
 import pulumi
 import pytest
-from infra_harness import ADMIN_TOKEN, ADMIN_TOKEN_KEY, ROOT, Build, build, example, stack_config, takes_tags
+from infra_harness import (ADMIN_TOKEN, ADMIN_TOKEN_KEY, PROJECT, ROOT, SECRET_CONFIG, Build, build, example, stack_config,
+                           takes_tags)  # fmt: skip
 from k8s_schemas import json_ints, validate
 
 from fleet.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, plan
@@ -116,6 +117,7 @@ def test_every_node_group_has_a_launch_template_with_a_large_encrypted_root_volu
         expected = 50 if group.inputs["nodeGroupName"] == "system" else root_gib
         assert volume["ebs"]["volumeSize"] == expected
         assert template["metadataOptions"]["httpTokens"] == "required"
+        assert template["metadataOptions"]["httpPutResponseHopLimit"] == 1  # pods cannot take the node's role
         assert {s["resourceType"] for s in template["tagSpecifications"]} == {"instance", "volume"}
         assert group.property_dependencies["launchTemplate"]  # wired to the template, not copied
 
@@ -155,6 +157,13 @@ def test_buckets_are_private_versioned_encrypted_and_tls_only(stack: Build) -> N
 
 
 # --- edge -------------------------------------------------------------------------------------
+
+
+def test_the_load_balancer_waits_for_the_policy_that_lets_it_write_its_logs(stack: Build) -> None:
+    (lb,) = stack.of_type("aws:lb/loadBalancer:LoadBalancer")
+    (logs,) = [r for r in stack.of_type("aws:s3/bucket:Bucket") if r.name.endswith("-logs")]
+    (policy,) = [r for r in stack.of_type("aws:s3/bucketPolicy:BucketPolicy") if r.name == logs.name]
+    assert policy.urn in lb.dependencies  # else the first `up` can fail: Access Denied for access logs
 
 
 def test_the_load_balancer_listens_on_https_only(stack: Build) -> None:
@@ -338,17 +347,49 @@ def test_each_gateway_pod_announces_its_own_address(stack: Build) -> None:
     assert _env(container)["FLEET_GATEWAY_NETWORKS"]["value"] == vpc.inputs["cidrBlock"]
 
 
-def test_the_gateway_admin_token_comes_from_a_secret_and_is_never_plain_text(stack: Build) -> None:
-    (secret,) = stack.of_type("kubernetes:core/v1:Secret")
+def test_the_gateway_admin_token_comes_from_a_secret_and_no_stack_secret_is_ever_plain_text(stack: Build) -> None:
+    (secret,) = [r for r in stack.of_type("kubernetes:core/v1:Secret") if "token" in r.inputs["stringData"]]
     assert secret.inputs["type"] == "Opaque" and secret.inputs["stringData"] == {"token": ADMIN_TOKEN}
     assert "stringData" in secret.secret_inputs  # encrypted in the state like every secret
     _, container = _gateway(stack)
     ref = _env(container)["FLEET_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]
     assert ref == {"name": secret.state["metadata"]["name"], "key": "token"}
-    assert ADMIN_TOKEN not in json.dumps(stack.outputs, default=str)
-    for r in stack.resources:
-        plain = {k: v for k, v in r.inputs.items() if k not in r.secret_inputs}
-        assert ADMIN_TOKEN not in json.dumps(plain, default=str), f"{r.type} {r.name} holds the admin token in plain text"
+    for value in SECRET_CONFIG.values():
+        assert value not in json.dumps(stack.outputs, default=str)
+        assert any(value in json.dumps(r.inputs, default=str) for r in stack.resources)  # used somewhere
+        for r in stack.resources:
+            plain = {k: v for k, v in r.inputs.items() if k not in r.secret_inputs}
+            assert value not in json.dumps(plain, default=str), f"{r.type} {r.name} holds a stack secret in plain text"
+
+
+def test_grafana_and_prefects_database_use_the_stacks_passwords_and_keep_their_data(stack: Build) -> None:
+    releases = {r.inputs["chart"]: r for r in stack.of_type("kubernetes:helm.sh/v3:Release")}
+    grafana = releases["kube-prometheus-stack"].inputs["values"]["grafana"]["admin"]
+    (secret,) = [r for r in stack.of_type("kubernetes:core/v1:Secret") if r.inputs["metadata"].get("name") == grafana["existingSecret"]]
+    assert secret.inputs["stringData"][grafana["passwordKey"]] == SECRET_CONFIG[f"{PROJECT}:grafanaAdminPassword"]
+    assert secret.inputs["metadata"]["namespace"] == releases["kube-prometheus-stack"].inputs["namespace"]
+    server = releases["prefect-server"]
+    database = server.inputs["values"]["postgresql"]
+    assert database["auth"]["password"] == SECRET_CONFIG[f"{PROJECT}:prefectDbPassword"] != "prefect-rocks"
+    assert "values" in server.secret_inputs
+    assert database["primary"]["persistence"]["enabled"] is True
+    storage = {r.inputs["metadata"]["name"]: r.inputs for r in stack.of_type("kubernetes:storage.k8s.io/v1:StorageClass")}
+    assert storage[database["primary"]["persistence"]["storageClass"]]["provisioner"] == "ebs.csi.aws.com"
+    prometheus = releases["kube-prometheus-stack"].inputs["values"]["prometheus"]["prometheusSpec"]["storageSpec"]
+    claim = prometheus["volumeClaimTemplate"]["spec"]
+    assert claim["storageClassName"] in storage and claim["resources"]["requests"]["storage"]
+    (default,) = [n for n, sc in storage.items()
+                  if sc["metadata"].get("annotations", {}).get("storageclass.kubernetes.io/is-default-class") == "true"]
+    assert storage[default]["parameters"] == {"type": "gp3", "encrypted": "true"}
+
+
+def test_every_namespace_with_a_quota_gives_pods_default_requests(stack: Build) -> None:
+    quotas = {r.inputs["metadata"]["namespace"] for r in stack.of_type("kubernetes:core/v1:ResourceQuota")}
+    ranges = {r.inputs["metadata"]["namespace"]: r.inputs["spec"] for r in stack.of_type("kubernetes:core/v1:LimitRange")}
+    assert quotas and quotas <= set(ranges)
+    for ns in quotas:
+        (limits,) = ranges[ns]["limits"]
+        assert limits["type"] == "Container" and {"cpu", "memory"} <= set(limits["defaultRequest"])
 
 
 def test_the_gateway_reads_the_stacks_policies_from_a_config_map(stack: Build, tmp_path) -> None:  # noqa: ANN001
@@ -376,6 +417,24 @@ def test_the_admin_token_must_be_set_and_long_and_is_never_shown() -> None:
         build("dev", config)
     assert "serving-fleet:gatewayAdminToken: got 16 characters (value not shown) — expected at least 32" in str(err.value)
     assert "short-but-secret" not in str(err.value)
+    for key in ("grafanaAdminPassword", "prefectDbPassword"):
+        config = stack_config("dev")
+        del config[f"{PROJECT}:{key}"]
+        with pytest.raises(pulumi.RunError, match=f"serving-fleet:{key}: not set .* `pulumi config set --secret {key} "):
+            build("dev", config)
+
+
+def test_a_prod_kubernetes_api_open_to_the_internet_is_refused() -> None:
+    config = stack_config("prod")
+    config["serving-fleet:apiAccessCidrs"] = json.dumps(["0.0.0.0/0"])
+    with pytest.raises(pulumi.RunError, match=r"serving-fleet:apiAccessCidrs: got \['0.0.0.0/0'\] — expected the CIDRs"):
+        build("prod", config)
+    del config["serving-fleet:apiAccessCidrs"]  # the default is open: prod must name its CIDRs
+    with pytest.raises(pulumi.RunError, match="required for env prod"):
+        build("prod", config)
+    dev = stack_config("dev")
+    dev["serving-fleet:apiAccessCidrs"] = json.dumps(["0.0.0.0/0"])
+    assert build("dev", dev).one("aws:eks/cluster:Cluster").inputs["vpcConfig"]["publicAccessCidrs"] == ["0.0.0.0/0"]
 
 
 def test_the_runtime_config_map_carries_the_plan_and_quotas_follow_it(stack: Build) -> None:
@@ -394,14 +453,11 @@ def test_the_runtime_config_map_carries_the_plan_and_quotas_follow_it(stack: Bui
 
 def test_the_platform_charts_are_pinned_and_the_device_plugin_slices_shared_gpus(stack: Build) -> None:
     releases = {r.inputs["chart"]: r.inputs for r in stack.of_type("kubernetes:helm.sh/v3:Release")}
-    assert set(releases) == {"nvidia-device-plugin", "keda", "kube-prometheus-stack", "cluster-autoscaler",
-                             "prefect-server", "prefect-worker"}  # fmt: skip
-    assert all(releases[c].get("version") for c in ("nvidia-device-plugin", "keda", "kube-prometheus-stack", "cluster-autoscaler"))
+    assert all(r.get("version") for r in releases.values())  # tests/test_charts.py checks each against its chart
     plugin = releases["nvidia-device-plugin"]["values"]
     assert "replicas: 4" in plugin["config"]["map"]["slices-4"]
+    assert plugin["config"]["default"] in plugin["config"]["map"]  # the chart does not check it
     assert {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in plugin["tolerations"]
-    worker = releases["prefect-worker"]["values"]["worker"]
-    assert worker["config"] == {"workPool": "fleet-kubernetes", "type": "kubernetes"}
     rules = [o for o in _manifests(stack) if o["kind"] == "PrometheusRule"][0]["spec"]["groups"]
     assert {g["name"] for g in rules} >= {f"slo-{m.model}" for m in expected_plan(stack.stack).models}
 
@@ -426,3 +482,24 @@ def test_no_misspelt_aws_argument_survives(stack: Build) -> None:
     dict argument would reach the provider as snake_case (and fail only at `pulumi up`)."""
     problems = [f"{r.type} {r.name}{p}" for r in stack.resources if r.type.startswith("aws:") for p in _snake_keys(r.inputs)]
     assert problems == []
+
+
+def test_the_readmes_first_targeted_up_names_the_gateway_repository_and_every_parent_it_needs() -> None:
+    """A targeted `up` creates only what it names: a child whose parent component does not
+    exist yet is refused, so the bootstrap step must name the component too."""
+    readme = (ROOT / "README.md").read_text()
+    (line,) = [ln for ln in readme.splitlines() if ln.startswith("pulumi up --target")]
+    targets = re.findall(r"--target '([^']+)'", line)
+    build_ = example("dev")
+    (repo,) = [r for r in build_.of_type("aws:ecr/repository:Repository") if r.name.endswith("-gateway")]
+    needed, parent = [repo.urn], repo.parent
+    while parent and not parent.endswith("pulumi:pulumi:Stack::serving-fleet-dev"):
+        needed.append(build_.by_urn(parent).urn)
+        parent = build_.by_urn(parent).parent
+    urn = {r.urn for r in build_.resources}
+    # the engine leaves the root stack's type out of its children's URNs; the mock monitor
+    # writes it in (…::pulumi:pulumi:Stack$serving-fleet:infra:ImageRegistry::…)
+    prefix = "urn:pulumi:dev::serving-fleet::"
+    normalized = [prefix + "pulumi:pulumi:Stack$" + t.removeprefix(prefix) if "$" not in t else t for t in targets]
+    assert all(t in urn for t in normalized), normalized
+    assert set(needed) <= set(normalized)
