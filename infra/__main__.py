@@ -15,6 +15,7 @@ import pulumi  # noqa: E402
 
 from fleet.errors import FleetError  # noqa: E402
 from infra import config as cfg  # noqa: E402
+from infra.addons import AFTER_NODES, BEFORE_NODES, ClusterAddons, ClusterAddonsArgs  # noqa: E402
 from infra.cluster import Cluster, ClusterArgs  # noqa: E402
 from infra.cost import usd_per_hour  # noqa: E402
 from infra.edge import Edge, EdgeArgs  # noqa: E402
@@ -36,11 +37,21 @@ network = Network(name, NetworkArgs(s.vpcCidr, s.azCount, s.singleNatGateway, na
 cluster = Cluster(name, ClusterArgs(name, s.kubernetesVersion, stack.region,
                                     network.private_subnet_ids + network.public_subnet_ids, s.apiAccessCidrs, tags))
 system = s.systemNodes
+
+
+def addons(part: str, names: tuple[str, ...], after: list[pulumi.Resource]) -> ClusterAddons:
+    return ClusterAddons(f"{name}-{part}", ClusterAddonsArgs(
+        cluster.name, cluster.version, cluster.oidc_provider_arn, cluster.oidc_issuer, names, tags,
+    ), opts=pulumi.ResourceOptions(depends_on=after))
+
+
+node_addons = addons("node-addons", BEFORE_NODES, [])  # what a node needs to turn Ready
 nodes = NodeGroups(name, NodeGroupsArgs(
-    cluster.name, cluster.node_role_arn, network.private_subnet_ids,
+    cluster.name, cluster.version, cluster.node_role_arn, network.private_subnet_ids,
     SystemGroup(system.instance_type, system.min_size, system.max_size, system.root_volume_gib),
     stack.plan.node_groups, s.rootVolumeGib, tags,
-), opts=pulumi.ResourceOptions(depends_on=cluster.node_policy_attachments))
+), opts=pulumi.ResourceOptions(depends_on=[*cluster.node_policy_attachments, *node_addons.addons.values()]))
+cluster_addons = addons("addons", AFTER_NODES, [nodes])  # pods: they need nodes to run on
 store = ModelStore(name, ModelStoreArgs(s.logRetentionDays, s.noncurrentVersionDays, tags))
 images = ImageRegistry(name, ImageRegistryArgs(name, stack.families, tags))
 
@@ -64,8 +75,8 @@ Platform(name, PlatformArgs(
     cluster.kubeconfig, cluster.name, stack.region, s.kubernetesVersion, stack.plan, stack.policies, images.urls,
     store_url, gateway_role.arn, flows_role.arn, autoscaler_role.arn, s.gateway, s.gateway.image_tag,
     stack.admin_token, stack.policy_files, stack.secrets[cfg.GRAFANA_PASSWORD_KEY],
-    stack.secrets[cfg.PREFECT_DB_PASSWORD_KEY], s.vpcCidr,
-), opts=pulumi.ResourceOptions(depends_on=[nodes]))
+    stack.secrets[cfg.PREFECT_DB_PASSWORD_KEY], [nodes, *cluster_addons.addons.values()], s.vpcCidr,
+))
 
 pulumi.export(cfg.OUT_CLUSTER_NAME, cluster.name)
 pulumi.export(cfg.OUT_KUBECONFIG, cluster.kubeconfig)

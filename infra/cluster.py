@@ -49,6 +49,7 @@ def kubeconfig(name: str, endpoint: str, ca: str, region: str) -> str:
 
 class Cluster(pulumi.ComponentResource):
     name: pulumi.Output[str]
+    version: pulumi.Output[str]
     oidc_provider_arn: pulumi.Output[str]
     oidc_issuer: pulumi.Output[str]
     node_role_arn: pulumi.Output[str]
@@ -95,6 +96,7 @@ class Cluster(pulumi.ComponentResource):
             for arn in NODE_POLICIES
         ]
         self.name = cluster.name
+        self.version = cluster.version  # node groups and add-ons follow it
         self.oidc_provider_arn = oidc.arn
         self.oidc_issuer = issuer_url.apply(lambda url: url.removeprefix("https://"))
         self.node_role_arn = node_role.arn

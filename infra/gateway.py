@@ -56,7 +56,9 @@ class GatewayArgs:
 class Gateway(pulumi.ComponentResource):
     def __init__(self, name: str, args: GatewayArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("serving-fleet:infra:Gateway", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        # what the component waits for, its objects wait for too (children do not inherit it)
+        after = list(opts.depends_on or []) if opts and isinstance(opts.depends_on, list) else []
+        child = pulumi.ResourceOptions(parent=self, depends_on=after)
         s = args.settings
         meta = {"name": NAME, "namespace": args.namespace, "labels": LABELS}
         account = k8s.core.v1.ServiceAccount(
@@ -119,7 +121,8 @@ class Gateway(pulumi.ComponentResource):
                 }},
             },
             # the HPA owns the replica count once the Deployment exists
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[account, token, policies], ignore_changes=["spec.replicas"]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, account, token, policies],
+                                        ignore_changes=["spec.replicas"]),
         )  # fmt: skip
         service = k8s.core.v1.Service(
             f"{name}-service", metadata=meta,

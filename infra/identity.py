@@ -1,7 +1,8 @@
 """IAM roles for service accounts (IRSA): each in-cluster workload gets only what it needs.
 
 A role trusts exactly one Kubernetes service account (``system:serviceaccount:<ns>:<name>``)
-through the cluster's OIDC provider, and carries one inline policy:
+through the cluster's OIDC provider, and carries one inline policy (or, for an EKS add-on,
+the AWS managed policy made for it):
 
 - gateway: read the models bucket; write only what the data plane and its admin API write
   (``GATEWAY_WRITES``: routes, tenants, audit events, version manifests, the inference log,
@@ -9,6 +10,7 @@ through the cluster's OIDC provider, and carries one inline policy:
   artifact files (an explicit Deny).
 - flows (Prefect jobs: rollout, monitor, retrain): read and write the models bucket.
 - cluster-autoscaler: resize only this cluster's node groups.
+- the EBS CSI driver (infra/addons.py): AWS's AmazonEBSCSIDriverPolicy.
 
 Gateway and flows use the store's KMS key only through S3 (``kms:ViaService``).
 """
@@ -125,8 +127,9 @@ class IrsaRoleArgs:
     oidc_issuer: pulumi.Input[str]  # without https://
     namespace: str
     service_account: str
-    policy: pulumi.Input[str]  # the inline policy document (JSON)
+    policy: pulumi.Input[str] | None  # the inline policy document (JSON), if any
     tags: dict[str, str]
+    managed_policies: tuple[str, ...] = ()  # ARNs of AWS managed policies to attach
 
 
 class IrsaRole(pulumi.ComponentResource):
@@ -143,7 +146,11 @@ class IrsaRole(pulumi.ComponentResource):
             name, assume_role_policy=trust, tags=args.tags,
             description=f"IRSA for {args.namespace}/{args.service_account}", opts=pulumi.ResourceOptions(parent=self),
         )  # fmt: skip
-        aws.iam.RolePolicy(name, role=role.id, policy=args.policy, opts=pulumi.ResourceOptions(parent=self))
+        if args.policy is not None:
+            aws.iam.RolePolicy(name, role=role.id, policy=args.policy, opts=pulumi.ResourceOptions(parent=self))
+        for arn in args.managed_policies:
+            aws.iam.RolePolicyAttachment(f"{name}-{arn.rsplit('/', 1)[1]}", role=role.name, policy_arn=arn,
+                                         opts=pulumi.ResourceOptions(parent=self))  # fmt: skip
         self.arn = role.arn
         self.namespace, self.service_account = args.namespace, args.service_account
         self.register_outputs({"arn": role.arn})

@@ -36,6 +36,7 @@ class SystemGroup:
 @dataclass
 class NodeGroupsArgs:
     cluster_name: pulumi.Input[str]
+    kubernetes_version: pulumi.Input[str]  # the cluster's: a version bump rolls the groups after it
     node_role_arn: pulumi.Input[str]
     subnet_ids: list[pulumi.Input[str]]  # private subnets
     system: SystemGroup
@@ -55,6 +56,9 @@ class NodeGroups(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: NodeGroupsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("serving-fleet:infra:NodeGroups", name, None, opts)
+        # what the component waits for (node role policies, the CNI add-ons), each group waits
+        # for: children do not inherit it
+        self._after = list(opts.depends_on or []) if opts and isinstance(opts.depends_on, list) else []
         system = args.system
         self.system = self._group(
             name, args, SYSTEM_GROUP, [system.instance_type], CPU_AMI, "ON_DEMAND",
@@ -95,6 +99,7 @@ class NodeGroups(pulumi.ComponentResource):
         return aws.eks.NodeGroup(
             f"{name}-{group}",
             cluster_name=args.cluster_name,
+            version=args.kubernetes_version,
             node_group_name=group,
             node_role_arn=args.node_role_arn,
             subnet_ids=args.subnet_ids,
@@ -108,6 +113,6 @@ class NodeGroups(pulumi.ComponentResource):
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
             tags=tags,
             # the cluster autoscaler owns the desired size once the group exists
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=self._after, ignore_changes=["scalingConfig.desiredSize"]),
         )
 

@@ -89,6 +89,7 @@ class PlatformArgs:
     policy_files: dict[str, str]  # file name → YAML text, mounted into the gateway
     grafana_admin_password: pulumi.Input[str]  # a secret Output
     prefect_db_password: pulumi.Input[str]  # a secret Output
+    after: list[pulumi.Resource]  # node groups and add-ons: every object in the cluster waits for them
     vpc_cidr: str = "10.0.0.0/16"  # where gateway pods live: the network pushes between them may use
 
 
@@ -119,7 +120,9 @@ class Platform(pulumi.ComponentResource):
     def __init__(self, name: str, args: PlatformArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("serving-fleet:infra:Platform", name, None, opts)
         provider = k8s.Provider(f"{name}-k8s", kubeconfig=args.kubeconfig, opts=pulumi.ResourceOptions(parent=self))
-        self._opts = pulumi.ResourceOptions(parent=self, provider=provider)
+        # every object waits for the nodes and add-ons (a parent's depends_on is not its
+        # children's: without this a chart could start installing before any node exists)
+        self._opts = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=list(args.after))
         self._name = name
         namespaces = {ns: k8s.core.v1.Namespace(f"{name}-{ns}", metadata={"name": ns, "labels": {"app.kubernetes.io/part-of": "serving-fleet"}},
                                                 opts=self._opts)  # fmt: skip
@@ -242,7 +245,8 @@ class Platform(pulumi.ComponentResource):
             image=pulumi.Output.concat(args.images[GATEWAY_REPOSITORY], ":", args.gateway_image_tag),
             store_url=args.store_url, role_arn=args.gateway_role_arn, region=args.region, settings=gw,
             admin_token=args.gateway_admin_token, policy_files=args.policy_files, trusted_networks=args.vpc_cidr,
-        ), opts=pulumi.ResourceOptions(parent=self, providers={"kubernetes": provider}, depends_on=[namespaces[GATEWAY_NS]]))  # fmt: skip
+        ), opts=pulumi.ResourceOptions(parent=self, providers={"kubernetes": provider},
+                                       depends_on=[*args.after, namespaces[GATEWAY_NS]]))  # fmt: skip
         self.register_outputs({})
 
     def _child(self, *depends: pulumi.Resource) -> pulumi.ResourceOptions:

@@ -125,6 +125,9 @@ def _call(token: str, args: dict) -> dict:
         return {"names": [f"{REGION}{z}" for z in "abcdef"], "zoneIds": [f"use1-az{i}" for i in range(1, 7)], "id": REGION}
     if token == "aws:index/getCallerIdentity:getCallerIdentity":
         return {"accountId": ACCOUNT, "arn": f"arn:aws:iam::{ACCOUNT}:user/ci", "userId": "AIDA", "id": ACCOUNT}
+    if token == "aws:eks/getAddonVersion:getAddonVersion":  # EKS's default version for that Kubernetes version
+        version = f"v{args['kubernetesVersion']}.0-{args['addonName']}-eksbuild.1"
+        return {**args, "version": version, "id": args["addonName"]}
     if token == "aws:elb/getServiceAccount:getServiceAccount":
         return {"arn": "arn:aws:iam::127311923021:root", "id": "127311923021"}
     raise AssertionError(f"the program invoked {token}, which the mocks do not answer")

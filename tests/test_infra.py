@@ -503,3 +503,60 @@ def test_the_readmes_first_targeted_up_names_the_gateway_repository_and_every_pa
     normalized = [prefix + "pulumi:pulumi:Stack$" + t.removeprefix(prefix) if "$" not in t else t for t in targets]
     assert all(t in urn for t in normalized), normalized
     assert set(needed) <= set(normalized)
+
+
+# --- cluster add-ons and the order things are created in --------------------------------------
+
+
+def _kubernetes_version(stack: Build) -> str:
+    return stack_config(stack.stack).get("serving-fleet:kubernetesVersion", "1.33")
+
+
+def test_cluster_addons_are_managed_by_eks_at_its_default_version_for_the_clusters_kubernetes(stack: Build) -> None:
+    from infra.addons import AFTER_NODES, BEFORE_NODES
+
+    addons = {r.inputs["addonName"]: r for r in stack.of_type("aws:eks/addon:Addon")}
+    assert set(addons) == set(BEFORE_NODES + AFTER_NODES) >= {"vpc-cni", "coredns", "kube-proxy", "aws-ebs-csi-driver",
+                                                              "metrics-server"}  # fmt: skip
+    (cluster,) = stack.of_type("aws:eks/cluster:Cluster")
+    for name, addon in addons.items():
+        # the mocks answer the lookup with the add-on and Kubernetes version they were asked for
+        assert addon.inputs["addonVersion"] == f"v{_kubernetes_version(stack)}.0-{name}-eksbuild.1"
+        assert addon.inputs["resolveConflictsOnCreate"] == "OVERWRITE"  # takes over what EKS installed itself
+        assert cluster.urn in addon.property_dependencies["clusterName"]
+    role_arn = addons["aws-ebs-csi-driver"].inputs["serviceAccountRoleArn"]
+    (role,) = [r for r in stack.of_type("aws:iam/role:Role") if r.state["arn"] == role_arn]
+    (condition,) = [s["Condition"]["StringEquals"] for s in statements(role.inputs["assumeRolePolicy"])]
+    assert "system:serviceaccount:kube-system:ebs-csi-controller-sa" in condition.values()
+    attached = [a.inputs["policyArn"] for a in stack.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+                if a.inputs["role"] == role.state["name"]]  # fmt: skip
+    assert attached == ["arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"]
+
+
+def test_node_groups_follow_the_cluster_version(stack: Build) -> None:
+    (cluster,) = stack.of_type("aws:eks/cluster:Cluster")
+    for group in stack.of_type("aws:eks/nodeGroup:NodeGroup"):
+        assert group.inputs["version"] == _kubernetes_version(stack)
+        assert cluster.urn in group.property_dependencies["version"]  # the cluster's output, not a copy
+
+
+def test_the_dependency_edges_that_matter(stack: Build) -> None:
+    """Nodes after the add-ons they need to turn Ready; add-ons that run pods after the nodes;
+    every Helm release and the gateway after nodes and add-ons; the gateway after its image
+    repository."""
+    from infra.addons import AFTER_NODES, BEFORE_NODES
+
+    addons = {r.inputs["addonName"]: r.urn for r in stack.of_type("aws:eks/addon:Addon")}
+    groups = [g.urn for g in stack.of_type("aws:eks/nodeGroup:NodeGroup")]
+    for group in stack.of_type("aws:eks/nodeGroup:NodeGroup"):
+        assert {addons[a] for a in BEFORE_NODES} <= set(group.dependencies), group.name
+    for name in AFTER_NODES:
+        (addon,) = [r for r in stack.of_type("aws:eks/addon:Addon") if r.urn == addons[name]]
+        assert set(groups) <= set(addon.dependencies), name
+    after = set(groups) | {addons[a] for a in AFTER_NODES}
+    releases = stack.of_type("kubernetes:helm.sh/v3:Release")
+    deployment = stack.one("kubernetes:apps/v1:Deployment", "gateway")
+    for r in [*releases, deployment]:
+        assert after <= set(r.dependencies), f"{r.name} may start before the nodes and add-ons"
+    (repo,) = [r for r in stack.of_type("aws:ecr/repository:Repository") if r.name.endswith("-gateway")]
+    assert repo.urn in deployment.property_dependencies["spec"]  # its image is that repository's URL

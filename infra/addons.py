@@ -1,0 +1,70 @@
+"""ClusterAddons: the cluster's own components as EKS managed add-ons, versioned per Kubernetes version.
+
+vpc-cni and kube-proxy are what a node needs to turn Ready, so they come before the node
+groups; coredns, the EBS CSI driver (volumes for Prometheus and Prefect's database) and
+metrics-server (the gateway's HPA reads CPU through it) run as pods and come after. EKS
+installs vpc-cni, kube-proxy and coredns itself when it creates a cluster, unmanaged;
+``resolve_conflicts_on_create=OVERWRITE`` takes them over, so ``eksctl``-style manual
+upgrades are never needed and a cluster version bump is followed by an add-on update.
+
+Each add-on's version is the one EKS names as the default for the cluster's Kubernetes
+version (``aws eks describe-addon-versions``, through ``aws.eks.get_addon_version`` with
+``most_recent=False``): a lookup at ``pulumi up``, not a version from memory, and the same
+for as long as the cluster's version stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.identity import IrsaRole, IrsaRoleArgs
+
+BEFORE_NODES = ("vpc-cni", "kube-proxy")
+AFTER_NODES = ("coredns", "aws-ebs-csi-driver", "metrics-server")
+# add-on → (namespace, service account, AWS managed policy) of its IRSA role
+IRSA = {
+    "aws-ebs-csi-driver": ("kube-system", "ebs-csi-controller-sa",
+                           "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"),
+}  # fmt: skip
+
+
+@dataclass
+class ClusterAddonsArgs:
+    cluster_name: pulumi.Input[str]
+    kubernetes_version: pulumi.Input[str]  # the cluster's: add-on versions follow it
+    oidc_provider_arn: pulumi.Input[str]
+    oidc_issuer: pulumi.Input[str]
+    names: tuple[str, ...]
+    tags: dict[str, str]
+
+
+class ClusterAddons(pulumi.ComponentResource):
+    addons: dict[str, aws.eks.Addon]
+
+    def __init__(self, name: str, args: ClusterAddonsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("serving-fleet:infra:ClusterAddons", name, None, opts)
+        # what the component waits for, each add-on waits for (children do not inherit it)
+        after = list(opts.depends_on or []) if opts and isinstance(opts.depends_on, list) else []
+        child = pulumi.ResourceOptions(parent=self, depends_on=after)
+        self.addons = {}
+        for addon in args.names:
+            version = aws.eks.get_addon_version_output(
+                addon_name=addon, kubernetes_version=args.kubernetes_version, most_recent=False,
+                opts=pulumi.InvokeOutputOptions(parent=self),
+            ).version  # fmt: skip
+            role = None
+            if addon in IRSA:
+                namespace, account, managed = IRSA[addon]
+                role = IrsaRole(f"{name}-{addon}", IrsaRoleArgs(args.oidc_provider_arn, args.oidc_issuer, namespace,
+                                                               account, None, args.tags, managed_policies=(managed,)),
+                                opts=child)  # fmt: skip
+            self.addons[addon] = aws.eks.Addon(
+                f"{name}-{addon}", cluster_name=args.cluster_name, addon_name=addon, addon_version=version,
+                service_account_role_arn=role.arn if role else None,
+                resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",
+                tags=args.tags, opts=child,
+            )  # fmt: skip
+        self.register_outputs({"addons": {k: a.addon_version for k, a in self.addons.items()}})
