@@ -47,7 +47,7 @@ def addons(part: str, names: tuple[str, ...], after: list[pulumi.Resource]) -> C
 
 node_addons = addons("node-addons", BEFORE_NODES, [])  # what a node needs to turn Ready
 nodes = NodeGroups(name, NodeGroupsArgs(
-    cluster.name, cluster.version, cluster.node_role_arn, network.private_subnet_ids,
+    cluster.name, cluster.version, cluster.node_role_arn, network.private_subnet_ids, network.private_subnet_zones,
     SystemGroup(system.instance_type, system.min_size, system.max_size, system.root_volume_gib),
     stack.plan.node_groups, s.rootVolumeGib, tags,
 ), opts=pulumi.ResourceOptions(depends_on=[*cluster.node_policy_attachments, *node_addons.addons.values()]))

@@ -39,6 +39,7 @@ class Network(pulumi.ComponentResource):
     vpc_id: pulumi.Output[str]
     private_subnet_ids: list[pulumi.Output[str]]
     public_subnet_ids: list[pulumi.Output[str]]
+    private_subnet_zones: list[pulumi.Output[str]]  # the AZ of each private subnet, in the same order
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("serving-fleet:infra:Network", name, None, opts)
@@ -58,7 +59,7 @@ class Network(pulumi.ComponentResource):
         )  # fmt: skip
         cluster_tag = f"kubernetes.io/cluster/{args.cluster_name}"
         private_cidrs, public_cidrs = subnet_cidrs(args.cidr, args.az_count)
-        self.public_subnet_ids, self.private_subnet_ids = [], []
+        self.public_subnet_ids, self.private_subnet_ids, self.private_subnet_zones = [], [], []
         nats: list[aws.ec2.NatGateway] = []
         for i, (private_cidr, public_cidr) in enumerate(zip(private_cidrs, public_cidrs)):
             az = zones.names.apply(lambda names, i=i: names[i])
@@ -86,6 +87,7 @@ class Network(pulumi.ComponentResource):
             )  # fmt: skip
             aws.ec2.RouteTableAssociation(f"{name}-private-{i}", subnet_id=private.id, route_table_id=private_rt.id, opts=child)
             self.private_subnet_ids.append(private.id)
+            self.private_subnet_zones.append(az)
         self.vpc_id = vpc.id
         self.nat_gateways = len(nats)
         self.register_outputs({

@@ -19,6 +19,17 @@ from fleet.placement import POOL_LABEL, NodeGroupPlan
 
 SYSTEM_GROUP = "system"
 IMDS_HOP_LIMIT = 1
+# The cluster autoscaler treats a node with this label as a GPU node and waits for the
+# device plugin to advertise its GPUs before calling it ready; without it, it sees a node
+# with no GPUs, decides the pending pods still do not fit and adds more nodes.
+ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
+ACCELERATORS = {"g4dn": "nvidia-tesla-t4", "g5": "nvidia-a10g", "g6": "nvidia-l4", "g6e": "nvidia-l40s",
+                "p3": "nvidia-tesla-v100", "p4d": "nvidia-a100", "p4de": "nvidia-a100", "p5": "nvidia-h100"}  # fmt: skip
+# A GPU group whose node costs at least this much an hour starts at zero nodes (EKS minimum
+# and desired 0): creating a group with a minimum of 1 fails where the account has no quota
+# for the type, and nothing is paid for until a model's pods ask. The autoscaler brings the
+# nodes pending pods need (a model's min_replicas still holds them once there).
+SCALE_FROM_ZERO_USD_PER_HOUR = 5.0
 GPU_AMI = "AL2023_x86_64_NVIDIA"  # NVIDIA driver and container toolkit preinstalled
 CPU_AMI = "AL2023_x86_64_STANDARD"
 # Kubernetes effect → the EKS API's spelling
@@ -39,10 +50,32 @@ class NodeGroupsArgs:
     kubernetes_version: pulumi.Input[str]  # the cluster's: a version bump rolls the groups after it
     node_role_arn: pulumi.Input[str]
     subnet_ids: list[pulumi.Input[str]]  # private subnets
+    subnet_zones: list[pulumi.Input[str]]  # the AZ of each, in the same order
     system: SystemGroup
     groups: tuple[NodeGroupPlan, ...]
     root_volume_gib: int  # model nodes
     tags: dict[str, str]
+
+
+def accelerator(instance_type: str) -> str:
+    """The ``k8s.amazonaws.com/accelerator`` value of a GPU instance type (``nvidia`` if its family is not listed)."""
+    return ACCELERATORS.get(instance_type.split(".")[0], "nvidia")
+
+
+def eks_min_size(group: NodeGroupPlan) -> int:
+    """The group's EKS minimum: 0 for an expensive GPU group, else the plan's."""
+    return 0 if group.gpus_per_node and group.hourly_usd >= SCALE_FROM_ZERO_USD_PER_HOUR else group.min_size
+
+
+def offered_subnets(offered: list[str], subnets: list[str], zones: list[str], group: str, instance_type: str) -> list[str]:
+    """The subnets whose AZ offers ``instance_type``; none is a clear error, not a group that never starts."""
+    kept = [s for s, z in zip(subnets, zones, strict=True) if z in offered]
+    if not kept:
+        raise pulumi.RunError(
+            f"node group {group}: {instance_type} is offered in none of the stack's availability zones "
+            f"({', '.join(zones)}); expected at least one: raise azCount, or choose another instance type"
+        )
+    return kept
 
 
 def model_tag(group: NodeGroupPlan) -> str:
@@ -68,16 +101,26 @@ class NodeGroups(pulumi.ComponentResource):
         for group in args.groups:
             tags = {**args.tags, "model": model_tag(group), "fleet-node-group": group.name}
             taints = [{"key": k, "value": v, "effect": EKS_EFFECT[e]} for k, v, e in group.taints]
-            ami = GPU_AMI if group.gpus_per_node else CPU_AMI
+            ami, labels, subnets = CPU_AMI, dict(group.labels), None
+            if group.gpus_per_node:
+                ami, labels[ACCELERATOR_LABEL] = GPU_AMI, accelerator(group.instance_type)
+                # only the AZs that have the type: a group spanning one without it fails to launch there
+                offered = aws.ec2.get_instance_type_offerings_output(
+                    location_type="availability-zone", filters=[{"name": "instance-type", "values": [group.instance_type]}],
+                    opts=pulumi.InvokeOutputOptions(parent=self),
+                ).locations  # fmt: skip
+                subnets = pulumi.Output.all(offered, pulumi.Output.all(*args.subnet_ids), pulumi.Output.all(*args.subnet_zones)).apply(
+                    lambda v, g=group: offered_subnets(v[0], v[1], v[2], g.name, g.instance_type))
             self.groups[group.name] = self._group(
                 name, args, group.name, [group.instance_type], ami, group.capacity_type,
-                (group.min_size, group.max_size), dict(group.labels), taints, args.root_volume_gib, tags,
+                (eks_min_size(group), group.max_size), labels, taints, args.root_volume_gib, tags, subnets,
             )  # fmt: skip
         self.register_outputs({"system": self.system.id, "groups": {k: g.id for k, g in self.groups.items()}})
 
     def _group(
         self, name: str, args: NodeGroupsArgs, group: str, instance_types: list[str], ami: str, capacity: str,
         size: tuple[int, int], labels: dict[str, str], taints: list[dict], root_gib: int, tags: dict[str, str],
+        subnets: pulumi.Input[list[str]] | None = None,
     ) -> aws.eks.NodeGroup:  # fmt: skip
         child = pulumi.ResourceOptions(parent=self)
         template = aws.ec2.LaunchTemplate(
@@ -102,7 +145,7 @@ class NodeGroups(pulumi.ComponentResource):
             version=args.kubernetes_version,
             node_group_name=group,
             node_role_arn=args.node_role_arn,
-            subnet_ids=args.subnet_ids,
+            subnet_ids=subnets if subnets is not None else args.subnet_ids,
             instance_types=instance_types,
             ami_type=ami,
             capacity_type=capacity,

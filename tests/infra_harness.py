@@ -120,11 +120,22 @@ def _state(typ: str, name: str, inputs: dict) -> tuple[str, dict]:
     return rid, out
 
 
+# What each AZ of the mocked region offers: p4d.24xlarge not in us-east-1a, as in some real
+# regions; every other type everywhere. Tests may change it.
+OFFERINGS: dict[str, set[str]] = {f"{REGION}{z}": {"*"} for z in "bcdef"} | {f"{REGION}a": {"m6i.2xlarge", "g5.xlarge",
+                                                                                              "g5.12xlarge"}}
+
+
 def _call(token: str, args: dict) -> dict:
     if token == "aws:index/getAvailabilityZones:getAvailabilityZones":
         return {"names": [f"{REGION}{z}" for z in "abcdef"], "zoneIds": [f"use1-az{i}" for i in range(1, 7)], "id": REGION}
     if token == "aws:index/getCallerIdentity:getCallerIdentity":
         return {"accountId": ACCOUNT, "arn": f"arn:aws:iam::{ACCOUNT}:user/ci", "userId": "AIDA", "id": ACCOUNT}
+    if token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+        (wanted,) = [f["values"][0] for f in args["filters"] if f["name"] == "instance-type"]
+        zones = [z for z, types in OFFERINGS.items() if wanted in types or "*" in types]
+        return {**args, "locations": zones, "locationTypes": ["availability-zone"] * len(zones),
+                "instanceTypes": [wanted] * len(zones), "id": REGION}  # fmt: skip
     if token == "aws:eks/getAddonVersion:getAddonVersion":  # EKS's default version for that Kubernetes version
         version = f"v{args['kubernetesVersion']}.0-{args['addonName']}-eksbuild.1"
         return {**args, "version": version, "id": args["addonName"]}

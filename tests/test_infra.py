@@ -84,13 +84,17 @@ def test_node_groups_have_the_sizes_labels_and_taints_of_the_plan(stack: Build) 
     for name, group in planned.items():
         inputs = groups[name].inputs
         sizes = inputs["scalingConfig"]
-        assert (sizes["minSize"], sizes["maxSize"], sizes["desiredSize"]) == (group.min_size, group.max_size, group.min_size)
-        assert inputs["instanceTypes"] == [group.instance_type] and inputs["labels"] == group.labels
+        low = 0 if group.gpus_per_node and group.hourly_usd >= 5.0 else group.min_size  # expensive GPUs start at zero
+        assert (sizes["minSize"], sizes["maxSize"], sizes["desiredSize"]) == (low, group.max_size, low)
+        assert inputs["instanceTypes"] == [group.instance_type]
         taints = {(t["key"], t["value"], t["effect"]) for t in inputs.get("taints", [])}
         if group.gpus_per_node:
             assert (GPU_RESOURCE, "present", "NO_SCHEDULE") in taints and inputs["amiType"] == "AL2023_x86_64_NVIDIA"
+            # the autoscaler waits for the device plugin on a node it knows has GPUs
+            assert inputs["labels"] == {**group.labels, "k8s.amazonaws.com/accelerator": inputs["labels"]["k8s.amazonaws.com/accelerator"]}
+            assert inputs["labels"]["k8s.amazonaws.com/accelerator"].startswith("nvidia")
         else:
-            assert taints == set() and inputs["amiType"] == "AL2023_x86_64_STANDARD"
+            assert taints == set() and inputs["amiType"] == "AL2023_x86_64_STANDARD" and inputs["labels"] == group.labels
         if group.dedicated_to:
             assert (DEDICATED_KEY, group.dedicated_to, "NO_SCHEDULE") in taints
     system = groups["system"].inputs
@@ -560,3 +564,30 @@ def test_the_dependency_edges_that_matter(stack: Build) -> None:
         assert after <= set(r.dependencies), f"{r.name} may start before the nodes and add-ons"
     (repo,) = [r for r in stack.of_type("aws:ecr/repository:Repository") if r.name.endswith("-gateway")]
     assert repo.urn in deployment.property_dependencies["spec"]  # its image is that repository's URL
+
+
+def test_expensive_gpu_groups_start_at_zero_and_only_in_zones_that_offer_their_type() -> None:
+    from infra_harness import OFFERINGS
+
+    prod = example("prod")
+    groups = {r.inputs["nodeGroupName"]: r.inputs for r in prod.of_type("aws:eks/nodeGroup:NodeGroup")}
+    subnets = {r.state.get("id") or r.id: r.inputs["availabilityZone"] for r in prod.of_type("aws:ec2/subnet:Subnet")
+               if "private" in r.name}  # fmt: skip
+    planned = {g.name: g for g in expected_plan("prod").node_groups}
+    p4d = [n for n, g in planned.items() if g.instance_type == "p4d.24xlarge"]
+    assert p4d
+    for name in p4d:
+        assert groups[name]["scalingConfig"]["minSize"] == 0 == groups[name]["scalingConfig"]["desiredSize"]
+        zones = {subnets[s] for s in groups[name]["subnetIds"]}
+        assert zones and all("p4d.24xlarge" in OFFERINGS[z] or "*" in OFFERINGS[z] for z in zones)
+        assert len(zones) < len(set(subnets.values()))  # the zone without it is left out
+    cheap = [n for n, g in planned.items() if g.gpus_per_node and g.hourly_usd < 5.0]
+    assert all(groups[n]["scalingConfig"]["minSize"] == planned[n].min_size for n in cheap)
+
+
+def test_a_gpu_type_no_zone_of_the_stack_offers_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import infra_harness
+
+    monkeypatch.setattr(infra_harness, "OFFERINGS", {z: {"m6i.2xlarge"} for z in infra_harness.OFFERINGS})
+    with pytest.raises(Exception, match=r"g5.xlarge is offered in none of the stack's availability zones"):
+        build("dev")
