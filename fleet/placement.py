@@ -86,6 +86,9 @@ class ModelPlacement:
     target_qps_per_replica: float
     target_p99_ms: float
     isolated_for: tuple[str, ...] = ()  # why it has a node group of its own
+    triggers: tuple[str, ...] = ("qps", "p99_ms")  # what KEDA scales it on (fleet.spec.Autoscaling)
+    target_queue_depth_per_replica: float = 8.0
+    target_gpu_utilization_pct: float = 70.0
 
     @property
     def node_selector(self) -> dict[str, str]:
@@ -235,6 +238,11 @@ def _place(name: str, spec: ModelSpec, pools: Sequence[NodePool], isolated_for: 
     if not fits:
         raise PlacementError(_no_fit_message(name, spec, need, how, pools))
     best = min(fits, key=lambda f: f.cost)  # min() keeps the first of equals: config order breaks ties
+    if "gpu_utilization" in spec.autoscaling.triggers and not best.gpus:
+        raise PlacementError(
+            f"model {name}: autoscaling trigger gpu_utilization needs a GPU, but the model is placed on "
+            f"{best.pool.name} ({best.pool.instance_type}, no GPU); expected triggers among qps, p99_ms, queue_depth"
+        )
     replicas_max = spec.autoscaling.max_replicas
     if spec.peak_qps is not None:
         needed = math.ceil(spec.peak_qps / spec.autoscaling.target_qps_per_replica)
@@ -261,6 +269,9 @@ def _place(name: str, spec: ModelSpec, pools: Sequence[NodePool], isolated_for: 
         target_qps_per_replica=spec.autoscaling.target_qps_per_replica,
         target_p99_ms=spec.autoscaling.target_p99_ms,
         isolated_for=isolated_for,
+        triggers=tuple(spec.autoscaling.triggers),
+        target_queue_depth_per_replica=spec.autoscaling.target_queue_depth_per_replica,
+        target_gpu_utilization_pct=spec.autoscaling.target_gpu_utilization_pct,
     )
 
 
@@ -392,3 +403,33 @@ def _taints(pool: NodePool, dedicated_to: str | None) -> tuple[tuple[str, str, s
     if dedicated_to:
         taints.append((DEDICATED_KEY, dedicated_to, "NoSchedule"))
     return tuple(taints)
+
+
+@dataclass(frozen=True)
+class InferenceCost:
+    """What one replica of a model costs and serves at its autoscaling target."""
+
+    model: str
+    replica_usd_per_hour: float  # its share of a node (the largest of GPU, vCPU, RAM), at the node's price
+    qps_per_replica: float  # autoscaling.target_qps_per_replica: the load KEDA keeps a replica at
+
+    @property
+    def usd_per_1k_inferences(self) -> float:
+        return self.replica_usd_per_hour / (self.qps_per_replica * 3600) * 1000
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "usd_per_1k_inferences": self.usd_per_1k_inferences}
+
+
+def inference_costs(result: Plan, pools: Sequence[NodePool]) -> tuple[InferenceCost, ...]:
+    """Cost per inference of each model at its target QPS on full nodes: the floor a busy
+    fleet pays; a half-empty node or a replica below its target costs more per inference."""
+    by_pool = {p.name: p for p in pools}
+    groups = {g.name: g for g in result.node_groups}
+    costs = []
+    for m in result.models:
+        group = groups[m.node_group]
+        cap = _capacity(by_pool[m.pool], group.gpu_slices)
+        share = max(d / c for d, c in zip(_demand(m), cap, strict=True) if c)
+        costs.append(InferenceCost(m.model, round(share * group.hourly_usd, 6), m.target_qps_per_replica))
+    return tuple(costs)

@@ -92,17 +92,28 @@ class Batching(_Spec):
     max_latency_ms: int = Field(50, ge=1, le=60000)  # BentoML drops (503) a request queued this long
 
 
+ScalingTrigger = Literal["qps", "p99_ms", "queue_depth", "gpu_utilization"]
+
+
 class Autoscaling(_Spec):
     min_replicas: int = Field(1, ge=0)  # 0 allows scale-to-zero
     max_replicas: int = Field(ge=1)
     target_qps_per_replica: float = Field(gt=0.0)
     target_p99_ms: float = Field(gt=0.0)
+    # what KEDA scales on (the replica count is the largest any of them asks for): requests per
+    # second per replica, the p99 latency, requests in flight or waiting per replica at the
+    # gateways, the GPUs' utilisation (DCGM) in percent
+    triggers: list[ScalingTrigger] = Field(default_factory=lambda: ["qps", "p99_ms"])
+    target_queue_depth_per_replica: float = Field(8.0, gt=0.0)
+    target_gpu_utilization_pct: float = Field(70.0, gt=0.0, le=100.0)
 
     @model_validator(mode="after")
     def _min_below_max(self) -> Autoscaling:
         if self.min_replicas > self.max_replicas:
             phrase = f"an integer <= max_replicas ({self.max_replicas})"
             raise expected(phrase, field="min_replicas", got=self.min_replicas)
+        if not self.triggers or len(set(self.triggers)) != len(self.triggers):
+            raise expected("at least one trigger, each once", field="triggers", got=list(self.triggers))
         return self
 
 

@@ -127,7 +127,8 @@ STACK_SINGLE_NAT_KEY = "singleNatGateway"
 # The fixed parts of a stack's hourly cost, in USD per hour: AWS list prices in us-east-1,
 # the region of the example stacks (nodes are priced by the stack file's hourly_usd). One
 # table for `fleet plan` and the `usdPerHour` stack output (infra/cost.py). Prices change:
-# check them against the pages named before relying on them.
+# check them against the pages named before relying on them. Recorded from those pages when
+# this table was written; not re-checked on 2026-12-01 (the build machine cannot reach them).
 AWS_PRICE_SOURCE = "AWS list price, us-east-1"
 AWS_PRICE_LABEL = "AWS us-east-1"
 EKS_CONTROL_PLANE_USD = 0.10  # per cluster-hour, standard support (aws.amazon.com/eks/pricing)

@@ -1,7 +1,7 @@
 """Platform: what runs inside the cluster besides the models.
 
 Namespaces with ResourceQuotas sized from the placement plan; Helm releases of the NVIDIA
-device plugin (with time-slicing for pools that share GPUs), KEDA, kube-prometheus-stack,
+device plugin (with time-slicing for pools that share GPUs) and DCGM exporter, KEDA, kube-prometheus-stack,
 the cluster autoscaler, and a Prefect server with a worker polling a Kubernetes work pool;
 the fleet's Grafana dashboard and alert rules; RBAC for the Kubernetes runtime; the
 ``fleet-runtime`` ConfigMap it reads; and the gateway. Platform pods stay on the system
@@ -44,6 +44,8 @@ CHARTS = {
     # Prefect's charts are released together with date versions; PREFECT_IMAGE_TAG pins what runs
     "prefect-server": ("https://prefecthq.github.io/prefect-helm", "2026.8.18172642"),
     "prefect-worker": ("https://prefecthq.github.io/prefect-helm", "2026.8.18172642"),
+    # GPU metrics per pod (DCGM_FI_DEV_GPU_UTIL...) for the gpu_utilization scaling trigger
+    "dcgm-exporter": ("https://nvidia.github.io/dcgm-exporter/helm-charts", "4.8.2"),
 }
 STORAGE_CLASS = "gp3"  # the cluster's default: encrypted gp3 volumes through the EBS CSI driver
 PROMETHEUS_STORAGE = "50Gi"
@@ -152,14 +154,15 @@ class Platform(pulumi.ComponentResource):
             opts=self._child(namespaces[MONITORING_NS]),
         )  # fmt: skip
 
-        self._chart("nvidia-device-plugin", "kube-system", {
-            "config": {"map": device_plugin_config(args.plan), "default": "whole"},
-            # run on every GPU node, dedicated ones included, and nowhere else
+        on_gpu_nodes = {
+            # every GPU node, dedicated ones included, and nowhere else (as the device plugin)
             "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
                             {"key": DEDICATED_KEY, "operator": "Exists", "effect": "NoSchedule"}],
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                 {"matchExpressions": [{"key": SLICES_LABEL, "operator": "Exists"}]}]}}},
-        })  # fmt: skip
+        }  # fmt: skip
+        self._chart("nvidia-device-plugin", "kube-system", {
+            "config": {"map": device_plugin_config(args.plan), "default": "whole"}, **on_gpu_nodes})
         keda = self._chart("keda", KEDA_NS, {"nodeSelector": ON_SYSTEM}, namespaces[KEDA_NS])
         prometheus = self._chart("kube-prometheus-stack", MONITORING_NS, {
             "fullnameOverride": "kps",
@@ -177,6 +180,12 @@ class Platform(pulumi.ComponentResource):
                         "admin": {"existingSecret": GRAFANA_SECRET, "userKey": "admin-user", "passwordKey": "admin-password"}},
             "prometheusOperator": {"nodeSelector": ON_SYSTEM},
         }, namespaces[MONITORING_NS], grafana_admin)  # fmt: skip
+        self._chart("dcgm-exporter", MONITORING_NS, {
+            **on_gpu_nodes,
+            # keep the pod, namespace and container labels DCGM puts on a GPU's samples (the pod
+            # using it); without honorLabels they would be renamed exported_* under the exporter's own
+            "serviceMonitor": {"enabled": True, "honorLabels": True, "interval": "15s"},
+        }, namespaces[MONITORING_NS], prometheus)  # fmt: skip
         self._chart("cluster-autoscaler", "kube-system", {
             "autoDiscovery": {"clusterName": args.cluster_name}, "awsRegion": args.region,
             "image": {"tag": f"v{args.kubernetes_version}.0"},  # the autoscaler's minor follows the cluster's

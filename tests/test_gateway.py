@@ -138,6 +138,7 @@ def test_interactive_requests_overtake_batch_ones_under_saturation(env) -> None:
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         batch = [pool.submit(call, "batch") for _ in range(6)]
         wait_for(lambda: metric(url, "fleet_queue_depth", priority="batch") == 5, what="1 batch in flight, 5 queued")
+        assert metric(url, "fleet_version_in_flight", version="1.0.0") == 1  # what KEDA's queue_depth adds to the line
         httpx.post(f"{stub}/_control", json={"delay_ms": 50})  # the ones still queued will be quick
         interactive = [pool.submit(call, "interactive") for _ in range(3)]
         wait_for(lambda: metric(url, "fleet_queue_depth", priority="interactive") == 3, what="3 interactive queued")
@@ -145,6 +146,7 @@ def test_interactive_requests_overtake_batch_ones_under_saturation(env) -> None:
             f.result()
     # the request in flight finishes, then every interactive one, then the batch ones that waited longer
     assert finished == ["batch"] + ["interactive"] * 3 + ["batch"] * 5, finished
+    assert metric(url, "fleet_version_in_flight", version="1.0.0") == 0
 
 
 def test_a_full_wait_queue_sheds_with_503(env) -> None:

@@ -383,3 +383,45 @@ def test_http_client_speaks_server_side_apply_and_maps_errors() -> None:
     denied = {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "denied", "namespace": "models"}}
     with pytest.raises(KubeApiError, match=r'PATCH .*/scaledobjects/denied: 403 Forbidden: scaledobjects.keda.sh "denied" is forbidden'):
         client.apply(denied)
+
+
+def test_each_scaling_trigger_of_the_policy_becomes_a_keda_trigger(prod_plan) -> None:  # noqa: ANN001
+    import dataclasses
+
+    from fleet.runtime.kubernetes import manifests, object_name
+
+    result, _ = prod_plan
+    llm = next(m for m in result.models if m.model == "llm-7b")
+    assert llm.triggers == ("queue_depth", "gpu_utilization", "p99_ms")  # policies/models-gpu.yaml
+    every = dataclasses.replace(llm, triggers=("qps", "p99_ms", "queue_depth", "gpu_utilization"))
+    scaler = manifests("llm-7b", "2.0.0", "repo@sha256:" + "0" * 64, every, floor=1, prometheus_url=PROMETHEUS)[3]
+    validate(scaler)  # against KEDA's ScaledObject schema
+    triggers = {t["name"]: t for t in scaler["spec"]["triggers"]}
+    assert list(triggers) == ["qps", "p99-ms", "queue-depth", "gpu-utilization"]
+    match = 'model="llm-7b",version="2.0.0"'
+    queue = triggers["queue-depth"]
+    assert queue["metricType"] == "AverageValue" and queue["metadata"]["threshold"] == "12"  # per replica
+    assert queue["metadata"]["query"] == f"sum(fleet_version_in_flight{{{match}}}) + sum(fleet_queue_depth{{{match}}})"
+    gpu = triggers["gpu-utilization"]
+    assert gpu["metricType"] == "Value" and gpu["metadata"]["threshold"] == "75"  # an average, not divided
+    pods = object_name("llm-7b", "2.0.0")
+    assert gpu["metadata"]["query"] == f'avg(DCGM_FI_DEV_GPU_UTIL{{namespace="models",pod=~"{pods}-.+"}})'
+    assert all(t["type"] == "prometheus" and t["metadata"]["serverAddress"] == PROMETHEUS for t in triggers.values())
+
+
+def test_gpu_utilization_on_a_cpu_model_and_repeated_triggers_are_refused() -> None:
+    from fleet.errors import FleetError
+    from fleet.spec import Autoscaling
+
+    policies = load_policies(ROOT / "policies")
+    demo = policies.models["demo-classifier"]
+    cpu_gpu_util = demo.model_copy(update={"autoscaling": demo.autoscaling.model_copy(update={"triggers": ["gpu_utilization"]})})
+    broken = policies.model_copy(update={"models": {**policies.models, "demo-classifier": cpu_gpu_util}})
+    stack = read_stack_file(ROOT / "Pulumi.prod.yaml")
+    with pytest.raises(FleetError, match="demo-classifier: autoscaling trigger gpu_utilization needs a GPU"):
+        plan(broken, *placement_inputs(stack, "prod", broken))
+    for triggers in ([], ["qps", "qps"]):
+        with pytest.raises(Exception, match="at least one trigger, each once"):
+            Autoscaling(max_replicas=2, target_qps_per_replica=1, target_p99_ms=10, triggers=triggers)
+    with pytest.raises(Exception, match="triggers"):
+        Autoscaling(max_replicas=2, target_qps_per_replica=1, target_p99_ms=10, triggers=["cpu"])

@@ -198,3 +198,27 @@ def test_every_file_the_demo_meta_names_exists() -> None:
     assert paths, "meta.yaml names the artifact it describes"
     for rel in uris + paths:
         assert (ROOT / rel).exists(), f"meta.yaml names {rel}, which is not in the repo"
+
+
+def test_the_plan_says_what_scales_each_model_and_what_an_inference_costs() -> None:
+    """Cost per 1,000 inferences = a replica's share of its node, priced by the node, over what
+    it serves at its QPS target."""
+    data = plan_json("prod")
+    models = {m["model"]: m for m in data["models"]}
+    groups = {g["name"]: g for g in data["node_groups"]}
+    from fleet.stack import read_stack_file
+
+    pools = {p["name"]: p for p in read_stack_file(ROOT / "Pulumi.prod.yaml")["serving-fleet:nodePools"]}
+    for c in data["per_inference"]:
+        m = models[c["model"]]
+        group, pool = groups[m["node_group"]], pools[m["pool"]]
+        shares = [m["cpu"] / (pool["vcpu"] * 0.9), m["memory_gib"] / (pool["memory_gib"] * 0.9)]  # 10 % kept by the node
+        if m["gpus"]:
+            shares.append(m["gpus"] / (pool["gpus"] * group["gpu_slices"]))
+        assert c["replica_usd_per_hour"] == pytest.approx(max(shares) * pool["hourly_usd"], rel=1e-4)
+        assert c["usd_per_1k_inferences"] == pytest.approx(c["replica_usd_per_hour"] / (m["target_qps_per_replica"] * 3.6))
+    assert models["llm-7b"]["triggers"] == ["queue_depth", "gpu_utilization", "p99_ms"]  # policies/models-gpu.yaml
+    assert models["demo-classifier"]["triggers"] == ["qps", "p99_ms"]  # the default
+    text = fleet_plan("--stack", "prod").stdout
+    assert re.search(r"llm-7b\s+queue_depth 12/replica", text) and "gpu_utilization 75 %" in text
+    assert re.search(r"llm-70b\s+qps 1/replica\s+21\.960\s+6\.1000", text)  # a whole p4d at 1 QPS

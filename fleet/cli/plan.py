@@ -25,7 +25,9 @@ from rich.text import Text
 from fleet.cli._output import JsonFlag, console, emit_json
 
 if TYPE_CHECKING:  # imported where used: `fleet --help` stays fast
-    from fleet.placement import ModelPlacement, NodeGroupPlan, Plan
+    from collections.abc import Sequence
+
+    from fleet.placement import InferenceCost, ModelPlacement, NodeGroupPlan, Plan
     from fleet.stack import GpuCeiling, StackCost
 
 StackOpt = Annotated[
@@ -52,7 +54,7 @@ def plan_cmd(
 ) -> None:
     """Place the stack's models on its node pools: GPUs per replica, replicas, node-group sizes,
     the whole stack's cost per hour and the GPU ceiling."""
-    from fleet.placement import plan
+    from fleet.placement import inference_costs, plan
     from fleet.spec import load_policies
     from fleet.stack import build_inputs, gpu_ceiling, guardrail_config_file, placement_inputs, read_stack_file
     from fleet.stack import stack_cost, stack_file
@@ -60,14 +62,19 @@ def plan_cmd(
     path = stack_file(stack)
     config = read_stack_file(path)
     loaded = load_policies(policies)
-    result = plan(loaded, *placement_inputs(config, str(path), loaded))
+    pools, models = placement_inputs(config, str(path), loaded)
+    result = plan(loaded, pools, models)
+    per_inference = inference_costs(result, pools)
     cost = stack_cost(result, build_inputs(config, str(path)), path.name)
     ceiling = gpu_ceiling(guardrails, required=True) if guardrails else gpu_ceiling(guardrail_config_file(path, policies))
     if json:
         within = None if ceiling.max_gpus is None else result.max_gpus <= ceiling.max_gpus
-        emit_json({**result.to_dict(), "cost": cost.to_dict(), "gpu_ceiling": {**ceiling.to_dict(), "within": within}})
+        emit_json({**result.to_dict(), "cost": cost.to_dict(), "gpu_ceiling": {**ceiling.to_dict(), "within": within},
+                   "per_inference": [c.to_dict() for c in per_inference]})  # fmt: skip
         return
-    for table in (_placement_table(result, path), _node_group_table(result), _cost_table(cost, path)):
+    tables = (_placement_table(result, path), _scaling_table(result, per_inference), _node_group_table(result),
+              _cost_table(cost, path))  # fmt: skip
+    for table in tables:
         console.print(table)
         console.print()
     for line in _summary(result, cost, ceiling):
@@ -105,6 +112,25 @@ def _placement_table(result: Plan, path: Path) -> Table:
     for m in result.models:
         gib = f"{m.gpu_memory_gib:g}" if m.gpus else "-"
         _row(t, m.model, m.node_group, _gpus(m), gib, f"{m.min_replicas}-{m.max_replicas}", "\n".join(m.isolated_for) or "-")
+    return t
+
+
+_TARGETS = {"qps": ("target_qps_per_replica", "/replica"), "p99_ms": ("target_p99_ms", " ms"),
+            "queue_depth": ("target_queue_depth_per_replica", "/replica"),
+            "gpu_utilization": ("target_gpu_utilization_pct", " %")}  # fmt: skip
+
+
+def _scaling_table(result: Plan, per_inference: Sequence[InferenceCost]) -> Table:
+    t = _table("autoscaling and cost per inference (at the QPS target, nodes full)")
+    _name_column(t, "model")
+    _text_column(t, "scales on (KEDA)")
+    _text_column(t, "USD/h / replica", right=True)
+    _text_column(t, "USD / 1k inferences", right=True)
+    costs = {c.model: c for c in per_inference}
+    for m in result.models:
+        triggers = [f"{name} {getattr(m, _TARGETS[name][0]):g}{_TARGETS[name][1]}" for name in m.triggers]
+        c = costs[m.model]
+        _row(t, m.model, "\n".join(triggers), f"{c.replica_usd_per_hour:.3f}", f"{c.usd_per_1k_inferences:.4f}")
     return t
 
 

@@ -76,7 +76,8 @@ def create_app(
         yield ("prediction_cache",), sum(c.bytes for c in pipeline.caches.values())  # read at scrape time: all built
         yield ("request_bodies",), in_flight.held
 
-    telemetry = Telemetry(lambda: _queue_depths(upstreams), buffers)
+    telemetry = Telemetry(lambda: _queue_depths(upstreams), buffers,
+                          lambda: (((m, v), p.slots.in_use) for (m, v), p in list(upstreams.pools().items())))  # fmt: skip
     inference_log = InferenceLog(
         view.store, settings.gateway_id, flush_s=settings.log_flush_s, max_bytes=limits.mib(limits.inference_log_buffer_mib),
         on_written=lambda m, n: telemetry.log_rows.labels(m, "written").inc(n),

@@ -62,6 +62,7 @@ class Telemetry:
         self,
         queue_depths: Callable[[], Iterator[tuple[str, str, str, int]]],
         buffers: Callable[[], Iterator[tuple[tuple[str, ...], float]]] = lambda: iter(()),
+        in_flight: Callable[[], Iterator[tuple[tuple[str, ...], float]]] = lambda: iter(()),
     ) -> None:
         r = self.registry = CollectorRegistry()
         self.stats = WindowedStats()
@@ -108,6 +109,9 @@ class Telemetry:
                                    buckets=loop_buckets, registry=r)  # fmt: skip
         r.register(_QueueDepth(queue_depths))
         r.register(_Gauges("fleet_buffer_bytes", "Bytes held by each bounded buffer (see its budget)", ["buffer"], buffers))
+        # with fleet_queue_depth, what KEDA's queue_depth trigger scales on (requests per replica)
+        r.register(_Gauges("fleet_version_in_flight", "Requests a version's replicas are answering for this gateway",
+                           ["model", "version"], in_flight))  # fmt: skip
         self._children: dict[tuple[str, str], tuple] = {}
         self._finished: dict[tuple[str, str, str, int], tuple] = {}
 

@@ -154,25 +154,40 @@ def manifests(model: str, version: str, image: str, placement: ModelPlacement, *
     }  # fmt: skip
     budget = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
               "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}}}  # fmt: skip
-    match = f'model="{model}",version="{version}"'
-    qps = f"sum(rate(fleet_version_requests_total{{{match}}}[1m]))"
-    p99 = f"1000 * histogram_quantile(0.99, sum(rate(fleet_upstream_duration_seconds_bucket{{{match}}}[2m])) by (le))"
     scaler = {
         "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": meta,
         "spec": {
             "scaleTargetRef": {"name": name}, "minReplicaCount": floor, "maxReplicaCount": placement.max_replicas,
             "pollingInterval": 15, "cooldownPeriod": 300,
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}}}},
-            "triggers": [
-                # QPS divides over replicas (AverageValue); latency does not (Value)
-                {"type": "prometheus", "name": "qps", "metricType": "AverageValue", "metadata": {
-                    "serverAddress": prometheus_url, "query": qps, "threshold": f"{placement.target_qps_per_replica:g}"}},
-                {"type": "prometheus", "name": "p99", "metricType": "Value", "metadata": {
-                    "serverAddress": prometheus_url, "query": p99, "threshold": f"{placement.target_p99_ms:g}"}},
-            ],
+            "triggers": scaling_triggers(model, version, placement, prometheus_url, namespace),
         },
     }  # fmt: skip
     return [deployment, service, budget, scaler]
+
+
+def scaling_triggers(model: str, version: str, placement: ModelPlacement, prometheus_url: str,
+                     namespace: str = NAMESPACE) -> list[dict]:  # fmt: skip
+    """KEDA's Prometheus triggers for the placement's ``triggers``. What divides over replicas
+    (requests per second, requests in flight or waiting) is an AverageValue; what does not
+    (latency, GPU utilisation averaged over the version's pods) is a Value."""
+    match = f'model="{model}",version="{version}"'
+    pods = f'namespace="{namespace}",pod=~"{object_name(model, version)}-.+"'  # DCGM labels a GPU's metrics with its pod
+    queries = {
+        "qps": ("AverageValue", f"sum(rate(fleet_version_requests_total{{{match}}}[1m]))", placement.target_qps_per_replica),
+        "p99_ms": ("Value", f"1000 * histogram_quantile(0.99, sum(rate(fleet_upstream_duration_seconds_bucket{{{match}}}[2m]))"
+                            " by (le))", placement.target_p99_ms),
+        # in flight and waiting at every gateway, per replica (like Knative's concurrency)
+        "queue_depth": ("AverageValue", f"sum(fleet_version_in_flight{{{match}}}) + sum(fleet_queue_depth{{{match}}})",
+                        placement.target_queue_depth_per_replica),
+        "gpu_utilization": ("Value", f"avg(DCGM_FI_DEV_GPU_UTIL{{{pods}}})", placement.target_gpu_utilization_pct),
+    }  # fmt: skip
+    triggers = []
+    for name in placement.triggers:
+        metric_type, query, threshold = queries[name]
+        triggers.append({"type": "prometheus", "name": name.replace("_", "-"), "metricType": metric_type, "metadata": {
+            "serverAddress": prometheus_url, "query": query, "threshold": f"{threshold:g}"}})  # fmt: skip
+    return triggers
 
 
 class KubernetesRuntime:
@@ -298,6 +313,8 @@ def placement_from_dict(raw: dict) -> ModelPlacement:
     """A ModelPlacement from its JSON form in placement.json (Plan.to_dict)."""
     fields = {k: raw[k] for k in ModelPlacement.__dataclass_fields__ if k in raw}
     fields["isolated_for"] = tuple(fields.get("isolated_for", ()))
+    if "triggers" in fields:
+        fields["triggers"] = tuple(fields["triggers"])
     return ModelPlacement(**fields)
 
 
