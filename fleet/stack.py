@@ -135,6 +135,8 @@ EKS_CONTROL_PLANE_USD = 0.10  # per cluster-hour, standard support (aws.amazon.c
 NAT_GATEWAY_USD = 0.045  # per NAT gateway-hour, before $0.045/GB processed (aws.amazon.com/vpc/pricing)
 PUBLIC_IPV4_USD = 0.005  # per public IPv4 address-hour: each NAT gateway's Elastic IP (same page)
 ALB_USD = 0.0225  # per Application Load Balancer-hour, before LCUs (aws.amazon.com/elasticloadbalancing/pricing)
+VPC_ENDPOINT_USD = 0.01  # per interface endpoint and AZ-hour, before $0.01/GB (aws.amazon.com/privatelink/pricing)
+INTERFACE_ENDPOINTS = ("ecr.api", "ecr.dkr")  # the VPC's interface endpoints (infra/network.py); S3's is a free gateway one
 # Not in the totals: billed by traffic or storage, growing with load (the ALB adds public
 # IPv4s as it scales out), or by the month (KMS keys).
 COST_LEFT_OUT = (
@@ -261,6 +263,8 @@ def stack_cost(plan: Plan, build: StackBuild, where: str) -> StackCost:
         _fixed("NAT gateways", nats, per_az, NAT_GATEWAY_USD),
         _fixed("NAT Elastic IPs", nats, f"{nats}", PUBLIC_IPV4_USD),
         _fixed("load balancer", 1, "1 ALB", ALB_USD),
+        _fixed("VPC interface endpoints", len(INTERFACE_ENDPOINTS) * build.azCount,
+               f"{len(INTERFACE_ENDPOINTS)} × {build.azCount} AZs", VPC_ENDPOINT_USD),
     ]
     return StackCost(tuple(parts))
 

@@ -8,10 +8,13 @@ public ones. The subnet tags are the ones EKS and its load-balancer integrations
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
+
+from fleet.stack import INTERFACE_ENDPOINTS  # what pulling an image from ECR talks to besides S3; priced there
 
 
 @dataclass
@@ -61,6 +64,7 @@ class Network(pulumi.ComponentResource):
         private_cidrs, public_cidrs = subnet_cidrs(args.cidr, args.az_count)
         self.public_subnet_ids, self.private_subnet_ids, self.private_subnet_zones = [], [], []
         nats: list[aws.ec2.NatGateway] = []
+        private_route_tables: list[aws.ec2.RouteTable] = []
         for i, (private_cidr, public_cidr) in enumerate(zip(private_cidrs, public_cidrs)):
             az = zones.names.apply(lambda names, i=i: names[i])
             public = aws.ec2.Subnet(
@@ -86,10 +90,38 @@ class Network(pulumi.ComponentResource):
                 tags=tagged(f"private-{i}"), opts=child,
             )  # fmt: skip
             aws.ec2.RouteTableAssociation(f"{name}-private-{i}", subnet_id=private.id, route_table_id=private_rt.id, opts=child)
+            private_route_tables.append(private_rt)
             self.private_subnet_ids.append(private.id)
             self.private_subnet_zones.append(az)
+        self._endpoints(name, args, vpc, private_route_tables, tagged)
         self.vpc_id = vpc.id
         self.nat_gateways = len(nats)
         self.register_outputs({
             "vpc_id": vpc.id, "private_subnet_ids": self.private_subnet_ids, "public_subnet_ids": self.public_subnet_ids,
         })  # fmt: skip
+
+    def _endpoints(self, name: str, args: NetworkArgs, vpc: aws.ec2.Vpc, route_tables: list[aws.ec2.RouteTable],
+                   tagged: Callable[..., dict[str, str]]) -> None:  # fmt: skip
+        """Model weights (S3) and images (ECR) reach the nodes without the NAT: an S3 gateway
+        endpoint on the private route tables (free; NAT processing is billed per GB), and ECR's
+        API and registry as interface endpoints with private DNS (image layers themselves are
+        served from S3, through the gateway endpoint)."""
+        child = pulumi.ResourceOptions(parent=self)
+        region = aws.get_region_output(opts=pulumi.InvokeOutputOptions(parent=self)).region
+        aws.ec2.VpcEndpoint(
+            f"{name}-s3", vpc_id=vpc.id, service_name=pulumi.Output.concat("com.amazonaws.", region, ".s3"),
+            vpc_endpoint_type="Gateway", route_table_ids=[rt.id for rt in route_tables], tags=tagged("s3"), opts=child,
+        )  # fmt: skip
+        sg = aws.ec2.SecurityGroup(f"{name}-endpoints", vpc_id=vpc.id, description="interface endpoints: HTTPS from the VPC",
+                                   tags=tagged("endpoints"), opts=child)  # fmt: skip
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-endpoints-https", security_group_id=sg.id, ip_protocol="tcp", from_port=443, to_port=443,
+            cidr_ipv4=args.cidr, description="HTTPS from the VPC", tags=tagged("endpoints-https"), opts=child,
+        )  # fmt: skip
+        for service in INTERFACE_ENDPOINTS:
+            aws.ec2.VpcEndpoint(
+                f"{name}-{service.replace('.', '-')}", vpc_id=vpc.id,
+                service_name=pulumi.Output.concat("com.amazonaws.", region, f".{service}"),
+                vpc_endpoint_type="Interface", subnet_ids=self.private_subnet_ids, security_group_ids=[sg.id],
+                private_dns_enabled=True, tags=tagged(service.replace(".", "-")), opts=child,
+            )  # fmt: skip

@@ -139,6 +139,8 @@ def _call(token: str, args: dict) -> dict:
     if token == "aws:eks/getAddonVersion:getAddonVersion":  # EKS's default version for that Kubernetes version
         version = f"v{args['kubernetesVersion']}.0-{args['addonName']}-eksbuild.1"
         return {**args, "version": version, "id": args["addonName"]}
+    if token == "aws:index/getRegion:getRegion":
+        return {"region": REGION, "name": REGION, "id": REGION, "description": "US East (N. Virginia)", "endpoint": ""}
     if token == "aws:elb/getServiceAccount:getServiceAccount":
         return {"arn": "arn:aws:iam::127311923021:root", "id": "127311923021"}
     raise AssertionError(f"the program invoked {token}, which the mocks do not answer")

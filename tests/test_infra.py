@@ -51,10 +51,11 @@ def test_both_example_stacks_build_with_their_outputs(stack: Build) -> None:
 
 
 def test_cost_per_hour_of_the_example_stacks() -> None:
-    # dev: EKS 0.10 + 1 NAT 0.05 + ALB 0.0225 + 2-3 × t3.large 0.0832 + m6i.large 1-2 × 0.096 + g5.xlarge 1.006
-    assert example("dev").outputs["usdPerHour"] == {"min": 1.44, "max": 1.62}
-    # prod: 3 NATs, 3-6 × m6i.xlarge, and the model nodes of `fleet plan --stack prod` (24.36-49.33)
-    assert example("prod").outputs["usdPerHour"] == {"min": 25.2, "max": 50.76}
+    # dev: EKS 0.10 + 1 NAT 0.05 + ALB 0.0225 + 2 ECR endpoints × 2 AZs 0.04 + 2-3 × t3.large 0.0832
+    # + m6i.large 1-2 × 0.096 + g5.xlarge 1.006
+    assert example("dev").outputs["usdPerHour"] == {"min": 1.48, "max": 1.66}
+    # prod: 3 NATs, 6 endpoint-AZs, 3-6 × m6i.xlarge, and the model nodes of `fleet plan --stack prod` (24.36-49.33)
+    assert example("prod").outputs["usdPerHour"] == {"min": 25.26, "max": 50.82}
     assert (example("dev").outputs["maxGpus"], example("prod").outputs["maxGpus"]) == (1, 21)
 
 
@@ -591,3 +592,15 @@ def test_a_gpu_type_no_zone_of_the_stack_offers_is_a_clear_error(monkeypatch: py
     monkeypatch.setattr(infra_harness, "OFFERINGS", {z: {"m6i.2xlarge"} for z in infra_harness.OFFERINGS})
     with pytest.raises(Exception, match=r"g5.xlarge is offered in none of the stack's availability zones"):
         build("dev")
+
+
+def test_weights_and_images_reach_the_nodes_without_the_nat(stack: Build) -> None:
+    endpoints = {r.inputs["serviceName"]: r.inputs for r in stack.of_type("aws:ec2/vpcEndpoint:VpcEndpoint")}
+    s3 = endpoints["com.amazonaws.us-east-1.s3"]
+    private_tables = {r.id for r in stack.of_type("aws:ec2/routeTable:RouteTable") if "private" in r.name}
+    assert s3["vpcEndpointType"] == "Gateway" and set(s3["routeTableIds"]) == private_tables
+    private_subnets = {r.id for r in stack.of_type("aws:ec2/subnet:Subnet") if "private" in r.name}
+    for service in ("ecr.api", "ecr.dkr"):
+        ecr = endpoints[f"com.amazonaws.us-east-1.{service}"]
+        assert ecr["vpcEndpointType"] == "Interface" and ecr["privateDnsEnabled"] is True
+        assert set(ecr["subnetIds"]) == private_subnets

@@ -19,6 +19,7 @@ from fleet.stack import (
     EKS_CONTROL_PLANE_USD,
     NAT_GATEWAY_USD,
     PUBLIC_IPV4_USD,
+    VPC_ENDPOINT_USD,
     build_inputs,
     gpu_ceiling,
     guardrail_config_file,
@@ -132,7 +133,8 @@ def test_whole_stack_total_is_the_readme_s_and_the_gpu_ceiling_is_shown(stack: s
 
 
 def test_the_dev_stack_costs_what_its_parts_cost() -> None:
-    # dev: 2-3 × t3.large, 1-2 × m6i.large, 1 × g5.xlarge, one NAT for two AZs, one ALB
+    # dev: 2-3 × t3.large, 1-2 × m6i.large, 1 × g5.xlarge, one NAT for two AZs, one ALB, ECR's two
+    # interface endpoints in each of the two AZs
     parts = {p["part"]: p["usd_per_hour"] for p in plan_json("dev")["cost"]["parts"]}
     assert {k: pytest.approx(v) for k, v in parts.items()} == {
         "system nodes": [2 * 0.0832, 3 * 0.0832],
@@ -142,6 +144,7 @@ def test_the_dev_stack_costs_what_its_parts_cost() -> None:
         "NAT gateways": [NAT_GATEWAY_USD] * 2,
         "NAT Elastic IPs": [PUBLIC_IPV4_USD] * 2,
         "load balancer": [ALB_USD] * 2,
+        "VPC interface endpoints": [4 * VPC_ENDPOINT_USD] * 2,
     }  # fmt: skip
 
 

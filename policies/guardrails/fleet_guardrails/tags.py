@@ -14,6 +14,7 @@ TAGGABLE = {
     "aws:ec2/eip:Eip", "aws:ec2/instance:Instance", "aws:ec2/internetGateway:InternetGateway",
     "aws:ec2/launchTemplate:LaunchTemplate", "aws:ec2/natGateway:NatGateway", "aws:ec2/routeTable:RouteTable",
     "aws:ec2/securityGroup:SecurityGroup", "aws:ec2/subnet:Subnet", "aws:ec2/volume:Volume", "aws:ec2/vpc:Vpc",
+    "aws:ec2/vpcEndpoint:VpcEndpoint",
     "aws:ecr/repository:Repository", "aws:eks/addon:Addon", "aws:eks/cluster:Cluster", "aws:eks/nodeGroup:NodeGroup",
     "aws:iam/openIdConnectProvider:OpenIdConnectProvider", "aws:iam/policy:Policy", "aws:iam/role:Role",
     "aws:kms/key:Key", "aws:lb/listener:Listener", "aws:lb/loadBalancer:LoadBalancer", "aws:lb/targetGroup:TargetGroup",
