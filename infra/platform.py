@@ -20,6 +20,7 @@ import pulumi_kubernetes as k8s
 from fleet.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, SLICES_LABEL, Plan
 from fleet.runtime.kubernetes import CONFIG_MAP, MANAGED, config_map_data
 from fleet.spec import Policies
+from infra.admission import NAME as GPU_ADMISSION, gpu_pod_policy
 from infra.config import GatewaySettings
 from infra.gateway import NAME as GATEWAY, Gateway, GatewayArgs
 from infra.images import GATEWAY_REPOSITORY
@@ -148,6 +149,11 @@ class Platform(pulumi.ComponentResource):
             provisioner="ebs.csi.aws.com", volume_binding_mode="WaitForFirstConsumer", allow_volume_expansion=True,
             parameters={"type": "gp3", "encrypted": "true"}, reclaim_policy="Delete", opts=self._opts,
         )  # fmt: skip
+        policy, binding = gpu_pod_policy()
+        gpu_policy = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
+            f"{name}-gpu-pods", metadata={"name": GPU_ADMISSION}, spec=policy, opts=self._opts)
+        k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
+            f"{name}-gpu-pods", metadata={"name": GPU_ADMISSION}, spec=binding, opts=self._child(gpu_policy))
         grafana_admin = k8s.core.v1.Secret(
             f"{name}-grafana-admin", metadata={"name": GRAFANA_SECRET, "namespace": MONITORING_NS}, type="Opaque",
             string_data={"admin-user": "admin", "admin-password": pulumi.Output.secret(args.grafana_admin_password)},

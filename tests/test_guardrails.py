@@ -123,8 +123,31 @@ def _untag(rs: list[Registered]) -> None:
 
 def _gpu_pod_without_toleration(rs: list[Registered]) -> None:
     gateway = _find(rs, "kubernetes:apps/v1:Deployment")
-    container = gateway.inputs["spec"]["template"]["spec"]["containers"][0]
-    container["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    for props in (gateway.inputs, gateway.state):
+        props["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"
+
+
+def _no_gpu_admission_policy(rs: list[Registered]) -> None:
+    rs.remove(_find(rs, "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"))
+
+
+def _admission_policy_that_only_warns(rs: list[Registered]) -> None:
+    binding = _find(rs, "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding")
+    for props in (binding.inputs, binding.state):
+        props["spec"]["validationActions"] = ["Warn"]
+
+
+def _open_api(rs: list[Registered]) -> None:
+    _find(rs, "aws:eks/cluster:Cluster").inputs["vpcConfig"]["publicAccessCidrs"] = ["0.0.0.0/0"]
+
+
+def _hop_limit_2(rs: list[Registered]) -> None:
+    _find(rs, "aws:ec2/launchTemplate:LaunchTemplate", "a100-8").inputs["metadataOptions"]["httpPutResponseHopLimit"] = 2
+
+
+def _ssh_from_anywhere(rs: list[Registered]) -> None:
+    rule = _find(rs, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule", "prod-https-0")  # the edge's, from 0.0.0.0/0
+    rule.inputs.update(fromPort=22, toPort=22)
 
 
 def _unknown_gpu_type(rs: list[Registered]) -> None:
@@ -140,7 +163,12 @@ BROKEN: dict[str, tuple[Callable[[list[Registered]], None], str]] = {
     "bucket policy open to everyone": (_public_policy, "bucket-never-public"),
     "plain HTTP listener": (_plain_http, "https-only-listeners"),
     "load balancer without a model tag": (_untag, "cost-tags"),
-    "GPU pod that does not tolerate the taint": (_gpu_pod_without_toleration, "gpu-pods-tolerate-and-limit"),
+    "GPU pod that does not tolerate the taint": (_gpu_pod_without_toleration, "gpu-pods-admission"),
+    "no admission policy for GPU pods": (_no_gpu_admission_policy, "gpu-pods-admission"),
+    "GPU admission policy that only warns": (_admission_policy_that_only_warns, "gpu-pods-admission"),
+    "Kubernetes API open to the internet": (_open_api, "eks-api-cidrs"),
+    "IMDS hop limit 2": (_hop_limit_2, "imds-hop-limit"),
+    "SSH open to the internet": (_ssh_from_anywhere, "no-open-ingress"),
     "GPU instance type the ceiling cannot count": (_unknown_gpu_type, "gpu-ceiling"),
 }
 
@@ -213,27 +241,84 @@ def test_gpu_node_groups_tainted() -> None:
     assert "got nvidia.com/gpu=present:PREFER_NO_SCHEDULE" in message
 
 
-def test_gpu_pods_tolerate_and_limit() -> None:
-    policy, deploy = guard.gpu_pods_tolerate_and_limit, "kubernetes:apps/v1:Deployment"
+def test_gpu_pods_admission() -> None:
+    from infra.admission import NAME, gpu_pod_policy
 
-    def workload(resources: dict, tolerations: list) -> dict:
-        return {"metadata": {"name": "w"}, "spec": {"template": {"spec": {
-            "containers": [{"name": "c", "resources": resources}], "tolerations": tolerations}}}}
+    policy, deploy = guard.gpu_pods_admission, "kubernetes:apps/v1:Deployment"
+    spec, binding = gpu_pod_policy()
+    vap = _pr("kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy", "p", {"metadata": {"name": NAME}, "spec": spec})
+    bound = _pr("kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding", "b",
+                {"metadata": {"name": NAME}, "spec": binding})  # fmt: skip
+    assert _stack(policy, [vap, bound]) == []
+    (missing,) = _stack(policy, [vap])
+    assert "no ValidatingAdmissionPolicy bound with Deny" in missing
+    warn_only = _pr(bound.resource_type, "b", {"spec": {**binding, "validationActions": ["Warn", "Audit"]}})
+    assert _stack(policy, [vap, warn_only])
+    toothless = _pr(vap.resource_type, "p", {"metadata": {"name": NAME}, "spec": {**spec, "validations": []}})
+    assert _stack(policy, [toothless, bound])
+
+    def workload(resources: dict, tolerations: list) -> PolicyResource:
+        return _pr(deploy, "w", {"metadata": {"name": "w"}, "spec": {"template": {"spec": {
+            "containers": [{"name": "c", "resources": resources}], "tolerations": tolerations}}}})
 
     exists = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    assert _resource(policy, deploy, workload({"limits": {"cpu": "1"}}, [])) == []  # no GPUs, no demands
-    assert _resource(policy, deploy, workload({"limits": {"nvidia.com/gpu": "2"}}, exists)) == []
-    assert _resource(policy, deploy, workload({"limits": {"nvidia.com/gpu": 1}}, [{"operator": "Exists"}])) == []
-    (missing,) = _resource(policy, deploy, workload({"requests": {"nvidia.com/gpu": "1"}}, exists))
-    assert "Deployment w: container c requests nvidia.com/gpu without a limit" in missing
-    (unequal,) = _resource(policy, deploy, workload({"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2"}}, exists))
+    assert _stack(policy, [vap, bound, workload({"limits": {"cpu": "1"}}, [])]) == []  # no GPUs, no demands
+    assert _stack(policy, [vap, bound, workload({"limits": {"nvidia.com/gpu": "2"}}, exists)]) == []
+    assert _stack(policy, [vap, bound, workload({"limits": {"nvidia.com/gpu": 1}}, [{"operator": "Exists"}])]) == []
+    (no_limit,) = _stack(policy, [vap, bound, workload({"requests": {"nvidia.com/gpu": "1"}}, exists)])
+    assert "Deployment w: container c requests nvidia.com/gpu without a limit" in no_limit
+    (unequal,) = _stack(policy, [vap, bound, workload({"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2"}}, exists)])
     assert "requests 1 GPUs but limits 2" in unequal
     wrong_value = [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}]
-    (untolerated,) = _resource(policy, deploy, workload({"limits": {"nvidia.com/gpu": "1"}}, wrong_value))
+    (untolerated,) = _stack(policy, [vap, bound, workload({"limits": {"nvidia.com/gpu": "1"}}, wrong_value)])
     assert "does not tolerate the nvidia.com/gpu:NoSchedule taint" in untolerated
-    cron = {"metadata": {"name": "cj"}, "spec": {"jobTemplate": {"spec": {"template": {"spec": {
-        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}}}}
-    assert _resource(policy, "kubernetes:batch/v1:CronJob", cron)  # the same rule reaches CronJobs
+
+
+def test_the_admission_policys_cel_states_the_python_rule() -> None:
+    """The CEL runs in the API server, not here; what can be checked is that each rule the
+    Python check knows has its expression, over every container kind, with a message."""
+    from infra import admission
+
+    spec, binding = admission.gpu_pod_policy()
+    assert spec["failurePolicy"] == "Fail" and binding["validationActions"] == ["Deny"]
+    assert "initContainers" in admission.CONTAINERS
+    expressions = [v["expression"] for v in spec["validations"]]
+    assert any("tolerations" in e and "'present'" in e and "NoSchedule" in e for e in expressions)
+    assert any("limits" in e and "requests" in e and "string(" in e for e in expressions)  # equal counts
+    assert all(v["message"] for v in spec["validations"])
+
+
+def test_eks_api_cidrs() -> None:
+    policy, cluster = guard.eks_api_cidrs, "aws:eks/cluster:Cluster"
+    assert _resource(policy, cluster, {"vpcConfig": {"publicAccessCidrs": ["203.0.113.0/24"]}}) == []
+    assert _resource(policy, cluster, {"vpcConfig": {"endpointPublicAccess": False}}) == []
+    (open_,) = _resource(policy, cluster, {"vpcConfig": {"publicAccessCidrs": ["10.0.0.0/8", "::/0"]}})
+    assert "open to ['10.0.0.0/8', '::/0']" in open_
+    assert _resource(policy, cluster, {"vpcConfig": {}})  # AWS's default is 0.0.0.0/0
+    assert _resource(policy, cluster, {"vpcConfig": {}}, {"allowOpen": True}) == []  # a dev stack may say so
+
+
+def test_imds_hop_limit() -> None:
+    policy, template = guard.imds_hop_limit, "aws:ec2/launchTemplate:LaunchTemplate"
+    assert _resource(policy, template, {"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 1}}) == []
+    (hops,) = _resource(policy, template, {"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 2}})
+    assert "hop limit 2; expected 1" in hops
+    assert len(_resource(policy, template, {})) == 2  # IMDSv1 allowed and AWS's default hop limit
+
+
+def test_no_open_ingress() -> None:
+    policy = guard.no_open_ingress
+    rule = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+    assert _resource(policy, rule, {"ipProtocol": "tcp", "fromPort": 443, "toPort": 443, "cidrIpv4": "0.0.0.0/0"}) == []
+    assert _resource(policy, rule, {"ipProtocol": "tcp", "fromPort": 22, "toPort": 22, "cidrIpv4": "10.0.0.0/16"}) == []
+    (ssh,) = _resource(policy, rule, {"ipProtocol": "tcp", "fromPort": 22, "toPort": 22, "cidrIpv6": "::/0"})
+    assert "inbound tcp 22-22 from the whole internet" in ssh
+    assert _resource(policy, rule, {"ipProtocol": "-1", "cidrIpv4": "0.0.0.0/0"})  # everything
+    legacy = {"type": "ingress", "protocol": "tcp", "fromPort": 80, "toPort": 80, "cidrBlocks": ["0.0.0.0/0"]}
+    assert _resource(policy, "aws:ec2/securityGroupRule:SecurityGroupRule", legacy)
+    assert _resource(policy, "aws:ec2/securityGroupRule:SecurityGroupRule", {**legacy, "type": "egress"}) == []
+    inline = {"ingress": [{"protocol": "tcp", "fromPort": 30080, "toPort": 30080, "cidrBlocks": ["0.0.0.0/0"]}]}
+    assert _resource(policy, "aws:ec2/securityGroup:SecurityGroup", inline)
 
 
 def test_https_only_listeners() -> None:
@@ -344,7 +429,7 @@ def test_the_pack_entry_point_builds_a_mandatory_pack_of_every_policy(monkeypatc
     (pack,) = made
     assert pack["name"] == guard.PACK_NAME and pack["policies"] == guard.POLICIES
     assert pack["enforcement_level"] == pulumi_policy.EnforcementLevel.MANDATORY
-    assert len({p.name for p in guard.POLICIES}) == len(guard.POLICIES) == 8
+    assert len({p.name for p in guard.POLICIES}) == len(guard.POLICIES) == 11
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])

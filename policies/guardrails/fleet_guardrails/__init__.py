@@ -4,8 +4,9 @@
 the same objects' ``validate`` functions over the resources the Pulumi program registers.
 """
 
-from fleet_guardrails.compute import gpu_ceiling, gpu_node_groups_tainted, gpu_pods_tolerate_and_limit
+from fleet_guardrails.compute import gpu_ceiling, gpu_node_groups_tainted, gpu_pods_admission
 from fleet_guardrails.edge import https_only_listeners
+from fleet_guardrails.network import eks_api_cidrs, imds_hop_limit, no_open_ingress
 from fleet_guardrails.storage import bucket_encrypted, bucket_never_public, bucket_versioned
 from fleet_guardrails.tags import cost_tags
 
@@ -15,8 +16,11 @@ POLICIES = [
     bucket_versioned,
     bucket_never_public,
     gpu_node_groups_tainted,
-    gpu_pods_tolerate_and_limit,
+    gpu_pods_admission,
     https_only_listeners,
+    eks_api_cidrs,
+    imds_hop_limit,
+    no_open_ingress,
     cost_tags,
     gpu_ceiling,
 ]

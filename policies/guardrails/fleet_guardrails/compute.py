@@ -1,5 +1,6 @@
-"""GPUs: GPU node groups are tainted, pods that want GPUs tolerate the taint and set limits,
-and a stack never scales past its GPU ceiling (``maxGpus`` from the pack's config)."""
+"""GPUs: GPU node groups are tainted, the cluster refuses pods that want GPUs without
+tolerating the taint and setting limits (an admission policy the stack must carry), and a
+stack never scales past its GPU ceiling (``maxGpus`` from the pack's config)."""
 
 from __future__ import annotations
 
@@ -70,13 +71,6 @@ def pod_gpu_problems(pod: Any) -> list[str]:
     return problems
 
 
-def _pods_tolerate_and_limit(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    path = POD_SPEC.get(args.resource_type)
-    if path is None:
-        return
-    for problem in pod_gpu_problems(get(args.props, *path)):
-        kind = args.resource_type.rsplit(":", 1)[1]
-        report(f"{kind} {get(args.props, 'metadata', 'name') or args.name}: {problem}")
 
 
 def _gpus(resource: Any) -> tuple[int, int | None, list[str]]:
@@ -116,10 +110,39 @@ gpu_node_groups_tainted = ResourceValidationPolicy(
     validate=_node_group_tainted,
     enforcement_level=EnforcementLevel.MANDATORY,
 )
-gpu_pods_tolerate_and_limit = ResourceValidationPolicy(
-    name="gpu-pods-tolerate-and-limit",
-    description="Pods that request GPUs set GPU limits and tolerate the GPU taint.",
-    validate=_pods_tolerate_and_limit,
+VAP = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
+VAP_BINDING = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"
+
+
+def _gpu_admission(args: StackValidationArgs, report: ReportViolation) -> None:
+    """The cluster refuses GPU pods that do not tolerate the taint or set limits: a
+    ValidatingAdmissionPolicy on pods whose rules name both, bound with Deny. (The program's
+    own workloads are also checked here; model pods are made later, by the runtime, and only
+    the API server sees them.)"""
+    policies = {}
+    for r in args.resources:
+        if r.resource_type == VAP:
+            spec = r.props.get("spec") or {}
+            on_pods = any("pods" in as_list(rule.get("resources")) and "CREATE" in as_list(rule.get("operations"))
+                          for rule in as_list(get(spec, "matchConstraints", "resourceRules")))  # fmt: skip
+            text = " ".join(str(v.get("expression", "")) for v in as_list(spec.get("validations")))
+            if on_pods and GPU_RESOURCE in text and "tolerations" in text and "limits" in text:
+                policies[get(r.props, "metadata", "name")] = r
+        path = POD_SPEC.get(r.resource_type)
+        if path is not None:
+            for problem in pod_gpu_problems(get(r.props, *path)):
+                report(f"{r.resource_type.rsplit(':', 1)[1]} {get(r.props, 'metadata', 'name') or r.name}: {problem}", r.urn)
+    bound = {get(r.props, "spec", "policyName") for r in args.resources
+             if r.resource_type == VAP_BINDING and "Deny" in as_list(get(r.props, "spec", "validationActions"))}  # fmt: skip
+    if not set(policies) & bound:
+        report(f"no ValidatingAdmissionPolicy bound with Deny refuses pods that ask for {GPU_RESOURCE} without tolerating "
+               "its taint and setting limits; expected infra/admission.py's (model pods are made outside Pulumi)")  # fmt: skip
+
+
+gpu_pods_admission = StackValidationPolicy(
+    name="gpu-pods-admission",
+    description="The cluster itself refuses GPU pods without the GPU toleration and limits (a ValidatingAdmissionPolicy).",
+    validate=_gpu_admission,
     enforcement_level=EnforcementLevel.MANDATORY,
 )
 gpu_ceiling = StackValidationPolicy(
