@@ -238,10 +238,11 @@ def _place(name: str, spec: ModelSpec, pools: Sequence[NodePool], isolated_for: 
     if not fits:
         raise PlacementError(_no_fit_message(name, spec, need, how, pools))
     best = min(fits, key=lambda f: f.cost)  # min() keeps the first of equals: config order breaks ties
-    if "gpu_utilization" in spec.autoscaling.triggers and not best.gpus:
+    if "gpu_utilization" in spec.autoscaling.triggers and (not best.gpus or best.shared):
+        where = "no GPU" if not best.gpus else "a time-sliced share of a GPU, whose utilisation its neighbours' work is in"
         raise PlacementError(
-            f"model {name}: autoscaling trigger gpu_utilization needs a GPU, but the model is placed on "
-            f"{best.pool.name} ({best.pool.instance_type}, no GPU); expected triggers among qps, p99_ms, queue_depth"
+            f"model {name}: autoscaling trigger gpu_utilization needs GPUs of its own, but the model is placed on "
+            f"{best.pool.name} ({best.pool.instance_type}, {where}); expected triggers among qps, p99_ms, queue_depth"
         )
     replicas_max = spec.autoscaling.max_replicas
     if spec.peak_qps is not None:

@@ -42,6 +42,7 @@ system = s.systemNodes
 def addons(part: str, names: tuple[str, ...], after: list[pulumi.Resource]) -> ClusterAddons:
     return ClusterAddons(f"{name}-{part}", ClusterAddonsArgs(
         cluster.name, cluster.version, cluster.oidc_provider_arn, cluster.oidc_issuer, names, tags,
+        {a: v for a, v in s.addonVersions.items() if a in names},
     ), opts=pulumi.ResourceOptions(depends_on=after))
 
 

@@ -9,20 +9,22 @@ upgrades are never needed and a cluster version bump is followed by an add-on up
 
 Each add-on's version is the one EKS names as the default for the cluster's Kubernetes
 version (``aws eks describe-addon-versions``, through ``aws.eks.get_addon_version`` with
-``most_recent=False``): a lookup at ``pulumi up``, not a version from memory, and the same
-for as long as the cluster's version stays.
+``most_recent=False``): a lookup at ``pulumi up``, not a version from memory. AWS moves that
+default now and then (a new eksbuild), and the next ``up`` then upgrades the add-on; a stack
+that wants every change reviewed pins versions in ``addonVersions`` (add-on → version, e.g.
+``{"vpc-cni": "v1.19.5-eksbuild.1"}``), which ``pulumi preview`` shows as a diff when changed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
 
 from infra.identity import IrsaRole, IrsaRoleArgs
 
-BEFORE_NODES = ("vpc-cni", "kube-proxy")
+BEFORE_NODES = ("vpc-cni", "kube-proxy")  # keep ADDONS in infra/config.py the union of both
 AFTER_NODES = ("coredns", "aws-ebs-csi-driver", "metrics-server")
 # add-on → (namespace, service account, AWS managed policy) of its IRSA role
 IRSA = {
@@ -39,6 +41,7 @@ class ClusterAddonsArgs:
     oidc_issuer: pulumi.Input[str]
     names: tuple[str, ...]
     tags: dict[str, str]
+    pinned: dict[str, str] = field(default_factory=dict)  # add-on → version, instead of EKS's default
 
 
 class ClusterAddons(pulumi.ComponentResource):
@@ -51,7 +54,7 @@ class ClusterAddons(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self, depends_on=after)
         self.addons = {}
         for addon in args.names:
-            version = aws.eks.get_addon_version_output(
+            version = args.pinned.get(addon) or aws.eks.get_addon_version_output(
                 addon_name=addon, kubernetes_version=args.kubernetes_version, most_recent=False,
                 opts=pulumi.InvokeOutputOptions(parent=self),
             ).version  # fmt: skip

@@ -3,9 +3,8 @@
 Model pods are created by the Kubernetes runtime and by whoever runs ``kubectl``, not by
 Pulumi, so a policy-as-code check of the program's objects cannot see them; the API server
 can. A pod (containers and init containers) that asks for ``nvidia.com/gpu`` must tolerate
-the GPU nodes' ``nvidia.com/gpu=present:NoSchedule`` taint and state its GPUs in limits (equal
-to the request, if it makes one): GPUs are never overcommitted and never land on a pod that
-could not be scheduled where they are. The same rule in Python is
+the GPU nodes' ``nvidia.com/gpu=present:NoSchedule`` taint (its GPUs in limits, equal to any
+request, the API server checks itself). The same rules in Python are
 ``policies/guardrails/fleet_guardrails/compute.py``'s ``pod_gpu_problems``.
 """
 
@@ -26,11 +25,12 @@ TOLERATES_GPU_TAINT = (
     "(!has(t.effect) || t.effect == '' || t.effect == 'NoSchedule') && "
     "((has(t.operator) && t.operator == 'Exists') || (has(t.value) && t.value == 'present'))))"
 )
-GPUS_IN_LIMITS = (
-    "variables.containers.all(c, !has(c.resources) || !has(c.resources.requests) || "
-    f"!({_GPU} in c.resources.requests) || (has(c.resources.limits) && {_GPU} in c.resources.limits && "
-    f"string(c.resources.limits[{_GPU}]) == string(c.resources.requests[{_GPU}])))"
-)
+# The API server's own pod validation already refuses a container that requests
+# nvidia.com/gpu without the same count in limits (extended resources are never
+# overcommitted), so this policy only adds the toleration rule; pod_gpu_problems checks both.
+# Only pods that ask for GPUs are evaluated at all (matchConditions), so an expression error
+# can never stop other pods.
+ASKS_FOR_GPUS_ALONE = ASKS_FOR_GPUS.replace("variables.containers", f"({CONTAINERS})")
 
 
 def gpu_pod_policy() -> tuple[dict, dict]:
@@ -39,14 +39,13 @@ def gpu_pod_policy() -> tuple[dict, dict]:
         "failurePolicy": "Fail",
         "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
                                                 "resources": ["pods"]}]},
+        "matchConditions": [{"name": "asks-for-gpus", "expression": ASKS_FOR_GPUS_ALONE}],
         "variables": [{"name": "containers", "expression": CONTAINERS},
                       {"name": "asksForGpus", "expression": ASKS_FOR_GPUS}],
         "validations": [
             {"expression": TOLERATES_GPU_TAINT, "reason": "Forbidden",
              "message": f"a pod that asks for {GPU_RESOURCE} must tolerate the {GPU_RESOURCE}=present:NoSchedule "
                         "taint of the GPU nodes"},
-            {"expression": GPUS_IN_LIMITS, "reason": "Invalid",
-             "message": f"a container that requests {GPU_RESOURCE} must set the same count in limits"},
         ],
     }  # fmt: skip
     binding = {"policyName": NAME, "validationActions": ["Deny"]}

@@ -32,6 +32,7 @@ from fleet.stack import PROJECT, NodePool, SystemNodes, models_from_config, pool
 from fleet.validation import checked, expected, explain, hint, problem
 
 ROOT = Path(__file__).resolve().parent.parent  # where Pulumi.yaml is
+ADDONS = Literal["vpc-cni", "kube-proxy", "coredns", "aws-ebs-csi-driver", "metrics-server"]  # infra/addons.py
 
 # Stack output names: scripts (`pulumi stack output NAME`) and other stacks read these.
 OUT_CLUSTER_NAME = "clusterName"
@@ -129,6 +130,7 @@ class Settings(_Cfg):
     logRetentionDays: int = Field(30, ge=1)  # logs bucket expiry
     noncurrentVersionDays: int = Field(30, ge=1)  # overwritten or deleted objects kept this long
     policies: str = "policies"  # policy folder, relative to the project root
+    addonVersions: dict[Literal[ADDONS], str] = Field(default_factory=dict)  # pins; default: EKS's for the version
 
     @model_validator(mode="after")
     def _prod_api_is_not_open(self) -> Settings:
@@ -184,6 +186,10 @@ def _secret_problem(name: str, value: Any, where: str) -> str | None:
     if len(value) < SECRET_MIN_CHARS:
         return problem(key, f"got {len(value)} characters (value not shown)",
                        f"at least {SECRET_MIN_CHARS}, e.g. `{set_secret(name)}`")  # fmt: skip
+    if name == PREFECT_DB_PASSWORD_KEY and not re.fullmatch(r"[A-Za-z0-9_.~-]+", value):
+        # the Prefect chart writes it into postgresql+asyncpg://user:PASSWORD@host/db unescaped
+        return problem(key, "has characters a URL would need escaped (value not shown)",
+                       f"letters, digits and - _ . ~ only, e.g. `{set_secret(name)}`")  # fmt: skip
     return None
 
 

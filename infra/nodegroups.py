@@ -67,9 +67,11 @@ def eks_min_size(group: NodeGroupPlan) -> int:
     return 0 if group.gpus_per_node and group.hourly_usd >= SCALE_FROM_ZERO_USD_PER_HOUR else group.min_size
 
 
-def offered_subnets(offered: list[str], subnets: list[str], zones: list[str], group: str, instance_type: str) -> list[str]:
-    """The subnets whose AZ offers ``instance_type``; none is a clear error, not a group that never starts."""
-    kept = [s for s, z in zip(subnets, zones, strict=True) if z in offered]
+def offered_zones(offered: list[str], zones: list[str], group: str, instance_type: str) -> list[int]:
+    """Indices of the ``zones`` that offer ``instance_type``; none is a clear error, not a group
+    that never starts. Zone names are known at preview (subnet IDs of a new stack are not), so
+    the error comes from `pulumi preview`, before anything is built."""
+    kept = [i for i, z in enumerate(zones) if z in offered]
     if not kept:
         raise pulumi.RunError(
             f"node group {group}: {instance_type} is offered in none of the stack's availability zones "
@@ -109,8 +111,9 @@ class NodeGroups(pulumi.ComponentResource):
                     location_type="availability-zone", filters=[{"name": "instance-type", "values": [group.instance_type]}],
                     opts=pulumi.InvokeOutputOptions(parent=self),
                 ).locations  # fmt: skip
-                subnets = pulumi.Output.all(offered, pulumi.Output.all(*args.subnet_ids), pulumi.Output.all(*args.subnet_zones)).apply(
-                    lambda v, g=group: offered_subnets(v[0], v[1], v[2], g.name, g.instance_type))
+                kept = pulumi.Output.all(offered, pulumi.Output.all(*args.subnet_zones)).apply(
+                    lambda v, g=group: offered_zones(v[0], v[1], g.name, g.instance_type))
+                subnets = kept.apply(lambda idx: pulumi.Output.all(*(args.subnet_ids[i] for i in idx)))
             self.groups[group.name] = self._group(
                 name, args, group.name, [group.instance_type], ami, group.capacity_type,
                 (eks_min_size(group), group.max_size), labels, taints, args.root_volume_gib, tags, subnets,

@@ -216,7 +216,8 @@ class Platform(pulumi.ComponentResource):
                 "image": {"prefectTag": f"{PREFECT_IMAGE_TAG}-kubernetes"},
                 "apiConfig": "selfHostedServer",
                 "selfHostedServerApiConfig": {"apiUrl": f"http://prefect-server.{FLOWS_NS}.svc.cluster.local:4200/api"},
-                # the worker creates the pool with this template and syncs it on every deploy
+                # the worker creates the pool with this template; when the pool exists, the chart's
+                # init container (sync-base-job-template) applies it each time a worker pod starts
                 "config": {"workPool": WORK_POOL, "type": "kubernetes",
                            "baseJobTemplate": {"configuration": json.dumps(flow_run_job_template())}},
                 "nodeSelector": ON_SYSTEM,

@@ -65,6 +65,37 @@ def test_slots_hand_freed_slots_to_interactive_first_and_shed_past_the_bound() -
     assert asyncio.run(scenario()) == ["i1", "b1", "b2"]
 
 
+def test_a_larger_limit_admits_the_line_at_once_and_a_smaller_one_holds_it_until_the_pool_fits() -> None:
+    async def scenario() -> None:
+        slots = Slots(limit=1, max_waiting=10)
+        await slots.acquire("batch", "m:1")
+        admitted: list[str] = []
+
+        async def wait(name: str, priority: str = "batch") -> None:
+            await slots.acquire(priority, "m:1")
+            admitted.append(name)
+
+        waiting = [asyncio.create_task(wait(f"w{i}")) for i in range(3)]
+        await asyncio.sleep(0)
+        assert slots.waiting() == 3
+        slots.resize(3, 10)  # a replica more, or a policy change: two of the line go now
+        await asyncio.sleep(0)
+        assert admitted == ["w0", "w1"] and slots.in_use == 3 and slots.waiting() == 1
+        slots.resize(1, 10)  # and back: three in flight over a cap of one
+        slots.release()
+        slots.release()
+        await asyncio.sleep(0)
+        assert admitted == ["w0", "w1"] and slots.in_use == 1  # released slots ended, none handed on
+        slots.release()  # now the pool fits: the next release hands over
+        await asyncio.sleep(0)
+        assert admitted == ["w0", "w1", "w2"] and slots.in_use == 1
+        slots.release()
+        await asyncio.gather(*waiting)
+        assert slots.in_use == 0 and slots.waiting() == 0
+
+    asyncio.run(scenario())
+
+
 def test_a_waiter_that_gives_up_leaves_the_line_and_loses_no_slot() -> None:
     async def scenario() -> None:
         slots = Slots(limit=1, max_waiting=10)

@@ -254,7 +254,7 @@ def test_gpu_pods_admission() -> None:
     assert "no ValidatingAdmissionPolicy bound with Deny" in missing
     warn_only = _pr(bound.resource_type, "b", {"spec": {**binding, "validationActions": ["Warn", "Audit"]}})
     assert _stack(policy, [vap, warn_only])
-    toothless = _pr(vap.resource_type, "p", {"metadata": {"name": NAME}, "spec": {**spec, "validations": []}})
+    toothless = _pr(vap.resource_type, "p", {"metadata": {"name": NAME}, "spec": {**spec, "validations": []}})  # no rule
     assert _stack(policy, [toothless, bound])
 
     def workload(resources: dict, tolerations: list) -> PolicyResource:
@@ -282,10 +282,12 @@ def test_the_admission_policys_cel_states_the_python_rule() -> None:
     spec, binding = admission.gpu_pod_policy()
     assert spec["failurePolicy"] == "Fail" and binding["validationActions"] == ["Deny"]
     assert "initContainers" in admission.CONTAINERS
-    expressions = [v["expression"] for v in spec["validations"]]
-    assert any("tolerations" in e and "'present'" in e and "NoSchedule" in e for e in expressions)
-    assert any("limits" in e and "requests" in e and "string(" in e for e in expressions)  # equal counts
-    assert all(v["message"] for v in spec["validations"])
+    (condition,) = spec["matchConditions"]  # only pods that ask for GPUs are evaluated
+    assert "variables." not in condition["expression"] and "nvidia.com/gpu" in condition["expression"]
+    assert "limits" in condition["expression"] and "requests" in condition["expression"]
+    (rule,) = spec["validations"]
+    assert "tolerations" in rule["expression"] and "'present'" in rule["expression"] and "NoSchedule" in rule["expression"]
+    assert rule["message"]
 
 
 def test_eks_api_cidrs() -> None:

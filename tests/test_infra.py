@@ -427,6 +427,11 @@ def test_the_admin_token_must_be_set_and_long_and_is_never_shown() -> None:
         del config[f"{PROJECT}:{key}"]
         with pytest.raises(pulumi.RunError, match=f"serving-fleet:{key}: not set .* `pulumi config set --secret {key} "):
             build("dev", config)
+    config = stack_config("dev")
+    config[f"{PROJECT}:prefectDbPassword"] = "p@ss/word:" * 4  # would break the chart's connection URL
+    with pytest.raises(pulumi.RunError, match="prefectDbPassword: has characters a URL would need escaped") as err:
+        build("dev", config)
+    assert "p@ss" not in str(err.value)
 
 
 def test_a_prod_kubernetes_api_open_to_the_internet_is_refused() -> None:
@@ -536,6 +541,23 @@ def test_cluster_addons_are_managed_by_eks_at_its_default_version_for_the_cluste
     attached = [a.inputs["policyArn"] for a in stack.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
                 if a.inputs["role"] == role.state["name"]]  # fmt: skip
     assert attached == ["arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"]
+
+
+def test_an_addon_version_can_be_pinned_and_an_unknown_addon_is_refused() -> None:
+    import typing
+
+    from infra.addons import AFTER_NODES, BEFORE_NODES
+    from infra.config import ADDONS
+
+    assert set(typing.get_args(ADDONS)) == set(BEFORE_NODES + AFTER_NODES)  # the config knows every add-on
+    config = stack_config("dev")
+    config["serving-fleet:addonVersions"] = json.dumps({"vpc-cni": "v1.19.5-eksbuild.1"})
+    addons = {r.inputs["addonName"]: r.inputs for r in build("dev", config).of_type("aws:eks/addon:Addon")}
+    assert addons["vpc-cni"]["addonVersion"] == "v1.19.5-eksbuild.1"
+    assert addons["coredns"]["addonVersion"] == f"v{_kubernetes_version(example('dev'))}.0-coredns-eksbuild.1"
+    config["serving-fleet:addonVersions"] = json.dumps({"vpc-cin": "v1"})
+    with pytest.raises(pulumi.RunError, match="addonVersions"):
+        build("dev", config)
 
 
 def test_node_groups_follow_the_cluster_version(stack: Build) -> None:

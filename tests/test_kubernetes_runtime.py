@@ -418,7 +418,12 @@ def test_gpu_utilization_on_a_cpu_model_and_repeated_triggers_are_refused() -> N
     cpu_gpu_util = demo.model_copy(update={"autoscaling": demo.autoscaling.model_copy(update={"triggers": ["gpu_utilization"]})})
     broken = policies.model_copy(update={"models": {**policies.models, "demo-classifier": cpu_gpu_util}})
     stack = read_stack_file(ROOT / "Pulumi.prod.yaml")
-    with pytest.raises(FleetError, match="demo-classifier: autoscaling trigger gpu_utilization needs a GPU"):
+    with pytest.raises(FleetError, match="demo-classifier: autoscaling trigger gpu_utilization needs GPUs of its own.*no GPU"):
+        plan(broken, *placement_inputs(stack, "prod", broken))
+    embed = policies.models["embed-small"]  # on a time-sliced A10G: the GPU's utilisation is its neighbours' too
+    shared = embed.model_copy(update={"autoscaling": embed.autoscaling.model_copy(update={"triggers": ["gpu_utilization"]})})
+    broken = policies.model_copy(update={"models": {**policies.models, "embed-small": shared}})
+    with pytest.raises(FleetError, match="embed-small: .* time-sliced share of a GPU"):
         plan(broken, *placement_inputs(stack, "prod", broken))
     for triggers in ([], ["qps", "qps"]):
         with pytest.raises(Exception, match="at least one trigger, each once"):

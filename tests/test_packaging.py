@@ -137,15 +137,15 @@ def test_model_pods_run_as_the_numeric_user_of_the_image_bentoml_builds(tmp_path
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """`bentoml containerize` images end in ``USER bentoml`` (a name): with runAsNonRoot alone the
     kubelet refuses them (non-numeric user). The runtime's pods must name that user's numbers."""
-    import bentoml
-
     from fleet.placement import ModelPlacement
     from fleet.runtime.bento import bentoml_home, package
     from fleet.runtime.kubernetes import manifests
 
-    if "bentoml" not in __import__("sys").modules:
+    if "bentoml" not in __import__("sys").modules:  # BentoML reads its home once, at import
         monkeypatch.setenv("BENTOML_HOME", str(tmp_path / "bentoml"))
     bentoml_home()
+    import bentoml
+
     spec = load_policies(ROOT / "policies").model("demo-classifier")
     model = f"user-{os.getpid()}"
     store = FileStore(tmp_path / "store")

@@ -326,7 +326,8 @@ class ConnectionPool:
         self._waiters: deque[asyncio.Future[_Connection | None]] = deque()
         self._reaper: asyncio.TimerHandle | None = None
         self._heads: dict[tuple, bytes] = {}
-        self.closed = False
+        self.closed = False  # no new requests (drain or close)
+        self._aborted = False  # close(): nothing more at all
 
     @classmethod
     def from_url(cls, url: str, **options: float | int | None) -> ConnectionPool:
@@ -363,7 +364,7 @@ class ConnectionPool:
                 break
             except _NoAnswer as exc:
                 conn.abort()
-                if conn.reused and not retried and not self.closed:
+                if conn.reused and not retried and not self._aborted:
                     # stale keep-alive: the server closed it while idle; the request met the
                     # close and no answer began, so it is sent again, once, on a new connection
                     retried = True
@@ -375,8 +376,8 @@ class ConnectionPool:
                 conn.abort()
                 self._free_slot()
                 raise
-        if conn.reusable and not self.closed:
-            self._checkin(conn)
+        if conn.reusable:
+            self._checkin(conn)  # closed there if the pool is draining and nobody waits for it
         else:
             conn.close()
             self._free_slot()
@@ -386,20 +387,22 @@ class ConnectionPool:
         """Close every connection, idle or busy (a request in flight fails), refuse the line
         and anything after. Idempotent."""
         self.drain()
-        for conn in list(self._all):
-            conn.close()
-
-    def drain(self) -> None:
-        """Close the idle connections, refuse the line and anything after, and let each request
-        in flight finish; its connection closes when the answer is read. Idempotent."""
-        self.closed = True
-        if self._reaper is not None:
-            self._reaper.cancel()
-            self._reaper = None
+        self._aborted = True
         waiters, self._waiters = self._waiters, deque()
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(PoolClosed(f"the pool for {self.origin} was closed"))
+        for conn in list(self._all):
+            conn.close()
+
+    def drain(self) -> None:
+        """Refuse new requests and close the idle connections; a request in flight finishes,
+        and one already in line gets the next connection that comes back. A connection closes
+        once nobody is left to use it. Idempotent."""
+        self.closed = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.idle = False
@@ -505,7 +508,7 @@ class ConnectionPool:
         except BaseException:
             self._free_slot()
             raise
-        if self.closed:
+        if self._aborted:  # closed while connecting (a draining pool still serves its line)
             conn.close()
             self._free_slot()
             raise PoolClosed(f"the pool for {self.origin} was closed")
@@ -525,6 +528,10 @@ class ConnectionPool:
             if not waiter.done():
                 waiter.set_result(conn)
                 return
+        if self.closed:  # draining: nobody waits for it
+            conn.close()
+            self._open -= 1
+            return
         conn.idle, conn.idle_since = True, self.loop.time()
         self._idle.append(conn)
         if self._reaper is None:

@@ -54,11 +54,29 @@ class Slots:
             raise
 
     def release(self) -> None:
+        if self.in_use > self.limit:  # over a cap lowered by resize(): the slot is gone, not handed on
+            self.in_use -= 1
+            return
+        if not self._hand_over():
+            self.in_use -= 1
+
+    def resize(self, limit: int, max_waiting: int) -> None:
+        """A new limit (a policy change, a replica more or less): under a larger one, requests
+        in line take the new slots now; over a smaller one, slots end as they are released."""
+        self.limit, self.max_waiting = limit, max_waiting
+        while self.in_use < self.limit and self.waiting():
+            self.in_use += 1
+            if not self._hand_over():
+                self.in_use -= 1
+                break
+
+    def _hand_over(self) -> bool:
+        """Give a held slot to the first waiter in priority order; False if nobody waits."""
         for priority in PRIORITIES:
             line = self._waiting[priority]
             while line:
                 future = line.popleft()
                 if not future.done():
                     future.set_result(None)  # the slot moves to the waiter; in_use unchanged
-                    return
-        self.in_use -= 1
+                    return True
+        return False

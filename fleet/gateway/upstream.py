@@ -229,7 +229,7 @@ class Upstreams:
                 kept = {r.url: r for r in pool.replicas} if pool else {}
                 replicas = [kept.get(u) or Replica(u, self._session(u, limit)) for u in urls]
                 pool = self._pools[key] = Pool(f"{key[0]}:{key[1]}", replicas, pool.slots if pool else Slots(limit, waiting))
-            pool.slots.limit, pool.slots.max_waiting = limit * len(urls), waiting
+            pool.slots.resize(limit * len(urls), waiting)
             for url in urls:
                 caps[url] = max(caps.get(url, 0), limit)
         for key in set(self._pools) - set(endpoints):
