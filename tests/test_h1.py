@@ -455,9 +455,10 @@ def test_a_server_that_does_not_accept_in_time_is_a_connect_timeout(run) -> None
 
 
 # -- the cap, the line, cancellation, idle timeout, close ---------------------------------------
-def held_server() -> tuple[Callable[[Peer], Awaitable[None]], asyncio.Event, asyncio.Event]:
+def held_server(record_close: bool = False) -> tuple[Callable[[Peer], Awaitable[None]], asyncio.Event, asyncio.Event]:
     """A script whose connections answer only after ``release`` is set; ``arrived`` is set
-    when the first request is in."""
+    when the first request is in; ``record_close``: a connection the client closes is noted
+    in ``closed_by_client``."""
     arrived, release = asyncio.Event(), asyncio.Event()
 
     async def script(peer: Peer) -> None:
@@ -465,6 +466,8 @@ def held_server() -> tuple[Callable[[Peer], Awaitable[None]], asyncio.Event, asy
             arrived.set()
             await release.wait()
             await peer.send(OK)
+        if record_close:
+            peer.server.closed_by_client.append(peer.index)
 
     return script, arrived, release
 
@@ -595,11 +598,7 @@ def test_close_fails_requests_in_flight_and_in_line_and_refuses_new_ones(run) ->
 
 def test_drain_lets_requests_in_flight_and_in_line_finish_and_refuses_new_ones(run) -> None:  # noqa: ANN001
     async def scenario() -> None:
-        held, arrived, release = held_server()
-
-        async def script(peer: Peer) -> None:
-            await held(peer)
-            peer.server.closed_by_client.append(peer.index)  # the client closed its end
+        script, arrived, release = held_server(record_close=True)
 
         async with Scripted(script) as srv:
             pool = srv.pool(limit=1)
@@ -636,11 +635,7 @@ def test_drain_closes_idle_connections_at_once(run) -> None:  # noqa: ANN001
 
 def test_a_larger_cap_lets_the_line_connect_and_a_smaller_one_closes_connections_as_they_return(run) -> None:  # noqa: ANN001
     async def scenario() -> None:
-        held, arrived, release = held_server()
-
-        async def script(peer: Peer) -> None:
-            await held(peer)
-            peer.server.closed_by_client.append(peer.index)  # the client closed its end
+        script, arrived, release = held_server(record_close=True)
 
         async with Scripted(script) as srv, pooled(srv, limit=1, idle_timeout=3600) as pool:
             first = asyncio.create_task(post(pool, b"0"))
