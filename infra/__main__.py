@@ -76,8 +76,8 @@ Platform(name, PlatformArgs(
     cluster.kubeconfig, cluster.name, stack.region, s.kubernetesVersion, stack.plan, stack.policies, images.urls,
     store_url, gateway_role.arn, flows_role.arn, autoscaler_role.arn, s.gateway, s.gateway.image_tag,
     stack.admin_token, stack.policy_files, stack.secrets[cfg.GRAFANA_PASSWORD_KEY],
-    stack.secrets[cfg.PREFECT_DB_PASSWORD_KEY], [nodes, *cluster_addons.addons.values()], s.vpcCidr,
-))
+    stack.secrets[cfg.PREFECT_DB_PASSWORD_KEY], s.vpcCidr,
+), opts=pulumi.ResourceOptions(depends_on=[nodes, *cluster_addons.addons.values()]))
 
 pulumi.export(cfg.OUT_CLUSTER_NAME, cluster.name)
 pulumi.export(cfg.OUT_KUBECONFIG, cluster.kubeconfig)

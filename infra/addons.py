@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
+from infra import waited_for
 from infra.identity import IrsaRole, IrsaRoleArgs
 
 BEFORE_NODES = ("vpc-cni", "kube-proxy")  # keep ADDONS in infra/config.py the union of both
@@ -49,9 +50,7 @@ class ClusterAddons(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ClusterAddonsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("serving-fleet:infra:ClusterAddons", name, None, opts)
-        # what the component waits for, each add-on waits for (children do not inherit it)
-        after = list(opts.depends_on or []) if opts and isinstance(opts.depends_on, list) else []
-        child = pulumi.ResourceOptions(parent=self, depends_on=after)
+        child = pulumi.ResourceOptions(parent=self, depends_on=waited_for(opts))
         self.addons = {}
         for addon in args.names:
             version = args.pinned.get(addon) or aws.eks.get_addon_version_output(

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra import waited_for
+
 from fleet.placement import POOL_LABEL
 from infra.config import GatewaySettings
 from infra.nodegroups import SYSTEM_GROUP
@@ -56,8 +58,7 @@ class GatewayArgs:
 class Gateway(pulumi.ComponentResource):
     def __init__(self, name: str, args: GatewayArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("serving-fleet:infra:Gateway", name, None, opts)
-        # what the component waits for, its objects wait for too (children do not inherit it)
-        after = list(opts.depends_on or []) if opts and isinstance(opts.depends_on, list) else []
+        after = waited_for(opts)
         child = pulumi.ResourceOptions(parent=self, depends_on=after)
         s = args.settings
         meta = {"name": NAME, "namespace": args.namespace, "labels": LABELS}

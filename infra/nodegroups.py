@@ -16,6 +16,7 @@ import pulumi
 import pulumi_aws as aws
 
 from fleet.placement import POOL_LABEL, NodeGroupPlan
+from infra import waited_for
 
 SYSTEM_GROUP = "system"
 IMDS_HOP_LIMIT = 1
@@ -91,9 +92,7 @@ class NodeGroups(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: NodeGroupsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("serving-fleet:infra:NodeGroups", name, None, opts)
-        # what the component waits for (node role policies, the CNI add-ons), each group waits
-        # for: children do not inherit it
-        self._after = list(opts.depends_on or []) if opts and isinstance(opts.depends_on, list) else []
+        self._after = waited_for(opts)  # the node role's policies, the CNI add-ons
         system = args.system
         self.system = self._group(
             name, args, SYSTEM_GROUP, [system.instance_type], CPU_AMI, "ON_DEMAND",

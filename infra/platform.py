@@ -20,6 +20,7 @@ import pulumi_kubernetes as k8s
 from fleet.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, SLICES_LABEL, Plan
 from fleet.runtime.kubernetes import CONFIG_MAP, MANAGED, config_map_data
 from fleet.spec import Policies
+from infra import waited_for
 from infra.admission import NAME as GPU_ADMISSION, gpu_pod_policy
 from infra.config import GatewaySettings
 from infra.gateway import NAME as GATEWAY, Gateway, GatewayArgs
@@ -92,7 +93,6 @@ class PlatformArgs:
     policy_files: dict[str, str]  # file name → YAML text, mounted into the gateway
     grafana_admin_password: pulumi.Input[str]  # a secret Output
     prefect_db_password: pulumi.Input[str]  # a secret Output
-    after: list[pulumi.Resource]  # node groups and add-ons: every object in the cluster waits for them
     vpc_cidr: str = "10.0.0.0/16"  # where gateway pods live: the network pushes between them may use
 
 
@@ -123,9 +123,10 @@ class Platform(pulumi.ComponentResource):
     def __init__(self, name: str, args: PlatformArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("serving-fleet:infra:Platform", name, None, opts)
         provider = k8s.Provider(f"{name}-k8s", kubeconfig=args.kubeconfig, opts=pulumi.ResourceOptions(parent=self))
-        # every object waits for the nodes and add-ons (a parent's depends_on is not its
-        # children's: without this a chart could start installing before any node exists)
-        self._opts = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=list(args.after))
+        # every object waits for what the component does (the nodes and add-ons): without
+        # this a chart could start installing before any node exists
+        after = waited_for(opts)
+        self._opts = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=after)
         self._name = name
         namespaces = {ns: k8s.core.v1.Namespace(f"{name}-{ns}", metadata={"name": ns, "labels": {"app.kubernetes.io/part-of": "serving-fleet"}},
                                                 opts=self._opts)  # fmt: skip
@@ -262,7 +263,7 @@ class Platform(pulumi.ComponentResource):
             store_url=args.store_url, role_arn=args.gateway_role_arn, region=args.region, settings=gw,
             admin_token=args.gateway_admin_token, policy_files=args.policy_files, trusted_networks=args.vpc_cidr,
         ), opts=pulumi.ResourceOptions(parent=self, providers={"kubernetes": provider},
-                                       depends_on=[*args.after, namespaces[GATEWAY_NS]]))  # fmt: skip
+                                       depends_on=[*after, namespaces[GATEWAY_NS]]))  # fmt: skip
         self.register_outputs({})
 
     def _child(self, *depends: pulumi.Resource) -> pulumi.ResourceOptions:

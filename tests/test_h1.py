@@ -455,17 +455,18 @@ def test_a_server_that_does_not_accept_in_time_is_a_connect_timeout(run) -> None
 
 
 # -- the cap, the line, cancellation, idle timeout, close ---------------------------------------
-def held_server(record_close: bool = False) -> tuple[Callable[[Peer], Awaitable[None]], asyncio.Event, asyncio.Event]:
-    """A script whose connections answer only after ``release`` is set; ``arrived`` is set
-    when the first request is in; ``record_close``: a connection the client closes is noted
-    in ``closed_by_client``."""
+def held_server(record_close: bool = False, answer: bytes = OK) -> tuple[Callable[[Peer], Awaitable[None]], asyncio.Event,
+                                                                         asyncio.Event]:  # fmt: skip
+    """A script whose connections answer ``answer`` only after ``release`` is set; ``arrived``
+    is set when the first request is in; ``record_close``: a connection the client closes is
+    noted in ``closed_by_client``."""
     arrived, release = asyncio.Event(), asyncio.Event()
 
     async def script(peer: Peer) -> None:
         while await peer.request() is not None:
             arrived.set()
             await release.wait()
-            await peer.send(OK)
+            await peer.send(answer)
         if record_close:
             peer.server.closed_by_client.append(peer.index)
 
@@ -680,13 +681,7 @@ def test_upstreams_sync_applies_a_new_concurrency_and_drains_a_replica_it_drops(
 
     from fleet.gateway.upstream import Upstreams
 
-    arrived, release = asyncio.Event(), asyncio.Event()
-
-    async def script(peer: Peer) -> None:
-        while await peer.request() is not None:
-            arrived.set()
-            await release.wait()
-            await peer.send(ANSWER)
+    script, arrived, release = held_server(answer=ANSWER)
 
     async def scenario() -> None:
         async with Scripted(script) as srv:

@@ -141,7 +141,8 @@ def _gpu_admission(args: StackValidationArgs, report: ReportViolation) -> None:
 
 gpu_pods_admission = StackValidationPolicy(
     name="gpu-pods-admission",
-    description="The cluster itself refuses GPU pods without the GPU toleration and limits (a ValidatingAdmissionPolicy).",
+    description="The cluster itself refuses GPU pods without the GPU toleration (a ValidatingAdmissionPolicy); "
+                "the program's own GPU workloads tolerate and set limits.",
     validate=_gpu_admission,
     enforcement_level=EnforcementLevel.MANDATORY,
 )
