@@ -90,6 +90,12 @@ class ModelPlacement:
     target_queue_depth_per_replica: float = 8.0
     target_gpu_utilization_pct: float = 70.0
 
+    def target(self, trigger: str) -> float:
+        """The target a scaling trigger holds this model at (per replica, ms or percent)."""
+        return {"qps": self.target_qps_per_replica, "p99_ms": self.target_p99_ms,
+                "queue_depth": self.target_queue_depth_per_replica,
+                "gpu_utilization": self.target_gpu_utilization_pct}[trigger]  # fmt: skip
+
     @property
     def node_selector(self) -> dict[str, str]:
         return {POOL_LABEL: self.node_group}

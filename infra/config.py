@@ -88,6 +88,8 @@ CertificateArn = checked(
     re.compile(r"arn:aws[a-z-]*:acm:[a-z0-9-]+:\d{12}:certificate/[A-Za-z0-9-]+").fullmatch,
 )  # fmt: skip
 KubernetesVersion = checked(str, "a Kubernetes minor version like '1.33'", re.compile(r"1\.\d{2}").fullmatch)
+AddonVersion = checked(str, "an EKS add-on version like 'v1.19.5-eksbuild.1'",
+                       re.compile(r"v\d+\.\d+\.\d+-eksbuild\.\d+").fullmatch)  # fmt: skip
 Label = checked(str, "1-63 lowercase letters, digits or '-'", re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?").fullmatch)
 
 
@@ -130,7 +132,7 @@ class Settings(_Cfg):
     logRetentionDays: int = Field(30, ge=1)  # logs bucket expiry
     noncurrentVersionDays: int = Field(30, ge=1)  # overwritten or deleted objects kept this long
     policies: str = "policies"  # policy folder, relative to the project root
-    addonVersions: dict[Literal[ADDONS], str] = Field(default_factory=dict)  # pins; default: EKS's for the version
+    addonVersions: dict[ADDONS, AddonVersion] = Field(default_factory=dict)  # pins; default: EKS's for the version
 
     @model_validator(mode="after")
     def _prod_api_is_not_open(self) -> Settings:

@@ -555,9 +555,13 @@ def test_an_addon_version_can_be_pinned_and_an_unknown_addon_is_refused() -> Non
     addons = {r.inputs["addonName"]: r.inputs for r in build("dev", config).of_type("aws:eks/addon:Addon")}
     assert addons["vpc-cni"]["addonVersion"] == "v1.19.5-eksbuild.1"
     assert addons["coredns"]["addonVersion"] == f"v{_kubernetes_version(example('dev'))}.0-coredns-eksbuild.1"
-    config["serving-fleet:addonVersions"] = json.dumps({"vpc-cin": "v1"})
+    config["serving-fleet:addonVersions"] = json.dumps({"vpc-cin": "v1.19.5-eksbuild.1"})
     with pytest.raises(pulumi.RunError, match="addonVersions"):
         build("dev", config)
+    for bad in ("", "latest", "v1.19.5"):  # an empty pin would silently fall back to the lookup
+        config["serving-fleet:addonVersions"] = json.dumps({"vpc-cni": bad})
+        with pytest.raises(pulumi.RunError, match="expected an EKS add-on version like 'v1.19.5-eksbuild.1'"):
+            build("dev", config)
 
 
 def test_node_groups_follow_the_cluster_version(stack: Build) -> None:

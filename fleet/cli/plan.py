@@ -115,9 +115,7 @@ def _placement_table(result: Plan, path: Path) -> Table:
     return t
 
 
-_TARGETS = {"qps": ("target_qps_per_replica", "/replica"), "p99_ms": ("target_p99_ms", " ms"),
-            "queue_depth": ("target_queue_depth_per_replica", "/replica"),
-            "gpu_utilization": ("target_gpu_utilization_pct", " %")}  # fmt: skip
+_UNITS = {"qps": "/replica", "p99_ms": " ms", "queue_depth": "/replica", "gpu_utilization": " %"}
 
 
 def _scaling_table(result: Plan, per_inference: Sequence[InferenceCost]) -> Table:
@@ -128,7 +126,7 @@ def _scaling_table(result: Plan, per_inference: Sequence[InferenceCost]) -> Tabl
     _text_column(t, "USD / 1k inferences", right=True)
     costs = {c.model: c for c in per_inference}
     for m in result.models:
-        triggers = [f"{name} {getattr(m, _TARGETS[name][0]):g}{_TARGETS[name][1]}" for name in m.triggers]
+        triggers = [f"{name} {m.target(name):g}{_UNITS[name]}" for name in m.triggers]
         c = costs[m.model]
         _row(t, m.model, "\n".join(triggers), f"{c.replica_usd_per_hour:.3f}", f"{c.usd_per_1k_inferences:.4f}")
     return t

@@ -174,19 +174,18 @@ def scaling_triggers(model: str, version: str, placement: ModelPlacement, promet
     match = f'model="{model}",version="{version}"'
     pods = f'namespace="{namespace}",pod=~"{object_name(model, version)}-.+"'  # DCGM labels a GPU's metrics with its pod
     queries = {
-        "qps": ("AverageValue", f"sum(rate(fleet_version_requests_total{{{match}}}[1m]))", placement.target_qps_per_replica),
+        "qps": ("AverageValue", f"sum(rate(fleet_version_requests_total{{{match}}}[1m]))"),
         "p99_ms": ("Value", f"1000 * histogram_quantile(0.99, sum(rate(fleet_upstream_duration_seconds_bucket{{{match}}}[2m]))"
-                            " by (le))", placement.target_p99_ms),
+                            " by (le))"),
         # in flight and waiting at every gateway, per replica (like Knative's concurrency)
-        "queue_depth": ("AverageValue", f"sum(fleet_version_in_flight{{{match}}}) + sum(fleet_queue_depth{{{match}}})",
-                        placement.target_queue_depth_per_replica),
-        "gpu_utilization": ("Value", f"avg(DCGM_FI_DEV_GPU_UTIL{{{pods}}})", placement.target_gpu_utilization_pct),
+        "queue_depth": ("AverageValue", f"sum(fleet_version_in_flight{{{match}}}) + sum(fleet_queue_depth{{{match}}})"),
+        "gpu_utilization": ("Value", f"avg(DCGM_FI_DEV_GPU_UTIL{{{pods}}})"),
     }  # fmt: skip
     triggers = []
     for name in placement.triggers:
-        metric_type, query, threshold = queries[name]
+        metric_type, query = queries[name]
         triggers.append({"type": "prometheus", "name": name.replace("_", "-"), "metricType": metric_type, "metadata": {
-            "serverAddress": prometheus_url, "query": query, "threshold": f"{threshold:g}"}})  # fmt: skip
+            "serverAddress": prometheus_url, "query": query, "threshold": f"{placement.target(name):g}"}})  # fmt: skip
     return triggers
 
 
