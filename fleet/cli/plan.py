@@ -52,8 +52,9 @@ def plan_cmd(
     guardrails: GuardrailsOpt = None,
     json: JsonFlag = False,
 ) -> None:
-    """Place the stack's models on its node pools: GPUs per replica, replicas, node-group sizes,
-    the whole stack's cost per hour and the GPU ceiling."""
+    """Place the stack's models on its node pools: GPUs per replica, replicas, what scales each
+    model and its cost per 1,000 inferences, node-group sizes, the whole stack's cost per hour
+    and the GPU ceiling."""
     from fleet.placement import inference_costs, plan
     from fleet.spec import load_policies
     from fleet.stack import build_inputs, gpu_ceiling, guardrail_config_file, placement_inputs, read_stack_file
