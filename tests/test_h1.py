@@ -574,15 +574,21 @@ def test_idle_connections_are_reused_newest_first_and_closed_after_the_idle_time
     run(scenario)
 
 
+async def in_flight_and_in_line(pool: ConnectionPool, arrived: asyncio.Event) -> tuple[asyncio.Task, asyncio.Task]:
+    """With ``limit=1`` and a held server: one request answering, one waiting for its connection."""
+    in_flight = asyncio.create_task(post(pool))
+    await waited(arrived)
+    in_line = asyncio.create_task(post(pool))
+    await until(lambda: pool.stats()["waiting"] == 1, "a request in line")
+    return in_flight, in_line
+
+
 def test_close_fails_requests_in_flight_and_in_line_and_refuses_new_ones(run) -> None:  # noqa: ANN001
     async def scenario() -> None:
         script, arrived, release = held_server()
         async with Scripted(script) as srv:
             pool = srv.pool(limit=1)
-            in_flight = asyncio.create_task(post(pool))
-            await waited(arrived)
-            in_line = asyncio.create_task(post(pool))
-            await until(lambda: pool.stats()["waiting"] == 1, "a request in line")
+            in_flight, in_line = await in_flight_and_in_line(pool, arrived)
             pool.close()
             pool.close()  # idempotent
             with pytest.raises(Disconnected):
@@ -603,10 +609,7 @@ def test_drain_lets_requests_in_flight_and_in_line_finish_and_refuses_new_ones(r
 
         async with Scripted(script) as srv:
             pool = srv.pool(limit=1)
-            in_flight = asyncio.create_task(post(pool))
-            await waited(arrived)
-            in_line = asyncio.create_task(post(pool))
-            await until(lambda: pool.stats()["waiting"] == 1, "a request in line")
+            in_flight, in_line = await in_flight_and_in_line(pool, arrived)
             pool.drain()
             with pytest.raises(PoolClosed):
                 await post(pool)  # a new request is refused
