@@ -123,6 +123,7 @@ def placement_inputs(config: dict[str, Any], where: str, policies: Policies) -> 
 STACK_SYSTEM_KEY = "systemNodes"
 STACK_AZ_KEY = "azCount"
 STACK_SINGLE_NAT_KEY = "singleNatGateway"
+STACK_REDIS_KEY = "redis"
 
 # The fixed parts of a stack's hourly cost, in USD per hour: AWS list prices in us-east-1,
 # the region of the example stacks (nodes are priced by the stack file's hourly_usd). One
@@ -137,11 +138,17 @@ PUBLIC_IPV4_USD = 0.005  # per public IPv4 address-hour: each NAT gateway's Elas
 ALB_USD = 0.0225  # per Application Load Balancer-hour, before LCUs (aws.amazon.com/elasticloadbalancing/pricing)
 VPC_ENDPOINT_USD = 0.01  # per interface endpoint and AZ-hour, before $0.01/GB (aws.amazon.com/privatelink/pricing)
 INTERFACE_ENDPOINTS = ("ecr.api", "ecr.dkr")  # the VPC's interface endpoints (infra/network.py); S3's is a free gateway one
+# ElastiCache for Valkey, on-demand, per node-hour (aws.amazon.com/elasticache/pricing; Valkey
+# is listed 20 % below Redis OSS for the same node type): the gateways' shared quota store
+# (infra/quota_store.py). As recorded when this entry was written, from the pricing page as
+# remembered rather than fetched (the build machine cannot reach it), and not re-checked:
+# check them. Another node type states its price in the stack file (redis.hourly_usd).
+VALKEY_NODE_USD = {"cache.t4g.micro": 0.0128, "cache.t4g.small": 0.0256, "cache.t4g.medium": 0.0520}
 # Not in the totals: billed by traffic or storage, growing with load (the ALB adds public
 # IPv4s as it scales out), or by the month (KMS keys).
 COST_LEFT_OUT = (
     "data transfer, NAT data processing, ALB capacity units and public IPv4s, "
-    "EBS volumes, S3, KMS keys, CloudWatch"
+    "EBS volumes, S3, ElastiCache backups, KMS keys, CloudWatch"
 )
 
 # The CrossGuard pack policies/guardrails refuses a stack whose GPU node groups can scale past
@@ -172,6 +179,38 @@ class SystemNodes(BaseModel):
         return self
 
 
+class RedisNodes(BaseModel):
+    """The gateways' shared quota store, ``serving-fleet:redis``: an ElastiCache replication
+    group of Valkey (the Redis protocol; ``FLEET_REDIS_URL`` of every gateway pod).
+
+    ``nodes`` is the primary and its replicas: 2 or more is Multi-AZ with automatic failover
+    (infra/config.py requires it for env prod), 1 a single node that a failure or maintenance
+    takes away until it is replaced. One model for ``fleet plan`` and ``pulumi up``, like
+    SystemNodes.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    node_type: str = Field("cache.t4g.small", min_length=1)
+    nodes: int = Field(2, ge=1, le=6)  # primary + up to 5 replicas (num_cache_clusters)
+    hourly_usd: float | None = Field(None, ge=0.0)  # per node; default: the recorded list price (VALKEY_NODE_USD)
+    engine_version: str = Field("8.0", pattern=r"^\d+\.\d+$")  # Valkey major.minor
+    # how `pulumi up` hands ElastiCache a changed AUTH token: ROTATE keeps the old one valid
+    # too (while gateways roll onto the new one), SET afterwards drops it (infra/README.md)
+    auth_token_update_strategy: Literal["ROTATE", "SET"] = "ROTATE"
+
+    @model_validator(mode="after")
+    def _priced(self) -> RedisNodes:
+        if self.hourly_usd is None and self.node_type not in VALKEY_NODE_USD:
+            raise expected(f"the on-demand USD price of one {self.node_type} node per hour (a price is recorded only "
+                           f"for {', '.join(VALKEY_NODE_USD)})", field="hourly_usd", got=None)  # fmt: skip
+        return self
+
+    @property
+    def usd_per_node(self) -> float:
+        return self.hourly_usd if self.hourly_usd is not None else VALKEY_NODE_USD[self.node_type]
+
+
 class StackBuild(BaseModel):
     """The keys of a stack file, besides the node pools, that decide what the stack pays for
     by the hour; names and defaults as in infra/config.py's Settings."""
@@ -181,6 +220,7 @@ class StackBuild(BaseModel):
     systemNodes: SystemNodes
     azCount: int = Field(2, ge=2, le=6)
     singleNatGateway: bool = False
+    redis: RedisNodes = Field(default_factory=RedisNodes)
 
     @property
     def nat_gateways(self) -> int:
@@ -194,7 +234,7 @@ def build_inputs(config: dict[str, Any], where: str) -> StackBuild:
     A value ``pulumi config set`` stored as text (``"3"``, ``"true"``, JSON) is read as Pulumi
     hands it to the program, so this agrees with ``pulumi up``.
     """
-    keys = (STACK_SYSTEM_KEY, STACK_AZ_KEY, STACK_SINGLE_NAT_KEY)
+    keys = (STACK_SYSTEM_KEY, STACK_AZ_KEY, STACK_SINGLE_NAT_KEY, STACK_REDIS_KEY)
     values = {k: _as_pulumi_reads(config[f"{PROJECT}:{k}"]) for k in keys if f"{PROJECT}:{k}" in config}
     try:
         return StackBuild.model_validate(values)
@@ -266,6 +306,12 @@ def stack_cost(plan: Plan, build: StackBuild, where: str) -> StackCost:
         _fixed("VPC interface endpoints", len(INTERFACE_ENDPOINTS) * build.azCount,
                f"{len(INTERFACE_ENDPOINTS)} × {build.azCount} AZs", VPC_ENDPOINT_USD),
     ]
+    redis = build.redis
+    if redis.hourly_usd is None:
+        parts.append(_fixed("quota store (Valkey)", redis.nodes, f"{redis.nodes} × {redis.node_type}", redis.usd_per_node))
+    else:
+        parts.append(_nodes("quota store (Valkey)", redis.nodes, redis.nodes, redis.node_type, redis.hourly_usd,
+                            f"{where}: {STACK_REDIS_KEY}.hourly_usd", STACK_REDIS_KEY))  # fmt: skip
     return StackCost(tuple(parts))
 
 

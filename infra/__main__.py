@@ -25,6 +25,7 @@ from infra.network import Network, NetworkArgs  # noqa: E402
 from infra.nodegroups import NodeGroups, NodeGroupsArgs, SystemGroup  # noqa: E402
 from infra.gateway import NAME as GATEWAY_SA  # noqa: E402
 from infra.platform import FLOWS_NS, FLOWS_SA, GATEWAY_NS, Platform, PlatformArgs  # noqa: E402
+from infra.quota_store import QuotaStore, QuotaStoreArgs  # noqa: E402
 from infra.storage import ModelStore, ModelStoreArgs  # noqa: E402
 
 try:
@@ -71,12 +72,17 @@ edge = Edge(name, EdgeArgs(
     cluster.security_group_id, nodes.system.resources.apply(lambda r: r[0].autoscaling_groups[0].name),
     store.logs_bucket, store.logs_policy, tags,
 ))
+# the gateways' shared quotas, reachable from the nodes' security group only
+quota_store = QuotaStore(name, QuotaStoreArgs(
+    network.vpc_id, network.private_subnet_ids, cluster.security_group_id, s.redis,
+    stack.secrets[cfg.REDIS_AUTH_TOKEN_KEY], tags,
+))
 store_url = pulumi.Output.concat("s3://", store.models_bucket)
 Platform(name, PlatformArgs(
     cluster.kubeconfig, cluster.name, stack.region, s.kubernetesVersion, stack.plan, stack.policies, images.urls,
     store_url, gateway_role.arn, flows_role.arn, autoscaler_role.arn, s.gateway, s.gateway.image_tag,
     stack.admin_token, stack.policy_files, stack.secrets[cfg.GRAFANA_PASSWORD_KEY],
-    stack.secrets[cfg.PREFECT_DB_PASSWORD_KEY], s.vpcCidr,
+    stack.secrets[cfg.PREFECT_DB_PASSWORD_KEY], quota_store.url, quota_store.group, s.vpcCidr,
 ), opts=pulumi.ResourceOptions(depends_on=[nodes, *cluster_addons.addons.values()]))
 
 pulumi.export(cfg.OUT_CLUSTER_NAME, cluster.name)
@@ -93,3 +99,4 @@ pulumi.export(cfg.OUT_FLOWS_ROLE, flows_role.arn)
 pulumi.export(cfg.OUT_PLACEMENT, stack.plan.to_dict())
 pulumi.export(cfg.OUT_MAX_GPUS, stack.plan.max_gpus)
 pulumi.export(cfg.OUT_USD_PER_HOUR, usd_per_hour(stack, network.nat_gateways))
+pulumi.export(cfg.OUT_REDIS_ENDPOINT, quota_store.primary_endpoint)

@@ -6,9 +6,10 @@ value and what was expected, all problems at once; an unknown key is an error, s
 would otherwise silently fall back to a default. The placement plan is computed here, from
 the policies and the node pools, because every component sizes itself from it.
 
-Three keys are secrets (set with ``pulumi config set --secret``): ``gatewayAdminToken``, the
+Four keys are secrets (set with ``pulumi config set --secret``): ``gatewayAdminToken``, the
 gateway's admin token; ``grafanaAdminPassword``; ``prefectDbPassword``, the password of
-Prefect server's database. ``parse`` checks that each is there and long enough without ever
+Prefect server's database; ``redisAuthToken``, the AUTH token of the gateways' quota store
+(infra/quota_store.py). ``parse`` checks that each is there and long enough without ever
 keeping or showing it; ``load`` hands them on only as secret Outputs (``require_secret``), so
 Pulumi encrypts them wherever they go and they never reach a stack output in plain text.
 """
@@ -28,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from fleet.errors import ConfigError
 from fleet.placement import Plan, plan
 from fleet.spec import Policies, load_policies
-from fleet.stack import PROJECT, NodePool, SystemNodes, models_from_config, pools_from_config
+from fleet.stack import PROJECT, NodePool, RedisNodes, SystemNodes, models_from_config, pools_from_config
 from fleet.validation import checked, expected, explain, hint, problem
 
 ROOT = Path(__file__).resolve().parent.parent  # where Pulumi.yaml is
@@ -49,16 +50,20 @@ OUT_FLOWS_ROLE = "flowsRoleArn"
 OUT_PLACEMENT = "placement"
 OUT_MAX_GPUS = "maxGpus"
 OUT_USD_PER_HOUR = "usdPerHour"
+OUT_REDIS_ENDPOINT = "redisEndpoint"  # the quota store's primary endpoint (host name; the token is not in it)
 
 ADMIN_TOKEN_KEY = "gatewayAdminToken"  # secret: FLEET_ADMIN_TOKEN of every gateway (turns on its admin API)
 GRAFANA_PASSWORD_KEY = "grafanaAdminPassword"  # secret: Grafana's admin password (kube-prometheus-stack)
 PREFECT_DB_PASSWORD_KEY = "prefectDbPassword"  # secret: the password of Prefect server's PostgreSQL
+REDIS_AUTH_TOKEN_KEY = "redisAuthToken"  # secret: the quota store's AUTH token, in every gateway's FLEET_REDIS_URL
 SECRETS = {  # key → what it is; each set with `pulumi config set --secret`, never shown
     ADMIN_TOKEN_KEY: "the gateway's admin token",
     GRAFANA_PASSWORD_KEY: "Grafana's admin password",
     PREFECT_DB_PASSWORD_KEY: "the password of Prefect server's database",
+    REDIS_AUTH_TOKEN_KEY: "the AUTH token of the gateways' quota store (ElastiCache)",
 }
 SECRET_MIN_CHARS = ADMIN_TOKEN_MIN_CHARS = 32  # `openssl rand -hex 32` gives 64
+REDIS_AUTH_TOKEN_MAX_CHARS = 128  # ElastiCache's limit
 
 
 def set_secret(key: str) -> str:
@@ -101,14 +106,35 @@ class GatewaySettings(_Cfg):
     image_tag: str = Field("0.1.0", min_length=1)  # in the gateway's ECR repository (tags are immutable)
     min_replicas: int = Field(2, ge=1)  # >= 2 so a node drain never takes the whole gateway
     max_replicas: int = Field(6, ge=1)
-    cpu: float = Field(1.0, gt=0.0)
+    # processes per pod on one SO_REUSEPORT socket (FLEET_GATEWAY_WORKERS, the default of
+    # `fleet gateway --workers`); they share quotas through the quota store
+    workers: int = Field(2, ge=1, le=16)
+    cpu: float = Field(gt=0.0)  # the pod's CPU request; default one per worker, and never less
     memory_gib: float = Field(1.0, gt=0.0)
     node_port: int = Field(30080, ge=30000, le=32767)  # the load balancer's target port on the nodes
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cpu_per_worker_by_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "cpu" not in data:
+            default = cls.model_fields["workers"].default
+            workers = data.get("workers", default)
+            valid = isinstance(workers, int) and not isinstance(workers, bool)  # else its own error says so
+            return {**data, "cpu": float(workers if valid else default)}
+        return data
 
     @model_validator(mode="after")
     def _min_below_max(self) -> GatewaySettings:
         if self.min_replicas > self.max_replicas:
             raise expected(f"an integer <= max_replicas ({self.max_replicas})", field="min_replicas", got=self.min_replicas)
+        return self
+
+    @model_validator(mode="after")
+    def _one_cpu_per_worker(self) -> GatewaySettings:
+        # each worker is a single-threaded event loop that can keep a CPU busy; the scheduler
+        # places pods by this request, so less would put more workers on a node than it has CPUs
+        if self.cpu < self.workers:
+            raise expected(f"a number >= workers ({self.workers}): one CPU per worker process", field="cpu", got=self.cpu)
         return self
 
 
@@ -128,6 +154,7 @@ class Settings(_Cfg):
     nodePools: list[Any]  # validated by fleet.stack.pools_from_config
     models: list[str] | None = None  # served by this stack; default every model in the policies
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    redis: RedisNodes = Field(default_factory=RedisNodes)  # the gateways' shared quota store (fleet.stack)
     rootVolumeGib: int = Field(200, ge=50, le=16384)  # model node disks: images and weights are large
     logRetentionDays: int = Field(30, ge=1)  # logs bucket expiry
     noncurrentVersionDays: int = Field(30, ge=1)  # overwritten or deleted objects kept this long
@@ -141,6 +168,14 @@ class Settings(_Cfg):
         if self.env == "prod" and open_:
             raise expected("the CIDRs of your office, VPN or CI (required for env prod; the API is open to the "
                            "internet otherwise)", field="apiAccessCidrs", got=open_)  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
+    def _prod_quota_store_fails_over(self) -> Settings:
+        """A prod quota store survives the loss of a node or an AZ: a replica to fail over to."""
+        if self.env == "prod" and self.redis.nodes < 2:
+            raise expected("an integer >= 2 (required for env prod: Multi-AZ with automatic failover needs a replica)",
+                           field=("redis", "nodes"), got=self.redis.nodes)  # fmt: skip
         return self
 
 
@@ -192,6 +227,15 @@ def _secret_problem(name: str, value: Any, where: str) -> str | None:
         # the Prefect chart writes it into postgresql+asyncpg://user:PASSWORD@host/db unescaped
         return problem(key, "has characters a URL would need escaped (value not shown)",
                        f"letters, digits and - _ . ~ only, e.g. `{set_secret(name)}`")  # fmt: skip
+    if name == REDIS_AUTH_TOKEN_KEY:
+        # ElastiCache takes 16-128 printable characters, of the symbols only ! & # $ ^ < > -;
+        # it goes into rediss://:TOKEN@host:6379/0, where all of those but - need escaping
+        if len(value) > REDIS_AUTH_TOKEN_MAX_CHARS:
+            return problem(key, f"got {len(value)} characters (value not shown)",
+                           f"at most {REDIS_AUTH_TOKEN_MAX_CHARS} (ElastiCache's limit), e.g. `{set_secret(name)}`")  # fmt: skip
+        if not re.fullmatch(r"[A-Za-z0-9-]+", value):
+            return problem(key, "has characters ElastiCache refuses or a URL would need escaped (value not shown)",
+                           f"letters, digits and - only, e.g. `{set_secret(name)}`")  # fmt: skip
     return None
 
 

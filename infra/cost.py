@@ -2,10 +2,11 @@
 
 The parts and their prices are ``fleet.stack.stack_cost``'s, the same ``fleet plan`` prints
 row by row: system nodes (stack config), model nodes (the placement plan), and the EKS
-control plane, NAT gateways with their Elastic IPs and the load balancer at AWS list prices
-in us-east-1 (the table is in fleet/stack.py, one place for both). Data transfer,
-load-balancer capacity units, NAT data processing, EBS volumes and S3 storage depend on
-traffic and data, and are left out.
+control plane, NAT gateways with their Elastic IPs, the load balancer, the VPC interface
+endpoints and the quota store's ElastiCache nodes at AWS list prices in us-east-1 (the table
+is in fleet/stack.py, one place for both). Data transfer, load-balancer capacity units, NAT
+data processing, EBS volumes, S3 storage and ElastiCache backups depend on traffic and data,
+and are left out.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ def usd_per_hour(stack: StackConfig, nat_gateways: int) -> dict[str, float]:
     """``{"min": ..., "max": ...}`` in USD per hour, rounded to cents; ``nat_gateways`` is
     what infra/network.py built, which must be what the cost counts."""
     s = stack.settings
-    build = StackBuild.model_validate(
-        {"systemNodes": s.systemNodes.model_dump(), "azCount": s.azCount, "singleNatGateway": s.singleNatGateway}
-    )
+    build = StackBuild.model_validate({"systemNodes": s.systemNodes.model_dump(), "azCount": s.azCount,
+                                       "singleNatGateway": s.singleNatGateway, "redis": s.redis.model_dump()})  # fmt: skip
     if build.nat_gateways != nat_gateways:  # a bug between network.py and fleet.stack, not a config mistake
         raise RuntimeError(f"the network has {nat_gateways} NAT gateways but the cost counts {build.nat_gateways}")
     low, high = stack_cost(stack.plan, build, f"Pulumi.{stack.stack}.yaml").usd_per_hour

@@ -7,10 +7,15 @@ load balancer's target group points at; a PodDisruptionBudget keeps all but one 
 during node drains, and an HPA scales it on CPU.
 
 Its admin API is on: ``FLEET_ADMIN_TOKEN`` comes from a Secret made from the stack's secret
-``gatewayAdminToken``. The policies are a ConfigMap of ``policies/*.yaml`` mounted at
-``POLICY_DIR`` (``FLEET_POLICIES``). Both are auto-named: pulumi-kubernetes replaces a
-ConfigMap or Secret whose data changed, under a new name, so the pod template changes with
-it and a token rotation or a policy change rolls the gateway. Each pod announces its own
+``gatewayAdminToken``. Tenants' quotas are shared through the quota store
+(infra/quota_store.py): ``FLEET_REDIS_URL`` comes from a Secret of its own holding
+``rediss://:<redisAuthToken>@<primary endpoint>:6379/0``, and the Deployment waits for the
+replication group. ``FLEET_GATEWAY_WORKERS`` processes serve each pod (the stack's
+``gateway.workers``; the CPU request is at least one per worker, infra/config.py). The
+policies are a ConfigMap of ``policies/*.yaml`` mounted at ``POLICY_DIR``
+(``FLEET_POLICIES``). The Secrets and the ConfigMap are auto-named: pulumi-kubernetes
+replaces a ConfigMap or Secret whose data changed, under a new name, so the pod template
+changes with it and a token rotation or a policy change rolls the gateway. Each pod announces its own
 address (``--public-url http://$(POD_IP):8000``), so an admin change is pushed to every
 gateway, not to whichever one the Service picks.
 """
@@ -34,6 +39,7 @@ GRPC_PORT = 8001  # OIP over gRPC (Triton's port); in-cluster clients reach it t
 POLICY_DIR = "/etc/fleet/policies"
 USER_ID = 10001  # the numeric user and group of the gateway image (the repository's Dockerfile)
 ADMIN_TOKEN_ITEM = "token"  # the key in the Secret's data
+REDIS_URL_ITEM = "url"  # the key in the quota store Secret's data
 DRAIN_S = 10  # preStop: stay in the endpoints until kube-proxy on every node has dropped this pod
 # after SIGTERM: uvicorn's graceful shutdown (10 s), the inference log's last flush, the
 # heartbeat record withdrawn; the kubelet kills what is left after the grace period
@@ -52,6 +58,7 @@ class GatewayArgs:
     settings: GatewaySettings
     admin_token: pulumi.Input[str]  # a secret Output
     policy_files: dict[str, str]  # file name → YAML text
+    redis_url: pulumi.Input[str]  # a secret Output: FLEET_REDIS_URL, the quota store (infra/quota_store.py)
     trusted_networks: str = ""  # FLEET_GATEWAY_NETWORKS: where the other gateways' pod IPs are
 
 
@@ -70,6 +77,10 @@ class Gateway(pulumi.ComponentResource):
             f"{name}-admin-token", metadata=owned, type="Opaque",
             string_data={ADMIN_TOKEN_ITEM: pulumi.Output.secret(args.admin_token)}, opts=child,
         )  # fmt: skip
+        redis = k8s.core.v1.Secret(
+            f"{name}-redis", metadata=owned, type="Opaque",
+            string_data={REDIS_URL_ITEM: pulumi.Output.secret(args.redis_url)}, opts=child,
+        )  # fmt: skip
         policies = k8s.core.v1.ConfigMap(f"{name}-policies", metadata=owned, data=args.policy_files, opts=child)
         probe = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3}
         memory = f"{int(s.memory_gib * 1024)}Mi"
@@ -83,6 +94,8 @@ class Gateway(pulumi.ComponentResource):
             "env": [
                 {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                 {"name": "FLEET_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": token.metadata.name, "key": ADMIN_TOKEN_ITEM}}},
+                {"name": "FLEET_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": redis.metadata.name, "key": REDIS_URL_ITEM}}},
+                {"name": "FLEET_GATEWAY_WORKERS", "value": str(s.workers)},
                 {"name": "FLEET_POLICIES", "value": POLICY_DIR},
                 {"name": "FLEET_STORE", "value": args.store_url},
                 {"name": "FLEET_RUNTIME", "value": "kubernetes"},
@@ -122,7 +135,7 @@ class Gateway(pulumi.ComponentResource):
                 }},
             },
             # the HPA owns the replica count once the Deployment exists
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, account, token, policies],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, account, token, redis, policies],
                                         ignore_changes=["spec.replicas"]),
         )  # fmt: skip
         service = k8s.core.v1.Service(

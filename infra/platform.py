@@ -93,6 +93,8 @@ class PlatformArgs:
     policy_files: dict[str, str]  # file name → YAML text, mounted into the gateway
     grafana_admin_password: pulumi.Input[str]  # a secret Output
     prefect_db_password: pulumi.Input[str]  # a secret Output
+    redis_url: pulumi.Input[str]  # a secret Output: the gateways' FLEET_REDIS_URL
+    redis_group: pulumi.Resource  # the quota store's replication group: the gateway waits for it
     vpc_cidr: str = "10.0.0.0/16"  # where gateway pods live: the network pushes between them may use
 
 
@@ -261,9 +263,10 @@ class Platform(pulumi.ComponentResource):
             namespace=GATEWAY_NS, models_namespace=MODELS_NS,
             image=pulumi.Output.concat(args.images[GATEWAY_REPOSITORY], ":", args.gateway_image_tag),
             store_url=args.store_url, role_arn=args.gateway_role_arn, region=args.region, settings=gw,
-            admin_token=args.gateway_admin_token, policy_files=args.policy_files, trusted_networks=args.vpc_cidr,
+            admin_token=args.gateway_admin_token, policy_files=args.policy_files, redis_url=args.redis_url,
+            trusted_networks=args.vpc_cidr,
         ), opts=pulumi.ResourceOptions(parent=self, providers={"kubernetes": provider},
-                                       depends_on=[*after, namespaces[GATEWAY_NS]]))  # fmt: skip
+                                       depends_on=[*after, namespaces[GATEWAY_NS], args.redis_group]))  # fmt: skip
         self.register_outputs({})
 
     def _child(self, *depends: pulumi.Resource) -> pulumi.ResourceOptions:

@@ -37,6 +37,7 @@ SECRET_CONFIG = {  # as if `pulumi config set --secret` had put them there
     ADMIN_TOKEN_KEY: ADMIN_TOKEN,
     f"{PROJECT}:grafanaAdminPassword": "test-grafana-password-must-stay-secret-0123456789",
     f"{PROJECT}:prefectDbPassword": "test-prefect-db-password-must-stay-secret-012345",
+    f"{PROJECT}:redisAuthToken": "test-redis-auth-token-must-stay-secret-0123456789",
 }
 
 if str(ROOT) not in sys.path:
@@ -117,6 +118,13 @@ def _state(typ: str, name: str, inputs: dict) -> tuple[str, dict]:
         out["repositoryUrl"] = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{inputs['name']}"
     elif typ == "aws:lb/loadBalancer:LoadBalancer":
         out["dnsName"] = f"{name}-1234567890.{REGION}.elb.amazonaws.com"
+    elif typ == "aws:elasticache/subnetGroup:SubnetGroup":
+        out["name"] = inputs.get("name") or _physical(name)
+        rid = out["name"]
+    elif typ == "aws:elasticache/replicationGroup:ReplicationGroup":
+        rid = inputs["replicationGroupId"]
+        # the primary endpoint of a group with cluster mode disabled and TLS on
+        out["primaryEndpointAddress"] = f"master.{rid}.abc123.use1.cache.amazonaws.com"
     return rid, out
 
 

@@ -150,6 +150,35 @@ def _ssh_from_anywhere(rs: list[Registered]) -> None:
     rule.inputs.update(fromPort=22, toPort=22)
 
 
+def _quota_store(rs: list[Registered]) -> Registered:
+    return _find(rs, "aws:elasticache/replicationGroup:ReplicationGroup", "-quotas")
+
+
+def _cache_not_encrypted_at_rest(rs: list[Registered]) -> None:
+    del _quota_store(rs).inputs["atRestEncryptionEnabled"]  # Redis OSS's default: off
+
+
+def _cache_without_tls(rs: list[Registered]) -> None:
+    _quota_store(rs).inputs.update(transitEncryptionEnabled=False)
+
+
+def _cache_tls_only_preferred(rs: list[Registered]) -> None:
+    _quota_store(rs).inputs.update(transitEncryptionMode="preferred")
+
+
+def _standalone_redis(rs: list[Registered]) -> None:
+    cluster = copy.deepcopy(_quota_store(rs))
+    cluster.type, cluster.urn = "aws:elasticache/cluster:Cluster", cluster.urn.replace("replicationGroup", "cluster")
+    cluster.inputs = {"engine": "redis", "nodeType": "cache.t4g.small", "numCacheNodes": 1, "tags": cluster.inputs["tags"]}
+    rs.append(cluster)
+
+
+def _redis_from_anywhere(rs: list[Registered]) -> None:
+    rule = _find(rs, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule", "-quotas-from-nodes")
+    del rule.inputs["referencedSecurityGroupId"]
+    rule.inputs["cidrIpv4"] = "0.0.0.0/0"
+
+
 def _unknown_gpu_type(rs: list[Registered]) -> None:
     _find(rs, "aws:eks/nodeGroup:NodeGroup", "a100-8").inputs["instanceTypes"] = ["p9.96xlarge"]
     _find(rs, "aws:eks/nodeGroup:NodeGroup", "a100-8").state["instanceTypes"] = ["p9.96xlarge"]
@@ -170,6 +199,11 @@ BROKEN: dict[str, tuple[Callable[[list[Registered]], None], str]] = {
     "IMDS hop limit 2": (_hop_limit_2, "imds-hop-limit"),
     "SSH open to the internet": (_ssh_from_anywhere, "no-open-ingress"),
     "GPU instance type the ceiling cannot count": (_unknown_gpu_type, "gpu-ceiling"),
+    "quota store not encrypted at rest": (_cache_not_encrypted_at_rest, "cache-encrypted"),
+    "quota store without TLS": (_cache_without_tls, "cache-encrypted"),
+    "quota store that still takes plain-text clients": (_cache_tls_only_preferred, "cache-encrypted"),
+    "standalone Redis cluster": (_standalone_redis, "cache-encrypted"),
+    "Redis port open to the internet": (_redis_from_anywhere, "no-open-ingress"),
 }
 
 
@@ -323,6 +357,34 @@ def test_no_open_ingress() -> None:
     assert _resource(policy, "aws:ec2/securityGroup:SecurityGroup", inline)
 
 
+def test_cache_encrypted() -> None:
+    policy, group = guard.cache_encrypted, "aws:elasticache/replicationGroup:ReplicationGroup"
+    good = {"engine": "valkey", "atRestEncryptionEnabled": True, "transitEncryptionEnabled": True}
+    assert _resource(policy, group, good) == []
+    assert _resource(policy, group, {**good, "transitEncryptionMode": "required"}) == []
+    (at_rest,) = _resource(policy, group, {**good, "atRestEncryptionEnabled": False})
+    assert "at_rest_encryption_enabled is False; expected true" in at_rest
+    (tls,) = _resource(policy, group, {**good, "transitEncryptionEnabled": None})
+    assert "transit_encryption_enabled is None; expected true" in tls
+    (preferred,) = _resource(policy, group, {**good, "transitEncryptionMode": "preferred"})
+    assert "'preferred', which still accepts plain-text clients" in preferred
+    assert len(_resource(policy, group, {"engine": "redis"})) == 2  # Redis OSS's defaults: neither
+    cluster = "aws:elasticache/cluster:Cluster"
+    (standalone,) = _resource(policy, cluster, {"engine": "valkey", "numCacheNodes": 1})
+    assert "a standalone valkey cluster cannot encrypt at rest" in standalone
+    assert _resource(policy, cluster, {"engine": "redis", "replicationGroupId": "rg"}) == []  # a member of a group
+    assert _resource(policy, cluster, {"engine": "memcached"}) == []
+    assert _resource(policy, "aws:ec2/vpc:Vpc", {}) == []
+
+
+def test_no_open_ingress_covers_the_redis_port() -> None:
+    rule = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+    (redis,) = _resource(guard.no_open_ingress, rule, {"ipProtocol": "tcp", "fromPort": 6379, "toPort": 6379, "cidrIpv4": "0.0.0.0/0"})
+    assert "inbound tcp 6379-6379 from the whole internet" in redis
+    assert _resource(guard.no_open_ingress, rule, {"ipProtocol": "tcp", "fromPort": 6379, "toPort": 6379,
+                                                   "referencedSecurityGroupId": "sg-nodes"}) == []  # fmt: skip
+
+
 def test_https_only_listeners() -> None:
     policy, listener = guard.https_only_listeners, "aws:lb/listener:Listener"
     assert _resource(policy, listener, {"protocol": "HTTPS", "port": 443, "certificateArn": "arn:cert"}) == []
@@ -431,7 +493,7 @@ def test_the_pack_entry_point_builds_a_mandatory_pack_of_every_policy(monkeypatc
     (pack,) = made
     assert pack["name"] == guard.PACK_NAME and pack["policies"] == guard.POLICIES
     assert pack["enforcement_level"] == pulumi_policy.EnforcementLevel.MANDATORY
-    assert len({p.name for p in guard.POLICIES}) == len(guard.POLICIES) == 11
+    assert len({p.name for p in guard.POLICIES}) == len(guard.POLICIES) == 12
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])

@@ -52,10 +52,11 @@ def test_both_example_stacks_build_with_their_outputs(stack: Build) -> None:
 
 def test_cost_per_hour_of_the_example_stacks() -> None:
     # dev: EKS 0.10 + 1 NAT 0.05 + ALB 0.0225 + 2 ECR endpoints × 2 AZs 0.04 + 2-3 × t3.large 0.0832
-    # + m6i.large 1-2 × 0.096 + g5.xlarge 1.006
-    assert example("dev").outputs["usdPerHour"] == {"min": 1.48, "max": 1.66}
-    # prod: 3 NATs, 6 endpoint-AZs, 3-6 × m6i.xlarge, and the model nodes of `fleet plan --stack prod` (24.36-49.33)
-    assert example("prod").outputs["usdPerHour"] == {"min": 25.26, "max": 50.82}
+    # + m6i.large 1-2 × 0.096 + g5.xlarge 1.006 + 1 × cache.t4g.small (Valkey) 0.0256
+    assert example("dev").outputs["usdPerHour"] == {"min": 1.51, "max": 1.69}
+    # prod: 3 NATs, 6 endpoint-AZs, 3-6 × m6i.xlarge, 2 × cache.t4g.small, and the model nodes of
+    # `fleet plan --stack prod` (24.36-49.33)
+    assert example("prod").outputs["usdPerHour"] == {"min": 25.32, "max": 50.87}
     assert (example("dev").outputs["maxGpus"], example("prod").outputs["maxGpus"]) == (1, 21)
 
 
@@ -591,6 +592,8 @@ def test_the_dependency_edges_that_matter(stack: Build) -> None:
         assert after <= set(r.dependencies), f"{r.name} may start before the nodes and add-ons"
     (repo,) = [r for r in stack.of_type("aws:ecr/repository:Repository") if r.name.endswith("-gateway")]
     assert repo.urn in deployment.property_dependencies["spec"]  # its image is that repository's URL
+    # the gateway starts once its quota store exists (its URL names the primary endpoint)
+    assert stack.one("aws:elasticache/replicationGroup:ReplicationGroup").urn in deployment.dependencies
 
 
 def test_expensive_gpu_groups_start_at_zero_and_only_in_zones_that_offer_their_type() -> None:
@@ -630,3 +633,126 @@ def test_weights_and_images_reach_the_nodes_without_the_nat(stack: Build) -> Non
         ecr = endpoints[f"com.amazonaws.us-east-1.{service}"]
         assert ecr["vpcEndpointType"] == "Interface" and ecr["privateDnsEnabled"] is True
         assert set(ecr["subnetIds"]) == private_subnets
+
+
+# --- the gateways' quota store (ElastiCache) ------------------------------------------------
+
+REDIS_TOKEN = SECRET_CONFIG[f"{PROJECT}:redisAuthToken"]
+
+
+def _redis_config(stack: str) -> dict:
+    return json.loads(stack_config(stack)["serving-fleet:redis"])
+
+
+def _quota_sg(stack: Build):  # noqa: ANN202
+    return stack.one("aws:ec2/securityGroup:SecurityGroup", "-quotas")
+
+
+def test_the_quota_store_is_an_encrypted_valkey_replication_group_sized_for_its_env(stack: Build) -> None:
+    group = stack.one("aws:elasticache/replicationGroup:ReplicationGroup")
+    rg, config = group.inputs, _redis_config(stack.stack)
+    assert (rg["engine"], rg["port"], rg["nodeType"]) == ("valkey", 6379, config["node_type"])
+    assert rg["atRestEncryptionEnabled"] is True and rg["transitEncryptionEnabled"] is True
+    assert rg["transitEncryptionMode"] == "required" and "kmsKeyId" not in rg  # the service's key
+    replicated = stack.stack == "prod"  # dev: one node; prod: a primary and a replica in another AZ
+    assert rg["numCacheClusters"] == (2 if replicated else 1) == config["nodes"]
+    assert rg["automaticFailoverEnabled"] is replicated and rg["multiAzEnabled"] is replicated
+    assert rg["authToken"] == REDIS_TOKEN and "authToken" in group.secret_inputs
+    assert rg["authTokenUpdateStrategy"] == "ROTATE"
+    assert rg["replicationGroupId"] == f"serving-fleet-{stack.stack}-quotas"
+    subnets = stack.one("aws:elasticache/subnetGroup:SubnetGroup")
+    assert rg["subnetGroupName"] == subnets.state["name"] and subnets.urn in group.property_dependencies["subnetGroupName"]
+    assert rg["securityGroupIds"] == [_quota_sg(stack).id]
+
+
+def test_the_quota_store_lives_in_the_private_subnets_only(stack: Build) -> None:
+    subnets = stack.one("aws:elasticache/subnetGroup:SubnetGroup").inputs["subnetIds"]
+    private = {r.id for r in stack.of_type("aws:ec2/subnet:Subnet") if "private" in r.name}
+    public = {r.id for r in stack.of_type("aws:ec2/subnet:Subnet") if "public" in r.name}
+    assert set(subnets) == private and not set(subnets) & public
+    assert len(subnets) == json.loads(stack_config(stack.stack)["serving-fleet:azCount"])  # one per AZ: Multi-AZ can place a replica
+
+
+def test_only_the_nodes_security_group_reaches_the_quota_store_on_6379(stack: Build) -> None:
+    sg = _quota_sg(stack)
+    assert not sg.inputs.get("ingress") and not sg.inputs.get("egress")  # no inline rules; stateful replies need none
+    rules = [r for r in stack.resources if r.type.startswith("aws:vpc/securityGroup")
+             and sg.urn in r.property_dependencies.get("securityGroupId", [])]  # fmt: skip
+    (rule,) = rules
+    assert rule.type == "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+    assert (rule.inputs["ipProtocol"], rule.inputs["fromPort"], rule.inputs["toPort"]) == ("tcp", 6379, 6379)
+    assert not {"cidrIpv4", "cidrIpv6", "prefixListId"} & set(rule.inputs)  # a security group, never an address range
+    # the cluster security group: EKS puts it on every managed node, and the system nodes the
+    # gateway runs on name no other in their launch template (pods use their node's groups)
+    cluster = stack.one("aws:eks/cluster:Cluster")
+    assert rule.inputs["referencedSecurityGroupId"] == cluster.state["vpcConfig"]["clusterSecurityGroupId"]
+    assert cluster.urn in rule.property_dependencies["referencedSecurityGroupId"]
+    system = stack.one("aws:ec2/launchTemplate:LaunchTemplate", "-system").inputs
+    assert "vpcSecurityGroupIds" not in system and "networkInterfaces" not in system
+    pod, _ = _gateway(stack)
+    assert pod["nodeSelector"] == {POOL_LABEL: "system"}
+
+
+def test_the_gateway_reads_its_redis_url_from_a_secret_and_runs_its_workers(stack: Build) -> None:
+    from infra.quota_store import redis_url
+
+    group = stack.one("aws:elasticache/replicationGroup:ReplicationGroup")
+    (secret,) = [r for r in stack.of_type("kubernetes:core/v1:Secret") if "url" in r.inputs["stringData"]]
+    url = secret.inputs["stringData"]["url"]
+    assert url == f"rediss://:{REDIS_TOKEN}@{group.state['primaryEndpointAddress']}:6379/0" == redis_url(
+        REDIS_TOKEN, group.state["primaryEndpointAddress"])  # fmt: skip
+    assert "stringData" in secret.secret_inputs and secret.inputs["type"] == "Opaque"
+    assert secret.inputs["metadata"]["namespace"] == "fleet" and "name" not in secret.inputs["metadata"]  # auto-named: a new URL rolls the pods
+    _, container = _gateway(stack)
+    env = _env(container)
+    assert env["FLEET_REDIS_URL"] == {"name": "FLEET_REDIS_URL", "valueFrom": {"secretKeyRef": {
+        "name": secret.state["metadata"]["name"], "key": "url"}}}  # fmt: skip
+    assert "value" not in env["FLEET_REDIS_URL"]
+    gateway = json.loads(stack_config(stack.stack)["serving-fleet:gateway"])
+    assert env["FLEET_GATEWAY_WORKERS"]["value"] == str(gateway["workers"])
+    cpu = float(container["resources"]["requests"]["cpu"])
+    assert cpu >= gateway["workers"]  # one CPU per worker process at least
+    assert stack.outputs["redisEndpoint"] == group.state["primaryEndpointAddress"]  # a host name, no token
+    deployment = stack.one("kubernetes:apps/v1:Deployment", "gateway")
+    assert group.urn in deployment.dependencies and secret.urn in deployment.dependencies
+
+
+def test_the_quota_store_config_is_checked() -> None:
+    config = stack_config("dev")
+    del config[f"{PROJECT}:redisAuthToken"]
+    with pytest.raises(pulumi.RunError, match="serving-fleet:redisAuthToken: not set .* `pulumi config set --secret redisAuthToken "):
+        build("dev", config)
+    for bad, says in ((REDIS_TOKEN + "#$" * 10, "characters ElastiCache refuses or a URL would need escaped"),
+                      ("a" * 129, "got 129 characters (value not shown) — expected at most 128")):  # fmt: skip
+        config[f"{PROJECT}:redisAuthToken"] = bad
+        with pytest.raises(pulumi.RunError, match=re.escape(says)) as err:
+            build("dev", config)
+        assert bad not in str(err.value)
+    prod = stack_config("prod")
+    prod["serving-fleet:redis"] = json.dumps({"nodes": 1})
+    with pytest.raises(pulumi.RunError, match=r"serving-fleet:redis.nodes: got 1 — expected an integer >= 2 \(required for env prod"):
+        build("prod", prod)
+    dev = stack_config("dev")
+    dev["serving-fleet:redis"] = json.dumps({"node_type": "cache.r7g.large", "nodes": 1})
+    with pytest.raises(pulumi.RunError, match=r"redis.hourly_usd: .*expected the on-demand USD price of one cache.r7g.large"):
+        build("dev", dev)
+    dev["serving-fleet:redis"] = json.dumps({"node_type": "cache.r7g.large", "nodes": 3, "hourly_usd": 0.2})
+    built = build("dev", dev)
+    rg = built.one("aws:elasticache/replicationGroup:ReplicationGroup").inputs
+    assert (rg["nodeType"], rg["numCacheClusters"], rg["multiAzEnabled"]) == ("cache.r7g.large", 3, True)
+    assert built.outputs["usdPerHour"] == {"min": 2.08, "max": 2.26}  # 1.4809-1.6601 without the store, + 3 × 0.2
+    dev["serving-fleet:gateway"] = json.dumps({"workers": 3, "cpu": 2})
+    with pytest.raises(pulumi.RunError, match=r"serving-fleet:gateway.cpu: got 2.0 — expected a number >= workers \(3\): one CPU per worker"):
+        build("dev", dev)
+
+
+def test_replication_group_ids_are_what_elasticache_accepts() -> None:
+    from infra.quota_store import replication_group_id
+
+    assert replication_group_id("serving-fleet-dev-quotas") == "serving-fleet-dev-quotas"
+    assert replication_group_id("serving-fleet-My_Stack.2-quotas") == "serving-fleet-my-stack-2-quotas"
+    assert replication_group_id("serving-fleet-9x-quotas").startswith("serving-fleet-9x")
+    long_a, long_b = (replication_group_id(f"serving-fleet-{s}-quotas") for s in ("a" * 40 + "-eu", "a" * 40 + "-us"))
+    for rid in (long_a, long_b, replication_group_id("9" * 50)):
+        assert re.fullmatch(r"[a-z](?:[a-z0-9]|-(?!-))*[a-z0-9]", rid) and len(rid) <= 40, rid
+    assert long_a != long_b

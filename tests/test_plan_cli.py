@@ -19,6 +19,7 @@ from fleet.stack import (
     EKS_CONTROL_PLANE_USD,
     NAT_GATEWAY_USD,
     PUBLIC_IPV4_USD,
+    VALKEY_NODE_USD,
     VPC_ENDPOINT_USD,
     build_inputs,
     gpu_ceiling,
@@ -145,6 +146,7 @@ def test_the_dev_stack_costs_what_its_parts_cost() -> None:
         "NAT Elastic IPs": [PUBLIC_IPV4_USD] * 2,
         "load balancer": [ALB_USD] * 2,
         "VPC interface endpoints": [4 * VPC_ENDPOINT_USD] * 2,
+        "quota store (Valkey)": [VALKEY_NODE_USD["cache.t4g.small"]] * 2,  # one node in dev
     }  # fmt: skip
 
 

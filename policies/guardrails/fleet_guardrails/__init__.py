@@ -4,6 +4,7 @@
 the same objects' ``validate`` functions over the resources the Pulumi program registers.
 """
 
+from fleet_guardrails.cache import cache_encrypted
 from fleet_guardrails.compute import gpu_ceiling, gpu_node_groups_tainted, gpu_pods_admission
 from fleet_guardrails.edge import https_only_listeners
 from fleet_guardrails.network import eks_api_cidrs, imds_hop_limit, no_open_ingress
@@ -15,6 +16,7 @@ POLICIES = [
     bucket_encrypted,
     bucket_versioned,
     bucket_never_public,
+    cache_encrypted,
     gpu_node_groups_tainted,
     gpu_pods_admission,
     https_only_listeners,

@@ -16,6 +16,7 @@ TAGGABLE = {
     "aws:ec2/securityGroup:SecurityGroup", "aws:ec2/subnet:Subnet", "aws:ec2/volume:Volume", "aws:ec2/vpc:Vpc",
     "aws:ec2/vpcEndpoint:VpcEndpoint",
     "aws:ecr/repository:Repository", "aws:eks/addon:Addon", "aws:eks/cluster:Cluster", "aws:eks/nodeGroup:NodeGroup",
+    "aws:elasticache/replicationGroup:ReplicationGroup", "aws:elasticache/subnetGroup:SubnetGroup",
     "aws:iam/openIdConnectProvider:OpenIdConnectProvider", "aws:iam/policy:Policy", "aws:iam/role:Role",
     "aws:kms/key:Key", "aws:lb/listener:Listener", "aws:lb/loadBalancer:LoadBalancer", "aws:lb/targetGroup:TargetGroup",
     "aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2", "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule",
