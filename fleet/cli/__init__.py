@@ -15,7 +15,7 @@ import typer
 from pydantic import ValidationError
 
 from fleet import __version__
-from fleet.cli import doctor, flows, models, plan, policies, route, serving, tenants
+from fleet.cli import doctor, flows, models, plan, policies, route, serving, tenants, usage
 from fleet.cli._output import fail
 from fleet.errors import FleetError
 from fleet.validation import explain
@@ -51,6 +51,7 @@ app.command("rollback")(flows.rollback_cmd)
 app.command("demo")(flows.demo_cmd)
 app.command("plan")(plan.plan_cmd)
 app.command("doctor")(doctor.doctor_cmd)
+app.command("usage")(usage.usage_cmd)
 
 # Options of the root that are also taken after the subcommand (`fleet models list --store X`).
 GLOBAL_OPTIONS = ("--store",)
