@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pulumi  # noqa: E402
 
 from fleet.errors import FleetError  # noqa: E402
+from fleet.usage import prices_from_plan, write_prices  # noqa: E402
 from infra import config as cfg  # noqa: E402
 from infra.addons import AFTER_NODES, BEFORE_NODES, ClusterAddons, ClusterAddonsArgs  # noqa: E402
 from infra.cluster import Cluster, ClusterArgs  # noqa: E402
@@ -78,11 +79,13 @@ quota_store = QuotaStore(name, QuotaStoreArgs(
     stack.secrets[cfg.REDIS_AUTH_TOKEN_KEY], tags,
 ))
 store_url = pulumi.Output.concat("s3://", store.models_bucket)
+# what the gateway meters cost with: each placed model's USD per replica-hour, as `fleet plan` prints it
+gateway_prices = write_prices(prices_from_plan(stack.plan, stack.pools, f"Pulumi.{stack.stack}.yaml"))
 Platform(name, PlatformArgs(
     cluster.kubeconfig, cluster.name, stack.region, s.kubernetesVersion, stack.plan, stack.policies, images.urls,
     store_url, gateway_role.arn, flows_role.arn, autoscaler_role.arn, s.gateway, s.gateway.image_tag,
     stack.admin_token, stack.policy_files, stack.secrets[cfg.GRAFANA_PASSWORD_KEY],
-    stack.secrets[cfg.PREFECT_DB_PASSWORD_KEY], quota_store.url, quota_store.group, s.vpcCidr,
+    stack.secrets[cfg.PREFECT_DB_PASSWORD_KEY], quota_store.url, quota_store.group, s.vpcCidr, gateway_prices,
 ), opts=pulumi.ResourceOptions(depends_on=[nodes, *cluster_addons.addons.values()]))
 
 pulumi.export(cfg.OUT_CLUSTER_NAME, cluster.name)

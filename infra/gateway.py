@@ -15,7 +15,14 @@ replication group. ``FLEET_GATEWAY_WORKERS`` processes serve each pod (the stack
 policies are a ConfigMap of ``policies/*.yaml`` mounted at ``POLICY_DIR``
 (``FLEET_POLICIES``). The Secrets and the ConfigMap are auto-named: pulumi-kubernetes
 replaces a ConfigMap or Secret whose data changed, under a new name, so the pod template
-changes with it and a token rotation or a policy change rolls the gateway. Each pod announces its own
+changes with it and a token rotation, a policy change or a price change rolls the gateway.
+
+Cost metering (fleet/usage.py) reads each model's price per replica-hour from
+``FLEET_PRICES_FILE``: a ConfigMap of the JSON ``fleet.usage.write_prices`` writes (the
+program's ``prices_from_plan`` of the placement plan, what ``fleet plan`` prints), mounted at
+``PRICES_DIR``. Each worker process would otherwise start a pool of decode processes sized
+from the node's CPUs (``os.cpu_count`` sees the node, not the pod's request);
+``FLEET_DECODE_WORKERS`` is set from the pod's CPU instead (``decode_workers``). Each pod announces its own
 address (``--public-url http://$(POD_IP):8000``), so an admin change is pushed to every
 gateway, not to whichever one the Service picks.
 """
@@ -37,6 +44,9 @@ NAME = "fleet-gateway"
 PORT = 8000
 GRPC_PORT = 8001  # OIP over gRPC (Triton's port); in-cluster clients reach it through the Service
 POLICY_DIR = "/etc/fleet/policies"
+PRICES_DIR = "/etc/fleet/prices"
+PRICES_ITEM = "prices.json"  # the key in the prices ConfigMap's data: FLEET_PRICES_FILE = PRICES_DIR/PRICES_ITEM
+MAX_DECODE_WORKERS = 4  # the gateway's own ceiling when it sizes the pool itself (fleet/gateway/body.py)
 USER_ID = 10001  # the numeric user and group of the gateway image (the repository's Dockerfile)
 ADMIN_TOKEN_ITEM = "token"  # the key in the Secret's data
 REDIS_URL_ITEM = "url"  # the key in the quota store Secret's data
@@ -45,6 +55,15 @@ DRAIN_S = 10  # preStop: stay in the endpoints until kube-proxy on every node ha
 # heartbeat record withdrawn; the kubelet kills what is left after the grace period
 GRACE_S = DRAIN_S + 30
 LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "serving-fleet"}
+
+
+def decode_workers(cpu: float, workers: int) -> int:
+    """``FLEET_DECODE_WORKERS``: decode processes per gateway worker process. The whole CPUs of
+    the pod's request left after one per worker, shared among the workers, at least 1 (a
+    large body never decodes on the event loop) and at most ``MAX_DECODE_WORKERS``; so 1 at
+    the default of one CPU per worker (both example stacks), where the memory is tight too."""
+    spare = max(0, int(cpu) - workers)
+    return max(1, min(MAX_DECODE_WORKERS, spare // workers))
 
 
 @dataclass
@@ -59,6 +78,7 @@ class GatewayArgs:
     admin_token: pulumi.Input[str]  # a secret Output
     policy_files: dict[str, str]  # file name → YAML text
     redis_url: pulumi.Input[str]  # a secret Output: FLEET_REDIS_URL, the quota store (infra/quota_store.py)
+    prices: str = "{}"  # FLEET_PRICES_FILE's JSON: fleet.usage.write_prices(prices_from_plan(...)); {}: cost unknown
     trusted_networks: str = ""  # FLEET_GATEWAY_NETWORKS: where the other gateways' pod IPs are
 
 
@@ -82,6 +102,7 @@ class Gateway(pulumi.ComponentResource):
             string_data={REDIS_URL_ITEM: pulumi.Output.secret(args.redis_url)}, opts=child,
         )  # fmt: skip
         policies = k8s.core.v1.ConfigMap(f"{name}-policies", metadata=owned, data=args.policy_files, opts=child)
+        prices = k8s.core.v1.ConfigMap(f"{name}-prices", metadata=owned, data={PRICES_ITEM: args.prices}, opts=child)
         probe = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3}
         memory = f"{int(s.memory_gib * 1024)}Mi"
         container = {
@@ -96,6 +117,8 @@ class Gateway(pulumi.ComponentResource):
                 {"name": "FLEET_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": token.metadata.name, "key": ADMIN_TOKEN_ITEM}}},
                 {"name": "FLEET_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": redis.metadata.name, "key": REDIS_URL_ITEM}}},
                 {"name": "FLEET_GATEWAY_WORKERS", "value": str(s.workers)},
+                {"name": "FLEET_DECODE_WORKERS", "value": str(decode_workers(s.cpu, s.workers))},
+                {"name": "FLEET_PRICES_FILE", "value": f"{PRICES_DIR}/{PRICES_ITEM}"},
                 {"name": "FLEET_POLICIES", "value": POLICY_DIR},
                 {"name": "FLEET_STORE", "value": args.store_url},
                 {"name": "FLEET_RUNTIME", "value": "kubernetes"},
@@ -113,7 +136,8 @@ class Gateway(pulumi.ComponentResource):
                                 "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                 "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
             "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
-                             {"name": "policies", "mountPath": POLICY_DIR, "readOnly": True}],
+                             {"name": "policies", "mountPath": POLICY_DIR, "readOnly": True},
+                             {"name": "prices", "mountPath": PRICES_DIR, "readOnly": True}],
         }  # fmt: skip
         k8s.apps.v1.Deployment(
             f"{name}-deployment",
@@ -126,7 +150,8 @@ class Gateway(pulumi.ComponentResource):
                     "serviceAccountName": NAME,
                     "containers": [container],
                     "volumes": [{"name": "tmp", "emptyDir": {}},
-                                {"name": "policies", "configMap": {"name": policies.metadata.name}}],
+                                {"name": "policies", "configMap": {"name": policies.metadata.name}},
+                                {"name": "prices", "configMap": {"name": prices.metadata.name}}],
                     "nodeSelector": {POOL_LABEL: SYSTEM_GROUP},
                     "terminationGracePeriodSeconds": GRACE_S,
                     "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
@@ -135,7 +160,7 @@ class Gateway(pulumi.ComponentResource):
                 }},
             },
             # the HPA owns the replica count once the Deployment exists
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, account, token, redis, policies],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, account, token, redis, policies, prices],
                                         ignore_changes=["spec.replicas"]),
         )  # fmt: skip
         service = k8s.core.v1.Service(

@@ -96,6 +96,7 @@ class PlatformArgs:
     redis_url: pulumi.Input[str]  # a secret Output: the gateways' FLEET_REDIS_URL
     redis_group: pulumi.Resource  # the quota store's replication group: the gateway waits for it
     vpc_cidr: str = "10.0.0.0/16"  # where gateway pods live: the network pushes between them may use
+    gateway_prices: str = "{}"  # the gateway's FLEET_PRICES_FILE (fleet.usage.write_prices of the plan's prices)
 
 
 def model_quota(plan: Plan) -> dict[str, str]:
@@ -264,7 +265,7 @@ class Platform(pulumi.ComponentResource):
             image=pulumi.Output.concat(args.images[GATEWAY_REPOSITORY], ":", args.gateway_image_tag),
             store_url=args.store_url, role_arn=args.gateway_role_arn, region=args.region, settings=gw,
             admin_token=args.gateway_admin_token, policy_files=args.policy_files, redis_url=args.redis_url,
-            trusted_networks=args.vpc_cidr,
+            trusted_networks=args.vpc_cidr, prices=args.gateway_prices,
         ), opts=pulumi.ResourceOptions(parent=self, providers={"kubernetes": provider},
                                        depends_on=[*after, namespaces[GATEWAY_NS], args.redis_group]))  # fmt: skip
         self.register_outputs({})
