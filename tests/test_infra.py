@@ -411,6 +411,43 @@ def test_the_gateway_reads_the_stacks_policies_from_a_config_map(stack: Build, t
     assert load_policies(tmp_path) == load_policies(ROOT / "policies")
 
 
+def test_the_gateway_reads_the_plans_prices_from_a_config_map(stack: Build, tmp_path) -> None:  # noqa: ANN001
+    from fleet.usage import prices_from_plan, read_prices
+
+    pod, container = _gateway(stack)
+    path = _env(container)["FLEET_PRICES_FILE"]["value"]
+    assert path == "/etc/fleet/prices/prices.json"
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/fleet/prices"]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    (cm,) = [o for o in _manifests(stack) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == volume["configMap"]["name"]]
+    cm_input = stack.one("kubernetes:core/v1:ConfigMap", "gateway-prices").inputs
+    assert "name" not in cm_input["metadata"] and cm_input["metadata"]["namespace"] == "fleet"  # auto-named: a new price rolls the pods
+    assert set(cm["data"]) == {"prices.json"}
+    (tmp_path / "prices.json").write_text(cm["data"]["prices.json"])  # the file the gateway sees
+    placed = expected_plan(stack.stack)
+    policies = load_policies(ROOT / "policies")
+    pools, _ = placement_inputs(read_stack_file(ROOT / f"Pulumi.{stack.stack}.yaml"), stack.stack, policies)
+    expected = prices_from_plan(placed, pools, f"Pulumi.{stack.stack}.yaml")
+    prices = read_prices(tmp_path / "prices.json")
+    assert prices == expected and set(prices) == {m.model for m in placed.models}
+    assert all(p.usd_per_replica_hour > 0 and f"Pulumi.{stack.stack}.yaml" in p.source for p in prices.values())
+    deployment = stack.one("kubernetes:apps/v1:Deployment", "gateway")
+    assert stack.one("kubernetes:core/v1:ConfigMap", "gateway-prices").urn in deployment.dependencies
+
+
+def test_the_gateway_sizes_its_decode_pools_from_the_pods_cpu_not_the_nodes(stack: Build) -> None:
+    from infra.gateway import decode_workers
+
+    _, container = _gateway(stack)
+    env = _env(container)
+    workers = int(env["FLEET_GATEWAY_WORKERS"]["value"])
+    assert env["FLEET_DECODE_WORKERS"]["value"] == "1"  # one CPU per worker in both stacks: one decoder each
+    assert (stack.stack, workers > 1) in {("dev", False), ("prod", True)}
+    # spare whole CPUs after one per worker, shared among the workers; at least 1, at most 4
+    assert [decode_workers(cpu, w) for cpu, w in [(1, 1), (2, 2), (2.5, 2), (4, 1), (6, 2), (16, 1), (3, 2)]] == [1, 1, 1, 3, 2, 4, 1]
+
+
 def test_the_admin_token_must_be_set_and_long_and_is_never_shown() -> None:
     config = stack_config("dev")
     del config[ADMIN_TOKEN_KEY]
