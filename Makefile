@@ -35,7 +35,7 @@ test: $(STAMP) system-deps
 
 # Debian packages the tests run for real (Prometheus scraping a gateway), or the benchmarks
 # (wrk, nginx). Installed once, with apt-get (as root, else through sudo).
-TEST_PACKAGES  := prometheus
+TEST_PACKAGES  := prometheus redis-server
 BENCH_PACKAGES := wrk nghttp2-client nginx-light
 define apt_install
 	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

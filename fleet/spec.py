@@ -145,6 +145,7 @@ class ModelSpec(_Spec):
     timeout_ms: int = Field(5000, gt=0)  # hard upper bound for one request, queueing included
     concurrency: int = Field(32, ge=1)  # in-flight requests per replica
     max_queue: int = Field(256, ge=0)  # requests waiting for a slot (all replicas) before new ones get 503
+    batch_aging_ms: int = Field(2000, ge=0)  # a batch request waiting this long is served as if interactive
     max_rows: int = Field(10_000, ge=1)  # rows (first dimension) one request may carry; more is 413
     cache: Cache = Field(default_factory=Cache)
     inference_log: InferenceLog = Field(default_factory=InferenceLog)
@@ -178,6 +179,7 @@ class GatewaySpec(_Spec):
 class Quota(_Spec):
     rps: float = Field(gt=0.0)  # sustained requests per second
     burst: int = Field(ge=1)  # token-bucket size; may be below rps for smooth-only traffic
+    concurrency: int | None = Field(None, ge=1)  # requests in flight at once, across every gateway
 
 
 class TenantSpec(_Spec):
@@ -185,6 +187,7 @@ class TenantSpec(_Spec):
     # router reads it; a second copy here would drift from it
     entitlements: dict[str, Annotated[list[VersionOrAny], Field(min_length=1)]]  # model -> versions
     quota: Quota
+    weight: float = Field(1.0, gt=0.0, le=1000.0)  # share of a saturated version against other tenants
     isolation: bool = False
 
 

@@ -45,15 +45,29 @@ class Quota(BaseModel):
 
     rps: float = Field(gt=0)
     burst: int = Field(ge=1)
+    concurrency: int | None = Field(None, ge=1)  # requests in flight at once, across every gateway
 
 
-def make_quota(rps: float, burst: int) -> Quota:
+MAX_WEIGHT = 1000.0
+
+
+def make_quota(rps: float, burst: int, concurrency: int | None = None) -> Quota:
     """A quota from user input, refused in one line that says what is expected."""
     if not (math.isfinite(rps) and rps > 0):
         raise InvalidInput(f"rps {rps:g} is not valid; expected a finite number > 0")
     if burst < 1:
         raise InvalidInput(f"burst {burst} is not valid; expected a whole number >= 1")
-    return Quota(rps=rps, burst=burst)
+    if concurrency is not None and concurrency < 1:
+        raise InvalidInput(f"concurrency {concurrency} is not valid; expected a whole number >= 1 (requests in flight)")
+    return Quota(rps=rps, burst=burst, concurrency=concurrency)
+
+
+def check_weight(weight: float) -> float:
+    """A fair-queuing weight from user input: finite, > 0, at most ``MAX_WEIGHT``."""
+    if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
+        raise InvalidInput(f"weight {weight:g} is not valid; expected a number > 0 and <= {MAX_WEIGHT:g} "
+                           "(1 is the default share)")  # fmt: skip
+    return float(weight)
 
 
 class ApiKey(BaseModel):
@@ -90,6 +104,9 @@ class Tenant(BaseModel):
     # model → allowed versions: ["*"] for every version, else exact versions.
     entitlements: dict[str, list[str]]
     quota: Quota | None = None
+    # share of a saturated version's slots against other waiting tenants (fair queuing);
+    # None: the policy's tenants: section's, else 1
+    weight: float | None = Field(None, gt=0, le=MAX_WEIGHT)
     keys: list[ApiKey] = []
     created_at: datetime
     created_by: str
@@ -239,13 +256,14 @@ class Tenants:
         entitlements: dict[str, list[str]],
         quota: Quota | None = None,
         *,
+        weight: float | None = None,
         who: str | None = None,
     ) -> tuple[Tenant, str]:
         """Create a tenant with one API key; return it and the key's only plaintext copy."""
         plaintext, key = _new_key()
         tenant = Tenant(
             name=check_name("tenant", name), entitlements=entitlements, quota=quota,
-            keys=[key], created_at=audit.now(), created_by=who or audit.actor(),
+            weight=None if weight is None else check_weight(weight), keys=[key], created_at=audit.now(), created_by=who or audit.actor(),
         )  # fmt: skip
         try:
             records.create(self.store, self._key(name), tenant)
@@ -255,6 +273,22 @@ class Tenants:
                 f"`fleet tenants add-key {name}`"
             ) from None
         return tenant, plaintext
+
+    def set_limits(self, name: str, *, quota: Quota | None = None, clear_quota: bool = False,
+                   weight: float | None = None) -> Tenant:  # fmt: skip
+        """Change a tenant's quota (or remove it: ``clear_quota``) and/or weight; the gateways
+        apply it at their next refresh (about a second)."""
+        update: dict[str, object] = {}
+        if quota is not None or clear_quota:
+            update["quota"] = quota
+        if weight is not None:
+            update["weight"] = check_weight(weight)
+        if not update:
+            raise InvalidInput("nothing to change; expected --rps and --burst (with an optional --concurrency), "
+                               "--no-quota, or --weight")  # fmt: skip
+        _, after = records.update(self.store, self._key(name), Tenant,
+                                  lambda t: self._existing(name, t).model_copy(update=update))  # fmt: skip
+        return after
 
     def add_key(self, name: str) -> tuple[Tenant, str]:
         """Add a key, whatever state the others are in (all revoked or expired included)."""

@@ -10,7 +10,7 @@ import bisect
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,10 +182,26 @@ class MetricsSource(Protocol):
         """The version's counters over [start, end) (unix seconds); zeros when it served nothing."""
 
 
+class Refusal(NamedTuple):
+    """Why a quota refused a request: ``rate`` (wait ``wait_s`` for the next token) or
+    ``concurrency`` (too many of the tenant's requests in flight)."""
+
+    reason: str
+    wait_s: float
+
+
 @runtime_checkable
 class QuotaBackend(Protocol):
-    """Per-tenant rate limits. The gateway's default is in-process token buckets; a shared
-    backend (Redis, say) can replace it so that several gateways enforce one budget."""
+    """Per-tenant quotas. The gateway's default is in-process token buckets
+    (``fleet.gateway.quota.TokenBuckets``); ``RedisQuotas`` shares one budget between every
+    gateway and worker (``FLEET_REDIS_URL``)."""
 
-    def acquire(self, tenant: str, rps: float, burst: int) -> float | None:
-        """Take one request's token: None when allowed, else seconds until one is free."""
+    async def acquire(self, tenant: str, rps: float, burst: int, concurrency: int | None, lease: str) -> Refusal | None:
+        """Take one request's token (and with ``concurrency``, the in-flight lease ``lease``):
+        None when allowed, else why not."""
+
+    def release(self, tenant: str, lease: str) -> None:
+        """The request holding ``lease`` was answered (concurrency quotas only)."""
+
+    def health(self) -> dict[str, Any]:
+        """What ``/v2/health/ready`` shows: the backend, whether the budget is shared now."""

@@ -4,7 +4,8 @@ Store ``./.fleet/store``, the Prefect server (SQLite, UI) on 127.0.0.1:4200 with
 fleet's deployments served by ``fleet flows serve``, the demo model trained and registered
 on first run, its stable (and canary) version served by ``bentoml serve`` processes, and
 the gateway on 127.0.0.1:8000 (OIP over gRPC on 127.0.0.1:8001) with its admin API on (token in
-``.fleet/admin-token``). Ctrl-C stops every child;
+``.fleet/admin-token``) — with ``--gateways N``, N gateway processes on that port and a
+Redis on 127.0.0.1:6390 sharing quotas between them. Ctrl-C stops every child;
 a run after a crash first stops what the crashed one left running.
 """
 
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -50,6 +52,8 @@ class Settings:
     model: str
     with_prefect: bool = True
     grpc_port: int = 8001  # the gateway's gRPC port; 0: any free one
+    gateways: int = 1  # gateway processes on the port; 2 or more share quotas through a local Redis
+    redis_port: int = 6390
 
 
 def check_port_free(port: int, what: str, flag: str, host: str = "127.0.0.1") -> None:
@@ -132,6 +136,39 @@ class Prefect(Child):
         raise StartFailed(f"the Prefect server was not healthy after {PREFECT_READY_TIMEOUT_S:.0f} s; see {self.log}")
 
 
+class RedisServer(Child):
+    """Debian's redis-server on 127.0.0.1, nothing written to disk: the quota store that
+    ``fleet up --gateways N`` shares between its gateways."""
+
+    def __init__(self, home: Path, port: int) -> None:
+        super().__init__(home, "redis", b"redis-server")
+        self.port = port
+        self.url = f"redis://127.0.0.1:{port}/0"
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise ConfigError("--gateways N needs redis-server to share quotas between the gateways; install it "
+                              "(Debian: apt-get install redis-server) or run one gateway")  # fmt: skip
+        self.spawn([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                   dict(os.environ), port=self.port)  # fmt: skip
+
+    def wait_ready(self, timeout_s: float = 10.0) -> None:
+        import redis
+
+        client = redis.Redis.from_url(self.url, socket_timeout=1)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.check_alive("redis-server")
+            try:
+                client.ping()
+                return
+            except redis.RedisError:
+                if time.monotonic() > deadline:
+                    raise StartFailed(f"redis-server did not answer within {timeout_s:.0f} s; see {self.log}") from None
+                time.sleep(0.05)
+
+
 class FlowServer(Child):
     """``fleet flows serve``: registers the deployments and runs the rollouts started from the UI or CLI."""
 
@@ -209,12 +246,20 @@ def running_fleet(
         check_port_free(settings.grpc_port, "gateway's gRPC endpoint", "--grpc-port")
     prefect = Prefect(settings.home, settings.prefect_port)
     flows = FlowServer(settings.home)
+    redis = RedisServer(settings.home, settings.redis_port)
     step("stopping what an earlier run left behind")
     flows.stop_leftover()
     prefect.stop_leftover()
+    redis.stop_leftover()
     runtime.stop_all()
     os.environ.setdefault("FLEET_ADMIN_TOKEN", ensure_admin_token(settings.home))
     try:
+        if settings.gateways > 1:
+            check_port_free(settings.redis_port, "Redis the gateways share quotas through", "--redis-port")
+            step(f"starting Redis on 127.0.0.1:{settings.redis_port} (the gateways' shared quotas)")
+            redis.start()
+            redis.wait_ready()
+            os.environ["FLEET_REDIS_URL"] = redis.url
         if settings.with_prefect:
             check_port_free(settings.prefect_port, "Prefect server", "--prefect-port")
             step("starting the Prefect server (SQLite)")
@@ -230,15 +275,21 @@ def running_fleet(
             prefect.wait_ready()
             step("registering the rollout and rollback deployments (fleet flows serve)")
             flows.start(prefect)
-        yield {"key": key, "prefect": prefect.url if settings.with_prefect else ""}
+        yield {"key": key, "prefect": prefect.url if settings.with_prefect else "",
+               "redis": redis.url if settings.gateways > 1 else ""}  # fmt: skip
     finally:
         flows.stop()
         runtime.stop_all()
         prefect.stop()
+        redis.stop()
 
 
-def serve_gateway(app: object, port: int, on_ready: Callable[[], None], host: str = "127.0.0.1") -> None:
-    """Run the gateway until Ctrl-C / SIGTERM; ``on_ready`` once it accepts requests."""
+def serve_gateway(app: object, port: int, on_ready: Callable[[], None], host: str = "127.0.0.1",
+                  sockets: list[socket.socket] | None = None) -> None:  # fmt: skip
+    """Run the gateway until Ctrl-C / SIGTERM; ``on_ready`` once it accepts requests.
+
+    ``sockets``: listen on these (a worker's, handed over by ``fleet.gateway.workers``)
+    instead of binding ``host:port``; the worker then also stops when its parent is gone."""
     import uvicorn
     import uvloop
 
@@ -248,9 +299,17 @@ def serve_gateway(app: object, port: int, on_ready: Callable[[], None], host: st
                                           # no proxy the gateway runs behind is that, so it only cost CPU
                                           proxy_headers=False))
 
+    async def orphaned(parent: int) -> None:
+        while not server.should_exit:
+            await asyncio.sleep(0.5)
+            if os.getppid() != parent:  # the supervisor died without stopping us
+                server.should_exit = True
+
     async def serve() -> None:
         try:
-            await server.serve()
+            if sockets is not None:
+                asyncio.get_running_loop().create_task(orphaned(os.getppid()))
+            await server.serve(sockets=sockets)
         except SystemExit:  # uvicorn's way of failing to start (a port in use, a lifespan error); it logged why
             raise StartFailed("the gateway did not start; the lines above say why") from None
 

@@ -118,11 +118,11 @@ class GatewayEnv:
             "FLEET_ADMIN_TOKEN": ADMIN_TOKEN, "FLEET_ACTOR": "gateway-test", **extra,
         }  # fmt: skip
 
-    def gateway(self, **extra: str) -> tuple[str, subprocess.Popen[bytes]]:
+    def gateway(self, *args: str, **extra: str) -> tuple[str, subprocess.Popen[bytes]]:
         port = free_port()
         log = self.root / f"gateway-{port}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen([FLEET, "gateway", "--port", str(port)], env=self.env(**extra), cwd=self.root,
+            proc = subprocess.Popen([FLEET, "gateway", "--port", str(port), *args], env=self.env(**extra), cwd=self.root,
                                     stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
         self.procs.append(proc)
         url = f"http://127.0.0.1:{port}"

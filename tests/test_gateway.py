@@ -121,7 +121,8 @@ def test_quota_exhaustion_and_recovery(env) -> None:
 
 
 def test_interactive_requests_overtake_batch_ones_under_saturation(env) -> None:
-    e = env(concurrency=1, max_queue=20, timeout_ms=10000)
+    # batch never ages into interactive here (the fair queue's aging is tested tick by tick)
+    e = env(concurrency=1, max_queue=20, timeout_ms=10000, batch_aging_ms=600_000)
     e.register("1.0.0")
     stub = e.stub("1.0.0", "--delay-ms", "2000")  # the first request holds the only slot for 2 s
     e.route(stable="1.0.0")

@@ -27,16 +27,16 @@ class Clock:
 def test_token_bucket_allows_the_burst_then_the_rate() -> None:
     clock = Clock()
     buckets = TokenBuckets(clock)
-    assert [buckets.acquire("t", rps=2, burst=3) for _ in range(3)] == [None, None, None]
-    wait = buckets.acquire("t", rps=2, burst=3)
-    assert wait == pytest.approx(0.5)  # one token at 2/s
+    assert [buckets.take("t", rps=2, burst=3) for _ in range(3)] == [None, None, None]
+    refusal = buckets.take("t", rps=2, burst=3)
+    assert refusal.reason == "rate" and refusal.wait_s == pytest.approx(0.5)  # one token at 2/s
     clock.now += 0.25
-    assert buckets.acquire("t", rps=2, burst=3) == pytest.approx(0.25)
+    assert buckets.take("t", rps=2, burst=3).wait_s == pytest.approx(0.25)
     clock.now += 0.25
-    assert buckets.acquire("t", rps=2, burst=3) is None
-    assert buckets.acquire("other", rps=2, burst=3) is None  # buckets are per tenant
+    assert buckets.take("t", rps=2, burst=3) is None
+    assert buckets.take("other", rps=2, burst=3) is None  # buckets are per tenant
     clock.now += 100
-    assert [buckets.acquire("t", rps=2, burst=3) for _ in range(4)].count(None) == 3  # refills to burst, no more
+    assert [buckets.take("t", rps=2, burst=3) for _ in range(4)].count(None) == 3  # refills to burst, no more
 
 
 def test_slots_hand_freed_slots_to_interactive_first_and_shed_past_the_bound() -> None:
@@ -55,7 +55,7 @@ def test_slots_hand_freed_slots_to_interactive_first_and_shed_past_the_bound() -
         tasks.append(asyncio.create_task(wait("i1", "interactive")))
         await asyncio.sleep(0)
         assert (slots.waiting("batch"), slots.waiting("interactive")) == (2, 1)
-        with pytest.raises(QueueFull, match="1 requests in flight and 3 waiting"):
+        with pytest.raises(QueueFull, match="m:1 is saturated and tenant '' already has 3 requests waiting \\(its limit\\)"):
             await asyncio.wait_for(asyncio.gather(slots.acquire("batch", "m:1"), wait("x", "batch")), 1)
         slots.release()
         await asyncio.gather(*tasks)
@@ -100,13 +100,120 @@ def test_a_waiter_that_gives_up_leaves_the_line_and_loses_no_slot() -> None:
     async def scenario() -> None:
         slots = Slots(limit=1, max_waiting=10)
         await slots.acquire("interactive", "m:1")
+        other = asyncio.create_task(slots.acquire("batch", "m:1", "b"))
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.01):
-                await slots.acquire("interactive", "m:1")
+                await slots.acquire("interactive", "m:1", "a", 2.0)
+        assert slots.waiting() == slots.waiting_for("b") == 1 and slots.waiting_for("a") == 0
+        other.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await other
         assert slots.waiting() == 0
         slots.release()
         assert slots.in_use == 0
         await asyncio.wait_for(slots.acquire("batch", "m:1"), 1)  # the slot is free again
+
+    asyncio.run(scenario())
+
+
+def test_slots_hand_over_to_tenants_in_proportion_to_their_weights() -> None:
+    async def scenario() -> list[str]:
+        slots = Slots(limit=1, max_waiting=100)
+        await slots.acquire("interactive", "m:1")
+        order: list[str] = []
+
+        async def wait(tenant: str, weight: float) -> None:
+            await slots.acquire("interactive", "m:1", tenant, weight)
+            order.append(tenant)
+            slots.release()
+
+        tasks = [asyncio.create_task(wait(t, w)) for t, w in [("a", 1.0), ("b", 3.0)] for _ in range(40)]
+        await asyncio.sleep(0)
+        assert (slots.waiting_for("a"), slots.waiting_for("b"), slots.waiting("interactive")) == (40, 40, 80)
+        slots.release()
+        await asyncio.gather(*tasks)
+        assert slots.in_use == 0 and slots.waiting() == 0
+        return order
+
+    order = asyncio.run(scenario())
+    assert order[:8] == ["a", "b", "b", "b", "a", "b", "b", "b"]
+    assert (order[:40].count("a"), order[:40].count("b")) == (10, 30)  # 1:3 while both wait
+
+
+def test_a_flooding_tenant_sheds_its_own_requests_and_the_other_tenants_are_admitted() -> None:
+    async def scenario() -> None:
+        slots = Slots(limit=1, max_waiting=6, max_per_tenant=3)
+        await slots.acquire("interactive", "m:1")
+        admitted: list[str] = []
+
+        async def wait(name: str, tenant: str) -> None:
+            await slots.acquire("interactive", "m:1", tenant)
+            admitted.append(name)
+            slots.release()
+
+        flood = [asyncio.create_task(wait(f"f{i}", "flood")) for i in range(5)]
+        calm = [asyncio.create_task(wait(f"c{i}", "calm")) for i in range(2)]
+        await asyncio.sleep(0)
+        assert (slots.waiting_for("flood"), slots.waiting_for("calm")) == (3, 2)
+        for task in flood[3:]:
+            with pytest.raises(QueueFull, match="tenant 'flood' already has 3 requests waiting \\(its limit\\); retry later"):
+                await task
+        slots.release()
+        await asyncio.gather(*flood[:3], *calm)
+        assert sorted(admitted) == ["c0", "c1", "f0", "f1", "f2"] and admitted[:2] == ["f0", "c0"]
+        assert slots.in_use == 0 and slots.waiting() == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_full_line_pushes_out_the_newest_waiter_of_the_tenant_with_the_most() -> None:
+    async def scenario() -> None:
+        slots = Slots(limit=1, max_waiting=4)  # a tenant may hold the whole line, until another comes
+        await slots.acquire("interactive", "m:1")
+        admitted: list[str] = []
+
+        async def wait(name: str, tenant: str) -> None:
+            await slots.acquire("batch", "m:1", tenant)
+            admitted.append(name)
+            slots.release()
+
+        flood = [asyncio.create_task(wait(f"f{i}", "flood")) for i in range(4)]
+        await asyncio.sleep(0)
+        calm = asyncio.create_task(wait("c0", "calm"))
+        await asyncio.sleep(0)
+        with pytest.raises(QueueFull, match="tenant 'flood' had the most requests waiting \\(4\\), so its newest was shed"):
+            await flood[3]
+        assert (slots.waiting_for("flood"), slots.waiting_for("calm")) == (3, 1)
+        with pytest.raises(QueueFull, match="1 requests in flight and 4 waiting \\(the limit\\).*tenant 'flood' would with this one \\(4\\)"):
+            await slots.acquire("interactive", "m:1", "flood")  # under its own bound, but the longest
+        slots.release()
+        await asyncio.gather(*flood[:3], calm)
+        assert admitted == ["f0", "c0", "f1", "f2"] and slots.in_use == 0 and slots.waiting() == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_that_is_handed_the_slot_as_it_gives_up_passes_it_on() -> None:
+    async def scenario() -> None:
+        slots = Slots(limit=1, max_waiting=10)
+        await slots.acquire("interactive", "m:1")
+        admitted: list[str] = []
+
+        async def wait(name: str, tenant: str) -> None:
+            await slots.acquire("interactive", "m:1", tenant)
+            admitted.append(name)
+
+        first = asyncio.create_task(wait("first", "a"))
+        second = asyncio.create_task(wait("second", "b"))
+        await asyncio.sleep(0)
+        slots.release()  # hands the slot to first...
+        first.cancel()  # ...which gives up before it runs
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await second
+        assert admitted == ["second"] and slots.in_use == 1 and slots.waiting() == 0
+        slots.release()
+        assert slots.in_use == 0
 
     asyncio.run(scenario())
 

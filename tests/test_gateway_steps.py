@@ -16,6 +16,7 @@ from fleet.gateway.dispatch import Dispatcher, fallback
 from fleet.gateway.pipeline import Call, Pipeline
 from fleet.gateway.protocol import MalformedBody, TooManyRows, conforms, decode_v1, decode_v2
 from fleet.gateway.quota import OverQuota, Quotas, TokenBuckets
+from fleet.gateway.quota import release as quota_release
 from fleet.gateway.state import Snapshot
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import NoReplica, Rejected, UpstreamError
@@ -152,11 +153,26 @@ def test_the_quota_step_refuses_with_the_wait_and_counts_it() -> None:
     telemetry = Telemetry(lambda: iter(()))
     quotas = Quotas(TokenBuckets(lambda: 100.0), telemetry)
     t = Tenant(name="t", entitlements={"m": ["*"]}, quota=Quota(rps=2, burst=1), created_at=audit.now(), created_by="x")
-    quotas.take(t)
+    asyncio.run(quotas.take(t, {}))
     with pytest.raises(OverQuota, match="over its quota of 2 requests/s") as info:
-        quotas.take(t)
+        asyncio.run(quotas.take(t, {}))
     assert info.value.retry_after_s == pytest.approx(0.5)
-    quotas.take(t.model_copy(update={"quota": None}))  # no quota, no limit
+    asyncio.run(quotas.take(t.model_copy(update={"quota": None}), {}))  # no quota, no limit
+
+
+def test_a_concurrency_quota_holds_a_lease_until_the_request_is_answered() -> None:
+    telemetry = Telemetry(lambda: iter(()))
+    quotas = Quotas(TokenBuckets(lambda: 100.0), telemetry)
+    t = Tenant(name="t", entitlements={"m": ["*"]}, quota=Quota(rps=100, burst=100, concurrency=1),
+               created_at=audit.now(), created_by="x")  # fmt: skip
+    first: dict = {}
+    asyncio.run(quotas.take(t, first))
+    assert "quota_lease" in first
+    with pytest.raises(OverQuota, match="already has 1 requests in flight"):
+        asyncio.run(quotas.take(t, {}))
+    quota_release(first)  # answered (http.close_request does this)
+    quota_release(first)  # idempotent: the middleware's last-chance release finds nothing
+    asyncio.run(quotas.take(t, {}))
 
 
 # -- authenticate, entitle, choose over a snapshot --------------------------------------------

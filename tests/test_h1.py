@@ -690,11 +690,11 @@ def test_upstreams_sync_applies_a_new_concurrency_and_drains_a_replica_it_drops(
         async with Scripted(script) as srv:
             upstreams = Upstreams()
             url = f"http://127.0.0.1:{srv.port}"
-            upstreams.sync({("m", "1"): (url,)}, {"m": (4, 16)})
+            upstreams.sync({("m", "1"): (url,)}, {"m": (4, 16, 2.0)})
             try:
                 replica = upstreams.pool("m", "1").replicas[0]  # type: ignore[union-attr]
                 assert replica.session.limit == 4
-                upstreams.sync({("m", "1"): (url,)}, {"m": (9, 16)})  # the policy changed
+                upstreams.sync({("m", "1"): (url,)}, {"m": (9, 16, 2.0)})  # the policy changed
                 assert replica.session.limit == 9 and upstreams.pool("m", "1").slots.limit == 9  # type: ignore[union-attr]
                 features = np.zeros((1, 4), dtype=np.float32)
                 call = asyncio.create_task(upstreams.predict("m", "1", features, time.monotonic() + 5, "interactive"))
@@ -829,7 +829,7 @@ def test_upstreams_turn_each_client_outcome_into_the_gateways_error_class(run, a
         async with Scripted(script) as srv:
             upstreams = Upstreams()
             url = f"http://127.0.0.1:{srv.port}"
-            upstreams.sync({("m", "1"): (url,)}, {"m": (4, 16)})
+            upstreams.sync({("m", "1"): (url,)}, {"m": (4, 16, 2.0)})
             try:
                 features = np.zeros((1, 4), dtype=np.float32)
                 try:
@@ -864,7 +864,7 @@ def test_upstreams_skip_a_replica_that_refuses_for_the_next_one(run) -> None:  #
             async with Scripted(script) as srv:
                 upstreams = Upstreams()
                 urls = (f"http://127.0.0.1:{dead.getsockname()[1]}", f"http://127.0.0.1:{srv.port}")
-                upstreams.sync({("m", "1"): urls}, {"m": (4, 16)})
+                upstreams.sync({("m", "1"): urls}, {"m": (4, 16, 2.0)})
                 try:
                     features = np.zeros((1, 4), dtype=np.float32)
                     for _ in range(4):  # the rotation puts the dead one first at least once
@@ -872,7 +872,7 @@ def test_upstreams_skip_a_replica_that_refuses_for_the_next_one(run) -> None:  #
                         assert got.shape == (1, 2)
                     dead_replica, live = upstreams.pool("m", "1").replicas  # type: ignore[union-attr]
                     assert dead_replica.failures >= 1 and live.failures == 0 and srv.accepted == 1
-                    upstreams.sync({("m", "1"): urls[1:]}, {"m": (4, 16)})  # the dead one leaves: its pool is closed
+                    upstreams.sync({("m", "1"): urls[1:]}, {"m": (4, 16, 2.0)})  # the dead one leaves: its pool is closed
                     assert dead_replica.session.closed and not live.session.closed
                 finally:
                     await upstreams.close()

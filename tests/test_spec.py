@@ -259,7 +259,7 @@ def test_tenant_entitled_to_unknown_model(tmp_path):
     ("section", "name", "key", "value", "accepted"),
     [
         # pins are routing state (`fleet route pin`), read by the router from the route table only
-        ("tenants", "t", "pins", {"m": "1.0.0"}, "entitlements, quota, isolation"),
+        ("tenants", "t", "pins", {"m": "1.0.0"}, "entitlements, quota, weight, isolation"),
         # the 100 % step's analysis and rollback_window_s are the bake; nothing read this
         ("rollout", "default", "bake_time_s", 300,
          "steps, analysis_window_s, min_samples, gates, shadow_percent, shadow_duration_s, manual_approval, "

@@ -223,7 +223,7 @@ def test_upstreams_remember_which_encoding_each_replica_takes(tmp_path, json_onl
 
     async def scenario() -> tuple[list[np.ndarray], object]:
         upstreams = Upstreams()
-        upstreams.sync({("m", "1"): (stub,)}, {"m": (4, 16)})
+        upstreams.sync({("m", "1"): (stub,)}, {"m": (4, 16, 2.0)})
         try:
             got = [await upstreams.predict("m", "1", x, time.monotonic() + 5, "interactive") for _ in range(4)]
             return got, upstreams.pool("m", "1").replicas[0]  # type: ignore[union-attr]

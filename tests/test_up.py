@@ -32,11 +32,12 @@ def processes_with(marker: str) -> list[int]:
     return [p for p in found if p != os.getpid()]
 
 
-def start_up(cwd: Path, env: dict[str, str], port: int, prefect_port: int) -> tuple[subprocess.Popen[bytes], str]:
+def start_up(cwd: Path, env: dict[str, str], port: int, prefect_port: int,
+             *args: str) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
     out = cwd / f"up-{time.monotonic_ns()}.out"
     with open(out, "wb") as stdout:
         proc = subprocess.Popen(
-            [FLEET, "up", "--port", str(port), "--prefect-port", str(prefect_port), "--grpc-port", "0"],
+            [FLEET, "up", "--port", str(port), "--prefect-port", str(prefect_port), *(args or ("--grpc-port", "0"))],
             cwd=cwd, env=env, stdout=stdout, stderr=subprocess.STDOUT,
         )  # fmt: skip
     deadline = time.monotonic() + 240
@@ -85,6 +86,34 @@ def test_fleet_up_serves_recovers_from_a_crash_and_stops_cleanly_on_sigint(tmp_p
         while processes_with(marker) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert processes_with(marker) == []
+    finally:
+        for pid in processes_with(marker):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_fleet_up_with_two_gateways_shares_quotas_through_its_redis_and_stops_it(tmp_path: Path) -> None:
+    marker = f"FLEET_TEST_MARKER={uuid.uuid4().hex}"
+    env = {**os.environ, "FLEET_POLICIES": str(ROOT / "policies"), marker.split("=")[0]: marker.split("=")[1]}
+    port, redis_port, grpc_port = free_port(), free_port(), free_port()
+    try:
+        proc, key = start_up(tmp_path, env, port, free_port(), "--no-prefect", "--gateways", "2",
+                             "--redis-port", str(redis_port), "--grpc-port", str(grpc_port))  # fmt: skip
+        assert predict(port, key).status_code == 200
+        health = httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5).json()
+        assert health["workers"] == 2
+        assert health["quotas"]["backend"] == "redis" and health["quotas"]["shared"] is True
+        assert health["quotas"]["url"] == f"redis://127.0.0.1:{redis_port}/0"
+        records = list((tmp_path / ".fleet" / "store" / "gateways").glob("*.json"))
+        assert len(records) == 2  # each gateway process announced itself
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        deadline = time.monotonic() + 15
+        while processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert processes_with(marker) == [], "gateways, model services and Redis all stop with fleet up"
     finally:
         for pid in processes_with(marker):
             try:

@@ -402,3 +402,49 @@ def test_fleet_usage_refuses_a_bad_since(recent: ObjectStore, monkeypatch: pytes
     assert exit_.value.code == 1
     assert capsys.readouterr().err.startswith("error: --since 'abc' is not a duration; expected like 90m, 24h, 7d")
 
+
+
+# -- end to end: a real gateway meters, `fleet usage` reads ------------------------------------
+
+
+def test_a_gateway_meters_what_it_served_and_fleet_usage_prices_it(tmp_path: Path) -> None:
+    import json as json_
+    import subprocess
+
+    import httpx
+
+    from fleet.usage import write_prices
+    from tests.gateway_env import MODEL, GatewayEnv, metric, wait_for
+    from tests.serving_env import FLEET
+
+    env = GatewayEnv(tmp_path)
+    prices = tmp_path / "prices.json"
+    prices.write_text(write_prices({MODEL: Price(0.36, "m6i.large", "test price file")}))
+    env.register("1.0.0")
+    env.stub("1.0.0")
+    env.route(stable="1.0.0")
+    key = env.tenant("apps")
+    try:
+        url, proc = env.gateway(FLEET_PRICES_FILE=str(prices))
+        body = {"inputs": [{"name": "features", "shape": [2, 4], "datatype": "FP32", "data": [1.0, 0, 0, 0] * 2}]}
+        with httpx.Client(base_url=url, timeout=10) as client:
+            for _ in range(5):
+                r = client.post(f"/v2/models/{MODEL}/infer", json=body, headers={"Authorization": f"Bearer {key}"})
+                assert r.status_code == 200
+        assert metric(url, "fleet_usage_rows_total", tenant="apps", model=MODEL, version="1.0.0") == 10
+        assert metric(url, "fleet_version_price_usd_per_replica_hour", model=MODEL, version="1.0.0") == 0.36
+        wait_for(lambda: metric(url, "fleet_version_replica_seconds_total", model=MODEL, version="1.0.0") > 0,
+                 what="a replica sample after the first (about 1 s)")  # fmt: skip
+        proc.terminate()  # a clean stop flushes the hour file
+        assert proc.wait(timeout=30) == 0
+    finally:
+        env.stop()
+    out = subprocess.run([FLEET, "usage", "--json"], env=env.env(), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    report = json_.loads(out.stdout)
+    (version,) = [v for v in report["versions"] if v["model"] == MODEL]
+    assert version["requests"] == 5 and version["rows"] == 10 and version["upstream_s"] > 0
+    assert version["replica_s"] > 0 and version["price"]["source"] == "test price file"
+    assert version["usd"] == pytest.approx(version["replica_s"] / 3600 * 0.36)
+    (tenant,) = [t for t in report["tenants"] if t["tenant"] == "apps"]
+    assert tenant["share"] == pytest.approx(1.0) and tenant["usd_per_1k_inferences"] == pytest.approx(version["usd"] / 10 * 1000)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -132,31 +133,66 @@ def gateway_cmd(
                                  help="Also serve the Open Inference Protocol over gRPC (inference.GRPCInferenceService, "
                                       "Triton's) on this port of --host; 0 picks a free port. Off when not given.")
     ] = None,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, max=64, envvar="FLEET_GATEWAY_WORKERS",
+                          help="Gateway processes answering on the same port (SO_REUSEPORT), one per core: each is a "
+                               "gateway of its own, slots are divided between them, /metrics adds them up. Quotas "
+                               "are exact across them with FLEET_REDIS_URL; without it each enforces its share.")
+    ] = 1,
+    worker_fds: Annotated[str | None, typer.Option(
+        "--worker-fds", hidden=True,
+        help="Internal: SHARED,PRIVATE listening socket descriptors a --workers supervisor hands a worker.")] = None,
 ) -> None:
     """Run the gateway alone, in front of the runtime's deployments.
 
     FLEET_ADMIN_TOKEN turns on the admin API (/admin/...); without it the admin API is off.
+    FLEET_REDIS_URL (redis://HOST:PORT/DB, rediss:// for TLS) shares every tenant's quota
+    between all gateways and workers; without it each gateway process enforces quotas alone.
 
     Byte budgets come from the policies' gateway: section. FLEET_DECODE_WORKERS: processes that decode large bodies (0: on the event loop).
     """
     import dataclasses
 
     from fleet.gateway import FleetView, Settings, create_app
+    from fleet.gateway import workers as gw_workers
     from fleet.spec import load_policies
     from fleet.store import open_store
     from fleet.up import check_port_free, serve_gateway
+    from fleet.usage import gateway_prices
 
     _gateway_logging(access_log)
-    if grpc_port:
-        check_port_free(grpc_port, "gateway's gRPC endpoint", "--grpc-port", host)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
+    if workers > 1 and worker_fds is None:
+        from fleet.errors import InvalidInput
+
+        if grpc_port == 0:
+            raise InvalidInput("--grpc-port 0 with --workers: every worker would pick its own port; "
+                               "expected a fixed --grpc-port")  # fmt: skip
+        load_policies(policies)  # one clear error here, rather than one from every worker
+        if grpc_port:
+            check_port_free(grpc_port, "gateway's gRPC endpoint", "--grpc-port", host)
+        _supervise(workers, host, port, sys.argv[1:], _workers_banner(workers, host, shown, grpc_port))
+        return
+    if grpc_port and worker_fds is None:
+        check_port_free(grpc_port, "gateway's gRPC endpoint", "--grpc-port", host)
+    sockets = None
+    if worker_fds is not None:  # a worker: its sockets come from the supervisor
+        shared_fd, private_fd = (int(x) for x in worker_fds.split(","))
+        sockets = [gw_workers.from_fd(shared_fd), gw_workers.from_fd(private_fd)]
+        # announced (and reached by the control plane) at its own port
+        public_url = gw_workers.with_port(public_url or f"http://{shown}:{port}", sockets[1].getsockname()[1])
     settings = dataclasses.replace(Settings.from_env(public_url=public_url or f"http://{shown}:{port}"),
-                                   access_log=access_log, grpc_port=grpc_port, grpc_host=host)  # fmt: skip
+                                   access_log=access_log, grpc_port=grpc_port, grpc_host=host, workers=workers)  # fmt: skip
+    if workers > 1 and settings.decode_workers is None:  # one decode process per worker, not one per core each
+        settings = dataclasses.replace(settings, decode_workers=1)
     store = open_store()
-    app = create_app(FleetView(store, _runtime(policies)), load_policies(policies), settings)
+    prices, _ = gateway_prices(policies)
+    app = create_app(FleetView(store, _runtime(policies)), load_policies(policies), settings, prices=prices)
     url = f"http://{shown}:{port}"
 
     def ready() -> None:
+        if worker_fds is not None:
+            return  # the supervisor reports for all of them
         admin = "on (FLEET_ADMIN_TOKEN)" if settings.admin_token else "off (set FLEET_ADMIN_TOKEN to turn it on)"
         console.print(
             f"gateway {settings.gateway_id} listening on http://{f'[{host}]' if ':' in host else host}:{port} "
@@ -168,7 +204,51 @@ def gateway_cmd(
             markup=False, highlight=False, soft_wrap=True,
         )  # fmt: skip
 
-    serve_gateway(app, port, ready, host=host)
+    serve_gateway(app, port, ready, host=host, sockets=sockets)
+
+
+def _supervise(n: int, host: str, port: int, argv: list[str], on_ready: Callable[[Any], None]) -> None:
+    """N worker processes (``fleet <argv> --worker-fds ...``) on shared sockets, until stopped;
+    ``on_ready(supervisor)`` once every one of them is ready."""
+    import signal
+
+    from fleet.gateway import workers as gw_workers
+
+    supervisor = gw_workers.Supervisor(n, host, port, lambda i, a, b: gw_workers.worker_argv(argv, i, a, b),
+                                       dict(os.environ), lambda line: err_console.print(line, markup=False))  # fmt: skip
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        supervisor.start_all()
+        supervisor.wait_ready()
+        on_ready(supervisor)
+        supervisor.watch()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        supervisor.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _workers_banner(n: int, host: str, shown: str, grpc_port: int | None) -> Callable[[Any], None]:
+    def ready(supervisor: Any) -> None:  # noqa: ANN401
+        url = f"http://{shown}:{supervisor.port}"
+        quotas = ("shared through Redis (FLEET_REDIS_URL)" if os.environ.get("FLEET_REDIS_URL") else
+                  f"each worker enforces 1/{n} of every quota (set FLEET_REDIS_URL to share one budget)")  # fmt: skip
+        console.print(
+            f"gateway: {n} workers listening on http://{f'[{host}]' if ':' in host else host}:{supervisor.port} "
+            f"(pids {', '.join(str(p.pid) for p in supervisor.procs if p)})\n"
+            f"  inference  {url}/v2/models/MODEL/infer\n"
+            f"  gRPC       {f'{shown}:{grpc_port}' if grpc_port else 'off (--grpc-port N)'}\n"
+            f"  health     {url}/v2/health/ready\n  metrics    {url}/metrics (all workers added up)\n"
+            f"  workers    {', '.join(supervisor.private_urls)}\n  quotas     {quotas}\n  Ctrl-C stops",
+            markup=False, highlight=False, soft_wrap=True,
+        )  # fmt: skip
+
+    return ready
 
 
 def _grpc_line(app: object, shown_host: str) -> str:
@@ -262,6 +342,11 @@ def up_cmd(
     prefect_port: Annotated[int, typer.Option(help="Prefect server (UI and API) port on 127.0.0.1.")] = 4200,
     model: Annotated[str, typer.Option(help="The demo model (trained on first run).")] = "demo-classifier",
     no_prefect: Annotated[bool, typer.Option("--no-prefect", help="Do not start the Prefect server.")] = False,
+    gateways: Annotated[int, typer.Option(
+        "--gateways", min=1, max=16,
+        help="Gateway processes on the gateway port (SO_REUSEPORT). With 2 or more, a Redis "
+             "(redis-server, on --redis-port) shares every tenant's quota between them.")] = 1,
+    redis_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the Redis started for --gateways N.")] = 6390,
     policies: PoliciesOpt = DEFAULT_POLICIES,
 ) -> None:
     """Start the local fleet: store, Prefect server and deployments, the demo model's services, the gateway.
@@ -275,10 +360,16 @@ def up_cmd(
     from fleet.spec import load_policies
     from fleet.store import open_store
     from fleet.up import Settings, running_fleet, serve_gateway
+    from fleet.usage import gateway_prices
 
     _gateway_logging(access=False)
+    if gateways > 1 and grpc_port == 0:
+        from fleet.errors import InvalidInput
+
+        raise InvalidInput("--grpc-port 0 with --gateways: every gateway would pick its own port; expected a fixed one")
     settings = Settings(home=Path(".fleet"), port=port, prefect_port=prefect_port, model=model,
-                        with_prefect=not no_prefect, grpc_port=grpc_port)  # fmt: skip
+                        with_prefect=not no_prefect, grpc_port=grpc_port, gateways=gateways,
+                        redis_port=redis_port)  # fmt: skip
     loaded = load_policies(policies)
     loaded.model(model)  # a clear error before anything starts
     store = open_store()
@@ -290,22 +381,32 @@ def up_cmd(
 
     try:
         with running_fleet(settings, store, loaded, runtime, step) as info:
-            settings_ = dataclasses.replace(GatewaySettings.from_env(public_url=f"http://127.0.0.1:{port}"),
-                                            grpc_port=grpc_port)  # fmt: skip
-            app = create_app(FleetView(store, runtime), loaded, settings_)
-            serve_gateway(app, port, lambda: _summary(settings, info, time.monotonic() - started,
-                                                      _grpc_line(app, "127.0.0.1")))  # fmt: skip
+            if gateways > 1:
+                step(f"starting {gateways} gateways (quotas shared through Redis on 127.0.0.1:{redis_port})")
+                argv = ["gateway", "--port", str(port), "--grpc-port", str(grpc_port), "--policies", str(policies)]
+                _supervise(gateways, "127.0.0.1", port, argv,
+                           lambda sup: _summary(settings, info, time.monotonic() - started, f"127.0.0.1:{grpc_port}  "
+                                                "(inference.GRPCInferenceService)", sup.private_urls))  # fmt: skip
+            else:
+                settings_ = dataclasses.replace(GatewaySettings.from_env(public_url=f"http://127.0.0.1:{port}"),
+                                                grpc_port=grpc_port)  # fmt: skip
+                prices, _ = gateway_prices(policies)
+                app = create_app(FleetView(store, runtime), loaded, settings_, prices=prices)
+                serve_gateway(app, port, lambda: _summary(settings, info, time.monotonic() - started,
+                                                          _grpc_line(app, "127.0.0.1")))  # fmt: skip
     except KeyboardInterrupt:
         pass
-    err_console.print("stopped: gateway, model services, flow deployments and Prefect server")
+    err_console.print("stopped: gateway, model services, flow deployments, Prefect server"
+                      + (" and Redis" if gateways > 1 else ""))
 
 
-def _summary(settings, info: dict[str, str], seconds: float, grpc: str) -> None:  # noqa: ANN001
+def _summary(settings, info: dict[str, str], seconds: float, grpc: str, workers: list[str] | None = None) -> None:  # noqa: ANN001
     url = f"http://127.0.0.1:{settings.port}"
     body = '{"inputs":[{"name":"features","shape":[1,4],"datatype":"FP32","data":[1.0,0.0,0.0,0.0]}]}'
     lines = [
         f"serving-fleet is up ({seconds:.0f} s)",
-        f"  gateway      {url}  (OIP v2 and KServe v1)",
+        f"  gateway      {url}  (OIP v2 and KServe v1)"
+        + (f"; {len(workers)} gateway processes, quotas shared through {info.get('redis')}" if workers else ""),
         f"  gRPC         {grpc}",
         f"  Prefect UI   {info['prefect'] or '(not started)'}",
         f"  store        {os.environ.get('FLEET_STORE', 'file://./.fleet/store')}",

@@ -12,7 +12,7 @@ from fleet import audit
 from fleet.cli._output import JsonFlag, console, emit_json, err_console, table, tenants, when
 from fleet.cli.doctor import skipped
 from fleet.errors import InvalidInput
-from fleet.tenants import MAX_GRACE, ApiKey, check_grace, make_quota, parse_entitlements, public, span
+from fleet.tenants import MAX_GRACE, ApiKey, Quota, check_grace, make_quota, parse_entitlements, public, span
 
 app = typer.Typer(help="Manage tenants and their API keys.", no_args_is_help=True)
 
@@ -58,18 +58,54 @@ def create(
     ],
     rps: Annotated[float | None, typer.Option(help="Quota: sustained requests per second.")] = None,
     burst: Annotated[int | None, typer.Option(help="Quota: burst size (requests).")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Quota: requests in flight at once (with --rps).")] = None,
+    weight: Annotated[float | None, typer.Option(help="Share of a saturated version against other waiting "
+                                                 "tenants (fair queuing); default 1.")] = None,  # fmt: skip
     json: JsonFlag = False,
 ) -> None:
     """Create a tenant and print its API key once (only its SHA-256 is stored)."""
-    if (rps is None) != (burst is None):
-        raise InvalidInput("a quota needs both --rps and --burst")
-    quota = make_quota(rps, burst) if rps is not None and burst is not None else None
-    tenant, key = tenants().create(name, parse_entitlements(model), quota)
+    quota = _quota(rps, burst, concurrency)
+    tenant, key = tenants().create(name, parse_entitlements(model), quota, weight=weight)
     if json:
         emit_json({"tenant": public(tenant), "api_key": key})
         return
     console.print(f"created tenant [bold]{tenant.name}[/]")
     _show_key(key)
+
+
+def _quota(rps: float | None, burst: int | None, concurrency: int | None) -> Quota | None:
+    if (rps is None) != (burst is None):
+        raise InvalidInput("a quota needs both --rps and --burst")
+    if concurrency is not None and rps is None:
+        raise InvalidInput("--concurrency is part of a quota; expected it with --rps and --burst")
+    return make_quota(rps, burst, concurrency) if rps is not None and burst is not None else None
+
+
+@app.command()
+def limits(
+    name: str,
+    rps: Annotated[float | None, typer.Option(help="Quota: sustained requests per second.")] = None,
+    burst: Annotated[int | None, typer.Option(help="Quota: burst size (requests).")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Quota: requests in flight at once (with --rps).")] = None,
+    no_quota: Annotated[bool, typer.Option("--no-quota", help="Remove the quota (the policy's applies, if any).")] = False,
+    weight: Annotated[float | None, typer.Option(help="Fair-queuing share against other tenants (default 1).")] = None,
+    json: JsonFlag = False,
+) -> None:
+    """Change a tenant's quota or fair-queuing weight; gateways apply it within about a second."""
+    quota = _quota(rps, burst, concurrency)
+    if quota is not None and no_quota:
+        raise InvalidInput("--no-quota and --rps/--burst contradict each other; expected one of them")
+    tenant = tenants().set_limits(name, quota=quota, clear_quota=no_quota, weight=weight)
+    if json:
+        emit_json(public(tenant))
+        return
+    console.print(f"tenant [bold]{tenant.name}[/]: quota {_shown_quota(tenant.quota)}, weight {tenant.weight or 1:g}")
+
+
+def _shown_quota(q: Quota | None) -> str:
+    if q is None:
+        return "-"
+    return f"{q.rps:g} rps / {q.burst}" + (f" / {q.concurrency} in flight" if q.concurrency else "")
 
 
 @app.command("list")
@@ -84,10 +120,9 @@ def list_(json: JsonFlag = False) -> None:
     rows = []
     for t in found:
         ents = "; ".join(f"{m}:{','.join(v)}" for m, v in sorted(t.entitlements.items()))
-        quota = f"{t.quota.rps:g} rps / {t.quota.burst}" if t.quota else "-"
         keys = ", ".join(key_label(k, now) for k in t.keys)
-        rows.append([t.name, ents, quota, keys, when(t.created_at)])
-    table(None, ["tenant", "entitlements", "quota", "keys", "created"], rows)
+        rows.append([t.name, ents, _shown_quota(t.quota), f"{t.weight or 1:g}", keys, when(t.created_at)])
+    table(None, ["tenant", "entitlements", "quota", "weight", "keys", "created"], rows)
 
 
 @app.command("add-key")

@@ -19,6 +19,7 @@ Without ``FLEET_ADMIN_TOKEN`` the admin API is off: every call answers 403 sayin
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -92,6 +93,8 @@ class NewTenant(_Body):
     models: list[str] = Field(min_length=1, max_length=1000)
     rps: float | None = Field(None, gt=0, allow_inf_nan=False)
     burst: int | None = Field(None, ge=1, le=10**9)
+    concurrency: int | None = Field(None, ge=1, le=10**6)
+    weight: float | None = Field(None, gt=0, le=1000, allow_inf_nan=False)
 
 
 class Revoke(_Body):
@@ -211,10 +214,12 @@ def admin_routes(
         new = await body(request, NewTenant)
         quota = None
         if new.rps is not None:
-            quota = make_quota(new.rps, new.burst or max(1, int(new.rps)))
-        elif new.burst is not None:
-            raise InvalidInput("burst without rps; expected rps (requests/s) with an optional burst")
-        tenant, key = await asyncio.to_thread(tenants.create, new.name, parse_entitlements(new.models), quota)
+            quota = make_quota(new.rps, new.burst or max(1, int(new.rps)), new.concurrency)
+        elif new.burst is not None or new.concurrency is not None:
+            raise InvalidInput("burst or concurrency without rps; expected rps (requests/s) with an optional "
+                               "burst and concurrency")  # fmt: skip
+        tenant, key = await asyncio.to_thread(functools.partial(tenants.create, new.name, parse_entitlements(new.models),
+                                                                quota, weight=new.weight))  # fmt: skip
         on_change()
         return json_response({"tenant": tenant.name, "key_id": tenant.keys[0].id, "api_key": key}, status=201)
 

@@ -19,9 +19,10 @@ import os
 import re
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
+import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -37,6 +38,8 @@ from fleet.gateway.body import BodyBudget, Decoder
 from fleet.gateway.dispatch import Dispatcher
 from fleet.gateway.http import Headers, Settings, internal_error, retry_after
 from fleet.gateway.pipeline import Pipeline
+from fleet.gateway import quota as quotas_
+from fleet.gateway import workers
 from fleet.gateway.quota import Quotas, TokenBuckets
 from fleet.gateway.record import Recorder
 from fleet.gateway.rest import Rest
@@ -50,8 +53,13 @@ from fleet.records import BadRecord
 from fleet.spec import GatewaySpec, Policies
 from fleet.tenants import Quota
 from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, QuotaBackend
+from fleet.usage import Price, UsageMeter
 
 GC_YOUNG_THRESHOLD = 20_000  # allocations between young-generation collections (default 700)
+
+SIBLING_SCRAPE_S = 2.0  # how long /metrics waits for a sibling worker's own metrics
+REPLICA_SAMPLE_S = 1.0  # how often each version's replica count is sampled (replica-seconds)
+PEER_COUNT_EVERY = 5  # heartbeats between counts of the live gateways (the local share of a quota)
 
 GRPC_GRACE_S = 5.0  # how long gRPC calls in flight may finish once the gateway stops
 
@@ -63,7 +71,10 @@ def create_app(
     *,
     quota: QuotaBackend | None = None,
     decoder: Decoder | None = None,
+    prices: Mapping[str, Price] | None = None,
 ) -> ASGIApp:
+    """The gateway. ``prices``: model → its price per replica-hour (``fleet.usage``), for the
+    cost of what it serves; a model without one is metered with its cost unknown."""
     settings = settings or Settings(gateway_id=gateways.new_id())
     limits = policies.gateway if policies else GatewaySpec()
     decoder = decoder or Decoder(settings.decode_workers)
@@ -76,8 +87,18 @@ def create_app(
         yield ("prediction_cache",), sum(c.bytes for c in pipeline.caches.values())  # read at scrape time: all built
         yield ("request_bodies",), in_flight.held
 
+    # how many gateway processes share each quota now (this one's workers until the store says)
+    peers = {"live": max(1, settings.workers)}
+    backend = quota or quotas_.from_env(lambda: peers["live"]) or TokenBuckets(divisor=lambda: peers["live"])
+
+    def quota_state() -> Iterator[tuple[tuple[str, ...], float]]:
+        health = backend.health()
+        yield ("shared",), 1.0 if health["shared"] else 0.0
+        yield ("share_divisor",), float(health["share_divisor"])
+
     telemetry = Telemetry(lambda: _queue_depths(upstreams), buffers,
-                          lambda: (((m, v), p.slots.in_use) for (m, v), p in list(upstreams.pools().items())))  # fmt: skip
+                          lambda: (((m, v), p.slots.in_use) for (m, v), p in list(upstreams.pools().items())),
+                          quota_state)  # fmt: skip
     inference_log = InferenceLog(
         view.store, settings.gateway_id, flush_s=settings.log_flush_s, max_bytes=limits.mib(limits.inference_log_buffer_mib),
         on_written=lambda m, n: telemetry.log_rows.labels(m, "written").inc(n),
@@ -85,10 +106,15 @@ def create_app(
     )  # fmt: skip
     logged = LoggedRequests(view.store, limits.mib(limits.feedback_index_mib))
     if policies:
-        view.use_policies({name: Quota(rps=t.quota.rps, burst=t.quota.burst) for name, t in policies.tenants.items()})
+        view.use_policies({name: Quota(rps=t.quota.rps, burst=t.quota.burst, concurrency=t.quota.concurrency)
+                           for name, t in policies.tenants.items()},
+                          {name: t.weight for name, t in policies.tenants.items()})  # fmt: skip
 
     def on_snapshot(snap: Snapshot) -> None:
-        limits_ = {m: (s.concurrency, s.max_queue) for m, s in (policies.models.items() if policies else [])}
+        # with workers, each process holds its part of a replica's slots and of the wait queue
+        n = settings.workers
+        limits_ = {m: (quotas_.divide(s.concurrency, n), quotas_.divide(s.max_queue, n), s.batch_aging_ms / 1000)
+                   for m, s in (policies.models.items() if policies else [])}  # fmt: skip
         upstreams.sync(snap.endpoints, limits_)
 
     def on_shadow(job: ShadowJob, outcome: str, shadow_ms: float | None, result: Any, kind: str | None) -> None:  # noqa: ANN401
@@ -99,8 +125,15 @@ def create_app(
             telemetry.failed(job.model, job.version, kind)
 
     mirror = ShadowMirror(upstreams.predict, on_shadow, max_bytes=limits.mib(limits.shadow_queue_mib))
-    pipeline = Pipeline(view, policies, telemetry, Quotas(quota or TokenBuckets(), telemetry), decoder,
-                        Dispatcher(upstreams, telemetry), Recorder(mirror, inference_log, logged))  # fmt: skip
+    usage = UsageMeter(view.store, settings.gateway_id, dict(prices or {}).get)
+    telemetry.registry.register(usage.collector())
+
+    async def sample_replicas() -> None:
+        while True:  # replica-seconds: each routed version's replicas, about once a second
+            usage.replicas({k: len(urls) for k, urls in view.snapshot.endpoints.items()})
+            await asyncio.sleep(REPLICA_SAMPLE_S)
+    pipeline = Pipeline(view, policies, telemetry, Quotas(backend, telemetry), decoder,
+                        Dispatcher(upstreams, telemetry), Recorder(mirror, inference_log, logged, usage))  # fmt: skip
     in_flight = BodyBudget(limits.mib(limits.inflight_body_mib))
     rest = Rest(pipeline, view.store, settings.gateway_id, limits.mib(limits.max_body_mib), logged, in_flight)
     server_info = {"name": "serving-fleet", "version": __version__, "extensions": []}
@@ -110,19 +143,28 @@ def create_app(
 
         service = InferenceService(pipeline, lambda: view.snapshot.loaded_at > 0, server_info, in_flight,
                                    access=settings.access_log)  # fmt: skip
-        grpc = GrpcEndpoint(service, settings.grpc_host, settings.grpc_port, limits.mib(limits.max_body_mib))
+        grpc = GrpcEndpoint(service, settings.grpc_host, settings.grpc_port, limits.mib(limits.max_body_mib),
+                            reuse_port=settings.workers > 1)  # fmt: skip
 
     async def heartbeat(record: gateways.GatewayRecord) -> None:
+        beats = 0
         while True:
             await asyncio.sleep(gateways.HEARTBEAT_S)
             with contextlib.suppress(FleetError, OSError):
                 await asyncio.to_thread(gateways.announce, view.store, record)
+            beats += 1
+            # how many share a quota locally: every beat while Redis is away, else now and then
+            if beats % PEER_COUNT_EVERY == 1 or (isinstance(backend, quotas_.RedisQuotas) and not backend.shared):
+                with contextlib.suppress(FleetError, OSError):
+                    peers["live"] = max(1, len(await asyncio.to_thread(gateways.live, view.store)))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         await asyncio.to_thread(view.refresh, True)  # serve nothing until routing state is loaded
         on_snapshot(view.snapshot)
-        tasks = [asyncio.create_task(view.run(on_snapshot)), asyncio.create_task(telemetry.watch_loop())]
+        tasks = [asyncio.create_task(view.run(on_snapshot)), asyncio.create_task(telemetry.watch_loop()),
+                 asyncio.create_task(sample_replicas())]  # fmt: skip
+        usage.start()
         record = None
         if settings.public_url:
             now = audit.now()
@@ -151,10 +193,13 @@ def create_app(
                 task.cancel()
             await mirror.close()
             await asyncio.to_thread(inference_log.close)
+            await asyncio.to_thread(usage.close)
             if record is not None:
                 with contextlib.suppress(FleetError, OSError):
                     await asyncio.to_thread(gateways.withdraw, view.store, record.id)
             await upstreams.close()
+            if isinstance(backend, quotas_.RedisQuotas):
+                await backend.close()
             await asyncio.to_thread(decoder.close)
 
     async def live(_: Request) -> Response:
@@ -185,14 +230,30 @@ def create_app(
             "ready": ok, "routing_state": "stale" if view.stale else "current",
             "store_reachable": view.healthy, "last_refresh_age_s": round(time.time() - view.last_success, 3),
             "store_error": view.last_error or None, "bad_records": shown, "gateway": settings.gateway_id,
+            "quotas": backend.health(), "workers": settings.workers,
         }, 200 if ok else 503)  # fmt: skip
 
     async def server_metadata(_: Request) -> Response:
         return json_response(server_info)
 
-    async def metrics(_: Request) -> Response:
+    others = [u for u in workers.siblings() if u != settings.public_url]
+
+    async def metrics(request: Request) -> Response:
         observe_store()
-        return Response(telemetry.exposition(), media_type="text/plain; version=0.0.4")
+        own = telemetry.exposition()
+        if not others or request.query_params.get("worker"):
+            return Response(own, media_type="text/plain; version=0.0.4")
+        # the whole gateway, whichever worker the scrape reached (fleet.gateway.workers)
+        try:
+            async with httpx.AsyncClient(timeout=SIBLING_SCRAPE_S) as client:
+                answers = await asyncio.gather(*(client.get(f"{u}/metrics", params={"worker": "1"}) for u in others))
+            for a in answers:
+                a.raise_for_status()
+        except httpx.HTTPError as exc:
+            return json_response({"error": f"a sibling worker did not answer its metrics ({exc}); the sum would "
+                                           "read as a counter reset, so none is given"}, 503)  # fmt: skip
+        merged = await asyncio.to_thread(workers.merge_expositions, [own.decode(), *(a.text for a in answers)])
+        return Response(merged, media_type="text/plain; version=0.0.4")
 
     def stats(model: str, window_s: int) -> dict[str, Any]:
         start, end, versions = telemetry.stats.window(model, window_s)

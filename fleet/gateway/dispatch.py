@@ -37,8 +37,8 @@ class Dispatcher:
         self.upstreams, self.telemetry = upstreams, telemetry
 
     async def __call__(self, model: str, table: RouteTable, choice: Choice, features: np.ndarray, timeout_ms: float,
-                       priority: str) -> tuple[str, np.ndarray]:  # fmt: skip
-        """(the version that answered, its answer), or the error the caller gets."""
+                       priority: str, tenant: str = "", weight: float = 1.0) -> tuple[str, np.ndarray, float]:  # fmt: skip
+        """(the version that answered, its answer, the seconds it took), or the error the caller gets."""
         deadline = time.monotonic() + timeout_ms / 1000
         second = fallback(table, choice)
         order = [choice.version] if second is None else [choice.version, second]
@@ -46,7 +46,9 @@ class Dispatcher:
         for i, version in enumerate(order):
             started = time.monotonic()
             try:
-                result = await self.upstreams.predict(model, version, features, deadline, priority, i == len(order) - 1)
+                timing: list[float] = []
+                result = await self.upstreams.predict(model, version, features, deadline, priority, i == len(order) - 1,
+                                                     tenant, weight, timing)  # fmt: skip
             except UpstreamTimeout:
                 self.telemetry.failed(model, version, "timeout")
                 raise UpstreamTimeout(f"{model}:{version} did not answer within {timeout_ms:.0f} ms "
@@ -63,6 +65,6 @@ class Dispatcher:
                 failure = exc
                 continue
             self.telemetry.answered(model, version, (time.monotonic() - started) * 1e3, result)
-            return version, result
+            return version, result, timing[0] if timing else 0.0
         assert failure is not None
         raise failure

@@ -305,14 +305,14 @@ class InferenceService:
 
     async def model_ready(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: ANN401
         async def ready(call: Call) -> Any:  # noqa: ANN401
-            self.pipeline.begin(call, admit=False)
+            self.pipeline.begin(call)
             return pb.ModelReadyResponse(ready=self.pipeline.readiness(call)[1])
 
         return await self._serve(context, "ModelReady", lambda: (request.name, request.version), ready)
 
     async def model_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: ANN401
         async def metadata(call: Call) -> Any:  # noqa: ANN401
-            info = self.pipeline.metadata(self.pipeline.begin(call, admit=False))
+            info = self.pipeline.metadata(self.pipeline.begin(call))
             return pb.ModelMetadataResponse(name=info.name, versions=info.versions, platform=info.platform,
                                             inputs=[_tensor_metadata(s) for s in info.inputs],
                                             outputs=[_tensor_metadata(s) for s in info.outputs])  # fmt: skip
@@ -325,7 +325,7 @@ class InferenceService:
                 self.pipeline.authenticate(call)
                 request = parse_infer(body)
                 call.model, call.requested = request.model_name, request.model_version or None
-            self.pipeline.begin(call)
+            await self.pipeline.admit(self.pipeline.begin(call))
             with self.in_flight.holding(call.tenant.name) as held:  # type: ignore[union-attr]
                 held.add(len(body))
                 decoded = await self.pipeline.decode(call, body, decode_infer)
@@ -403,8 +403,10 @@ def _peer(peer: str) -> str:
 class GrpcEndpoint:
     """A ``grpc.aio`` server for the service, on the event loop that ``start`` runs on."""
 
-    def __init__(self, service: InferenceService, host: str, port: int, max_message_bytes: int) -> None:
+    def __init__(self, service: InferenceService, host: str, port: int, max_message_bytes: int,
+                 reuse_port: bool = False) -> None:  # fmt: skip
         self.service, self.host, self.port, self.max_message_bytes = service, host, port, max_message_bytes
+        self.reuse_port = reuse_port  # gateway workers share the port (the supervisor checked it was free)
         self._server: grpc.aio.Server | None = None
 
     @property
@@ -419,7 +421,7 @@ class GrpcEndpoint:
         server = grpc.aio.server(maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS, options=[
             ("grpc.max_receive_message_length", self.max_message_bytes),
             ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if self.reuse_port else 0),
         ])  # fmt: skip
         server.add_generic_rpc_handlers((self.service.handler(),))
         try:

@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fleet import gateways
 from fleet.errors import ConfigError, FleetError
 from fleet.gateway.body import DecodeBusy
+from fleet.gateway import quota
 from fleet.gateway.quota import OverQuota
 from fleet.gateway.telemetry import UNKNOWN, Telemetry
 
@@ -53,6 +54,7 @@ def close_request(telemetry: Telemetry, state: dict[str, Any], status: int, star
 
     ``status`` is the HTTP status — for gRPC the one its status code stands for — so one
     ``fleet_requests_total`` query counts errors of both protocols."""
+    quota.release(state)  # a concurrency lease: the request is answered
     if "model" in state:
         telemetry.finished(state["model"], state["model_version"], state.get("tenant", UNKNOWN), status,
                            (time.monotonic() - started) * 1e3)  # fmt: skip
@@ -89,6 +91,7 @@ class Settings:
     access_log: bool = False  # one line per request on the fleet.gateway.access logger
     grpc_port: int | None = None  # OIP over gRPC on this port too (0: any free port); None: HTTP only
     grpc_host: str = "127.0.0.1"  # the address the gRPC port listens on (``fleet gateway --host``)
+    workers: int = 1  # gateway processes on the same port (``fleet gateway --workers``): slots are divided by it
 
     @classmethod
     def from_env(cls, public_url: str | None = None) -> Settings:
@@ -128,7 +131,10 @@ class Headers:
                 close_request(self.telemetry, state, message["status"], started, access)
             await send(message)
 
-        await self.app(scope, receive, send_with_headers)
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            quota.release(state)  # no answer was started (the client left): the lease goes all the same
 
 
 def _http_access(scope: Scope) -> tuple[str, str, str]:

@@ -113,13 +113,17 @@ class Pipeline:
         return self.policies.models.get(model, DEFAULT_SPEC) if self.policies else DEFAULT_SPEC
 
     # -- 1-3: before the body -------------------------------------------------------------
-    def begin(self, call: Call, *, admit: bool = True) -> Call:
-        """Authenticate, entitle and (for inference) admit; nothing of the body is read yet."""
+    def begin(self, call: Call) -> Call:
+        """Authenticate and entitle; nothing of the body is read yet."""
         call.state["model"] = "unknown"  # counted from here on, under names that are real only
         self.authenticate(call)
         self.entitle(call)
-        if admit:
-            self.quotas.take(call.tenant)  # type: ignore[arg-type]
+        return call
+
+    async def admit(self, call: Call) -> Call:
+        """An inference call ``begin``-ed: the tenant's quota (429), still before the body.
+        A concurrency lease it takes is given back by ``http.close_request``."""
+        await self.quotas.take(call.tenant, call.state)  # type: ignore[arg-type]
         return call
 
     def authenticate(self, call: Call, surface: str = "inference") -> Tenant:
@@ -243,16 +247,19 @@ class Pipeline:
         if cache is not None:
             call.state["cache"] = "hit" if result is not None else "miss"
             self.telemetry.cache.labels(model, call.state["cache"]).inc()
-        version = choice.version
+        version, upstream_s = choice.version, 0.0
         if result is None:
-            version, result = await self.dispatch(model, call.table, choice, features, timeout_ms, priority)  # type: ignore[arg-type]
+            tenant = call.tenant
+            version, result, upstream_s = await self.dispatch(model, call.table, choice, features, timeout_ms, priority,  # type: ignore[arg-type]
+                                                  tenant.name, tenant.weight or 1.0)  # type: ignore[union-attr]
             if cache is not None and version == choice.version:
                 cache.put(key, result)
         call.state["model_version"] = version
         served = call.snapshot.manifests.get((model, version), manifest)  # type: ignore[union-attr]
         self.recorder.served(model=model, version=version, tenant=call.tenant.name, request_id=call.request_id,  # type: ignore[union-attr]
                              routing_key=call.routing_key, table=call.table, spec=spec, manifest=served,  # type: ignore[arg-type]
-                             features=features, result=result, total_ms=(time.monotonic() - call.started) * 1e3)  # fmt: skip
+                             features=features, result=result, total_ms=(time.monotonic() - call.started) * 1e3,
+                             upstream_s=upstream_s)  # fmt: skip
         return version, result, served
 
     def _cache(self, model: str, spec: ModelSpec) -> PredictionCache | None:

@@ -1,21 +1,52 @@
-"""Quotas: per-tenant token buckets, ``rps`` tokens a second, at most ``burst`` saved up.
+"""Quotas: per tenant, ``rps`` requests a second with at most ``burst`` saved up, and
+optionally at most ``concurrency`` requests in flight at once.
 
-``TokenBuckets`` is in-process, so each gateway enforces the budget on its own share of the
-traffic; the ``fleet.types.QuotaBackend`` protocol is where a shared backend plugs in.
+Two backends answer the same question (``fleet.types.QuotaBackend``):
+
+- ``TokenBuckets``, in-process: the embedded default for one gateway. Exact for that
+  gateway's traffic only: N gateways (or N workers) each grant the full quota.
+- ``RedisQuotas`` (``FLEET_REDIS_URL``): one budget for every gateway and worker. Each
+  request is one round trip: ``QUOTA_SCRIPT`` runs GCRA (the generic cell rate algorithm,
+  a token bucket kept as one timestamp) and, for a concurrency quota, a lease set with
+  expiry, atomically in Redis on Redis's clock, so gateways with skewed clocks agree.
+  When Redis cannot be reached (a refused connection, a reply slower than
+  ``REDIS_TIMEOUT_S``) the gateway neither fails open nor refuses everything: it enforces
+  its *local share* — the quota divided by the live gateways (``gateways/`` records, one
+  per worker) — in in-process buckets, says so in ``/v2/health/ready`` and in
+  ``fleet_quota_shared`` / ``fleet_quota_share_divisor``, and probes Redis in the background
+  every ``PROBE_S``; the first answer makes the budget shared again.
+
 ``Quotas`` is the pipeline's step: it takes a token for an authenticated tenant (whose
 quota the routing snapshot already resolved: its record's, else its policy's) before the
-request's body is read, so a tenant over its quota costs the gateway no parsing.
+request's body is read, so a tenant over its quota costs the gateway no parsing. A
+concurrency lease is released when the request is answered (``Quotas.release``, called by
+``fleet.gateway.http.close_request``); one a crashed gateway never released expires after
+``LEASE_S`` in Redis.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import math
+import os
 import time
 from collections.abc import Callable
+from typing import Any
 
-from fleet.errors import FleetError
+from fleet.errors import ConfigError, FleetError
 from fleet.gateway.telemetry import Telemetry
 from fleet.tenants import Tenant
-from fleet.types import QuotaBackend
+from fleet.types import QuotaBackend, Refusal
+
+log = logging.getLogger("fleet.gateway.quota")
+
+REDIS_TIMEOUT_S = 0.1  # one quota check waits at most this for Redis, then the local share decides
+PROBE_S = 0.5  # while Redis is down, how often it is tried again (in the background)
+LEASE_S = 300  # a concurrency lease a gateway never released (it crashed) expires after this
+REDIS_CONNECTIONS = 32  # connections one gateway process keeps to Redis at most
+KEY_PREFIX = "fleet:quota:"
 
 
 class OverQuota(FleetError):
@@ -27,32 +58,244 @@ class OverQuota(FleetError):
 
 
 class TokenBuckets:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._buckets: dict[str, tuple[float, float]] = {}  # tenant → (tokens, at)
+    """In-process buckets (and in-flight counts), for one gateway or a local share.
 
-    def acquire(self, tenant: str, rps: float, burst: int) -> float | None:
+    With ``divisor`` (the live gateways), as the ``QuotaBackend`` it grants each quota
+    divided by it: N gateways without Redis then admit about the quota in total, if the
+    load balancer spreads a tenant's requests evenly, instead of N times it."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, divisor: Callable[[], int] | None = None) -> None:
+        self._clock = clock
+        self.divisor = divisor
+        self._buckets: dict[str, tuple[float, float]] = {}  # tenant → (tokens, at)
+        self._in_flight: dict[str, int] = {}
+
+    def take(self, tenant: str, rps: float, burst: int, concurrency: int | None = None) -> Refusal | None:
         now = self._clock()
         tokens, at = self._buckets.get(tenant, (float(burst), now))
         tokens = min(float(burst), tokens + (now - at) * rps)
-        if tokens >= 1.0:
-            self._buckets[tenant] = (tokens - 1.0, now)
-            return None
-        self._buckets[tenant] = (tokens, now)
-        return (1.0 - tokens) / rps
+        if tokens < 1.0:
+            self._buckets[tenant] = (tokens, now)
+            return Refusal("rate", (1.0 - tokens) / rps)
+        if concurrency is not None:
+            if self._in_flight.get(tenant, 0) >= concurrency:
+                self._buckets[tenant] = (tokens, now)  # a refused request spends no token
+                return Refusal("concurrency", 1.0)
+            self._in_flight[tenant] = self._in_flight.get(tenant, 0) + 1
+        self._buckets[tenant] = (tokens - 1.0, now)
+        return None
+
+    def put_back(self, tenant: str) -> None:
+        n = self._in_flight.get(tenant, 0) - 1
+        if n > 0:
+            self._in_flight[tenant] = n
+        else:
+            self._in_flight.pop(tenant, None)
+
+    # -- QuotaBackend ------------------------------------------------------------------------
+    def take_share(self, tenant: str, rps: float, burst: int, concurrency: int | None, n: int) -> Refusal | None:
+        """The quota divided by ``n`` gateways (each part at least one request)."""
+        if n <= 1:
+            return self.take(tenant, rps, burst, concurrency)
+        return self.take(tenant, rps / n, max(1, burst // n), None if concurrency is None else max(1, concurrency // n))
+
+    async def acquire(self, tenant: str, rps: float, burst: int, concurrency: int | None, lease: str) -> Refusal | None:
+        return self.take_share(tenant, rps, burst, concurrency, self.divisor() if self.divisor else 1)
+
+    def release(self, tenant: str, lease: str) -> None:
+        self.put_back(tenant)
+
+    def health(self) -> dict[str, Any]:
+        n = max(1, self.divisor()) if self.divisor else 1
+        return {"backend": "in-process", "shared": False, "share_divisor": n,
+                "note": f"this gateway process enforces 1/{n} of every quota on its own traffic (the live gateways "
+                        "divide it); set FLEET_REDIS_URL to share one exact budget"}  # fmt: skip
+
+
+# KEYS[1]: the tenant's GCRA time (µs); KEYS[2]: its leases (a sorted set scored by expiry).
+# ARGV: rps, burst, concurrency (0: none), lease id, lease lifetime (µs).
+# Returns {1, 0} allowed; {0, µs to wait} over the rate; {-1, 0} over the concurrency.
+QUOTA_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval = 1000000 / tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1])) or now
+if tat < now then tat = now end
+local allowed_at = tat - (burst - 1) * interval
+if now < allowed_at then
+  return {0, math.ceil(allowed_at - now)}
+end
+local concurrency = tonumber(ARGV[3])
+if concurrency > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  if redis.call('ZCARD', KEYS[2]) >= concurrency then
+    return {-1, 0}
+  end
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], math.ceil(tonumber(ARGV[5]) / 1000))
+end
+tat = tat + interval
+redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+return {1, 0}
+"""
+
+
+class RedisQuotas:
+    """One budget for every gateway through Redis; the local share while Redis is down.
+
+    ``divisor()`` is how many gateways share a quota now (the gateway keeps it from the
+    store's ``gateways/`` records); it is read only while Redis is down."""
+
+    def __init__(self, url: str, divisor: Callable[[], int], *, timeout_s: float = REDIS_TIMEOUT_S,
+                 probe_s: float = PROBE_S) -> None:  # fmt: skip
+        import redis.asyncio as aioredis
+
+        self.url, self.divisor, self.timeout_s, self.probe_s = url, divisor, timeout_s, probe_s
+        self._pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=REDIS_CONNECTIONS, timeout=timeout_s, socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s, health_check_interval=0,
+        )  # fmt: skip
+        self._redis = aioredis.Redis(connection_pool=self._pool)
+        self._script = self._redis.register_script(QUOTA_SCRIPT)
+        self.local = TokenBuckets()
+        self.shared = True
+        self.error: str | None = None
+        self.down_since: float | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._local_leases: set[str] = set()
+        self.failures = 0
+
+    async def acquire(self, tenant: str, rps: float, burst: int, concurrency: int | None, lease: str) -> Refusal | None:
+        if self.shared:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    allowed, wait_us = await self._script(
+                        keys=[f"{KEY_PREFIX}{tenant}:t", f"{KEY_PREFIX}{tenant}:c"],
+                        args=[repr(float(rps)), burst, concurrency or 0, lease, LEASE_S * 1_000_000],
+                    )  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - any failure to get an answer: the local share decides
+                self._went_down(exc)
+            else:
+                if allowed == 1:
+                    return None
+                if allowed == 0:
+                    return Refusal("rate", int(wait_us) / 1e6)
+                return Refusal("concurrency", 1.0)
+        refusal = self.local.take_share(tenant, rps, burst, concurrency, max(1, self.divisor()))
+        if refusal is None and concurrency is not None:
+            self._local_leases.add(lease)
+        return refusal
+
+    def release(self, tenant: str, lease: str) -> None:
+        if lease in self._local_leases:
+            self._local_leases.discard(lease)
+            self.local.put_back(tenant)
+            return
+        if self.shared:
+            asyncio.get_running_loop().create_task(self._release(tenant, lease))
+        # while down, a shared lease cannot be given back now: it expires in Redis (LEASE_S)
+
+    async def _release(self, tenant: str, lease: str) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.timeout_s * 10):
+                await self._redis.zrem(f"{KEY_PREFIX}{tenant}:c", lease)
+
+    def _went_down(self, exc: BaseException) -> None:
+        self.failures += 1
+        if not self.shared:
+            return
+        self.shared = False
+        self.down_since = time.time()
+        self.error = f"{type(exc).__name__}: {exc}"[:300] if str(exc) else type(exc).__name__
+        log.warning("Redis at %s did not answer (%s); enforcing this gateway's share of each quota (1/%d) "
+                    "until it does", _safe(self.url), self.error, max(1, self.divisor()))  # fmt: skip
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._probe_until_up())
+
+    async def _probe_until_up(self) -> None:
+        while not self.shared:
+            await asyncio.sleep(self.probe_s)
+            try:
+                async with asyncio.timeout(max(self.timeout_s, 0.5)):
+                    await self._redis.ping()
+            except Exception as exc:  # noqa: BLE001 - still down
+                self.error = f"{type(exc).__name__}: {exc}"[:300] if str(exc) else type(exc).__name__
+                continue
+            log.warning("Redis at %s answers again; quotas are shared again", _safe(self.url))
+            self.shared, self.error, self.down_since = True, None, None
+
+    def health(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"backend": "redis", "url": _safe(self.url), "shared": self.shared}
+        out["share_divisor"] = 1 if self.shared else max(1, self.divisor())
+        if not self.shared:
+            out["error"] = self.error
+            out["down_since"] = self.down_since
+            out["note"] = "Redis does not answer: this gateway enforces quota / share_divisor on its own"
+        return out
+
+    async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+        with contextlib.suppress(Exception):
+            await self._redis.aclose()
+        with contextlib.suppress(Exception):
+            await self._pool.aclose()
+
+
+def _safe(url: str) -> str:
+    """The URL without its password, for logs and health."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    return f"{scheme}{sep}{'***@' if at else ''}{host}"
+
+
+def from_env(divisor: Callable[[], int]) -> QuotaBackend | None:
+    """``RedisQuotas`` when ``FLEET_REDIS_URL`` is set, else None (in-process buckets)."""
+    url = os.environ.get("FLEET_REDIS_URL", "").strip()
+    if not url:
+        return None
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"FLEET_REDIS_URL {_safe(url)!r} is not a Redis URL; expected redis://HOST:PORT/DB, "
+                          "rediss://:PASSWORD@HOST:PORT/DB (TLS) or unix:///PATH")  # fmt: skip
+    return RedisQuotas(url, divisor)
 
 
 class Quotas:
     def __init__(self, backend: QuotaBackend, telemetry: Telemetry) -> None:
         self.backend, self.telemetry = backend, telemetry
 
-    def take(self, tenant: Tenant) -> None:
-        """One request's token, or ``OverQuota`` (429 with the seconds until the next token)."""
+    async def take(self, tenant: Tenant, state: dict[str, Any]) -> None:
+        """One request's token (and, with a concurrency quota, a lease released when it is
+        answered), or ``OverQuota``: 429 with the seconds until the next token."""
         q = tenant.quota
         if q is None:
             return
-        wait = self.backend.acquire(tenant.name, q.rps, q.burst)
-        if wait is not None:
-            self.telemetry.quota.labels(tenant.name).inc()
-            raise OverQuota(f"tenant {tenant.name!r} is over its quota of {q.rps:g} requests/s (burst {q.burst}); "
-                            f"retry after {wait:.2f} s", wait)  # fmt: skip
+        lease = os.urandom(8).hex() if q.concurrency else ""
+        refused = await self.backend.acquire(tenant.name, q.rps, q.burst, q.concurrency, lease)
+        if refused is None:
+            if q.concurrency:
+                state["quota_lease"] = (self, tenant.name, lease)
+            return
+        self.telemetry.quota.labels(tenant.name).inc()
+        if refused.reason == "concurrency":
+            raise OverQuota(f"tenant {tenant.name!r} already has {q.concurrency} requests in flight (its quota); "
+                            "retry when one is answered", refused.wait_s)  # fmt: skip
+        raise OverQuota(f"tenant {tenant.name!r} is over its quota of {q.rps:g} requests/s (burst {q.burst}); "
+                        f"retry after {refused.wait_s:.2f} s", refused.wait_s)  # fmt: skip
+
+    def release(self, tenant: str, lease: str) -> None:
+        self.backend.release(tenant, lease)
+
+
+def release(state: dict[str, Any]) -> None:
+    """Give back the request's concurrency lease, if it holds one (idempotent)."""
+    held = state.pop("quota_lease", None)
+    if held is not None:
+        quotas, tenant, lease = held
+        quotas.release(tenant, lease)
+
+
+def divide(limit: int, workers: int) -> int:
+    """One worker's part of a limit the whole gateway process group shares (at least 1)."""
+    return max(1, math.ceil(limit / max(1, workers)))

@@ -1,5 +1,6 @@
 """What the gateway keeps of an answered request, none of which the caller waits for: the
-shadow mirror's offer, the inference-log sample and the request's id for feedback joins.
+shadow mirror's offer, the inference-log sample, the request's id for feedback joins, and
+its usage (requests, rows, the model's seconds: ``fleet.usage``).
 
 Each is O(1) on the request path — an enqueue, an append and a dictionary insert — and
 each lands in a buffer bounded in bytes (``fleet.gateway.shadow``, ``fleet.inference_log``,
@@ -19,14 +20,19 @@ from fleet.inference_log import InferenceLog, Sample, feature_names
 from fleet.registry import ModelVersion
 from fleet.routing import RouteTable, should_shadow
 from fleet.spec import ModelSpec
+from fleet.usage import UsageMeter
 
 
 class Recorder:
-    def __init__(self, mirror: ShadowMirror, log: InferenceLog, logged: LoggedRequests) -> None:
-        self.mirror, self.log, self.logged = mirror, log, logged
+    def __init__(self, mirror: ShadowMirror, log: InferenceLog, logged: LoggedRequests,
+                 usage: UsageMeter | None = None) -> None:  # fmt: skip
+        self.mirror, self.log, self.logged, self.usage = mirror, log, logged, usage
 
     def served(self, *, model: str, version: str, tenant: str, request_id: str, routing_key: str, table: RouteTable,
-               spec: ModelSpec, manifest: ModelVersion, features: np.ndarray, result: np.ndarray, total_ms: float) -> None:  # fmt: skip
+               spec: ModelSpec, manifest: ModelVersion, features: np.ndarray, result: np.ndarray, total_ms: float,
+               upstream_s: float = 0.0) -> None:  # fmt: skip
+        if self.usage is not None:  # a prediction-cache hit counts its rows, with no time in the model
+            self.usage.served(tenant, model, version, len(features), upstream_s)
         if table.shadow is not None and table.shadow.version != version and should_shadow(table, routing_key):
             self.mirror.offer(ShadowJob(model, table.shadow.version, version, features, result, total_ms,
                                         spec.timeout_ms / 1000))  # fmt: skip

@@ -49,7 +49,8 @@ class Rest:
 
     async def infer_v2(self, request: Request) -> Response:
         """OIP v2 infer, as JSON or in Triton's binary tensor data extension (request and answer)."""
-        call = self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")))
+        call = await self.pipeline.admit(
+            self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version"))))
         decoded = await self._decoded(request, call, _v2_decoder(request))
         protocol.check_outputs(decoded.outputs, self.pipeline.expected(call).outputs)  # before a model is asked
         version, result, manifest = await self.pipeline.answer(call, decoded)
@@ -63,14 +64,13 @@ class Rest:
         model, sep, verb = request.path_params["target"].rpartition(":")
         if not sep or verb != "predict":
             raise NotFound("no such route; expected POST /v1/models/<model>:predict")
-        call = self.pipeline.begin(self._call(request, model))
+        call = await self.pipeline.admit(self.pipeline.begin(self._call(request, model)))
         decoded = await self._decoded(request, call, protocol.decode_v1)
         _, result, _ = await self.pipeline.answer(call, decoded)
         return Response(protocol.v1_response(result), media_type=JSON)
 
     async def model_metadata(self, request: Request) -> Response:
-        call = self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")),
-                                   admit=False)  # fmt: skip
+        call = self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")))
         info = self.pipeline.metadata(call)
         return json_response({
             "name": info.name, "versions": info.versions, "platform": info.platform,
@@ -78,8 +78,7 @@ class Rest:
         })  # fmt: skip
 
     async def model_ready(self, request: Request) -> Response:
-        call = self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")),
-                                   admit=False)  # fmt: skip
+        call = self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")))
         version, ready = self.pipeline.readiness(call)
         return json_response({"name": call.model, "version": version, "ready": ready}, 200 if ready else 503)
 

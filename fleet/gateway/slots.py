@@ -1,56 +1,79 @@
-"""Admission to an upstream: a concurrency limit with a bounded, two-class wait queue.
+"""Admission to an upstream: a concurrency limit with a bounded wait queue shared fairly by tenants.
 
-When every slot is taken, a request waits; a freed slot goes to the longest-waiting
-``interactive`` request first, and to a ``batch`` one only when no interactive request
-waits. The queue is bounded: past ``max_waiting`` a request is shed at once (503) rather
-than letting latency grow without end.
+When every slot is taken, a request waits in a ``FairQueue`` (``fleet.gateway.fairqueue``
+states its guarantees): a freed slot goes to the tenants in turn, by deficit round robin
+weighted by each tenant's ``weight``, so a tenant of weight 3 gets three hand-overs for
+each one of a tenant of weight 1 while both wait; within a tenant, ``interactive`` before
+``batch``, except that batch waiting ``aging_s`` or longer counts as interactive, so it
+cannot starve. The queue is bounded, so latency cannot grow without end: a tenant may
+have ``max_per_tenant`` requests waiting, all tenants together ``max_waiting``; past the
+first the request is shed (503), and past the second the newest request of the tenant
+with the most waiting is, so a flooding tenant sheds its own requests, not another's.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+import time
 
 from fleet.errors import FleetError
+from fleet.gateway.fairqueue import PRIORITIES, FairQueue
 
-PRIORITIES = ("interactive", "batch")
+__all__ = ["BATCH_AGING_S", "PRIORITIES", "QueueFull", "Slots"]
+
+BATCH_AGING_S = 2.0  # a batch request waiting this long is served as if interactive
 
 
 class QueueFull(FleetError):
     status = 503
 
 
+class _Waiter:
+    __slots__ = ("future", "tenant", "what")
+
+    def __init__(self, future: asyncio.Future[None], tenant: str, what: str) -> None:
+        self.future, self.tenant, self.what = future, tenant, what
+
+
 class Slots:
-    def __init__(self, limit: int, max_waiting: int) -> None:
+    def __init__(self, limit: int, max_waiting: int, *, max_per_tenant: int | None = None, aging_s: float = BATCH_AGING_S) -> None:
         self.limit, self.max_waiting = limit, max_waiting
+        self.max_per_tenant = max_waiting if max_per_tenant is None else max_per_tenant
         self.in_use = 0
-        self._waiting: dict[str, deque[asyncio.Future[None]]] = {p: deque() for p in PRIORITIES}
+        self._queue: FairQueue[_Waiter] = FairQueue(self.max_per_tenant, max_waiting, aging_s)
 
     def waiting(self, priority: str | None = None) -> int:
-        if priority is not None:
-            return len(self._waiting[priority])
-        return sum(len(q) for q in self._waiting.values())
+        """Requests waiting, of every tenant: all, or those that asked for ``priority``."""
+        return self._queue.waiting(priority=priority)
 
-    async def acquire(self, priority: str, what: str) -> None:
-        """Take a slot, waiting in ``priority``'s line; cancellation (a deadline) leaves the line."""
-        if self.in_use < self.limit and not self.waiting():
+    def waiting_for(self, tenant: str) -> int:
+        """Requests of ``tenant`` waiting."""
+        return self._queue.waiting(tenant)
+
+    async def acquire(self, priority: str, what: str, tenant: str = "", weight: float = 1.0) -> None:
+        """Take a slot, waiting in ``tenant``'s ``priority`` line; cancellation (a deadline)
+        leaves the line. ``QueueFull`` if the request is shed, now or while it waits."""
+        if self.in_use < self.limit and not self._queue:
             self.in_use += 1
             return
-        if self.waiting() >= self.max_waiting:
-            raise QueueFull(
-                f"{what} is saturated: {self.in_use} requests in flight and {self.waiting()} waiting "
-                f"(the limit); retry later or send less at once"
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), tenant, what)
+        shed = self._queue.push(waiter, tenant, priority, weight, time.monotonic())
+        if shed is waiter:
+            raise self._refusal(waiter)
+        if shed is not None and not shed.future.done():
+            shed.future.set_exception(
+                QueueFull(f"{shed.what} is saturated and tenant {shed.tenant!r} had the most requests waiting "
+                          f"({self._queue.waiting(shed.tenant) + 1}), so its newest was shed for another tenant's; "
+                          f"retry later or send less at once")  # fmt: skip
             )
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        line = self._waiting[priority]
-        line.append(future)
         try:
-            await future  # resolved by release(), which hands its slot over
+            await waiter.future  # resolved by release(), which hands its slot over
         except BaseException:
-            if future.done() and not future.cancelled():
+            future = waiter.future
+            if future.done() and not future.cancelled() and future.exception() is None:
                 self.release()  # the slot was handed over just as we gave up: pass it on
             else:
-                line.remove(future)
+                self._queue.remove(waiter)
             raise
 
     def release(self) -> None:
@@ -60,23 +83,36 @@ class Slots:
         if not self._hand_over():
             self.in_use -= 1
 
-    def resize(self, limit: int, max_waiting: int) -> None:
+    def resize(self, limit: int, max_waiting: int, *, max_per_tenant: int | None = None,
+               aging_s: float | None = None) -> None:  # fmt: skip
         """A new limit (a policy change, a replica more or less): under a larger one, requests
-        in line take the new slots now; over a smaller one, slots end as they are released."""
+        in line take the new slots now; over a smaller one, slots end as they are released.
+        New queue bounds (``max_per_tenant`` None: ``max_waiting``, as in the constructor)
+        hold for later requests; none already waiting is shed."""
         self.limit, self.max_waiting = limit, max_waiting
-        while self.in_use < self.limit and self.waiting():
+        self.max_per_tenant = max_waiting if max_per_tenant is None else max_per_tenant
+        self._queue.resize(self.max_per_tenant, max_waiting)
+        if aging_s is not None:  # the policy's batch_aging_ms
+            self._queue.aging_s = aging_s
+        while self.in_use < self.limit and self._queue:
             self.in_use += 1
             if not self._hand_over():
                 self.in_use -= 1
                 break
 
+    def _refusal(self, waiter: _Waiter) -> QueueFull:
+        mine = self._queue.waiting(waiter.tenant)
+        if mine >= self.max_per_tenant:
+            return QueueFull(f"{waiter.what} is saturated and tenant {waiter.tenant!r} already has {mine} requests waiting "
+                             f"(its limit); retry later or send less at once")  # fmt: skip
+        return QueueFull(f"{waiter.what} is saturated: {self.in_use} requests in flight and {len(self._queue)} waiting (the limit), "
+                         f"and no other tenant has more waiting than tenant {waiter.tenant!r} would with this one ({mine + 1}); "
+                         f"retry later or send less at once")  # fmt: skip
+
     def _hand_over(self) -> bool:
-        """Give a held slot to the first waiter in priority order; False if nobody waits."""
-        for priority in PRIORITIES:
-            line = self._waiting[priority]
-            while line:
-                future = line.popleft()
-                if not future.done():
-                    future.set_result(None)  # the slot moves to the waiter; in_use unchanged
-                    return True
+        """Give a held slot to the next waiter the fair queue names; False if nobody waits."""
+        while (waiter := self._queue.pop(time.monotonic())) is not None:
+            if not waiter.future.done():  # not one that gave up (and is about to leave the line)
+                waiter.future.set_result(None)  # the slot moves to the waiter; in_use unchanged
+                return True
         return False

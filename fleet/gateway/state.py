@@ -67,14 +67,17 @@ class FleetView:
         self._runtime_read_at = 0.0
         self._wake: asyncio.Event | None = None
         self._default_quotas: dict[str, Quota] = {}
+        self._default_weights: dict[str, float] = {}
 
-    def use_policies(self, quotas: dict[str, Quota]) -> None:
-        """Quotas from the policies' ``tenants:`` section, for tenants whose record sets none.
+    def use_policies(self, quotas: dict[str, Quota], weights: dict[str, float] | None = None) -> None:
+        """Quotas (and fair-queuing weights) from the policies' ``tenants:`` section, for
+        tenants whose record sets none.
 
         Resolved here, once per snapshot, so a tenant's facts are in one place: the ``Tenant``
         the snapshot hands out carries the quota that applies to it.
         """
         self._default_quotas = dict(quotas)
+        self._default_weights = dict(weights or {})
 
     @property
     def stale(self) -> bool:
@@ -171,12 +174,18 @@ class FleetView:
                 records.report(wrong)
             else:
                 placed.append(tenant)
-        tenants = [t if t.quota is not None or t.name not in self._default_quotas  # type: ignore[union-attr]
-                   else t.model_copy(update={"quota": self._default_quotas[t.name]})  # type: ignore[union-attr]
-                   for t in placed]  # fmt: skip
+        tenants = [self._with_defaults(t) for t in placed]  # type: ignore[arg-type]
         keys = key_index(tenants)  # type: ignore[arg-type]
         self.snapshot = Snapshot(routes, keys, endpoints, manifests, time.time())
         return True
+
+    def _with_defaults(self, t: Tenant) -> Tenant:
+        update: dict[str, object] = {}
+        if t.quota is None and t.name in self._default_quotas:
+            update["quota"] = self._default_quotas[t.name]
+        if t.weight is None and t.name in self._default_weights:
+            update["weight"] = self._default_weights[t.name]
+        return t.model_copy(update=update) if update else t
 
     def wake(self) -> None:
         """Poll now (an admin push): safe to call from the event loop only."""

@@ -63,6 +63,7 @@ class Telemetry:
         queue_depths: Callable[[], Iterator[tuple[str, str, str, int]]],
         buffers: Callable[[], Iterator[tuple[tuple[str, ...], float]]] = lambda: iter(()),
         in_flight: Callable[[], Iterator[tuple[tuple[str, ...], float]]] = lambda: iter(()),
+        quota_state: Callable[[], Iterator[tuple[tuple[str, ...], float]]] = lambda: iter(()),
     ) -> None:
         r = self.registry = CollectorRegistry()
         self.stats = WindowedStats()
@@ -112,6 +113,10 @@ class Telemetry:
         # with fleet_queue_depth, what KEDA's queue_depth trigger scales on (requests per replica)
         r.register(_Gauges("fleet_version_in_flight", "Requests a version's replicas are answering for this gateway",
                            ["model", "version"], in_flight))  # fmt: skip
+        r.register(_Gauges("fleet_quota_backend",
+                           "shared: 1 while quotas are shared through Redis, 0 while this gateway enforces its local "
+                           "share; share_divisor: the gateways a quota is divided by then",
+                           ["state"], quota_state))  # fmt: skip
         self._children: dict[tuple[str, str], tuple] = {}
         self._finished: dict[tuple[str, str, str, int], tuple] = {}
 

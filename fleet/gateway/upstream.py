@@ -56,7 +56,7 @@ from fleet.gateway.answers import (
     decode_answer,
 )
 from fleet.gateway.protocol import NUMPY_DTYPES
-from fleet.gateway.slots import Slots
+from fleet.gateway.slots import BATCH_AGING_S, Slots
 
 __all__ = ["BadAnswer", "NoReplica", "Rejected", "UpstreamError", "UpstreamTimeout", "Upstreams"]
 AnswerParser = Callable[[bytes | TensorAnswer, str, int], Awaitable[np.ndarray]]
@@ -219,17 +219,19 @@ class Upstreams:
             session = self._sessions[url] = h1.ConnectionPool.from_url(url, limit=limit, idle_timeout=IDLE_CLOSE_S)
         return session
 
-    def sync(self, endpoints: dict[tuple[str, str], tuple[str, ...]], concurrency: dict[str, tuple[int, int]]) -> None:
-        """Make the pools match the deployments; ``concurrency``: model → (per replica, max waiting)."""
+    def sync(self, endpoints: dict[tuple[str, str], tuple[str, ...]],
+             concurrency: dict[str, tuple[int, int, float]]) -> None:  # fmt: skip
+        """Make the pools match the deployments; ``concurrency``: model → (per replica, max
+        waiting, seconds after which a waiting batch request counts as interactive)."""
         caps: dict[str, int] = {}  # per replica URL: the largest cap of the models it serves
         for key, urls in endpoints.items():
-            limit, waiting = concurrency.get(key[0], (32, 256))
+            limit, waiting, aging_s = concurrency.get(key[0], (32, 256, BATCH_AGING_S))
             pool = self._pools.get(key)
             if pool is None or [r.url for r in pool.replicas] != list(urls):
                 kept = {r.url: r for r in pool.replicas} if pool else {}
                 replicas = [kept.get(u) or Replica(u, self._session(u, limit)) for u in urls]
                 pool = self._pools[key] = Pool(f"{key[0]}:{key[1]}", replicas, pool.slots if pool else Slots(limit, waiting))
-            pool.slots.resize(limit * len(urls), waiting)
+            pool.slots.resize(limit * len(urls), waiting, aging_s=aging_s)
             for url in urls:
                 caps[url] = max(caps.get(url, 0), limit)
         for key in set(self._pools) - set(endpoints):
@@ -250,12 +252,15 @@ class Upstreams:
         return self._pools
 
     async def predict(
-        self, model: str, version: str, features: np.ndarray, deadline: float, priority: str, last_resort: bool = True
+        self, model: str, version: str, features: np.ndarray, deadline: float, priority: str, last_resort: bool = True,
+        tenant: str = "", weight: float = 1.0, timing: list[float] | None = None,
     ) -> np.ndarray:
         """Ask one replica of ``model:version``; raise ``UpstreamError`` (with its class) or ``NoReplica``.
 
         ``last_resort=False``: another version will be asked if this one fails, so ejected
-        replicas are not tried.
+        replicas are not tried. ``tenant`` and its ``weight``: whose turn it is when the
+        version's slots are full (``fleet.gateway.fairqueue``). ``timing``: the seconds the
+        version took (from a slot to its answer) are appended to it.
         """
         pool = self._pools.get((model, version))
         if pool is None or not pool.replicas:
@@ -263,9 +268,12 @@ class Upstreams:
         remaining = deadline - time.monotonic()
         try:
             async with asyncio.timeout(max(remaining, 0.0)):
-                await pool.slots.acquire(priority, pool.ref)
+                await pool.slots.acquire(priority, pool.ref, tenant, weight)
+                asked = time.monotonic()
                 try:
                     answer = await self._answer(pool, Outbound(features), last_resort, deadline)
+                    if timing is not None:  # the version's own time: its wait for a slot left out
+                        timing.append(time.monotonic() - asked)
                     return await self._parse(answer, pool.ref, len(features))
                 finally:
                     pool.slots.release()

@@ -1,0 +1,127 @@
+"""``fleet gateway --workers N``: N gateway processes on one port (``fleet.gateway.workers``).
+
+Real processes: the supervisor, its workers on SO_REUSEPORT sockets, a stub replica and a
+real Redis. What must hold with workers as with one process: a tenant's quota once (not
+once per worker), ``/metrics`` counting every worker's traffic, a route push reaching every
+worker, a worker that dies started again, and nothing left running once the supervisor stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fleet import gateways
+from fleet.gateway.quota import divide
+from fleet.gateway.workers import merge_expositions, worker_argv
+from tests.gateway_env import ADMIN_TOKEN, BODY, MODEL, GatewayEnv, metric, wait_for
+from tests.redis_env import RedisServer
+from tests.test_quota_redis import _flood
+
+RPS, BURST = 20.0, 4
+
+
+def _records(env: GatewayEnv) -> list[gateways.GatewayRecord]:
+    return gateways.live(env.store)
+
+
+@pytest.fixture
+def workers(tmp_path: Path):
+    redis_server = RedisServer(tmp_path).start()
+    env = GatewayEnv(tmp_path)
+    env.register("1.0.0")
+    env.stub("1.0.0")
+    env.route(stable="1.0.0")
+    key = env.tenant("metered", rps=RPS, burst=BURST)
+    try:
+        url, proc = env.gateway("--workers", "2", FLEET_REDIS_URL=redis_server.url)
+        wait_for(lambda: len(_records(env)) == 2, timeout=60, what="both workers announced")
+        yield env, url, proc, key
+    finally:
+        env.stop()
+        redis_server.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_workers_share_one_quota_and_metrics_add_up(workers) -> None:
+    env, url, _, key = workers
+    # one connection per request: the kernel spreads connections over the workers' sockets
+    admitted, refused, seconds = asyncio.run(_flood([url], key, rate=3 * RPS, seconds=6))
+    allowed = RPS * seconds + BURST
+    assert admitted <= 1.05 * allowed, f"{admitted} admitted in {seconds:.1f} s; the quota allows {allowed:.0f}"
+    assert admitted >= 0.95 * RPS * seconds
+    own = [metric_of(r.url, "fleet_requests_total", worker="1") for r in _records(env)]
+    assert all(n > 0 for n in own), f"each worker should have answered some requests: {own}"
+    assert metric(url, "fleet_requests_total") == sum(own) == admitted + refused
+
+
+def metric_of(url: str, name: str, worker: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", params={"worker": worker}, timeout=5).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+def test_a_route_push_reaches_every_worker(workers) -> None:
+    env, url, _, key = workers
+    pushed = gateways.notify(env.store, ADMIN_TOKEN)
+    assert list(pushed.values()) == [True, True]  # each worker is a gateway the control plane reaches
+    env.register("1.1.0")
+    env.stub("1.1.0")
+    env.route(canary="1.1.0", weight=100)
+    gateways.notify(env.store, ADMIN_TOKEN)
+    for record in _records(env):  # every worker, not whichever one the kernel picks for us
+        with httpx.Client(base_url=record.url, timeout=5) as client:
+            wait_for(lambda c=client: c.post(f"/v2/models/{MODEL}/infer", json=BODY,
+                                             headers={"Authorization": f"Bearer {key}"}).headers.get(
+                                                 "x-fleet-model-version") == "1.1.0",
+                     timeout=10, what=f"{record.url} to route to 1.1.0")  # fmt: skip
+
+
+def test_a_dead_worker_is_started_again_and_stopping_the_supervisor_stops_all(workers) -> None:
+    env, url, proc, key = workers
+    victim = _records(env)[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    wait_for(lambda: len(_records(env)) == 2 and victim.pid not in {r.pid for r in _records(env)}
+             and httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200,
+             timeout=60, what="the killed worker replaced")  # fmt: skip
+    pids = [r.pid for r in _records(env)]
+    with httpx.Client(base_url=url, timeout=5) as client:
+        codes = {client.post(f"/v2/models/{MODEL}/infer", json=BODY, headers={"Authorization": f"Bearer {key}",
+                                                                             "Connection": "close"}).status_code
+                 for _ in range(4)}  # fmt: skip
+    assert codes <= {200, 429} and 200 in codes
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    wait_for(lambda: not any(_alive(p) for p in pids), timeout=20, what="every worker stopped with the supervisor")
+
+
+def test_worker_command_line_and_divided_limits() -> None:
+    argv = worker_argv(["--store", "x", "gateway", "--workers", "3", "--port", "80", "--workers=3"], 1, 7, 8)
+    assert argv == [sys.executable, "-m", "fleet", "--store", "x", "gateway", "--port", "80", "--worker-fds", "7,8"]
+    assert [divide(32, 2), divide(33, 2), divide(1, 4), divide(8, 1)] == [16, 17, 1, 8]
+
+
+def test_merged_metrics_add_counters_and_keep_state_gauges_at_their_largest() -> None:
+    a = ('# HELP fleet_requests_total x\n# TYPE fleet_requests_total counter\nfleet_requests_total{code="200"} 3.0\n'
+         '# HELP fleet_routing_stale s\n# TYPE fleet_routing_stale gauge\nfleet_routing_stale 0.0\n')  # fmt: skip
+    b = ('# HELP fleet_requests_total x\n# TYPE fleet_requests_total counter\nfleet_requests_total{code="200"} 4.0\n'
+         'fleet_requests_total{code="429"} 1.0\n# HELP fleet_routing_stale s\n# TYPE fleet_routing_stale gauge\n'
+         'fleet_routing_stale 1.0\n')  # fmt: skip
+    text = merge_expositions([a, b]).decode()
+    assert 'fleet_requests_total{code="200"} 7.0' in text
+    assert 'fleet_requests_total{code="429"} 1.0' in text
+    assert "fleet_routing_stale 1.0" in text
