@@ -95,3 +95,43 @@ def load(url: str, bodies: list[str] | list[bytes], *, concurrency: int, request
         raise RuntimeError(f"wrk gave no result: {''.join(seen)}{rest}")
     n, non2xx, sock, p50_us, p99_us = lines[-1].split()[1:]
     return Result(int(n), seconds, int(non2xx), int(sock), float(p50_us) / 1e3, float(p99_us) / 1e3)
+
+
+_TIMED_SCRIPT = """
+local bodies = {%(bodies)s}
+local headers = {%(headers)s}
+local sent = 0
+request = function()
+  sent = sent + 1
+  return wrk.format("POST", nil, headers, bodies[(sent %% #bodies) + 1])
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("RESULT %%d %%d %%d %%f %%f %%d\\n", summary.requests, e.status,
+    e.connect + e.read + e.write + e.timeout, latency:percentile(50), latency:percentile(99), summary.duration))
+end
+"""
+
+
+def load_for(url: str, bodies: list[str] | list[bytes], *, concurrency: int, seconds: float,
+             headers: dict[str, str] | None = None) -> Result:  # fmt: skip
+    """POST ``bodies`` (round robin) to ``url`` for ``seconds`` (wrk's ``-d``): the answers that
+    arrived in that time, over wrk's own measure of the time (answers still on the way at the
+    end are not counted)."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed; install it with: apt-get install -y wrk")
+    all_headers = {"Content-Type": "application/json", **(headers or {})}
+    script = _TIMED_SCRIPT % {
+        "bodies": ", ".join(_lua(b) for b in bodies),
+        "headers": ", ".join(f"[{_lua(k)}] = {_lua(v)}" for k, v in all_headers.items()),
+    }
+    with tempfile.TemporaryDirectory(prefix="fleet-wrk-") as tmp:
+        path = Path(tmp) / "load.lua"
+        path.write_text(script)
+        cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "30s", "-s", str(path), url]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT")]
+    if not lines:
+        raise RuntimeError(f"wrk gave no result: {done.stdout}{done.stderr}")
+    n, non2xx, sock, p50_us, p99_us, duration_us = lines[-1].split()[1:]
+    return Result(int(n), int(duration_us) / 1e6, int(non2xx), int(sock), float(p50_us) / 1e3, float(p99_us) / 1e3)
