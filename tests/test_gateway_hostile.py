@@ -352,3 +352,19 @@ def test_large_requests_never_hold_the_event_loop(env) -> None:
     assert set(flood_codes) <= {200, 400, 413, 429} and 200 in flood_codes and 413 in flood_codes
     # the flooder has no quota: each 429 it got was its share of large bodies, and counted as such
     assert metric(url, "fleet_decode_refusals_total", scope="tenant") == flood_codes.count(429)
+
+
+def test_a_client_that_leaves_mid_body_is_counted_499_not_as_the_gateway_s_500(gw: dict) -> None:
+    import socket
+
+    host, port = gw["url"].removeprefix("http://").split(":")
+    key = gw["keys"]["third"]
+    before_500 = metric(gw["url"], "fleet_requests_total", tenant="third", code="500")
+    for _ in range(3):
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(f"POST {INFER} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                      "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"inputs\":".encode())  # fmt: skip
+    wait_for(lambda: metric(gw["url"], "fleet_requests_total", tenant="third", code="499") == 3,
+             what="three requests counted as the client's leaving (499)")  # fmt: skip
+    assert metric(gw["url"], "fleet_requests_total", tenant="third", code="500") == before_500
+    assert post(gw, INFER, v2([1.0, 0.0, 0.0, 0.0]), tenant="third").status_code == 200

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import numpy as np
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from fleet.errors import FleetError
 from fleet.gateway.answers import decode_answer
@@ -110,14 +110,23 @@ async def read(request: Request, limit: int, held: Held | None = None) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(f"request body of {declared} bytes is over the limit of {limit} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"request body is over the limit of {limit} bytes")
-        if held is not None:
-            held.add(len(chunk))
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"request body is over the limit of {limit} bytes")
+            if held is not None:
+                held.add(len(chunk))
+            chunks.append(chunk)
+    except ClientDisconnect:  # nobody is waiting for the answer: counted as 499, not as the gateway's 500
+        raise ClientGone("the client closed the connection before its body was read") from None
     return b"".join(chunks)
+
+
+class ClientGone(FleetError):
+    """The caller went away first (nginx's 499): nobody's error, and no answer reaches anyone."""
+
+    status = 499
 
 
 def _worker_init(gateway_pid: int) -> None:
