@@ -107,10 +107,13 @@ def test_redis_down_each_gateway_enforces_its_share_and_says_so_then_shares_agai
     share = RPS / 2 * seconds + BURST // 2
     assert admitted <= 1.05 * share, f"{admitted} admitted in {seconds:.1f} s; the local share allows {share:.0f}"
     assert admitted >= 0.95 * RPS / 2 * seconds
-    redis_server.start()  # the same port: Redis is back
+    redis_server.start()  # the same port: Redis is back, empty (it forgot the script too)
     for u in urls:
         wait_for(lambda u=u: _ready(u)["quotas"]["shared"], timeout=10, what=f"{u} to share its quotas again")
-        assert metric(u, "fleet_quota_backend", state="shared") == 1
+    admitted, _, _ = asyncio.run(_flood(urls, key, rate=40, seconds=0.5))
+    assert 1 <= admitted <= BURST + RPS * 0.5 * 1.05 + 1  # one budget again: the script was loaded anew
+    for u in urls:
+        assert _ready(u)["quotas"]["shared"] and metric(u, "fleet_quota_backend", state="shared") == 1
 
 
 def test_a_concurrency_quota_holds_across_gateways_and_its_leases_are_given_back(tmp_path: Path, redis_server) -> None:

@@ -157,7 +157,8 @@ class RedisQuotas:
             socket_connect_timeout=timeout_s, health_check_interval=0,
         )  # fmt: skip
         self._redis = aioredis.Redis(connection_pool=self._pool)
-        self._script = self._redis.register_script(QUOTA_SCRIPT)
+        self._sha: str | None = None  # the script's SHA1 once loaded into Redis
+        self._pending: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
         self.local = TokenBuckets()
         self.shared = True
         self.error: str | None = None
@@ -169,11 +170,8 @@ class RedisQuotas:
     async def acquire(self, tenant: str, rps: float, burst: int, concurrency: int | None, lease: str) -> Refusal | None:
         if self.shared:
             try:
-                async with asyncio.timeout(self.timeout_s):
-                    allowed, wait_us = await self._script(
-                        keys=[f"{KEY_PREFIX}{tenant}:t", f"{KEY_PREFIX}{tenant}:c"],
-                        args=[repr(float(rps)), burst, concurrency or 0, lease, LEASE_S * 1_000_000],
-                    )  # fmt: skip
+                allowed, wait_us = await self._run((f"{KEY_PREFIX}{tenant}:t", f"{KEY_PREFIX}{tenant}:c",
+                                                    repr(float(rps)), burst, concurrency or 0, lease, LEASE_S * 1_000_000))  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - any failure to get an answer: the local share decides
                 self._went_down(exc)
             else:
@@ -186,6 +184,58 @@ class RedisQuotas:
         if refusal is None and concurrency is not None:
             self._local_leases.add(lease)
         return refusal
+
+    async def _run(self, args: tuple[Any, ...]) -> Any:  # noqa: ANN401
+        """One run of the script, sent with every other check that arrives in the same turn of
+        the event loop as one pipeline: one round trip and one connection for all of them
+        (redis-py's cost is per round trip: about 0.2 ms of CPU alone, 0.04 ms each in 16)."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending.append((args, future))
+        if len(self._pending) == 1:
+            asyncio.get_running_loop().call_soon(self._send_pending)
+        return await future
+
+    def _send_pending(self) -> None:
+        batch, self._pending = self._pending, []
+        task = asyncio.get_running_loop().create_task(self._send(batch))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # failures reach the futures
+
+    async def _send(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+        from redis.exceptions import NoScriptError
+
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                for attempt in (1, 2):
+                    if self._sha is None:
+                        self._sha = await self._redis.script_load(QUOTA_SCRIPT)
+                    if len(batch) == 1:  # a pipeline of one costs more than the plain command
+                        try:
+                            results = [await self._redis.evalsha(self._sha, 2, *batch[0][0])]
+                        except NoScriptError as exc:
+                            results = [exc]
+                    else:
+                        pipe = self._redis.pipeline(transaction=False)
+                        for args, _ in batch:
+                            pipe.evalsha(self._sha, 2, *args)
+                        results = await pipe.execute(raise_on_error=False)
+                    if attempt == 1 and any(isinstance(r, NoScriptError) for r in results):
+                        self._sha = None  # Redis restarted and forgot the script: load it again
+                        continue
+                    break
+        except BaseException as exc:  # noqa: BLE001 - every waiter learns it, and decides locally
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc if isinstance(exc, Exception) else ConnectionError("cancelled"))
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
 
     def release(self, tenant: str, lease: str) -> None:
         if lease in self._local_leases:
