@@ -256,3 +256,17 @@ def test_no_item_is_lost_or_duplicated_and_the_bounds_hold(ops: list[tuple], max
     drained = drain(q, now)
     assert sorted(drained) == sorted(queued)
     assert sorted(left + drained) == list(range(pushed))  # every item once: none lost, none twice
+
+
+def test_would_shed_answers_as_push_would_without_pushing() -> None:
+    q: FairQueue[str] = FairQueue(max_per_tenant=2, max_total=3, aging_s=2.0)
+    assert not q.would_shed("a")
+    q.push("a1", "a", "interactive", 1.0, 0.0)
+    q.push("a2", "a", "interactive", 1.0, 0.0)
+    assert q.would_shed("a")  # its own bound
+    assert not q.would_shed("b")
+    q.push("b1", "b", "interactive", 1.0, 0.0)
+    assert len(q) == 3
+    assert not q.would_shed("c")  # the queue is full, but a has more waiting: a's newest would go
+    assert q.would_shed("b") is (q.push("b2", "b", "interactive", 1.0, 0.0) == "b2")  # b ties a once pushed: its own
+    assert len(q) == 3

@@ -129,6 +129,18 @@ class FairQueue(Generic[T]):
         self._per_priority[priority] += 1
         return shed
 
+    def would_shed(self, tenant: str) -> bool:
+        """Whether a push by ``tenant`` now would shed the pushed item itself (the same rule
+        as ``push``, without pushing): the gateway asks before it reads a body."""
+        t = self._tenants.get(tenant)
+        mine = len(t) if t is not None else 0
+        if mine >= self.max_per_tenant:
+            return True
+        if len(self) < self.max_total:
+            return False
+        longest = max(self._round, key=lambda name: len(self._tenants[name]), default=None)
+        return longest is None or longest == tenant or len(self._tenants[longest]) <= mine + 1
+
     def pop(self, now: float) -> T | None:
         """The next item by deficit round robin, or None if nothing waits."""
         unserved = 0  # turns in a row that served nobody
