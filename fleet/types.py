@@ -196,9 +196,10 @@ class QuotaBackend(Protocol):
     (``fleet.gateway.quota.TokenBuckets``); ``RedisQuotas`` shares one budget between every
     gateway and worker (``FLEET_REDIS_URL``)."""
 
-    async def acquire(self, tenant: str, rps: float, burst: int, concurrency: int | None, lease: str) -> Refusal | None:
-        """Take one request's token (and with ``concurrency``, the in-flight lease ``lease``):
-        None when allowed, else why not."""
+    async def acquire(self, tenant: str, rps: float, burst: int, concurrency: int | None, lease: str,
+                      lease_s: float = 300.0) -> Refusal | None:  # fmt: skip
+        """Take one request's token (and with ``concurrency``, the in-flight lease ``lease``,
+        which lapses after ``lease_s`` if never released): None when allowed, else why not."""
 
     def release(self, tenant: str, lease: str) -> None:
         """The request holding ``lease`` was answered (concurrency quotas only)."""

@@ -41,7 +41,10 @@ def workers(tmp_path: Path):
     key = env.tenant("metered", rps=RPS, burst=BURST)
     try:
         url, proc = env.gateway("--workers", "2", FLEET_REDIS_URL=redis_server.url)
-        wait_for(lambda: len(_records(env)) == 2, timeout=60, what="both workers announced")
+        log = tmp_path / f"gateway-{url.rsplit(':', 1)[1]}.log"
+        # the supervisor's report: every worker ready (a worker lost before that fails the start)
+        wait_for(lambda: "Ctrl-C stops" in log.read_text(), timeout=60, what="the supervisor's ready report")
+        assert len(_records(env)) == 2
         yield env, url, proc, key
     finally:
         env.stop()
@@ -66,6 +69,8 @@ def test_workers_share_one_quota_and_metrics_add_up(workers) -> None:
     own = [metric_of(r.url, "fleet_requests_total", worker="1") for r in _records(env)]
     assert all(n > 0 for n in own), f"each worker should have answered some requests: {own}"
     assert metric(url, "fleet_requests_total") == sum(own) == admitted + refused
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    assert 'worker="0"' in text and 'worker="1"' in text  # each worker's series, once each
 
 
 def metric_of(url: str, name: str, worker: str) -> float:
@@ -115,13 +120,31 @@ def test_worker_command_line_and_divided_limits() -> None:
     assert [divide(32, 2), divide(33, 2), divide(1, 4), divide(8, 1)] == [16, 17, 1, 8]
 
 
-def test_merged_metrics_add_counters_and_keep_state_gauges_at_their_largest() -> None:
+def test_merged_metrics_keep_each_worker_s_series_apart() -> None:
     a = ('# HELP fleet_requests_total x\n# TYPE fleet_requests_total counter\nfleet_requests_total{code="200"} 3.0\n'
          '# HELP fleet_routing_stale s\n# TYPE fleet_routing_stale gauge\nfleet_routing_stale 0.0\n')  # fmt: skip
     b = ('# HELP fleet_requests_total x\n# TYPE fleet_requests_total counter\nfleet_requests_total{code="200"} 4.0\n'
          'fleet_requests_total{code="429"} 1.0\n# HELP fleet_routing_stale s\n# TYPE fleet_routing_stale gauge\n'
          'fleet_routing_stale 1.0\n')  # fmt: skip
-    text = merge_expositions([a, b]).decode()
-    assert 'fleet_requests_total{code="200"} 7.0' in text
-    assert 'fleet_requests_total{code="429"} 1.0' in text
-    assert "fleet_routing_stale 1.0" in text
+    text = merge_expositions([(0, a), (1, b)]).decode()
+    assert 'fleet_requests_total{code="200",worker="0"} 3.0' in text
+    assert 'fleet_requests_total{code="200",worker="1"} 4.0' in text
+    assert 'fleet_requests_total{code="429",worker="1"} 1.0' in text
+    assert 'fleet_routing_stale{worker="1"} 1.0' in text  # one stale worker is seen, not averaged away
+
+
+def test_a_worker_that_keeps_dying_at_once_stops_the_supervisor(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet.gateway import workers as gw_workers
+
+    monkeypatch.setattr(gw_workers, "RESTART_BACKOFF_S", (0.01,))
+    lines: list[str] = []
+    sup = gw_workers.Supervisor(2, "127.0.0.1", 0, lambda i, a, b: [sys.executable, "-c", "raise SystemExit(3)"],
+                                dict(os.environ), lines.append)  # fmt: skip
+    try:
+        sup.start_all()
+        with pytest.raises(gw_workers.WorkersFailed, match="exited 5 times in a row"):
+            sup.watch()
+        assert any("exited with 3; starting it again" in line for line in lines)
+    finally:
+        sup.stop()
+    assert all(p is None or p.poll() is not None for p in sup.procs)

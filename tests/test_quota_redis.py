@@ -173,3 +173,40 @@ def test_in_process_buckets_divide_by_the_live_gateways() -> None:
     b2 = TokenBuckets(lambda: now[0], divisor=lambda: n[0])
     assert [asyncio.run(b2.acquire("t", 10, 4, None, "")) is None for _ in range(3)] == [True, True, False]
     assert b2.health()["share_divisor"] == 2
+
+
+def test_a_lease_given_back_while_redis_hangs_is_given_back_when_it_answers(redis_server) -> None:
+    """Redis frozen (SIGSTOP: slow, not gone — its data survives): a release that cannot be
+    sent is kept and sent once the probe finds Redis answering, so the tenant's concurrency
+    is not held for the lease's whole life."""
+    import signal
+
+    async def run() -> None:
+        q = RedisQuotas(redis_server.url, lambda: 1, timeout_s=0.1, probe_s=0.05)
+        try:
+            assert await q.acquire("t", 1000.0, 1000, 1, "first", 600.0) is None
+            refused = await q.acquire("t", 1000.0, 1000, 1, "second", 600.0)
+            assert refused is not None and refused.reason == "concurrency"
+            redis_server.proc.send_signal(signal.SIGSTOP)
+            try:
+                q.release("t", "first")  # sent, but no answer comes
+                await asyncio.sleep(0.3)
+                await q.acquire("t", 1000.0, 1000, 1, "local", 600.0)  # times out: Redis is marked down
+                assert not q.health()["shared"]
+                q.release("t", "local")  # a lease of the local share: given back locally
+            finally:
+                redis_server.proc.send_signal(signal.SIGCONT)
+            deadline = time.monotonic() + 5
+            while not q.health()["shared"] and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert q.health()["shared"]
+            for _ in range(100):  # the owed release goes out with the next round trip
+                if await q.acquire("t", 1000.0, 1000, 1, "third", 600.0) is None:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the first lease was never given back: concurrency still held")
+        finally:
+            await q.close()
+
+    asyncio.run(run())

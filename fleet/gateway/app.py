@@ -236,7 +236,8 @@ def create_app(
     async def server_metadata(_: Request) -> Response:
         return json_response(server_info)
 
-    others = [u for u in workers.siblings() if u != settings.public_url]
+    me = workers.my_index()
+    others = [(i, u) for i, u in workers.siblings() if i != me]
 
     async def metrics(request: Request) -> Response:
         observe_store()
@@ -246,13 +247,14 @@ def create_app(
         # the whole gateway, whichever worker the scrape reached (fleet.gateway.workers)
         try:
             async with httpx.AsyncClient(timeout=SIBLING_SCRAPE_S) as client:
-                answers = await asyncio.gather(*(client.get(f"{u}/metrics", params={"worker": "1"}) for u in others))
+                answers = await asyncio.gather(*(client.get(f"{u}/metrics", params={"worker": "1"}) for _, u in others))
             for a in answers:
                 a.raise_for_status()
         except httpx.HTTPError as exc:
             return json_response({"error": f"a sibling worker did not answer its metrics ({exc}); the sum would "
                                            "read as a counter reset, so none is given"}, 503)  # fmt: skip
-        merged = await asyncio.to_thread(workers.merge_expositions, [own.decode(), *(a.text for a in answers)])
+        merged = await asyncio.to_thread(workers.merge_expositions,
+                                         [(me or 0, own.decode()), *((i, a.text) for (i, _), a in zip(others, answers, strict=True))])  # fmt: skip
         return Response(merged, media_type="text/plain; version=0.0.4")
 
     def stats(model: str, window_s: int) -> dict[str, Any]:

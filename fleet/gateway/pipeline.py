@@ -4,9 +4,9 @@
 2. ``entitle``       the model is served and the tenant may use it, else it does not
                      exist (404, the same answer for both); a version named in the path
                      must be one the tenant may use (404 likewise)
-3. ``admit``         the tenant's quota (429), and, when the version it will most likely
-                     reach already holds as many of its requests waiting as it may, 503
-                     at once (``Slots.refuse_early``); still before the body
+3. ``admit``         503 at once when the version it will most likely reach already holds
+                     as many of its requests waiting as it may (``Slots.refuse_early``),
+                     then the tenant's quota (429); still before the body
 4. ``decode``        the body, within its byte budget (413), decoded against the schema of
                      the version it will most likely reach (400 / 413 / 422); large bodies
                      off the event loop (``fleet.gateway.body``)
@@ -125,11 +125,11 @@ class Pipeline:
     async def admit(self, call: Call) -> Call:
         """An inference call ``begin``-ed: the tenant's quota (429), still before the body.
         A concurrency lease it takes is given back by ``http.close_request``."""
-        await self.quotas.take(call.tenant, call.state)  # type: ignore[arg-type]
         if call.expected is not None:  # the version it will most likely reach: shed a flood before its body
-            pool = self.dispatch.upstreams.pool(call.model, call.expected.version)
+            pool = self.dispatch.upstreams.pool(call.model, call.expected.version)  # and before its quota
             if pool is not None:
                 pool.slots.refuse_early(call.tenant.name, pool.ref)  # type: ignore[union-attr]
+        await self.quotas.take(call.tenant, call.state, call.spec.timeout_ms / 1000)  # type: ignore[arg-type]
         return call
 
     def authenticate(self, call: Call, surface: str = "inference") -> Tenant:

@@ -20,10 +20,10 @@ gateways holds for workers too:
   Redis is down, each worker enforces its share (``quota / live gateways``);
 - a version's admission slots and wait queue are divided between the workers, so the
   model sees its policy's ``concurrency``, not N times it;
-- ``/metrics`` answers for the whole gateway: the worker that gets the scrape adds up its
-  siblings' (``merge_expositions``), so one scrape target per pod sees all the traffic
-  (503 if a sibling does not answer: a gap in the graphs, not a false counter reset);
-  ``/metrics?worker=1`` shows one worker's own.
+- ``/metrics`` answers for the whole gateway: the worker that gets the scrape adds its
+  siblings' series to its own, each labelled ``worker`` (``merge_expositions``), so one
+  scrape target per pod sees all the traffic (503 if a sibling does not answer: a gap in
+  the graphs rather than series that vanish); ``/metrics?worker=1`` shows one worker's own.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ SIBLINGS_ENV = "FLEET_GATEWAY_SIBLINGS"  # private base URLs of every worker, co
 WORKER_ENV = "FLEET_GATEWAY_WORKER"  # "i/N" in a worker
 READY_TIMEOUT_S = 60.0
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+STEADY_S = 30.0  # a worker up this long has recovered: its next crash starts the back-off over
+MAX_QUICK_CRASHES = 5  # crashes in a row, each within STEADY_S of its start: give up (exit 1)
 STOP_GRACE_S = 15.0
 MAX_WORKERS = 64
-# gauges that say a state, not an amount: the merged value is the largest, not the sum
-STATE_GAUGES = {"fleet_routing_stale", "fleet_store_bad_records", "fleet_quota_backend"}
 
 
 class WorkersFailed(FleetError):
@@ -100,12 +100,14 @@ class Supervisor:
         self.private_urls = [f"http://{shown}:{s.getsockname()[1]}" for s in self.private]
         self.env = {**env, SIBLINGS_ENV: ",".join(self.private_urls), "FLEET_GATEWAY_WORKERS": str(n)}
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
-        self.restarts = [0] * n
+        self.restarts = [0] * n  # quick crashes in a row, per worker
+        self.started_at = [0.0] * n
         self._stopping = False
 
     def start(self, i: int) -> None:
         shared, private = self.shared[i], self.private[i]
         cmd = self.worker_cmd(i, shared.fileno(), private.fileno())
+        self.started_at[i] = time.monotonic()
         self.procs[i] = subprocess.Popen(cmd, env={**self.env, WORKER_ENV: f"{i}/{self.n}"}, stdin=subprocess.DEVNULL,
                                          pass_fds=(shared.fileno(), private.fileno()), start_new_session=True)  # fmt: skip
 
@@ -134,12 +136,20 @@ class Supervisor:
 
     def watch(self) -> None:
         """Until stopped (SIGTERM, Ctrl-C): a worker that exits is started again, after a pause
-        that grows while it keeps failing."""
+        that grows while it keeps failing. A worker that keeps failing at once
+        (``MAX_QUICK_CRASHES``) is not a worker any more: ``WorkersFailed``, so the process
+        exits and whatever runs it (Kubernetes) starts the whole gateway again, rather than
+        its socket holding 1/N of new connections with nobody to answer them."""
         while not self._stopping:
             time.sleep(0.2)
             for i, proc in enumerate(self.procs):
                 if self._stopping or proc is None or proc.poll() is None:
                     continue
+                if time.monotonic() - self.started_at[i] >= STEADY_S:
+                    self.restarts[i] = 0
+                if self.restarts[i] >= MAX_QUICK_CRASHES:
+                    raise WorkersFailed(f"gateway worker {i} exited {MAX_QUICK_CRASHES} times in a row within "
+                                        f"{STEADY_S:g} s of starting (last: {proc.returncode}); stopping the gateway")  # fmt: skip
                 pause = RESTART_BACKOFF_S[min(self.restarts[i], len(RESTART_BACKOFF_S) - 1)]
                 self.log(f"gateway worker {i} (pid {proc.pid}) exited with {proc.returncode}; starting it again "
                          f"in {pause:g} s")  # fmt: skip
@@ -184,43 +194,42 @@ def worker_argv(argv: Iterable[str], i: int, shared_fd: int, private_fd: int) ->
     return [sys.executable, "-m", "fleet", *out, "--worker-fds", f"{shared_fd},{private_fd}"]
 
 
-def siblings() -> list[str]:
+def siblings() -> list[tuple[int, str]]:
+    """(index, private base URL) of every worker of this gateway, this one included."""
     raw = os.environ.get(SIBLINGS_ENV, "")
-    return [u for u in raw.split(",") if u]
+    return list(enumerate(u for u in raw.split(",") if u))
 
 
-def merge_expositions(texts: Iterable[str]) -> bytes:
-    """Prometheus text expositions of several workers as one: samples with the same name and
-    labels added up (``_created`` and state gauges: the smallest and the largest)."""
+def my_index() -> int | None:
+    """This worker's index (``FLEET_GATEWAY_WORKER`` = ``i/N``), None outside workers."""
+    raw = os.environ.get(WORKER_ENV, "")
+    index, _, _ = raw.partition("/")
+    return int(index) if index.isdigit() else None
+
+
+def merge_expositions(texts: Iterable[tuple[int, str]]) -> bytes:
+    """Prometheus text expositions of several workers as one, each sample labelled with its
+    ``worker``. Not summed: a worker that restarts starts its counters at zero, which a sum
+    would show as a drop of the whole gateway's; per worker, Prometheus sees one series
+    reset, which ``rate()`` handles. Queries add the workers up (``sum by (model)``) — and
+    take the largest for a value every worker sees whole (replica-seconds, prices)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.metrics_core import Metric
     from prometheus_client.parser import text_string_to_metric_families
 
     families: dict[str, Metric] = {}
-    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
-    for text in texts:
+    for worker, text in texts:
         for fam in text_string_to_metric_families(text):
-            if fam.name not in families:
-                families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
-                values[fam.name] = {}
-            merged = values[fam.name]
-            for s in fam.samples:
-                key = (s.name, tuple(sorted(s.labels.items())))
-                if key not in merged:
-                    merged[key] = s.value
-                elif s.name.endswith("_created"):
-                    merged[key] = min(merged[key], s.value)
-                elif fam.name in STATE_GAUGES:
-                    merged[key] = max(merged[key], s.value)
-                else:
-                    merged[key] += s.value
+            merged = families.get(fam.name)
+            if merged is None:
+                merged = families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            for sample in fam.samples:
+                merged.add_sample(sample.name, {**sample.labels, "worker": str(worker)}, sample.value,
+                                  sample.timestamp, sample.exemplar)  # fmt: skip
 
     class _Merged:
         def collect(self):  # noqa: ANN202
-            for name, fam in families.items():
-                for (sample, labels), value in values[name].items():
-                    fam.add_sample(sample, dict(labels), value)
-                yield fam
+            yield from families.values()
 
     registry = CollectorRegistry()
     registry.register(_Merged())  # type: ignore[arg-type]
