@@ -217,10 +217,16 @@ def _supervise(n: int, host: str, port: int, argv: list[str], on_ready: Callable
     supervisor = gw_workers.Supervisor(n, host, port, lambda i, a, b: gw_workers.worker_argv(argv, i, a, b),
                                        dict(os.environ), lambda line: err_console.print(line, markup=False))  # fmt: skip
 
-    def stop(*_: object) -> None:
-        raise KeyboardInterrupt
+    asked = []
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    def stop(*_: object) -> None:
+        if not asked:  # once: a second Ctrl-C must not cut the workers' stop short
+            asked.append(True)
+            raise KeyboardInterrupt
+
+    # both, explicitly: a process started in the background by a shell inherits SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt for it (uvicorn sets its own)
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         supervisor.start_all()
         supervisor.wait_ready()
@@ -230,7 +236,8 @@ def _supervise(n: int, host: str, port: int, argv: list[str], on_ready: Callable
         pass
     finally:
         supervisor.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _workers_banner(n: int, host: str, shown: str, grpc_port: int | None) -> Callable[[Any], None]:
