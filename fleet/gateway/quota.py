@@ -48,6 +48,7 @@ PROBE_S = 0.5  # while Redis is down, how often it is tried again (in the backgr
 LEASE_S = 300.0  # a concurrency lease's life when the model's timeout is not known
 LEASE_SLACK_S = 30.0  # a lease outlives its request's timeout by this (reading a body takes time too)
 MAX_BATCH = 256  # commands in one pipelined round trip
+MAX_OWED = 100_000  # leases kept to give back once Redis answers; past it they are left to expire
 REDIS_CONNECTIONS = 32  # connections one gateway process keeps to Redis at most
 KEY_PREFIX = "fleet:quota:"
 
@@ -172,7 +173,7 @@ class RedisQuotas:
         self._sha: str | None = None  # the script's SHA1 once loaded into Redis
         self._pending: list[_Op] = []
         self._tasks: set[asyncio.Task[None]] = set()
-        self._unreleased: set[tuple[str, str]] = set()  # (tenant, lease) not given back yet
+        self._unreleased = _Owed()  # (tenant, lease) not given back yet
         self.local = TokenBuckets()
         self.shared = True
         self.error: str | None = None
@@ -304,7 +305,7 @@ class RedisQuotas:
                 continue
             log.warning("Redis at %s answers again; quotas are shared again", _safe(self.url))
             self.shared, self.error, self.down_since = True, None, None
-            owed, self._unreleased = self._unreleased, set()
+            owed, self._unreleased = self._unreleased, _Owed()
             for tenant, lease in owed:
                 self._enqueue("zrem", (f"{KEY_PREFIX}{tenant}:c", lease), None, tenant)
 
@@ -336,6 +337,14 @@ class _Op(NamedTuple):
     args: tuple[Any, ...]
     future: asyncio.Future[Any] | None  # None: nobody waits (a release)
     tenant: str = ""
+
+
+class _Owed(set):  # type: ignore[type-arg]
+    """Leases to give back, bounded: a lease not kept here expires in Redis on its own."""
+
+    def add(self, item: tuple[str, str]) -> None:
+        if len(self) < MAX_OWED:
+            super().add(item)
 
 
 def _describe(exc: BaseException) -> str:
