@@ -285,6 +285,11 @@ def test_the_admin_api_refuses_hostile_input_and_counts_failed_logins(gw: dict) 
             (adm.post("/admin/tenants", content=b'{"name": "t", "models": ["stub-model"], "rps": 1e309}'), 400, "not valid JSON"),
             (adm.post("/admin/tenants", content=b'{"name": "t", "models": ["stub-model"], "rps": "inf"}'), 422, "rps: got 'inf'"),
             (adm.post("/admin/tenants", json={"name": "t", "models": [MODEL], "burst": 2**70, "rps": 1}), 422, "burst"),
+            (adm.post("/admin/tenants", json={"name": "t", "models": [MODEL], "weight": 0}), 422, "weight"),
+            (adm.post("/admin/tenants", json={"name": "t", "models": [MODEL], "weight": "inf"}), 422, "weight"),
+            (adm.post("/admin/tenants", json={"name": "t", "models": [MODEL], "weight": 1e6}), 422, "weight"),
+            (adm.post("/admin/tenants", json={"name": "t", "models": [MODEL], "rps": 1, "concurrency": 0}), 422, "concurrency"),
+            (adm.post("/admin/tenants", json={"name": "t", "models": [MODEL], "concurrency": 4}), 422, "without rps"),
             (adm.get(f"/admin/stats/{MODEL}", params={"window_s": "-5"}), 400, "whole number of seconds"),
         ]  # fmt: skip
         for r, status, message in cases:

@@ -130,10 +130,41 @@ def test_fleet_gateway_prints_its_addresses_and_an_access_log(tmp_path: Path) ->
 
 @pytest.mark.parametrize("args", [["tenants", "create", "x", "--model", "m", "--rps", "inf", "--burst", "5"],
                                   ["tenants", "create", "x", "--model", "m", "--rps", "nan", "--burst", "5"],
-                                  ["tenants", "create", "x", "--model", "m:"]])  # fmt: skip
+                                  ["tenants", "create", "x", "--model", "m:"],
+                                  ["tenants", "create", "x", "--model", "m", "--weight", "inf"],
+                                  ["tenants", "create", "x", "--model", "m", "--weight", "nan"],
+                                  ["tenants", "create", "x", "--model", "m", "--weight", "0"],
+                                  ["tenants", "create", "x", "--model", "m", "--weight", "1e12"],
+                                  ["tenants", "create", "x", "--model", "m", "--rps", "1", "--burst", "1", "--concurrency", "0"],
+                                  ["tenants", "create", "x", "--model", "m", "--concurrency", "4"]])  # fmt: skip
 def test_values_that_cannot_be_stored_are_refused_and_nothing_is_written(tmp_path: Path, args: list[str]) -> None:
     env = GatewayEnv(tmp_path)
     env.register("1.0.0")
     out = run(env, *args)
     assert out.returncode in (1, 2) and out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, out.stderr
     assert list(env.store.list("tenants/")) == []
+
+
+def test_tenants_limits_changes_a_quota_and_weight_and_refuses_what_cannot_be_stored(tmp_path: Path) -> None:
+    from fleet.tenants import Tenants
+
+    env = GatewayEnv(tmp_path)
+    env.register("1.0.0")
+    env.tenant("acme", rps=5, burst=5)
+    before = env.store.get("tenants/acme.json").data
+    for args, says in [(["--weight", "inf"], "weight inf is not valid"), (["--weight", "-1"], "weight -1 is not valid"),
+                       (["--rps", "2"], "needs both --rps and --burst"), ([], "nothing to change"),
+                       (["--rps", "1", "--burst", "1", "--no-quota"], "contradict"),
+                       (["--rps", "1", "--burst", "1", "--concurrency", "0"], "concurrency 0 is not valid")]:  # fmt: skip
+        out = run(env, "tenants", "limits", "acme", *args)
+        assert out.returncode == 1 and says in out.stderr and out.stderr.count("\n") == 1, (args, out.stderr)
+    assert env.store.get("tenants/acme.json").data == before  # nothing refused was written
+    out = run(env, "tenants", "limits", "nobody", "--weight", "2")
+    assert out.returncode == 1 and "nobody" in out.stderr
+    out = run(env, "tenants", "limits", "acme", "--rps", "50", "--burst", "100", "--concurrency", "8", "--weight", "3", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["quota"] == {"rps": 50.0, "burst": 100, "concurrency": 8}
+    tenant = Tenants(env.store).get("acme")
+    assert tenant.weight == 3.0 and tenant.quota.concurrency == 8
+    assert run(env, "tenants", "limits", "acme", "--no-quota").returncode == 0
+    assert Tenants(env.store).get("acme").quota is None and Tenants(env.store).get("acme").weight == 3.0
