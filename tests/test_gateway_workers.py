@@ -22,9 +22,8 @@ from fleet.gateway.quota import divide
 from fleet.gateway.workers import merge_expositions, worker_argv
 from tests.gateway_env import ADMIN_TOKEN, BODY, MODEL, GatewayEnv, metric, wait_for
 from tests.redis_env import RedisServer
-from tests.test_quota_redis import _flood
+from tests.test_quota_redis import BURST, RPS, _flood, metered
 
-RPS, BURST = 20.0, 4
 
 
 def _records(env: GatewayEnv) -> list[gateways.GatewayRecord]:
@@ -34,12 +33,9 @@ def _records(env: GatewayEnv) -> list[gateways.GatewayRecord]:
 @pytest.fixture
 def workers(tmp_path: Path):
     redis_server = RedisServer(tmp_path).start()
-    env = GatewayEnv(tmp_path)
-    env.register("1.0.0")
-    env.stub("1.0.0")
-    env.route(stable="1.0.0")
-    key = env.tenant("metered", rps=RPS, burst=BURST)
+    env = None
     try:
+        env, key = metered(tmp_path)
         url, proc = env.gateway("--workers", "2", FLEET_REDIS_URL=redis_server.url)
         log = tmp_path / f"gateway-{url.rsplit(':', 1)[1]}.log"
         # the supervisor's report: every worker ready (a worker lost before that fails the start)
@@ -47,7 +43,8 @@ def workers(tmp_path: Path):
         assert len(_records(env)) == 2
         yield env, url, proc, key
     finally:
-        env.stop()
+        if env is not None:
+            env.stop()
         redis_server.stop()
 
 

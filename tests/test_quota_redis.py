@@ -29,14 +29,19 @@ def redis_server(tmp_path: Path):
     server.stop()
 
 
-@pytest.fixture
-def pair(tmp_path: Path, redis_server: RedisServer):
-    """Two gateways sharing the store and Redis; tenant ``metered`` at RPS/BURST."""
-    env = GatewayEnv(tmp_path)
+def metered(root: Path) -> tuple[GatewayEnv, str]:
+    """Stable 1.0.0 on one stub, and tenant ``metered`` at RPS/BURST: (the env, its key)."""
+    env = GatewayEnv(root)
     env.register("1.0.0")
     env.stub("1.0.0")
     env.route(stable="1.0.0")
-    key = env.tenant("metered", rps=RPS, burst=BURST)
+    return env, env.tenant("metered", rps=RPS, burst=BURST)
+
+
+@pytest.fixture
+def pair(tmp_path: Path, redis_server: RedisServer):
+    """Two gateways sharing the store and Redis; tenant ``metered`` at RPS/BURST."""
+    env, key = metered(tmp_path)
     try:
         urls = [env.gateway(FLEET_REDIS_URL=redis_server.url)[0] for _ in range(2)]
         yield env, urls, key
@@ -100,7 +105,6 @@ def test_redis_down_each_gateway_enforces_its_share_and_says_so_then_shares_agai
         assert health["error"] and "note" in health
         assert metric(u, "fleet_quota_backend", state="shared") == 0
         assert metric(u, "fleet_quota_backend", state="share_divisor") == 2
-    time.sleep(BURST / 2 / (RPS / 2) + 0.1)  # the local buckets refill (they are full when first used anyway)
     # all of the tenant's traffic to one gateway: it admits its share (RPS/2), not the whole quota,
     # and not nothing
     admitted, refused, seconds = asyncio.run(_flood(urls[:1], key, rate=2 * RPS, seconds=5))
@@ -189,8 +193,12 @@ def test_a_lease_given_back_while_redis_hangs_is_given_back_when_it_answers(redi
             assert refused is not None and refused.reason == "concurrency"
             redis_server.proc.send_signal(signal.SIGSTOP)
             try:
-                q.release("t", "first")  # sent, but no answer comes
-                await asyncio.sleep(0.3)
+                q.release("t", "first")  # sent, but no answer comes: kept to give back later
+                for _ in range(200):
+                    if ("t", "first") in q._unreleased:
+                        break
+                    await asyncio.sleep(0.01)
+                assert ("t", "first") in q._unreleased
                 await q.acquire("t", 1000.0, 1000, 1, "local", 600.0)  # times out: Redis is marked down
                 assert not q.health()["shared"]
                 q.release("t", "local")  # a lease of the local share: given back locally

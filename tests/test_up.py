@@ -32,6 +32,15 @@ def processes_with(marker: str) -> list[int]:
     return [p for p in found if p != os.getpid()]
 
 
+def kill_marked(marker: str) -> None:
+    """Whatever a failed test left running, by PID."""
+    for pid in processes_with(marker):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def start_up(cwd: Path, env: dict[str, str], port: int, prefect_port: int,
              *args: str) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
     out = cwd / f"up-{time.monotonic_ns()}.out"
@@ -87,11 +96,7 @@ def test_fleet_up_serves_recovers_from_a_crash_and_stops_cleanly_on_sigint(tmp_p
             time.sleep(0.2)
         assert processes_with(marker) == []
     finally:
-        for pid in processes_with(marker):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        kill_marked(marker)
 
 
 def test_fleet_up_with_two_gateways_shares_quotas_through_its_redis_and_stops_it(tmp_path: Path) -> None:
@@ -115,8 +120,4 @@ def test_fleet_up_with_two_gateways_shares_quotas_through_its_redis_and_stops_it
             time.sleep(0.2)
         assert processes_with(marker) == [], "gateways, model services and Redis all stop with fleet up"
     finally:
-        for pid in processes_with(marker):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        kill_marked(marker)
