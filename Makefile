@@ -33,7 +33,7 @@ up: $(STAMP)
 test: $(STAMP) system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# Debian packages the tests run for real (Prometheus scraping a gateway), or the benchmarks
+# Debian packages the tests run for real (Prometheus scraping a gateway, Redis for shared quotas), or the benchmarks
 # (wrk, nginx). Installed once, with apt-get (as root, else through sudo).
 TEST_PACKAGES  := prometheus redis-server
 BENCH_PACKAGES := wrk nghttp2-client nginx-light
