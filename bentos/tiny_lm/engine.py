@@ -53,6 +53,7 @@ REPLACEMENT = "\ufffd"  # what a tokenizer decodes half a UTF-8 character to
 @dataclass(frozen=True)
 class Params:
     max_tokens: int = 16
+    min_tokens: int = 0  # end-of-sequence is not sampled before this many tokens (vLLM's min_tokens)
     temperature: float = 0.0
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
@@ -131,10 +132,14 @@ class Stats:
 
 class Engine:
     def __init__(self, model: Any, tokenizer: Any, scheduler: Scheduler | None = None, *,  # noqa: ANN401
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic, prefill_delay_s: float = 0.0,
+                 step_delay_s: float = 0.0) -> None:  # fmt: skip
+        """``prefill_delay_s`` / ``step_delay_s``: a fault built into a version on purpose (a
+        slow first token, slow tokens), to rehearse a rollback; 0 otherwise."""
         self.model, self.tokenizer = model.eval(), tokenizer
         self.scheduler = scheduler or Scheduler()
         self.clock = clock
+        self.prefill_delay_s, self.step_delay_s = prefill_delay_s, step_delay_s
         self.device = next(model.parameters()).device
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos = eos if eos is not None else tokenizer.eos_token_id
@@ -164,6 +169,8 @@ class Engine:
                           f"{len(ids) + params.max_tokens} tokens; this model's context is {self.context}")  # fmt: skip
         if not 0.0 <= params.temperature <= 100.0 or not 0.0 < params.top_p <= 1.0:
             raise ValueError("expected 0 <= temperature <= 100 and 0 < top_p <= 1")
+        if not 0 <= params.min_tokens <= params.max_tokens:
+            raise ValueError(f"min_tokens is {params.min_tokens}; expected 0 to max_tokens ({params.max_tokens})")
         now = self.clock()
         seq = Sequence(id=next(self._ids), prompt=ids, max_tokens=params.max_tokens, arrived=now,
                        priority=params.priority,
@@ -193,6 +200,7 @@ class Engine:
             "kv_reserved_tokens": sched.reserved, "kv_used_tokens": used, "kv_budget_tokens": sched.kv_budget,
             "steps": self.stats.steps, "prefills": self.stats.prefills,
             "tokens_out": self.stats.tokens_out, "tokens_in": self.stats.tokens_in,
+            **{f"finished_{reason}": n for reason, n in self.stats.finished.items()},
         }  # fmt: skip
 
     # -- the loop ----------------------------------------------------------------------------
@@ -286,6 +294,8 @@ class Engine:
             mask[i, width - len(s.prompt):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        if self.prefill_delay_s:
+            time.sleep(self.prefill_delay_s)
         cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
                          logits_to_keep=1)  # fmt: skip
@@ -307,6 +317,8 @@ class Engine:
         return _Batch(a.seqs + b.seqs, a.cache, mask, torch.cat([a.pos, b.pos]), torch.cat([a.last, b.last]))
 
     def _decode(self, batch: _Batch) -> torch.Tensor:
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((batch.mask.shape[0], 1))], dim=1)
         out = self.model(input_ids=batch.last[:, None], attention_mask=batch.mask, position_ids=batch.pos[:, None],
                          cache=batch.cache, use_cache=True, logits_to_keep=1)  # fmt: skip
@@ -338,6 +350,10 @@ class Engine:
                 self._end(seq)
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, busy: list[bool]) -> list[int]:
+        early = [i for i, s in enumerate(seqs) if (live := self._live.get(s.id)) and len(s.generated) < live.params.min_tokens]
+        if early and self.eos:
+            logits = logits.clone()
+            logits[torch.tensor(early)[:, None], torch.tensor(sorted(self.eos))[None, :]] = float("-inf")
         greedy = logits.argmax(-1).tolist()
         tokens = []
         for i, seq in enumerate(seqs):

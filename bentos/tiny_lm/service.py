@@ -1,0 +1,186 @@
+"""BentoML service for one version of a generative (causal LM) model.
+
+A thin shell around ``engine.Engine`` (KV cache, continuous batching) over the version's
+``save_pretrained`` folder — the family's own trained model, or any Hugging Face causal LM
+registered the same way. The folder's files are checked against the manifest's listing
+(``fleet_build.json`` ``files``) at import and again before the weights load, as in every
+family; nothing is fetched from a hub (``HF_HUB_OFFLINE``).
+
+Routes (the fleet's generation contract; ``fleet.gateway.generate`` calls them):
+
+* ``POST /generate`` ``{"prompt": "..." | "messages": [{"role", "content"}], "max_tokens": 16,
+  "min_tokens": 0, "temperature": 0, "top_p": 1,
+  "stop": [], "seed": null, "priority": "interactive", "timeout_s": null}`` → ``{"text",
+  "finish_reason", "prompt_tokens", "completion_tokens", "queue_s", "ttft_s", "tpot_s"}``;
+* ``POST /generate_stream``, the same body → server-sent events, one ``data: {"text": ...,
+  "completion_tokens": n}`` per step that produced text, then one with ``finish_reason`` and
+  the counts and timings. A caller that disconnects cancels its sequence: it leaves the
+  running batch, and its KV cache is freed, at the next step;
+* ``GET /engine`` → the engine's gauges and counters (running, waiting, KV cache use).
+
+A prompt that can never fit (prompt + ``max_tokens`` past the context or the KV budget) is
+400; past ``max_waiting`` waiting sequences the service sheds with 503 (nothing computed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Annotated, Literal
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: a Bento never reaches a hub
+
+import bentoml
+from bentoml.exceptions import BadInput, ServiceUnavailable
+from pydantic import BaseModel, Field
+
+from engine import Engine, Event, Params, QueueFull, Scheduler, TooLong  # noqa: I001 - the Bento holds these files at its root
+from integrity import verify_folder
+
+BUILD = json.loads((Path(__file__).with_name("fleet_build.json")).read_text())
+MODEL = bentoml.models.BentoModel(BUILD["bento_model"])
+REMEDY = (f"expected the files of {BUILD['model']}:{BUILD['version']} as registered; on a fleet machine "
+          f"`fleet package {BUILD['model']} {BUILD['version']} --force` imports them again from the registry")  # fmt: skip
+GENERATION = {"max_running": 32, "kv_budget_tokens": 8192, "max_waiting": 256, "max_prefill_tokens": 2048,
+              "max_tokens": 256, **BUILD.get("generation", {})}  # fmt: skip
+FAULTS = "fleet_faults.json"  # {"first_token_ms", "token_ms"}: a rehearsal's slow version
+MAX_STOP, MAX_STOP_CHARS, MAX_PROMPT_CHARS, MAX_MESSAGES = 4, 64, 32_768, 64
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
+
+
+def verify_model(path: str) -> None:
+    verify_folder(path, BUILD["files"], BUILD["artifact_sha256"], remedy=REMEDY)
+
+
+verify_model(MODEL.resolve().path)
+
+
+def _event(e: Event) -> dict:
+    out: dict = {"text": e.text, "completion_tokens": e.completion_tokens}
+    if e.finish_reason is not None:
+        out |= {"finish_reason": e.finish_reason, "prompt_tokens": e.prompt_tokens, "queue_s": round(e.queue_s, 6),
+                "ttft_s": round(e.ttft_s, 6), "tpot_s": round(e.tpot_s, 6)}  # fmt: skip
+        if e.error:
+            out["error"] = e.error
+    return out
+
+
+@bentoml.service(name=BUILD["service_name"], resources=BUILD["resources"], traffic=BUILD["traffic"])
+class TextGenerator:
+    model_ref = MODEL
+
+    def __init__(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        verify_model(self.model_ref.path)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        tokenizer = AutoTokenizer.from_pretrained(self.model_ref.path)
+        model = AutoModelForCausalLM.from_pretrained(self.model_ref.path, dtype=torch.float32).to(device)
+        self.device = device
+        # faults built into a version on purpose (fleet models train --fault-*), to rehearse a rollback
+        faults_file = Path(self.model_ref.path) / FAULTS
+        self.faults = json.loads(faults_file.read_text()) if faults_file.exists() else {}
+        self.engine = Engine(model, tokenizer, Scheduler(
+            max_running=GENERATION["max_running"], kv_budget=GENERATION["kv_budget_tokens"],
+            max_waiting=GENERATION["max_waiting"], max_prefill=GENERATION["max_prefill_tokens"]),
+            prefill_delay_s=self.faults.get("first_token_ms", 0.0) / 1000,
+            step_delay_s=self.faults.get("token_ms", 0.0) / 1000)  # fmt: skip
+        self.engine.start()
+
+    def _prompt(self, prompt: str | None, messages: list[Message] | None) -> str:
+        """The text the model continues: ``prompt``, or ``messages`` through the tokenizer's chat
+        template — or, for a model without one, the last user message (a completion model)."""
+        if (prompt is None) == (messages is None):
+            raise BadInput("expected exactly one of prompt and messages")
+        if prompt is not None:
+            return prompt
+        assert messages is not None
+        tokenizer = self.engine.tokenizer
+        if getattr(tokenizer, "chat_template", None):
+            chat = [m.model_dump() for m in messages]
+            return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        users = [m.content for m in messages if m.role == "user"]
+        if not users:
+            raise BadInput("messages hold no user message; expected at least one")
+        return users[-1]
+
+    async def _events(self, prompt: str, params: Params) -> AsyncGenerator[Event, None]:
+        """The engine's events for one sequence, on this event loop; leaving early cancels it."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        try:
+            seq = self.engine.submit(prompt, params, lambda e: loop.call_soon_threadsafe(queue.put_nowait, e))
+        except (TooLong, ValueError) as exc:
+            raise BadInput(str(exc)) from None
+        except QueueFull as exc:
+            raise ServiceUnavailable(str(exc)) from None
+        try:
+            while True:
+                event = await queue.get()
+                yield event
+                if event.finish_reason is not None:
+                    return
+        finally:  # the caller left (or the stream broke): free the sequence's place and cache
+            if not seq.done:
+                self.engine.cancel(seq)
+
+    @bentoml.api
+    async def generate(
+        self,
+        prompt: Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)] | None = None,
+        messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)] | None = None,
+        max_tokens: Annotated[int, Field(ge=1, le=GENERATION["max_tokens"])] = 16,
+        min_tokens: Annotated[int, Field(ge=0, le=GENERATION["max_tokens"])] = 0,
+        temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 0.0,
+        top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0,
+        stop: Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOP)] = [],  # noqa: B006
+        seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None,
+        priority: Annotated[str, Field(pattern="^(interactive|batch)$")] = "interactive",
+        timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] | None = None,
+    ) -> dict:
+        """The whole answer at once."""
+        params = Params(max_tokens, min_tokens, temperature, top_p, tuple(stop), seed, priority, timeout_s)
+        text, last = [], None
+        async for event in self._events(self._prompt(prompt, messages), params):
+            text.append(event.text)
+            last = event
+        assert last is not None
+        if last.finish_reason == "error":
+            raise RuntimeError(f"generation failed: {last.error}")
+        return {**_event(last), "text": "".join(text)}
+
+    @bentoml.api
+    async def generate_stream(
+        self,
+        prompt: Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)] | None = None,
+        messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)] | None = None,
+        max_tokens: Annotated[int, Field(ge=1, le=GENERATION["max_tokens"])] = 16,
+        min_tokens: Annotated[int, Field(ge=0, le=GENERATION["max_tokens"])] = 0,
+        temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 0.0,
+        top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0,
+        stop: Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOP)] = [],  # noqa: B006
+        seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None,
+        priority: Annotated[str, Field(pattern="^(interactive|batch)$")] = "interactive",
+        timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] | None = None,
+    ) -> AsyncGenerator[str, None]:
+        """Server-sent events: text as it is generated, then the finish (see the module)."""
+        params = Params(max_tokens, min_tokens, temperature, top_p, tuple(stop), seed, priority, timeout_s)
+        async for event in self._events(self._prompt(prompt, messages), params):
+            yield f"data: {json.dumps(_event(event), separators=(',', ':'))}\n\n"
+
+    @bentoml.api(route="/engine")
+    def engine_stats(self) -> dict:
+        return {**self.engine.snapshot(), "device": self.device, "model": BUILD["model"], "version": BUILD["version"]}
+
+    @bentoml.api
+    def metadata(self) -> dict:
+        return {k: BUILD[k] for k in ("model", "version", "artifact_sha256")} | {
+            "device": self.device, "generation": GENERATION, "faults": self.faults}
