@@ -132,6 +132,28 @@ class InferenceLog(_Spec):
     sample_rate: Fraction = 0.1  # fraction of requests whose inputs/outputs are logged
 
 
+class Generation(_Spec):
+    """How a generative model's replicas batch, and what one request may ask (``generation:``).
+
+    Per replica: the running batch holds at most ``max_running`` sequences and
+    ``kv_budget_tokens`` KV-cache positions (each running sequence reserves its prompt plus
+    its ``max_tokens``); past ``max_waiting`` waiting ones it sheds (503)."""
+
+    max_running: int = Field(32, ge=1, le=4096)
+    kv_budget_tokens: int = Field(8192, ge=16)
+    max_waiting: int = Field(256, ge=1)
+    max_prefill_tokens: int = Field(2048, ge=1)  # prompt tokens prefilled in one step, beside the decode
+    max_tokens: int = Field(256, ge=1)  # the most one request may ask for (400 above)
+    default_max_tokens: int = Field(16, ge=1)
+    first_token_timeout_ms: int = Field(5000, gt=0)  # deadline for the first token; timeout_ms bounds the whole answer
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> Generation:
+        if self.default_max_tokens > self.max_tokens:
+            raise ValueError(f"default_max_tokens {self.default_max_tokens} is above max_tokens {self.max_tokens}")
+        return self
+
+
 class ModelSpec(_Spec):
     family: str = Field(min_length=1)  # shared code/features, e.g. "tabular-mlp"
     size_class: Literal["small", "medium", "large", "xlarge"]
@@ -154,7 +176,16 @@ class ModelSpec(_Spec):
     isolation: bool = False  # dedicated replicas, never shared with other models
     # placement inputs (fleet.placement); None keeps the planner's defaults
     kv_cache_gib: float | None = Field(None, ge=0.0)  # KV cache per replica (generative models)
+    generation: Generation | None = None  # generative models only; their defaults when generative and unset
     peak_qps: float | None = Field(None, gt=0.0)  # expected peak; must fit max_replicas × target
+
+    @model_validator(mode="after")
+    def _generation_for_generative(self) -> ModelSpec:
+        if self.generation is not None and not self.generative:
+            raise ValueError("generation: is set but generative is false; expected generative: true for a causal LM")
+        if self.generative and self.generation is None:
+            object.__setattr__(self, "generation", Generation())
+        return self
 
 
 class GatewaySpec(_Spec):

@@ -119,38 +119,58 @@ def fetch(
 def train(
     model: str,
     version: str,
-    seed: Annotated[int, typer.Option(help="Seed for data, initialisation and shuffling.")] = 7,
-    rows: Annotated[int, typer.Option(min=100, help="Generated training rows.")] = 20_000,
-    epochs: Annotated[int, typer.Option(min=1, help="Passes over the training rows.")] = 25,
+    seed: Annotated[int | None, typer.Option(help="Seed for data, initialisation and shuffling (default 7).")] = None,
+    preset: Annotated[str | None, typer.Option(help="A family's named settings (tiny-lm: demo, the default, or test: seconds).")] = None,
+    rows: Annotated[int | None, typer.Option(min=100, help="tabular-mlp: generated training rows (default 20000).")] = None,
+    epochs: Annotated[int | None, typer.Option(min=1, help="tabular-mlp: passes over the training rows (default 25).")] = None,
+    steps: Annotated[int | None, typer.Option(min=1, help="tiny-lm: optimizer steps (the preset's by default).")] = None,
     parent: Annotated[str | None, typer.Option(help="Version this one derives from.")] = None,
     label_threshold: Annotated[
-        float, typer.Option(help="Label by rule > this (0.25 is the true rule; other values make a model that predicts a shifted distribution).")
-    ] = 0.25,
+        float | None, typer.Option(help="tabular-mlp: label by rule > this (0.25 is the true rule; other values make a model that predicts a shifted distribution).")
+    ] = None,
     fault_error_rate: Annotated[
-        float, typer.Option(min=0, max=1, help="Rehearsal: this share of the version's requests fail with HTTP 500.")
-    ] = 0.0,
+        float | None, typer.Option(min=0, max=1, help="Rehearsal: this share of the version's requests fail with HTTP 500.")
+    ] = None,
     fault_latency_ms: Annotated[
-        float, typer.Option(min=0, help="Rehearsal: every answer of the version waits this much longer.")
-    ] = 0.0,
+        float | None, typer.Option(min=0, help="Rehearsal: every answer of the version waits this much longer.")
+    ] = None,
+    fault_first_token_ms: Annotated[
+        float | None, typer.Option(min=0, help="Rehearsal (tiny-lm): the version's first token of every answer waits this much longer.")
+    ] = None,
+    fault_token_ms: Annotated[
+        float | None, typer.Option(min=0, help="Rehearsal (tiny-lm): every later token waits this much longer.")
+    ] = None,
     policies: Annotated[Path, typer.Option("--policies", envvar="FLEET_POLICIES", help="Policy folder or file (names the model's family).")] = Path("policies"),
     json: JsonFlag = False,
 ) -> None:
     """Train a version of MODEL's family on generated data and register it.
 
-    The --fault-* options build a deliberately bad version, to rehearse a rollback.
+    Options apply to the families they name; one that does not apply to MODEL's family is
+    refused. The --fault-* options build a deliberately bad version, to rehearse a rollback.
     """
+    import dataclasses
+
     from fleet.runtime.bento import family_module
     from fleet.spec import load_policies
 
-    family = family_module(load_policies(policies).model(model).family)
+    family_name = load_policies(policies).model(model).family
+    family = family_module(family_name)
     trainer = importlib.import_module(f"{family.__name__}.train")
+    given = {k: v for k, v in {"seed": seed, "rows": rows, "epochs": epochs, "steps": steps, "label_threshold": label_threshold,
+                               "fault_error_rate": fault_error_rate, "fault_latency_ms": fault_latency_ms,
+                               "fault_first_token_ms": fault_first_token_ms, "fault_token_ms": fault_token_ms}.items()
+             if v is not None}  # fmt: skip
+    known = {f.name for f in dataclasses.fields(trainer.TrainConfig)}
+    if unknown := sorted(set(given) - known):
+        shown = ", ".join("--" + k.replace("_", "-") for k in unknown)
+        raise InvalidInput(f"{shown} does not apply to {model}'s family {family_name}")
+    presets = getattr(trainer, "PRESETS", None)
+    if preset is not None and (presets is None or preset not in presets):
+        offered = ", ".join(presets) if presets else "none"
+        raise InvalidInput(f"preset {preset!r} is not one of {family_name}'s: {offered}")
+    base = presets[preset or "demo"] if presets else trainer.TrainConfig()
     with err_console.status(f"training {model}:{version} ..."):
-        mv = trainer.train_and_register(
-            registry().store, model, version,
-            trainer.TrainConfig(seed=seed, rows=rows, epochs=epochs, label_threshold=label_threshold,
-                                fault_error_rate=fault_error_rate, fault_latency_ms=fault_latency_ms),
-            parent=parent,
-        )  # fmt: skip
+        mv = trainer.train_and_register(registry().store, model, version, dataclasses.replace(base, **given), parent=parent)
     if json:
         emit_json(mv)
     else:

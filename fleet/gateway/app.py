@@ -36,6 +36,7 @@ from fleet.feedback import LoggedRequests
 from fleet.gateway.admin import admin_routes, json_response
 from fleet.gateway.body import BodyBudget, Decoder
 from fleet.gateway.dispatch import Dispatcher
+from fleet.gateway.generate import Generation
 from fleet.gateway.http import Headers, Settings, internal_error, retry_after
 from fleet.gateway.pipeline import Pipeline
 from fleet.gateway import quota as quotas_
@@ -136,7 +137,8 @@ def create_app(
                         Dispatcher(upstreams, telemetry), Recorder(mirror, inference_log, logged, usage))  # fmt: skip
     in_flight = BodyBudget(limits.mib(limits.inflight_body_mib))
     rest = Rest(pipeline, view.store, settings.gateway_id, limits.mib(limits.max_body_mib), logged, in_flight)
-    server_info = {"name": "serving-fleet", "version": __version__, "extensions": []}
+    generation = Generation(pipeline, upstreams, telemetry, usage, in_flight, limits.mib(limits.max_body_mib))
+    server_info = {"name": "serving-fleet", "version": __version__, "extensions": ["generate"]}
     grpc = None
     if settings.grpc_port is not None:  # imported only when asked for: grpcio and the OIP protos load in ~70 ms
         from fleet.gateway.grpc_server import GrpcEndpoint, InferenceService
@@ -198,6 +200,7 @@ def create_app(
                 with contextlib.suppress(FleetError, OSError):
                     await asyncio.to_thread(gateways.withdraw, view.store, record.id)
             await upstreams.close()
+            await generation.close()
             if isinstance(backend, quotas_.RedisQuotas):
                 await backend.close()
             await asyncio.to_thread(decoder.close)
@@ -283,6 +286,12 @@ def create_app(
             Route("/v2/models/{model}/infer", rest.infer_v2, methods=["POST"]),
             Route("/v2/models/{model}/versions/{version}/infer", rest.infer_v2, methods=["POST"]),
             Route("/v1/models/{target}", rest.predict_v1, methods=["POST"]),
+            Route("/v1/completions", generation.completions, methods=["POST"]),
+            Route("/v1/chat/completions", generation.chat, methods=["POST"]),
+            Route("/v2/models/{model}/generate", generation.oip_generate, methods=["POST"]),
+            Route("/v2/models/{model}/generate_stream", generation.oip_generate_stream, methods=["POST"]),
+            Route("/v2/models/{model}/versions/{version}/generate", generation.oip_generate, methods=["POST"]),
+            Route("/v2/models/{model}/versions/{version}/generate_stream", generation.oip_generate_stream, methods=["POST"]),
             Route("/v1/feedback", rest.feedback, methods=["POST"]),
             Route("/v2", server_metadata),
             Route("/v2/health/live", live),

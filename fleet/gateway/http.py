@@ -54,7 +54,8 @@ def close_request(telemetry: Telemetry, state: dict[str, Any], status: int, star
 
     ``status`` is the HTTP status — for gRPC the one its status code stands for — so one
     ``fleet_requests_total`` query counts errors of both protocols."""
-    quota.release(state)  # a concurrency lease: the request is answered
+    if not state.get("streaming"):  # a stream keeps its lease until it ends (Headers' finally)
+        quota.release(state)  # a concurrency lease: the request is answered
     if "model" in state:
         telemetry.finished(state["model"], state["model_version"], state.get("tenant", UNKNOWN), status,
                            (time.monotonic() - started) * 1e3)  # fmt: skip

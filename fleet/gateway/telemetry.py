@@ -27,6 +27,7 @@ from fleet.gateway.stats import WindowedStats, score_bins
 from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS
 
 _SECONDS = tuple(b / 1000 for b in LATENCY_BUCKETS_MS) + (float("inf"),)
+_TOKEN_SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, float("inf"))
 
 
 class _QueueDepth(Collector):
@@ -117,6 +118,12 @@ class Telemetry:
                            "shared: 1 while quotas are shared through Redis, 0 while this gateway enforces its local "
                            "share; share_divisor: the gateways a quota is divided by then",
                            ["state"], quota_state))  # fmt: skip
+        self.ttft = Histogram("fleet_time_to_first_token_seconds", "Generation: the version asked → its first token",
+                              ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
+        self.tpot = Histogram("fleet_time_per_output_token_seconds", "Generation: mean time per token after the first",
+                              ["model", "version"], buckets=_TOKEN_SECONDS, registry=r)  # fmt: skip
+        self.tokens = Counter("fleet_generated_tokens", "Generation: tokens by kind (prompt, completion)",
+                              ["model", "version", "kind"], registry=r)  # fmt: skip
         self._children: dict[tuple[str, str], tuple] = {}
         self._finished: dict[tuple[str, str, str, int], tuple] = {}
 
@@ -141,6 +148,20 @@ class Telemetry:
         for i, n in enumerate(bins):
             if n:
                 predictions[i].inc(n)
+
+    def generated(self, model: str, version: str, *, ttft_ms: float, tpot_ms: float | None, total_ms: float,
+                  prompt_tokens: int, completion_tokens: int) -> None:  # fmt: skip
+        """A version finished a generation. Canary analysis's windowed stats count its time to
+        first token as its latency (what a caller waits for before anything happens)."""
+        self.stats.answered(model, version, ttft_ms, None)
+        requests, upstream, _ = self._version(model, version)
+        requests.inc()
+        upstream.observe(total_ms / 1000)
+        self.ttft.labels(model, version).observe(ttft_ms / 1000)
+        if tpot_ms is not None:
+            self.tpot.labels(model, version).observe(tpot_ms / 1000)
+        self.tokens.labels(model, version, "prompt").inc(prompt_tokens)
+        self.tokens.labels(model, version, "completion").inc(completion_tokens)
 
     def failed(self, model: str, version: str, error_class: str) -> None:
         self.stats.failed(model, version, error_class)

@@ -144,7 +144,8 @@ def package(
                 version=tag_version,
                 labels={**labels, "quantize": "int8" if quantize else "none", INTEGRITY_LABEL[0]: INTEGRITY_LABEL[1]},
                 include=[*family.BENTO_FILES, *SHARED_FILES, "fleet_build.json"],
-                python={"packages": [f"{p}=={installed(p).split('+')[0]}" for p in PINNED], "lock_packages": False},
+                python={"packages": [f"{p}=={installed(p).split('+')[0]}" for p in (*PINNED, *getattr(family, "PACKAGES", ()))],
+                        "lock_packages": False},
                 build_ctx=ctx,
             )
         except Exception as exc:  # BentoML raises many kinds; say which build failed
@@ -193,6 +194,7 @@ def _build_config(mv: ModelVersion, spec: ModelSpec, model_tag: str, quantize: b
         "resources": resources,
         "traffic": {"timeout": spec.timeout_ms / 1000, "concurrency": spec.concurrency},
         "batching": {**spec.batching.model_dump(), "batchable": batchable},
+        "generation": spec.generation.model_dump() if spec.generation is not None else {},
     }
 
 

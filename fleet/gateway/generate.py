@@ -1,0 +1,393 @@
+"""Generation at the gateway: OpenAI completions and chat, and OIP's generate extension.
+
+The same steps as a tensor request (``fleet.gateway.pipeline``), in the same order where the
+protocol allows: the API key (401) before any byte of the body; for OIP the model and
+version from the path, so entitlement, the early shed and the quota come before the body
+too; for OpenAI the model is in the body, which is read first (at most ``MAX_BODY_BYTES``,
+counted against the bodies in flight) and parsed inline — it is small and bounded. Then the
+version (pins, the sticky canary split, ``name:version`` like ``/versions/<v>``), the
+version's slots (fair across tenants, ``fleet.gateway.slots``) and a replica.
+
+Streams pass through as they come: the service's server-sent events (``bentos/tiny_lm``'s
+contract) are read as they arrive, turned into the caller's protocol one event at a time,
+and written at once — nothing is buffered beyond one event (``MAX_EVENT_BYTES``).
+
+Two deadlines: the first token must come within the policy's ``first_token_timeout_ms``
+(capped by the request's timeout), and the whole answer within the request's timeout
+(``X-Fleet-Timeout-Ms`` or ``parameters.timeout_ms``, capped by the model's ``timeout_ms``).
+The service is told the whole deadline too, so it drops a sequence nobody waits for.
+
+Before the first token nothing has reached the caller, so a canary that fails (refused,
+5xx, shed, no replica) is retried once on stable, and the failure counted against the
+canary — as for tensors (``fleet.gateway.dispatch``). After the first token a failure ends
+the stream with an error event (the status, 200, is already sent) and counts against the
+version. A caller that leaves cancels its generation: the connection to the replica is
+closed, and the service frees the sequence's place in the batch and its KV cache.
+
+Per version: time to first token and per output token, prompt and completion tokens
+(``fleet.gateway.telemetry``); the windowed stats canary analysis reads count a generation's
+time to first token as its latency, so the rollout's p99 gate is a TTFT gate for these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from fleet.errors import FleetError
+from fleet.gateway import body as bodies
+from fleet.gateway import genproto
+from fleet.gateway.admin import json_response
+from fleet.gateway.dispatch import fallback
+from fleet.gateway.pipeline import Call, Pipeline
+from fleet.gateway.protocol import MalformedBody
+from fleet.gateway.slots import PRIORITIES
+from fleet.gateway.telemetry import Telemetry
+from fleet.gateway.upstream import CONNECT_TIMEOUT_S, IDLE_CLOSE_S, NoReplica, Pool, Rejected, Replica, UpstreamError, Upstreams, UpstreamTimeout
+from fleet.routing import choose_version
+from fleet.spec import Generation as GenerationSpec
+from fleet.usage import UsageMeter
+
+MAX_BODY_BYTES = 256 * 1024  # a generation request: a prompt of at most 32 k characters and its settings
+MAX_EVENT_BYTES = 64 * 1024  # one event from a model service; a longer one is a broken answer
+STREAM_PATH = "/generate_stream"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # and nginx in front must not buffer
+
+
+class NotGenerative(FleetError):
+    status = 400
+
+
+@dataclass
+class _Open:
+    """One replica answering one generation: its events, and what is given back at the end."""
+
+    pool: Pool
+    replica: Replica
+    response: httpx.Response
+    events: AsyncIterator[dict[str, Any]]
+    closed: bool = False
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.replica.in_flight -= 1
+            self.pool.slots.release()
+            await self.response.aclose()  # before the end: closes the connection, so the service cancels
+
+
+async def _events(response: httpx.Response, ref: str) -> AsyncIterator[dict[str, Any]]:
+    """Server-sent events' ``data:`` as JSON objects, at most ``MAX_EVENT_BYTES`` each."""
+    pending = b""
+    async for chunk in response.aiter_raw():
+        pending += chunk
+        while True:
+            end = pending.find(b"\n\n")
+            if end < 0:
+                if len(pending) > MAX_EVENT_BYTES:
+                    raise UpstreamError(f"{ref} sent an event over {MAX_EVENT_BYTES} bytes", "5xx")
+                break
+            raw, pending = pending[:end], pending[end + 2 :]
+            data = b"".join(line[5:].lstrip() for line in raw.split(b"\n") if line.startswith(b"data:"))
+            if not data:
+                continue  # a comment or keep-alive
+            try:
+                event = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                raise UpstreamError(f"{ref} sent an event that is not JSON: {data[:80]!r}", "5xx") from None
+            if not isinstance(event, dict) or not isinstance(event.get("text", ""), str):
+                raise UpstreamError(f"{ref} sent an event that is not {{\"text\": ...}}: {data[:80]!r}", "5xx")
+            yield event
+
+
+@dataclass
+class Stream:
+    """A generation under way: the first event is in hand; ``events()`` yields it and the rest."""
+
+    model: str
+    version: str
+    tenant: str
+    opened: _Open
+    first: dict[str, Any]
+    asked: float  # when the version was asked (after its slot)
+    first_at: float
+    deadline: float
+    telemetry: Telemetry
+    usage: UsageMeter | None
+    final: dict[str, Any] = field(default_factory=dict)
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """Every event to the final one; ``UpstreamError`` / ``UpstreamTimeout`` if the answer
+        breaks off. Closing the iterator early (the caller left) cancels the generation."""
+        try:
+            event = self.first
+            while True:
+                if event.get("finish_reason") is not None:
+                    self._ended(event)  # raises for a generation that failed
+                    yield event
+                    return
+                yield event
+                try:
+                    async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
+                        event = await anext(self.opened.events)
+                except StopAsyncIteration:
+                    raise self._failed(UpstreamError(f"{self.model}:{self.version} ended its stream before it finished", "5xx")) from None
+                except TimeoutError:
+                    raise self._failed(UpstreamTimeout(f"{self.model}:{self.version} did not finish within the request's timeout")) from None
+                except UpstreamError as exc:
+                    raise self._failed(exc) from None
+                except httpx.HTTPError as exc:
+                    raise self._failed(UpstreamError(f"{self.model}:{self.version} broke off: {type(exc).__name__}", "5xx")) from None
+        finally:
+            await self.opened.close()
+
+    async def collect(self) -> tuple[str, dict[str, Any]]:
+        parts = [e.get("text", "") async for e in self.events()]
+        return "".join(parts), self.final
+
+    def _failed(self, exc: UpstreamError) -> UpstreamError:
+        self.telemetry.failed(self.model, self.version, exc.kind)
+        self.opened.replica.failed(time.monotonic())
+        return exc
+
+    def _ended(self, final: dict[str, Any]) -> None:
+        self.final = final
+        reason = final.get("finish_reason")
+        if reason == "error":
+            raise self._failed(UpstreamError(f"{self.model}:{self.version} failed: {str(final.get('error'))[:200]}", "5xx"))
+        if reason == "timeout":
+            raise self._failed(UpstreamTimeout(f"{self.model}:{self.version} did not finish within the request's timeout"))
+        now = time.monotonic()
+        completion = _count(final, "completion_tokens")
+        tpot_ms = (now - self.first_at) * 1e3 / (completion - 1) if completion > 1 else None
+        self.telemetry.generated(self.model, self.version, ttft_ms=(self.first_at - self.asked) * 1e3, tpot_ms=tpot_ms,
+                                 total_ms=(now - self.asked) * 1e3, prompt_tokens=_count(final, "prompt_tokens"),
+                                 completion_tokens=completion)  # fmt: skip
+        self.opened.replica.succeeded()
+        if self.usage is not None:
+            self.usage.served(self.tenant, self.model, self.version, 1, now - self.asked)
+
+
+def _count(event: dict[str, Any], key: str) -> int:
+    value = event.get(key, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else 0
+
+
+class Generation:
+    def __init__(self, pipeline: Pipeline, upstreams: Upstreams, telemetry: Telemetry, usage: UsageMeter | None,
+                 in_flight: bodies.BodyBudget, max_body_bytes: int) -> None:  # fmt: skip
+        self.pipeline, self.upstreams, self.telemetry, self.usage = pipeline, upstreams, telemetry, usage
+        self.in_flight, self.max_body_bytes = in_flight, min(max_body_bytes, MAX_BODY_BYTES)
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512, keepalive_expiry=IDLE_CLOSE_S),
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    # -- the routes ------------------------------------------------------------------------------
+    async def completions(self, request: Request) -> Response:
+        return await self._openai(request, "completion")
+
+    async def chat(self, request: Request) -> Response:
+        return await self._openai(request, "chat")
+
+    async def oip_generate(self, request: Request) -> Response:
+        return await self._oip(request, stream=False)
+
+    async def oip_generate_stream(self, request: Request) -> Response:
+        return await self._oip(request, stream=True)
+
+    async def _openai(self, request: Request, kind: str) -> Response:
+        call = Call(model="", requested=None, headers=request.headers, state=request.scope["state"])
+        call.state["model"] = "unknown"
+        self.pipeline.authenticate(call)  # before a byte of the body is read
+        body = genproto.loads(await self._read(request, call))
+        call.model, call.requested = genproto.model_name(body)
+        self.pipeline.entitle(call)
+        gen = self._generation(call)
+        req = (genproto.chat if kind == "chat" else genproto.completion)(body, gen.max_tokens)
+        await self.pipeline.admit(call)
+        return await self._serve(call, req, gen, kind)
+
+    async def _oip(self, request: Request, stream: bool) -> Response:
+        call = Call(model=request.path_params["model"], requested=request.path_params.get("version"),
+                    headers=request.headers, state=request.scope["state"])  # fmt: skip
+        await self.pipeline.admit(self.pipeline.begin(call))  # all before the body, as for tensors
+        gen = self._generation(call)
+        req = genproto.oip(genproto.loads(await self._read(request, call)), call.model, call.requested, gen.max_tokens, stream)
+        return await self._serve(call, req, gen, "oip")
+
+    async def _read(self, request: Request, call: Call) -> bytes:
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("identity", ""):
+            raise MalformedBody(f"Content-Encoding {encoding[:40]!r} is not accepted; expected an uncompressed body")
+        with self.in_flight.holding(call.tenant.name) as held:  # type: ignore[union-attr]
+            return await bodies.read(request, self.max_body_bytes, held)
+
+    def _generation(self, call: Call) -> GenerationSpec:
+        gen = call.spec.generation
+        if gen is None:
+            raise NotGenerative(f"model {call.model} is not generative (its policy does not say generative: true); "
+                                f"expected tensors at /v2/models/{call.model}/infer")  # fmt: skip
+        return gen
+
+    # -- one generation ------------------------------------------------------------------------------
+    async def _serve(self, call: Call, req: genproto.GenRequest, gen: GenerationSpec, kind: str) -> Response:
+        stream = await self._start(call, req, gen)
+        answer = genproto.Answer(kind, call.request_id, call.model, stream.version, req.include_usage)
+        if not req.stream:
+            text, final = await stream.collect()
+            return json_response(answer.whole(text, final))
+        call.state["streaming"] = True  # a concurrency lease is held until the stream ends, not its first byte
+        return StreamingResponse(self._sse(answer, stream), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def _sse(self, answer: genproto.Answer, stream: Stream) -> AsyncIterator[bytes]:
+        first = True
+        try:
+            async for event in stream.events():
+                yield answer.chunk(event, first)
+                first = False
+        except FleetError as exc:
+            yield answer.error(str(exc), exc.status)
+            return
+        yield answer.done()
+
+    def _payload(self, req: genproto.GenRequest, gen: GenerationSpec, priority: str, timeout_ms: float) -> bytes:
+        max_tokens = req.max_tokens or gen.default_max_tokens
+        payload: dict[str, Any] = {
+            "max_tokens": max_tokens, "min_tokens": min(req.min_tokens, max_tokens), "temperature": req.temperature, "top_p": req.top_p,
+            "stop": list(req.stop), "seed": req.seed, "priority": priority, "timeout_s": round(timeout_ms / 1000, 3),
+        }  # fmt: skip
+        if req.prompt is not None:
+            payload["prompt"] = req.prompt
+        else:
+            payload["messages"] = [{"role": r, "content": c} for r, c in req.messages or ()]
+        return orjson.dumps(payload)
+
+    async def _start(self, call: Call, req: genproto.GenRequest, gen: GenerationSpec) -> Stream:
+        """The version chosen and asked, and its first event read; a canary that fails before
+        its first token is retried on stable."""
+        params = req.parameters or {}
+        key = self.pipeline.control(call, params, "routing_key") or call.request_id
+        priority = self.pipeline.control(call, params, "priority") or "interactive"
+        if priority not in PRIORITIES:
+            raise MalformedBody(f"priority {priority!r} is not known; expected one of {', '.join(PRIORITIES)}")
+        timeout_ms = self.pipeline.timeout(call, params)
+        first_ms = min(float(gen.first_token_timeout_ms), timeout_ms)
+        call.routing_key = key
+        choice = choose_version(call.table, call.tenant, key, call.requested)  # type: ignore[arg-type]
+        call.state["model_version"] = choice.version
+        second = fallback(call.table, choice)  # type: ignore[arg-type]
+        order = [choice.version] if second is None else [choice.version, second]
+        started = time.monotonic()
+        payload = self._payload(req, gen, priority, timeout_ms)
+        tenant = call.tenant
+        failure: FleetError | None = None
+        for i, version in enumerate(order):
+            pool = self.upstreams.pool(call.model, version)
+            if pool is None or not pool.replicas:
+                self.telemetry.failed(call.model, version, "unreachable")
+                failure = NoReplica(f"{call.model}:{version} has no running replica; expected it to be deployed")
+                continue
+            try:
+                async with asyncio.timeout(max(0.0, started + first_ms / 1000 - time.monotonic())):
+                    await pool.slots.acquire(priority, pool.ref, tenant.name, tenant.weight or 1.0)  # type: ignore[union-attr]
+                    asked = time.monotonic()
+                    opened = await self._open(pool, payload, last_resort=i == len(order) - 1)
+                    try:
+                        first = await anext(opened.events)
+                    except BaseException:
+                        await opened.close()
+                        raise
+            except TimeoutError:
+                self.telemetry.failed(call.model, version, "timeout")
+                raise UpstreamTimeout(f"{call.model}:{version} sent no first token within {first_ms:.0f} ms (the policy's "
+                                      "first_token_timeout_ms, capped by the request's timeout)") from None  # fmt: skip
+            except Rejected:
+                self.telemetry.rejections.labels(call.model, version).inc()
+                raise
+            except StopAsyncIteration:
+                self.telemetry.failed(call.model, version, "5xx")
+                failure = UpstreamError(f"{call.model}:{version} ended its stream before its first event", "5xx")
+                continue
+            except UpstreamError as exc:
+                self.telemetry.failed(call.model, version, exc.kind)
+                failure = exc
+                continue
+            call.state["model_version"] = version
+            stream = Stream(call.model, version, tenant.name, opened, first, asked, time.monotonic(),  # type: ignore[union-attr]
+                            started + timeout_ms / 1000, self.telemetry, self.usage)  # fmt: skip
+            if first.get("finish_reason") in ("error", "timeout"):  # nothing reached the caller yet: say so now
+                await stream.collect()
+            return stream
+        assert failure is not None
+        raise failure
+
+    async def _open(self, pool: Pool, payload: bytes, last_resort: bool) -> _Open:
+        """A replica's stream, its status checked; the slot is the caller's until this returns."""
+        replicas = pool.order(last_resort)
+        if not replicas:
+            pool.slots.release()
+            raise UpstreamError(f"every replica of {pool.ref} is ejected after consecutive failures", "unreachable")
+        failures, shed = [], ""
+        for replica in replicas:
+            request = self.client.build_request("POST", replica.url + STREAM_PATH, content=payload,
+                                                headers={"Content-Type": "application/json"})  # fmt: skip
+            replica.in_flight += 1
+            try:
+                response = await self.client.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                replica.in_flight -= 1
+                replica.failed(time.monotonic())
+                failures.append(f"{replica.url}: {type(exc).__name__}")
+                continue
+            except (httpx.HTTPError, BaseException) as exc:
+                replica.in_flight -= 1
+                pool.slots.release()
+                if isinstance(exc, httpx.HTTPError):
+                    replica.failed(time.monotonic())
+                    raise UpstreamError(f"{pool.ref} at {replica.url} failed: {type(exc).__name__}: {exc}", "5xx") from None
+                raise
+            if response.status_code == 200:
+                return _Open(pool, replica, response, _events(response, pool.ref))
+            detail = await _head_of(response)
+            replica.in_flight -= 1
+            if response.status_code == 503:
+                shed = f"{pool.ref} at {replica.url} shed the request: HTTP 503 {detail}"
+                continue
+            pool.slots.release()
+            if response.status_code >= 500:
+                replica.failed(time.monotonic())
+                raise UpstreamError(f"{pool.ref} answered HTTP {response.status_code}: {detail}", "5xx")
+            replica.succeeded()
+            raise Rejected(f"{pool.ref} refused the input: HTTP {response.status_code} {detail}", response.status_code)
+        pool.slots.release()
+        if shed:
+            raise UpstreamError(shed, "5xx")
+        raise UpstreamError(f"no replica of {pool.ref} could be reached ({'; '.join(failures)})", "unreachable")
+
+
+async def _head_of(response: httpx.Response, limit: int = 2048) -> str:
+    """The start of an error answer, for the message; the connection is closed after."""
+    data = b""
+    with contextlib.suppress(httpx.HTTPError):
+        async for chunk in response.aiter_raw():
+            data += chunk
+            if len(data) >= limit:
+                break
+    await response.aclose()
+    return data[:200].decode(errors="replace")
+
+
+__all__ = ["Generation", "NotGenerative", "Stream"]

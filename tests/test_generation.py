@@ -1,0 +1,140 @@
+"""Generation end to end on real processes: a tiny-lm version trained and registered here,
+packaged and served by ``bentoml serve``, behind a real gateway; called with the ``openai``
+client unchanged (completions, chat, streaming, a caller that leaves mid-stream) and with
+OIP's generate extension over plain HTTP."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.serving_env import FleetEnv
+
+MODEL = "demo-lm"
+PROMPT = "reverse abcd>"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    env = FleetEnv(tmp_path_factory.mktemp("gen"))
+    try:
+        env.fleet("models", "train", MODEL, "1.0.0", "--preset", "test")
+        env.fleet("models", "train", MODEL, "1.1.0", "--preset", "test", "--seed", "11", "--fault-token-ms", "40")
+        env.fleet("route", "set", MODEL, "--stable", "1.0.0", "-r", "first")
+        keys = {name: env.fleet_json("tenants", "create", name, "--model", model)["api_key"]
+                for name, model in [("apps", MODEL), ("pinned", MODEL), ("outsider", "demo-classifier")]}  # fmt: skip
+        env.fleet("route", "pin", MODEL, "pinned", "1.1.0", "-r", "the slow version, for the cancel test")
+        urls = {v: env.fleet_json("deploy", MODEL, v)["endpoints"][0] for v in ("1.0.0", "1.1.0")}
+        url = env.start_gateway()
+        yield {"env": env, "url": url, "keys": keys, "replicas": urls}
+    finally:
+        env.stop()
+
+
+def client(fleet: dict, tenant: str = "apps") -> openai.OpenAI:
+    return openai.OpenAI(base_url=fleet["url"] + "/v1", api_key=fleet["keys"][tenant], max_retries=0, timeout=60)
+
+
+def engine(fleet: dict, version: str) -> dict:
+    return httpx.post(fleet["replicas"][version] + "/engine", json={}, timeout=10).json()
+
+
+def test_a_completion_through_the_openai_client(fleet: dict) -> None:
+    raw = client(fleet).completions.with_raw_response.create(model=MODEL, prompt=PROMPT, max_tokens=8)
+    done = raw.parse()
+    assert raw.headers["x-fleet-model-version"] == "1.0.0" and done.system_fingerprint == f"{MODEL}:1.0.0"
+    choice = done.choices[0]
+    assert isinstance(choice.text, str) and choice.finish_reason in ("stop", "length")
+    assert done.usage.prompt_tokens == len(PROMPT) + 1  # characters and the BOS token
+    assert 1 <= done.usage.completion_tokens <= 8 and done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+
+
+def test_streamed_text_is_the_same_text_as_the_whole_answer(fleet: dict) -> None:
+    whole = client(fleet).completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, extra_body={"min_tokens": 12})
+    chunks = list(client(fleet).completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, stream=True,
+                                                   extra_body={"min_tokens": 12}))  # fmt: skip
+    assert len(chunks) >= 3  # one event per step that produced text, not one at the end
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length" and all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+
+def test_chat_whole_and_streamed_with_usage(fleet: dict) -> None:
+    messages = [{"role": "system", "content": "answer exactly"}, {"role": "user", "content": PROMPT}]
+    whole = client(fleet).chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
+    assert whole.choices[0].message.role == "assistant" and whole.object == "chat.completion"
+    stream = client(fleet).chat.completions.create(model=MODEL, messages=messages, max_tokens=8, stream=True,
+                                                   stream_options={"include_usage": True})  # fmt: skip
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_oip_generate_and_generate_stream(fleet: dict) -> None:
+    headers = {"Authorization": f"Bearer {fleet['keys']['apps']}"}
+    body = {"text_input": PROMPT, "parameters": {"max_tokens": 6, "min_tokens": 6}}
+    r = httpx.post(f"{fleet['url']}/v2/models/{MODEL}/generate", json=body, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    whole = r.json()
+    assert whole["model_name"] == MODEL and whole["model_version"] == "1.0.0" and whole["completion_tokens"] == 6
+    with httpx.stream("POST", f"{fleet['url']}/v2/models/{MODEL}/versions/1.0.0/generate_stream", json=body,
+                      headers=headers, timeout=30) as s:  # fmt: skip
+        assert s.status_code == 200 and s.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[len("data: "):]) for line in s.iter_lines() if line.startswith("data: ")]
+    assert "".join(e["text_output"] for e in events) == whole["text_output"] and events[-1]["finish_reason"] == "length"
+
+
+def test_a_caller_that_leaves_mid_stream_cancels_its_generation(fleet: dict) -> None:
+    before = engine(fleet, "1.1.0").get("finished_cancelled", 0)
+    stream = client(fleet, "pinned").completions.create(model=f"{MODEL}:1.1.0", prompt=PROMPT, max_tokens=44, stream=True,
+                                              extra_body={"min_tokens": 44})  # 40 ms a token: 1.8 s if nobody leaves
+    first = next(iter(stream))
+    assert first.system_fingerprint == f"{MODEL}:1.1.0"
+    stream.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        stats = engine(fleet, "1.1.0")
+        if stats.get("finished_cancelled", 0) > before and stats["running"] == 0:
+            break
+        time.sleep(0.05)
+    assert stats.get("finished_cancelled", 0) == before + 1, stats
+    assert stats["running"] == 0 and stats["kv_used_tokens"] == 0 and stats.get("finished_length", 0) == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        ({"model": MODEL, "prompt": PROMPT, "max_tokens": 65}, 400, "from 1 to 64"),
+        ({"model": "demo-classifier", "prompt": PROMPT}, 404, "not served"),
+        ({"model": f"{MODEL}:9.9.9", "prompt": PROMPT}, 404, "versions you may use"),
+        ({"model": MODEL, "prompt": 7}, 400, "non-empty string"),
+        ({"model": MODEL, "prompt": PROMPT, "max_tokens": 60}, 400, "context is 64"),  # refused by the model
+    ],
+)
+def test_bad_requests_get_a_clear_error(fleet: dict, body: dict, status: int, says: str) -> None:
+    r = httpx.post(f"{fleet['url']}/v1/completions", json=body, headers={"Authorization": f"Bearer {fleet['keys']['apps']}"},
+                   timeout=30)  # fmt: skip
+    assert r.status_code == status and says in r.json()["error"], r.text
+
+
+def test_unknown_keys_and_other_tenants_models(fleet: dict) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=fleet["url"] + "/v1", api_key="nope", max_retries=0).completions.create(model=MODEL, prompt="x")
+    with pytest.raises(openai.NotFoundError):
+        client(fleet, "outsider").completions.create(model=MODEL, prompt=PROMPT)
+
+
+def test_generation_is_measured_per_version(fleet: dict) -> None:
+    client(fleet).completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, extra_body={"min_tokens": 4})
+    text = httpx.get(fleet["url"] + "/metrics", timeout=10).text
+    ttft = [line for line in text.splitlines() if line.startswith("fleet_time_to_first_token_seconds_count")
+            and f'model="{MODEL}"' in line and 'version="1.0.0"' in line]  # fmt: skip
+    assert ttft and float(ttft[0].split()[-1]) >= 1
+    completion = [line for line in text.splitlines() if line.startswith("fleet_generated_tokens_total")
+                  and 'kind="completion"' in line and 'version="1.0.0"' in line]  # fmt: skip
+    assert completion and float(completion[0].split()[-1]) >= 4
