@@ -249,3 +249,10 @@ def test_a_prompt_past_the_context_is_refused_before_it_queues(lm: tuple) -> Non
     with pytest.raises(TooLong, match="context is 96"):
         engine.submit("a" * 90, Params(max_tokens=10), Collected())
     assert engine.scheduler.idle
+
+
+def test_min_tokens_holds_end_of_sequence_back(lm: tuple) -> None:
+    engine, (free,) = run(lm, [PROMPTS[2]], Params(max_tokens=30))
+    assert free.final.finish_reason == "stop" and free.final.completion_tokens < 30  # this prompt ends early alone
+    _, (held,) = run(lm, [PROMPTS[2]], Params(max_tokens=30, min_tokens=30))
+    assert held.final.finish_reason == "length" and held.final.completion_tokens == 30
