@@ -211,6 +211,7 @@ class Quota(_Spec):
     rps: float = Field(gt=0.0)  # sustained requests per second
     burst: int = Field(ge=1)  # token-bucket size; may be below rps for smooth-only traffic
     concurrency: int | None = Field(None, ge=1)  # requests in flight at once, across every gateway
+    tokens_per_minute: int | None = Field(None, ge=1)  # generation: prompt + completion tokens, across every gateway
 
 
 class TenantSpec(_Spec):

@@ -18,11 +18,11 @@ import hashlib
 import hmac
 import math
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from fleet import audit, records
 from fleet.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
@@ -46,12 +46,22 @@ class Quota(BaseModel):
     rps: float = Field(gt=0)
     burst: int = Field(ge=1)
     concurrency: int | None = Field(None, ge=1)  # requests in flight at once, across every gateway
+    tokens_per_minute: int | None = Field(None, ge=1)  # generation: prompt + completion tokens, across every gateway
+
+    @model_serializer(mode="wrap")
+    def _without_unset_tokens(self, handler: Callable[[Quota], dict[str, Any]]) -> dict[str, Any]:
+        """No ``tokens_per_minute: null`` in a record: a gateway of the release before it
+        (which forbids unknown fields) still reads every quota that has none."""
+        data = handler(self)
+        if data.get("tokens_per_minute") is None:
+            data.pop("tokens_per_minute", None)
+        return data
 
 
 MAX_WEIGHT = 1000.0
 
 
-def make_quota(rps: float, burst: int, concurrency: int | None = None) -> Quota:
+def make_quota(rps: float, burst: int, concurrency: int | None = None, tokens_per_minute: int | None = None) -> Quota:
     """A quota from user input, refused in one line that says what is expected."""
     if not (math.isfinite(rps) and rps > 0):
         raise InvalidInput(f"rps {rps:g} is not valid; expected a finite number > 0")
@@ -59,7 +69,10 @@ def make_quota(rps: float, burst: int, concurrency: int | None = None) -> Quota:
         raise InvalidInput(f"burst {burst} is not valid; expected a whole number >= 1")
     if concurrency is not None and concurrency < 1:
         raise InvalidInput(f"concurrency {concurrency} is not valid; expected a whole number >= 1 (requests in flight)")
-    return Quota(rps=rps, burst=burst, concurrency=concurrency)
+    if tokens_per_minute is not None and tokens_per_minute < 1:
+        raise InvalidInput(f"tokens per minute {tokens_per_minute} is not valid; expected a whole number >= 1 "
+                           "(prompt and completion tokens of generative models)")  # fmt: skip
+    return Quota(rps=rps, burst=burst, concurrency=concurrency, tokens_per_minute=tokens_per_minute)
 
 
 def check_weight(weight: float) -> float:

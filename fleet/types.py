@@ -204,5 +204,13 @@ class QuotaBackend(Protocol):
     def release(self, tenant: str, lease: str) -> None:
         """The request holding ``lease`` was answered (concurrency quotas only)."""
 
+    async def check_tokens(self, tenant: str, per_minute: int) -> Refusal | None:
+        """Whether the tenant has a token of its ``per_minute`` budget left (a generation may
+        start): None when it has, else ``Refusal("tokens", seconds until it has one)``."""
+
+    def charge_tokens(self, tenant: str, per_minute: int, n: int) -> None:
+        """Spend ``n`` tokens a generation used (prompt, or completion as it streams); the
+        budget may go into debt, which the next check waits out."""
+
     def health(self) -> dict[str, Any]:
         """What ``/v2/health/ready`` shows: the backend, whether the budget is shared now."""

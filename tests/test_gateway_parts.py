@@ -39,6 +39,22 @@ def test_token_bucket_allows_the_burst_then_the_rate() -> None:
     assert [buckets.take("t", rps=2, burst=3) for _ in range(4)].count(None) == 3  # refills to burst, no more
 
 
+def test_a_token_quota_saves_up_a_minute_lets_one_answer_into_debt_and_waits_it_out() -> None:
+    clock = Clock()
+    buckets = TokenBuckets(clock)
+    assert asyncio.run(buckets.check_tokens("t", 600)) is None  # 600 tokens a minute: one per 0.1 s
+    buckets.charge_tokens("t", 600, 590)
+    assert asyncio.run(buckets.check_tokens("t", 600)) is None  # 10 left
+    buckets.charge_tokens("t", 600, 100)  # an answer is not cut off: 90 tokens of debt
+    refusal = asyncio.run(buckets.check_tokens("t", 600))
+    assert refusal.reason == "tokens" and refusal.wait_s == pytest.approx(9.1)  # the debt, then one token
+    clock.now += 9.1
+    assert asyncio.run(buckets.check_tokens("t", 600)) is None
+    shared = TokenBuckets(clock, divisor=lambda: 2)  # two gateways without Redis: each spends half
+    shared.charge_tokens("u", 600, 300)
+    assert asyncio.run(shared.check_tokens("u", 600)).wait_s == pytest.approx(0.2)
+
+
 def test_slots_hand_freed_slots_to_interactive_first_and_shed_past_the_bound() -> None:
     async def scenario() -> list[str]:
         slots = Slots(limit=1, max_waiting=3)

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from tests.redis_env import RedisServer
 from tests.serving_env import FleetEnv
 
 MODEL = "demo-lm"
@@ -138,3 +139,35 @@ def test_generation_is_measured_per_version(fleet: dict) -> None:
     completion = [line for line in text.splitlines() if line.startswith("fleet_generated_tokens_total")
                   and 'kind="completion"' in line and 'version="1.0.0"' in line]  # fmt: skip
     assert completion and float(completion[0].split()[-1]) >= 4
+
+
+def test_a_token_quota_is_one_budget_across_two_gateways_and_refused_with_retry_after(fleet: dict, tmp_path) -> None:  # noqa: ANN001
+    env = fleet["env"]
+    server = RedisServer(tmp_path).start()
+    started = len(env.procs)
+    try:
+        key = env.fleet_json("tenants", "create", "metered", "--model", MODEL, "--rps", "100", "--burst", "100",
+                             "--tokens-per-minute", "60")["api_key"]  # fmt: skip
+        saved = dict(env.env)
+        env.env["FLEET_REDIS_URL"] = server.url
+        try:
+            a, b = env.start_gateway(), env.start_gateway()
+        finally:
+            env.env = saved
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 40, "min_tokens": 40}  # 14 prompt + 40 completion tokens
+
+        def ask(url: str) -> httpx.Response:
+            return httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+        first = ask(a)
+        assert first.status_code == 200 and first.json()["usage"]["total_tokens"] == 54
+        assert ask(b).status_code == 200  # 54 of 60 spent: a token is left, so it starts (and goes into debt)
+        for url in (a, b):  # 108 spent: both gateways refuse until the debt is paid, about 49 s from now
+            refused = ask(url)
+            assert refused.status_code == 429 and "60 tokens a minute" in refused.json()["error"], refused.text
+            assert 30 <= int(refused.headers["retry-after"]) <= 60
+    finally:
+        for proc in env.procs[started:]:
+            proc.terminate()
+            proc.wait(timeout=20)
+        server.stop()

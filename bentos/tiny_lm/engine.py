@@ -392,7 +392,7 @@ class Engine:
         upto = len(text) - hold
         if upto > live.sent:
             delta, live.sent = text[live.sent:upto], upto
-            live.sink(Event(delta, len(seq.generated)))
+            live.sink(Event(delta, len(seq.generated), prompt_tokens=len(seq.prompt)))
 
     def _end(self, seq: Sequence) -> None:
         live = self._live.pop(seq.id, None)
@@ -400,7 +400,7 @@ class Engine:
             return
         live.ended = True
         if live.sent < len(live.text) and seq.finish_reason in ("stop", "length"):
-            live.sink(Event(live.text[live.sent:], len(seq.generated)))
+            live.sink(Event(live.text[live.sent:], len(seq.generated), prompt_tokens=len(seq.prompt)))
             live.sent = len(live.text)
         now = self.clock()
         reason = seq.finish_reason or "error"

@@ -13,7 +13,7 @@ Routes (the fleet's generation contract; ``fleet.gateway.generate`` calls them):
   "stop": [], "seed": null, "priority": "interactive", "timeout_s": null}`` → ``{"text",
   "finish_reason", "prompt_tokens", "completion_tokens", "queue_s", "ttft_s", "tpot_s"}``;
 * ``POST /generate_stream``, the same body → server-sent events, one ``data: {"text": ...,
-  "completion_tokens": n}`` per step that produced text, then one with ``finish_reason`` and
+  "completion_tokens": n, "prompt_tokens": p}`` per step that produced text, then one with ``finish_reason`` and
   the counts and timings. A caller that disconnects cancels its sequence: it leaves the
   running batch, and its KV cache is freed, at the next step;
 * ``GET /engine`` → the engine's gauges and counters (running, waiting, KV cache use).
@@ -63,9 +63,9 @@ verify_model(MODEL.resolve().path)
 
 
 def _event(e: Event) -> dict:
-    out: dict = {"text": e.text, "completion_tokens": e.completion_tokens}
+    out: dict = {"text": e.text, "completion_tokens": e.completion_tokens, "prompt_tokens": e.prompt_tokens}
     if e.finish_reason is not None:
-        out |= {"finish_reason": e.finish_reason, "prompt_tokens": e.prompt_tokens, "queue_s": round(e.queue_s, 6),
+        out |= {"finish_reason": e.finish_reason, "queue_s": round(e.queue_s, 6),
                 "ttft_s": round(e.ttft_s, 6), "tpot_s": round(e.tpot_s, 6)}  # fmt: skip
         if e.error:
             out["error"] = e.error

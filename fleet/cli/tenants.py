@@ -59,12 +59,13 @@ def create(
     rps: Annotated[float | None, typer.Option(help="Quota: sustained requests per second.")] = None,
     burst: Annotated[int | None, typer.Option(help="Quota: burst size (requests).")] = None,
     concurrency: Annotated[int | None, typer.Option(help="Quota: requests in flight at once (with --rps).")] = None,
+    tokens_per_minute: Annotated[int | None, typer.Option(help="Quota: generated and prompt tokens a minute (with --rps).")] = None,
     weight: Annotated[float | None, typer.Option(help="Share of a saturated version against other waiting "
                                                  "tenants (fair queuing); default 1.")] = None,  # fmt: skip
     json: JsonFlag = False,
 ) -> None:
     """Create a tenant and print its API key once (only its SHA-256 is stored)."""
-    quota = _quota(rps, burst, concurrency)
+    quota = _quota(rps, burst, concurrency, tokens_per_minute)
     tenant, key = tenants().create(name, parse_entitlements(model), quota, weight=weight)
     if json:
         emit_json({"tenant": public(tenant), "api_key": key})
@@ -73,12 +74,13 @@ def create(
     _show_key(key)
 
 
-def _quota(rps: float | None, burst: int | None, concurrency: int | None) -> Quota | None:
+def _quota(rps: float | None, burst: int | None, concurrency: int | None, tokens_per_minute: int | None = None) -> Quota | None:
     if (rps is None) != (burst is None):
         raise InvalidInput("a quota needs both --rps and --burst")
-    if concurrency is not None and rps is None:
-        raise InvalidInput("--concurrency is part of a quota; expected it with --rps and --burst")
-    return make_quota(rps, burst, concurrency) if rps is not None and burst is not None else None
+    for flag, value in (("--concurrency", concurrency), ("--tokens-per-minute", tokens_per_minute)):
+        if value is not None and rps is None:
+            raise InvalidInput(f"{flag} is part of a quota; expected it with --rps and --burst")
+    return make_quota(rps, burst, concurrency, tokens_per_minute) if rps is not None and burst is not None else None
 
 
 @app.command()
@@ -87,12 +89,13 @@ def limits(
     rps: Annotated[float | None, typer.Option(help="Quota: sustained requests per second.")] = None,
     burst: Annotated[int | None, typer.Option(help="Quota: burst size (requests).")] = None,
     concurrency: Annotated[int | None, typer.Option(help="Quota: requests in flight at once (with --rps).")] = None,
+    tokens_per_minute: Annotated[int | None, typer.Option(help="Quota: generated and prompt tokens a minute (with --rps).")] = None,
     no_quota: Annotated[bool, typer.Option("--no-quota", help="Remove the quota (the policy's applies, if any).")] = False,
     weight: Annotated[float | None, typer.Option(help="Fair-queuing share against other tenants (default 1).")] = None,
     json: JsonFlag = False,
 ) -> None:
     """Change a tenant's quota or fair-queuing weight; gateways apply it within about a second."""
-    quota = _quota(rps, burst, concurrency)
+    quota = _quota(rps, burst, concurrency, tokens_per_minute)
     if quota is not None and no_quota:
         raise InvalidInput("--no-quota and --rps/--burst contradict each other; expected one of them")
     tenant = tenants().set_limits(name, quota=quota, clear_quota=no_quota, weight=weight)
@@ -105,7 +108,8 @@ def limits(
 def _shown_quota(q: Quota | None) -> str:
     if q is None:
         return "-"
-    return f"{q.rps:g} rps / {q.burst}" + (f" / {q.concurrency} in flight" if q.concurrency else "")
+    return (f"{q.rps:g} rps / {q.burst}" + (f" / {q.concurrency} in flight" if q.concurrency else "")
+            + (f" / {q.tokens_per_minute} tokens/min" if q.tokens_per_minute else ""))
 
 
 @app.command("list")

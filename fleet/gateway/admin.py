@@ -94,6 +94,7 @@ class NewTenant(_Body):
     rps: float | None = Field(None, gt=0, allow_inf_nan=False)
     burst: int | None = Field(None, ge=1, le=10**9)
     concurrency: int | None = Field(None, ge=1, le=10**6)
+    tokens_per_minute: int | None = Field(None, ge=1, le=10**12)
     weight: float | None = Field(None, gt=0, le=1000, allow_inf_nan=False)
 
 
@@ -214,10 +215,10 @@ def admin_routes(
         new = await body(request, NewTenant)
         quota = None
         if new.rps is not None:
-            quota = make_quota(new.rps, new.burst or max(1, int(new.rps)), new.concurrency)
-        elif new.burst is not None or new.concurrency is not None:
-            raise InvalidInput("burst or concurrency without rps; expected rps (requests/s) with an optional "
-                               "burst and concurrency")  # fmt: skip
+            quota = make_quota(new.rps, new.burst or max(1, int(new.rps)), new.concurrency, new.tokens_per_minute)
+        elif new.burst is not None or new.concurrency is not None or new.tokens_per_minute is not None:
+            raise InvalidInput("burst, concurrency or tokens_per_minute without rps; expected rps (requests/s) with "
+                               "an optional burst, concurrency and tokens_per_minute")  # fmt: skip
         tenant, key = await asyncio.to_thread(functools.partial(tenants.create, new.name, parse_entitlements(new.models),
                                                                 quota, weight=new.weight))  # fmt: skip
         on_change()

@@ -107,7 +107,8 @@ def create_app(
     )  # fmt: skip
     logged = LoggedRequests(view.store, limits.mib(limits.feedback_index_mib))
     if policies:
-        view.use_policies({name: Quota(rps=t.quota.rps, burst=t.quota.burst, concurrency=t.quota.concurrency)
+        view.use_policies({name: Quota(rps=t.quota.rps, burst=t.quota.burst, concurrency=t.quota.concurrency,
+                                                  tokens_per_minute=t.quota.tokens_per_minute)
                            for name, t in policies.tenants.items()},
                           {name: t.weight for name, t in policies.tenants.items()})  # fmt: skip
 

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,7 @@ from fleet.usage import UsageMeter
 MAX_BODY_BYTES = 256 * 1024  # a generation request: a prompt of at most 32 k characters and its settings
 MAX_EVENT_BYTES = 64 * 1024  # one event from a model service; a longer one is a broken answer
 STREAM_PATH = "/generate_stream"
+CHARGE_EVERY = 16  # tokens charged to a tenant's token quota at a time while an answer streams
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # and nginx in front must not buffer
 
 
@@ -123,7 +125,18 @@ class Stream:
     deadline: float
     telemetry: Telemetry
     usage: UsageMeter | None
+    charge: Callable[[int], None]  # tokens spent of the tenant's token quota, as they stream
     final: dict[str, Any] = field(default_factory=dict)
+    charged: int = 0
+    seen: int = 0  # tokens the last event counted (prompt and completion)
+
+    def _spend(self, event: dict[str, Any], *, final: bool = False) -> None:
+        """Charge the tenant's token quota as the answer streams: every ``CHARGE_EVERY``
+        tokens (prompt and completion so far), and what is left at the end."""
+        used = self.seen = _count(event, "prompt_tokens") + _count(event, "completion_tokens")
+        if used - self.charged >= CHARGE_EVERY or (final and used > self.charged):
+            self.charge(used - self.charged)
+            self.charged = used
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         """Every event to the final one; ``UpstreamError`` / ``UpstreamTimeout`` if the answer
@@ -132,9 +145,11 @@ class Stream:
             event = self.first
             while True:
                 if event.get("finish_reason") is not None:
+                    self._spend(event, final=True)
                     self._ended(event)  # raises for a generation that failed
                     yield event
                     return
+                self._spend(event)
                 yield event
                 try:
                     async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
@@ -148,6 +163,9 @@ class Stream:
                 except httpx.HTTPError as exc:
                     raise self._failed(UpstreamError(f"{self.model}:{self.version} broke off: {type(exc).__name__}", "5xx")) from None
         finally:
+            if self.seen > self.charged:  # a caller that left pays for what was made for it
+                self.charge(self.seen - self.charged)
+                self.charged = self.seen
             await self.opened.close()
 
     async def collect(self) -> tuple[str, dict[str, Any]]:
@@ -218,12 +236,14 @@ class Generation:
         gen = self._generation(call)
         req = (genproto.chat if kind == "chat" else genproto.completion)(body, gen.max_tokens)
         await self.pipeline.admit(call)
+        await self.pipeline.quotas.check_tokens(call.tenant)  # type: ignore[arg-type]
         return await self._serve(call, req, gen, kind)
 
     async def _oip(self, request: Request, stream: bool) -> Response:
         call = Call(model=request.path_params["model"], requested=request.path_params.get("version"),
                     headers=request.headers, state=request.scope["state"])  # fmt: skip
         await self.pipeline.admit(self.pipeline.begin(call))  # all before the body, as for tensors
+        await self.pipeline.quotas.check_tokens(call.tenant)  # type: ignore[arg-type]
         gen = self._generation(call)
         req = genproto.oip(genproto.loads(await self._read(request, call)), call.model, call.requested, gen.max_tokens, stream)
         return await self._serve(call, req, gen, "oip")
@@ -327,7 +347,8 @@ class Generation:
                 continue
             call.state["model_version"] = version
             stream = Stream(call.model, version, tenant.name, opened, first, asked, time.monotonic(),  # type: ignore[union-attr]
-                            started + timeout_ms / 1000, self.telemetry, self.usage)  # fmt: skip
+                            started + timeout_ms / 1000, self.telemetry, self.usage,
+                            functools.partial(self.pipeline.quotas.charge, tenant))  # fmt: skip
             if first.get("finish_reason") in ("error", "timeout"):  # nothing reached the caller yet: say so now
                 await stream.collect()
             return stream

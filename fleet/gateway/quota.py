@@ -49,6 +49,7 @@ LEASE_S = 300.0  # a concurrency lease's life when the model's timeout is not kn
 LEASE_SLACK_S = 30.0  # a lease outlives its request's timeout by this (reading a body takes time too)
 MAX_BATCH = 256  # commands in one pipelined round trip
 MAX_OWED = 100_000  # leases kept to give back once Redis answers; past it they are left to expire
+TOKEN_WINDOW_S = 60.0  # a token quota is per minute: a minute's worth may be saved up
 REDIS_CONNECTIONS = 32  # connections one gateway process keeps to Redis at most
 KEY_PREFIX = "fleet:quota:"
 
@@ -73,6 +74,7 @@ class TokenBuckets:
         self.divisor = divisor
         self._buckets: dict[str, tuple[float, float]] = {}  # tenant → (tokens, at)
         self._in_flight: dict[str, int] = {}
+        self._tokens: dict[str, float] = {}  # tenant → when its token budget is whole again (GCRA, as in Redis)
 
     def take(self, tenant: str, rps: float, burst: int, concurrency: int | None = None) -> Refusal | None:
         now = self._clock()
@@ -110,6 +112,29 @@ class TokenBuckets:
     def release(self, tenant: str, lease: str) -> None:
         self.put_back(tenant)
 
+    def tokens_wait(self, tenant: str, per_minute: float) -> float:
+        """Seconds until ``tenant`` has a token of ``per_minute`` left; 0 when it has one now."""
+        now = self._clock()
+        tat = max(self._tokens.get(tenant, now), now)
+        if tat <= now:
+            self._tokens.pop(tenant, None)  # whole again: nothing to keep
+        interval = TOKEN_WINDOW_S / per_minute
+        return max(0.0, tat - now - (TOKEN_WINDOW_S - interval))
+
+    def spend_tokens(self, tenant: str, per_minute: float, n: int) -> None:
+        now = self._clock()
+        self._tokens[tenant] = max(self._tokens.get(tenant, now), now) + n * TOKEN_WINDOW_S / per_minute
+
+    async def check_tokens(self, tenant: str, per_minute: int) -> Refusal | None:
+        wait = self.tokens_wait(tenant, per_minute / self._share())
+        return Refusal("tokens", wait) if wait > 0 else None
+
+    def charge_tokens(self, tenant: str, per_minute: int, n: int) -> None:
+        self.spend_tokens(tenant, per_minute / self._share(), n)
+
+    def _share(self) -> int:
+        return max(1, self.divisor()) if self.divisor else 1
+
     def health(self) -> dict[str, Any]:
         n = max(1, self.divisor()) if self.divisor else 1
         return {"backend": "in-process", "shared": False, "share_divisor": n,
@@ -146,6 +171,28 @@ return {1, 0}
 """
 
 
+# KEYS[1]: the tenant's token-budget time (µs). ARGV: tokens per minute, tokens to spend (0:
+# only ask). GCRA over tokens: a minute's worth may be saved up, and a generation may take the
+# budget into debt (it is not cut off mid-answer); the next one waits until a token is back.
+# Returns the µs to wait for a token (0: one is there).
+TOKENS_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval = 60000000 / tonumber(ARGV[1])
+local tat = tonumber(redis.call('GET', KEYS[1])) or now
+if tat < now then tat = now end
+local n = tonumber(ARGV[2])
+if n == 0 then
+  local wait = tat - now - (60000000 - interval)
+  if wait > 0 then return math.ceil(wait) end
+  return 0
+end
+tat = tat + n * interval
+redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+return 0
+"""
+
+
 class RedisQuotas:
     """One budget for every gateway through Redis; the local share while Redis is down.
 
@@ -171,6 +218,7 @@ class RedisQuotas:
         )  # fmt: skip
         self._redis = aioredis.Redis(connection_pool=self._pool)
         self._sha: str | None = None  # the script's SHA1 once loaded into Redis
+        self._tokens_sha: str | None = None  # TOKENS_SCRIPT's
         self._pending: list[_Op] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._unreleased = _Owed()  # (tenant, lease) not given back yet
@@ -205,6 +253,24 @@ class RedisQuotas:
         if refusal is None and concurrency is not None:
             self._local_leases.add(lease)
         return refusal
+
+    async def check_tokens(self, tenant: str, per_minute: int) -> Refusal | None:
+        if self.shared:
+            try:
+                wait_us = await self._run("tokens", (f"{KEY_PREFIX}{tenant}:k", per_minute, 0))
+            except Exception as exc:  # noqa: BLE001 - the local share decides
+                self._went_down(exc)
+            else:
+                return Refusal("tokens", int(wait_us) / 1e6) if int(wait_us) > 0 else None
+        return await self.local.check_tokens(tenant, max(1, per_minute // max(1, self.divisor())))
+
+    def charge_tokens(self, tenant: str, per_minute: int, n: int) -> None:
+        if n <= 0:
+            return
+        if self.shared:  # nobody waits: one more command in the next pipeline
+            self._enqueue("tokens", (f"{KEY_PREFIX}{tenant}:k", per_minute, n), None, tenant)
+        else:
+            self.local.charge_tokens(tenant, max(1, per_minute // max(1, self.divisor())), n)
 
     def release(self, tenant: str, lease: str) -> None:
         if lease in self._local_leases:
@@ -241,6 +307,8 @@ class RedisQuotas:
                 for attempt in (1, 2):
                     if self._sha is None:
                         self._sha = await self._redis.script_load(QUOTA_SCRIPT)
+                    if self._tokens_sha is None and any(op.kind == "tokens" for op in batch):
+                        self._tokens_sha = await self._redis.script_load(TOKENS_SCRIPT)
                     if len(batch) == 1 and batch[0].kind == "eval":  # a pipeline of one costs more
                         try:
                             results: list[Any] = [await self._redis.evalsha(self._sha, 2, *batch[0].args)]
@@ -251,18 +319,21 @@ class RedisQuotas:
                         for op in batch:
                             if op.kind == "eval":
                                 pipe.evalsha(self._sha, 2, *op.args)
+                            elif op.kind == "tokens":
+                                pipe.evalsha(self._tokens_sha, 1, *op.args)
                             else:
                                 pipe.zrem(*op.args)
                         results = await pipe.execute(raise_on_error=False)
                     if attempt == 1 and any(isinstance(r, NoScriptError) for r in results):
-                        self._sha = None  # Redis restarted and forgot the script: load it again
+                        self._sha = self._tokens_sha = None  # Redis restarted and forgot them: load them again
                         continue
                     break
         except BaseException as exc:  # every waiter learns it and decides locally; releases wait
             failure = exc if isinstance(exc, Exception) else ConnectionError("the send was cancelled")
             for op in batch:
                 if op.future is None:
-                    self._unreleased.add((op.tenant, op.args[1]))
+                    if op.kind == "zrem":  # a charge of tokens is lost with Redis: it is not owed
+                        self._unreleased.add((op.tenant, op.args[1]))
                 elif not op.future.done():
                     op.future.set_exception(failure)
             if not isinstance(exc, Exception):
@@ -270,7 +341,7 @@ class RedisQuotas:
             return
         for op, result in zip(batch, results, strict=True):
             if op.future is None:
-                if isinstance(result, Exception):
+                if isinstance(result, Exception) and op.kind == "zrem":
                     self._unreleased.add((op.tenant, op.args[1]))
             elif not op.future.done():
                 if isinstance(result, Exception):
@@ -333,7 +404,7 @@ class RedisQuotas:
 
 
 class _Op(NamedTuple):
-    kind: str  # "eval" (a quota check) or "zrem" (a lease given back)
+    kind: str  # "eval" (a quota check), "tokens" (a token budget asked or spent) or "zrem" (a lease given back)
     args: tuple[Any, ...]
     future: asyncio.Future[Any] | None  # None: nobody waits (a release)
     tenant: str = ""
@@ -396,6 +467,22 @@ class Quotas:
 
     def release(self, tenant: str, lease: str) -> None:
         self.backend.release(tenant, lease)
+
+    async def check_tokens(self, tenant: Tenant) -> None:
+        """A generation may start while the tenant has tokens left this minute; else 429."""
+        q = tenant.quota
+        if q is None or q.tokens_per_minute is None:
+            return
+        refused = await self.backend.check_tokens(tenant.name, q.tokens_per_minute)
+        if refused is not None:
+            self.telemetry.quota.labels(tenant.name).inc()
+            raise OverQuota(f"tenant {tenant.name!r} has used its {q.tokens_per_minute} tokens a minute (its quota, "
+                            f"prompt and completion); retry after {refused.wait_s:.2f} s", refused.wait_s)  # fmt: skip
+
+    def charge(self, tenant: Tenant, n: int) -> None:
+        q = tenant.quota
+        if q is not None and q.tokens_per_minute is not None and n > 0:
+            self.backend.charge_tokens(tenant.name, q.tokens_per_minute, n)
 
 
 def release(state: dict[str, Any]) -> None:
