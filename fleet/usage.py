@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from fleet import records
 from fleet.errors import ConfigError, FleetError, InvalidInput
@@ -126,6 +126,16 @@ class TrafficRecord(_Record):
     requests: int = Field(ge=0)
     rows: int = Field(ge=0)  # inferences
     upstream_s: Seconds
+    tokens: int = Field(0, ge=0)  # generative models: prompt and completion tokens
+
+    @model_serializer(mode="wrap")
+    def _tokens_when_any(self, handler: Callable[[TrafficRecord], dict[str, Any]]) -> dict[str, Any]:
+        """``tokens`` only when some were counted: a reader of the release before it (which
+        forbids unknown fields) still reads every hour of tensor traffic."""
+        data = handler(self)
+        if not data.get("tokens"):
+            data.pop("tokens", None)
+        return data
 
 
 class VersionRecord(_Record):
@@ -207,17 +217,19 @@ class UsageMeter:
 
     # hot path: the event loop ------------------------------------------------------------
 
-    def served(self, tenant: str, model: str, version: str, rows: int, upstream_s: float) -> None:
-        """One answered request of ``rows`` inferences that spent ``upstream_s`` in the model service."""
+    def served(self, tenant: str, model: str, version: str, rows: int, upstream_s: float, tokens: int = 0) -> None:
+        """One answered request of ``rows`` inferences that spent ``upstream_s`` in the model
+        service (and, for a generation, ``tokens``: prompt and completion)."""
         now = self._clock()
         if now >= self._cur_end:
             self._roll(now)
         key = (tenant, model, version)
         c = self._cur.get(key)
         if c is None:
-            c = self._cur[key] = [0, 0, 0.0]
+            c = self._cur[key] = [0, 0, 0.0, 0]
         c[0] += 1
         c[1] += rows
+        c[3] += max(0, tokens)
         if 0.0 <= upstream_s < MAX_UPSTREAM_S:  # False for NaN
             c[2] += upstream_s
         else:
@@ -300,7 +312,7 @@ class UsageMeter:
         prices = {m: self._price_record(m) for m in {m for m, _ in versions}}
         return UsageHour(
             hour=_utc(hour), gateway=self.gateway_id,
-            traffic=[TrafficRecord(tenant=t, model=m, version=v, requests=c[0], rows=c[1], upstream_s=c[2])
+            traffic=[TrafficRecord(tenant=t, model=m, version=v, requests=c[0], rows=c[1], upstream_s=c[2], tokens=c[3])
                      for (t, m, v), c in sorted(traffic.items())],
             versions=[VersionRecord(model=m, version=v, replica_s_by_minute=replica.get((m, v)), price=prices[m])
                       for m, v in versions],
@@ -309,8 +321,8 @@ class UsageMeter:
     def _let_go(self, hour: int) -> None:
         with self._lock:
             for key, c in self._traffic.pop(hour, {}).items():
-                total = self._closed_traffic.setdefault(key, [0, 0, 0.0])
-                for i in range(3):
+                total = self._closed_traffic.setdefault(key, [0, 0, 0.0, 0])
+                for i in range(4):
                     total[i] += c[i]
             for key, minutes in self._replica.pop(hour, {}).items():
                 self._closed_replica[key] = self._closed_replica.get(key, 0.0) + sum(minutes)
@@ -350,21 +362,21 @@ class UsageMeter:
 
     # Prometheus --------------------------------------------------------------------------
 
-    def totals(self) -> tuple[dict[tuple[str, str, str], tuple[int, int, float]], dict[tuple[str, str], float]]:
-        """Since this meter started: (tenant, model, version) → (requests, rows, upstream s),
+    def totals(self) -> tuple[dict[tuple[str, str, str], tuple[int, int, float, int]], dict[tuple[str, str], float]]:
+        """Since this meter started: (tenant, model, version) → (requests, rows, upstream s, tokens),
         and (model, version) → replica-seconds."""
         with self._lock:
             traffic = {k: list(v) for k, v in self._closed_traffic.items()}
             replica = dict(self._closed_replica)
             for per_hour in list(self._traffic.values()):
                 for key, c in list(per_hour.items()):
-                    total = traffic.setdefault(key, [0, 0, 0.0])
+                    total = traffic.setdefault(key, [0, 0, 0.0, 0])
                     for i, x in enumerate(tuple(c)):
                         total[i] += x
             for per_hour_r in list(self._replica.values()):
                 for key, minutes in list(per_hour_r.items()):
                     replica[key] = replica.get(key, 0.0) + sum(list(minutes))
-        return {k: (v[0], v[1], v[2]) for k, v in traffic.items()}, replica
+        return {k: (v[0], v[1], v[2], v[3]) for k, v in traffic.items()}, replica
 
     def collector(self) -> Collector:
         """A collector to ``register`` into the gateway's ``CollectorRegistry``."""
@@ -381,10 +393,13 @@ class _UsageCollector(Collector):
         requests = CounterMetricFamily("fleet_usage_requests", "Requests answered, by tenant and version", labels=labels)
         rows = CounterMetricFamily("fleet_usage_rows", "Inference rows answered (the first dimension of each input)", labels=labels)
         upstream = CounterMetricFamily("fleet_usage_upstream_seconds", "Seconds spent in the model service", labels=labels)
-        for key, (n, r, s) in sorted(traffic.items()):
+        tokens = CounterMetricFamily("fleet_usage_tokens", "Generation: prompt and completion tokens", labels=labels)
+        for key, (n, r, s, k) in sorted(traffic.items()):
             requests.add_metric(list(key), n)
             rows.add_metric(list(key), r)
             upstream.add_metric(list(key), s)
+            if k:
+                tokens.add_metric(list(key), k)
         replica_s = CounterMetricFamily("fleet_version_replica_seconds",
                                         "Replica-seconds of a version as this gateway sampled its replica count",
                                         labels=["model", "version"])  # fmt: skip
@@ -397,7 +412,7 @@ class _UsageCollector(Collector):
         for m, v in versions:
             if prices[m].usd_per_replica_hour is not None:
                 price.add_metric([m, v], prices[m].usd_per_replica_hour)
-        yield from (requests, rows, upstream, replica_s, price)
+        yield from (requests, rows, upstream, tokens, replica_s, price)
 
     def describe(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         return iter(())  # collected only at scrape time; nothing to check at registration
@@ -452,6 +467,8 @@ class VersionUsage:
     usd: float | None
     usd_per_1k_inferences: float | None
     price: PriceRecord  # of the latest hour in the window
+    tokens: int = 0  # generation: prompt and completion
+    usd_per_1k_tokens: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "price": self.price.model_dump()}
@@ -472,6 +489,8 @@ class TenantUsage:
     replica_s: float | None  # share × the version's replica-seconds
     usd: float | None
     usd_per_1k_inferences: float | None
+    tokens: int = 0
+    usd_per_1k_tokens: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -551,10 +570,11 @@ def rollup(
         for t in f.traffic:
             if model is not None and t.model != model:
                 continue
-            c = traffic.setdefault((t.tenant, t.model, t.version), [0, 0, 0.0])
+            c = traffic.setdefault((t.tenant, t.model, t.version), [0, 0, 0.0, 0])
             c[0] += t.requests
             c[1] += t.rows
             c[2] += t.upstream_s
+            c[3] += t.tokens
             hours.setdefault((t.model, t.version), {}).setdefault(f.hour, [None, UNKNOWN_PRICE, False])[2] = True
         for v in f.versions:
             if model is not None and v.model != model:
@@ -566,8 +586,8 @@ def rollup(
                 h[1] = v.price  # gateways that disagree: the highest price, so cost is never understated
     per_version: dict[tuple[str, str], list] = {}
     for (t, m, v), c in traffic.items():
-        total = per_version.setdefault((m, v), [0, 0, 0.0])
-        for i in range(3):
+        total = per_version.setdefault((m, v), [0, 0, 0.0, 0])
+        for i in range(4):
             total[i] += c[i]
     used = None if tenant is None else {(m, v) for t, m, v in traffic if t == tenant}
     versions = []
@@ -583,19 +603,21 @@ def rollup(
             replica_s += seconds
             if seconds and usd is not None:
                 usd = None if not price.known else usd + seconds / HOUR_S * price.usd_per_replica_hour
-        requests, rows, upstream_s = per_version.get(key, (0, 0, 0.0))
+        requests, rows, upstream_s, tokens = per_version.get(key, (0, 0, 0.0, 0))
         latest = hours[key][max(hours[key])][1]
-        versions.append(VersionUsage(key[0], key[1], requests, rows, upstream_s, replica_s, usd, _per_1k(usd, rows), latest))
+        versions.append(VersionUsage(key[0], key[1], requests, rows, upstream_s, replica_s, usd, _per_1k(usd, rows), latest,
+                                     tokens, _per_1k(usd, tokens)))  # fmt: skip
     by_version = {(v.model, v.version): v for v in versions}
     tenants = []
-    for (t, m, v), (requests, rows, upstream_s) in sorted(traffic.items(), key=lambda i: (_version_order(i[0][1:]), i[0][0])):
+    for (t, m, v), (requests, rows, upstream_s, tokens) in sorted(traffic.items(), key=lambda i: (_version_order(i[0][1:]), i[0][0])):
         if tenant is not None and t != tenant:
             continue
         ver = by_version[m, v]
         share = upstream_s / ver.upstream_s if ver.upstream_s > 0 else None
         usd = None if share is None or ver.usd is None else share * ver.usd
         tenants.append(TenantUsage(t, m, v, requests, rows, upstream_s, share,
-                                   None if share is None else share * ver.replica_s, usd, _per_1k(usd, rows)))  # fmt: skip
+                                   None if share is None else share * ver.replica_s, usd, _per_1k(usd, rows),
+                                   tokens, _per_1k(usd, tokens)))  # fmt: skip
     return Report(_utc(first), until, tuple(versions), tuple(tenants), len(files), tuple(bad))
 
 

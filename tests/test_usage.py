@@ -80,12 +80,12 @@ def test_served_counts_requests_rows_and_upstream_seconds_per_tenant_and_version
     m.served("acme", "demo", "1.0.0", 1, 0.25)
     m.served("globex", "demo", "1.1.0", 32, 1.0)
     traffic, replica = m.totals()
-    assert traffic == {("acme", "demo", "1.0.0"): (2, 5, 0.75), ("globex", "demo", "1.1.0"): (1, 32, 1.0)}
+    assert traffic == {("acme", "demo", "1.0.0"): (2, 5, 0.75, 0), ("globex", "demo", "1.1.0"): (1, 32, 1.0, 0)}
     assert replica == {}
     # a NaN, infinite or negative upstream time counts the request, not the time
     for bad in (math.nan, math.inf, -1.0):
         m.served("acme", "demo", "1.0.0", 1, bad)
-    assert m.totals()[0]["acme", "demo", "1.0.0"] == (5, 8, 0.75) and m.invalid_upstream == 3
+    assert m.totals()[0]["acme", "demo", "1.0.0"] == (5, 8, 0.75, 0) and m.invalid_upstream == 3
 
 
 def test_replica_seconds_integrate_count_times_elapsed_with_gaps_capped(store: ObjectStore) -> None:
@@ -131,7 +131,7 @@ def test_flush_rewrites_the_hour_with_cumulative_counts_and_loses_nothing_betwee
     clock.now = T0 + 2 * 3600
     m.served("acme", "demo", "1.0.0", 1, 0.5)
     assert m.flush() == 1 and 14 * 3600 not in m._traffic
-    assert m.totals()[0]["acme", "demo", "1.0.0"] == (5, 8, 2.5)
+    assert m.totals()[0]["acme", "demo", "1.0.0"] == (5, 8, 2.5, 0)
     assert [t.requests for t in stored(store, H14).traffic] == [4]
     assert [t.requests for t in stored(store, H14 + timedelta(hours=2)).traffic] == [1]
 
@@ -238,6 +238,25 @@ def test_cost_per_version_and_per_tenant_by_share_of_upstream_seconds(store: Obj
     assert (tenants["acme"].share, tenants["acme"].usd, tenants["acme"].usd_per_1k_inferences) == (0.75, 0.75, 2.5)
     assert (tenants["globex"].share, tenants["globex"].usd, tenants["globex"].usd_per_1k_inferences) == (0.25, 0.25, 1.25)
     assert tenants["acme"].replica_s == 1350.0
+
+
+def test_generations_count_tokens_and_cost_per_1k_tokens_and_tensor_hours_stay_as_they_were(store: ObjectStore) -> None:
+    m, clock = meter(store)
+    m.replicas({DEMO: 1}, clock.now)
+    sample(m, clock, {DEMO: 1}, 1800)  # 0.5 replica-h at 2 USD: 1 USD
+    m.served("acme", "demo", "1.0.0", 1, 3.0, tokens=1500)
+    m.served("globex", "demo", "1.0.0", 1, 1.0, tokens=500)
+    m.served("globex", "demo", "1.0.0", 4, 0.0)  # a tensor request of the same tenant: no tokens
+    m.flush()
+    assert all("tokens" in t.model_dump() for t in stored(store, H14).traffic)
+    v = rollup(store, H14, H14 + timedelta(hours=1)).version(*DEMO)
+    assert v.tokens == 2000 and v.usd == 1.0 and v.usd_per_1k_tokens == 0.5
+    tenants = {t.tenant: t for t in rollup(store, H14, H14 + timedelta(hours=1)).tenants}
+    assert (tenants["acme"].tokens, tenants["acme"].usd, tenants["acme"].usd_per_1k_tokens) == (1500, 0.75, 0.5)
+    m2, _ = meter(store, "gw-b")
+    m2.served("acme", "demo", "1.0.0", 2, 0.1)
+    m2.flush()
+    assert b'"tokens"' not in store.get(hour_key(H14, "gw-b")).data  # readable by a gateway that predates tokens
 
 
 def test_a_version_without_price_or_without_replica_samples_costs_unknown_never_zero(store: ObjectStore) -> None:

@@ -69,7 +69,7 @@ def usage_cmd(
     if not rows:
         console.print(f"{title}: nothing served", markup=False, highlight=False, soft_wrap=True)
         return
-    table(title, COLUMNS, rows)
+    table(title, COLUMNS + (TOKEN_COLUMNS if any(v.tokens for v in report.versions) else []), rows)
     console.print(
         f"an inference is one input row; {ALL}: the version's totals, idle replica time included; a tenant's "
         "replica h and USD are its share of the version's by upstream seconds; USD - : price or replica time unknown",
@@ -77,16 +77,22 @@ def usage_cmd(
     )
 
 
+TOKEN_COLUMNS = ["tokens", "USD/1k tokens"]  # shown when a generative model served some
+
+
 def _rows(report: Report) -> list[list[str]]:
     rows = []
+    tokens = any(v.tokens for v in report.versions)
     for v in report.versions:
         source = v.price.source
         for t in report.tenants:
             if (t.model, t.version) == (v.model, v.version):
                 rows.append([t.tenant, t.model, t.version, str(t.requests), str(t.rows), _num(t.upstream_s, 3),
-                             _hours(t.replica_s), _usd(t.usd), _usd(t.usd_per_1k_inferences, 6), source])  # fmt: skip
+                             _hours(t.replica_s), _usd(t.usd), _usd(t.usd_per_1k_inferences, 6), source]
+                            + ([str(t.tokens), _usd(t.usd_per_1k_tokens, 6)] if tokens else []))  # fmt: skip
         rows.append([ALL, v.model, v.version, str(v.requests), str(v.rows), _num(v.upstream_s, 3), _hours(v.replica_s),
-                     _usd(v.usd), _usd(v.usd_per_1k_inferences, 6), source])  # fmt: skip
+                     _usd(v.usd), _usd(v.usd_per_1k_inferences, 6), source]
+                    + ([str(v.tokens), _usd(v.usd_per_1k_tokens, 6)] if tokens else []))  # fmt: skip
     return rows
 
 

@@ -192,7 +192,8 @@ class Stream:
                                  completion_tokens=completion)  # fmt: skip
         self.opened.replica.succeeded()
         if self.usage is not None:
-            self.usage.served(self.tenant, self.model, self.version, 1, now - self.asked)
+            self.usage.served(self.tenant, self.model, self.version, 1, now - self.asked,
+                              _count(final, "prompt_tokens") + completion)
 
 
 def _count(event: dict[str, Any], key: str) -> int:
