@@ -50,6 +50,7 @@ readable: the gateway source keeps 900 s, or sum tick windows with
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -60,7 +61,9 @@ from scipy import stats
 
 from fleet.drift.stats import psi
 from fleet.spec import RolloutPolicy
-from fleet.types import LATENCY_BUCKETS_MS, ArmWindow
+from fleet.types import LATENCY_BUCKETS_MS, N_OUTPUT_TOKENS, ArmWindow
+
+N_LATENCY = len(LATENCY_BUCKETS_MS) + 1
 
 Outcome = Literal["advance", "hold", "rollback"]
 Status = Literal["pass", "pending", "breach"]
@@ -136,15 +139,25 @@ def judge(
     """
     gates_policy, n = policy.gates, policy.min_samples
     alpha = 1.0 - gates_policy.confidence
+    # a generative model's policy (fleet.yaml's rollout "generative") sets the generation gates
+    generative = gates_policy.max_tpot_p99_ratio is not None or gates_policy.max_output_length_psi is not None
     results = [
         _samples(stable, canary, n),
         _error_rate(stable, canary, n, gates_policy.max_error_rate_increase, alpha),
         _latency(stable, canary, n, gates_policy.max_p99_ratio, alpha),
-        _predictions(stable, canary, n, gates_policy.max_prediction_psi, alpha) if concurrent else GateResult(
-            "predictions", "pass", None, gates_policy.max_prediction_psi, "psi",
-            "not judged against a baseline from another time: the inputs differ; the steps before compared "
-            "both arms on the same traffic"),
+        _predictions(stable, canary, n, gates_policy.max_prediction_psi, alpha) if concurrent and not generative
+        else GateResult("predictions", "pass", None, gates_policy.max_prediction_psi, "psi",
+                        "not judged: a generation predicts no scores (output_length judges its answers)" if generative
+                        else "not judged against a baseline from another time: the inputs differ; the steps before "
+                             "compared both arms on the same traffic"),
     ]  # fmt: skip
+    if gates_policy.max_tpot_p99_ratio is not None:  # a generative model's policy
+        results.append(_latency(_histogram(stable, "tpot_ms"), _histogram(canary, "tpot_ms"), n,
+                                gates_policy.max_tpot_p99_ratio, alpha, gate="tpot_p99", field="tpot_ms"))  # fmt: skip
+    if gates_policy.max_output_length_psi is not None:
+        results.append(_predictions(_histogram(stable, "output_tokens"), _histogram(canary, "output_tokens"), n,
+                                    gates_policy.max_output_length_psi, alpha, gate="output_length",
+                                    field="output_tokens", what="output lengths"))  # fmt: skip
     if phase == "shadow" and gates_policy.min_shadow_agreement is not None:
         results.append(_shadow(canary, n, gates_policy.min_shadow_agreement, alpha))
     at, deadline = canary.end, step_started + policy.hold_deadline_s
@@ -175,6 +188,13 @@ def judge(
 
 
 # -- gates ------------------------------------------------------------------------------------
+
+
+def _histogram(window: ArmWindow, field: str) -> ArmWindow:
+    """``window`` with a generation histogram of zeros when it served none (nothing to judge yet)."""
+    if getattr(window, field):
+        return window
+    return dataclasses.replace(window, **{field: (0,) * (N_LATENCY if field == "tpot_ms" else N_OUTPUT_TOKENS)})
 
 
 def _samples(stable: ArmWindow, canary: ArmWindow, n: int) -> GateResult:
@@ -212,14 +232,17 @@ def _error_rate(stable: ArmWindow, canary: ArmWindow, n: int, margin: float, alp
                       _scaled(nc, more), _scaled(ns, more))  # fmt: skip
 
 
-def _latency(stable: ArmWindow, canary: ArmWindow, n: int, max_ratio: float, alpha: float) -> GateResult:
-    hc, hs = np.asarray(canary.latency_ms), np.asarray(stable.latency_ms)
+def _latency(stable: ArmWindow, canary: ArmWindow, n: int, max_ratio: float, alpha: float, *,
+             gate: str = "latency_p99", field: str = "latency_ms") -> GateResult:  # fmt: skip
+    """p99 ratio of a millisecond histogram: latency (a generation's: to its first token), or
+    with ``field="tpot_ms"`` a generation's time per output token."""
+    hc, hs = np.asarray(getattr(canary, field)), np.asarray(getattr(stable, field))
     nc, ns = int(hc.sum()), int(hs.sum())
     # the limit is max_ratio x the stable p99, so the stable p99 must be known well enough:
     # with fewer than log(alpha)/log(0.99) requests even their maximum may sit below it
     ns_needed = max(n, math.ceil(math.log(alpha) / math.log(_Q)))
     if nc < n or ns < ns_needed:
-        return GateResult("latency_p99", "pending", None, max_ratio, "x",
+        return GateResult(gate, "pending", None, max_ratio, "x",
                           f"waits for {n} canary and {ns_needed} stable answered requests (canary {nc}, stable {ns})",
                           None, max(0, n - nc), max(0, ns_needed - ns))  # fmt: skip
     p99c, p99s = histogram_quantile(_Q, hc), histogram_quantile(_Q, hs)
@@ -233,33 +256,37 @@ def _latency(stable: ArmWindow, canary: ArmWindow, n: int, max_ratio: float, alp
     p_rank = float(ranks.pvalue)
     shape = ("the rank test finds it slower overall too" if p_rank < alpha
              else "the rank test finds no overall slowdown: a slower tail")  # fmt: skip
-    reading = (f"p99 canary {p99c:.1f} ms / stable {p99s:.1f} ms = {ratio:.2f}x vs allowed {max_ratio:g}x; "
+    what = "p99" if field == "latency_ms" else "p99 time per output token:"
+    reading = (f"{what} canary {p99c:.1f} ms / stable {p99s:.1f} ms = {ratio:.2f}x vs allowed {max_ratio:g}x; "
                f"{slower}/{nc} canary requests above {limit:.1f} ms")  # fmt: skip
     if ratio > max_ratio and p_tail < alpha:
-        return GateResult("latency_p99", "breach", float(ratio), max_ratio, "x",
+        return GateResult(gate, "breach", float(ratio), max_ratio, "x",
                           f"{reading}, more than 1 % at {1 - alpha:.0%} (p={p_tail:.2g}); {shape} "
                           f"(Mann-Whitney p={p_rank:.2g})", p_tail)  # fmt: skip
     why = "within the limit" if ratio <= max_ratio else f"not significantly more than 1 % (p={p_tail:.2g})"
-    return GateResult("latency_p99", "pass", float(ratio), max_ratio, "x", f"{reading}: {why}", p_tail)
+    return GateResult(gate, "pass", float(ratio), max_ratio, "x", f"{reading}: {why}", p_tail)
 
 
-def _predictions(stable: ArmWindow, canary: ArmWindow, n: int, max_psi: float, alpha: float) -> GateResult:
-    pc, ps = np.asarray(canary.predictions), np.asarray(stable.predictions)
+def _predictions(stable: ArmWindow, canary: ArmWindow, n: int, max_psi: float, alpha: float, *,
+                 gate: str = "predictions", field: str = "predictions", what: str = "scores") -> GateResult:  # fmt: skip
+    """PSI of two histograms: predicted scores, or with ``field="output_tokens"`` a
+    generation's output lengths."""
+    pc, ps = np.asarray(getattr(canary, field)), np.asarray(getattr(stable, field))
     nc, ns = int(pc.sum()), int(ps.sum())
     if nc < n or ns < n:
-        return GateResult("predictions", "pending", None, max_psi, "psi",
-                          f"waits for min_samples prediction rows per arm (canary {nc}, stable {ns})",
-                          None, max(0, n - nc), max(0, n - ns))  # fmt: skip
+        return GateResult(gate, "pending", None, max_psi, "psi",
+                          f"waits for min_samples {'prediction rows' if field == 'predictions' else 'answers'} per arm "
+                          f"(canary {nc}, stable {ns})", None, max(0, n - nc), max(0, n - ns))  # fmt: skip
     value, p = float(psi(pc, ps)), _psi_above(pc, ps, max_psi)
     # two samples of one distribution differ by chance by about (bins-1)(1/nc + 1/ns)
     noise = (np.count_nonzero(pc + ps) - 1) * (1 / nc + 1 / ns)
-    reading = (f"PSI of canary vs stable scores {value:.3f} vs allowed {max_psi:g} "
+    reading = (f"PSI of canary vs stable {what} {value:.3f} vs allowed {max_psi:g} "
                f"(sampling noise alone gives ~{noise:.3f} at these counts)")  # fmt: skip
     if value > max_psi and p < alpha:
-        return GateResult("predictions", "breach", value, max_psi, "psi",
+        return GateResult(gate, "breach", value, max_psi, "psi",
                           f"{reading}, above the limit at {1 - alpha:.0%} (p={p:.2g})", p)  # fmt: skip
     why = "within the limit" if value <= max_psi else f"not significantly above it (p={p:.2g})"
-    return GateResult("predictions", "pass", value, max_psi, "psi", f"{reading}: {why}", p)
+    return GateResult(gate, "pass", value, max_psi, "psi", f"{reading}: {why}", p)
 
 
 def _shadow(shadow: ArmWindow, n: int, minimum: float, alpha: float) -> GateResult:

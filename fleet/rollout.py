@@ -471,7 +471,8 @@ def _offline_check(candidate: ModelVersion, champion: ModelVersion, tolerance: f
         mine, theirs = candidate.metrics.get("accuracy", 0.0), candidate.metrics["champion_accuracy"]
         detail = f"accuracy {mine:.4f} vs champion {champion.version} {theirs:.4f} on the same holdout (tolerance {tolerance:g})"
         return {"check": "offline metrics", "status": "pass" if mine >= theirs - tolerance else "fail", "detail": detail}
-    metric = next((m for m in ("accuracy", "f1") if m in candidate.metrics and m in champion.metrics), None)
+    # accuracy and f1 of classifiers, exact match of generative models (tiny-lm's holdout)
+    metric = next((m for m in ("accuracy", "f1", "exact_match") if m in candidate.metrics and m in champion.metrics), None)
     if metric is None:
         return {"check": "offline metrics", "status": "pass", "detail": "no metric both versions report; not compared"}
     mine, theirs = candidate.metrics[metric], champion.metrics[metric]

@@ -229,6 +229,9 @@ class Gates(_Spec):
     max_p99_ratio: float = Field(ge=1.0)  # canary p99 / baseline p99
     max_prediction_psi: float = Field(gt=0.0)  # drift of canary predictions vs baseline
     min_shadow_agreement: Fraction | None = None  # None: no shadow-agreement gate
+    # generative models (the latency gate is then on the time to first token); None: no gate
+    max_tpot_p99_ratio: float | None = Field(None, ge=1.0)  # canary / baseline p99 time per output token
+    max_output_length_psi: float | None = Field(None, gt=0.0)  # drift of the canary's output lengths
 
 
 class RolloutPolicy(_Spec):

@@ -96,7 +96,16 @@ LATENCY_BUCKETS_MS: tuple[float, ...] = (
 # (``score_bin``, and ``score_bins`` for many) for the gateway's stats, the metrics sources,
 # the baseline profile, drift and retraining, so their histograms compare bin by bin.
 PREDICTION_BINS = 10
+# Upper bounds of the histogram of a generation's output length in tokens (``le`` as for
+# latency; the open bucket follows): what the output-length gate compares, canary vs stable.
+OUTPUT_TOKEN_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+N_OUTPUT_TOKENS = len(OUTPUT_TOKEN_BUCKETS) + 1
 _SMALL = 64  # below this many scores a Python loop beats numpy's call overhead
+
+
+def output_bucket(tokens: int) -> int:
+    """Index of the first ``OUTPUT_TOKEN_BUCKETS`` bound >= ``tokens``; past the last, the open one."""
+    return bisect.bisect_left(OUTPUT_TOKEN_BUCKETS, tokens)
 
 
 def latency_bucket(ms: float) -> int:
@@ -167,6 +176,9 @@ class ArmWindow:
     predictions: tuple[int, ...]  # counts per PREDICTION_BINS score bin (one per output row)
     shadow_pairs: int = 0  # mirrored requests of which both answers arrived (shadow arm only)
     shadow_agreed: int = 0  # ... whose predicted classes were all the same
+    # generations only (empty for tensor traffic); ``latency_ms`` is then the time to first token
+    tpot_ms: tuple[int, ...] = ()  # time per output token after the first, per LATENCY_BUCKETS_MS bucket
+    output_tokens: tuple[int, ...] = ()  # completion lengths per OUTPUT_TOKEN_BUCKETS bucket
 
     @property
     def error_count(self) -> int:

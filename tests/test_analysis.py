@@ -374,3 +374,57 @@ def test_a_baseline_from_another_time_judges_errors_and_latency_but_not_predicti
     at_100 = judge(baseline, canary, policy(gates={"max_error_rate_increase": 0.02}), step_started=T0, concurrent=False)
     gate = next(g for g in at_100.gates if g.gate == "predictions")
     assert at_100.outcome == "advance" and gate.status == "pass" and "inputs differ" in gate.explanation
+
+
+# -- generations: TTFT is the latency; time per output token and output lengths have gates of their own
+def generations(metrics: MemoryMetrics, version: str, at: float, rng: np.random.Generator, n: int, *,
+                ttft_ms: float = 40.0, tpot_ms: float = 5.0, tokens: tuple[int, int] = (8, 24)) -> None:  # fmt: skip
+    for _ in range(n):
+        metrics.generated(MODEL, version, at, ttft_ms * math.exp(rng.normal(0, 0.2)), tpot_ms * math.exp(rng.normal(0, 0.2)),
+                          int(rng.integers(*tokens)))  # fmt: skip
+
+
+GEN = {"max_tpot_p99_ratio": 1.5, "max_output_length_psi": 0.25}
+
+
+def judge_ticks(canary: dict, ticks: int = 12, seed: int = 5) -> list[Verdict]:
+    """Each 10 s tick: 30 generations a second on stable, 10 on the canary; a verdict over the step so far."""
+    rng, m, p, out = np.random.default_rng(seed), MemoryMetrics(), policy(gates=GEN), []
+    for tick in range(ticks):
+        at = T0 + 10 * tick
+        generations(m, STABLE, at, rng, 300)
+        generations(m, CANARY, at, rng, 100, **canary)
+        end = at + 10
+        out.append(judge(m.window(MODEL, STABLE, T0, end), m.window(MODEL, CANARY, T0, end), p, step_started=T0))
+    return out
+
+
+def test_a_good_generative_canary_advances_with_every_generation_gate_judged() -> None:
+    verdicts = judge_ticks({})
+    assert verdicts[-1].outcome == "advance", verdicts[-1].summary
+    gates = {g.gate: g.status for g in verdicts[-1].gates}
+    assert gates["tpot_p99"] == gates["output_length"] == gates["latency_p99"] == "pass"
+
+
+@pytest.mark.parametrize(
+    ("canary", "gate"),
+    [({"ttft_ms": 200.0}, "latency_p99"),  # a slow first token: the latency gate reads TTFT
+     ({"tpot_ms": 20.0}, "tpot_p99"),  # slow tokens
+     ({"tokens": (1, 3)}, "output_length")],  # answers cut short (or garbage that ends at once)
+)
+def test_a_bad_generative_canary_is_rolled_back_by_its_own_gate_within_a_few_ticks(canary: dict, gate: str) -> None:
+    verdicts = judge_ticks(canary)
+    first = next(i for i, v in enumerate(verdicts) if v.outcome != "hold")
+    assert verdicts[first].outcome == "rollback" and first <= 2, verdicts[first].summary
+    assert {g.gate for g in verdicts[first].gates if g.status == "breach"} >= {gate}
+
+
+def test_tensor_policies_have_no_generation_gates_and_a_generation_waits_for_its_samples() -> None:
+    m = MemoryMetrics()
+    rng = np.random.default_rng(1)
+    generations(m, STABLE, T0, rng, 10)
+    generations(m, CANARY, T0, rng, 10)
+    stable, canary = m.window(MODEL, STABLE, T0, T0 + 10), m.window(MODEL, CANARY, T0, T0 + 10)
+    assert "tpot_p99" not in {g.gate for g in judge(stable, canary, policy(), step_started=T0).gates}
+    held = judge(stable, dataclasses.replace(canary, tpot_ms=(), output_tokens=()), policy(gates=GEN), step_started=T0)
+    assert held.outcome == "hold" and {g.gate: g.status for g in held.gates}["tpot_p99"] == "pending"

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from fleet.types import output_bucket
 from tests.redis_env import RedisServer
 from tests.serving_env import FleetEnv
 
@@ -139,6 +140,11 @@ def test_generation_is_measured_per_version(fleet: dict) -> None:
     completion = [line for line in text.splitlines() if line.startswith("fleet_generated_tokens_total")
                   and 'kind="completion"' in line and 'version="1.0.0"' in line]  # fmt: skip
     assert completion and float(completion[0].split()[-1]) >= 4
+    # what canary analysis reads: the time to first token as latency, time per token, output lengths
+    window = httpx.get(f"{fleet['url']}/admin/stats/{MODEL}", params={"window_s": 900}, timeout=10,
+                       headers={"Authorization": "Bearer e2e-admin-token"}).json()["versions"]["1.0.0"]  # fmt: skip
+    assert sum(window["latency_ms"]) == sum(window["output_tokens"]) >= sum(window["tpot_ms"]) >= 1  # one token: no TPOT
+    assert window["output_tokens"][output_bucket(4)] >= 1 and sum(window["predictions"]) == 0
 
 
 def test_a_token_quota_is_one_budget_across_two_gateways_and_refused_with_retry_after(fleet: dict, tmp_path) -> None:  # noqa: ANN001

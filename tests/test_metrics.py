@@ -35,7 +35,7 @@ from fleet.metrics import (
 from fleet.metrics.gateway import GatewayMetrics
 from fleet.metrics.prometheus import PrometheusMetrics
 from fleet.store import MemoryStore
-from fleet.types import LATENCY_BUCKETS_MS, MetricsSource
+from fleet.types import LATENCY_BUCKETS_MS, OUTPUT_TOKEN_BUCKETS, MetricsSource
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 MODEL, END = "demo-classifier", 1764590060.0
@@ -110,6 +110,9 @@ PROM_ANSWERS = {
     "fleet_upstream_duration_seconds_bucket": "prom_latency.json",
     "fleet_predictions_total": "prom_predictions.json",
     "fleet_shadow_requests_total": "prom_shadow.json",
+    # a tensor model: no generation series
+    "fleet_time_per_output_token_seconds_bucket": "prom_empty.json",
+    "fleet_generation_output_tokens_bucket": "prom_empty.json",
 }
 
 
@@ -137,13 +140,26 @@ def test_prometheus_window_from_stored_answers(serve) -> None:
     assert w.latency_ms == (0, 3, 20, 140, 200, 180, 150, 70, 30, 10, 4, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     assert w.predictions == (301, 200, 120, 80, 50, 30, 15, 10, 5, 0)
     assert (w.shadow_pairs, w.shadow_agreed) == (120, 118)
+    assert w.tpot_ms == () and w.output_tokens == ()  # no generations: no histograms, no generation gates
+
+
+def test_prometheus_window_of_a_generative_version_has_time_per_token_and_output_lengths(serve) -> None:
+    lengths = {"+Inf": 100, **{str(float(b)): c for b, c in zip(OUTPUT_TOKEN_BUCKETS, [0, 0, 5, 20, 60, 90, 100, 100, 100,
+                                                                                     100, 100, 100, 100], strict=True)}}  # fmt: skip
+    body = {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"le": le}, "value": [END, str(v)]} for le, v in lengths.items()]}}  # fmt: skip
+    server = serve(prometheus({"fleet_time_per_output_token_seconds_bucket": (200, fixture("prom_latency.json")),
+                               "fleet_generation_output_tokens_bucket": (200, json.dumps(body).encode())}))  # fmt: skip
+    w = PrometheusMetrics(server.url).window(MODEL, "1.1.0", END - 60, END)
+    assert w.tpot_ms == w.latency_ms  # the same bucket layout, read the same way
+    assert w.output_tokens == (0, 0, 5, 15, 40, 30, 10, 0, 0, 0, 0, 0, 0, 0)
 
 
 def test_prometheus_queries_increase_over_the_window_at_its_end(serve) -> None:
     server = serve(prometheus())
     PrometheusMetrics(server.url + "/").window(MODEL, "1.1.0", END - 59.2, END)
     queries = [q for _, q, _ in server.seen]
-    assert len(queries) == 5
+    assert len(queries) == 7
     assert {q["time"] for q in queries} == {"1764590060.000"}
     for q in queries:  # a 59.2 s window asks for ceil = 60 s, for this model and version only
         assert '{model="demo-classifier",version="1.1.0"' in q["query"] and "[60s]))" in q["query"]

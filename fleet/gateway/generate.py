@@ -188,7 +188,7 @@ class Stream:
         completion = _count(final, "completion_tokens")
         tpot_ms = (now - self.first_at) * 1e3 / (completion - 1) if completion > 1 else None
         self.telemetry.generated(self.model, self.version, ttft_ms=(self.first_at - self.asked) * 1e3, tpot_ms=tpot_ms,
-                                 total_ms=(now - self.asked) * 1e3, prompt_tokens=_count(final, "prompt_tokens"),
+                                 prompt_tokens=_count(final, "prompt_tokens"),
                                  completion_tokens=completion)  # fmt: skip
         self.opened.replica.succeeded()
         if self.usage is not None:

@@ -15,18 +15,29 @@ import numpy as np
 
 # score_bins is fleet.types' (the one score binning, shared with analysis, drift and retraining);
 # telemetry imports it from here
-from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, latency_bucket, score_bins
+from fleet.types import (
+    ERROR_CLASSES,
+    LATENCY_BUCKETS_MS,
+    N_OUTPUT_TOKENS,
+    PREDICTION_BINS,
+    latency_bucket,
+    output_bucket,
+    score_bins,
+)
 
 HORIZON_S = 900
 _N_LAT = len(LATENCY_BUCKETS_MS) + 1
-# one slot's layout: requests | errors by class | latency buckets | prediction bins | shadow pairs, agreed
+# one slot's layout: requests | errors by class | latency buckets | prediction bins | shadow pairs,
+# agreed | generations: time per output token buckets | output-length buckets
 _REQ = 0
 _ERR = 1
 _LAT = _ERR + len(ERROR_CLASSES)
 _PRED = _LAT + _N_LAT
 _PAIRS = _PRED + PREDICTION_BINS
 _AGREED = _PAIRS + 1
-_WIDTH = _AGREED + 1
+_TPOT = _AGREED + 1
+_OUT = _TPOT + _N_LAT
+_WIDTH = _OUT + N_OUTPUT_TOKENS
 
 
 class _Series:
@@ -65,6 +76,15 @@ class WindowedStats:
                 if n:
                     slot[_PRED + i] += n
 
+    def generated(self, model: str, version: str, ttft_ms: float, tpot_ms: float | None, completion_tokens: int) -> None:
+        """A finished generation: its time to first token is its latency."""
+        slot = self._slot(model, version)
+        slot[_REQ] += 1
+        slot[_LAT + latency_bucket(ttft_ms)] += 1
+        if tpot_ms is not None:
+            slot[_TPOT + latency_bucket(tpot_ms)] += 1
+        slot[_OUT + output_bucket(completion_tokens)] += 1
+
     def failed(self, model: str, version: str, error_class: str) -> None:
         slot = self._slot(model, version)
         slot[_REQ] += 1
@@ -97,5 +117,6 @@ class WindowedStats:
                 "predictions": t[_PRED:_PAIRS],
                 "shadow_pairs": t[_PAIRS],
                 "shadow_agreed": t[_AGREED],
+                **({"tpot_ms": t[_TPOT:_OUT], "output_tokens": t[_OUT:_WIDTH]} if any(t[_OUT:_WIDTH]) else {}),
             }
         return float(start_sec), min(now, float(end_sec)), out

@@ -24,10 +24,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from fleet.gateway.stats import WindowedStats, score_bins
-from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS
+from fleet.types import LATENCY_BUCKETS_MS, OUTPUT_TOKEN_BUCKETS, PREDICTION_BINS
 
 _SECONDS = tuple(b / 1000 for b in LATENCY_BUCKETS_MS) + (float("inf"),)
-_TOKEN_SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, float("inf"))
 
 
 class _QueueDepth(Collector):
@@ -72,7 +71,7 @@ class Telemetry:
                                 ["model", "version", "tenant", "code"], registry=r)  # fmt: skip
         self.duration = Histogram("fleet_request_duration_seconds", "Whole request in the gateway",
                                   ["model", "version", "tenant"], buckets=_SECONDS, registry=r)  # fmt: skip
-        self.upstream = Histogram("fleet_upstream_duration_seconds", "The model service's part of a request",
+        self.upstream = Histogram("fleet_upstream_duration_seconds", "The model service's part of a request (a generation's: to its first token)",
                                   ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
         self.version_requests = Counter("fleet_version_requests", "Attempts counted for canary analysis",
                                         ["model", "version"], registry=r)  # fmt: skip
@@ -121,7 +120,9 @@ class Telemetry:
         self.ttft = Histogram("fleet_time_to_first_token_seconds", "Generation: the version asked → its first token",
                               ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
         self.tpot = Histogram("fleet_time_per_output_token_seconds", "Generation: mean time per token after the first",
-                              ["model", "version"], buckets=_TOKEN_SECONDS, registry=r)  # fmt: skip
+                              ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
+        self.output_tokens = Histogram("fleet_generation_output_tokens", "Generation: completion tokens of an answer",
+                                       ["model", "version"], buckets=(*OUTPUT_TOKEN_BUCKETS, float("inf")), registry=r)  # fmt: skip
         self.tokens = Counter("fleet_generated_tokens", "Generation: tokens by kind (prompt, completion)",
                               ["model", "version", "kind"], registry=r)  # fmt: skip
         self._children: dict[tuple[str, str], tuple] = {}
@@ -149,14 +150,15 @@ class Telemetry:
             if n:
                 predictions[i].inc(n)
 
-    def generated(self, model: str, version: str, *, ttft_ms: float, tpot_ms: float | None, total_ms: float,
-                  prompt_tokens: int, completion_tokens: int) -> None:  # fmt: skip
-        """A version finished a generation. Canary analysis's windowed stats count its time to
-        first token as its latency (what a caller waits for before anything happens)."""
-        self.stats.answered(model, version, ttft_ms, None)
+    def generated(self, model: str, version: str, *, ttft_ms: float, tpot_ms: float | None, prompt_tokens: int, completion_tokens: int) -> None:  # fmt: skip
+        """A version finished a generation. Its time to first token is its latency, in canary
+        analysis's windowed stats and in ``fleet_upstream_duration_seconds`` alike (what a
+        caller waits for before anything happens; both sources of analysis read the same)."""
+        self.stats.generated(model, version, ttft_ms, tpot_ms, completion_tokens)
         requests, upstream, _ = self._version(model, version)
         requests.inc()
-        upstream.observe(total_ms / 1000)
+        upstream.observe(ttft_ms / 1000)
+        self.output_tokens.labels(model, version).observe(completion_tokens)
         self.ttft.labels(model, version).observe(ttft_ms / 1000)
         if tpot_ms is not None:
             self.tpot.labels(model, version).observe(tpot_ms / 1000)

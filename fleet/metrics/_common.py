@@ -65,8 +65,16 @@ def sum_windows(windows: Iterable[ArmWindow], model: str, version: str, start: f
         predictions=_add([w.predictions for w in windows]),
         shadow_pairs=sum(w.shadow_pairs for w in windows),
         shadow_agreed=sum(w.shadow_agreed for w in windows),
+        tpot_ms=_add_some([w.tpot_ms for w in windows]),
+        output_tokens=_add_some([w.output_tokens for w in windows]),
     )
 
 
 def _add(rows: Sequence[Sequence[int]]) -> tuple[int, ...]:
     return tuple(sum(column) for column in zip(*rows, strict=True))
+
+
+def _add_some(rows: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """As ``_add``, over the windows that have the histogram (generations; empty for tensors)."""
+    present = [r for r in rows if r]
+    return _add(present) if present else ()

@@ -24,12 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, model_validator
 
 from fleet import gateways
 from fleet.errors import ConfigError, InvalidInput
 from fleet.metrics._common import N_LATENCY, BadMetricsAnswer, MetricsUnavailable, sum_windows
-from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow, ObjectStore
+from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, N_OUTPUT_TOKENS, PREDICTION_BINS, ArmWindow, ObjectStore
 
 MAX_WINDOW_S = 900  # the gateways keep one-second slots for the last 15 minutes
 END_SLACK_S = 5.0
@@ -44,6 +44,15 @@ class _VersionStats(BaseModel):
     predictions: list[NonNegativeInt] = Field(min_length=PREDICTION_BINS, max_length=PREDICTION_BINS)
     shadow_pairs: int = Field(0, ge=0)
     shadow_agreed: int = Field(0, ge=0)
+    # generations only: absent from tensor traffic and from gateways before they existed
+    tpot_ms: list[NonNegativeInt] = Field(default_factory=list, max_length=N_LATENCY)
+    output_tokens: list[NonNegativeInt] = Field(default_factory=list, max_length=N_OUTPUT_TOKENS)
+
+    @model_validator(mode="after")
+    def _whole_histograms(self) -> _VersionStats:
+        if self.tpot_ms and len(self.tpot_ms) != N_LATENCY or self.output_tokens and len(self.output_tokens) != N_OUTPUT_TOKENS:
+            raise ValueError(f"tpot_ms and output_tokens have {N_LATENCY} and {N_OUTPUT_TOKENS} buckets, or none")
+        return self
 
 
 class _Stats(BaseModel):
@@ -142,4 +151,5 @@ def _arm(stats: _Stats, model: str, version: str) -> ArmWindow:
         model=model, version=version, start=stats.start, end=stats.end, requests=v.requests,
         errors={c: v.errors.get(c, 0) for c in ERROR_CLASSES}, latency_ms=tuple(v.latency_ms),
         predictions=tuple(v.predictions), shadow_pairs=v.shadow_pairs, shadow_agreed=v.shadow_agreed,
+        tpot_ms=tuple(v.tpot_ms), output_tokens=tuple(v.output_tokens),
     )  # fmt: skip

@@ -14,8 +14,8 @@ from dataclasses import replace as _replace
 from collections.abc import Iterable
 
 from fleet.errors import InvalidInput
-from fleet.metrics._common import MetricsUnavailable, empty_window, latency_bucket, score_bins, sum_windows
-from fleet.types import ERROR_CLASSES, ArmWindow
+from fleet.metrics._common import N_LATENCY, MetricsUnavailable, empty_window, latency_bucket, score_bins, sum_windows
+from fleet.types import ERROR_CLASSES, N_OUTPUT_TOKENS, ArmWindow, output_bucket
 
 
 class MemoryMetrics:
@@ -35,6 +35,17 @@ class MemoryMetrics:
         for i, n in enumerate(score_bins(list(scores))):
             predictions[i] += n * count
         self._add(at, _replace(base, requests=count, latency_ms=tuple(latency), predictions=tuple(predictions)))
+
+    def generated(self, model: str, version: str, at: float, ttft_ms: float, tpot_ms: float, tokens: int,
+                  count: int = 1) -> None:  # fmt: skip
+        """``count`` finished generations at ``at``, each with these times and ``tokens`` output tokens."""
+        base = empty_window(model, version, at, at)
+        latency, tpot, lengths = list(base.latency_ms), [0] * N_LATENCY, [0] * N_OUTPUT_TOKENS
+        latency[latency_bucket(ttft_ms)] += count
+        tpot[latency_bucket(tpot_ms)] += count
+        lengths[output_bucket(tokens)] += count
+        self._add(at, _replace(base, requests=count, latency_ms=tuple(latency), tpot_ms=tuple(tpot),
+                               output_tokens=tuple(lengths)))  # fmt: skip
 
     def failed(self, model: str, version: str, at: float, error_class: str = "5xx", count: int = 1) -> None:
         if error_class not in ERROR_CLASSES:

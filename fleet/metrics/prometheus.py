@@ -10,6 +10,10 @@ telemetry"), summed over every gateway instance and tenant.
   histogram also counts failures, 4xx answers and cache hits.
 - predictions: ``fleet_predictions_total`` by ``bin``; shadow pairs:
   ``fleet_shadow_requests_total`` with outcome ``agree`` / ``disagree``.
+- generations: the upstream histogram holds their time to first token (as the windowed
+  stats' latency does); ``fleet_time_per_output_token_seconds_bucket`` and
+  ``fleet_generation_output_tokens_bucket`` give ``tpot_ms`` and ``output_tokens``, empty when
+  the version served no generation.
 
 ``increase`` extrapolates to the range's edges, so counts come back as floats: they are
 rounded, and bucket differences that extrapolation made negative are clamped to 0. It
@@ -27,12 +31,14 @@ import httpx
 
 from fleet.errors import ConfigError
 from fleet.metrics._common import N_LATENCY, BadMetricsAnswer, MetricsUnavailable
-from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow
+from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, OUTPUT_TOKEN_BUCKETS, PREDICTION_BINS, ArmWindow
 
 REQUESTS = "fleet_version_requests_total"
 ERRORS = "fleet_version_errors_total"
 LATENCY = "fleet_upstream_duration_seconds_bucket"
 PREDICTIONS = "fleet_predictions_total"
+TPOT = "fleet_time_per_output_token_seconds_bucket"
+OUTPUT_TOKENS = "fleet_generation_output_tokens_bucket"
 SHADOW = "fleet_shadow_requests_total"
 _PAIR_OUTCOMES = ',outcome=~"agree|disagree"'  # both answers arrived: what agreement is over
 
@@ -59,6 +65,8 @@ class PrometheusMetrics:
             buckets = ask(f"sum by (le) ({inc(LATENCY)})", "le")
             predictions = ask(f"sum by (bin) ({inc(PREDICTIONS)})", "bin")
             shadow = ask(f"sum by (outcome) ({inc(SHADOW, _PAIR_OUTCOMES)})", "outcome")
+            tpot = ask(f"sum by (le) ({inc(TPOT)})", "le")
+            lengths = ask(f"sum by (le) ({inc(OUTPUT_TOKENS)})", "le")
         agreed, disagreed = _count(shadow.get("agree", 0.0)), _count(shadow.get("disagree", 0.0))
         return ArmWindow(
             model=model, version=version, start=end - range_s, end=end,
@@ -66,6 +74,8 @@ class PrometheusMetrics:
             errors={c: _count(errors.get(c, 0.0)) for c in ERROR_CLASSES},
             latency_ms=self._buckets(buckets), predictions=self._bins(predictions),
             shadow_pairs=agreed + disagreed, shadow_agreed=agreed,
+            tpot_ms=self._buckets(tpot, metric=TPOT) if tpot else (),
+            output_tokens=self._buckets(lengths, OUTPUT_TOKEN_BUCKETS, 1.0, OUTPUT_TOKENS) if lengths else (),
         )  # fmt: skip
 
     def _query(self, client: httpx.Client, query: str, at: float, label: str | None) -> dict[str | None, float]:
@@ -100,23 +110,26 @@ class PrometheusMetrics:
             out[key] = out.get(key, 0.0) + (0.0 if math.isnan(value) else value)
         return out
 
-    def _buckets(self, cumulative: dict[str | None, float]) -> tuple[int, ...]:
-        """{le: cumulative count} → counts per LATENCY_BUCKETS_MS bucket and the open one."""
+    def _buckets(self, cumulative: dict[str | None, float], bounds: tuple[float, ...] = LATENCY_BUCKETS_MS,
+                 scale: float = 1000.0, metric: str = LATENCY) -> tuple[int, ...]:  # fmt: skip
+        """{le: cumulative count} → counts per bucket of ``bounds`` (``le`` × ``scale``: seconds
+        to the milliseconds analysis reads) and the open one."""
+        n = len(bounds) + 1
         if not cumulative:
-            return (0,) * N_LATENCY
+            return (0,) * n
         by_bound = {}
         for le, value in cumulative.items():
-            bound = math.inf if le == "+Inf" else _float(le, self.url) * 1000
-            matches = [i for i, b in enumerate(LATENCY_BUCKETS_MS) if math.isclose(b, bound, rel_tol=1e-9)]
+            bound = math.inf if le == "+Inf" else _float(le, self.url) * scale
+            matches = [i for i, b in enumerate(bounds) if math.isclose(b, bound, rel_tol=1e-9)]
             if bound != math.inf and not matches:
-                expected = [b / 1000 for b in LATENCY_BUCKETS_MS]
-                raise BadMetricsAnswer(f"Prometheus at {self.url}: {LATENCY} has bucket le={le}; expected {expected} and +Inf")
-            by_bound[len(LATENCY_BUCKETS_MS) if bound == math.inf else matches[0]] = value
-        missing = sorted(set(range(N_LATENCY)) - set(by_bound))
+                expected = [b / scale for b in bounds]
+                raise BadMetricsAnswer(f"Prometheus at {self.url}: {metric} has bucket le={le}; expected {expected} and +Inf")
+            by_bound[len(bounds) if bound == math.inf else matches[0]] = value
+        missing = sorted(set(range(n)) - set(by_bound))
         if missing:
-            raise BadMetricsAnswer(f"Prometheus at {self.url}: {LATENCY} lacks buckets {missing} of {N_LATENCY}")
+            raise BadMetricsAnswer(f"Prometheus at {self.url}: {metric} lacks buckets {missing} of {n}")
         counts, below = [], 0.0
-        for i in range(N_LATENCY):
+        for i in range(n):
             counts.append(_count(by_bound[i] - below))
             below = max(below, by_bound[i])
         return tuple(counts)
