@@ -205,3 +205,38 @@ def test_train_and_register_stores_a_loadable_version(tmp_path: Path) -> None:
     fetched = Registry(store).fetch("tiny-lm-test", "1.1.0", tmp_path / "fetched")
     model = AutoModelForCausalLM.from_pretrained(fetched, local_files_only=True)
     assert model.num_parameters() / 1e6 == pytest.approx(mv.metrics["params_millions"], abs=1e-3)
+
+
+def test_a_distilled_student_learns_the_teachers_answers_and_names_its_lineage(trained, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from bentos.tiny_lm.train import PRESETS, distill_and_register
+
+    out, meta, _ = trained
+    store = open_store(f"file://{tmp_path / 'store'}")
+    Registry(store).register("tiny-lm-test", "1.0.0", out, meta)
+    lines: list[str] = []
+    student = distill_and_register(store, "tiny-lm-test", "1.0.0", "1.0.0-student", PRESETS["student-test"], log=lines.append)
+    assert student.parent_version == "1.0.0" and student.hyperparameters["lineage"] == {"method": "distill",
+                                                                                           "teacher": "tiny-lm-test:1.0.0"}
+    assert student.hyperparameters["letters"] == list(TEST.letters)  # the teacher's word lengths, not the preset's
+    assert student.metrics["params_millions"] < student.metrics["teacher_params_millions"] == meta.metrics["params_millions"]
+    assert student.metrics["teacher_exact_match"] == meta.metrics["exact_match"] and 0 <= student.metrics["exact_match"] <= 1
+    assert "teacher=tiny-lm-test:1.0.0" in student.training_data.uri and "distilled from tiny-lm-test:1.0.0" in student.description
+    assert any(line.startswith("teacher exact match on the training prompts") for line in lines)
+    fetched = Registry(store).fetch("tiny-lm-test", "1.0.0-student", tmp_path / "student")
+    assert AutoModelForCausalLM.from_pretrained(fetched, local_files_only=True).num_parameters() < 20_000
+
+
+def test_fleet_models_distill_registers_a_student_and_refuses_a_family_without_distillation(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.serving_env import FLEET, FleetEnv
+
+    env = FleetEnv(tmp_path)
+    env.fleet("models", "train", "demo-lm", "1.0.0", "--preset", "test", "--steps", "20")
+    student = env.fleet_json("models", "distill", "demo-lm", "1.0.0", "1.0.1", "--preset", "student-test", "--steps", "10")
+    assert student["parent_version"] == "1.0.0" and student["hyperparameters"]["lineage"]["method"] == "distill"
+    refused = subprocess.run([FLEET, "models", "distill", "demo-classifier", "1.0.0", "1.0.1"], env=env.env,
+                             capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert refused.returncode != 0 and "has no distillation" in refused.stderr

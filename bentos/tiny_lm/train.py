@@ -99,6 +99,12 @@ PRESETS: dict[str, TrainConfig] = {
         letters=(3, 4), hidden=64, layers=2, heads=2, intermediate=128, steps=300, batch_size=32, lr=5e-3,
         warmup_steps=20, train_examples=4_000, holdout_examples=64, log_every=100,
     ),  # fmt: skip
+    # students (fleet models distill): the task and word lengths are the teacher's
+    "student": TrainConfig(hidden=128, layers=2, heads=2, intermediate=512, steps=350, train_examples=20_000),
+    "student-test": TrainConfig(
+        letters=(3, 4), hidden=32, layers=1, heads=2, intermediate=64, steps=150, batch_size=32, lr=5e-3,
+        warmup_steps=10, train_examples=1_000, holdout_examples=64, log_every=50,
+    ),  # fmt: skip
 }
 
 
@@ -168,13 +174,40 @@ def lr_factor(step: int, config: TrainConfig) -> float:
     return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def train(config: TrainConfig, out: Path, *, log: Log = _stderr) -> VersionMetadata:
-    """Train into ``out`` (a save_pretrained folder) on generated data; return the version's metadata."""
-    from transformers import GenerationConfig, LlamaForCausalLM
+def teacher_pairs(teacher: Path, prompts: Sequence[str], max_new_tokens: int, log: Log = _stderr) -> list[tuple[str, str]]:
+    """(prompt, the teacher's greedy answer) for each prompt: what a student learns from."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(teacher)
+    with quiet():
+        model = AutoModelForCausalLM.from_pretrained(teacher)
+    started = time.perf_counter()
+    answers = generate(model.eval(), tokenizer, prompts, max_new_tokens, batch_size=256)
+    log(f"the teacher answered {len(prompts)} training prompts in {time.perf_counter() - started:.0f}s")
+    return list(zip(prompts, answers, strict=True))
+
+
+def train(config: TrainConfig, out: Path, *, log: Log = _stderr, teacher: Path | None = None,
+          teacher_ref: str = "") -> VersionMetadata:  # fmt: skip
+    """Train into ``out`` (a save_pretrained folder) on generated data; return the version's metadata.
+
+    With ``teacher`` (a model folder), distil: the training prompts are answered by the teacher,
+    and the student (``config``'s size) learns those answers with the teacher's tokenizer; it is
+    judged on the true answers like any version."""
+    from transformers import AutoTokenizer, GenerationConfig, LlamaForCausalLM
 
     train_pairs = data.examples(config.train_examples, config.seed, config.tasks, split="train", letters=config.letters)
     holdout = data.examples(config.holdout_examples, config.seed, config.tasks, split="holdout", letters=config.letters)
-    tokenizer = train_tokenizer(data.corpus(config.tasks))
+    if teacher is not None:
+        tokenizer = AutoTokenizer.from_pretrained(teacher)
+        taught = teacher_pairs(teacher, [p for p, _ in train_pairs], config.letters[1] + 2, log)
+        agree = data.exact_match([a for _, a in taught], [a for _, a in train_pairs])
+        # an answer too long to train on (a teacher that rambles) is left out, not truncated
+        fits = [(p, a) for p, a in taught if len(tokenizer(p)["input_ids"]) + len(a) + 1 <= MAX_POSITIONS]
+        log(f"teacher exact match on the training prompts {agree:.3f}; {len(taught) - len(fits)} answers too long, left out")
+        train_pairs = fits
+    else:
+        tokenizer = train_tokenizer(data.corpus(config.tasks))
     tokenizer.model_max_length = MAX_POSITIONS
     encoded = encode(train_pairs, tokenizer)
 
@@ -243,8 +276,10 @@ def train(config: TrainConfig, out: Path, *, log: Log = _stderr) -> VersionMetad
         f"(prompt '{data.prompt(config.tasks[0], 'abc')}' → answer '{data.TASKS[config.tasks[0]]('abc')}')",
         inputs=[TensorSpec(name="text_input", datatype="BYTES", shape=[-1])],
         outputs=[TensorSpec(name="text_output", datatype="BYTES", shape=[-1])],
-        hyperparameters={**hyper, "params_millions": params_millions},
-        training_data=TrainingData(uri=training_uri(config), sha256=data.digest(train_pairs)),
+        hyperparameters={**hyper, "params_millions": params_millions,
+                         **({"lineage": {"method": "distill", "teacher": teacher_ref}} if teacher is not None else {})},
+        training_data=TrainingData(uri=training_uri(config) + (f"&teacher={teacher_ref}" if teacher is not None else ""),
+                                   sha256=data.digest(train_pairs)),  # fmt: skip
         metrics={
             "exact_match": quality["exact_match"], "holdout_examples": float(quality["holdout_examples"]),
             "params_millions": params_millions, "train_seconds": round(train_seconds, 1),
@@ -316,6 +351,29 @@ def train_and_register(
         if parent is not None:
             meta = meta.model_copy(update={"parent_version": parent})
         return Registry(store).register(model, version, Path(tmp) / "artifact", meta)
+
+
+def distill_and_register(
+    store: ObjectStore, model: str, teacher_version: str, version: str, config: TrainConfig | None = None, *,
+    log: Log = _stderr,
+) -> ModelVersion:  # fmt: skip
+    """A smaller student of ``model:teacher_version`` (the verified artifact), registered as
+    ``version`` with its lineage: parent, method and settings, and its measured quality."""
+    config = config or PRESETS["student"]
+    registry = Registry(store)
+    teacher = registry.get(model, teacher_version)
+    taught = teacher.hyperparameters  # the student learns the teacher's task, on its word lengths
+    if "task" in taught and "letters" in taught:
+        config = replace(config, task=str(taught["task"]), letters=(int(taught["letters"][0]), int(taught["letters"][1])))
+    with tempfile.TemporaryDirectory(prefix="fleet-distill-") as tmp:
+        folder = registry.fetch(model, teacher_version, Path(tmp) / "teacher")
+        meta = train(config, Path(tmp) / "artifact", log=log, teacher=folder, teacher_ref=teacher.ref)
+        metrics = {**meta.metrics, "teacher_exact_match": teacher.metrics.get("exact_match", float("nan")),
+                   "teacher_params_millions": teacher.metrics.get("params_millions", float("nan"))}  # fmt: skip
+        metrics = {k: v for k, v in metrics.items() if v == v}  # no NaN in a manifest
+        meta = meta.model_copy(update={"parent_version": teacher_version, "metrics": metrics,
+                                       "description": f"{meta.description}; distilled from {teacher.ref}"})  # fmt: skip
+        return registry.register(model, version, Path(tmp) / "artifact", meta)
 
 
 def main(argv: list[str] | None = None) -> None:

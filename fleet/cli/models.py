@@ -175,3 +175,42 @@ def train(
         emit_json(mv)
     else:
         console.print(f"registered [bold]{mv.ref}[/]: " + ", ".join(f"{k}={v:.4g}" for k, v in mv.metrics.items()))
+
+
+@app.command()
+def distill(
+    model: str,
+    teacher: Annotated[str, typer.Argument(help="The version to learn from (its verified artifact).")],
+    version: Annotated[str, typer.Argument(help="The new version (the student).")],
+    preset: Annotated[str, typer.Option(help="The student's size (tiny-lm: student, or student-test: seconds).")] = "student",
+    steps: Annotated[int | None, typer.Option(min=1, help="Optimizer steps (the preset's by default).")] = None,
+    policies: Annotated[Path, typer.Option("--policies", envvar="FLEET_POLICIES", help="Policy folder or file (names the model's family).")] = Path("policies"),
+    json: JsonFlag = False,
+) -> None:
+    """Distil TEACHER into a smaller VERSION of MODEL and register it with its lineage.
+
+    The student learns the teacher's answers to the training prompts and is judged on the
+    true answers; its manifest names the teacher as parent and both exact matches. It rolls
+    out like any version (fleet rollout start).
+    """
+    import dataclasses
+
+    from fleet.runtime.bento import family_module
+    from fleet.spec import load_policies
+
+    family_name = load_policies(policies).model(model).family
+    trainer = importlib.import_module(f"{family_module(family_name).__name__}.train")
+    if not hasattr(trainer, "distill_and_register"):
+        raise InvalidInput(f"{model}'s family {family_name} has no distillation; expected a generative family (tiny-lm)")
+    if preset not in trainer.PRESETS:
+        raise InvalidInput(f"preset {preset!r} is not one of {family_name}'s: {', '.join(trainer.PRESETS)}")
+    config = trainer.PRESETS[preset]
+    if steps is not None:
+        config = dataclasses.replace(config, steps=steps)
+    with err_console.status(f"distilling {model}:{teacher} into {model}:{version} ..."):
+        mv = trainer.distill_and_register(registry().store, model, teacher, version, config)
+    if json:
+        emit_json(mv)
+    else:
+        console.print(f"registered [bold]{mv.ref}[/] (distilled from {model}:{teacher}): "
+                      + ", ".join(f"{k}={v:.4g}" for k, v in mv.metrics.items()))
