@@ -27,11 +27,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     try:
         env.fleet("models", "train", MODEL, "1.0.0", "--preset", "test")
         env.fleet("models", "train", MODEL, "1.1.0", "--preset", "test", "--seed", "11", "--fault-token-ms", "40")
+        env.fleet("models", "quantize", MODEL, "1.0.0", "1.2.0")
         env.fleet("route", "set", MODEL, "--stable", "1.0.0", "-r", "first")
         keys = {name: env.fleet_json("tenants", "create", name, "--model", model)["api_key"]
-                for name, model in [("apps", MODEL), ("pinned", MODEL), ("outsider", "demo-classifier")]}  # fmt: skip
+                for name, model in [("apps", MODEL), ("pinned", MODEL), ("int8", MODEL), ("outsider", "demo-classifier")]}  # fmt: skip
         env.fleet("route", "pin", MODEL, "pinned", "1.1.0", "-r", "the slow version, for the cancel test")
-        urls = {v: env.fleet_json("deploy", MODEL, v)["endpoints"][0] for v in ("1.0.0", "1.1.0")}
+        env.fleet("route", "pin", MODEL, "int8", "1.2.0", "-r", "the quantized version")
+        urls = {v: env.fleet_json("deploy", MODEL, v)["endpoints"][0] for v in ("1.0.0", "1.1.0", "1.2.0")}
         url = env.start_gateway()
         yield {"env": env, "url": url, "keys": keys, "replicas": urls}
     finally:
@@ -75,6 +77,13 @@ def test_chat_whole_and_streamed_with_usage(fleet: dict) -> None:
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_a_quantized_version_serves_int8_weights_through_the_same_api(fleet: dict) -> None:
+    meta = httpx.post(fleet["replicas"]["1.2.0"] + "/metadata", json={}, timeout=10).json()
+    assert meta["quantization"] == {"library": "torchao", "method": "int8-weight-only"}
+    done = client(fleet, "int8").completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, extra_body={"min_tokens": 6})
+    assert done.system_fingerprint == f"{MODEL}:1.2.0" and done.usage.completion_tokens == 6
 
 
 def test_oip_generate_and_generate_stream(fleet: dict) -> None:

@@ -240,3 +240,22 @@ def test_fleet_models_distill_registers_a_student_and_refuses_a_family_without_d
     refused = subprocess.run([FLEET, "models", "distill", "demo-classifier", "1.0.0", "1.0.1"], env=env.env,
                              capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
     assert refused.returncode != 0 and "has no distillation" in refused.stderr
+
+
+def test_a_quantized_version_keeps_the_parents_files_names_its_lineage_and_measures_itself(trained, tmp_path: Path) -> None:
+    from bentos.tiny_lm.train import QUANTIZATION, quantize_and_register
+
+    out, meta, _ = trained
+    store = open_store(f"file://{tmp_path / 'store'}")
+    parent = Registry(store).register("tiny-lm-test", "1.0.0", out, meta)
+    q = quantize_and_register(store, "tiny-lm-test", "1.0.0", "1.0.0-int8", log=lambda _: None)
+    assert q.parent_version == "1.0.0" and q.hyperparameters["lineage"]["method"] == "quantize"
+    assert q.hyperparameters["lineage"]["settings"] == {"library": "torchao", "method": "int8-weight-only"}
+    assert {k: v for k, v in q.files.items() if k != QUANTIZATION} == parent.files  # the same weights, quantized at load
+    assert q.metrics["weight_mib"] < 0.5 * q.metrics["parent_weight_mib"]
+    assert abs(q.metrics["exact_match"] - meta.metrics["exact_match"]) <= 0.1 and q.metrics["parent_exact_match"] == meta.metrics["exact_match"]
+    with pytest.raises(ValueError, match="quantized already"):
+        quantize_and_register(store, "tiny-lm-test", "1.0.0-int8", "1.0.0-int8-int8", log=lambda _: None)
+    with pytest.raises(ValueError, match="expected one of int8-weight-only"):
+        quantize_and_register(store, "tiny-lm-test", "1.0.0", "x", "int4", log=lambda _: None)
+    assert set(Registry(store).versions("tiny-lm-test")) == {"1.0.0", "1.0.0-int8"}

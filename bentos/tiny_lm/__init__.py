@@ -8,4 +8,4 @@ and the files the Bento carries (training code stays out of it). ``data.py``,
 SERVICE = "service:TextGenerator"
 BENTO_FILES = ("service.py", "engine.py", "scheduler.py")
 # installed in the Bento beside torch and numpy, at the versions this environment runs
-PACKAGES = ("transformers", "tokenizers", "safetensors")
+PACKAGES = ("transformers", "tokenizers", "safetensors", "torchao")

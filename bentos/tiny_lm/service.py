@@ -46,6 +46,7 @@ REMEDY = (f"expected the files of {BUILD['model']}:{BUILD['version']} as registe
           f"`fleet package {BUILD['model']} {BUILD['version']} --force` imports them again from the registry")  # fmt: skip
 GENERATION = {"max_running": 32, "kv_budget_tokens": 8192, "max_waiting": 256, "max_prefill_tokens": 2048,
               "max_tokens": 256, **BUILD.get("generation", {})}  # fmt: skip
+QUANTIZATION = "fleet_quantization.json"  # {"library": "torchao", "method": "int8-weight-only"}
 FAULTS = "fleet_faults.json"  # {"first_token_ms", "token_ms"}: a rehearsal's slow version
 MAX_STOP, MAX_STOP_CHARS, MAX_PROMPT_CHARS, MAX_MESSAGES = 4, 64, 32_768, 64
 
@@ -84,6 +85,15 @@ class TextGenerator:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         tokenizer = AutoTokenizer.from_pretrained(self.model_ref.path)
         model = AutoModelForCausalLM.from_pretrained(self.model_ref.path, dtype=torch.float32).to(device)
+        quantization = Path(self.model_ref.path) / QUANTIZATION
+        self.quantization = json.loads(quantization.read_text()) if quantization.exists() else None
+        if self.quantization is not None:  # fleet models quantize: int8 weights in memory, by torchao
+            from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+            if self.quantization.get("method") != "int8-weight-only":
+                raise RuntimeError(f"{QUANTIZATION} asks for {self.quantization.get('method')!r}; this service "
+                                   "knows int8-weight-only")  # fmt: skip
+            quantize_(model, Int8WeightOnlyConfig())
         self.device = device
         # faults built into a version on purpose (fleet models train --fault-*), to rehearse a rollback
         faults_file = Path(self.model_ref.path) / FAULTS
@@ -183,4 +193,4 @@ class TextGenerator:
     @bentoml.api
     def metadata(self) -> dict:
         return {k: BUILD[k] for k in ("model", "version", "artifact_sha256")} | {
-            "device": self.device, "generation": GENERATION, "faults": self.faults}
+            "device": self.device, "generation": GENERATION, "faults": self.faults, "quantization": self.quantization}

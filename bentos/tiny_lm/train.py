@@ -353,6 +353,75 @@ def train_and_register(
         return Registry(store).register(model, version, Path(tmp) / "artifact", meta)
 
 
+QUANTIZATION = "fleet_quantization.json"  # read by service.py: quantize the weights when they load
+QUANT_METHODS = ("int8-weight-only",)
+
+
+def quantize_model(model: Any, method: str) -> Any:  # noqa: ANN401 - a transformers model
+    """``model`` with its linear layers' weights quantized in place by torchao."""
+    if method not in QUANT_METHODS:
+        raise ValueError(f"quantization {method!r} is not known; expected one of {', '.join(QUANT_METHODS)}")
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    quantize_(model, Int8WeightOnlyConfig())
+    return model
+
+
+def weight_bytes(model: Any) -> int:  # noqa: ANN401
+    """Bytes the weights hold in memory (an int8 tensor counts its int8 data and its scales)."""
+    total = 0
+    for p in model.parameters():
+        inner = [getattr(p, n) for n in ("qdata", "scale", "zero_point") if isinstance(getattr(p, n, None), torch.Tensor)]
+        total += sum(t.numel() * t.element_size() for t in inner) if inner else p.numel() * p.element_size()
+    return total
+
+
+def quantize_and_register(
+    store: ObjectStore, model: str, parent_version: str, version: str, method: str = "int8-weight-only", *,
+    log: Log = _stderr,
+) -> ModelVersion:  # fmt: skip
+    """``model:parent_version``'s weights, quantized when they load (``fleet_quantization.json``
+    beside them, which the service reads), registered as ``version`` with its lineage and its
+    quality and weight memory measured on the parent's holdout."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if method not in QUANT_METHODS:
+        raise ValueError(f"quantization {method!r} is not known; expected one of {', '.join(QUANT_METHODS)}")
+    registry = Registry(store)
+    parent = registry.get(model, parent_version)
+    if (parent.hyperparameters.get("lineage") or {}).get("method") == "quantize":
+        raise ValueError(f"{parent.ref} is quantized already; expected a full-precision parent")
+    hyper = parent.hyperparameters
+    letters = tuple(hyper.get("letters", data.LETTERS))
+    holdout = data.examples(int(hyper.get("holdout_examples", 500)), int(hyper.get("seed", 7)),
+                            tuple(str(hyper.get("task", "reverse")).split(",")), split="holdout", letters=letters)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="fleet-quantize-") as tmp:
+        folder = registry.fetch(model, parent_version, Path(tmp) / "artifact")
+        settings = {"library": "torchao", "method": method}
+        (folder / QUANTIZATION).write_text(json.dumps(settings))
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        with quiet():
+            full = AutoModelForCausalLM.from_pretrained(folder).eval()
+            quantized = quantize_model(AutoModelForCausalLM.from_pretrained(folder).eval(), method)
+        prompts, answers = zip(*holdout, strict=True)
+        exact = data.exact_match(generate(quantized, tokenizer, prompts, max(len(a) for a in answers) + 2), answers)
+        before, after = weight_bytes(full), weight_bytes(quantized)
+        log(f"{method}: exact match {exact:.3f} (parent {parent.metrics.get('exact_match', float('nan')):.3f}), "
+            f"weights {before / 2**20:.2f} → {after / 2**20:.2f} MiB")  # fmt: skip
+        metrics = {**{k: v for k, v in parent.metrics.items() if k in ("params_millions",)},
+                   "exact_match": exact, "holdout_examples": float(len(holdout)), "weight_mib": after / 2**20,
+                   "parent_weight_mib": before / 2**20, "parent_exact_match": parent.metrics.get("exact_match", exact)}  # fmt: skip
+        meta = VersionMetadata(
+            framework=parent.framework, inputs=parent.inputs, outputs=parent.outputs,
+            hyperparameters={**hyper, "lineage": {"method": "quantize", "parent": parent.ref, "settings": settings}},
+            training_data=parent.training_data, metrics=metrics, baseline_profile=parent.baseline_profile,
+            parent_version=parent_version, description=f"{parent.description}; {method} (torchao) of {parent.ref}",
+        )  # fmt: skip
+        return registry.register(model, version, folder, meta)
+
+
 def distill_and_register(
     store: ObjectStore, model: str, teacher_version: str, version: str, config: TrainConfig | None = None, *,
     log: Log = _stderr,

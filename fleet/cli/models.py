@@ -178,6 +178,40 @@ def train(
 
 
 @app.command()
+def quantize(
+    model: str,
+    parent: Annotated[str, typer.Argument(help="The full-precision version to quantize.")],
+    version: Annotated[str, typer.Argument(help="The new, quantized version.")],
+    method: Annotated[str, typer.Option(help="int8-weight-only (torchao): weights in int8, computed in float.")] = "int8-weight-only",
+    policies: Annotated[Path, typer.Option("--policies", envvar="FLEET_POLICIES", help="Policy folder or file (names the model's family).")] = Path("policies"),
+    json: JsonFlag = False,
+) -> None:
+    """Register VERSION of MODEL: PARENT's weights quantized when they load, with its lineage.
+
+    Its exact match and weight memory are measured on the parent's holdout and stored in its
+    manifest beside the parent's; it rolls out like any version (fleet rollout start), so
+    canary analysis judges it on live traffic too.
+    """
+    from fleet.runtime.bento import family_module
+    from fleet.spec import load_policies
+
+    family_name = load_policies(policies).model(model).family
+    trainer = importlib.import_module(f"{family_module(family_name).__name__}.train")
+    if not hasattr(trainer, "quantize_and_register"):
+        raise InvalidInput(f"{model}'s family {family_name} has no weight quantization here; expected a generative "
+                           "family (tiny-lm) — a tabular-mlp version is quantized when packaged (fleet package --int8)")  # fmt: skip
+    if method not in trainer.QUANT_METHODS:
+        raise InvalidInput(f"method {method!r} is not one of {', '.join(trainer.QUANT_METHODS)}")
+    with err_console.status(f"quantizing {model}:{parent} into {model}:{version} ..."):
+        mv = trainer.quantize_and_register(registry().store, model, parent, version, method)
+    if json:
+        emit_json(mv)
+    else:
+        console.print(f"registered [bold]{mv.ref}[/] ({method} of {model}:{parent}): "
+                      + ", ".join(f"{k}={v:.4g}" for k, v in mv.metrics.items()))
+
+
+@app.command()
 def distill(
     model: str,
     teacher: Annotated[str, typer.Argument(help="The version to learn from (its verified artifact).")],
