@@ -53,7 +53,17 @@ from fleet.gateway.pipeline import Call, Pipeline
 from fleet.gateway.protocol import MalformedBody
 from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.telemetry import Telemetry
-from fleet.gateway.upstream import CONNECT_TIMEOUT_S, IDLE_CLOSE_S, NoReplica, Pool, Rejected, Replica, UpstreamError, Upstreams, UpstreamTimeout
+from fleet.gateway.upstream import (
+    CONNECT_TIMEOUT_S,
+    IDLE_CLOSE_S,
+    NoReplica,
+    Pool,
+    Rejected,
+    Replica,
+    UpstreamError,
+    Upstreams,
+    UpstreamTimeout,
+)
 from fleet.routing import choose_version
 from fleet.spec import Generation as GenerationSpec
 from fleet.usage import UsageMeter
@@ -130,6 +140,10 @@ class Stream:
     charged: int = 0
     seen: int = 0  # tokens the last event counted (prompt and completion)
 
+    @property
+    def ref(self) -> str:
+        return f"{self.model}:{self.version}"
+
     def _spend(self, event: dict[str, Any], *, final: bool = False) -> None:
         """Charge the tenant's token quota as the answer streams: every ``CHARGE_EVERY``
         tokens (prompt and completion so far), and what is left at the end."""
@@ -155,13 +169,13 @@ class Stream:
                     async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
                         event = await anext(self.opened.events)
                 except StopAsyncIteration:
-                    raise self._failed(UpstreamError(f"{self.model}:{self.version} ended its stream before it finished", "5xx")) from None
+                    raise self._failed(UpstreamError(f"{self.ref} ended its stream before it finished", "5xx")) from None
                 except TimeoutError:
-                    raise self._failed(UpstreamTimeout(f"{self.model}:{self.version} did not finish within the request's timeout")) from None
+                    raise self._failed(UpstreamTimeout(f"{self.ref} did not finish within the request's timeout")) from None
                 except UpstreamError as exc:
                     raise self._failed(exc) from None
                 except httpx.HTTPError as exc:
-                    raise self._failed(UpstreamError(f"{self.model}:{self.version} broke off: {type(exc).__name__}", "5xx")) from None
+                    raise self._failed(UpstreamError(f"{self.ref} broke off: {type(exc).__name__}", "5xx")) from None
         finally:
             if self.seen > self.charged:  # a caller that left pays for what was made for it
                 self.charge(self.seen - self.charged)
@@ -181,9 +195,9 @@ class Stream:
         self.final = final
         reason = final.get("finish_reason")
         if reason == "error":
-            raise self._failed(UpstreamError(f"{self.model}:{self.version} failed: {str(final.get('error'))[:200]}", "5xx"))
+            raise self._failed(UpstreamError(f"{self.ref} failed: {str(final.get('error'))[:200]}", "5xx"))
         if reason == "timeout":
-            raise self._failed(UpstreamTimeout(f"{self.model}:{self.version} did not finish within the request's timeout"))
+            raise self._failed(UpstreamTimeout(f"{self.ref} did not finish within the request's timeout"))
         now = time.monotonic()
         completion = _count(final, "completion_tokens")
         tpot_ms = (now - self.first_at) * 1e3 / (completion - 1) if completion > 1 else None
