@@ -49,12 +49,15 @@ def pair(tmp_path: Path, redis_server: RedisServer):
         env.stop()
 
 
-async def _flood(urls: list[str], key: str, rate: float, seconds: float) -> tuple[int, int, float]:
+async def _flood(urls: list[str], key: str, rate: float, seconds: float, *,
+                 new_connections: bool = False) -> tuple[int, int, float]:  # fmt: skip
     """Send ``rate`` requests/s for ``seconds``, alternating between ``urls``, each request on
     its own task (an open loop: the rate does not depend on the answers). Returns (answered
-    200, answered 429, the seconds from the first send to the last)."""
+    200, answered 429, the seconds from the first send to the last). ``new_connections``:
+    every request on a connection of its own (none kept alive), whatever the answers' timing."""
     codes: list[int] = []
-    clients = [httpx.AsyncClient(base_url=u, timeout=10) for u in urls]
+    limits = httpx.Limits(max_keepalive_connections=0) if new_connections else httpx.Limits()
+    clients = [httpx.AsyncClient(base_url=u, timeout=10, limits=limits) for u in urls]
 
     async def one(i: int) -> None:
         r = await clients[i % len(clients)].post(f"/v2/models/{MODEL}/infer", json=BODY,
