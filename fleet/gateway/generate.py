@@ -71,6 +71,7 @@ from fleet.usage import UsageMeter
 MAX_BODY_BYTES = 256 * 1024  # a generation request: a prompt of at most 32 k characters and its settings
 MAX_EVENT_BYTES = 64 * 1024  # one event from a model service; a longer one is a broken answer
 STREAM_PATH = "/generate_stream"
+DRAIN_S = 0.5  # how long the end of a stream is waited for after its final event
 CHARGE_EVERY = 16  # tokens charged to a tenant's token quota at a time while an answer streams
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # and nginx in front must not buffer
 
@@ -162,6 +163,7 @@ class Stream:
                     self._spend(event, final=True)
                     self._ended(event)  # raises for a generation that failed
                     yield event
+                    await self._drain()
                     return
                 self._spend(event)
                 yield event
@@ -181,6 +183,15 @@ class Stream:
                 self.charge(self.seen - self.charged)
                 self.charged = self.seen
             await self.opened.close()
+
+    async def _drain(self) -> None:
+        """Read the replica's stream to its end after the final event, so its connection goes
+        back to the pool: closed before the end, it is dropped, and every generation would pay
+        for a new connection. A replica that sends on is not waited for."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(DRAIN_S):
+                async for _ in self.opened.events:
+                    break  # nothing may follow the final event: closing drops this connection
 
     async def collect(self) -> tuple[str, dict[str, Any]]:
         parts = [e.get("text", "") async for e in self.events()]

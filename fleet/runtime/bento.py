@@ -11,6 +11,7 @@ BentoML keeps its stores under ``$BENTOML_HOME`` (default ``./.fleet/bentoml``).
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -37,6 +38,7 @@ PINNED = ("torch", "numpy")
 SHARED_FILES = ("integrity.py",)
 # On Bentos whose service checks its model files at load; one built before that is rebuilt.
 INTEGRITY_LABEL = ("integrity", "sha256-at-load")
+BUILD_LABEL = "build-sha256"  # of fleet_build.json: a changed policy rebuilds the Bento
 
 
 class PackagingError(FleetError):
@@ -105,6 +107,10 @@ def package(
     import bentoml
 
     mv = registry.get(model, version)
+    build = _build_config(mv, spec, f"{model}:{bento_version(version, False)}", quantize, batchable)
+    # what the service reads at import (resources, traffic, batching, generation): a Bento built
+    # from another policy is not this one, even from the same artifact
+    build_sha = hashlib.sha256(json.dumps(build, sort_keys=True).encode()).hexdigest()
     tag_version = bento_version(version, quantize) + ("" if batchable else "-nobatch")
     bento_tag = f"{model}:{tag_version}"
     model_tag = f"{model}:{bento_version(version, False)}"
@@ -113,7 +119,8 @@ def package(
         held_labels = bentoml.bentos.get(bento_tag).info.labels
         built_from = held_labels.get("artifact-sha256")
         checks = held_labels.get(INTEGRITY_LABEL[0]) == INTEGRITY_LABEL[1]
-        if not force and built_from == mv.artifact_sha256 and checks:
+        same_policy = held_labels.get(BUILD_LABEL) == build_sha
+        if not force and built_from == mv.artifact_sha256 and checks and same_policy:
             log(f"Bento {bento_tag} already built")
             return Packaged(bento_tag, model_tag, mv.artifact_sha256, built=False)
         if built_from != mv.artifact_sha256:
@@ -121,6 +128,8 @@ def package(
                 f"(another store using this BentoML home?): rebuilding it from the registry")  # fmt: skip
         elif not checks:
             log(f"Bento {bento_tag} predates the check of its model files at load: rebuilding it")
+        elif not same_policy:
+            log(f"Bento {bento_tag} was built from another policy (its fleet_build.json differs): rebuilding it")
         bentoml.bentos.delete(bento_tag)
 
     log(f"verifying and caching the artifact of {mv.ref}")
@@ -135,14 +144,15 @@ def package(
             shutil.copy(Path(family.__file__).with_name(name), Path(ctx) / name)
         for name in SHARED_FILES:
             shutil.copy(shared / name, Path(ctx) / name)
-        (Path(ctx) / "fleet_build.json").write_text(json.dumps(_build_config(mv, spec, model_tag, quantize, batchable), indent=2))
+        (Path(ctx) / "fleet_build.json").write_text(json.dumps(build, indent=2))
         log(f"building Bento {bento_tag}")
         try:
             bento = bentoml.bentos.build(
                 family.SERVICE,
                 name=model,
                 version=tag_version,
-                labels={**labels, "quantize": "int8" if quantize else "none", INTEGRITY_LABEL[0]: INTEGRITY_LABEL[1]},
+                labels={**labels, "quantize": "int8" if quantize else "none", INTEGRITY_LABEL[0]: INTEGRITY_LABEL[1],
+                        BUILD_LABEL: build_sha},
                 include=[*family.BENTO_FILES, *SHARED_FILES, "fleet_build.json"],
                 python={"packages": [f"{p}=={installed(p).split('+')[0]}" for p in (*PINNED, *getattr(family, "PACKAGES", ()))],
                         "lock_packages": False},
