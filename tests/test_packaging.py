@@ -49,6 +49,13 @@ def test_a_bento_of_another_artifact_under_the_same_tag_is_rebuilt(tmp_path: Pat
     assert rebuilt.built and bentoml.bentos.get(rebuilt.bento).info.labels["artifact-sha256"] == b.artifact_sha256
     assert any("rebuilding it from the registry" in line for line in lines)
     assert bentoml.models.get(f"{model}:1.0.0").info.labels["artifact-sha256"] == b.artifact_sha256
+    # the same artifact under another policy is another build: fleet_build.json is what the service reads
+    changed = spec.model_copy(update={"concurrency": spec.concurrency + 1})
+    lines.clear()
+    again = package(Registry(second), model, "1.0.0", changed, ArtifactCache(tmp_path / "cache"), log=lines.append)
+    assert again.built and any("built from another policy" in line for line in lines)
+    assert json.loads((Path(bentoml.bentos.get(again.bento).path) / "src" / "fleet_build.json").read_text())["traffic"]["concurrency"] == changed.concurrency
+    assert not package(Registry(second), model, "1.0.0", changed, ArtifactCache(tmp_path / "cache")).built
 
 
 def test_a_changed_byte_in_the_model_store_stops_the_service_before_it_is_ready(tmp_path: Path) -> None:
