@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fleet.gateway import genproto
-from fleet.gateway.protocol import MalformedBody
+from fleet.gateway.protocol import MalformedBody, parse_json
 
 
 def test_a_completion_as_the_openai_client_sends_it() -> None:
@@ -68,7 +68,7 @@ def test_oip_generate_takes_parameters_and_keeps_routing_controls_apart() -> Non
     with pytest.raises(MalformedBody, match="text_input is missing"):
         genproto.oip({"parameters": {}}, "m", None, 64, False)
     with pytest.raises(MalformedBody, match="expected a JSON object"):
-        genproto.loads(b"[1]")
+        parse_json(b"[1]")
 
 
 def events(raw: bytes) -> list[object]:

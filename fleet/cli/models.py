@@ -115,6 +115,15 @@ def fetch(
         console.print(f"fetched {model}:{version} into {path} ({len(mv.files)} files, checksums verified)")
 
 
+def _trainer(model: str, policies: Path):  # noqa: ANN202 - (family name, its train module)
+    """MODEL's family (from the policies) and the family's ``train`` module."""
+    from fleet.runtime.bento import family_module
+    from fleet.spec import load_policies
+
+    family_name = load_policies(policies).model(model).family
+    return family_name, importlib.import_module(f"{family_module(family_name).__name__}.train")
+
+
 @app.command()
 def train(
     model: str,
@@ -150,12 +159,7 @@ def train(
     """
     import dataclasses
 
-    from fleet.runtime.bento import family_module
-    from fleet.spec import load_policies
-
-    family_name = load_policies(policies).model(model).family
-    family = family_module(family_name)
-    trainer = importlib.import_module(f"{family.__name__}.train")
+    family_name, trainer = _trainer(model, policies)
     given = {k: v for k, v in {"seed": seed, "rows": rows, "epochs": epochs, "steps": steps, "label_threshold": label_threshold,
                                "fault_error_rate": fault_error_rate, "fault_latency_ms": fault_latency_ms,
                                "fault_first_token_ms": fault_first_token_ms, "fault_token_ms": fault_token_ms}.items()
@@ -192,11 +196,7 @@ def quantize(
     manifest beside the parent's; it rolls out like any version (fleet rollout start), so
     canary analysis judges it on live traffic too.
     """
-    from fleet.runtime.bento import family_module
-    from fleet.spec import load_policies
-
-    family_name = load_policies(policies).model(model).family
-    trainer = importlib.import_module(f"{family_module(family_name).__name__}.train")
+    family_name, trainer = _trainer(model, policies)
     if not hasattr(trainer, "quantize_and_register"):
         raise InvalidInput(f"{model}'s family {family_name} has no weight quantization here; expected a generative "
                            "family (tiny-lm) — a tabular-mlp version is quantized when packaged (fleet package --int8)")  # fmt: skip
@@ -229,11 +229,7 @@ def distill(
     """
     import dataclasses
 
-    from fleet.runtime.bento import family_module
-    from fleet.spec import load_policies
-
-    family_name = load_policies(policies).model(model).family
-    trainer = importlib.import_module(f"{family_module(family_name).__name__}.train")
+    family_name, trainer = _trainer(model, policies)
     if not hasattr(trainer, "distill_and_register"):
         raise InvalidInput(f"{model}'s family {family_name} has no distillation; expected a generative family (tiny-lm)")
     if preset not in trainer.PRESETS:

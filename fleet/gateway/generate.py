@@ -50,7 +50,7 @@ from fleet.gateway import genproto
 from fleet.gateway.admin import json_response
 from fleet.gateway.dispatch import fallback
 from fleet.gateway.pipeline import Call, Pipeline
-from fleet.gateway.protocol import MalformedBody
+from fleet.gateway.protocol import MalformedBody, parse_json
 from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import (
@@ -256,7 +256,7 @@ class Generation:
         call = Call(model="", requested=None, headers=request.headers, state=request.scope["state"])
         call.state["model"] = "unknown"
         self.pipeline.authenticate(call)  # before a byte of the body is read
-        body = genproto.loads(await self._read(request, call))
+        body = parse_json(await self._read(request, call))
         call.model, call.requested = genproto.model_name(body)
         self.pipeline.entitle(call)
         gen = self._generation(call)
@@ -271,7 +271,7 @@ class Generation:
         await self.pipeline.admit(self.pipeline.begin(call))  # all before the body, as for tensors
         await self.pipeline.quotas.check_tokens(call.tenant)  # type: ignore[arg-type]
         gen = self._generation(call)
-        req = genproto.oip(genproto.loads(await self._read(request, call)), call.model, call.requested, gen.max_tokens, stream)
+        req = genproto.oip(parse_json(await self._read(request, call)), call.model, call.requested, gen.max_tokens, stream)
         return await self._serve(call, req, gen, "oip")
 
     async def _read(self, request: Request, call: Call) -> bytes:

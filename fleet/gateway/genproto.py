@@ -57,16 +57,6 @@ class GenRequest:
         return sum(len(c) for _, c in self.messages or ())
 
 
-def loads(body: bytes) -> dict[str, Any]:
-    try:
-        value = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedBody(f"body is not valid JSON ({exc}); expected a JSON object") from None
-    if not isinstance(value, dict):
-        raise MalformedBody(f"body is a JSON {type(value).__name__}; expected a JSON object")
-    return value
-
-
 def model_name(body: dict[str, Any]) -> tuple[str, str | None]:
     """(model, version or None) from OpenAI's ``model``: ``name`` or ``name:version``."""
     raw = body.get("model")
