@@ -91,6 +91,11 @@ def test_a_quota_refuses_inf_and_nan(rps: float) -> None:
         make_quota(rps, 5)
     with pytest.raises(InvalidInput, match="burst 0 is not valid; expected a whole number >= 1"):
         make_quota(5, 0)
+    for tokens in (0, -5):
+        with pytest.raises(InvalidInput, match=f"tokens per minute {tokens} is not valid; expected a whole number >= 1"):
+            make_quota(5, 5, tokens_per_minute=tokens)
+    with pytest.raises(ValidationError):
+        Quota(rps=5, burst=5, tokens_per_minute=0)
 
 
 def fleet(store_url: str, *args: str) -> subprocess.CompletedProcess[str]:
