@@ -32,6 +32,8 @@ class Load:
 
     ``version``: ask for that version by name instead of letting the split choose. ``seed``
     offsets each thread's inputs, so two loads at once do not answer each other from the cache.
+    ``model``: a generative model is asked for completions (``/v1/completions``, a
+    ``reverse <word>>`` prompt, ``max_tokens`` of them) instead of tensors.
     """
 
     url: str
@@ -40,6 +42,9 @@ class Load:
     threads: int = 4
     version: str | None = None
     seed: int = 0
+    model: str = MODEL
+    generative: bool = False
+    max_tokens: int = 6
     ok: int = 0
     failures: list[str] = field(default_factory=list)
     by_version: dict[str, int] = field(default_factory=dict)
@@ -55,13 +60,20 @@ class Load:
 
     def _run(self, worker: int) -> None:
         rng = np.random.default_rng(self.seed + worker)
-        path = f"/v2/models/{MODEL}" + (f"/versions/{self.version}" if self.version else "") + "/infer"
+        path = f"/v2/models/{self.model}" + (f"/versions/{self.version}" if self.version else "") + "/infer"
+        if self.generative:
+            path = "/v1/completions"
         with httpx.Client(base_url=self.url, timeout=30) as client:
             i = 0
             while not self._stop.is_set():
                 started = time.monotonic()
-                data = rng.normal(size=4).round(3).tolist()
-                body = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": data}]}
+                if self.generative:
+                    word = "".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), size=int(rng.integers(3, 5))))
+                    body = {"model": self.model + (f":{self.version}" if self.version else ""),
+                            "prompt": f"reverse {word}>", "max_tokens": self.max_tokens}  # fmt: skip
+                else:
+                    data = rng.normal(size=4).round(3).tolist()
+                    body = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": data}]}
                 try:
                     r = client.post(path, json=body, headers={
                         "Authorization": f"Bearer {self.key}", "X-Fleet-Routing-Key": f"user-{worker}-{i}"})  # fmt: skip
