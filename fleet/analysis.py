@@ -158,6 +158,8 @@ def judge(
         results.append(_predictions(_histogram(stable, "output_tokens"), _histogram(canary, "output_tokens"), n,
                                     gates_policy.max_output_length_psi, alpha, gate="output_length",
                                     field="output_tokens", what="output lengths"))  # fmt: skip
+    if gates_policy.max_exact_match_drop is not None and phase != "shadow":
+        results.append(_exact_match(stable, canary, gates_policy.min_labels, gates_policy.max_exact_match_drop, alpha))
     if phase == "shadow" and gates_policy.min_shadow_agreement is not None:
         results.append(_shadow(canary, n, gates_policy.min_shadow_agreement, alpha))
     at, deadline = canary.end, step_started + policy.hold_deadline_s
@@ -287,6 +289,25 @@ def _predictions(stable: ArmWindow, canary: ArmWindow, n: int, max_psi: float, a
                           f"{reading}, above the limit at {1 - alpha:.0%} (p={p:.2g})", p)  # fmt: skip
     why = "within the limit" if value <= max_psi else f"not significantly above it (p={p:.2g})"
     return GateResult(gate, "pass", value, max_psi, "psi", f"{reading}: {why}", p)
+
+
+def _exact_match(stable: ArmWindow, canary: ArmWindow, n: int, margin: float, alpha: float) -> GateResult:
+    """Exact-match feedback: the canary's share of mismatched answers against the stable's, by
+    the error-rate gate's non-inferiority test. Labels arrive when callers send them, if ever:
+    too few is a pass that says so (it never holds a step), and a canary not shown worse
+    passes; only one significantly worse than the margin breaches."""
+    xc, nc, xs, ns = canary.labelled - canary.matched, canary.labelled, stable.labelled - stable.matched, stable.labelled
+    if nc < n or ns < n:
+        return GateResult("exact_match", "pass", None, margin, "pp",
+                          f"not judged: {nc} canary and {ns} stable labels, min_labels {n} per arm")  # fmt: skip
+    drop = (ns - xs) / ns - (nc - xc) / nc  # of the match rate, canary below stable
+    p_worse, p_within, _ = _error_test(xc, nc, xs, ns, margin)
+    rates = (f"exact match canary {nc - xc}/{nc} = {_pct((nc - xc) / nc)}, stable {ns - xs}/{ns} = "
+             f"{_pct((ns - xs) / ns)}: a drop of {_pp(drop)} vs allowed {_pp(margin)}")  # fmt: skip
+    if p_worse < alpha:
+        return GateResult("exact_match", "breach", drop, margin, "pp",
+                          f"{rates}, beyond the margin at {1 - alpha:.0%} (p={p_worse:.2g})", p_worse)  # fmt: skip
+    return GateResult("exact_match", "pass", drop, margin, "pp", f"{rates}, not shown beyond it (p={p_worse:.2g})", p_within)
 
 
 def _shadow(shadow: ArmWindow, n: int, minimum: float, alpha: float) -> GateResult:

@@ -130,6 +130,9 @@ class Cache(_Spec):
 
 class InferenceLog(_Spec):
     sample_rate: Fraction = 0.1  # fraction of requests whose inputs/outputs are logged
+    # generative models: a sampled generation's prompt and output texts are logged too (lengths
+    # always are); off by default, since prompts may hold what a tenant would not have stored
+    texts: bool = False
 
 
 class Generation(_Spec):
@@ -232,6 +235,11 @@ class Gates(_Spec):
     # generative models (the latency gate is then on the time to first token); None: no gate
     max_tpot_p99_ratio: float | None = Field(None, ge=1.0)  # canary / baseline p99 time per output token
     max_output_length_psi: float | None = Field(None, gt=0.0)  # drift of the canary's output lengths
+    # exact-match feedback (POST /v1/feedback with the expected text): the canary's match rate may
+    # fall at most this far below the stable's. Judged once both arms have min_labels labels;
+    # until then (or when no labels come) it neither holds nor fails a step.
+    max_exact_match_drop: float | None = Field(None, ge=0.0, le=1.0)
+    min_labels: int = Field(30, ge=1)
 
 
 class RolloutPolicy(_Spec):

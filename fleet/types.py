@@ -179,6 +179,9 @@ class ArmWindow:
     # generations only (empty for tensor traffic); ``latency_ms`` is then the time to first token
     tpot_ms: tuple[int, ...] = ()  # time per output token after the first, per LATENCY_BUCKETS_MS bucket
     output_tokens: tuple[int, ...] = ()  # completion lengths per OUTPUT_TOKEN_BUCKETS bucket
+    # exact-match feedback on generations, counted when the label arrives, for the version that answered
+    labelled: int = 0
+    matched: int = 0
 
     @property
     def error_count(self) -> int:

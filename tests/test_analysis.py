@@ -428,3 +428,50 @@ def test_tensor_policies_have_no_generation_gates_and_a_generation_waits_for_its
     assert "tpot_p99" not in {g.gate for g in judge(stable, canary, policy(), step_started=T0).gates}
     held = judge(stable, dataclasses.replace(canary, tpot_ms=(), output_tokens=()), policy(gates=GEN), step_started=T0)
     assert held.outcome == "hold" and {g.gate: g.status for g in held.gates}["tpot_p99"] == "pending"
+
+
+# -- exact-match feedback on generations: labels arrive when callers send them, if ever
+EXACT = {**GEN, "max_exact_match_drop": 0.05, "min_labels": 30}
+
+
+def labelled_ticks(stable_rate: float, canary_rate: float, labels_per_tick: int, ticks: int = 12) -> list[Verdict]:
+    """Good generations on both arms; each tick ``labels_per_tick`` labels per arm, matching at these rates."""
+    rng, m, p, out = np.random.default_rng(9), MemoryMetrics(), policy(gates=EXACT), []
+    for tick in range(ticks):
+        at = T0 + 10 * tick
+        generations(m, STABLE, at, rng, 300)
+        generations(m, CANARY, at, rng, 100)
+        for version, rate in ((STABLE, stable_rate), (CANARY, canary_rate)):
+            matched = int(rng.binomial(labels_per_tick, rate))
+            if matched:
+                m.labelled(MODEL, version, at, True, matched)
+            if labels_per_tick - matched:
+                m.labelled(MODEL, version, at, False, labels_per_tick - matched)
+        end = at + 10
+        out.append(judge(m.window(MODEL, STABLE, T0, end), m.window(MODEL, CANARY, T0, end), p, step_started=T0))
+    return out
+
+
+def test_garbage_answers_are_caught_by_exact_match_feedback_while_latency_and_lengths_look_fine() -> None:
+    verdicts = labelled_ticks(stable_rate=0.9, canary_rate=0.3, labels_per_tick=20)
+    first = next(i for i, v in enumerate(verdicts) if v.outcome != "hold")
+    assert verdicts[first].outcome == "rollback" and first <= 2, verdicts[first].summary
+    assert [g.gate for g in verdicts[first].breaches] == ["exact_match"]
+    assert "exact match canary" in verdicts[first].breaches[0].explanation
+
+
+def test_exact_match_never_holds_a_step_without_labels_and_passes_an_equal_canary() -> None:
+    unlabelled = labelled_ticks(0.9, 0.3, labels_per_tick=0)[-1]
+    gate = next(g for g in unlabelled.gates if g.gate == "exact_match")
+    assert unlabelled.outcome == "advance" and gate.status == "pass" and "not judged: 0 canary" in gate.explanation
+    equal = labelled_ticks(0.9, 0.9, labels_per_tick=20)[-1]
+    assert equal.outcome == "advance" and {g.gate: g.status for g in equal.gates}["exact_match"] == "pass"
+    assert "exact_match" not in {g.gate for g in judge(*(labelled_window(v) for v in (STABLE, CANARY)), policy(gates=GEN),
+                                                        step_started=T0).gates}  # no gate unless the policy sets one
+
+
+def labelled_window(version: str):  # noqa: ANN201 - an ArmWindow
+    m = MemoryMetrics()
+    generations(m, version, T0, np.random.default_rng(3), 100)
+    m.labelled(MODEL, version, T0, True, 40)
+    return m.window(MODEL, version, T0, T0 + 10)

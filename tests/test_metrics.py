@@ -113,6 +113,7 @@ PROM_ANSWERS = {
     # a tensor model: no generation series
     "fleet_time_per_output_token_seconds_bucket": "prom_empty.json",
     "fleet_generation_output_tokens_bucket": "prom_empty.json",
+    "fleet_feedback_labels_total": "prom_empty.json",
 }
 
 
@@ -153,13 +154,23 @@ def test_prometheus_window_of_a_generative_version_has_time_per_token_and_output
     w = PrometheusMetrics(server.url).window(MODEL, "1.1.0", END - 60, END)
     assert w.tpot_ms == w.latency_ms  # the same bucket layout, read the same way
     assert w.output_tokens == (0, 0, 5, 15, 40, 30, 10, 0, 0, 0, 0, 0, 0, 0)
+    assert (w.labelled, w.matched) == (0, 0)
+
+
+def test_prometheus_window_counts_exact_match_labels_by_outcome(serve) -> None:
+    body = {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"outcome": "match"}, "value": [END, "40.4"]},
+        {"metric": {"outcome": "mismatch"}, "value": [END, "9.7"]}]}}  # fmt: skip
+    server = serve(prometheus({"fleet_feedback_labels_total": (200, json.dumps(body).encode())}))
+    w = PrometheusMetrics(server.url).window(MODEL, "1.1.0", END - 60, END)
+    assert (w.labelled, w.matched) == (50, 40)  # extrapolated counts rounded, as every other counter
 
 
 def test_prometheus_queries_increase_over_the_window_at_its_end(serve) -> None:
     server = serve(prometheus())
     PrometheusMetrics(server.url + "/").window(MODEL, "1.1.0", END - 59.2, END)
     queries = [q for _, q, _ in server.seen]
-    assert len(queries) == 7
+    assert len(queries) == 8
     assert {q["time"] for q in queries} == {"1764590060.000"}
     for q in queries:  # a 59.2 s window asks for ceil = 60 s, for this model and version only
         assert '{model="demo-classifier",version="1.1.0"' in q["query"] and "[60s]))" in q["query"]

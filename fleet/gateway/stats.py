@@ -28,7 +28,7 @@ from fleet.types import (
 HORIZON_S = 900
 _N_LAT = len(LATENCY_BUCKETS_MS) + 1
 # one slot's layout: requests | errors by class | latency buckets | prediction bins | shadow pairs,
-# agreed | generations: time per output token buckets | output-length buckets
+# agreed | generations: time per output token buckets | output-length buckets | labelled, matched
 _REQ = 0
 _ERR = 1
 _LAT = _ERR + len(ERROR_CLASSES)
@@ -37,7 +37,9 @@ _PAIRS = _PRED + PREDICTION_BINS
 _AGREED = _PAIRS + 1
 _TPOT = _AGREED + 1
 _OUT = _TPOT + _N_LAT
-_WIDTH = _OUT + N_OUTPUT_TOKENS
+_LABELLED = _OUT + N_OUTPUT_TOKENS  # exact-match feedback: labels, and how many matched the answer
+_MATCHED = _LABELLED + 1
+_WIDTH = _MATCHED + 1
 
 
 class _Series:
@@ -85,6 +87,12 @@ class WindowedStats:
             slot[_TPOT + latency_bucket(tpot_ms)] += 1
         slot[_OUT + output_bucket(completion_tokens)] += 1
 
+    def labelled(self, model: str, version: str, matched: bool) -> None:
+        """Exact-match feedback on an answer of ``version``, in the window the label arrived in."""
+        slot = self._slot(model, version)
+        slot[_LABELLED] += 1
+        slot[_MATCHED] += matched
+
     def failed(self, model: str, version: str, error_class: str) -> None:
         slot = self._slot(model, version)
         slot[_REQ] += 1
@@ -117,6 +125,7 @@ class WindowedStats:
                 "predictions": t[_PRED:_PAIRS],
                 "shadow_pairs": t[_PAIRS],
                 "shadow_agreed": t[_AGREED],
-                **({"tpot_ms": t[_TPOT:_OUT], "output_tokens": t[_OUT:_WIDTH]} if any(t[_OUT:_WIDTH]) else {}),
+                **({"tpot_ms": t[_TPOT:_OUT], "output_tokens": t[_OUT:_LABELLED]} if any(t[_OUT:_LABELLED]) else {}),
+                **({"labelled": t[_LABELLED], "matched": t[_MATCHED]} if t[_LABELLED] else {}),
             }
         return float(start_sec), min(now, float(end_sec)), out

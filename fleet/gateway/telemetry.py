@@ -125,6 +125,8 @@ class Telemetry:
                                        ["model", "version"], buckets=(*OUTPUT_TOKEN_BUCKETS, float("inf")), registry=r)  # fmt: skip
         self.tokens = Counter("fleet_generated_tokens", "Generation: tokens by kind (prompt, completion)",
                               ["model", "version", "kind"], registry=r)  # fmt: skip
+        self.labels = Counter("fleet_feedback_labels", "Generation: exact-match feedback labels on a version's answers, "
+                              "by outcome (match, mismatch)", ["model", "version", "outcome"], registry=r)  # fmt: skip
         self._children: dict[tuple[str, str], tuple] = {}
         self._finished: dict[tuple[str, str, str, int], tuple] = {}
 
@@ -164,6 +166,11 @@ class Telemetry:
             self.tpot.labels(model, version).observe(tpot_ms / 1000)
         self.tokens.labels(model, version, "prompt").inc(prompt_tokens)
         self.tokens.labels(model, version, "completion").inc(completion_tokens)
+
+    def labelled(self, model: str, version: str, matched: bool) -> None:
+        """Exact-match feedback on an answer of ``version`` (canary analysis's exact_match gate)."""
+        self.stats.labelled(model, version, matched)
+        self.labels.labels(model, version, "match" if matched else "mismatch").inc()
 
     def failed(self, model: str, version: str, error_class: str) -> None:
         self.stats.failed(model, version, error_class)

@@ -67,6 +67,8 @@ def sum_windows(windows: Iterable[ArmWindow], model: str, version: str, start: f
         shadow_agreed=sum(w.shadow_agreed for w in windows),
         tpot_ms=_add_some([w.tpot_ms for w in windows]),
         output_tokens=_add_some([w.output_tokens for w in windows]),
+        labelled=sum(w.labelled for w in windows),
+        matched=sum(w.matched for w in windows),
     )
 
 

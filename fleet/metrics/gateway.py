@@ -47,11 +47,15 @@ class _VersionStats(BaseModel):
     # generations only: absent from tensor traffic and from gateways before they existed
     tpot_ms: list[NonNegativeInt] = Field(default_factory=list, max_length=N_LATENCY)
     output_tokens: list[NonNegativeInt] = Field(default_factory=list, max_length=N_OUTPUT_TOKENS)
+    labelled: int = Field(0, ge=0)  # exact-match feedback on generations
+    matched: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _whole_histograms(self) -> _VersionStats:
         if self.tpot_ms and len(self.tpot_ms) != N_LATENCY or self.output_tokens and len(self.output_tokens) != N_OUTPUT_TOKENS:
             raise ValueError(f"tpot_ms and output_tokens have {N_LATENCY} and {N_OUTPUT_TOKENS} buckets, or none")
+        if self.matched > self.labelled:
+            raise ValueError(f"matched {self.matched} is above labelled {self.labelled}")
         return self
 
 
@@ -151,5 +155,5 @@ def _arm(stats: _Stats, model: str, version: str) -> ArmWindow:
         model=model, version=version, start=stats.start, end=stats.end, requests=v.requests,
         errors={c: v.errors.get(c, 0) for c in ERROR_CLASSES}, latency_ms=tuple(v.latency_ms),
         predictions=tuple(v.predictions), shadow_pairs=v.shadow_pairs, shadow_agreed=v.shadow_agreed,
-        tpot_ms=tuple(v.tpot_ms), output_tokens=tuple(v.output_tokens),
+        tpot_ms=tuple(v.tpot_ms), output_tokens=tuple(v.output_tokens), labelled=v.labelled, matched=v.matched,
     )  # fmt: skip

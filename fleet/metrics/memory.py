@@ -53,6 +53,11 @@ class MemoryMetrics:
         base = empty_window(model, version, at, at)
         self._add(at, _replace(base, requests=count, errors={**base.errors, error_class: count}))
 
+    def labelled(self, model: str, version: str, at: float, matched: bool, count: int = 1) -> None:
+        """``count`` exact-match labels on answers of ``version``, arrived at ``at``."""
+        base = empty_window(model, version, at, at)
+        self._add(at, _replace(base, labelled=count, matched=count if matched else 0))
+
     def shadow_pair(self, model: str, version: str, at: float, agreed: bool, count: int = 1) -> None:
         base = empty_window(model, version, at, at)
         self._add(at, _replace(base, shadow_pairs=count, shadow_agreed=count if agreed else 0))

@@ -13,7 +13,8 @@ telemetry"), summed over every gateway instance and tenant.
 - generations: the upstream histogram holds their time to first token (as the windowed
   stats' latency does); ``fleet_time_per_output_token_seconds_bucket`` and
   ``fleet_generation_output_tokens_bucket`` give ``tpot_ms`` and ``output_tokens``, empty when
-  the version served no generation.
+  the version served no generation; ``fleet_feedback_labels_total`` by ``outcome`` (match,
+  mismatch) gives ``labelled`` and ``matched``.
 
 ``increase`` extrapolates to the range's edges, so counts come back as floats: they are
 rounded, and bucket differences that extrapolation made negative are clamped to 0. It
@@ -40,6 +41,7 @@ PREDICTIONS = "fleet_predictions_total"
 TPOT = "fleet_time_per_output_token_seconds_bucket"
 OUTPUT_TOKENS = "fleet_generation_output_tokens_bucket"
 SHADOW = "fleet_shadow_requests_total"
+LABELS = "fleet_feedback_labels_total"  # exact-match feedback on generations, by outcome match | mismatch
 _PAIR_OUTCOMES = ',outcome=~"agree|disagree"'  # both answers arrived: what agreement is over
 
 
@@ -67,6 +69,7 @@ class PrometheusMetrics:
             shadow = ask(f"sum by (outcome) ({inc(SHADOW, _PAIR_OUTCOMES)})", "outcome")
             tpot = ask(f"sum by (le) ({inc(TPOT)})", "le")
             lengths = ask(f"sum by (le) ({inc(OUTPUT_TOKENS)})", "le")
+            labels = ask(f"sum by (outcome) ({inc(LABELS)})", "outcome")
         agreed, disagreed = _count(shadow.get("agree", 0.0)), _count(shadow.get("disagree", 0.0))
         return ArmWindow(
             model=model, version=version, start=end - range_s, end=end,
@@ -76,6 +79,8 @@ class PrometheusMetrics:
             shadow_pairs=agreed + disagreed, shadow_agreed=agreed,
             tpot_ms=self._buckets(tpot, metric=TPOT) if tpot else (),
             output_tokens=self._buckets(lengths, OUTPUT_TOKEN_BUCKETS, 1.0, OUTPUT_TOKENS) if lengths else (),
+            labelled=_count(labels.get("match", 0.0)) + _count(labels.get("mismatch", 0.0)),
+            matched=_count(labels.get("match", 0.0)),
         )  # fmt: skip
 
     def _query(self, client: httpx.Client, query: str, at: float, label: str | None) -> dict[str | None, float]:
