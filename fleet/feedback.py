@@ -7,6 +7,11 @@ looked up within its tenant: two tenants sending the same ``X-Request-Id`` have 
 requests, and neither can label, overwrite or learn of the other's. Ids not found come
 back as unknown, never silently dropped. A label must be one of the model's classes.
 
+A generative model's label is the text the answer should have been (exact match): it is
+compared with the logged output's digest, and the file keeps ``version``, ``match`` and the
+label's digest instead of ``label`` — never the text itself. Each comparison is counted for
+the version that answered (canary analysis's ``exact_match`` gate).
+
 ``labelled(store, model, start, end)`` is the inference log of a window with a ``label``
 column where feedback exists: what concept-drift monitoring and retraining read.
 """
@@ -33,8 +38,10 @@ LOOKBACK_H = 24  # how far back a label may point
 MAX_LABELS = 10_000  # labels in one feedback request
 MAX_ROW = 2**31 - 1
 REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")  # what the gateway accepts as X-Request-Id
+MAX_LABEL_CHARS = 32_768  # a generation's expected text
 INDEX_BYTES = 16 * 1024 * 1024
 _ENTRY_BYTES = 160  # one remembered request beyond its strings: key tuple, dict slot, int
+_ANSWER_BYTES = 140  # a generation's answer beside it: a tuple and a 32-character digest
 
 
 class TooManyLabels(FleetError):
@@ -45,14 +52,15 @@ class TooManyLabels(FleetError):
 class Label:
     request_id: str
     row: int
-    label: int
+    label: int | str  # a class, or a generation's expected text
 
 
 def parse(body: dict) -> tuple[str, list[Label]]:
     """``{"model": m, "feedback": [{"request_id", "label", "row"?: 0}, ...]}`` → (model, labels)."""
     model = body.get("model")
     items = body.get("feedback")
-    expected = 'expected {"model": "<model>", "feedback": [{"request_id": "...", "label": <int>, "row": <int, default 0>}]}'
+    expected = ('expected {"model": "<model>", "feedback": [{"request_id": "...", "label": <int class, or the expected '
+                'text of a generation>, "row": <int, default 0>}]}')
     if not isinstance(model, str) or not isinstance(items, list) or not items:
         raise InvalidInput(f"feedback body has no model or no feedback list; {expected}")
     check_name("model", model)
@@ -65,8 +73,11 @@ def parse(body: dict) -> tuple[str, list[Label]]:
         rid, label, row = item.get("request_id"), item.get("label"), item.get("row", 0)
         if not isinstance(rid, str) or not REQUEST_ID.fullmatch(rid):
             raise InvalidInput(f"feedback[{i}].request_id is {_short(rid)}; expected the X-Request-Id of an earlier answer")
-        if isinstance(label, bool) or not isinstance(label, int):
-            raise InvalidInput(f"feedback[{i}].label is {_short(label)}; expected the true class as an integer")
+        if isinstance(label, bool) or not isinstance(label, int | str):
+            raise InvalidInput(f"feedback[{i}].label is {_short(label)}; expected the true class as an integer, "
+                               "or a generation's expected text")  # fmt: skip
+        if isinstance(label, str) and len(label) > MAX_LABEL_CHARS:
+            raise InvalidInput(f"feedback[{i}].label has {len(label)} characters; expected at most {MAX_LABEL_CHARS}")
         if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row <= MAX_ROW:
             raise InvalidInput(f"feedback[{i}].row is {_short(row)}; expected the row's index in the request (0 for one row)")
         labels.append(Label(rid, row, label))
@@ -76,8 +87,20 @@ def parse(body: dict) -> tuple[str, list[Label]]:
 def check_classes(labels: Sequence[Label], classes: int) -> None:
     """Every label must be a class of the model: 0 .. classes - 1."""
     for i, x in enumerate(labels):
+        if not isinstance(x.label, int):
+            raise InvalidInput(f"feedback[{i}].label is {_short(x.label)}; expected the true class as an integer")
         if not 0 <= x.label < classes:
             raise InvalidInput(f"feedback[{i}].label is {_short(x.label)}; expected a class of this model, 0 to {classes - 1}")
+
+
+def check_texts(labels: Sequence[Label], model: str) -> None:
+    """A generative model's labels are the expected texts of single answers (row 0)."""
+    for i, x in enumerate(labels):
+        if not isinstance(x.label, str):
+            raise InvalidInput(f"feedback[{i}].label is {_short(x.label)}; {model} is generative: expected the text "
+                               "the answer should have been (exact match)")  # fmt: skip
+        if x.row != 0:
+            raise InvalidInput(f"feedback[{i}].row is {x.row}; a generation is one answer: expected row 0")
 
 
 def _short(value: object) -> str:
@@ -85,9 +108,12 @@ def _short(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+Answer = tuple[str, str]  # a logged generation's (version, output digest)
+
+
 class LoggedRequests:
     """Which requests the inference log holds, by (tenant, request id) → rows, for the last
-    ``LOOKBACK_H`` hours.
+    ``LOOKBACK_H`` hours; for generations also which version answered and its output's digest.
 
     Log files never change once written, so each is read once (its id columns only) and
     remembered; the gateway's own recent samples are known before they are flushed. Both are
@@ -96,9 +122,11 @@ class LoggedRequests:
 
     def __init__(self, store: ObjectStore, max_bytes: int = INDEX_BYTES) -> None:
         self.store, self.max_bytes = store, max_bytes
-        self._recent: OrderedDict[tuple[str, str, str], int] = OrderedDict()  # (model, tenant, id) → rows
+        # (model, tenant, id) → (rows, answer or None)
+        self._recent: OrderedDict[tuple[str, str, str], tuple[int, Answer | None]] = OrderedDict()
         self._recent_bytes = 0
-        self._files: OrderedDict[str, tuple[dict[tuple[str, str], int], int]] = OrderedDict()  # key → (index, bytes)
+        # key → (index (tenant, id) → rows, answers (tenant, id) → answer, bytes)
+        self._files: OrderedDict[str, tuple[dict[tuple[str, str], int], dict[tuple[str, str], Answer], int]] = OrderedDict()
         self._files_bytes = 0
         self._lock = threading.Lock()
 
@@ -106,77 +134,112 @@ class LoggedRequests:
     def bytes(self) -> int:
         return self._recent_bytes + self._files_bytes
 
-    def remember(self, model: str, tenant: str, request_id: str, rows: int) -> None:
-        """One sampled request (on the request path: O(1))."""
+    @staticmethod
+    def _size(model: str, tenant: str, request_id: str, answer: Answer | None) -> int:
+        return _ENTRY_BYTES + len(model) + len(tenant) + len(request_id) + (_ANSWER_BYTES + len(answer[0]) if answer else 0)
+
+    def remember(self, model: str, tenant: str, request_id: str, rows: int, answer: Answer | None = None) -> None:
+        """One sampled request (on the request path: O(1)); a generation with its answer."""
         key = (model, tenant, request_id)
-        size = _ENTRY_BYTES + len(model) + len(tenant) + len(request_id)
         with self._lock:
-            if self._recent.pop(key, None) is not None:
-                self._recent_bytes -= size
-            self._recent[key] = rows
-            self._recent_bytes += size
+            old = self._recent.pop(key, None)
+            if old is not None:
+                self._recent_bytes -= self._size(*key, old[1])
+            self._recent[key] = (rows, answer)
+            self._recent_bytes += self._size(*key, answer)
             while self._recent_bytes > self.max_bytes // 2:
-                (m, t, r), _ = self._recent.popitem(last=False)
-                self._recent_bytes -= _ENTRY_BYTES + len(m) + len(t) + len(r)
+                evicted, (_, was) = self._recent.popitem(last=False)
+                self._recent_bytes -= self._size(*evicted, was)
 
     def owned(self, model: str, tenant: str, wanted: set[tuple[str, int]], now: datetime | None = None) -> set[tuple[str, int]]:
         """Which wanted (request id, row) are logged requests of ``tenant``."""
-        found: set[tuple[str, int]] = set()
+        return set(self._find(model, tenant, wanted, now))
+
+    def answers(self, model: str, tenant: str, ids: set[str], now: datetime | None = None) -> dict[str, Answer]:
+        """The logged generations among ``ids`` of ``tenant``: id → (version, output digest)."""
+        found = self._find(model, tenant, {(rid, 0) for rid in ids}, now)
+        return {rid: answer for (rid, _), answer in found.items() if answer is not None}
+
+    def _find(self, model: str, tenant: str, wanted: set[tuple[str, int]],
+              now: datetime | None) -> dict[tuple[str, int], Answer | None]:  # fmt: skip
+        found: dict[tuple[str, int], Answer | None] = {}
         with self._lock:
             for rid, row in wanted:
-                rows = self._recent.get((model, tenant, rid))
-                if rows is not None and row < rows:
-                    found.add((rid, row))
-        missing = wanted - found
+                entry = self._recent.get((model, tenant, rid))
+                if entry is not None and row < entry[0]:
+                    found[rid, row] = entry[1]
+        missing = wanted - set(found)
         now = now or datetime.now(UTC)
         hour = (now - timedelta(hours=LOOKBACK_H)).replace(minute=0, second=0, microsecond=0)
         while missing and hour <= now:
             for key in self.store.list(log_hour_prefix(model, hour)):
-                index = self._index(key)
+                index, answers = self._index(key)
                 for rid, row in list(missing):
                     if row < index.get((tenant, rid), 0):
-                        found.add((rid, row))
+                        found[rid, row] = answers.get((tenant, rid))
                         missing.discard((rid, row))
             hour += timedelta(hours=1)
         return found
 
-    def _index(self, key: str) -> dict[tuple[str, str], int]:
+    def _index(self, key: str) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], Answer]]:
         with self._lock:
             if key in self._files:
                 self._files.move_to_end(key)
-                return self._files[key][0]
+                index, answers, _ = self._files[key]
+                return index, answers
         import pyarrow.parquet as pq
 
-        table = pq.read_table(io.BytesIO(self.store.get(key).data), columns=["request_id", "row", "tenant"])
-        # grouped by Arrow: one Python object per request, not three per row (a 10,000-row
-        # request would otherwise hold the GIL, and the gateway's loop, for tens of ms)
-        grouped = table.group_by(["tenant", "request_id"]).aggregate([("row", "max")])
-        index = {(t, r): int(m) + 1 for t, r, m in zip(*(grouped.column(c).to_pylist() for c in ("tenant", "request_id", "row_max")))}
+        data = io.BytesIO(self.store.get(key).data)
+        generations = "output_digest" in pq.read_schema(data).names
+        columns = ["request_id", "row", "tenant"] + (["version", "output_digest"] if generations else [])
+        table = pq.read_table(data, columns=columns)
+        answers: dict[tuple[str, str], Answer] = {}
+        if generations:  # one row per generation
+            tenants, rids, versions, digests = (table.column(c).to_pylist() for c in ("tenant", "request_id", "version", "output_digest"))
+            answers = {(t, r): (v, d) for t, r, v, d in zip(tenants, rids, versions, digests, strict=True)}
+            index = dict.fromkeys(answers, 1)
+        else:
+            # grouped by Arrow: one Python object per request, not three per row (a 10,000-row
+            # request would otherwise hold the GIL, and the gateway's loop, for tens of ms)
+            grouped = table.group_by(["tenant", "request_id"]).aggregate([("row", "max")])
+            index = {(t, r): int(m) + 1 for t, r, m in zip(*(grouped.column(c).to_pylist() for c in ("tenant", "request_id", "row_max")))}
         size = sum(_ENTRY_BYTES + len(t) + len(r) for t, r in index) + len(key)
+        size += sum(_ANSWER_BYTES + len(v) for v, _ in answers.values())
         with self._lock:
             if size <= self.max_bytes // 2:
-                self._files[key] = (index, size)
+                self._files[key] = (index, answers, size)
                 self._files_bytes += size
             while self._files_bytes > self.max_bytes // 2:
-                _, (_, evicted) = self._files.popitem(last=False)
+                _, (_, _, evicted) = self._files.popitem(last=False)
                 self._files_bytes -= evicted
-        return index
+        return index, answers
 
 
 _seq = itertools.count(1)
 
 
-def write(store: ObjectStore, model: str, tenant: str, labels: Sequence[Label], writer: str) -> str:
-    """Store accepted labels as one Parquet file; return its key."""
+def write(store: ObjectStore, model: str, tenant: str, labels: Sequence[Label], writer: str,
+          matched: Sequence[tuple[str, bool]] | None = None) -> str:  # fmt: skip
+    """Store accepted labels as one Parquet file; return its key. For a generative model
+    ``matched`` is each label's (version that answered, whether its output matched)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from fleet.inference_log import digest
+
     now = time.time()
-    table = pa.table({
+    columns = {
         "ts": pa.array([int(now * 1000)] * len(labels), pa.timestamp("ms", tz="UTC")),
         "request_id": [x.request_id for x in labels], "row": pa.array([x.row for x in labels], pa.int32()),
-        "tenant": [tenant] * len(labels), "label": pa.array([x.label for x in labels], pa.int64()),
-    })  # fmt: skip
+        "tenant": [tenant] * len(labels),
+    }  # fmt: skip
+    if matched is None:
+        columns["label"] = pa.array([x.label for x in labels], pa.int64())
+    else:
+        columns["version"] = [v for v, _ in matched]
+        columns["match"] = pa.array([m for _, m in matched], pa.bool_())
+        columns["label_digest"] = [digest(str(x.label)) for x in labels]
+    table = pa.table(columns)
     out = io.BytesIO()
     pq.write_table(table, out, compression="zstd")
     hour = datetime.fromtimestamp(now, UTC)
@@ -210,4 +273,6 @@ def labelled(store: ObjectStore, model: str, start: datetime, end: datetime):  #
     if window.empty:
         return window.assign(label=[])
     # a request id means something only within its tenant: the join is on all three
-    return window.merge(feedback[["tenant", "request_id", "row", "label"]], on=["tenant", "request_id", "row"], how="left")
+    # reindex: a generative model's label files have no label column (match, label_digest instead)
+    columns = ["tenant", "request_id", "row", "label"]
+    return window.merge(feedback.reindex(columns=columns), on=["tenant", "request_id", "row"], how="left")

@@ -3,7 +3,11 @@
 ``logs/inference/<model>/<yyyy>/<mm>/<dd>/<hh>/<unix ms>-<writer>-<seq>.parquet``, one row
 per input row: ``ts``, ``request_id``, ``row``, ``model``, ``version``, ``tenant``,
 ``latency_ms``, one float64 column per feature, ``prediction`` (argmax class) and
-``score`` (probability of the last class).
+``score`` (probability of the last class). A generative model's file has one row per sampled
+generation (``GenSample``): ``latency_ms`` (the whole answer), ``ttft_ms``, ``prompt_tokens``,
+``completion_tokens``, ``finish_reason``, ``output_digest`` (what exact-match feedback is
+compared with) and, only where the policy says ``inference_log.texts: true``, ``prompt`` and
+``output``.
 
 Writing never slows a request: ``record`` appends to a buffer; a background thread turns
 the buffer into Parquet and puts it in the store every ``flush_s`` seconds. A store that
@@ -16,6 +20,7 @@ until it is under budget again; a sample larger than the whole budget is dropped
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import threading
@@ -60,6 +65,47 @@ class Sample:
         return self.features.nbytes + self.outputs.nbytes + SAMPLE_OVERHEAD
 
 
+@dataclass(frozen=True, slots=True)
+class GenSample:
+    """One sampled generation: its lengths, times and the digest of its output; its texts only
+    where the model's policy allows (``None`` otherwise)."""
+
+    ts: float
+    request_id: str
+    model: str
+    version: str
+    tenant: str
+    latency_ms: float  # the whole answer
+    ttft_ms: float
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    output_digest: str
+    prompt: str | None = None
+    output: str | None = None
+
+    rows = 1
+    layout = ("generation",)
+
+    @property
+    def nbytes(self) -> int:
+        return SAMPLE_OVERHEAD + _text_bytes(self.prompt) + _text_bytes(self.output)
+
+
+def _text_bytes(text: str | None) -> int:
+    """An upper bound of a str's memory: 1 byte per character if ASCII, else 4 (``isascii`` is O(1))."""
+    return 0 if text is None else len(text) * (1 if text.isascii() else 4)
+
+
+def digest(text: str) -> str:
+    """What a generation's output is known by in the log, and a label compared with."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def _layout(sample: Sample | GenSample) -> tuple:
+    return sample.layout if isinstance(sample, GenSample) else (sample.feature_names, sample.outputs.shape[-1])
+
+
 def hour_prefix(model: str, at: datetime) -> str:
     return f"logs/inference/{check_name('model', model)}/{at:%Y/%m/%d/%H}/"
 
@@ -70,12 +116,31 @@ def feature_names(profile: dict | None, width: int) -> tuple[str, ...]:
     return names if len(names) == width else tuple(f"f{i}" for i in range(width))
 
 
-def to_table(samples: Sequence[Sample]):  # noqa: ANN201 - a pyarrow.Table
+def gen_table(samples: Sequence[GenSample]):  # noqa: ANN201 - a pyarrow.Table
+    """One row per sampled generation; ``prompt`` and ``output`` are null where not kept."""
+    import pyarrow as pa
+
+    columns = {
+        "ts": pa.array([int(s.ts * 1000) for s in samples], pa.timestamp("ms", tz="UTC")),
+        "request_id": pa.array([s.request_id for s in samples], pa.string()),
+        "row": pa.array([0] * len(samples), pa.int32()),
+        **{c: pa.array([getattr(s, c) for s in samples], pa.string()) for c in ("model", "version", "tenant")},
+        **{c: pa.array([getattr(s, c) for s in samples], pa.float64()) for c in ("latency_ms", "ttft_ms")},
+        **{c: pa.array([getattr(s, c) for s in samples], pa.int32()) for c in ("prompt_tokens", "completion_tokens")},
+        **{c: pa.array([getattr(s, c) for s in samples], pa.string())
+           for c in ("finish_reason", "output_digest", "prompt", "output")},
+    }  # fmt: skip
+    return pa.table(columns)
+
+
+def to_table(samples: Sequence[Sample] | Sequence[GenSample]):  # noqa: ANN201 - a pyarrow.Table
     """One table of the samples' rows. Per-request strings are repeated per row by Arrow
     (a dictionary cast to strings), not as numpy string arrays: that took 50 ms for 100k
     rows in the writer thread, holding the GIL and so the gateway's event loop."""
     import pyarrow as pa
 
+    if isinstance(samples[0], GenSample):
+        return gen_table(samples)  # type: ignore[arg-type]
     rows = [s.rows for s in samples]
     names = samples[0].feature_names
     features = np.concatenate([s.features.reshape(s.rows, -1) for s in samples]).astype(np.float64)
@@ -124,7 +189,7 @@ class InferenceLog:
     ) -> None:
         self.store, self.writer_id, self.flush_s, self.max_bytes = store, writer_id, flush_s, max_bytes
         self._on_written, self._on_dropped = on_written, on_dropped
-        self._buffer: deque[Sample] = deque()  # dropping the oldest must not cost O(n) on the request path
+        self._buffer: deque[Sample | GenSample] = deque()  # dropping the oldest must not cost O(n) on the request path
         self._buffered_rows = 0
         self._buffered_bytes = 0
         self._writing_bytes = 0
@@ -135,7 +200,7 @@ class InferenceLog:
         _warm()
         self.failing = False  # the last write failed
 
-    def record(self, sample: Sample) -> None:
+    def record(self, sample: Sample | GenSample) -> None:
         """Buffer one sampled request (on the request path: an append, and amortised O(1) eviction)."""
         if sample.nbytes > self.max_bytes:
             self._on_dropped(sample.model, sample.rows)
@@ -172,12 +237,12 @@ class InferenceLog:
         with self._lock:
             batch, self._buffer, self._buffered_rows = self._buffer, deque(), 0
             self._writing_bytes, self._buffered_bytes = self._buffered_bytes, 0
-        groups: dict[tuple, list[Sample]] = {}
+        groups: dict[tuple, list[Sample | GenSample]] = {}
         for s in batch:
             hour = datetime.fromtimestamp(s.ts, UTC).replace(minute=0, second=0, microsecond=0)
-            groups.setdefault((s.model, hour, s.feature_names, s.outputs.shape[-1]), []).append(s)
+            groups.setdefault((s.model, hour, _layout(s)), []).append(s)
         written = 0
-        for (model, hour, _, _), samples in groups.items():
+        for (model, hour, _), samples in groups.items():
             try:
                 self._write(model, hour, samples)
             except (FleetError, OSError) as exc:

@@ -87,6 +87,11 @@ def monitor(model: str, window_hours: float | None = None, retrain: bool = True,
     logger = get_run_logger()
     ctx = fleet_context()
     policy = ctx.policies.monitoring_for(model)
+    if ctx.policies.model(model).generative:
+        # its log rows are lengths, times and digests, not features: the rollout's generation
+        # gates and exact-match feedback judge it; drift of prompts is not built
+        return Completed(message=f"{model} is generative: drift and data-quality monitoring judge tensor inputs "
+                                 "only; its versions are judged by the rollout's generation and exact_match gates")  # fmt: skip
     table = Router(ctx.store).get(model)
     if table.stable is None:
         return Completed(message=f"{model} has no stable version; nothing to monitor")

@@ -97,3 +97,41 @@ def test_labels_must_be_classes_of_the_model() -> None:
     check_classes(given[:1], 2)
     with pytest.raises(InvalidInput, match=r"feedback\[1\].label is 2; expected a class of this model, 0 to 1"):
         check_classes(given, 2)
+
+
+def test_a_generations_answer_is_found_in_memory_and_in_its_log_file_within_its_tenant_only() -> None:
+    """Exact-match feedback needs which version answered and its output's digest: from the
+    gateway's recent samples, or from the log file another gateway wrote."""
+    from fleet.feedback import LoggedRequests
+    from fleet.inference_log import GenSample, InferenceLog, digest
+    from fleet.store import MemoryStore
+
+    store = MemoryStore()
+    log = InferenceLog(store, "gw-a")
+    log.record(GenSample(datetime.now(UTC).timestamp(), "from-file", "lm", "1.1.0", "apps", 80.0, 12.0, 14, 5, "stop",
+                         digest("dcba"), prompt=None, output=None))  # fmt: skip
+    assert log.flush() == 1
+    here = LoggedRequests(store)
+    here.remember("lm", "apps", "in-memory", 1, ("1.0.0", digest("cba")))
+    assert here.answers("lm", "apps", {"in-memory", "from-file", "unknown"}) == {
+        "in-memory": ("1.0.0", digest("cba")), "from-file": ("1.1.0", digest("dcba"))}  # fmt: skip
+    assert here.answers("lm", "rivals", {"in-memory", "from-file"}) == {}
+    assert here.owned("lm", "apps", {("from-file", 0), ("from-file", 1)}) == {("from-file", 0)}  # one row per generation
+    assert here.bytes > 0
+
+
+def test_a_generative_models_labels_are_texts_of_single_answers_and_bounded() -> None:
+    from fleet.feedback import MAX_LABEL_CHARS, check_classes, check_texts
+
+    _, given = parse({"model": "lm", "feedback": [{"request_id": "a", "label": "dcba"}]})
+    check_texts(given, "lm")
+    with pytest.raises(InvalidInput, match="expected the true class as an integer"):
+        check_classes(given, 2)  # a text is no class of a tensor model
+    _, classes = parse({"model": "lm", "feedback": [{"request_id": "a", "label": 1}]})
+    with pytest.raises(InvalidInput, match="lm is generative: expected the text"):
+        check_texts(classes, "lm")
+    _, second_row = parse({"model": "lm", "feedback": [{"request_id": "a", "label": "x", "row": 1}]})
+    with pytest.raises(InvalidInput, match="expected row 0"):
+        check_texts(second_row, "lm")
+    with pytest.raises(InvalidInput, match=f"expected at most {MAX_LABEL_CHARS}"):
+        parse({"model": "lm", "feedback": [{"request_id": "a", "label": "x" * (MAX_LABEL_CHARS + 1)}]})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime, timedelta
 from collections.abc import Iterator
 
 import httpx
@@ -186,3 +187,50 @@ def test_a_token_quota_is_one_budget_across_two_gateways_and_refused_with_retry_
             proc.terminate()
             proc.wait(timeout=20)
         server.stop()
+
+
+def test_exact_match_feedback_is_compared_with_the_logged_answer_and_counted_for_its_version(fleet: dict) -> None:
+    """Every generation of demo-lm is logged (lengths, times, output digest, no texts); a label
+    is the text the answer should have been, and is counted for the version that answered."""
+    raw = client(fleet).completions.with_raw_response.create(model=MODEL, prompt=PROMPT, max_tokens=6)
+    text, rid = raw.parse().choices[0].text, raw.headers["x-request-id"]
+    other = client(fleet).completions.with_raw_response.create(model=MODEL, prompt="reverse xyz>", max_tokens=6)
+
+    def feedback(labels: list[dict], key: str = fleet["keys"]["apps"]) -> httpx.Response:
+        return httpx.post(fleet["url"] + "/v1/feedback", json={"model": MODEL, "feedback": labels},
+                          headers={"Authorization": f"Bearer {key}"}, timeout=30)  # fmt: skip
+
+    given = [{"request_id": rid, "label": text}, {"request_id": other.headers["x-request-id"], "label": text + "#"},
+             {"request_id": "never-asked", "label": "abc"}]  # fmt: skip
+    answer = feedback(given)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["accepted"] == 2 and answer.json()["matched"] == 1
+    assert answer.json()["unknown"] == [{"request_id": "never-asked", "row": 0}]
+    # the label of a tensor model (a class) is refused for a generation, and another tenant's ids are unknown
+    wrong = feedback([{"request_id": rid, "label": 3}])
+    assert wrong.status_code == 422 and "demo-lm is generative: expected the text" in wrong.json()["error"]
+    assert feedback([{"request_id": rid, "label": text}], fleet["keys"]["int8"]).status_code == 404
+    # what canary analysis reads, and Prometheus
+    window = httpx.get(f"{fleet['url']}/admin/stats/{MODEL}", params={"window_s": 900}, timeout=10,
+                       headers={"Authorization": "Bearer e2e-admin-token"}).json()["versions"]["1.0.0"]  # fmt: skip
+    assert (window["labelled"], window["matched"]) == (2, 1)
+    metrics = httpx.get(fleet["url"] + "/metrics", timeout=10).text
+    assert f'fleet_feedback_labels_total{{model="{MODEL}",outcome="match",version="1.0.0"}} 1.0' in metrics
+    # the inference log holds the generation without its texts (policy texts: false)
+    from fleet.inference_log import digest, read_window
+    from fleet.store import open_store
+
+    store = open_store(fleet["env"].env["FLEET_STORE"])
+    deadline = time.monotonic() + 30
+    frame = None
+    while time.monotonic() < deadline:
+        frame = read_window(store, MODEL, datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC) + timedelta(minutes=1))
+        if rid in set(frame.get("request_id", [])):
+            break
+        time.sleep(0.2)
+    row = frame[frame["request_id"] == rid].iloc[0]
+    assert row["output_digest"] == digest(text) and row["version"] == "1.0.0" and row["tenant"] == "apps"
+    assert row["prompt_tokens"] == len(PROMPT) + 1 and row["completion_tokens"] >= 1 and row["ttft_ms"] > 0
+    assert row.isna()["prompt"] and row.isna()["output"]
+    # the caller's key never reaches the log
+    assert not (frame.astype(str) == fleet["keys"]["apps"]).any().any()

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import random
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ from fleet.gateway.pipeline import Call, Pipeline
 from fleet.gateway.protocol import MalformedBody, parse_json
 from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.telemetry import Telemetry
+from fleet.inference_log import GenSample, digest
 from fleet.gateway.upstream import (
     CONNECT_TIMEOUT_S,
     IDLE_CLOSE_S,
@@ -292,22 +294,48 @@ class Generation:
     async def _serve(self, call: Call, req: genproto.GenRequest, gen: GenerationSpec, kind: str) -> Response:
         stream = await self._start(call, req, gen)
         answer = genproto.Answer(kind, call.request_id, call.model, stream.version, req.include_usage)
+        rate = call.spec.inference_log.sample_rate
+        sampled = bool(rate) and random.random() < rate
         if not req.stream:
             text, final = await stream.collect()
+            if sampled:
+                self._log(call, req, stream, text)
             return json_response(answer.whole(text, final))
         call.state["streaming"] = True  # a concurrency lease is held until the stream ends, not its first byte
-        return StreamingResponse(self._sse(answer, stream), media_type="text/event-stream", headers=SSE_HEADERS)
+        return StreamingResponse(self._sse(answer, stream, (call, req) if sampled else None), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)  # fmt: skip
 
-    async def _sse(self, answer: genproto.Answer, stream: Stream) -> AsyncIterator[bytes]:
+    async def _sse(self, answer: genproto.Answer, stream: Stream,
+                   sampled: tuple[Call, genproto.GenRequest] | None) -> AsyncIterator[bytes]:  # fmt: skip
         first = True
+        parts: list[str] = []  # only for a sampled generation: at most max_tokens pieces
         try:
             async for event in stream.events():
+                if sampled is not None:
+                    parts.append(event.get("text", ""))
                 yield answer.chunk(event, first)
                 first = False
         except FleetError as exc:
             yield answer.error(str(exc), exc.status)
             return
+        if sampled is not None:
+            self._log(*sampled, stream, "".join(parts))
         yield answer.done()
+
+    def _log(self, call: Call, req: genproto.GenRequest, stream: Stream, text: str) -> None:
+        """A finished, sampled generation into the inference log (lengths, times, the output's
+        digest; its texts where the policy allows), and its id for exact-match feedback."""
+        spec, final = call.spec, stream.final
+        texts = spec.inference_log.texts  # type: ignore[union-attr]
+        prompt = req.prompt if req.prompt is not None else orjson.dumps([[r, c] for r, c in req.messages or ()]).decode()
+        sample = GenSample(time.time(), call.request_id, stream.model, stream.version, stream.tenant,
+                           (time.monotonic() - stream.asked) * 1e3, (stream.first_at - stream.asked) * 1e3,
+                           _count(final, "prompt_tokens"), _count(final, "completion_tokens"),
+                           str(final.get("finish_reason"))[:16], digest(text),
+                           prompt if texts else None, text if texts else None)  # fmt: skip
+        recorder = self.pipeline.recorder
+        recorder.log.record(sample)
+        recorder.logged.remember(stream.model, stream.tenant, call.request_id, 1, (stream.version, sample.output_digest))
 
     def _payload(self, req: genproto.GenRequest, gen: GenerationSpec, priority: str, timeout_ms: float) -> bytes:
         max_tokens = req.max_tokens or gen.default_max_tokens

@@ -18,6 +18,7 @@ from fleet.gateway import body as bodies
 from fleet.gateway import protocol
 from fleet.gateway.admin import json_response
 from fleet.gateway.pipeline import Call, Pipeline
+from fleet.inference_log import digest
 from fleet.types import ObjectStore
 
 JSON = "application/json"
@@ -92,6 +93,8 @@ class Rest:
             model, given = await self.pipeline.decoder.run(tenant.name, protocol.decode_feedback, raw)
         call.model = model
         self.pipeline.entitle(call)  # a model the tenant may not use looks like one that does not exist
+        if call.spec is not None and call.spec.generative:
+            return await self._exact_match(call, tenant.name, given)
         outputs = call.expected.outputs[0].shape if call.expected else [-1]
         labels.check_classes(given, outputs[-1] if outputs[-1] > 0 else 2**31)
         wanted = {(x.request_id, x.row) for x in given}
@@ -100,7 +103,25 @@ class Rest:
         unknown = [{"request_id": x.request_id, "row": x.row} for x in given if (x.request_id, x.row) not in owned]
         if accepted:
             await asyncio.to_thread(labels.write, self.store, model, tenant.name, accepted, self.gateway_id)
-        body = {"model": model, "accepted": len(accepted), "unknown": unknown,
+        return self._answered(model, given, accepted, unknown)
+
+    async def _exact_match(self, call: Call, tenant: str, given: list[labels.Label]) -> Response:
+        """A generative model's labels: each the text its answer should have been, compared
+        with the logged output's digest and counted for the version that answered."""
+        labels.check_texts(given, call.model)
+        answers = await asyncio.to_thread(self.logged.answers, call.model, tenant, {x.request_id for x in given})
+        accepted = [x for x in given if x.request_id in answers]
+        unknown = [{"request_id": x.request_id, "row": 0} for x in given if x.request_id not in answers]
+        matched = [(answers[x.request_id][0], digest(str(x.label)) == answers[x.request_id][1]) for x in accepted]
+        if accepted:
+            await asyncio.to_thread(labels.write, self.store, call.model, tenant, accepted, self.gateway_id, matched)
+        for version, match in matched:
+            self.pipeline.telemetry.labelled(call.model, version, match)
+        return self._answered(call.model, given, accepted, unknown, matched=sum(m for _, m in matched))
+
+    @staticmethod
+    def _answered(model: str, given: list, accepted: list, unknown: list[dict], **extra: int) -> Response:
+        body = {"model": model, "accepted": len(accepted), **extra, "unknown": unknown,
                 "note": "labels join requests the inference log sampled, of your tenant, from the last 24 h"}  # fmt: skip
         if not accepted:  # a 404 reads like every other error, with the details beside it
             body = {"error": f"none of the {len(given)} label(s) matched a request the inference log sampled for "
