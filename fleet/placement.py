@@ -10,18 +10,31 @@ tolerations from it.
 Memory of one replica, in GiB::
 
     weights  = params × bytes per parameter (fp32 4, fp16/bf16 2, int8 1, int4 0.5)
-    kv       = kv_cache_gib, or KV_DEFAULT_SHARE × weights for a generative model
+    kv       = the KV cache of a generative model, the first of:
+               kv_cache_gib                                  (source "kv_cache_gib")
+               max_running × context_tokens × layers × kv_width × 2 × KV bytes
+                                                             (source "architecture")
+               KV_DEFAULT_SHARE × weights                    (source "default share")
     estimate = (weights + kv) × (1 + RUNTIME_OVERHEAD)
     replica  = max(estimate, resources.gpu × resources.gpu_memory_gib)
 
-(the policy's own figure, e.g. a measured peak, wins when it is larger). Models with
-``resources.gpu: 0`` run on CPU pools.
+``max_running`` is ``generation.max_running`` (sequences in one running batch), the rest is
+``architecture`` (``fleet.spec.Architecture``): kv_width = hidden × kv_heads / heads, 2 for a
+key and a value, KV bytes of ``kv_dtype`` (default the model's dtype; fp16 for int8/int4
+weights, whose quantization is weight-only). When the tensor-parallel degree exceeds
+``kv_heads`` each key/value head is held on tp / kv_heads GPUs, and the KV cache grows by
+that factor. The policy's own figure (e.g. a measured peak) wins when it is larger. Models
+with ``resources.gpu: 0`` run on CPU pools; their weights and KV cache must fit
+``resources.memory_gib``.
 
 A replica gets the smallest power-of-two number of GPUs of one node (its tensor-parallel
-degree) whose usable memory holds it; each GPU keeps GPU_HEADROOM free. Pools with
-``gpu_slices > 1`` share each GPU between that many small replicas (NVIDIA device-plugin
-time-slicing), so only replicas that fit one slice go there. Each model goes to the pool
-where a replica costs least; isolated models get a node group of their own.
+degree) whose usable memory holds it; each GPU keeps GPU_HEADROOM free. With a stated
+``architecture.heads`` the degree must divide the heads (and the key/value heads divide it,
+or it them), as vLLM requires. Pools with ``gpu_slices > 1`` share each GPU between that many
+small replicas (NVIDIA device-plugin time-slicing), so only replicas that fit one slice go
+there. Each model goes to the pool where a replica costs least; isolated models get a node
+group of their own. A placement carries the pool's GPU type and the degree to the engine
+(``fleet.runtime.kubernetes.engine_env``).
 """
 
 from __future__ import annotations
@@ -40,6 +53,9 @@ from fleet.spec import ModelSpec, Policies
 from fleet.stack import STACK_MODELS_KEY, STACK_POOLS_KEY, NodePool, models_from_config, pools_from_config  # noqa: F401
 
 BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
+KV_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}  # per number of the KV cache
+# Where a replica's KV-cache figure came from, in order of precedence ("none": not generative).
+KV_SOURCES = ("kv_cache_gib", "architecture", "default share", "none")
 # Activations, CUDA context and allocator fragmentation on top of weights and KV cache.
 RUNTIME_OVERHEAD = 0.2
 # KV cache of a generative model whose policy does not state kv_cache_gib: a share of its
@@ -89,6 +105,18 @@ class ModelPlacement:
     triggers: tuple[str, ...] = ("qps", "p99_ms")  # what KEDA scales it on (fleet.spec.Autoscaling)
     target_queue_depth_per_replica: float = 8.0
     target_gpu_utilization_pct: float = 70.0
+    # what the replica runs on and how its memory adds up (defaults: a plan written before these)
+    gpu_type: str | None = None  # the pool's GPU, e.g. A100-40GB; None on CPU
+    weights_gib: float = 0.0
+    kv_cache_gib: float = 0.0  # at the chosen tensor-parallel degree
+    kv_source: str = "none"  # one of KV_SOURCES
+    kv_tokens: int | None = None  # KV positions reserved: max_running × context_tokens (architecture only)
+    context_tokens: int | None = None  # architecture.context_tokens
+    gpu_memory_from: str = "estimate"  # "estimate", "resources" (the policy's own figure was larger) or "cpu"
+    # share of each of its GPUs' memory a replica may fill: gpu_memory_gib / (tensor_parallel ×
+    # the pool's gpu_memory_gib), at most 1 - GPU_HEADROOM (a slice's share of it when shared);
+    # vLLM's gpu_memory_utilization. None on CPU
+    gpu_memory_utilization: float | None = None
 
     def target(self, trigger: str) -> float:
         """The target a scaling trigger holds this model at (per replica, ms or percent)."""
@@ -177,32 +205,118 @@ class _Fit:
     tensor_parallel: int
     shared: bool
     per_node: int  # replicas of this model alone that one node holds
+    need: float  # GPU GiB of one replica at this degree (0 on CPU)
 
     @property
     def cost(self) -> float:
         return self.pool.hourly_usd / self.per_node
 
 
-def replica_gpu_memory_gib(spec: ModelSpec) -> float:
-    """GPU memory one replica needs (see the module docstring); 0 for a CPU-only model."""
-    return _need(spec)[0]
+@dataclass(frozen=True)
+class Memory:
+    """What one replica needs, part by part, in GiB (see the module docstring)."""
+
+    weights_gib: float
+    kv_cache_gib: float
+    kv_source: str  # one of KV_SOURCES
+    kv_tokens: int | None  # max_running × context_tokens, when the architecture sized the cache
+    context_tokens: int | None
+    estimate_gib: float  # (weights + KV) × (1 + RUNTIME_OVERHEAD)
+    declared_gib: float  # resources.gpu × gpu_memory_gib
+    how: str  # the arithmetic, for messages
+
+    @property
+    def gpu_gib(self) -> float:
+        """GPU memory of one replica: the estimate, or the policy's own figure when larger."""
+        return max(self.estimate_gib, self.declared_gib)
 
 
-def _need(spec: ModelSpec) -> tuple[float, str]:
-    """(GiB one replica needs, how that number came about) for messages."""
-    if spec.resources.gpu == 0:
-        return 0.0, "CPU only"
+def kv_dtype(spec: ModelSpec) -> str:
+    """The KV cache's number format: ``architecture.kv_dtype``, else the model's dtype, else
+    fp16 for int8/int4 weights (weight-only quantization keeps 16-bit activations and KV)."""
+    if spec.architecture is not None and spec.architecture.kv_dtype is not None:
+        return spec.architecture.kv_dtype
+    return spec.dtype if spec.dtype in ("fp32", "fp16", "bf16") else "fp16"
+
+
+def kv_cache_bytes(spec: ModelSpec, tensor_parallel: int = 1) -> int:
+    """max_running × context_tokens × layers × kv_width × 2 (K and V) × KV bytes, times the
+    replication of key/value heads when ``tensor_parallel`` exceeds kv_heads. Needs an
+    architecture and a generation section (a generative model)."""
+    arch, gen = spec.architecture, spec.generation
+    if arch is None or gen is None:
+        raise ValueError("kv_cache_bytes needs a generative model with an architecture")
+    base = gen.max_running * arch.context_tokens * arch.layers * arch.kv_width * 2 * KV_BYTES[kv_dtype(spec)]
+    return base * _kv_replication(spec, tensor_parallel)
+
+
+def _kv_replication(spec: ModelSpec, tensor_parallel: int) -> int:
+    arch = spec.architecture
+    if arch is None or arch.heads is None:
+        return 1
+    kv_heads = arch.kv_heads or arch.heads
+    return max(1, tensor_parallel // kv_heads)
+
+
+def memory(spec: ModelSpec, tensor_parallel: int = 1) -> Memory:
+    """One replica's memory at ``tensor_parallel`` GPUs (the degree matters only where it
+    replicates key/value heads); weights and KV of a CPU model too, which must fit its RAM."""
     weights = _weights_gib(spec)
-    kv = _kv_gib(spec, weights)
+    tokens = context = None
+    if not spec.generative:
+        kv, source = 0.0, "none"
+    elif spec.kv_cache_gib is not None:
+        kv, source = spec.kv_cache_gib, "kv_cache_gib"
+    elif spec.architecture is not None and spec.generation is not None:
+        kv, source = kv_cache_bytes(spec, tensor_parallel) / 2**30, "architecture"
+        context = spec.architecture.context_tokens
+        tokens = spec.generation.max_running * context
+    else:
+        kv, source = KV_DEFAULT_SHARE * weights, "default share"
     estimate = (weights + kv) * (1 + RUNTIME_OVERHEAD)
     declared = spec.resources.gpu * spec.resources.gpu_memory_gib
     how = (
         f"{spec.params_millions:g}M params {spec.dtype} = {weights:.1f} GiB weights + {kv:.1f} GiB KV cache "
-        f"+ {RUNTIME_OVERHEAD:.0%} runtime overhead = {estimate:.1f} GiB"
+        f"({_kv_how(spec, source, tensor_parallel)}) + {RUNTIME_OVERHEAD:.0%} runtime overhead = {estimate:.1f} GiB"
     )
     if declared > estimate:
-        return declared, f"resources.gpu × gpu_memory_gib = {declared:g} GiB, above the estimate of {how}"
-    return estimate, how
+        how = f"resources.gpu × gpu_memory_gib = {declared:g} GiB, above the estimate of {how}"
+    return Memory(weights, kv, source, tokens, context, estimate, declared, how)
+
+
+def _kv_how(spec: ModelSpec, source: str, tensor_parallel: int) -> str:
+    if source == "architecture":
+        arch, gen = spec.architecture, spec.generation
+        assert arch is not None and gen is not None
+        times = _kv_replication(spec, tensor_parallel)
+        copies = f" × {times} copies of each KV head at tensor parallel {tensor_parallel}" if times > 1 else ""
+        return (f"{gen.max_running} sequences × {arch.context_tokens} tokens × {arch.layers} layers × "
+                f"{arch.kv_width} × 2 × {KV_BYTES[kv_dtype(spec)]} bytes {kv_dtype(spec)}{copies}")  # fmt: skip
+    return {"kv_cache_gib": "kv_cache_gib", "default share": f"{KV_DEFAULT_SHARE:.0%} of the weights",
+            "none": "not generative"}[source]  # fmt: skip
+
+
+def replica_gpu_memory_gib(spec: ModelSpec, tensor_parallel: int = 1) -> float:
+    """GPU memory one replica needs (see the module docstring); 0 for a CPU-only model."""
+    return 0.0 if spec.resources.gpu == 0 else memory(spec, tensor_parallel).gpu_gib
+
+
+def tensor_parallel_ok(spec: ModelSpec, tensor_parallel: int) -> bool:
+    """Whether a replica may span ``tensor_parallel`` GPUs: with stated heads, the degree divides
+    the query heads, and the key/value heads divide it or it them (vLLM's rule)."""
+    arch = spec.architecture
+    if arch is None or arch.heads is None:
+        return True
+    kv_heads = arch.kv_heads or arch.heads
+    return arch.heads % tensor_parallel == 0 and (kv_heads % tensor_parallel == 0 or tensor_parallel % kv_heads == 0)
+
+
+def _need(spec: ModelSpec) -> tuple[float, str]:
+    """(GiB one replica needs on one GPU, how that number came about) for messages."""
+    if spec.resources.gpu == 0:
+        return 0.0, "CPU only"
+    m = memory(spec)
+    return m.gpu_gib, m.how
 
 
 def plan(policies: Policies, pools: Sequence[NodePool], models: Iterable[str] | None = None) -> Plan:
@@ -221,12 +335,6 @@ def _weights_gib(spec: ModelSpec) -> float:
     return spec.params_millions * 1e6 * BYTES_PER_PARAM[spec.dtype] / 2**30
 
 
-def _kv_gib(spec: ModelSpec, weights: float) -> float:
-    if spec.kv_cache_gib is not None:
-        return spec.kv_cache_gib
-    return KV_DEFAULT_SHARE * weights if spec.generative else 0.0
-
-
 def _isolation(policies: Policies, names: Sequence[str]) -> dict[str, tuple[str, ...]]:
     """Model → why it must not share nodes: its own policy, or tenants that ask for isolation."""
     out = {}
@@ -240,6 +348,14 @@ def _isolation(policies: Policies, names: Sequence[str]) -> dict[str, tuple[str,
 
 def _place(name: str, spec: ModelSpec, pools: Sequence[NodePool], isolated_for: tuple[str, ...]) -> ModelPlacement:
     need, how = _need(spec)
+    if need == 0:  # on CPU: weights and KV cache live in the replica's RAM
+        ram = memory(spec)
+        if ram.estimate_gib > spec.resources.memory_gib:
+            raise PlacementError(
+                f"model {name} runs on CPU (resources.gpu 0) and needs {ram.estimate_gib:.1f} GiB of RAM per replica "
+                f"({ram.how}); expected resources.memory_gib >= {math.ceil(ram.estimate_gib * 10) / 10:g}, got "
+                f"{spec.resources.memory_gib:g}, or resources.gpu >= 1"
+            )
     fits = [f for pool in pools if (f := _fit(spec, need, pool, dedicated=bool(isolated_for))) is not None]
     if not fits:
         raise PlacementError(_no_fit_message(name, spec, need, how, pools))
@@ -259,6 +375,7 @@ def _place(name: str, spec: ModelSpec, pools: Sequence[NodePool], isolated_for: 
                 f"{spec.autoscaling.target_qps_per_replica:g} needs {needed} replicas; "
                 f"expected autoscaling.max_replicas >= {needed}, got {replicas_max}"
             )
+    mem = memory(spec, max(best.tensor_parallel, 1))
     return ModelPlacement(
         model=name,
         family=spec.family,
@@ -268,7 +385,7 @@ def _place(name: str, spec: ModelSpec, pools: Sequence[NodePool], isolated_for: 
         gpus=best.gpus,
         tensor_parallel=best.tensor_parallel,
         shared_gpu=best.shared,
-        gpu_memory_gib=round(need, 2),
+        gpu_memory_gib=round(best.need, 2),
         cpu=spec.resources.cpu,
         memory_gib=spec.resources.memory_gib,
         min_replicas=spec.autoscaling.min_replicas,
@@ -279,6 +396,16 @@ def _place(name: str, spec: ModelSpec, pools: Sequence[NodePool], isolated_for: 
         triggers=tuple(spec.autoscaling.triggers),
         target_queue_depth_per_replica=spec.autoscaling.target_queue_depth_per_replica,
         target_gpu_utilization_pct=spec.autoscaling.target_gpu_utilization_pct,
+        gpu_type=best.pool.gpu_type if best.gpus else None,
+        weights_gib=round(mem.weights_gib, 6),
+        kv_cache_gib=round(mem.kv_cache_gib, 6),
+        kv_source=mem.kv_source,
+        kv_tokens=mem.kv_tokens,
+        context_tokens=mem.context_tokens,
+        gpu_memory_from="cpu" if not best.gpus else "resources" if mem.declared_gib > mem.estimate_gib else "estimate",
+        # rounded up to 4 decimals: never 0 (vLLM refuses it), never more than 0.0001 above the need
+        gpu_memory_utilization=math.ceil(best.need / best.tensor_parallel / best.pool.gpu_memory_gib * 1e4) / 1e4
+        if best.gpus else None,
     )
 
 
@@ -297,15 +424,19 @@ def _fit(spec: ModelSpec, need: float, pool: NodePool, *, dedicated: bool) -> _F
         gpus, tp, shared = 1, 1, True
     else:
         tp = 1 << max(0, spec.resources.gpu - 1).bit_length()  # smallest power of two >= resources.gpu
-        while tp <= pool.gpus and need / tp > usable_gpu_gib(pool):
+        while tp <= pool.gpus:
+            if tensor_parallel_ok(spec, tp):
+                need = replica_gpu_memory_gib(spec, tp)  # grows past tp > kv_heads (replicated KV heads)
+                if need / tp <= usable_gpu_gib(pool):
+                    break
             tp *= 2
-        if tp > pool.gpus:
+        else:
             return None
         gpus, shared = tp, False
     per_node = _capacity(pool, slices)
     fits = [per_node[0] // gpus if gpus else math.inf, per_node[1] // spec.resources.cpu, per_node[2] // spec.resources.memory_gib]
     count = int(min(fits))
-    return _Fit(pool, gpus, tp, shared, count) if count >= 1 else None
+    return _Fit(pool, gpus, tp, shared, count, need) if count >= 1 else None
 
 
 def _capacity(pool: NodePool, slices: int) -> tuple[int, float, float]:
@@ -334,6 +465,7 @@ def _no_fit_message(name: str, spec: ModelSpec, need: float, how: str, pools: Se
         f"node pool; the largest is {big.name} ({big.instance_type}: {big.gpus} × {big.gpu_memory_gib:g} GiB, "
         f"{big.gpus * usable_gpu_gib(big):.1f} GiB usable after {GPU_HEADROOM:.0%} headroom per GPU, "
         f"{big.vcpu} vCPU, {big.memory_gib:g} GiB RAM); a replica's tensor parallelism stays within one node"
+        + (f" and divides architecture.heads ({spec.architecture.heads})" if spec.architecture and spec.architecture.heads else "")
     )
 
 

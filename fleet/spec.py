@@ -157,6 +157,45 @@ class Generation(_Spec):
         return self
 
 
+KvDtype = Literal["fp32", "fp16", "bf16", "fp8", "int8"]
+
+
+class Architecture(_Spec):
+    """The shape of a generative model that its KV cache follows (``architecture:``; placement).
+
+    One sequence position holds a key and a value of ``kv_width`` numbers in every layer:
+    ``kv_width = hidden × kv_heads / heads`` (grouped-query attention: ``kv_heads`` key/value
+    heads serve ``heads`` query heads; both unset, or equal, is plain multi-head attention,
+    ``kv_width = hidden``). ``context_tokens`` is the longest sequence (prompt and output) the
+    cache is sized for. ``kv_dtype`` defaults to the model's dtype, or fp16 for int8/int4
+    weights (weight-only quantization keeps a 16-bit KV cache)."""
+
+    layers: int = Field(ge=1, le=1024)  # transformer blocks
+    hidden: int = Field(ge=1)  # model (embedding) width
+    heads: int | None = Field(None, ge=1)  # query heads; needed with kv_heads
+    kv_heads: int | None = Field(None, ge=1)  # key/value heads (GQA, MQA: 1); default heads
+    context_tokens: int = Field(ge=1)  # positions one sequence may reach, prompt and output
+    kv_dtype: KvDtype | None = None  # of the KV cache; default: see the class docstring
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> Architecture:
+        if self.kv_heads is not None and self.heads is None:
+            raise expected(f"the number of query heads when kv_heads is set (kv_heads {self.kv_heads})", field="heads")
+        if self.heads is not None and self.hidden % self.heads:
+            raise expected(f"a number of heads that divides hidden ({self.hidden})", field="heads", got=self.heads)
+        if self.kv_heads is not None and self.heads is not None and self.heads % self.kv_heads:
+            raise expected(f"a number of key/value heads that divides heads ({self.heads}), e.g. 8 for 64 heads",
+                           field="kv_heads", got=self.kv_heads)  # fmt: skip
+        return self
+
+    @property
+    def kv_width(self) -> int:
+        """Numbers in one layer's key (or value) of one position: hidden × kv_heads / heads."""
+        if self.heads is None or self.kv_heads is None:
+            return self.hidden
+        return self.hidden * self.kv_heads // self.heads
+
+
 class ModelSpec(_Spec):
     family: str = Field(min_length=1)  # shared code/features, e.g. "tabular-mlp"
     size_class: Literal["small", "medium", "large", "xlarge"]
@@ -178,7 +217,9 @@ class ModelSpec(_Spec):
     monitoring: str = "default"  # name of a monitoring policy
     isolation: bool = False  # dedicated replicas, never shared with other models
     # placement inputs (fleet.placement); None keeps the planner's defaults
-    kv_cache_gib: float | None = Field(None, ge=0.0)  # KV cache per replica (generative models)
+    kv_cache_gib: float | None = Field(None, ge=0.0)  # KV cache per replica (generative models); wins over architecture
+    # generative models: the KV cache is max_running × context_tokens positions of this shape
+    architecture: Architecture | None = None
     generation: Generation | None = None  # generative models only; their defaults when generative and unset
     peak_qps: float | None = Field(None, gt=0.0)  # expected peak; must fit max_replicas × target
 
@@ -188,6 +229,26 @@ class ModelSpec(_Spec):
             raise ValueError("generation: is set but generative is false; expected generative: true for a causal LM")
         if self.generative and self.generation is None:
             object.__setattr__(self, "generation", Generation())
+        return self
+
+    @model_validator(mode="after")
+    def _architecture_fits_generation(self) -> ModelSpec:
+        arch, gen = self.architecture, self.generation
+        if arch is None:
+            return self
+        if gen is None:  # not generative: no KV cache to size
+            raise expected("true when architecture: is set (it sizes a generative model's KV cache)",
+                           field="generative", got=False)  # fmt: skip
+        if arch.context_tokens <= gen.max_tokens:
+            raise expected(f"more than generation.max_tokens ({gen.max_tokens}): a prompt and its answer fit one context",
+                           field=("architecture", "context_tokens"), got=arch.context_tokens)  # fmt: skip
+        reserved = gen.max_running * arch.context_tokens
+        if gen.kv_budget_tokens > reserved:
+            raise expected(
+                f"at most generation.max_running × architecture.context_tokens = {gen.max_running} × "
+                f"{arch.context_tokens} = {reserved}, the KV positions placement reserves per replica",
+                field=("generation", "kv_budget_tokens"), got=gen.kv_budget_tokens,
+            )
         return self
 
 

@@ -33,6 +33,19 @@ STACK_MODELS_KEY = "models"
 DnsLabel = checked(str, "1-63 lowercase letters, digits or '-', starting and ending with one", NAME_RE.fullmatch)
 
 
+# The NVIDIA GPU of each EC2 GPU instance family (aws.amazon.com/ec2/instance-types, accelerated
+# computing): a pool's gpu_type when its stack file does not state one. Memory is in the name
+# where a GPU comes in two sizes.
+GPU_TYPES = {"g4dn": "T4", "g5": "A10G", "g6": "L4", "gr6": "L4", "g6e": "L40S", "p3": "V100-16GB",
+             "p3dn": "V100-32GB", "p4d": "A100-40GB", "p4de": "A100-80GB", "p5": "H100-80GB", "p5e": "H200",
+             "p5en": "H200"}  # fmt: skip
+
+
+def gpu_type_of(instance_type: str) -> str | None:
+    """``g5.12xlarge`` → ``A10G``; None for a family not in GPU_TYPES."""
+    return GPU_TYPES.get(instance_type.split(".")[0])
+
+
 class NodePool(BaseModel):
     """One kind of node a stack can run, from ``serving-fleet:nodePools`` in Pulumi.<stack>.yaml."""
 
@@ -42,6 +55,9 @@ class NodePool(BaseModel):
     instance_type: str = Field(min_length=1)  # EC2 type, e.g. g5.12xlarge
     gpus: int = Field(0, ge=0)  # per node; 0 for a CPU pool
     gpu_memory_gib: float = Field(0.0, ge=0.0)  # per GPU
+    # the GPU's model, e.g. A10G: what each replica placed here is told it runs on
+    # (FLEET_GPU_TYPE); default from the instance family (GPU_TYPES)
+    gpu_type: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     vcpu: int = Field(gt=0)
     memory_gib: float = Field(gt=0.0)
     hourly_usd: float = Field(ge=0.0)  # on-demand price of one node, for choosing and cost
@@ -56,6 +72,15 @@ class NodePool(BaseModel):
             raise expected("a number > 0 when gpus > 0", field="gpu_memory_gib", got=self.gpu_memory_gib)
         if self.gpus == 0 and self.gpu_slices > 1:
             raise expected("1 for a pool without GPUs", field="gpu_slices", got=self.gpu_slices)
+        if self.gpus == 0 and self.gpu_type is not None:
+            raise expected("no gpu_type for a pool without GPUs", field="gpu_type", got=self.gpu_type)
+        if self.gpus > 0 and self.gpu_type is None:
+            derived = gpu_type_of(self.instance_type)
+            if derived is None:
+                families = ", ".join(GPU_TYPES)
+                raise expected(f"the GPU model of {self.instance_type}, e.g. A10G (known without it for the "
+                               f"families {families})", field="gpu_type", got=None)  # fmt: skip
+            object.__setattr__(self, "gpu_type", derived)
         if self.min_nodes > self.max_nodes:
             raise expected(f"an integer <= max_nodes ({self.max_nodes})", field="min_nodes", got=self.min_nodes)
         return self

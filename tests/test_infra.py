@@ -499,6 +499,20 @@ def test_the_runtime_config_map_carries_the_plan_and_quotas_follow_it(stack: Bui
     assert quotas["models"][f"requests.{GPU_RESOURCE}"] == str(gpu_units) and quotas["fleet"][f"requests.{GPU_RESOURCE}"] == "0"
 
 
+def test_the_engine_learns_its_gpu_type_and_tensor_parallel_degree_through_the_config_map() -> None:
+    """Placement → the fleet-runtime ConfigMap infra writes → the runtime's Deployment env."""
+    from fleet.runtime.kubernetes import CONFIG_MAP, manifests, placement_from_dict
+
+    (cm,) = [o for o in _manifests(example("prod")) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == CONFIG_MAP]
+    placed = {m["model"]: placement_from_dict(m) for m in json.loads(cm["data"]["placement.json"])["models"]}
+    deployment = manifests("llm-70b", "1.0.0", "repo@sha256:" + "0" * 64, placed["llm-70b"], floor=1,
+                           prometheus_url="http://prometheus:9090")[0]  # fmt: skip
+    validate(deployment)
+    env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert (env["FLEET_TENSOR_PARALLEL"], env["FLEET_GPU_TYPE"], env["FLEET_KV_CACHE_GIB"]) == ("8", "A100-40GB", "40")
+    assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {POOL_LABEL: "a100-8"}  # the p4d group
+
+
 def test_the_platform_charts_are_pinned_and_the_device_plugin_slices_shared_gpus(stack: Build) -> None:
     releases = {r.inputs["chart"]: r.inputs for r in stack.of_type("kubernetes:helm.sh/v3:Release")}
     assert all(r.get("version") for r in releases.values())  # tests/test_charts.py checks each against its chart

@@ -227,3 +227,24 @@ def test_the_plan_says_what_scales_each_model_and_what_an_inference_costs() -> N
     text = fleet_plan("--stack", "prod").stdout
     assert re.search(r"llm-7b\s+queue_depth 12/replica", text) and "gpu_utilization 75 %" in text
     assert re.search(r"llm-70b\s+qps 1/replica\s+21\.960\s+6\.1000", text)  # a whole p4d at 1 QPS
+
+
+def test_the_plan_shows_each_replica_s_gpu_type_degree_and_memory_breakdown() -> None:
+    """llm-70b (policies/models-gpu.yaml): 130.39 GiB of bf16 weights and a KV cache of 8
+    sequences × 16384 tokens × 80 layers × 1024 × 2 × 2 bytes = 40 GiB, × 1.2 = 204.46 GiB:
+    tensor parallel over the 8 A100-40GB of one p4d."""
+    models = {m["model"]: m for m in plan_json("prod")["models"]}
+    big = models["llm-70b"]
+    assert (big["gpu_type"], big["tensor_parallel"], big["kv_source"]) == ("A100-40GB", 8, "architecture")
+    assert (big["weights_gib"], big["kv_cache_gib"], big["gpu_memory_gib"]) == (pytest.approx(130.385, abs=1e-3), 40.0, 204.46)
+    assert (big["kv_tokens"], big["context_tokens"], big["gpu_memory_from"]) == (8 * 16384, 16384, "estimate")
+    assert big["gpu_memory_utilization"] == 0.639  # 204.46 GiB over 8 × 40 GiB: vLLM's share of each GPU
+    assert (models["llm-7b"]["gpu_type"], models["llm-7b"]["kv_cache_gib"]) == ("A10G", 4.0)
+    assert (models["embed-small"]["kv_source"], models["embed-small"]["gpu_memory_from"]) == ("none", "resources")
+    assert (models["demo-lm"]["gpu_type"], models["demo-lm"]["kv_source"]) == (None, "default share")  # on CPU
+    text = fleet_plan("-s", "prod").stdout
+    assert re.search(r"^llm-70b\s+A100-40GB\s+8\s+130\.39\s+40\.00\s+architecture\s+204\.46\s*$", text, re.M), text
+    assert re.search(r"^\s+8 × 16384 tokens\s*$", text, re.M)
+    assert re.search(r"^llm-7b\s+A10G\s+1\s+13\.04\s+4\.00\s+architecture\s+20\.45\s*$", text, re.M)
+    assert re.search(r"^embed-small\s+A10G shared\s+1\s+0\.20\s+-\s+-\s+2\.00\*\s*$", text, re.M)
+    assert re.search(r"^demo-lm\s+CPU\s+-\s+0\.01\s+<0\.01\s+30% of weights\s+-\s*$", text, re.M)

@@ -52,9 +52,10 @@ def plan_cmd(
     guardrails: GuardrailsOpt = None,
     json: JsonFlag = False,
 ) -> None:
-    """Place the stack's models on its node pools: GPUs per replica, replicas, what scales each
-    model and its cost per 1,000 inferences, node-group sizes, the whole stack's cost per hour
-    and the GPU ceiling."""
+    """Place the stack's models on its node pools: GPUs per replica, replicas, each replica's GPU
+    type, tensor-parallel degree and memory (weights, KV cache and where its size came from),
+    what scales each model and its cost per 1,000 inferences, node-group sizes, the whole
+    stack's cost per hour and the GPU ceiling."""
     from fleet.placement import inference_costs, plan
     from fleet.spec import load_policies
     from fleet.stack import build_inputs, gpu_ceiling, guardrail_config_file, placement_inputs, read_stack_file
@@ -73,8 +74,8 @@ def plan_cmd(
         emit_json({**result.to_dict(), "cost": cost.to_dict(), "gpu_ceiling": {**ceiling.to_dict(), "within": within},
                    "per_inference": [c.to_dict() for c in per_inference]})  # fmt: skip
         return
-    tables = (_placement_table(result, path), _scaling_table(result, per_inference), _node_group_table(result),
-              _cost_table(cost, path))  # fmt: skip
+    tables = (_placement_table(result, path), _memory_table(result), _scaling_table(result, per_inference),
+              _node_group_table(result), _cost_table(cost, path))  # fmt: skip
     for table in tables:
         console.print(table)
         console.print()
@@ -114,6 +115,36 @@ def _placement_table(result: Plan, path: Path) -> Table:
         gib = f"{m.gpu_memory_gib:g}" if m.gpus else "-"
         _row(t, m.model, m.node_group, _gpus(m), gib, f"{m.min_replicas}-{m.max_replicas}", "\n".join(m.isolated_for) or "-")
     return t
+
+
+def _memory_table(result: Plan) -> Table:
+    from fleet.placement import KV_DEFAULT_SHARE, RUNTIME_OVERHEAD
+
+    t = _table(f"memory per replica, GiB: (weights + KV cache) × {1 + RUNTIME_OVERHEAD:g}")
+    t.caption = Text("* resources.gpu × gpu_memory_gib of the policy, above the estimate; "
+                     "CPU models hold weights and KV cache in RAM")  # fmt: skip
+    t.caption_justify = "left"
+    _name_column(t, "model")
+    _name_column(t, "GPU")
+    _text_column(t, "TP", right=True)
+    _text_column(t, "weights", right=True)
+    _text_column(t, "KV cache", right=True)
+    _text_column(t, "KV from")
+    _text_column(t, "total", right=True)
+    kv_from = {"kv_cache_gib": "kv_cache_gib", "default share": f"{KV_DEFAULT_SHARE:.0%} of weights", "none": "-"}
+    for m in result.models:
+        source = kv_from.get(m.kv_source, m.kv_source)
+        if m.kv_source == "architecture" and m.kv_tokens and m.context_tokens:  # sequences × their context
+            source = f"architecture\n{m.kv_tokens // m.context_tokens} × {m.context_tokens} tokens"
+        gpu = "CPU" if not m.gpus else (m.gpu_type or "?") + (" shared" if m.shared_gpu else "")
+        total = "-" if not m.gpus else f"{m.gpu_memory_gib:.2f}" + ("*" if m.gpu_memory_from == "resources" else "")
+        kv = _gib(m.kv_cache_gib) if m.kv_source != "none" else "-"
+        _row(t, m.model, gpu, str(m.tensor_parallel) if m.gpus else "-", _gib(m.weights_gib), kv, source, total)
+    return t
+
+
+def _gib(value: float) -> str:
+    return "<0.01" if 0 < value < 0.005 else f"{value:.2f}"
 
 
 _UNITS = {"qps": "/replica", "p99_ms": " ms", "queue_depth": "/replica", "gpu_utilization": " %"}

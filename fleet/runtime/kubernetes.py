@@ -3,12 +3,13 @@ ScaledObject in the models namespace of the EKS cluster (``FLEET_RUNTIME=kuberne
 
 Where a version runs comes from the placement plan that ``infra/`` writes into the ConfigMap
 ``fleet-runtime`` (keys ``placement.json``, ``images.json``, ``prometheus_url``): GPUs per
-replica, node selector and tolerations of its node group, replica bounds. The image is the
-family's ECR repository at the digest recorded for the version (``fleet package MODEL VERSION
---image-digest``, ``fleet.runtime.images``), never a tag: a version with no recorded digest,
-or one recorded for another artifact, is refused. KEDA scales between ``max(replicas,
-min_replicas)`` and ``max_replicas`` on QPS and p99 latency from Prometheus, so
-``deploy(replicas=N)`` raises the floor and waits for N ready pods.
+replica, node selector and tolerations of its node group, replica bounds, and what the engine
+is told in its env (``engine_env``: GPU type, tensor-parallel degree, memory share, KV cache).
+The image is the family's ECR repository at the digest recorded for the version (``fleet
+package MODEL VERSION --image-digest``, ``fleet.runtime.images``), never a tag: a version with
+no recorded digest, or one recorded for another artifact, is refused. KEDA scales between
+``max(replicas, min_replicas)`` and ``max_replicas`` on QPS and p99 latency from Prometheus,
+so ``deploy(replicas=N)`` raises the floor and waits for N ready pods.
 
 Objects are written with server-side apply (field manager ``serving-fleet``), so a deploy is
 idempotent and never fights the HPA over ``spec.replicas`` (which it leaves alone). Endpoints
@@ -105,6 +106,31 @@ def labels(model: str, version: str) -> dict[str, str]:
             "fleet.io/model": model, "fleet.io/version": version.replace("+", "_")}  # fmt: skip
 
 
+def engine_env(placement: ModelPlacement) -> list[dict[str, str]]:
+    """What the placement tells the serving engine, as container env (pure).
+
+    ``FLEET_TENSOR_PARALLEL``: GPUs one replica spans (1 on CPU or a shared GPU), vLLM's
+    ``tensor_parallel_size``. On GPUs, ``FLEET_GPU_TYPE`` (the pool's, e.g. A100-40GB) and
+    ``FLEET_GPU_MEMORY_UTILIZATION`` (the share of each GPU placement reserved for the replica,
+    vLLM's ``gpu_memory_utilization``: on a time-sliced GPU it keeps to its slice). For a generative
+    model, ``FLEET_KV_CACHE_GIB`` (the KV cache placement sized, over all its GPUs; vLLM's
+    ``kv_cache_memory_bytes`` is that × 2**30 ÷ the degree, per GPU) and, when it was sized
+    from the architecture, ``FLEET_KV_CACHE_TOKENS`` (max_running × context_tokens) and
+    ``FLEET_CONTEXT_TOKENS`` (vLLM's ``max_model_len``).
+    """
+    env = {"FLEET_TENSOR_PARALLEL": str(max(placement.tensor_parallel, 1))}
+    if placement.gpus:
+        env["FLEET_GPU_TYPE"] = placement.gpu_type or "unknown"
+        if placement.gpu_memory_utilization:
+            env["FLEET_GPU_MEMORY_UTILIZATION"] = f"{placement.gpu_memory_utilization:g}"
+    if placement.kv_source != "none":
+        env["FLEET_KV_CACHE_GIB"] = f"{round(placement.kv_cache_gib, 3):g}"
+    if placement.kv_tokens is not None and placement.context_tokens is not None:
+        env["FLEET_KV_CACHE_TOKENS"] = str(placement.kv_tokens)
+        env["FLEET_CONTEXT_TOKENS"] = str(placement.context_tokens)
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
 def manifests(model: str, version: str, image: str, placement: ModelPlacement, *, floor: int,
               prometheus_url: str, namespace: str = NAMESPACE, timeout_ms: int = 5000) -> list[dict]:  # fmt: skip
     """Deployment, Service, PodDisruptionBudget and ScaledObject of one version (pure)."""
@@ -119,7 +145,7 @@ def manifests(model: str, version: str, image: str, placement: ModelPlacement, *
     container = {
         "name": "bento", "image": image, "ports": [{"name": "http", "containerPort": BENTO_PORT}],
         "env": [{"name": "FLEET_MODEL", "value": model}, {"name": "FLEET_VERSION", "value": version},
-                {"name": "FLEET_TENSOR_PARALLEL", "value": str(max(placement.tensor_parallel, 1))}],
+                *engine_env(placement)],
         "resources": {"requests": requests, "limits": limits},
         # weights load before /readyz answers: allow up to 15 minutes before liveness counts
         "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": 90},
