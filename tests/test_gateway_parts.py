@@ -355,6 +355,33 @@ def test_the_shadow_queue_is_bounded_in_bytes_and_counts_what_it_drops() -> None
     assert offered == [True] * 3 + [False] * 7 and held <= 3 * (10_000 * 24 + 300) and after == 0
 
 
+def test_a_mirrored_generation_is_compared_by_its_text_and_counted_in_its_bytes() -> None:
+    from fleet.errors import FleetError
+    from fleet.gateway.shadow import Generated, GenShadowJob, ShadowMirror
+
+    async def scenario() -> list[tuple[str, object]]:
+        async def generate(job: GenShadowJob, deadline: float) -> Generated:
+            if job.served == "boom":
+                raise type("Down", (FleetError,), {"kind": "5xx"})("the shadow is down")
+            return Generated("dcba", 12.0, 3.0, 14, 4)
+
+        seen: list[tuple[str, object]] = []
+        mirror = ShadowMirror(lambda *_: None, lambda j, outcome, ms, result, kind: seen.append((outcome, kind)),
+                              generate=generate)  # fmt: skip
+        mirror.start(workers=1)
+        jobs = [GenShadowJob("lm", "2.0.0", "1.0.0", b'{"prompt": "reverse abcd>"}', served, 10.0, 5.0)
+                for served in ("dcba", "dcbx", "boom")]  # fmt: skip
+        assert all(mirror.offer(job) for job in jobs) and mirror.bytes == sum(j.nbytes for j in jobs)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if mirror.bytes == 0:
+                break
+        await mirror.close()
+        return seen
+
+    assert asyncio.run(scenario()) == [("agree", None), ("disagree", None), ("error", "5xx")]
+
+
 def test_scoped_credentials_are_for_one_purpose_one_gateway_and_one_minute() -> None:
     from fleet import gateways
 

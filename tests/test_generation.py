@@ -234,3 +234,35 @@ def test_exact_match_feedback_is_compared_with_the_logged_answer_and_counted_for
     assert row.isna()["prompt"] and row.isna()["output"]
     # the caller's key never reaches the log
     assert not (frame.astype(str) == fleet["keys"]["apps"]).any().any()
+
+
+def test_generations_are_mirrored_to_a_shadow_and_compared_off_the_callers_path(fleet: dict) -> None:
+    """With a shadow set, each generation (streamed or not) is asked again of the shadow
+    version, whole, after the caller's answer; the texts are compared and the shadow's time to
+    first token, time per token and lengths land in its own windows."""
+    env, admin = fleet["env"], {"Authorization": "Bearer e2e-admin-token"}
+    env.fleet("route", "set", MODEL, "--shadow", "1.2.0", "--shadow-percent", "100", "-r", "mirror to the int8 version")
+
+    def shadow_window() -> dict:
+        versions = httpx.get(f"{fleet['url']}/admin/stats/{MODEL}", params={"window_s": 900}, timeout=10,
+                             headers=admin).json()["versions"]  # fmt: skip
+        return versions.get("1.2.0", {"shadow_pairs": 0})
+
+    try:
+        before, served = shadow_window()["shadow_pairs"], set()
+        deadline = time.monotonic() + 60
+        while shadow_window()["shadow_pairs"] < before + 6 and time.monotonic() < deadline:
+            raw = client(fleet).completions.with_raw_response.create(model=MODEL, prompt=PROMPT, max_tokens=6)
+            served.add(raw.headers["x-fleet-model-version"])
+            stream = client(fleet).completions.create(model=MODEL, prompt="reverse klm>", max_tokens=6, stream=True)
+            assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+        window = shadow_window()
+        assert window["shadow_pairs"] >= before + 6, window
+        assert served == {"1.0.0"}  # callers are answered by the stable only
+        assert sum(window["output_tokens"]) >= 6 and sum(window["latency_ms"]) >= 6  # the shadow's own TTFT and lengths
+        metrics = httpx.get(fleet["url"] + "/metrics", timeout=10).text
+        outcomes = [line for line in metrics.splitlines() if line.startswith("fleet_shadow_requests_total")
+                    and 'version="1.2.0"' in line and ('"agree"' in line or '"disagree"' in line)]  # fmt: skip
+        assert sum(float(line.split()[-1]) for line in outcomes) >= 6
+    finally:
+        env.fleet("route", "set", MODEL, "--no-shadow", "-r", "test over")

@@ -44,7 +44,7 @@ from fleet.gateway import workers
 from fleet.gateway.quota import Quotas, TokenBuckets
 from fleet.gateway.record import Recorder
 from fleet.gateway.rest import Rest
-from fleet.gateway.shadow import ShadowJob, ShadowMirror
+from fleet.gateway.shadow import Generated, GenShadowJob, ShadowJob, ShadowMirror
 from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.state import FleetView, Snapshot
 from fleet.gateway.telemetry import Telemetry
@@ -119,7 +119,13 @@ def create_app(
                    for m, s in (policies.models.items() if policies else [])}  # fmt: skip
         upstreams.sync(snap.endpoints, limits_)
 
-    def on_shadow(job: ShadowJob, outcome: str, shadow_ms: float | None, result: Any, kind: str | None) -> None:  # noqa: ANN401
+    def on_shadow(job: ShadowJob | GenShadowJob, outcome: str, shadow_ms: float | None, result: Any,  # noqa: ANN401
+                  kind: str | None) -> None:  # fmt: skip
+        if isinstance(result, Generated):  # the shadow's time to first token beside the caller's
+            telemetry.shadow_result(job.model, job.version, outcome, result.ttft_ms, job.served_ms)
+            telemetry.generated(job.model, job.version, ttft_ms=result.ttft_ms, tpot_ms=result.tpot_ms,
+                                prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens)  # fmt: skip
+            return
         telemetry.shadow_result(job.model, job.version, outcome, shadow_ms, job.served_ms)
         if result is not None and shadow_ms is not None:
             telemetry.answered(job.model, job.version, shadow_ms, result)
@@ -139,6 +145,7 @@ def create_app(
     in_flight = BodyBudget(limits.mib(limits.inflight_body_mib))
     rest = Rest(pipeline, view.store, settings.gateway_id, limits.mib(limits.max_body_mib), logged, in_flight)
     generation = Generation(pipeline, upstreams, telemetry, usage, in_flight, limits.mib(limits.max_body_mib))
+    mirror.generate = generation.shadow
     server_info = {"name": "serving-fleet", "version": __version__, "extensions": ["generate"]}
     grpc = None
     if settings.grpc_port is not None:  # imported only when asked for: grpcio and the OIP protos load in ~70 ms

@@ -53,6 +53,7 @@ from fleet.gateway.dispatch import fallback
 from fleet.gateway.pipeline import Call, Pipeline
 from fleet.gateway.protocol import MalformedBody, parse_json
 from fleet.gateway.slots import PRIORITIES
+from fleet.gateway.shadow import Generated, GenShadowJob
 from fleet.gateway.telemetry import Telemetry
 from fleet.inference_log import GenSample, digest
 from fleet.gateway.upstream import (
@@ -66,7 +67,7 @@ from fleet.gateway.upstream import (
     Upstreams,
     UpstreamTimeout,
 )
-from fleet.routing import choose_version
+from fleet.routing import choose_version, should_shadow
 from fleet.spec import Generation as GenerationSpec
 from fleet.usage import UsageMeter
 
@@ -139,6 +140,7 @@ class Stream:
     telemetry: Telemetry
     usage: UsageMeter | None
     charge: Callable[[int], None]  # tokens spent of the tenant's token quota, as they stream
+    payload: bytes = b""  # what the version was asked (a shadow is asked the same)
     final: dict[str, Any] = field(default_factory=dict)
     charged: int = 0
     seen: int = 0  # tokens the last event counted (prompt and completion)
@@ -228,6 +230,21 @@ def _count(event: dict[str, Any], key: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else 0
 
 
+@dataclass
+class _Kept:
+    """A generation's part in the log sample and the shadow mirror, decided when it starts."""
+
+    call: Call
+    req: genproto.GenRequest
+    stream: Stream
+    sampled: bool
+    shadow: bool
+
+    @property
+    def wanted(self) -> bool:
+        return self.sampled or self.shadow
+
+
 class Generation:
     def __init__(self, pipeline: Pipeline, upstreams: Upstreams, telemetry: Telemetry, usage: UsageMeter | None,
                  in_flight: bodies.BodyBudget, max_body_bytes: int) -> None:  # fmt: skip
@@ -295,32 +312,76 @@ class Generation:
         stream = await self._start(call, req, gen)
         answer = genproto.Answer(kind, call.request_id, call.model, stream.version, req.include_usage)
         rate = call.spec.inference_log.sample_rate
-        sampled = bool(rate) and random.random() < rate
+        table = call.table
+        kept = _Kept(call, req, stream,
+                     sampled=bool(rate) and random.random() < rate,
+                     shadow=table is not None and table.shadow is not None and table.shadow.version != stream.version
+                     and should_shadow(table, call.routing_key))  # fmt: skip
         if not req.stream:
             text, final = await stream.collect()
-            if sampled:
-                self._log(call, req, stream, text)
+            self._kept(kept, text)
             return json_response(answer.whole(text, final))
         call.state["streaming"] = True  # a concurrency lease is held until the stream ends, not its first byte
-        return StreamingResponse(self._sse(answer, stream, (call, req) if sampled else None), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)  # fmt: skip
+        return StreamingResponse(self._sse(answer, stream, kept), media_type="text/event-stream", headers=SSE_HEADERS)
 
-    async def _sse(self, answer: genproto.Answer, stream: Stream,
-                   sampled: tuple[Call, genproto.GenRequest] | None) -> AsyncIterator[bytes]:  # fmt: skip
+    async def _sse(self, answer: genproto.Answer, stream: Stream, kept: _Kept) -> AsyncIterator[bytes]:
         first = True
-        parts: list[str] = []  # only for a sampled generation: at most max_tokens pieces
+        parts: list[str] = []  # only for a sampled or mirrored generation: at most max_tokens pieces
         try:
             async for event in stream.events():
-                if sampled is not None:
+                if kept.wanted:
                     parts.append(event.get("text", ""))
                 yield answer.chunk(event, first)
                 first = False
         except FleetError as exc:
             yield answer.error(str(exc), exc.status)
             return
-        if sampled is not None:
-            self._log(*sampled, stream, "".join(parts))
+        self._kept(kept, "".join(parts))
         yield answer.done()
+
+    def _kept(self, kept: _Kept, text: str) -> None:
+        """What a finished generation leaves behind, off the caller's path: its log sample,
+        and its mirror to the shadow version (the whole answer there, compared with this one)."""
+        if kept.sampled:
+            self._log(kept.call, kept.req, kept.stream, text)
+        if kept.shadow:
+            call, stream = kept.call, kept.stream
+            self.pipeline.recorder.mirror.offer(GenShadowJob(
+                call.model, call.table.shadow.version, stream.version, stream.payload, text,  # type: ignore[union-attr]
+                (stream.first_at - stream.asked) * 1e3, call.spec.timeout_ms / 1000))  # fmt: skip
+
+    async def shadow(self, job: GenShadowJob, deadline: float) -> Generated:
+        """The shadow version's whole answer to a mirrored generation (``fleet.gateway.shadow``):
+        read from its stream, so its time to first token is measured as a caller's is."""
+        pool = self.upstreams.pool(job.model, job.version)
+        if pool is None or not pool.replicas:
+            raise NoReplica(f"{job.model}:{job.version} has no running replica; expected it to be deployed")
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await pool.slots.acquire("batch", pool.ref, "", 1.0)
+                asked = time.monotonic()
+                opened = await self._open(pool, job.payload, last_resort=True)
+                try:
+                    parts, first_at, event = [], 0.0, {}
+                    async for event in opened.events:
+                        first_at = first_at or time.monotonic()
+                        parts.append(event.get("text", ""))
+                        if event.get("finish_reason") is not None:
+                            break
+                finally:
+                    await opened.close()
+        except TimeoutError:
+            raise UpstreamTimeout(f"{pool.ref} did not finish a mirrored generation in time") from None
+        reason = event.get("finish_reason")
+        if reason in (None, "error", "timeout"):
+            kind = "timeout" if reason == "timeout" else "5xx"
+            raise (UpstreamTimeout if kind == "timeout" else UpstreamError)(
+                f"{pool.ref} failed a mirrored generation: {reason or 'its stream ended early'}", kind)  # fmt: skip
+        completion = _count(event, "completion_tokens")
+        now = time.monotonic()
+        return Generated("".join(parts), (first_at - asked) * 1e3,
+                         (now - first_at) * 1e3 / (completion - 1) if completion > 1 else None,
+                         _count(event, "prompt_tokens"), completion)  # fmt: skip
 
     def _log(self, call: Call, req: genproto.GenRequest, stream: Stream, text: str) -> None:
         """A finished, sampled generation into the inference log (lengths, times, the output's
@@ -402,7 +463,7 @@ class Generation:
             call.state["model_version"] = version
             stream = Stream(call.model, version, tenant.name, opened, first, asked, time.monotonic(),  # type: ignore[union-attr]
                             started + timeout_ms / 1000, self.telemetry, self.usage,
-                            functools.partial(self.pipeline.quotas.charge, tenant))  # fmt: skip
+                            functools.partial(self.pipeline.quotas.charge, tenant), payload)  # fmt: skip
             if first.get("finish_reason") in ("error", "timeout"):  # nothing reached the caller yet: say so now
                 await stream.collect()
             return stream

@@ -1,5 +1,9 @@
 """Shadow traffic: mirror a share of requests to the shadow version, off the request path.
 
+A generation is mirrored as a ``GenShadowJob``: the same request, answered whole by the
+shadow (nothing streams to anyone), its output compared with the caller's character for
+character (agree: the same text).
+
 The caller's answer is sent before anything here runs: a request only ``offer``s a job to
 a queue bounded in bytes (the inputs and answers it holds, ``gateway.shadow_queue_mib``);
 a job that does not fit is dropped and counted. A few worker tasks call the shadow version
@@ -42,24 +46,55 @@ class ShadowJob:
         return self.features.nbytes + self.served.nbytes + JOB_OVERHEAD
 
 
+@dataclass(frozen=True, slots=True)
+class GenShadowJob:
+    """One generation to mirror: the request as the served version got it, and its answer."""
+
+    model: str
+    version: str  # the shadow version
+    served_version: str
+    payload: bytes  # the service's request body (prompt or messages, settings)
+    served: str  # the text the caller got
+    served_ms: float  # its time to first token
+    timeout_s: float
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.payload) + len(self.served) * (1 if self.served.isascii() else 4) + JOB_OVERHEAD
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """What the shadow answered to a GenShadowJob."""
+
+    text: str
+    ttft_ms: float
+    tpot_ms: float | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
 Call = Callable[[str, str, np.ndarray, float, str], "asyncio.Future[np.ndarray]"]
+GenerateCall = Callable[[GenShadowJob, float], "asyncio.Future[Generated]"]
 
 
 class ShadowMirror:
-    def __init__(self, call: Call, on_result: Callable[..., None], max_bytes: int = QUEUE_BYTES) -> None:
+    def __init__(self, call: Call, on_result: Callable[..., None], max_bytes: int = QUEUE_BYTES,
+                 generate: GenerateCall | None = None) -> None:  # fmt: skip
         """``call(model, version, features, deadline, priority)`` asks the shadow version;
+        ``generate(job, deadline)`` asks it for a generation (``Generated``);
         ``on_result(job, outcome, shadow_ms, result, error_class)`` records it (outcome:
         agree, disagree, error, dropped; error_class as in ERROR_CLASSES, for errors)."""
-        self._call, self._on_result = call, on_result
+        self._call, self._on_result, self.generate = call, on_result, generate
         self.max_bytes = max_bytes
         self.bytes = 0  # held by queued jobs
-        self._queue: asyncio.Queue[ShadowJob] = asyncio.Queue()
+        self._queue: asyncio.Queue[ShadowJob | GenShadowJob] = asyncio.Queue()
         self._workers: list[asyncio.Task[None]] = []
 
     def start(self, workers: int = WORKERS) -> None:
         self._workers = [asyncio.create_task(self._work()) for _ in range(workers)]
 
-    def offer(self, job: ShadowJob) -> bool:
+    def offer(self, job: ShadowJob | GenShadowJob) -> bool:
         if self.bytes + job.nbytes > self.max_bytes:
             self._on_result(job, "dropped", None, None, None)
             return False
@@ -79,9 +114,16 @@ class ShadowMirror:
             finally:
                 self.bytes -= job.nbytes  # counted until its call is over: it is in memory till then
 
-    async def _mirror(self, job: ShadowJob) -> None:
+    async def _mirror(self, job: ShadowJob | GenShadowJob) -> None:
         start = time.monotonic()
         try:
+            if isinstance(job, GenShadowJob):
+                if self.generate is None:
+                    raise RuntimeError("a generation was offered to a mirror that cannot generate")
+                generated = await self.generate(job, start + job.timeout_s)
+                outcome = "agree" if generated.text == job.served else "disagree"
+                self._on_result(job, outcome, (time.monotonic() - start) * 1e3, generated, None)
+                return
             result = await self._call(job.model, job.version, job.features, start + job.timeout_s, "batch")
         except FleetError as exc:
             log.debug("shadow %s:%s failed: %s", job.model, job.version, exc)
