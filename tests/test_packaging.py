@@ -171,3 +171,22 @@ def test_model_pods_run_as_the_numeric_user_of_the_image_bentoml_builds(tmp_path
     assert context["runAsUser"] == int(args["BENTO_USER_UID"]) and context["runAsUser"] != 0
     assert context["runAsGroup"] == int(args["BENTO_USER_GID"])
     assert all("runAsUser" not in c.get("securityContext", {}) for c in pod["containers"])  # nothing overrides it
+
+
+def test_a_gpu_models_bento_installs_vllm_and_a_cpu_models_does_not() -> None:
+    """vLLM's wheel is CUDA-only: declared for the GPU image (the family's ``GPU_PACKAGES``),
+    never in the project's lock, and only in the Bentos of models whose policy asks for a GPU."""
+    from fleet.runtime.bento import family_module, python_packages
+
+    spec = load_policies(ROOT / "policies").model("demo-lm")
+    assert spec.resources.gpu == 0
+    family = family_module(spec.family)
+    gpu = spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpu": 1, "gpu_memory_gib": 8.0})})
+    cpu_packages, gpu_packages = python_packages(family, spec), python_packages(family, gpu)
+    assert not any(p.startswith("vllm") for p in cpu_packages)
+    assert "vllm==0.33.0" in gpu_packages and gpu_packages[: len(cpu_packages)] == cpu_packages
+    torch_pin = next(p for p in cpu_packages if p.startswith("torch=="))
+    assert torch_pin == "torch==2.13.0"  # what vLLM 0.33.0 pins: the GPU image resolves
+    assert "vllm_engine.py" in family.BENTO_FILES
+    for locked in ("requirements.lock", "pyproject.toml"):
+        assert "vllm" not in (ROOT / locked).read_text().lower(), f"vllm must never be in {locked}"

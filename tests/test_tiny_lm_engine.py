@@ -256,3 +256,23 @@ def test_min_tokens_holds_end_of_sequence_back(lm: tuple) -> None:
     assert free.final.finish_reason == "stop" and free.final.completion_tokens < 30  # this prompt ends early alone
     _, (held,) = run(lm, [PROMPTS[2]], Params(max_tokens=30, min_tokens=30))
     assert held.final.finish_reason == "length" and held.final.completion_tokens == 30
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (bench/generation_gpu.py serves it there)")
+def test_on_cuda_the_engine_keeps_its_cache_on_the_gpu_and_gives_the_cpus_tokens(lm: tuple) -> None:
+    import copy
+
+    model, tokenizer = lm
+    on_gpu = (copy.deepcopy(model).to("cuda"), tokenizer)
+    engine = Engine(*on_gpu, Scheduler(max_running=3))
+    sinks = [Collected() for _ in PROMPTS]
+    for prompt, sink in zip(PROMPTS, sinks, strict=True):
+        engine.submit(prompt, Params(max_tokens=12, min_tokens=2), sink)
+        engine.step()
+        if engine._batch is not None:
+            assert engine._batch.mask.is_cuda and engine._batch.last.is_cuda
+            assert all(layer.keys.is_cuda for layer in engine._batch.cache.layers)
+    while engine.step():
+        pass
+    held = [solo(lm, p, Params(max_tokens=12, min_tokens=2)) for p in PROMPTS]
+    assert [s.text for s in sinks] == held  # staggered joins on the GPU, each alone on the CPU

@@ -28,6 +28,12 @@ string, or an incomplete UTF-8 character, is held back until it is known.
 of its own while there is work (torch releases the GIL in its kernels). Callers submit
 from any thread and get events through the ``sink`` they pass (the service hands them to
 its event loop).
+
+The device is the model's: the service moves the model to CUDA when it serves there, and
+every tensor the engine makes (ids, masks, positions, indices) is made on that device;
+sampling draws on the CPU with the sequence's own generator, so a seed makes the same
+draws on either device (the probabilities may differ in their last bits). On CUDA the service prefers vLLM's engine when it is
+installed (``vllm_engine.py``), which offers the same interface.
 """
 
 from __future__ import annotations
@@ -130,7 +136,17 @@ class Stats:
     finished: dict[str, int] = field(default_factory=dict)
 
 
+def check_params(params: Params) -> None:
+    """``ValueError`` for sampling parameters no engine accepts (shared with ``vllm_engine``)."""
+    if not 0.0 <= params.temperature <= 100.0 or not 0.0 < params.top_p <= 1.0:
+        raise ValueError("expected 0 <= temperature <= 100 and 0 < top_p <= 1")
+    if not 0 <= params.min_tokens <= params.max_tokens:
+        raise ValueError(f"min_tokens is {params.min_tokens}; expected 0 to max_tokens ({params.max_tokens})")
+
+
 class Engine:
+    name = "native"  # what /engine and /metadata report (vllm_engine.VLLMEngine: "vllm")
+
     def __init__(self, model: Any, tokenizer: Any, scheduler: Scheduler | None = None, *,  # noqa: ANN401
                  clock: Callable[[], float] = time.monotonic, prefill_delay_s: float = 0.0,
                  step_delay_s: float = 0.0) -> None:  # fmt: skip
@@ -167,10 +183,7 @@ class Engine:
         if len(ids) + params.max_tokens > self.context:
             raise TooLong(f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) is "
                           f"{len(ids) + params.max_tokens} tokens; this model's context is {self.context}")  # fmt: skip
-        if not 0.0 <= params.temperature <= 100.0 or not 0.0 < params.top_p <= 1.0:
-            raise ValueError("expected 0 <= temperature <= 100 and 0 < top_p <= 1")
-        if not 0 <= params.min_tokens <= params.max_tokens:
-            raise ValueError(f"min_tokens is {params.min_tokens}; expected 0 to max_tokens ({params.max_tokens})")
+        check_params(params)
         now = self.clock()
         seq = Sequence(id=next(self._ids), prompt=ids, max_tokens=params.max_tokens, arrived=now,
                        priority=params.priority,
@@ -353,7 +366,8 @@ class Engine:
         early = [i for i, s in enumerate(seqs) if (live := self._live.get(s.id)) and len(s.generated) < live.params.min_tokens]
         if early and self.eos:
             logits = logits.clone()
-            logits[torch.tensor(early)[:, None], torch.tensor(sorted(self.eos))[None, :]] = float("-inf")
+            rows = torch.tensor(early, device=logits.device)[:, None]
+            logits[rows, torch.tensor(sorted(self.eos), device=logits.device)[None, :]] = float("-inf")
         greedy = logits.argmax(-1).tolist()
         tokens = []
         for i, seq in enumerate(seqs):

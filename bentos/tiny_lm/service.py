@@ -1,10 +1,15 @@
 """BentoML service for one version of a generative (causal LM) model.
 
-A thin shell around ``engine.Engine`` (KV cache, continuous batching) over the version's
-``save_pretrained`` folder — the family's own trained model, or any Hugging Face causal LM
-registered the same way. The folder's files are checked against the manifest's listing
-(``fleet_build.json`` ``files``) at import and again before the weights load, as in every
-family; nothing is fetched from a hub (``HF_HUB_OFFLINE``).
+A thin shell around an engine over the version's ``save_pretrained`` folder — the family's
+own trained model, or any Hugging Face causal LM registered the same way. The engine is
+``engine.Engine`` (our KV cache and continuous batching, on CPU or CUDA) or, on CUDA with
+``vllm`` installed, ``vllm_engine.VLLMEngine`` (vLLM's ``AsyncLLM`` behind the same
+interface); ``FLEET_DEVICE`` (auto | cuda | cpu) and ``FLEET_ENGINE`` (auto | vllm | native)
+decide, as ``vllm_engine.resolve_device`` / ``choose_engine`` say. Which one serves, on
+which device and why, is in ``/engine``, ``/metadata`` and the replica's log. The folder's
+files are checked against the manifest's listing (``fleet_build.json`` ``files``) at import
+and again before the weights load, as in every family; nothing is fetched from a hub
+(``HF_HUB_OFFLINE``).
 
 Routes (the fleet's generation contract; ``fleet.gateway.generate`` calls them):
 
@@ -16,7 +21,8 @@ Routes (the fleet's generation contract; ``fleet.gateway.generate`` calls them):
   "completion_tokens": n, "prompt_tokens": p}`` per step that produced text, then one with ``finish_reason`` and
   the counts and timings. A caller that disconnects cancels its sequence: it leaves the
   running batch, and its KV cache is freed, at the next step;
-* ``GET /engine`` → the engine's gauges and counters (running, waiting, KV cache use).
+* ``GET /engine`` → the engine's gauges and counters (running, waiting, KV cache use), with
+  ``engine`` (native or vllm) and ``device``.
 
 A prompt that can never fit (prompt + ``max_tokens`` past the context or the KV budget) is
 400; past ``max_waiting`` waiting sequences the service sheds with 503 (nothing computed).
@@ -39,6 +45,7 @@ from pydantic import BaseModel, Field
 
 from engine import Engine, Event, Params, QueueFull, Scheduler, TooLong  # noqa: I001 - the Bento holds these files at its root
 from integrity import verify_folder
+from vllm_engine import VLLMEngine, choose_engine, engine_args, gpu_total_bytes, resolve_device, try_import_vllm
 
 BUILD = json.loads((Path(__file__).with_name("fleet_build.json")).read_text())
 MODEL = bentoml.models.BentoModel(BUILD["bento_model"])
@@ -48,6 +55,7 @@ GENERATION = {"max_running": 32, "kv_budget_tokens": 8192, "max_waiting": 256, "
               "max_tokens": 256, **BUILD.get("generation", {})}  # fmt: skip
 QUANTIZATION = "fleet_quantization.json"  # {"library": "torchao", "method": "int8-weight-only"}
 FAULTS = "fleet_faults.json"  # {"first_token_ms", "token_ms"}: a rehearsal's slow version
+ACCELERATOR = BUILD.get("accelerator", {})  # {"gpus", "gpu_memory_gib"} of a policy with resources.gpu > 0
 MAX_STOP, MAX_STOP_CHARS, MAX_PROMPT_CHARS, MAX_MESSAGES = 4, 64, 32_768, 64
 
 
@@ -79,14 +87,42 @@ class TextGenerator:
 
     def __init__(self) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
-        verify_model(self.model_ref.path)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        tokenizer = AutoTokenizer.from_pretrained(self.model_ref.path)
-        model = AutoModelForCausalLM.from_pretrained(self.model_ref.path, dtype=torch.float32).to(device)
-        quantization = Path(self.model_ref.path) / QUANTIZATION
+        path = self.model_ref.path
+        verify_model(path)
+        device = resolve_device(os.environ.get("FLEET_DEVICE"), torch.cuda.is_available())
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        quantization = Path(path) / QUANTIZATION
         self.quantization = json.loads(quantization.read_text()) if quantization.exists() else None
+        # faults built into a version on purpose (fleet models train --fault-*), to rehearse a rollback
+        faults_file = Path(path) / FAULTS
+        self.faults = json.loads(faults_file.read_text()) if faults_file.exists() else {}
+        choice = choose_engine(os.environ.get("FLEET_ENGINE"), device=device,
+                               vllm_import=try_import_vllm, quantized=self.quantization is not None,
+                               faults=any(self.faults.values()))  # fmt: skip
+        self.device, self.engine_reason = device, choice.reason
+        if choice.engine == "vllm":
+            context = int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or 2048)
+            args = engine_args(path, generation=GENERATION, context=context, env=os.environ,
+                               gpu_memory_gib=float(ACCELERATOR.get("gpu_memory_gib", 0.0)),
+                               gpu_total_bytes=gpu_total_bytes())  # fmt: skip
+            self.engine = VLLMEngine(tokenizer, args, max_waiting=GENERATION["max_waiting"])
+        else:
+            self.engine = Engine(self._native_model(path, device), tokenizer, Scheduler(
+                max_running=GENERATION["max_running"], kv_budget=GENERATION["kv_budget_tokens"],
+                max_waiting=GENERATION["max_waiting"], max_prefill=GENERATION["max_prefill_tokens"]),
+                prefill_delay_s=self.faults.get("first_token_ms", 0.0) / 1000,
+                step_delay_s=self.faults.get("token_ms", 0.0) / 1000)  # fmt: skip
+        self.engine.start()
+        print(f"{BUILD['model']}:{BUILD['version']}: the {self.engine.name} engine on {device} ({choice.reason})",
+              flush=True)  # fmt: skip
+
+    def _native_model(self, path: str, device: str):  # noqa: ANN202 - a transformers model
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
         if self.quantization is not None:  # fleet models quantize: int8 weights in memory, by torchao
             from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
@@ -94,16 +130,7 @@ class TextGenerator:
                 raise RuntimeError(f"{QUANTIZATION} asks for {self.quantization.get('method')!r}; this service "
                                    "knows int8-weight-only")  # fmt: skip
             quantize_(model, Int8WeightOnlyConfig())
-        self.device = device
-        # faults built into a version on purpose (fleet models train --fault-*), to rehearse a rollback
-        faults_file = Path(self.model_ref.path) / FAULTS
-        self.faults = json.loads(faults_file.read_text()) if faults_file.exists() else {}
-        self.engine = Engine(model, tokenizer, Scheduler(
-            max_running=GENERATION["max_running"], kv_budget=GENERATION["kv_budget_tokens"],
-            max_waiting=GENERATION["max_waiting"], max_prefill=GENERATION["max_prefill_tokens"]),
-            prefill_delay_s=self.faults.get("first_token_ms", 0.0) / 1000,
-            step_delay_s=self.faults.get("token_ms", 0.0) / 1000)  # fmt: skip
-        self.engine.start()
+        return model
 
     def _prompt(self, prompt: str | None, messages: list[Message] | None) -> str:
         """The text the model continues: ``prompt``, or ``messages`` through the tokenizer's chat
@@ -188,9 +215,11 @@ class TextGenerator:
 
     @bentoml.api(route="/engine")
     def engine_stats(self) -> dict:
-        return {**self.engine.snapshot(), "device": self.device, "model": BUILD["model"], "version": BUILD["version"]}
+        return {**self.engine.snapshot(), "engine": self.engine.name, "device": self.device, "model": BUILD["model"],
+                "version": BUILD["version"]}  # fmt: skip
 
     @bentoml.api
     def metadata(self) -> dict:
         return {k: BUILD[k] for k in ("model", "version", "artifact_sha256")} | {
-            "device": self.device, "generation": GENERATION, "faults": self.faults, "quantization": self.quantization}
+            "device": self.device, "engine": self.engine.name, "engine_reason": self.engine_reason,
+            "generation": GENERATION, "faults": self.faults, "quantization": self.quantization}

@@ -32,7 +32,9 @@ from fleet.spec import ModelSpec
 
 DEFAULT_HOME = ".fleet/bentoml"
 # BentoML pins itself. Local version labels (+cpu) are dropped so a GPU image gets the
-# CUDA build of the same release.
+# CUDA build of the same release. A family's ``PACKAGES`` are pinned the same way; its
+# ``GPU_PACKAGES`` (pinned in the family, e.g. vLLM, whose wheel is CUDA-only and never in
+# the lock) go only into the Bentos of models whose policy asks for a GPU.
 PINNED = ("torch", "numpy")
 # Shipped in every Bento beside the family's files (from bentos/): the check at load.
 SHARED_FILES = ("integrity.py",)
@@ -154,14 +156,23 @@ def package(
                 labels={**labels, "quantize": "int8" if quantize else "none", INTEGRITY_LABEL[0]: INTEGRITY_LABEL[1],
                         BUILD_LABEL: build_sha},
                 include=[*family.BENTO_FILES, *SHARED_FILES, "fleet_build.json"],
-                python={"packages": [f"{p}=={installed(p).split('+')[0]}" for p in (*PINNED, *getattr(family, "PACKAGES", ()))],
-                        "lock_packages": False},
+                python={"packages": python_packages(family, spec), "lock_packages": False},
                 build_ctx=ctx,
             )
         except Exception as exc:  # BentoML raises many kinds; say which build failed
             raise PackagingError(f"bentoml build of {bento_tag} failed: {type(exc).__name__}: {exc}") from exc
     log(f"built Bento {bento.tag}")
     return Packaged(str(bento.tag), model_tag, mv.artifact_sha256, built=True)
+
+
+def python_packages(family: object, spec: ModelSpec) -> list[str]:
+    """What the Bento's image installs: torch, numpy and the family's ``PACKAGES`` at the
+    versions this environment runs, and for a model whose policy asks for a GPU
+    (``resources.gpu > 0``) the family's ``GPU_PACKAGES`` as the family pins them."""
+    packages = [f"{p}=={installed(p).split('+')[0]}" for p in (*PINNED, *getattr(family, "PACKAGES", ()))]
+    if spec.resources.gpu > 0:
+        packages += list(getattr(family, "GPU_PACKAGES", ()))
+    return packages
 
 
 def _import_model(model_tag: str, mv: ModelVersion, artifact: Path, labels: dict[str, str], log: Callable[[str], None]) -> None:
@@ -191,8 +202,11 @@ def _import_model(model_tag: str, mv: ModelVersion, artifact: Path, labels: dict
 
 def _build_config(mv: ModelVersion, spec: ModelSpec, model_tag: str, quantize: bool, batchable: bool) -> dict:
     resources: dict[str, object] = {"cpu": str(spec.resources.cpu), "memory": f"{spec.resources.memory_gib}Gi"}
+    accelerator: dict[str, object] = {}
     if spec.resources.gpu > 0:
         resources["gpu"] = spec.resources.gpu
+        # per GPU; the service gives vLLM this share of the GPU's memory (gpu_memory_utilization)
+        accelerator = {"accelerator": {"gpus": spec.resources.gpu, "gpu_memory_gib": spec.resources.gpu_memory_gib}}
     return {
         "model": mv.model,
         "version": mv.version,
@@ -205,6 +219,7 @@ def _build_config(mv: ModelVersion, spec: ModelSpec, model_tag: str, quantize: b
         "traffic": {"timeout": spec.timeout_ms / 1000, "concurrency": spec.concurrency},
         "batching": {**spec.batching.model_dump(), "batchable": batchable},
         "generation": spec.generation.model_dump() if spec.generation is not None else {},
+        **accelerator,
     }
 
 
