@@ -155,6 +155,26 @@ def test_generation_is_measured_per_version(fleet: dict) -> None:
                        headers={"Authorization": "Bearer e2e-admin-token"}).json()["versions"]["1.0.0"]  # fmt: skip
     assert sum(window["latency_ms"]) == sum(window["output_tokens"]) >= sum(window["tpot_ms"]) >= 1  # one token: no TPOT
     assert window["output_tokens"][output_bucket(4)] >= 1 and sum(window["predictions"]) == 0
+    queued = [line for line in text.splitlines() if line.startswith("fleet_generation_queue_seconds_count")
+              and 'version="1.0.0"' in line]  # fmt: skip
+    assert queued and float(queued[0].split()[-1]) >= 1  # the replica's own wait, as it reported it
+
+
+def test_the_replicas_metrics_show_its_running_batch_waiting_sequences_and_kv_cache(fleet: dict) -> None:
+    replica = fleet["replicas"]["1.0.0"]
+    client(fleet).completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
+    budget = engine(fleet, "1.0.0")["kv_budget_tokens"]
+    deadline, samples = time.monotonic() + 30, {}
+    while time.monotonic() < deadline:  # the gauges are sampled every half second
+        text = httpx.get(replica + "/metrics", timeout=10).text
+        samples = {line.split()[0].split("{")[0]: float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("fleet_engine_")}  # fmt: skip
+        if samples.get("fleet_engine_kv_budget_tokens") == budget:
+            break
+        time.sleep(0.1)
+    assert samples.get("fleet_engine_kv_budget_tokens") == budget, samples
+    assert {"fleet_engine_running", "fleet_engine_waiting", "fleet_engine_kv_used_tokens",
+            "fleet_engine_kv_reserved_tokens"} <= set(samples)  # fmt: skip
 
 
 def test_a_token_quota_is_one_budget_across_two_gateways_and_refused_with_retry_after(fleet: dict, tmp_path) -> None:  # noqa: ANN001

@@ -33,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
+import time
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Annotated, Literal
@@ -69,6 +71,22 @@ def verify_model(path: str) -> None:
 
 
 verify_model(MODEL.resolve().path)
+
+
+# The engine in the replica's /metrics (bentoml.metrics: prometheus_client in BentoML's
+# multiprocess mode), beside BentoML's own: its gauges, sampled every ENGINE_SAMPLE_S. How long
+# each sequence waited to join the batch is in its final event (queue_s), which the gateway
+# keeps as fleet_generation_queue_seconds.
+ENGINE_SAMPLE_S = 0.5
+ENGINE_GAUGES = {
+    "running": "Sequences in the running batch",
+    "waiting": "Sequences waiting to join the running batch",
+    "kv_reserved_tokens": "KV-cache positions reserved by running sequences (prompt + max_tokens each)",
+    "kv_used_tokens": "KV-cache positions holding keys and values now",
+    "kv_budget_tokens": "KV-cache positions a replica may reserve (generation.kv_budget_tokens)",
+}
+_GAUGES = {key: bentoml.metrics.Gauge(f"fleet_engine_{key}", doc, multiprocess_mode="livesum")
+           for key, doc in ENGINE_GAUGES.items()}  # fmt: skip
 
 
 def _event(e: Event) -> dict:
@@ -115,8 +133,17 @@ class TextGenerator:
                 prefill_delay_s=self.faults.get("first_token_ms", 0.0) / 1000,
                 step_delay_s=self.faults.get("token_ms", 0.0) / 1000)  # fmt: skip
         self.engine.start()
+        threading.Thread(target=self._sample_engine, name="engine-gauges", daemon=True).start()
         print(f"{BUILD['model']}:{BUILD['version']}: the {self.engine.name} engine on {device} ({choice.reason})",
               flush=True)  # fmt: skip
+
+    def _sample_engine(self) -> None:
+        while True:
+            snapshot = self.engine.snapshot()
+            for key, gauge in _GAUGES.items():
+                if key in snapshot:
+                    gauge.set(snapshot[key])
+            time.sleep(ENGINE_SAMPLE_S)
 
     def _native_model(self, path: str, device: str):  # noqa: ANN202 - a transformers model
         import torch

@@ -218,11 +218,17 @@ class Stream:
         tpot_ms = (now - self.first_at) * 1e3 / (completion - 1) if completion > 1 else None
         self.telemetry.generated(self.model, self.version, ttft_ms=(self.first_at - self.asked) * 1e3, tpot_ms=tpot_ms,
                                  prompt_tokens=_count(final, "prompt_tokens"),
-                                 completion_tokens=completion)  # fmt: skip
+                                 completion_tokens=completion, queue_s=_seconds(final, "queue_s"))  # fmt: skip
         self.opened.replica.succeeded()
         if self.usage is not None:
             self.usage.served(self.tenant, self.model, self.version, 1, now - self.asked,
                               _count(final, "prompt_tokens") + completion)
+
+
+def _seconds(event: dict[str, Any], key: str) -> float | None:
+    """A duration the service reported, if it is one (a broken replica's garbage is left out)."""
+    value = event.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 86_400 else None
 
 
 def _count(event: dict[str, Any], key: str) -> int:

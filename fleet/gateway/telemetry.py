@@ -123,6 +123,9 @@ class Telemetry:
                               ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
         self.output_tokens = Histogram("fleet_generation_output_tokens", "Generation: completion tokens of an answer",
                                        ["model", "version"], buckets=(*OUTPUT_TOKEN_BUCKETS, float("inf")), registry=r)  # fmt: skip
+        self.queue = Histogram("fleet_generation_queue_seconds",
+                               "Generation: the replica's wait before a sequence joined its running batch",
+                               ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
         self.tokens = Counter("fleet_generated_tokens", "Generation: tokens by kind (prompt, completion)",
                               ["model", "version", "kind"], registry=r)  # fmt: skip
         self.labels = Counter("fleet_feedback_labels", "Generation: exact-match feedback labels on a version's answers, "
@@ -152,7 +155,8 @@ class Telemetry:
             if n:
                 predictions[i].inc(n)
 
-    def generated(self, model: str, version: str, *, ttft_ms: float, tpot_ms: float | None, prompt_tokens: int, completion_tokens: int) -> None:  # fmt: skip
+    def generated(self, model: str, version: str, *, ttft_ms: float, tpot_ms: float | None, prompt_tokens: int,
+                  completion_tokens: int, queue_s: float | None = None) -> None:  # fmt: skip
         """A version finished a generation. Its time to first token is its latency, in canary
         analysis's windowed stats and in ``fleet_upstream_duration_seconds`` alike (what a
         caller waits for before anything happens; both sources of analysis read the same)."""
@@ -164,6 +168,8 @@ class Telemetry:
         self.ttft.labels(model, version).observe(ttft_ms / 1000)
         if tpot_ms is not None:
             self.tpot.labels(model, version).observe(tpot_ms / 1000)
+        if queue_s is not None:
+            self.queue.labels(model, version).observe(queue_s)
         self.tokens.labels(model, version, "prompt").inc(prompt_tokens)
         self.tokens.labels(model, version, "completion").inc(completion_tokens)
 
