@@ -141,6 +141,7 @@ class Collected:
 
     @property
     def final(self) -> Event:
+        assert self.done.wait(10), "no final event"
         return self.events[-1]
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from bentos.tiny_lm.engine import Event, Params
+from tests.test_tiny_lm_engine import Collected
 from bentos.tiny_lm.scheduler import QueueFull, TooLong
 from bentos.tiny_lm.vllm_engine import (
     EngineUnavailable,
@@ -177,24 +178,6 @@ class FakeLLM:
         self.shut = True
 
 
-class Collected:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.done = threading.Event()
-
-    def __call__(self, event: Event) -> None:
-        self.events.append(event)
-        if event.finish_reason is not None:
-            self.done.set()
-
-    @property
-    def text(self) -> str:
-        return "".join(e.text for e in self.events)
-
-    @property
-    def final(self) -> Event:
-        assert self.done.wait(10), "no final event"
-        return self.events[-1]
 
 
 @pytest.fixture

@@ -136,6 +136,19 @@ class Stats:
     finished: dict[str, int] = field(default_factory=dict)
 
 
+def prompt_ids(encode: Callable[[str], list[int]], prompt: str | list[int], params: Params, context: int) -> list[int]:
+    """The prompt's token ids, checked with ``params`` before anything is queued: ``ValueError``
+    for no tokens or bad parameters, ``TooLong`` past the model's context (any engine)."""
+    ids = encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens; expected some text")
+    if len(ids) + params.max_tokens > context:
+        raise TooLong(f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) is "
+                      f"{len(ids) + params.max_tokens} tokens; this model's context is {context}")  # fmt: skip
+    check_params(params)
+    return ids
+
+
 def check_params(params: Params) -> None:
     """``ValueError`` for sampling parameters no engine accepts (shared with ``vllm_engine``)."""
     if not 0.0 <= params.temperature <= 100.0 or not 0.0 < params.top_p <= 1.0:
@@ -177,13 +190,7 @@ class Engine:
     def submit(self, prompt: str | list[int], params: Params, sink: Sink) -> Sequence:
         """Queue a generation; raises ``TooLong`` (it can never fit), ``QueueFull`` (shed) or
         ``ValueError`` (bad parameters). Events go to ``sink`` from the engine's thread."""
-        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise ValueError("the prompt encodes to no tokens; expected some text")
-        if len(ids) + params.max_tokens > self.context:
-            raise TooLong(f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) is "
-                          f"{len(ids) + params.max_tokens} tokens; this model's context is {self.context}")  # fmt: skip
-        check_params(params)
+        ids = prompt_ids(self.encode, prompt, params, self.context)
         now = self.clock()
         seq = Sequence(id=next(self._ids), prompt=ids, max_tokens=params.max_tokens, arrived=now,
                        priority=params.priority,

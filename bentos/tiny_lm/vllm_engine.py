@@ -59,11 +59,11 @@ from itertools import count
 from typing import Any
 
 try:  # in the repo, a package; in a Bento, files at its root
-    from .engine import Event, Params, Sink, check_params
-    from .scheduler import QueueFull, Sequence, TooLong
+    from .engine import Event, Params, Sink, prompt_ids
+    from .scheduler import QueueFull, Sequence
 except ImportError:
-    from engine import Event, Params, Sink, check_params  # type: ignore[no-redef]
-    from scheduler import QueueFull, Sequence, TooLong  # type: ignore[no-redef]
+    from engine import Event, Params, Sink, prompt_ids  # type: ignore[no-redef]
+    from scheduler import QueueFull, Sequence  # type: ignore[no-redef]
 
 ENGINES = ("auto", "vllm", "native")
 DEVICES = ("auto", "cuda", "cpu")
@@ -335,13 +335,7 @@ class VLLMEngine:
         loop = self._loop
         if loop is None or self._llm is None or self._sampling_factory is None:
             raise RuntimeError("the vLLM engine is not started")
-        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise ValueError("the prompt encodes to no tokens; expected some text")
-        if len(ids) + params.max_tokens > self.context:
-            raise TooLong(f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) is "
-                          f"{len(ids) + params.max_tokens} tokens; this model's context is {self.context}")  # fmt: skip
-        check_params(params)
+        ids = prompt_ids(self.encode, prompt, params, self.context)
         sampling = self._sampling_factory(sampling_kwargs(params))
         now = self.clock()
         seq = Sequence(id=next(self._ids), prompt=ids, max_tokens=params.max_tokens, arrived=now,
