@@ -320,42 +320,55 @@ def create_app(
     app.state.telemetry = telemetry
     app.state.pipeline = pipeline
     app.state.grpc = grpc
-    fast = InferRoutes(app, rest.infer_v2, fleet_error, unexpected)
+    fast = InferRoutes(app, {"infer": rest.infer_v2, "generate": generation.oip_generate,
+                             "generate_stream": generation.oip_generate_stream, "completions": generation.completions,
+                             "chat/completions": generation.chat}, fleet_error, unexpected)  # fmt: skip
     return Headers(fast, telemetry, access=settings.access_log)
 
 
-_INFER = re.compile(r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
+# The POST routes answered before Starlette's router: OIP infer and generate, OpenAI's completions.
+_INFER = re.compile(r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/(?P<route>infer|generate|generate_stream)"
+                    r"|/v1/(?P<openai>completions|chat/completions)")  # fmt: skip
 
 
 class InferRoutes:
-    """The OIP infer routes, answered before Starlette's router and its middlewares.
+    """The inference routes (OIP infer and generate, OpenAI completions and chat), answered
+    before Starlette's router and its middlewares.
 
     Nearly every request is one of these; the router tries each route's pattern in turn and
     two middlewares wrap every call, about a tenth of the gateway's CPU per request. This
     matches the same paths Starlette's ``Route`` does (``[^/]+`` per parameter, on the
     decoded path), calls the same handler and answers errors with the same handlers, so
     a request gets the same answer either way; everything else goes on to ``app``.
+    ``handlers``: the last part of the path (``infer``, ``generate``, ``generate_stream``,
+    ``completions``, ``chat/completions``) → its handler; a route without one goes to ``app``.
     """
 
-    def __init__(self, app: ASGIApp, handler: Callable[[Request], Awaitable[Response]],
+    def __init__(self, app: ASGIApp, handlers: Mapping[str, Callable[[Request], Awaitable[Response]]],
                  on_error: Callable[[Request, Exception], Awaitable[Response]],
                  on_unexpected: Callable[[Request, Exception], Awaitable[Response]]) -> None:  # fmt: skip
-        self.app, self.handler, self.on_error, self.on_unexpected = app, handler, on_error, on_unexpected
+        self.app, self.handlers, self.on_error, self.on_unexpected = app, dict(handlers), on_error, on_unexpected
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         found = _INFER.fullmatch(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if found is None:
+        handler = self.handlers.get(found["route"] or found["openai"]) if found is not None else None
+        if handler is None:
             return await self.app(scope, receive, send)
         scope["app"] = self.app  # what Starlette's Request expects to find
-        scope["path_params"] = {k: v for k, v in found.groupdict().items() if v is not None}
+        model, version = found["model"], found["version"]  # type: ignore[index]
+        scope["path_params"] = {} if model is None else {"model": model} if version is None else {"model": model, "version": version}
         request = Request(scope, receive)
         try:
-            response = await self.handler(request)
+            response = await handler(request)
         except FleetError as exc:
             response = await self.on_error(request, exc)
         except Exception as exc:  # noqa: BLE001 - answered 500 and logged, as Starlette's handler would
             response = await self.on_unexpected(request, exc)
-        await response(scope, receive, send)
+        try:
+            await response(scope, receive, send)
+        except Exception as exc:  # a stream that broke after its head: logged as Starlette's outer middleware does
+            await self.on_unexpected(request, exc)
+            raise
 
 
 def grpc_address(gateway: ASGIApp) -> str | None:

@@ -12,6 +12,13 @@ Streams pass through as they come: the service's server-sent events (``bentos/ti
 contract) are read as they arrive, turned into the caller's protocol one event at a time,
 and written at once — nothing is buffered beyond one event (``MAX_EVENT_BYTES``).
 
+The replica's stream is read with the gateway's own HTTP/1.1 client (``fleet.gateway.h1``,
+``ConnectionPool.stream``) on the replica's pooled keep-alive connections — the ones
+tensor calls use — not httpx, whose call cost about a millisecond of the time to first
+token; events are parsed by ``EventParser`` from whatever bytes arrive. The answer goes
+out through ``EventStreamResponse``: Starlette's event stream without its task group, one
+write per event. The routes are answered before Starlette's router (``app.InferRoutes``).
+
 Two deadlines: the first token must come within the policy's ``first_token_timeout_ms``
 (capped by the request's timeout), and the whole answer within the request's timeout
 (``X-Fleet-Timeout-Ms`` or ``parameters.timeout_ms``, capped by the model's ``timeout_ms``).
@@ -40,14 +47,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from fleet.errors import FleetError
 from fleet.gateway import body as bodies
-from fleet.gateway import genproto
+from fleet.gateway import genproto, h1
 from fleet.gateway.admin import json_response
 from fleet.gateway.dispatch import fallback
 from fleet.gateway.pipeline import Call, Pipeline
@@ -58,7 +65,6 @@ from fleet.gateway.telemetry import Telemetry
 from fleet.inference_log import GenSample, digest
 from fleet.gateway.upstream import (
     CONNECT_TIMEOUT_S,
-    IDLE_CLOSE_S,
     NoReplica,
     Pool,
     Rejected,
@@ -77,6 +83,8 @@ STREAM_PATH = "/generate_stream"
 DRAIN_S = 0.5  # how long the end of a stream is waited for after its final event
 CHARGE_EVERY = 16  # tokens charged to a tenant's token quota at a time while an answer streams
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # and nginx in front must not buffer
+_STREAM_HEADERS = ((b"Content-Type", b"application/json"), (b"Accept", b"text/event-stream"))
+ERROR_HEAD_BYTES = 2048  # of an error answer's body, read for its message
 
 
 class NotGenerative(FleetError):
@@ -89,8 +97,8 @@ class _Open:
 
     pool: Pool
     replica: Replica
-    response: httpx.Response
-    events: AsyncIterator[dict[str, Any]]
+    response: h1.StreamedResponse
+    events: Events
     closed: bool = False
 
     async def close(self) -> None:
@@ -98,31 +106,94 @@ class _Open:
             self.closed = True
             self.replica.in_flight -= 1
             self.pool.slots.release()
-            await self.response.aclose()  # before the end: closes the connection, so the service cancels
+            # after the end: the connection goes back to the pool; before it: it is closed, so the service cancels
+            self.response.close()
 
 
-async def _events(response: httpx.Response, ref: str) -> AsyncIterator[dict[str, Any]]:
-    """Server-sent events' ``data:`` as JSON objects, at most ``MAX_EVENT_BYTES`` each."""
-    pending = b""
-    async for chunk in response.aiter_raw():
-        pending += chunk
-        while True:
-            end = pending.find(b"\n\n")
-            if end < 0:
-                if len(pending) > MAX_EVENT_BYTES:
-                    raise UpstreamError(f"{ref} sent an event over {MAX_EVENT_BYTES} bytes", "5xx")
-                break
-            raw, pending = pending[:end], pending[end + 2 :]
-            data = b"".join(line[5:].lstrip() for line in raw.split(b"\n") if line.startswith(b"data:"))
-            if not data:
-                continue  # a comment or keep-alive
+class EventParser:
+    """Server-sent events' ``data:`` fields as JSON objects, from a body that arrives in
+    pieces of any size: ``feed`` returns the events a piece completes. An event is its
+    ``data:`` lines joined (each without the prefix and the spaces after it), up to the
+    blank line (``\\n\\n``) that ends it; an event without ``data:`` (a comment, a keep-alive)
+    is skipped. An unfinished event over ``MAX_EVENT_BYTES`` is a broken answer, and so is
+    data that is not a JSON object with a string ``text`` (if any): ``UpstreamError``, raised
+    after the events before it were handed out."""
+
+    __slots__ = ("_error", "_pending", "ref")
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+        self._pending = b""
+        self._error: UpstreamError | None = None
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        if self._error is not None:
+            raise self._error
+        scan = max(0, len(self._pending) - 1)  # a blank line may straddle the pieces
+        pending = self._pending + data if self._pending else data
+        events: list[dict[str, Any]] = []
+        start = 0
+        while (end := pending.find(b"\n\n", scan)) >= 0:
+            raw = pending[start:end]
+            start = scan = end + 2
             try:
-                event = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                raise UpstreamError(f"{ref} sent an event that is not JSON: {data[:80]!r}", "5xx") from None
-            if not isinstance(event, dict) or not isinstance(event.get("text", ""), str):
-                raise UpstreamError(f"{ref} sent an event that is not {{\"text\": ...}}: {data[:80]!r}", "5xx")
-            yield event
+                event = self._event(raw)
+            except UpstreamError as exc:
+                if not events:
+                    raise
+                self._error, self._pending = exc, b""
+                return events  # the events before the broken one first, as they came
+            if event is not None:
+                events.append(event)
+        self._pending = pending[start:] if start else pending
+        if len(self._pending) > MAX_EVENT_BYTES:
+            exc = UpstreamError(f"{self.ref} sent an event over {MAX_EVENT_BYTES} bytes", "5xx")
+            if not events:
+                raise exc
+            self._error = exc
+        return events
+
+    def _event(self, raw: bytes) -> dict[str, Any] | None:
+        if raw.startswith(b"data:") and b"\n" not in raw:  # the usual event: one data line
+            data = raw[5:].lstrip()
+        else:
+            data = b"".join(line[5:].lstrip() for line in raw.split(b"\n") if line.startswith(b"data:"))
+        if not data:
+            return None  # a comment or keep-alive
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise UpstreamError(f"{self.ref} sent an event that is not JSON: {data[:80]!r}", "5xx") from None
+        if not isinstance(event, dict) or not isinstance(event.get("text", ""), str):
+            raise UpstreamError(f"{self.ref} sent an event that is not {{\"text\": ...}}: {data[:80]!r}", "5xx")
+        return event
+
+
+class Events:
+    """A replica's stream as its events (``EventParser``), read as they arrive. Raises
+    ``UpstreamError`` for a broken event or an answer that breaks off (before the first
+    event too, so a canary cut off then is retried on stable); ends where the stream does."""
+
+    __slots__ = ("_parser", "_ready", "_response")
+
+    def __init__(self, response: h1.StreamedResponse, ref: str) -> None:
+        self._response, self._parser = response, EventParser(ref)
+        self._ready: list[dict[str, Any]] = []  # parsed, not yet handed out (reversed: popped from the end)
+
+    def __aiter__(self) -> Events:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        while not self._ready:
+            try:
+                data = await self._response.read()
+            except h1.HTTPClientError as exc:  # cut off mid-answer, or not HTTP: the version's failure
+                raise UpstreamError(f"{self._parser.ref} broke off: {type(exc).__name__}", "5xx") from None
+            if not data:
+                raise StopAsyncIteration
+            self._ready = self._parser.feed(data)
+            self._ready.reverse()
+        return self._ready.pop()
 
 
 @dataclass
@@ -180,7 +251,7 @@ class Stream:
                     raise self._failed(UpstreamTimeout(f"{self.ref} did not finish within the request's timeout")) from None
                 except UpstreamError as exc:
                     raise self._failed(exc) from None
-                except httpx.HTTPError as exc:
+                except h1.HTTPClientError as exc:
                     raise self._failed(UpstreamError(f"{self.ref} broke off: {type(exc).__name__}", "5xx")) from None
         finally:
             if self.seen > self.charged:  # a caller that left pays for what was made for it
@@ -256,13 +327,9 @@ class Generation:
                  in_flight: bodies.BodyBudget, max_body_bytes: int) -> None:  # fmt: skip
         self.pipeline, self.upstreams, self.telemetry, self.usage = pipeline, upstreams, telemetry, usage
         self.in_flight, self.max_body_bytes = in_flight, min(max_body_bytes, MAX_BODY_BYTES)
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512, keepalive_expiry=IDLE_CLOSE_S),
-        )  # fmt: skip
 
     async def close(self) -> None:
-        await self.client.aclose()
+        """Nothing of its own: a replica's streams use its connection pool (``Upstreams``'s)."""
 
     # -- the routes ------------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
@@ -328,7 +395,7 @@ class Generation:
             self._kept(kept, text)
             return json_response(answer.whole(text, final))
         call.state["streaming"] = True  # a concurrency lease is held until the stream ends, not its first byte
-        return StreamingResponse(self._sse(answer, stream, kept), media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStreamResponse(self._sse(answer, stream, kept), media_type="text/event-stream", headers=SSE_HEADERS)
 
     async def _sse(self, answer: genproto.Answer, stream: Stream, kept: _Kept) -> AsyncIterator[bytes]:
         first = True
@@ -484,52 +551,96 @@ class Generation:
             raise UpstreamError(f"every replica of {pool.ref} is ejected after consecutive failures", "unreachable")
         failures, shed = [], ""
         for replica in replicas:
-            request = self.client.build_request("POST", replica.url + STREAM_PATH, content=payload,
-                                                headers={"Content-Type": "application/json"})  # fmt: skip
             replica.in_flight += 1
             try:
-                response = await self.client.send(request, stream=True)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                response = await replica.session.stream("POST", STREAM_PATH, payload, _STREAM_HEADERS,
+                                                        connect_timeout=CONNECT_TIMEOUT_S)  # fmt: skip
+            except h1.Unreachable as exc:  # refused, connect timeout, closed before answering: not asked
                 replica.in_flight -= 1
                 replica.failed(time.monotonic())
                 failures.append(f"{replica.url}: {type(exc).__name__}")
                 continue
-            except (httpx.HTTPError, BaseException) as exc:
+            except BaseException as exc:
                 replica.in_flight -= 1
                 pool.slots.release()
-                if isinstance(exc, httpx.HTTPError):
+                if isinstance(exc, h1.HTTPClientError):
                     replica.failed(time.monotonic())
                     raise UpstreamError(f"{pool.ref} at {replica.url} failed: {type(exc).__name__}: {exc}", "5xx") from None
                 raise
-            if response.status_code == 200:
-                return _Open(pool, replica, response, _events(response, pool.ref))
+            if response.status == 200:
+                return _Open(pool, replica, response, Events(response, pool.ref))
             detail = await _head_of(response)
             replica.in_flight -= 1
-            if response.status_code == 503:
+            if response.status == 503:
                 shed = f"{pool.ref} at {replica.url} shed the request: HTTP 503 {detail}"
                 continue
             pool.slots.release()
-            if response.status_code >= 500:
+            if response.status >= 500:
                 replica.failed(time.monotonic())
-                raise UpstreamError(f"{pool.ref} answered HTTP {response.status_code}: {detail}", "5xx")
+                raise UpstreamError(f"{pool.ref} answered HTTP {response.status}: {detail}", "5xx")
             replica.succeeded()
-            raise Rejected(f"{pool.ref} refused the input: HTTP {response.status_code} {detail}", response.status_code)
+            raise Rejected(f"{pool.ref} refused the input: HTTP {response.status} {detail}", response.status)
         pool.slots.release()
         if shed:
             raise UpstreamError(shed, "5xx")
         raise UpstreamError(f"no replica of {pool.ref} could be reached ({'; '.join(failures)})", "unreachable")
 
 
-async def _head_of(response: httpx.Response, limit: int = 2048) -> str:
-    """The start of an error answer, for the message; the connection is closed after."""
+async def _head_of(response: h1.StreamedResponse, limit: int = ERROR_HEAD_BYTES) -> str:
+    """The start of an error answer, for the message; its connection is given back after
+    (kept when the answer was read to its end)."""
     data = b""
-    with contextlib.suppress(httpx.HTTPError):
-        async for chunk in response.aiter_raw():
-            data += chunk
-            if len(data) >= limit:
-                break
-    await response.aclose()
+    try:
+        with contextlib.suppress(h1.HTTPClientError):
+            data = await response.aread(limit)
+    finally:
+        response.close()
     return data[:200].decode(errors="replace")
 
 
-__all__ = ["Generation", "NotGenerative", "Stream"]
+class EventStreamResponse(StreamingResponse):
+    """A server-sent event stream to the caller, as Starlette's ``StreamingResponse`` sends
+    it (the same head and body messages), without its task group: the events are sent from
+    the request's own task, and one small task listens for the caller leaving — which
+    cancels the stream where it waits (for the replica's next event), so the replica's
+    connection is closed and the generation cancelled, as before."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        state = {"left": False, "done": False}
+
+        def on_left(listener: asyncio.Task[None]) -> None:
+            if state["done"] or listener.cancelled() or listener.exception() is not None:
+                return
+            state["left"] = True
+            task.cancel()
+
+        listener = asyncio.ensure_future(_until_disconnect(receive))
+        listener.add_done_callback(on_left)
+        iterator = self.body_iterator
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for chunk in iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            state["done"] = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not state["left"] or task.uncancel() > 0:
+                raise  # cancelled from outside: the server's shutdown
+        finally:
+            state["done"] = True
+            listener.cancel()
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()  # left between two events: the generation's own cleanup runs now
+        if self.background is not None:
+            await self.background()
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+__all__ = ["EventParser", "EventStreamResponse", "Events", "Generation", "NotGenerative", "Stream"]

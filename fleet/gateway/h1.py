@@ -32,8 +32,16 @@ answer is broken: cut short or not HTTP), ``BodyTooLarge``.
 Cancelling the awaiting task (a caller's ``asyncio.timeout``) closes the connection in
 use: its state is unknown, so it is never reused. Nothing here starts tasks.
 
+``ConnectionPool.stream`` reads an answer's body as it arrives instead (a model service's
+server-sent events): it returns once the head is in, with a ``StreamedResponse`` whose
+``read()`` gives the body's bytes as they come (chunked transfer-encoding decoded by the
+same parser). Its connection goes back to the pool only once the body was read to its end
+and allows keep-alive; ``close()`` before that drops the connection, so the server sees
+the caller leave. While the reader falls behind by more than ``STREAM_HIGH_WATER`` bytes
+the connection stops reading, so a slow reader never makes the body pile up here.
+
 Not supported, because the gateway does not need them: TLS, proxies, redirects, HEAD,
-request or response streaming, compression, ``Expect: 100-continue``, pipelining.
+request streaming, compression, ``Expect: 100-continue``, pipelining.
 """
 
 from __future__ import annotations
@@ -47,7 +55,8 @@ import httptools
 
 __all__ = [
     "BodyTooLarge", "ConnectError", "ConnectTimeout", "ConnectionPool", "Disconnected", "HTTPClientError",
-    "IncompleteResponse", "PoolClosed", "PoolTimeout", "ProtocolError", "Response", "ResponseError", "Unreachable",
+    "IncompleteResponse", "PoolClosed", "PoolTimeout", "ProtocolError", "Response", "ResponseError", "StreamedResponse",
+    "Unreachable",
 ]  # fmt: skip
 
 Headers = Mapping[str | bytes, str | bytes] | Iterable[tuple[str | bytes, str | bytes]]
@@ -59,6 +68,8 @@ _TIMER_SLACK_S = 0.001  # timers may fire up to a clock tick early
 # split across reads by concatenation, so a huge one costs the event loop more than linearly.
 MAX_HEAD_BYTES = 64 * 1024
 MAX_INTERIM = 8  # 1xx answers before the real one
+STREAM_HIGH_WATER = 256 * 1024  # a streamed body's bytes not yet read above which the connection pauses reading
+_UNBOUNDED = 1 << 62  # a streamed body has no total bound here: its reader bounds what it keeps
 
 
 class HTTPClientError(Exception):
@@ -137,6 +148,92 @@ class Response:
         return f"Response({self.status}, {len(self.headers)} headers, {len(self.body)} bytes)"
 
 
+class StreamedResponse:
+    """An answer whose head is in and whose body is read as it arrives (``ConnectionPool.stream``).
+
+    ``read()`` returns the body's next bytes (whatever arrived since the last read, at least
+    one byte), ``b""`` at its end; it raises ``IncompleteResponse`` if the connection ends
+    mid-body and ``ProtocolError`` if the rest is not HTTP. ``close()`` (idempotent) gives
+    the connection back to the pool after a complete keep-alive answer, and drops it
+    otherwise. The caller must close it; ``async with`` does.
+    """
+
+    __slots__ = ("_conn", "_pool", "headers", "status")
+
+    def __init__(self, conn: _Connection, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self._conn: _Connection | None = conn
+        self._pool = conn._pool
+        self.status = status
+        self.headers = headers
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of header ``name`` (any case), or None."""
+        name = name.lower()
+        return next((v for k, v in self.headers if k.lower() == name), None)
+
+    @property
+    def complete(self) -> bool:
+        """The whole body has arrived (not necessarily read)."""
+        conn = self._conn
+        return conn is not None and conn._complete
+
+    async def read(self) -> bytes:
+        conn = self._conn
+        if conn is None:
+            raise ValueError("read() on a closed StreamedResponse")
+        while True:
+            if conn._chunks:
+                data = conn._chunks[0] if len(conn._chunks) == 1 else b"".join(conn._chunks)
+                conn._chunks.clear()
+                conn._size_unread = 0
+                if conn._paused:
+                    conn._paused = False
+                    if conn.transport is not None and not conn.closed:
+                        conn.transport.resume_reading()
+                return data
+            if conn._error is not None:
+                raise conn._error
+            if conn._complete:
+                return b""
+            if conn.closed:  # lost without a word (connection_lost sets the error; this is a guard)
+                raise IncompleteResponse(f"{self._pool.origin} closed the connection mid-answer")
+            reader = conn._reader = self._pool.loop.create_future()
+            try:
+                await reader
+            finally:
+                conn._reader = None
+
+    async def aread(self, limit: int) -> bytes:
+        """The rest of the body, at most ``limit`` bytes of it (an error answer's start)."""
+        data = b""
+        while len(data) < limit:
+            piece = await self.read()
+            if not piece:
+                break
+            data += piece
+        return data[:limit]
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        conn._streaming = False
+        if conn._complete and conn._error is None and not conn._chunks and conn.reusable:
+            self._pool._checkin(conn)
+        else:  # before the end (the caller left), or broken: the server sees the connection go
+            conn.abort()
+            self._pool._free_slot()
+
+    async def __aenter__(self) -> StreamedResponse:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"StreamedResponse({self.status}, {len(self.headers)} headers)"
+
+
 class _Connection(asyncio.Protocol):
     """One TCP connection and its response parser; one request at a time.
 
@@ -154,10 +251,17 @@ class _Connection(asyncio.Protocol):
         self.idle = False  # in the pool's idle list
         self.idle_since = 0.0
         self._waiter: asyncio.Future[Response] | None = None
+        self._streaming = False  # the answer's body is handed over as it arrives (``ConnectionPool.stream``)
+        self._reader: asyncio.Future[None] | None = None  # a StreamedResponse.read() waiting for bytes
+        self._paused = False
+        self._size_unread = 0
         self._begin_request(0)
 
-    def _begin_request(self, max_body: int) -> None:
+    def _begin_request(self, max_body: int, streaming: bool = False) -> None:
         self._max_body = max_body
+        self._streaming = streaming
+        self._size_unread = 0
+        self._paused = False
         self._answered = False  # a byte of this request's answer arrived
         self._status = 0
         self._headers: list[tuple[bytes, bytes]] = []
@@ -177,11 +281,12 @@ class _Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         return self._keep_alive and not self.closed
 
-    def send(self, data: bytes, max_body: int) -> asyncio.Future[Response]:
-        """Write the request; the future resolves with the response or the error."""
+    def send(self, data: bytes, max_body: int, streaming: bool = False) -> asyncio.Future[Response]:
+        """Write the request; the future resolves with the response (streaming: a
+        ``StreamedResponse`` once the head is in) or the error."""
         if self.closed or self.transport is None or self.transport.is_closing():
             raise _NoAnswer("the connection was already closed")
-        self._begin_request(max_body)
+        self._begin_request(max_body, streaming)
         self._waiter = self._pool.loop.create_future()
         self.transport.write(data)
         return self._waiter
@@ -202,7 +307,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if self._waiter is None or self._complete:
+        if (self._waiter is None and not self._streaming) or self._complete:
             # bytes no request asked for: the connection's framing can no longer be trusted
             self.abort()
             return
@@ -223,9 +328,22 @@ class _Connection(asyncio.Protocol):
                                         f"{MAX_INTERIM} interim answers; expected an answer")  # fmt: skip
         if self._error is not None:
             self._resolve(None, self._error)
+            self._wake()
             self.abort()
+        elif self._streaming:
+            if self._headers_done and self._waiter is not None:
+                self._resolve(StreamedResponse(self, self._status, self._headers), None)  # type: ignore[arg-type]
+            self._wake()
+            if self._size_unread > STREAM_HIGH_WATER and not self._paused and not self._complete:
+                self._paused = True
+                self.transport.pause_reading()  # type: ignore[union-attr]
         elif self._complete:
             self._resolve(Response(self._status, self._headers, b"".join(self._chunks)), None)
+
+    def _wake(self) -> None:
+        reader = self._reader
+        if reader is not None and not reader.done():
+            reader.set_result(None)
 
     def eof_received(self) -> bool:
         self.closed = True
@@ -233,7 +351,15 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self._waiter is not None and not self._complete:
+        if self._streaming and self._waiter is None and not self._complete:  # mid-body of a streamed answer
+            if self._until_eof and exc is None and self._error is None:
+                self._keep_alive = False
+                self._complete = True
+            elif self._error is None:
+                why = f": {exc!r}" if exc else ""
+                self._error = IncompleteResponse(f"{self._pool.origin} closed the connection mid-answer{why}")
+            self._wake()
+        elif self._waiter is not None and not self._complete:
             if not self._answered:
                 self._resolve(None, _NoAnswer(f"closed before answering: {exc!r}" if exc else "closed before answering"))
             elif self._headers_done and self._until_eof and exc is None:
@@ -291,6 +417,7 @@ class _Connection(asyncio.Protocol):
             self._error = BodyTooLarge(f"{self._pool.origin} sent more than {self._max_body} bytes", None, self._max_body)
             return
         self._chunks.append(chunk)
+        self._size_unread += len(chunk)
 
     def on_message_complete(self) -> None:
         if self._complete:
@@ -382,6 +509,34 @@ class ConnectionPool:
             conn.close()
             self._free_slot()
         return response
+
+    async def stream(self, method: str, path: str, body: bytes = b"", headers: Headers = (), *,
+                     connect_timeout: float) -> StreamedResponse:  # fmt: skip
+        """Send one request and return as soon as its answer's head is in (any status); the
+        body is read with ``StreamedResponse.read()``, and the caller must ``close()`` it.
+
+        Raises as ``request`` does, before the head; the same one retry of a stale keep-alive
+        connection. Cancelling the caller before the head closes the connection in use.
+        """
+        data = self._head(method, path, headers, len(body)) + body
+        conn = await self._checkout(connect_timeout)
+        retried = False
+        while True:
+            try:
+                return await conn.send(data, _UNBOUNDED, streaming=True)  # type: ignore[return-value]
+            except _NoAnswer as exc:
+                conn.abort()
+                if conn.reused and not retried and not self._aborted:
+                    retried = True
+                    conn = await self._connect(connect_timeout)
+                    continue
+                self._free_slot()
+                raise Disconnected(f"{self.origin} closed the connection before answering ({exc})") from None
+            except BaseException:
+                conn._streaming = False
+                conn.abort()
+                self._free_slot()
+                raise
 
     def close(self) -> None:
         """Close every connection, idle or busy (a request in flight fails), refuse the line
