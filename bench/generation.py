@@ -33,7 +33,12 @@ stale one in a reused ``--root`` is rebuilt (``fleet package --force``).
    ``/generate_stream`` on the continuous-batching replica and the gateway's OpenAI
    ``POST /v1/completions`` (``stream: true``) for the same prompt and
    ``--gateway-tokens`` output tokens (which of the pair goes first alternates).
-   Target: the gateway adds at most 2 ms to TTFT p50.
+   Target: the gateway adds at most 2 ms to TTFT p50. ``--gateway-only`` runs this part
+   alone; ``--reference SRC`` starts a second gateway from another copy of the ``fleet``
+   package (e.g. ``git archive HEAD fleet | tar -x -C /tmp/ref``) and puts it in the same
+   rounds (direct, this gateway, that one, the order rotating): a before/after in one run,
+   under the same load. On a busy machine the median of the paired differences is the
+   steadier figure; the difference of the p50s moves with the load.
 
 3. Where the time goes: the engine in this process (no HTTP), after the servers are stopped:
    one decode step's time and the tokens/s it allows at running batches of 1, 8 and 32.
@@ -273,7 +278,11 @@ def summarize(cells: list[Cell]) -> dict:
 
 
 # -- part 2: the gateway's added TTFT ----------------------------------------------------------
-async def _pairs(direct_url: str, gateway_url: str, key: str, model: str, pairs: int, tokens: int, prompts: list[str]) -> list[tuple[Done, Done]]:
+async def _pairs(direct_url: str, gateway_urls: list[str], key: str, model: str, pairs: int, tokens: int,
+                 prompts: list[str]) -> list[tuple[Done, ...]]:  # fmt: skip
+    """``pairs`` rounds of a direct request and one through each gateway (``--reference``: a
+    second gateway from another source tree, for a before/after in one run), the same
+    prompt; the order within a round rotates, so none is always first."""
     import httpx
 
     out = []
@@ -281,37 +290,47 @@ async def _pairs(direct_url: str, gateway_url: str, key: str, model: str, pairs:
         t0 = time.perf_counter()
         for i in range(pairs):
             prompt = prompts[i % len(prompts)]
-            if i % 2 == 0:
-                d = await _direct(client, direct_url, prompt, tokens, t0)
-                g = await _gateway(client, gateway_url, key, model, prompt, tokens, t0)
-            else:
-                g = await _gateway(client, gateway_url, key, model, prompt, tokens, t0)
-                d = await _direct(client, direct_url, prompt, tokens, t0)
-            out.append((d, g))
+            calls = [None, *gateway_urls]
+            shift = i % len(calls)
+            done: dict[int, Done] = {}
+            for j in [*range(shift, len(calls)), *range(shift)]:
+                url = calls[j]
+                done[j] = (await _direct(client, direct_url, prompt, tokens, t0) if url is None
+                           else await _gateway(client, url, key, model, prompt, tokens, t0))  # fmt: skip
+            out.append(tuple(done[j] for j in range(len(calls))))
     return out
 
 
+def _added(direct: list[float], via: list[float]) -> dict:
+    diffs = [g - d for d, g in zip(direct, via, strict=True)]
+    return {"gateway_p50_ms": _percentile(via, 50), "gateway_p99_ms": _percentile(via, 99),
+            "added_p50_ms": _percentile(via, 50) - _percentile(direct, 50),
+            "added_p99_ms": _percentile(via, 99) - _percentile(direct, 99), "paired_diff_p50_ms": _percentile(diffs, 50),
+            "paired_diff_p90_ms": _percentile(diffs, 90),
+            "paired_diff_mean_ms": sum(diffs) / len(diffs) if diffs else float("nan")}  # fmt: skip
+
+
 def gateway_added(bench: Bench, args: argparse.Namespace, prompts: list[str]) -> dict:
-    warm = asyncio.run(_pairs(bench.urls[CB], bench.gateway_url, bench.key, CB, 20, args.gateway_tokens, prompts))
+    urls = [bench.gateway_url, *([bench.reference_url] if bench.reference_url else [])]
+    warm = asyncio.run(_pairs(bench.urls[CB], urls, bench.key, CB, 20, args.gateway_tokens, prompts))
     if bad := [x.error for pair in warm for x in pair if x.error]:
         raise RuntimeError(f"the gateway's warm-up failed: {bad[0]}")
     from fleet.processes import tree
 
-    pids = bench.replica_pids(CB) + tree(bench.procs[0].pid)
+    pids = bench.replica_pids(CB) + [p for proc in bench.procs for p in tree(proc.pid)]
     box, ours, own, t = _box_busy(), _cpu_of(pids), os.times(), time.perf_counter()
-    pairs = asyncio.run(_pairs(bench.urls[CB], bench.gateway_url, bench.key, CB, args.pairs, args.gateway_tokens, prompts))
+    pairs = asyncio.run(_pairs(bench.urls[CB], urls, bench.key, CB, args.pairs, args.gateway_tokens, prompts))
     wall, own_after = time.perf_counter() - t, os.times()
     other = (_box_busy() - box - (_cpu_of(pids) - ours) - (own_after.user + own_after.system - own.user - own.system)) / wall
-    good = [(d, g) for d, g in pairs if d.error is None and g.error is None]
-    direct = [d.ttft * 1e3 for d, _ in good]
-    via = [g.ttft * 1e3 for _, g in good]
-    diffs = [g - d for d, g in zip(direct, via, strict=True)]
+    good = [p for p in pairs if all(x.error is None for x in p)]
+    direct = [p[0].ttft * 1e3 for p in good]
     errors = [x.error for pair in pairs for x in pair if x.error]
-    return {"pairs": len(good), "errors": len(errors), "first_error": errors[0] if errors else None,
-            "direct_p50_ms": _percentile(direct, 50), "direct_p99_ms": _percentile(direct, 99),
-            "gateway_p50_ms": _percentile(via, 50), "gateway_p99_ms": _percentile(via, 99),
-            "added_p50_ms": _percentile(via, 50) - _percentile(direct, 50), "paired_diff_p50_ms": _percentile(diffs, 50),
-            "paired_diff_mean_ms": sum(diffs) / len(diffs) if diffs else float("nan"), "other_cpu": max(0.0, other)}  # fmt: skip
+    out = {"pairs": len(good), "errors": len(errors), "first_error": errors[0] if errors else None,
+           "direct_p50_ms": _percentile(direct, 50), "direct_p99_ms": _percentile(direct, 99),
+           **_added(direct, [p[1].ttft * 1e3 for p in good]), "other_cpu": max(0.0, other)}  # fmt: skip
+    if bench.reference_url:
+        out["reference"] = {"source": str(args.reference), **_added(direct, [p[2].ttft * 1e3 for p in good])}
+    return out
 
 
 # -- part 3: the engine alone ------------------------------------------------------------------
@@ -385,6 +404,7 @@ class Bench:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.urls: dict[str, str] = {}
         self.gateway_url = ""
+        self.reference_url = ""
         self.key = ""
 
     def fleet(self, *args: str, timeout: float = 900, stderr_through: bool = False) -> str:
@@ -500,12 +520,18 @@ class Bench:
             pids |= set(tree(data["pid"])) | set(data.get("workers", ()))
         return sorted(pids)
 
-    def start_gateway(self) -> None:
+    def start_gateway(self, source: Path | None = None) -> str:
+        """``fleet gateway`` on a free port; ``source``: a folder holding another ``fleet``
+        package (a copy of an earlier tree) to run instead of this checkout's (``--reference``)."""
         import httpx
 
         port = _free_port()
-        log = open(self.root / "gateway.log", "ab")  # noqa: SIM115 - closed once the process has it
-        proc = subprocess.Popen([FLEET, "gateway", "--port", str(port)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        name = "gateway.log" if source is None else "gateway-reference.log"
+        env = self.env if source is None else {**self.env, "PYTHONPATH": str(source)}
+        command = ([FLEET] if source is None
+                   else [sys.executable, "-c", "import sys; from fleet.cli import main; sys.exit(main())"])  # fmt: skip
+        log = open(self.root / name, "ab")  # noqa: SIM115 - closed once the process has it
+        proc = subprocess.Popen([*command, "gateway", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=self.root, start_new_session=True)  # fmt: skip
         log.close()
         self.procs.append(proc)
@@ -513,13 +539,16 @@ class Bench:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"the gateway exited with {proc.returncode}; see {self.root / 'gateway.log'}")
+                raise RuntimeError(f"the gateway exited with {proc.returncode}; see {self.root / name}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                    self.gateway_url = url
-                    return
+                    if source is None:
+                        self.gateway_url = url
+                    else:
+                        self.reference_url = url
+                    return url
             time.sleep(0.2)
-        raise RuntimeError(f"the gateway was not ready after 120 s; see {self.root / 'gateway.log'}")
+        raise RuntimeError(f"the gateway was not ready after 120 s; see {self.root / name}")
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -543,48 +572,49 @@ class Bench:
 
 # -- the report ---------------------------------------------------------------------------------
 def report(config: dict, table: dict, cells: list[Cell], gateway: dict | None, engine: list[dict] | None, slo_ms: float) -> dict:
-    print()
-    print(f"1. continuous batching (max_running {config['max_running']}) vs one sequence at a time (max_running 1): "
-          f"{config['requests']} requests per cell (at most {config['cell_seconds']:g} s), {config['rounds']} round(s) "
-          f"pooled, {config['max_tokens']} output tokens each (greedy, min_tokens = max_tokens), direct /generate_stream")  # fmt: skip
-    head = (f"{'conc':>4} {'serving':<13} | {'req':>4} {'err':>3} {'tok/s':>7} {'TTFT p50':>8} {'p99':>7} {'TPOT p50':>8} "
-            f"{'p99':>6} | {'tok/step':>8} {'srv CPU':>7} {'cli CPU':>7} {'other':>5} | {'cb/seq tok/s':>12}")  # fmt: skip
-    print(head)
-    print("-" * len(head))
-    verdicts = {}
-    for c in config["concurrency"]:
+    verdicts: dict = {}
+    if table:  # part 1 ran (not --gateway-only)
+        print()
+        print(f"1. continuous batching (max_running {config['max_running']}) vs one sequence at a time (max_running 1): "
+              f"{config['requests']} requests per cell (at most {config['cell_seconds']:g} s), {config['rounds']} round(s) "
+              f"pooled, {config['max_tokens']} output tokens each (greedy, min_tokens = max_tokens), direct /generate_stream")  # fmt: skip
+        head = (f"{'conc':>4} {'serving':<13} | {'req':>4} {'err':>3} {'tok/s':>7} {'TTFT p50':>8} {'p99':>7} {'TPOT p50':>8} "
+                f"{'p99':>6} | {'tok/step':>8} {'srv CPU':>7} {'cli CPU':>7} {'other':>5} | {'cb/seq tok/s':>12}")  # fmt: skip
+        print(head)
+        print("-" * len(head))
+        for c in config["concurrency"]:
+            for model in (CB, SEQ):
+                s = table[model, c]
+                ratio = ""
+                if model == SEQ:
+                    r = table[CB, c]["tokens_per_s"] / s["tokens_per_s"]
+                    per_round = [a / b for a, b in zip(table[CB, c]["per_round_tokens_per_s"], s["per_round_tokens_per_s"], strict=False)]
+                    ratio = f"{r:>5.2f}x (rounds {'/'.join(f'{x:.2f}' for x in per_round)}, median {statistics.median(per_round):.2f})"
+                cap = "*" if s["capped"] else " "
+                print(f"{c:>4} {NAMES[model]:<13} | {s['requests']:>4} {s['errors']:>3} {s['tokens_per_s']:>6.0f}{cap} "
+                      f"{s['ttft_p50_ms']:>8.1f} {s['ttft_p99_ms']:>7.1f} {s['tpot_p50_ms']:>8.2f} {s['tpot_p99_ms']:>6.2f} | "
+                      f"{s['tokens_per_step']:>8.1f} {s['server_cpu']:>7.2f} {s['client_cpu']:>7.2f} {s['other_cpu_max']:>5.2f} | {ratio}")  # fmt: skip
+        print("   tok/s: output tokens / the cells' seconds (first send → last answer); TTFT, TPOT: ms, over every request of "
+              "the cells; tok/step: tokens the engine sampled per decode step; CPU: cores busy, the replica's processes and "
+              "this client; other: the most cores anything else kept busy in one of the cells (the idle replica, the gateway, "
+              "other users); cb/seq: pooled, then per round; * a cell stopped at its time cap")  # fmt: skip
+        noisy = [f"{NAMES[x.model]} @{x.concurrency} round {x.round + 1} ({x.other_cpu:.2f})" for x in cells if x.other_cpu > NOISY_CORES]
+        if noisy:
+            print(f"   WARNING: other processes kept more than {NOISY_CORES} cores busy during {len(noisy)} cell(s): "
+                  f"{', '.join(noisy)}; figures of those cells are not this bench's alone: run again on a quiet machine")  # fmt: skip
         for model in (CB, SEQ):
-            s = table[model, c]
-            ratio = ""
-            if model == SEQ:
-                r = table[CB, c]["tokens_per_s"] / s["tokens_per_s"]
-                per_round = [a / b for a, b in zip(table[CB, c]["per_round_tokens_per_s"], s["per_round_tokens_per_s"], strict=False)]
-                ratio = f"{r:>5.2f}x (rounds {'/'.join(f'{x:.2f}' for x in per_round)}, median {statistics.median(per_round):.2f})"
-            cap = "*" if s["capped"] else " "
-            print(f"{c:>4} {NAMES[model]:<13} | {s['requests']:>4} {s['errors']:>3} {s['tokens_per_s']:>6.0f}{cap} "
-                  f"{s['ttft_p50_ms']:>8.1f} {s['ttft_p99_ms']:>7.1f} {s['tpot_p50_ms']:>8.2f} {s['tpot_p99_ms']:>6.2f} | "
-                  f"{s['tokens_per_step']:>8.1f} {s['server_cpu']:>7.2f} {s['client_cpu']:>7.2f} {s['other_cpu_max']:>5.2f} | {ratio}")  # fmt: skip
-    print("   tok/s: output tokens / the cells' seconds (first send → last answer); TTFT, TPOT: ms, over every request of "
-          "the cells; tok/step: tokens the engine sampled per decode step; CPU: cores busy, the replica's processes and "
-          "this client; other: the most cores anything else kept busy in one of the cells (the idle replica, the gateway, "
-          "other users); cb/seq: pooled, then per round; * a cell stopped at its time cap")  # fmt: skip
-    noisy = [f"{NAMES[x.model]} @{x.concurrency} round {x.round + 1} ({x.other_cpu:.2f})" for x in cells if x.other_cpu > NOISY_CORES]
-    if noisy:
-        print(f"   WARNING: other processes kept more than {NOISY_CORES} cores busy during {len(noisy)} cell(s): "
-              f"{', '.join(noisy)}; figures of those cells are not this bench's alone: run again on a quiet machine")  # fmt: skip
-    for model in (CB, SEQ):
-        errs = [table[model, c]["first_error"] for c in config["concurrency"] if table[model, c]["first_error"]]
-        if errs:
-            print(f"   {NAMES[model]}: first error: {errs[0]}")
-    if 8 in config["concurrency"]:
-        cb8, seq8 = table[CB, 8], table[SEQ, 8]
-        ratio = cb8["tokens_per_s"] / seq8["tokens_per_s"]
-        verdicts["tokens_per_s_3x_at_8"] = ratio >= 3.0
-        verdicts["ttft_p99_within_slo_at_8"] = cb8["ttft_p99_ms"] <= slo_ms
-        print(f"   target: at concurrency 8 continuous batching >= 3x the tokens/s of one at a time: {ratio:.2f}x, "
-              f"{'MET' if ratio >= 3 else 'NOT MET'}; its TTFT p99 within the SLO ({slo_ms:g} ms): "
-              f"{cb8['ttft_p99_ms']:.1f} ms, {'MET' if cb8['ttft_p99_ms'] <= slo_ms else 'NOT MET'} "
-              f"(one at a time: {seq8['ttft_p99_ms']:.1f} ms)")  # fmt: skip
+            errs = [table[model, c]["first_error"] for c in config["concurrency"] if table[model, c]["first_error"]]
+            if errs:
+                print(f"   {NAMES[model]}: first error: {errs[0]}")
+        if 8 in config["concurrency"]:
+            cb8, seq8 = table[CB, 8], table[SEQ, 8]
+            ratio = cb8["tokens_per_s"] / seq8["tokens_per_s"]
+            verdicts["tokens_per_s_3x_at_8"] = ratio >= 3.0
+            verdicts["ttft_p99_within_slo_at_8"] = cb8["ttft_p99_ms"] <= slo_ms
+            print(f"   target: at concurrency 8 continuous batching >= 3x the tokens/s of one at a time: {ratio:.2f}x, "
+                  f"{'MET' if ratio >= 3 else 'NOT MET'}; its TTFT p99 within the SLO ({slo_ms:g} ms): "
+                  f"{cb8['ttft_p99_ms']:.1f} ms, {'MET' if cb8['ttft_p99_ms'] <= slo_ms else 'NOT MET'} "
+                  f"(one at a time: {seq8['ttft_p99_ms']:.1f} ms)")  # fmt: skip
     if gateway is not None:
         g = gateway
         print()
@@ -592,8 +622,15 @@ def report(config: dict, table: dict, cells: list[Cell], gateway: dict | None, e
               f"{config['gateway_tokens']} output tokens, direct /generate_stream vs gateway /v1/completions stream: true")  # fmt: skip
         print(f"   direct  TTFT p50 {g['direct_p50_ms']:.2f} ms, p99 {g['direct_p99_ms']:.2f} ms")
         print(f"   gateway TTFT p50 {g['gateway_p50_ms']:.2f} ms, p99 {g['gateway_p99_ms']:.2f} ms")
-        print(f"   added: p50 difference {g['added_p50_ms']:+.2f} ms; median of the paired differences "
-              f"{g['paired_diff_p50_ms']:+.2f} ms (mean {g['paired_diff_mean_ms']:+.2f} ms)")  # fmt: skip
+        print(f"   added: p50 difference {g['added_p50_ms']:+.2f} ms, p99 difference {g['added_p99_ms']:+.2f} ms; median of "
+              f"the paired differences {g['paired_diff_p50_ms']:+.2f} ms (p90 {g['paired_diff_p90_ms']:+.2f} ms, mean "
+              f"{g['paired_diff_mean_ms']:+.2f} ms)")  # fmt: skip
+        if "reference" in g:
+            r = g["reference"]
+            print(f"   reference gateway ({r['source']}), in the same rounds: TTFT p50 {r['gateway_p50_ms']:.2f} ms, p99 "
+                  f"{r['gateway_p99_ms']:.2f} ms; added: p50 {r['added_p50_ms']:+.2f} ms, p99 {r['added_p99_ms']:+.2f} ms; "
+                  f"paired differences median {r['paired_diff_p50_ms']:+.2f} ms (p90 {r['paired_diff_p90_ms']:+.2f} ms, "
+                  f"mean {r['paired_diff_mean_ms']:+.2f} ms)")  # fmt: skip
         verdicts["gateway_adds_at_most_2ms"] = g["added_p50_ms"] <= 2.0
         print(f"   target: the gateway adds <= 2 ms to TTFT p50: {'MET' if g['added_p50_ms'] <= 2.0 else 'NOT MET'}")
         if g["other_cpu"] > NOISY_CORES:
@@ -643,6 +680,10 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=200, help="direct/gateway pairs for the gateway's added TTFT (0: skip)")
     parser.add_argument("--gateway-tokens", type=int, default=4, help="output tokens per request in the gateway pairs")
     parser.add_argument("--no-engine", action="store_true", help="skip part 3 (the engine alone)")
+    parser.add_argument("--gateway-only", action="store_true", help="part 2 only (no cells, no engine): the gateway's added TTFT")
+    parser.add_argument("--reference", type=Path, metavar="SRC",
+                        help="also run a second gateway from SRC (a folder holding another copy of the fleet package, e.g. "
+                             "an earlier tree) in the same interleaved rounds of part 2: a before/after in one run")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -687,9 +728,12 @@ def main() -> None:
         bench.start_gateway()
         print(f"replicas: {bench.urls[CB]} (continuous), {bench.urls[SEQ]} (one at a time); gateway {bench.gateway_url}; "
               f"ready in {time.monotonic() - setup:.0f} s", flush=True)  # fmt: skip
+        if args.reference is not None:
+            bench.start_gateway(args.reference.absolute())
+            print(f"reference gateway ({args.reference}): {bench.reference_url}", flush=True)
         for model in (CB, SEQ):  # warm up: torch's first calls, connections
             asyncio.run(_cell(bench.urls[model], 4, 16, 30, prompts, args.max_tokens))
-        for rnd in range(args.rounds):
+        for rnd in range(0 if args.gateway_only else args.rounds):
             for c in concurrency:
                 order = (CB, SEQ) if (rnd + concurrency.index(c)) % 2 == 0 else (SEQ, CB)
                 for model in order:
@@ -706,7 +750,7 @@ def main() -> None:
                     print(f"  round {rnd + 1} concurrency {c:>2} {NAMES[model]:<13}: {len(ok)} requests in {cell.seconds:.1f} s, "
                           f"{sum(d.tokens for d in ok) / max(cell.seconds, 1e-9):.0f} tokens/s; other processes "
                           f"{cell.other_cpu:.2f} cores", flush=True)  # fmt: skip
-        for c in concurrency:
+        for c in concurrency if cells else ():
             for model in (CB, SEQ):
                 table[model, c] = summarize([x for x in cells if x.model == model and x.concurrency == c])
         if args.pairs:
@@ -714,7 +758,7 @@ def main() -> None:
             gateway = gateway_added(bench, args, prompts)
     finally:
         bench.stop()
-    if not args.no_engine and table:
+    if not args.no_engine and not args.gateway_only and table:
         print("the engine alone ...", flush=True)
         engine = engine_alone(bench.artifact, tuple(concurrency), args.max_tokens, prompts)
     config = {"requests": args.requests, "cell_seconds": args.cell_seconds, "rounds": args.rounds, "concurrency": concurrency,
