@@ -5,6 +5,7 @@ image digest Kubernetes deploys by is recorded by ``fleet package``."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -190,3 +191,23 @@ def test_a_gpu_models_bento_installs_vllm_and_a_cpu_models_does_not() -> None:
     assert "vllm_engine.py" in family.BENTO_FILES
     for locked in ("requirements.lock", "pyproject.toml"):
         assert "vllm" not in (ROOT / locked).read_text().lower(), f"vllm must never be in {locked}"
+
+
+def test_bentos_of_two_families_build_one_after_the_other_in_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flow packages in-process: after a tiny-lm Bento was built, the next tabular build was
+    handed tiny-lm's ``service`` module by the import cache and failed."""
+    from bentos.tiny_lm.train import PRESETS, train_and_register as train_lm
+    from fleet.runtime.bento import bentoml_home, package
+
+    if "bentoml" not in __import__("sys").modules:
+        monkeypatch.setenv("BENTOML_HOME", str(tmp_path / "bentoml"))
+    bentoml_home()
+    policies = load_policies(ROOT / "policies")
+    store = FileStore(tmp_path / "store")
+    lm, tab = f"lm-{os.getpid()}", f"tab-{os.getpid()}"
+    config = dataclasses.replace(PRESETS["test"], steps=5, train_examples=200, holdout_examples=8)
+    train_lm(store, lm, "1.0.0", config, log=lambda *_: None)
+    train_and_register(store, tab, "1.0.0", TrainConfig(rows=500, epochs=1, seed=1))
+    cache = ArtifactCache(tmp_path / "cache")
+    assert package(Registry(store), lm, "1.0.0", policies.model("demo-lm"), cache).built
+    assert package(Registry(store), tab, "1.0.0", policies.model("demo-classifier"), cache).built

@@ -148,6 +148,7 @@ def package(
             shutil.copy(shared / name, Path(ctx) / name)
         (Path(ctx) / "fleet_build.json").write_text(json.dumps(build, indent=2))
         log(f"building Bento {bento_tag}")
+        _forget_bento_modules()
         try:
             bento = bentoml.bentos.build(
                 family.SERVICE,
@@ -161,8 +162,24 @@ def package(
             )
         except Exception as exc:  # BentoML raises many kinds; say which build failed
             raise PackagingError(f"bentoml build of {bento_tag} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            _forget_bento_modules()
     log(f"built Bento {bento.tag}")
     return Packaged(str(bento.tag), model_tag, mv.artifact_sha256, built=True)
+
+
+def _forget_bento_modules() -> None:
+    """Drop the top-level modules an earlier build imported from its build context.
+
+    ``bentoml.bentos.build`` imports the service from the context's root (``service``,
+    ``engine``, ``model``, ...) and keeps it in ``sys.modules``: a later build in this process
+    of another family would be handed the first family's ``service`` ("module 'service' has
+    no attribute 'TabularClassifier'"). Only modules loaded from a ``fleet-bento-`` context are
+    dropped."""
+    for name, module in list(sys.modules.items()):
+        where = getattr(module, "__file__", None) or ""
+        if "." not in name and f"{os.sep}fleet-bento-" in where:
+            del sys.modules[name]
 
 
 def python_packages(family: object, spec: ModelSpec) -> list[str]:
