@@ -195,7 +195,9 @@ def test_a_gpu_models_bento_installs_vllm_and_a_cpu_models_does_not() -> None:
 
 def test_bentos_of_two_families_build_one_after_the_other_in_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A flow packages in-process: after a tiny-lm Bento was built, the next tabular build was
-    handed tiny-lm's ``service`` module by the import cache and failed."""
+    handed tiny-lm's ``service`` module by the import cache and failed; and a service that
+    registered metrics at import failed its second build (and left the process in the deleted
+    build folder)."""
     from bentos.tiny_lm.train import PRESETS, train_and_register as train_lm
     from fleet.runtime.bento import bentoml_home, package
 
@@ -206,8 +208,12 @@ def test_bentos_of_two_families_build_one_after_the_other_in_one_process(tmp_pat
     store = FileStore(tmp_path / "store")
     lm, tab = f"lm-{os.getpid()}", f"tab-{os.getpid()}"
     config = dataclasses.replace(PRESETS["test"], steps=5, train_examples=200, holdout_examples=8)
-    train_lm(store, lm, "1.0.0", config, log=lambda *_: None)
+    for version in ("1.0.0", "1.1.0"):
+        train_lm(store, lm, version, config, log=lambda *_: None)
     train_and_register(store, tab, "1.0.0", TrainConfig(rows=500, epochs=1, seed=1))
-    cache = ArtifactCache(tmp_path / "cache")
+    cache, cwd = ArtifactCache(tmp_path / "cache"), os.getcwd()
     assert package(Registry(store), lm, "1.0.0", policies.model("demo-lm"), cache).built
     assert package(Registry(store), tab, "1.0.0", policies.model("demo-classifier"), cache).built
+    # the same family again: its service module is imported anew, and registers nothing twice
+    assert package(Registry(store), lm, "1.1.0", policies.model("demo-lm"), cache).built
+    assert os.getcwd() == cwd

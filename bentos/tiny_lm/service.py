@@ -85,8 +85,6 @@ ENGINE_GAUGES = {
     "kv_used_tokens": "KV-cache positions holding keys and values now",
     "kv_budget_tokens": "KV-cache positions a replica may reserve (generation.kv_budget_tokens)",
 }
-_GAUGES = {key: bentoml.metrics.Gauge(f"fleet_engine_{key}", doc, multiprocess_mode="livesum")
-           for key, doc in ENGINE_GAUGES.items()}  # fmt: skip
 
 
 def _event(e: Event) -> dict:
@@ -138,9 +136,13 @@ class TextGenerator:
               flush=True)  # fmt: skip
 
     def _sample_engine(self) -> None:
+        # made here, in the serving process: at import they would be registered again by every
+        # build that imports this module (a second one in a process: DuplicateTimeseries)
+        gauges = {key: bentoml.metrics.Gauge(f"fleet_engine_{key}", doc, multiprocess_mode="livesum")
+                  for key, doc in ENGINE_GAUGES.items()}  # fmt: skip
         while True:
             snapshot = self.engine.snapshot()
-            for key, gauge in _GAUGES.items():
+            for key, gauge in gauges.items():
                 if key in snapshot:
                     gauge.set(snapshot[key])
             time.sleep(ENGINE_SAMPLE_S)

@@ -149,6 +149,7 @@ def package(
         (Path(ctx) / "fleet_build.json").write_text(json.dumps(build, indent=2))
         log(f"building Bento {bento_tag}")
         _forget_bento_modules()
+        cwd = os.getcwd()  # a build that fails inside its context may leave the process there, and it is deleted next
         try:
             bento = bentoml.bentos.build(
                 family.SERVICE,
@@ -163,6 +164,7 @@ def package(
         except Exception as exc:  # BentoML raises many kinds; say which build failed
             raise PackagingError(f"bentoml build of {bento_tag} failed: {type(exc).__name__}: {exc}") from exc
         finally:
+            os.chdir(cwd)
             _forget_bento_modules()
     log(f"built Bento {bento.tag}")
     return Packaged(str(bento.tag), model_tag, mv.artifact_sha256, built=True)
