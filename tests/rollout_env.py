@@ -119,15 +119,17 @@ def environment(env: FleetEnv) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def serving_fleet(env: FleetEnv) -> Iterator[dict]:
-    """Version 1.0.0 trained, stable and served, a tenant, a gateway; this process in its environment."""
+def serving_fleet(env: FleetEnv, model: str = MODEL,
+                  training: tuple[str, ...] = ("--rows", "20000", "--epochs", "15")) -> Iterator[dict]:  # fmt: skip
+    """Version 1.0.0 of ``model`` trained (with ``training``'s options), stable and served, a
+    tenant, a gateway; this process in its environment."""
     from fleet.store import open_store
 
     try:
-        env.fleet("models", "train", MODEL, "1.0.0", "--rows", "20000", "--epochs", "15")
-        env.fleet("route", "set", MODEL, "--stable", "1.0.0", "-r", "first")
-        key = env.fleet_json("tenants", "create", "apps", "--model", MODEL)["api_key"]
-        env.fleet("deploy", MODEL, "1.0.0")
+        env.fleet("models", "train", model, "1.0.0", *training)
+        env.fleet("route", "set", model, "--stable", "1.0.0", "-r", "first")
+        key = env.fleet_json("tenants", "create", "apps", "--model", model)["api_key"]
+        env.fleet("deploy", model, "1.0.0")
         url = env.start_gateway()
         with environment(env):
             yield {"env": env, "url": url, "key": key, "store": open_store()}

@@ -19,7 +19,7 @@ from fleet import records
 from fleet.registry import Registry, State
 from fleet.rollout import RolloutState, state_key
 from fleet.router import Router
-from tests.rollout_env import Load, environment
+from tests.rollout_env import Load, serving_fleet
 from tests.serving_env import ROOT, FleetEnv
 
 MODEL = "demo-lm"
@@ -34,19 +34,8 @@ FAST = {
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> Iterator[dict]:
-    from fleet.store import open_store
-
-    env = FleetEnv(tmp_path_factory.mktemp("genrollout"))
-    try:
-        env.fleet("models", "train", MODEL, "1.0.0", "--preset", "test")
-        env.fleet("route", "set", MODEL, "--stable", "1.0.0", "-r", "first")
-        key = env.fleet_json("tenants", "create", "apps", "--model", MODEL)["api_key"]
-        env.fleet("deploy", MODEL, "1.0.0")
-        url = env.start_gateway()
-        with environment(env):
-            yield {"env": env, "url": url, "key": key, "store": open_store()}
-    finally:
-        env.stop()
+    with serving_fleet(FleetEnv(tmp_path_factory.mktemp("genrollout")), MODEL, ("--preset", "test")) as fleet:
+        yield fleet
 
 
 def load(fleet: dict, **kwargs) -> Load:  # noqa: ANN003
