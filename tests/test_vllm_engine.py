@@ -103,6 +103,11 @@ def test_engine_args_follow_the_policy_placement_and_environment() -> None:
         engine_args("/m", generation={}, context=64, env={"FLEET_TENSOR_PARALLEL": "0"})
     with pytest.raises(ValueError, match="FLEET_TENSOR_PARALLEL is 'two'"):
         engine_args("/m", generation={}, context=64, env={"FLEET_TENSOR_PARALLEL": "two"})
+    # placement sized the KV cache for 16,384 tokens: a model that could take 131,072 is held to it
+    assert engine_args("/m", generation={}, context=131_072, env={"FLEET_CONTEXT_TOKENS": "16384"})["max_model_len"] == 16_384
+    assert engine_args("/m", generation={}, context=2048, env={"FLEET_CONTEXT_TOKENS": "16384"})["max_model_len"] == 2048
+    with pytest.raises(ValueError, match="FLEET_CONTEXT_TOKENS is '-5'"):
+        engine_args("/m", generation={}, context=64, env={"FLEET_CONTEXT_TOKENS": "-5"})
 
 
 def test_gpu_memory_share_is_bounded_and_defaults_to_vllms() -> None:

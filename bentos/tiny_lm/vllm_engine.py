@@ -33,9 +33,9 @@ Ours → vLLM's:
   goes in as token ids from the version's own tokenizer, so ``prompt_tokens`` is what the
   native engine counts; an end-of-sequence token is not counted in ``completion_tokens``.
 * engine arguments (``engine_args``): ``generation.max_running`` → ``max_num_seqs``, the
-  model's context → ``max_model_len``, ``FLEET_TENSOR_PARALLEL`` (the Kubernetes runtime
-  sets it from placement) → ``tensor_parallel_size``, the policy's ``gpu_memory_gib`` over
-  the GPU's memory → ``gpu_memory_utilization`` (``FLEET_GPU_MEMORY_UTILIZATION``
+  model's context, capped by placement's ``FLEET_CONTEXT_TOKENS``, → ``max_model_len``,
+  ``FLEET_TENSOR_PARALLEL`` (the Kubernetes runtime sets it from placement) →
+  ``tensor_parallel_size``, the policy's ``gpu_memory_gib`` over the GPU's memory → ``gpu_memory_utilization`` (``FLEET_GPU_MEMORY_UTILIZATION``
   overrides), ``FLEET_VLLM_DTYPE`` (default bfloat16: vLLM's attention kernels are for
   16-bit) and ``FLEET_VLLM_ENFORCE_EAGER`` (1: no CUDA graphs, a faster start).
   ``generation.kv_budget_tokens`` and ``max_prefill_tokens`` have no counterpart: vLLM's
@@ -165,19 +165,17 @@ def gpu_memory_utilization(override: str | None, gpu_memory_gib: float, gpu_tota
 
 def engine_args(model_path: str, *, generation: Mapping[str, Any], context: int, env: Mapping[str, str],
                 gpu_memory_gib: float = 0.0, gpu_total_bytes: int = 0) -> dict[str, Any]:  # fmt: skip
-    """``AsyncEngineArgs`` keyword arguments for a version's folder and its policy."""
-    raw_tp = env.get("FLEET_TENSOR_PARALLEL") or "1"
-    try:
-        tensor_parallel = int(raw_tp)
-    except ValueError:
-        tensor_parallel = 0
-    if tensor_parallel < 1:
-        raise ValueError(f"FLEET_TENSOR_PARALLEL is {raw_tp!r}; expected a whole number >= 1 (GPUs one replica spans)")
+    """``AsyncEngineArgs`` keyword arguments for a version's folder and its policy.
+
+    ``context``: the model's own (its config's ``max_position_embeddings``); placement's
+    ``FLEET_CONTEXT_TOKENS``, the context its KV cache was sized for, caps it."""
+    tensor_parallel = _whole(env, "FLEET_TENSOR_PARALLEL", "1", "GPUs one replica spans")
+    sized_for = _whole(env, "FLEET_CONTEXT_TOKENS", str(context), "the context placement sized the KV cache for")
     return {
         "model": model_path,
         "tokenizer": model_path,
         "dtype": env.get("FLEET_VLLM_DTYPE") or "bfloat16",
-        "max_model_len": int(context),
+        "max_model_len": min(int(context), sized_for),
         "max_num_seqs": int(generation.get("max_running", 32)),
         "tensor_parallel_size": tensor_parallel,
         "gpu_memory_utilization": gpu_memory_utilization(env.get("FLEET_GPU_MEMORY_UTILIZATION"), gpu_memory_gib,
@@ -187,6 +185,18 @@ def engine_args(model_path: str, *, generation: Mapping[str, Any], context: int,
         "seed": 0,
         "disable_log_stats": False,  # RequestOutput.metrics (the queue time) needs the stats
     }
+
+
+def _whole(env: Mapping[str, str], name: str, default: str, what: str) -> int:
+    """A whole number >= 1 from ``env[name]`` (``default`` when unset), or ``ValueError`` naming it."""
+    raw = env.get(name) or default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name} is {raw!r}; expected a whole number >= 1 ({what})")
+    return value
 
 
 def gpu_total_bytes() -> int:
