@@ -171,12 +171,6 @@ class StreamedResponse:
         name = name.lower()
         return next((v for k, v in self.headers if k.lower() == name), None)
 
-    @property
-    def complete(self) -> bool:
-        """The whole body has arrived (not necessarily read)."""
-        conn = self._conn
-        return conn is not None and conn._complete
-
     async def read(self) -> bytes:
         conn = self._conn
         if conn is None:
