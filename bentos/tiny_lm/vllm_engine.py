@@ -35,8 +35,8 @@ Ours → vLLM's:
 * engine arguments (``engine_args``): ``generation.max_running`` → ``max_num_seqs``, the
   model's context, capped by placement's ``FLEET_CONTEXT_TOKENS``, → ``max_model_len``,
   ``FLEET_TENSOR_PARALLEL`` (the Kubernetes runtime sets it from placement) →
-  ``tensor_parallel_size``, the policy's ``gpu_memory_gib`` over the GPU's memory → ``gpu_memory_utilization`` (``FLEET_GPU_MEMORY_UTILIZATION``
-  overrides), ``FLEET_VLLM_DTYPE`` (default bfloat16: vLLM's attention kernels are for
+  ``tensor_parallel_size``, the policy's ``gpu_memory_gib`` over the GPU's memory →
+  ``gpu_memory_utilization`` (``FLEET_GPU_MEMORY_UTILIZATION`` overrides), ``FLEET_VLLM_DTYPE`` (default bfloat16: vLLM's attention kernels are for
   16-bit) and ``FLEET_VLLM_ENFORCE_EAGER`` (1: no CUDA graphs, a faster start).
   ``generation.kv_budget_tokens`` and ``max_prefill_tokens`` have no counterpart: vLLM's
   cache is what the memory left after the weights holds, in blocks, and it chunks prefills.

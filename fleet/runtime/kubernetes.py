@@ -111,12 +111,12 @@ def engine_env(placement: ModelPlacement) -> list[dict[str, str]]:
 
     ``FLEET_TENSOR_PARALLEL``: GPUs one replica spans (1 on CPU or a shared GPU), vLLM's
     ``tensor_parallel_size``. On GPUs, ``FLEET_GPU_TYPE`` (the pool's, e.g. A100-40GB) and
-    ``FLEET_GPU_MEMORY_UTILIZATION`` (the share of each GPU placement reserved for the replica,
-    vLLM's ``gpu_memory_utilization``: on a time-sliced GPU it keeps to its slice). For a generative
-    model, ``FLEET_KV_CACHE_GIB`` (the KV cache placement sized, over all its GPUs; vLLM's
-    ``kv_cache_memory_bytes`` is that × 2**30 ÷ the degree, per GPU) and, when it was sized
-    from the architecture, ``FLEET_KV_CACHE_TOKENS`` (max_running × context_tokens) and
-    ``FLEET_CONTEXT_TOKENS`` (vLLM's ``max_model_len``).
+    ``FLEET_GPU_MEMORY_UTILIZATION`` (the share of each GPU placement reserved for the
+    replica, vLLM's ``gpu_memory_utilization``: on a time-sliced GPU it keeps to its slice).
+    For a generative model, ``FLEET_KV_CACHE_GIB`` (the KV cache placement sized, over all its
+    GPUs: for operators and dashboards; vLLM sizes its paged cache from the memory share)
+    and, when it was sized from the architecture, ``FLEET_KV_CACHE_TOKENS`` (max_running ×
+    context_tokens) and ``FLEET_CONTEXT_TOKENS`` (caps vLLM's ``max_model_len``).
     """
     env = {"FLEET_TENSOR_PARALLEL": str(max(placement.tensor_parallel, 1))}
     if placement.gpus:
