@@ -66,6 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -380,6 +381,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def bench_policies(folder: Path, source: str, variants: dict[str, Callable[[dict], None]]) -> dict:
+    """This tree's policies copied to ``folder``, plus one model per ``variants`` entry: a copy
+    of ``source``'s policy changed by its function, logging nothing. Returns ``source``'s."""
+    import yaml
+
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    for src in sorted((ROOT / "policies").glob("*.y*ml")):
+        shutil.copy(src, folder / src.name)
+    doc = yaml.safe_load((folder / "fleet.yaml").read_text())
+    base = doc["models"][source]
+    for name, change in variants.items():
+        spec = json.loads(json.dumps(base))
+        change(spec)
+        spec["inference_log"] = {"sample_rate": 0.0}
+        doc["models"][name] = spec
+    (folder / "fleet.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return base
+
+
 class Bench:
     """A fleet folder (store, BentoML home, run folder, cache, policies) driven through the
     ``fleet`` CLI as in ``tests/serving_env.py``; every process it starts is stopped by PID."""
@@ -424,23 +446,14 @@ class Bench:
 
     def write_policies(self) -> dict:
         """This tree's policies, plus the two bench models: demo-lm's policy, ``max_running`` 32 and 1."""
-        import yaml
 
-        if self.policies.exists():
-            shutil.rmtree(self.policies)
-        self.policies.mkdir(parents=True)
-        for src in sorted((ROOT / "policies").glob("*.y*ml")):
-            shutil.copy(src, self.policies / src.name)
-        doc = yaml.safe_load((self.policies / "fleet.yaml").read_text())
-        base = doc["models"][SOURCE]
-        cb_running = base.get("generation", {}).get("max_running", 32)
-        for name, running in ((CB, cb_running), (SEQ, 1)):
-            spec = json.loads(json.dumps(base))
-            spec.setdefault("generation", {})["max_running"] = running
-            spec["inference_log"] = {"sample_rate": 0.0}
-            doc["models"][name] = spec
-        (self.policies / "fleet.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-        return base
+        def continuous(spec: dict) -> None:  # demo-lm's own running batch (32 unless it says)
+            spec.setdefault("generation", {}).setdefault("max_running", 32)
+
+        def one_at_a_time(spec: dict) -> None:
+            spec.setdefault("generation", {})["max_running"] = 1
+
+        return bench_policies(self.policies, SOURCE, {CB: continuous, SEQ: one_at_a_time})
 
     def train(self, preset: str) -> None:
         from bentos.tiny_lm.train import PRESETS
@@ -551,16 +564,12 @@ class Bench:
         raise RuntimeError(f"the gateway was not ready after 120 s; see {self.root / name}")
 
     def stop(self) -> None:
+        from fleet.processes import stop_group
+
         for proc in reversed(self.procs):
             if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                stop_group(proc.pid, timeout_s=15)  # started in a session of its own: its group is its pid
+                proc.wait()
         self.procs.clear()
         self.stop_replicas()
 

@@ -61,7 +61,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.generation import Bench, Cell, _box_busy, _cell, _cpu_of, _engine, _free_port, summarize  # noqa: E402
+from bench.generation import Bench, Cell, _box_busy, _cell, _cpu_of, _engine, _free_port, bench_policies, summarize  # noqa: E402
 
 SOURCE_POLICY = "demo-lm"  # whose policy the bench models copy
 GPU_MODEL, CPU_MODEL, VERSION = "bench-gpu-lm", "bench-cpu-lm", "1.0.0"
@@ -90,28 +90,16 @@ class Served:
 # -- set-up: policies, one trained version under two names, two Bentos ----------------------------------
 def write_policies(bench: Bench, gpu_memory_gib: float) -> dict:
     """This tree's policies plus the two bench models: demo-lm's policy with ``gpu: 1`` and ``gpu: 0``."""
-    import shutil
 
-    import yaml
+    def on_gpu(spec: dict) -> None:
+        spec.setdefault("resources", {}).update(gpu=1, gpu_memory_gib=gpu_memory_gib)
 
-    if bench.policies.exists():
-        shutil.rmtree(bench.policies)
-    bench.policies.mkdir(parents=True)
-    for src in sorted((ROOT / "policies").glob("*.y*ml")):
-        shutil.copy(src, bench.policies / src.name)
-    doc = yaml.safe_load((bench.policies / "fleet.yaml").read_text())
-    base = doc["models"][SOURCE_POLICY]
-    for name, gpus in ((GPU_MODEL, 1), (CPU_MODEL, 0)):
-        spec = json.loads(json.dumps(base))
+    def on_cpu(spec: dict) -> None:
         resources = spec.setdefault("resources", {})
-        resources["gpu"] = gpus
-        if gpus:
-            resources["gpu_memory_gib"] = gpu_memory_gib
-        else:
-            resources.pop("gpu_memory_gib", None)
-        spec["inference_log"] = {"sample_rate": 0.0}
-        doc["models"][name] = spec
-    (bench.policies / "fleet.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        resources["gpu"] = 0
+        resources.pop("gpu_memory_gib", None)
+
+    base = bench_policies(bench.policies, SOURCE_POLICY, {GPU_MODEL: on_gpu, CPU_MODEL: on_cpu})
     from fleet.spec import load_policies
 
     load_policies(bench.policies)  # a policy this tree's spec refuses fails here, not in fleet package
@@ -189,16 +177,12 @@ def _tail(path: Path, lines: int = 6) -> str:
 
 
 def stop(proc: subprocess.Popen | None) -> None:
+    from fleet.processes import stop_group
+
     if proc is None or proc.poll() is not None:
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=STOP_SERVER_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_group(proc.pid, timeout_s=STOP_SERVER_S)  # started in a session of its own: its group is its pid
+    proc.wait()
 
 
 def measure(proc: subprocess.Popen, url: str, variant: Variant, concurrency: int, args: argparse.Namespace,
