@@ -69,6 +69,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -379,6 +380,20 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def claim_root(root: Path | None, bench: str) -> tuple[Path, IO[str]]:
+    """The fleet folder (``root``, or a new temporary one) and a lock on it that this process
+    holds until it exits: two runs on one folder would stop each other's replicas."""
+    root = (root or Path(tempfile.mkdtemp(prefix=f"fleet-bench-{bench}-"))).absolute()
+    root.mkdir(parents=True, exist_ok=True)
+    lock = open(root / f".bench-{bench}.lock", "w")  # noqa: SIM115 - held until this process exits
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(f"another bench/{bench.replace('-', '_')}.py run is using {root} (its start would stop this "
+                         "run's replicas and the other way round); wait for it or pass another --root") from None  # fmt: skip
+    return root, lock
 
 
 def bench_policies(folder: Path, source: str, variants: dict[str, Callable[[dict], None]]) -> dict:
@@ -701,14 +716,7 @@ def main() -> None:
     if args.requests < max(concurrency):
         parser.error(f"--requests {args.requests} is fewer than the largest concurrency ({max(concurrency)})")
 
-    root = (args.root or Path(tempfile.mkdtemp(prefix="fleet-bench-gen-"))).absolute()
-    root.mkdir(parents=True, exist_ok=True)
-    lock = open(root / ".bench-generation.lock", "w")  # noqa: SIM115 - held until this process exits
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise SystemExit(f"another bench/generation.py run is using {root} (its start would stop this run's replicas "
-                         "and the other way round); wait for it or pass another --root") from None  # fmt: skip
+    root, _lock = claim_root(args.root, "generation")
     bench = Bench(root)
     started = time.monotonic()
     load_before = Path("/proc/loadavg").read_text().split()[0]

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import importlib.util
 import json
 import os
@@ -61,7 +60,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.generation import Bench, Cell, _box_busy, _cell, _cpu_of, _engine, _free_port, bench_policies, summarize  # noqa: E402
+from bench.generation import Bench, Cell, _box_busy, _cell, _cpu_of, _engine, _free_port, bench_policies, claim_root, summarize  # noqa: E402
 
 SOURCE_POLICY = "demo-lm"  # whose policy the bench models copy
 GPU_MODEL, CPU_MODEL, VERSION = "bench-gpu-lm", "bench-cpu-lm", "1.0.0"
@@ -338,13 +337,7 @@ def main() -> None:
     if not variants:
         parser.error("nothing to serve: --devices cpu with --engines vllm (vLLM is CUDA-only here)")
 
-    root = (args.root or Path(tempfile.mkdtemp(prefix="fleet-bench-gpu-"))).absolute()
-    root.mkdir(parents=True, exist_ok=True)
-    lock = open(root / ".bench-generation-gpu.lock", "w")  # noqa: SIM115 - held until this process exits
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise SystemExit(f"another bench/generation_gpu.py run is using {root}; wait for it or pass another --root") from None
+    root, _lock = claim_root(args.root, "generation-gpu")
 
     def _terminate(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
