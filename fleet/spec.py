@@ -222,6 +222,19 @@ class ModelSpec(_Spec):
     architecture: Architecture | None = None
     generation: Generation | None = None  # generative models only; their defaults when generative and unset
     peak_qps: float | None = Field(None, gt=0.0)  # expected peak; must fit max_replicas × target
+    # eager: every routed version runs until undeployed. lazy: a version runs only while it is
+    # used — the first request starts it (held up to max_hold_ms), idle_unload_s without a
+    # request stops it (fleet.loading); on Kubernetes, KEDA scales it to zero
+    loading: Literal["eager", "lazy"] = "eager"
+    idle_unload_s: float | None = Field(None, gt=0.0)  # lazy only; default fleet.loading.DEFAULT_IDLE_UNLOAD_S
+    max_hold_ms: int = Field(10_000, gt=0, le=600_000)  # a request waits at most this long for a cold version
+
+    @model_validator(mode="after")
+    def _idle_unload_for_lazy(self) -> ModelSpec:
+        if self.idle_unload_s is not None and self.loading != "lazy":
+            raise expected("lazy when idle_unload_s is set (an eager model's versions are never unloaded)",
+                           field="loading", got=self.loading)  # fmt: skip
+        return self
 
     @model_validator(mode="after")
     def _generation_for_generative(self) -> ModelSpec:
@@ -269,6 +282,18 @@ class GatewaySpec(_Spec):
     @staticmethod
     def mib(value: float) -> int:
         return int(value * 1024 * 1024)
+
+
+class RuntimeSpec(_Spec):
+    """The local runtime's budget: the ``runtime:`` section, one per fleet.
+
+    ``memory_budget_mib``: what the replicas of every version on this machine may hold
+    together (their processes' proportional set size). Starting a lazy version past it first
+    stops the least recently used idle lazy versions; one that still does not fit is refused
+    (503 naming the budget). Eager versions count against it but are never stopped for it.
+    """
+
+    memory_budget_mib: float | None = Field(None, gt=0.0)
 
 
 class Quota(_Spec):
@@ -375,6 +400,7 @@ class Policies(_Spec):
     rollout: dict[str, RolloutPolicy] = Field(default_factory=dict)
     monitoring: dict[str, MonitoringPolicy] = Field(default_factory=dict)
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
 
     @model_validator(mode="after")
     def _references_resolve(self) -> Policies:
@@ -405,6 +431,9 @@ SECTIONS: dict[str, type[_Spec]] = {
 }
 
 
+SINGLETONS: dict[str, type[_Spec]] = {"gateway": GatewaySpec, "runtime": RuntimeSpec}
+
+
 def load_policies(path: str | Path = "policies") -> Policies:
     """Load one YAML file, or every ``*.yaml``/``*.yml`` directly in a directory (sorted)."""
     path = Path(path)
@@ -418,7 +447,7 @@ def load_policies(path: str | Path = "policies") -> Policies:
         raise ConfigError(f"{path}: not found; expected a policy directory or YAML file")
     entries: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
     origin: dict[tuple[str, str], Path] = {}
-    gateway: dict[str, GatewaySpec] = {}
+    gateway: dict[str, _Spec] = {}  # the one-per-fleet sections (SINGLETONS) that a file set
     problems = [line for file in files for line in _load_file(file, entries, origin, gateway)]
     if not problems:  # references are only worth checking once every entry parsed
         problems = [f"{origin[s, n]}: {line}" for s, n, line in _reference_problems(**entries)]
@@ -427,22 +456,22 @@ def load_policies(path: str | Path = "policies") -> Policies:
     return Policies(**entries, **gateway)
 
 
-def _load_file(file: Path, entries: dict[str, dict], origin: dict[tuple, Path], gateway: dict[str, GatewaySpec]) -> list[str]:
-    """Validate one file's entries into ``entries`` (and its ``gateway:`` section into
-    ``gateway``); return its problems as report lines."""
+def _load_file(file: Path, entries: dict[str, dict], origin: dict[tuple, Path], gateway: dict[str, _Spec]) -> list[str]:
+    """Validate one file's entries into ``entries`` (and its ``gateway:`` and ``runtime:``
+    sections into ``gateway``); return its problems as report lines."""
     data, unreadable = read_yaml(file)
     if unreadable:
         return [unreadable]
     if data is None:
         return []  # an empty (or all-comments) file defines nothing
-    known = [*SECTIONS, "gateway"]
+    known = [*SECTIONS, *SINGLETONS]
     accepted = ", ".join(known)
     if not isinstance(data, dict):
         return [problem(file, f"got {show(data)}", f"a mapping with sections {accepted}")]
     problems = []
     for section, named in data.items():
-        if section == "gateway":
-            problems += _load_gateway(file, named, origin, gateway)
+        if section in SINGLETONS:
+            problems += _load_singleton(file, section, named, origin, gateway)
         elif section not in SECTIONS:
             what = f"unknown top-level key {section!r}"
             problems.append(problem(file, what, f"one of {accepted}{hint(section, known)}"))
@@ -454,17 +483,19 @@ def _load_file(file: Path, entries: dict[str, dict], origin: dict[tuple, Path], 
     return problems
 
 
-def _load_gateway(file: Path, raw: Any, origin: dict, into: dict[str, GatewaySpec]) -> list[str]:
-    """The ``gateway:`` section: one mapping of settings for every gateway, in one file only."""
+def _load_singleton(file: Path, section: str, raw: Any, origin: dict, into: dict[str, _Spec]) -> list[str]:
+    """A ``gateway:`` or ``runtime:`` section: one mapping of settings for the fleet, in one file only."""
     if raw is None:
         return []
-    if ("gateway", "") in origin:
-        return [problem(f"{file}: gateway", f"already defined in {origin['gateway', '']}", "one gateway section in one file")]
-    origin["gateway", ""] = file
+    if (section, "") in origin:
+        return [problem(f"{file}: {section}", f"already defined in {origin[section, '']}",
+                        f"one {section} section in one file")]  # fmt: skip
+    origin[section, ""] = file
+    cls = SINGLETONS[section]
     try:
-        into["gateway"] = GatewaySpec.model_validate(raw)
+        into[section] = cls.model_validate(raw)
     except ValidationError as e:
-        return [f"{file}: {line}" for line in explain(e, GatewaySpec, ("gateway",))]
+        return [f"{file}: {line}" for line in explain(e, cls, (section,))]
     return []
 
 

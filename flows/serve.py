@@ -22,7 +22,19 @@ def deployments() -> list:
                                      tags=["fleet"], concurrency_limit=None),  # fmt: skip
         rollback.to_deployment(name="rollback", description="Immediate rollback of a model", tags=["fleet"]),
         *_monitoring_deployments(),
+        _idle_unload(),
     ]
+
+
+def _idle_unload():  # noqa: ANN202 - a prefect RunnerDeployment
+    """On a schedule only when a model is lazy: with none, there is nothing it could stop."""
+    from fleet.runtime.packaged import policies_path
+    from fleet.spec import load_policies
+    from flows.unload import EVERY_S, idle_unload
+
+    lazy = any(spec.loading == "lazy" for spec in load_policies(policies_path()).models.values())
+    return idle_unload.to_deployment(name="idle-unload", interval=EVERY_S if lazy else None, tags=["fleet"],
+                                     description="Stop lazy versions idle past their idle_unload_s")  # fmt: skip
 
 
 def _monitoring_deployments() -> list:

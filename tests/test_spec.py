@@ -313,7 +313,7 @@ def test_unknown_top_level_section(tmp_path):
     path = write(tmp_path, "fleet.yaml", data)
     assert (
         f"{path}: unknown top-level key 'modles'"
-        " — expected one of models, tenants, rollout, monitoring, gateway (did you mean 'models'?)"
+        " — expected one of models, tenants, rollout, monitoring, gateway, runtime (did you mean 'models'?)"
         in problems(path)
     )
 

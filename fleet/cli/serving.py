@@ -108,6 +108,26 @@ def deploy_cmd(
         console.print(f"{model}:{version} ready at " + ", ".join(deployment.endpoints))
 
 
+def unload_idle_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False) -> None:
+    """Stop lazy versions idle past their idle_unload_s (what the idle-unload flow runs on its schedule).
+
+    Never an eager model's version, a route's canary or shadow, a version in a running rollout
+    or the previous stable within its rollback window. Replicas leave the gateways' list first.
+    """
+    from fleet.loading import LoadController
+    from fleet.spec import load_policies
+
+    stopped = LoadController(registry().store, load_policies(policies), _runtime(policies)).unload_idle()
+    rows = [{"model": u.model, "version": u.version, "reason": u.reason, "memory_mib": round(u.memory_mib, 1)} for u in stopped]
+    if json:
+        emit_json(rows)
+        return
+    for r in rows:
+        console.print(f"stopped {r['model']}:{r['version']}: {r['reason']} ({r['memory_mib']:.0f} MiB)")
+    if not rows:
+        console.print("nothing idle to stop")
+
+
 def undeploy_cmd(model: str, version: str, policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False) -> None:
     """Stop every replica of a version."""
     _runtime(policies).undeploy(model, version)

@@ -30,15 +30,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fleet import __version__, audit, gateways
+from fleet import __version__, audit, gateways, loading
 from fleet.errors import FleetError
 from fleet.feedback import LoggedRequests
+from fleet.gateway.activate import Activator
 from fleet.gateway.admin import admin_routes, json_response
 from fleet.gateway.body import BodyBudget, Decoder
 from fleet.gateway.dispatch import Dispatcher
 from fleet.gateway.generate import Generation
 from fleet.gateway.http import Headers, Settings, internal_error, retry_after
-from fleet.gateway.pipeline import Pipeline
+from fleet.gateway.pipeline import DEFAULT_SPEC, Pipeline
 from fleet.gateway import quota as quotas_
 from fleet.gateway import workers
 from fleet.gateway.quota import Quotas, TokenBuckets
@@ -51,7 +52,7 @@ from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import Upstreams
 from fleet.inference_log import InferenceLog
 from fleet.records import BadRecord
-from fleet.spec import GatewaySpec, Policies
+from fleet.spec import GatewaySpec, ModelSpec, Policies
 from fleet.tenants import Quota
 from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, QuotaBackend
 from fleet.usage import Price, UsageMeter
@@ -118,6 +119,28 @@ def create_app(
         limits_ = {m: (quotas_.divide(s.concurrency, n), quotas_.divide(s.max_queue, n), s.batch_aging_ms / 1000)
                    for m, s in (policies.models.items() if policies else [])}  # fmt: skip
         upstreams.sync(snap.endpoints, limits_)
+        activator.synced()
+
+    def spec_for(model: str) -> ModelSpec:
+        return policies.models.get(model, DEFAULT_SPEC) if policies else DEFAULT_SPEC
+
+    make_room = None
+    if policies is not None and policies.runtime.memory_budget_mib is not None and hasattr(view.runtime, "loaded"):
+        from fleet.loading import LoadController  # the local runtime's memory budget, kept by whoever starts
+
+        make_room = LoadController(view.store, policies, view.runtime).make_room
+    activator = upstreams.activator = Activator(view.runtime, upstreams, spec_for, telemetry, view.read_runtime, make_room)
+
+    async def write_activity() -> None:
+        """When this gateway last asked each version (fleet.loading's idle clock), with its heartbeat."""
+        written: dict[tuple[str, str], float] = {}
+        while True:
+            await asyncio.sleep(gateways.HEARTBEAT_S)
+            if upstreams.last_used != written:
+                now = dict(upstreams.last_used)
+                with contextlib.suppress(FleetError, OSError):
+                    await asyncio.to_thread(loading.write_activity, view.store, settings.gateway_id, now)
+                    written = now
 
     def on_shadow(job: ShadowJob | GenShadowJob, outcome: str, shadow_ms: float | None, result: Any,  # noqa: ANN401
                   kind: str | None) -> None:  # fmt: skip
@@ -173,7 +196,7 @@ def create_app(
         await asyncio.to_thread(view.refresh, True)  # serve nothing until routing state is loaded
         on_snapshot(view.snapshot)
         tasks = [asyncio.create_task(view.run(on_snapshot)), asyncio.create_task(telemetry.watch_loop()),
-                 asyncio.create_task(sample_replicas())]  # fmt: skip
+                 asyncio.create_task(sample_replicas()), asyncio.create_task(write_activity())]  # fmt: skip
         usage.start()
         record = None
         if settings.public_url:
@@ -207,6 +230,9 @@ def create_app(
             if record is not None:
                 with contextlib.suppress(FleetError, OSError):
                     await asyncio.to_thread(gateways.withdraw, view.store, record.id)
+            if upstreams.last_used:  # the last word on what it served, for the idle clock
+                with contextlib.suppress(FleetError, OSError):
+                    await asyncio.to_thread(loading.write_activity, view.store, settings.gateway_id, dict(upstreams.last_used))
             await upstreams.close()
             await generation.close()
             if isinstance(backend, quotas_.RedisQuotas):

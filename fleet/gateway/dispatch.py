@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from fleet.errors import FleetError
+from fleet.gateway.activate import Starting
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import NoReplica, Rejected, UpstreamError, Upstreams, UpstreamTimeout
 from fleet.routing import Choice, RouteTable
@@ -60,7 +61,10 @@ class Dispatcher:
                 self.telemetry.failed(model, version, exc.kind)
                 failure = exc
                 continue
-            except NoReplica as exc:
+            except Starting as exc:  # a cold version still starting: not its failure; stable may answer a canary's request
+                failure = exc
+                continue
+            except NoReplica as exc:  # nothing runs, or a cold version could not start
                 self.telemetry.failed(model, version, "unreachable")
                 failure = exc
                 continue

@@ -55,6 +55,7 @@ from starlette.types import Receive, Scope, Send
 from fleet.errors import FleetError
 from fleet.gateway import body as bodies
 from fleet.gateway import genproto, h1
+from fleet.gateway.activate import Starting
 from fleet.gateway.admin import json_response
 from fleet.gateway.dispatch import fallback
 from fleet.gateway.pipeline import Call, Pipeline
@@ -426,9 +427,7 @@ class Generation:
     async def shadow(self, job: GenShadowJob, deadline: float) -> Generated:
         """The shadow version's whole answer to a mirrored generation (``fleet.gateway.shadow``):
         read from its stream, so its time to first token is measured as a caller's is."""
-        pool = self.upstreams.pool(job.model, job.version)
-        if pool is None or not pool.replicas:
-            raise NoReplica(f"{job.model}:{job.version} has no running replica; expected it to be deployed")
+        pool = await self.upstreams.ready(job.model, job.version, deadline)
         try:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                 await pool.slots.acquire("batch", pool.ref, "", 1.0)
@@ -503,13 +502,20 @@ class Generation:
         tenant = call.tenant
         failure: FleetError | None = None
         for i, version in enumerate(order):
-            pool = self.upstreams.pool(call.model, version)
-            if pool is None or not pool.replicas:
-                self.telemetry.failed(call.model, version, "unreachable")
-                failure = NoReplica(f"{call.model}:{version} has no running replica; expected it to be deployed")
+            try:  # a cold lazy version is held while it starts, within the request's timeout
+                pool = await self.upstreams.ready(call.model, version, started + timeout_ms / 1000)
+            except Starting as exc:  # still starting: stable may answer a canary's request
+                failure = exc
                 continue
+            except NoReplica as exc:
+                self.telemetry.failed(call.model, version, "unreachable")
+                failure = exc
+                continue
+            # the first token's clock starts once the version runs (a cold start's hold has its own
+            # bound, max_hold_ms); the whole answer stays within the request's timeout
+            first_by = min(time.monotonic() + first_ms / 1000, started + timeout_ms / 1000)
             try:
-                async with asyncio.timeout(max(0.0, started + first_ms / 1000 - time.monotonic())):
+                async with asyncio.timeout(max(0.0, first_by - time.monotonic())):
                     await pool.slots.acquire(priority, pool.ref, tenant.name, tenant.weight or 1.0)  # type: ignore[union-attr]
                     asked = time.monotonic()
                     opened = await self._open(pool, payload, last_resort=i == len(order) - 1)

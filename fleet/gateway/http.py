@@ -25,7 +25,6 @@ from fleet import gateways
 from fleet.errors import ConfigError, FleetError
 from fleet.gateway.body import DecodeBusy
 from fleet.gateway import quota
-from fleet.gateway.quota import OverQuota
 from fleet.gateway.telemetry import UNKNOWN, Telemetry
 
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,128}")
@@ -64,13 +63,12 @@ def close_request(telemetry: Telemetry, state: dict[str, Any], status: int, star
 
 
 def retry_after(telemetry: Telemetry, exc: FleetError) -> int | None:
-    """Whole seconds a refused client should wait (a quota's or a decode budget's refusal),
+    """Whole seconds a refused client should wait (a quota's or a decode budget's refusal, a cold version),
     counting decode refusals as it goes; None for an error that retrying soon will not fix."""
     if isinstance(exc, DecodeBusy):
         telemetry.busy.labels("tenant" if exc.status == 429 else "gateway").inc()
-    if isinstance(exc, (OverQuota, DecodeBusy)):
-        return max(1, math.ceil(exc.retry_after_s))
-    return None
+    wait = getattr(exc, "retry_after_s", None)  # quotas, decode budgets, a version starting (fleet.gateway.activate)
+    return None if wait is None else max(1, math.ceil(wait))
 
 
 def internal_error(request_id: str, exc: BaseException) -> str:

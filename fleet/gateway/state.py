@@ -65,6 +65,7 @@ class FleetView:
         self._bad: dict[str, records.BadRecord] = {}  # key → why it is skipped (records read)
         self._bad_manifests: dict[str, records.BadRecord] = {}  # rebuilt with each snapshot
         self._runtime_read_at = 0.0
+        self._read_runtime = False  # re-read the runtime at the next refresh (a push, a started version)
         self._wake: asyncio.Event | None = None
         self._default_quotas: dict[str, Quota] = {}
         self._default_weights: dict[str, float] = {}
@@ -150,6 +151,7 @@ class FleetView:
         tenant_records, tenants_changed = self._read("tenants/", Tenant)
         now = time.monotonic()
         endpoints, periodic = self.snapshot.endpoints, False
+        force_runtime, self._read_runtime = force_runtime or self._read_runtime, False
         if routes_changed or force_runtime or now - self._runtime_read_at >= self.runtime_interval:
             endpoints = {(d.model, d.version): d.endpoints for d in self.runtime.list()}
             self._runtime_read_at, periodic = now, True
@@ -188,9 +190,15 @@ class FleetView:
         return t.model_copy(update=update) if update else t
 
     def wake(self) -> None:
-        """Poll now (an admin push): safe to call from the event loop only."""
+        """Poll now, the runtime too (an admin push: a route changed, or a version was stopped or
+        started): safe to call from the event loop only."""
+        self._read_runtime = True
         if self._wake is not None:
             self._wake.set()
+
+    def read_runtime(self) -> None:
+        """Re-read the runtime's deployments now (a version was started here): from the event loop only."""
+        self.wake()
 
     async def run(self, on_change: Callable[[Snapshot], None]) -> None:
         """Refresh forever; a failed refresh keeps the last good snapshot."""

@@ -55,6 +55,7 @@ class _Gauges(Collector):
 
 
 UNKNOWN = "unknown"
+HOLD_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, float("inf"))
 
 
 class Telemetry:
@@ -130,6 +131,13 @@ class Telemetry:
                               ["model", "version", "kind"], registry=r)  # fmt: skip
         self.labels = Counter("fleet_feedback_labels", "Generation: exact-match feedback labels on a version's answers, "
                               "by outcome (match, mismatch)", ["model", "version", "outcome"], registry=r)  # fmt: skip
+        # lazy loading (fleet.gateway.activate): versions started by a request, and requests held for them
+        self.cold_starts = Counter("fleet_cold_starts", "Starts of a cold (lazy, unloaded) version by a request, by "
+                                   "outcome (started, failed)", ["model", "version", "outcome"], registry=r)  # fmt: skip
+        self.hold = Histogram("fleet_activation_hold_seconds", "How long a request waited for its cold version to start",
+                              ["model", "version"], buckets=HOLD_BUCKETS_S, registry=r)  # fmt: skip
+        self.held = Gauge("fleet_requests_held", "Requests waiting now for their cold version to start",
+                          ["model", "version"], registry=r)  # fmt: skip
         self._children: dict[tuple[str, str], tuple] = {}
         self._finished: dict[tuple[str, str, str, int], tuple] = {}
 

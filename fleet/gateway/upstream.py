@@ -41,6 +41,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import orjson
@@ -211,6 +212,9 @@ class Upstreams:
         self._parse = parse
         self._pools: dict[tuple[str, str], Pool] = {}
         self._sessions: dict[str, h1.ConnectionPool] = {}
+        # (model, version) → when this gateway last sent it a request (unix s): fleet.loading's idle clock
+        self.last_used: dict[tuple[str, str], float] = {}
+        self.activator: Any = None  # fleet.gateway.activate.Activator: holds a request for a cold lazy version
 
     def _session(self, url: str, limit: int) -> h1.ConnectionPool:
         """The replica's connection pool, at most ``limit`` connections (the policy's
@@ -249,6 +253,18 @@ class Upstreams:
     def pool(self, model: str, version: str) -> Pool | None:
         return self._pools.get((model, version))
 
+    async def ready(self, model: str, version: str, deadline: float) -> Pool:
+        """The version's pool, noting the request for the idle clock; a version with no replica
+        is held while it starts if its model is lazy (``activator``), else ``NoReplica``."""
+        key = (model, version)
+        self.last_used[key] = time.time()
+        pool = self._pools.get(key)
+        if pool is not None and pool.replicas:
+            return pool
+        if self.activator is None:
+            raise NoReplica(f"{model}:{version} has no running replica; expected it to be deployed")
+        return await self.activator.hold(model, version, deadline)
+
     def pools(self) -> dict[tuple[str, str], Pool]:
         return self._pools
 
@@ -263,9 +279,7 @@ class Upstreams:
         version's slots are full (``fleet.gateway.fairqueue``). ``timing``: the seconds the
         version took (from a slot to its answer) are appended to it.
         """
-        pool = self._pools.get((model, version))
-        if pool is None or not pool.replicas:
-            raise NoReplica(f"{model}:{version} has no running replica; expected it to be deployed")
+        pool = await self.ready(model, version, deadline)
         remaining = deadline - time.monotonic()
         try:
             async with asyncio.timeout(max(remaining, 0.0)):

@@ -10,6 +10,7 @@ a reboot) is detected by ``list``, its surviving workers are stopped and it is r
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -29,6 +30,7 @@ from fleet.types import Deployment
 
 READY_TIMEOUT_S = 120.0
 LOG_TAIL_LINES = 25
+FOOTPRINT = "footprint.json"  # the memory a version's replica held when it last started (MiB)
 
 
 class DeployFailed(FleetError):
@@ -62,6 +64,33 @@ class _Replica:
             return cls(**{**data, "workers": tuple(data.get("workers", ()))})
         except (OSError, ValueError, TypeError):
             return None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A version running here: its replicas, the memory they hold and when they turned ready."""
+
+    model: str
+    version: str
+    replicas: int
+    memory_mib: float
+    ready_at: float  # unix seconds, the most recent replica's
+
+
+def _pss_mib(pids: list[int]) -> float:
+    """The proportional set size of ``pids`` together (RSS where the kernel lacks smaps_rollup)."""
+    total_kib = 0
+    for pid in pids:
+        for name, key in ((f"/proc/{pid}/smaps_rollup", "Pss:"), (f"/proc/{pid}/status", "VmRSS:")):
+            try:
+                with open(name) as f:
+                    line = next((ln for ln in f if ln.startswith(key)), None)
+            except OSError:
+                continue
+            if line is not None:
+                total_kib += int(line.split()[1])
+                break
+    return total_kib / 1024
 
 
 class LocalRuntime:
@@ -165,10 +194,87 @@ class LocalRuntime:
         path.write_text(json.dumps({**recorded.__dict__, "workers": list(workers)}))
         return recorded
 
-    def undeploy(self, model: str, version: str) -> None:
-        for path, replica in self._replicas(model, version):
+    def undeploy(self, model: str, version: str, drain_s: float = 0.0, on_drain: Callable[[], object] = lambda: None) -> None:
+        """Stop every replica of the version. ``drain_s``: first take them out of the list,
+        call ``on_drain`` (tell the gateways, which re-read the list), wait that long, then stop them."""
+        running = self._replicas(model, version)
+        if drain_s > 0 and running:
+            draining = []
+            for path, replica in running:
+                aside = path.with_name(f"draining-{path.name}")
+                os.replace(path, aside)  # no longer listed; still stopped below if this process dies now
+                draining.append((aside, replica))
+            running = draining
+            on_drain()
+            time.sleep(drain_s)
+        for path, replica in running:
             replica.stop()
             path.unlink(missing_ok=True)
+
+    def serve_tag(self, model: str, version: str) -> str:
+        """The Bento a lazy start serves: the one ``fleet package`` built, never a new build."""
+        from fleet.runtime.bento import bento_version
+
+        return f"{model}:{bento_version(version, False)}"
+
+    def activate(self, model: str, version: str, before_start: Callable[[], None] = lambda: None) -> Deployment:
+        """One ready replica of a version that runs none (the running ones if it does).
+
+        Under the version's lock, so concurrent activations start it once: the second finds the
+        first's replica. ``before_start`` runs under the lock only when a replica is to be
+        started (making room under the memory budget). The replica's memory once ready is kept
+        in ``footprint.json``, what the budget expects the next start of the version to need.
+        """
+        folder = self._dir(model, version)
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / ".activate.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            running = self._replicas(model, version)
+            if running:
+                return Deployment(model, version, tuple(r.url for _, r in running))
+            tag = self.serve_tag(model, version)
+            self._check_built(model, version, tag)
+            before_start()
+            path, replica = self._start(model, version, tag, 0)
+            try:
+                self._wait_ready(model, version, replica)
+            except BaseException:
+                replica.stop()
+                path.unlink(missing_ok=True)
+                raise
+            replica = self._record_workers(path, replica)
+            memory = _pss_mib([replica.pid, *replica.workers])
+            (folder / FOOTPRINT).write_text(json.dumps({"memory_mib": round(memory, 1), "at": time.time()}))
+            return Deployment(model, version, (replica.url,))
+
+    def _check_built(self, model: str, version: str, tag: str) -> None:
+        """Refuse at once, saying what to do, to start a Bento that was never built (BentoML
+        would take seconds to fail, with a message about importing modules)."""
+        home = Path(self.env.get("BENTOML_HOME") or os.environ.get("BENTOML_HOME") or ".fleet/bentoml")
+        name, _, tag_version = tag.partition(":")
+        if not (home / "bentos" / name / tag_version / "bento.yaml").is_file():
+            raise DeployFailed(f"Bento {tag} is not built; expected `fleet package {model} {version}` "
+                               "before its first request (a cold start serves a built Bento, it never builds one)")  # fmt: skip
+
+    def footprint_mib(self, model: str, version: str) -> float | None:
+        """The memory the version's replica held when it last started here, if it ever did."""
+        try:
+            return float(json.loads((self._dir(model, version) / FOOTPRINT).read_text())["memory_mib"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def loaded(self) -> list[Loaded]:
+        """Every version with a live replica, with the memory its replicas hold now."""
+        found = []
+        for folder in sorted(p for p in self.run_dir.glob("*/*") if p.is_dir()):
+            model, version = folder.parent.name, folder.name
+            live = self._replicas(model, version)
+            if not live:
+                continue
+            pids = [p for _, r in live for p in (r.pid, *r.workers)]
+            ready_at = max(path.stat().st_mtime for path, _ in live)
+            found.append(Loaded(model, version, len(live), _pss_mib(pids), ready_at))
+        return found
 
     def list(self) -> list[Deployment]:
         found = []

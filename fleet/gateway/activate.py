@@ -1,0 +1,180 @@
+"""Activation: a request for a lazy version that runs no replica is held while it starts.
+
+The role of Knative's activator (or KEDA's HTTP add-on), in the gateway. A model whose
+policy says ``loading: lazy`` may have versions routed that run nothing (never started,
+or stopped after ``idle_unload_s`` by ``fleet.loading``). A request the router sends to
+such a version is held here:
+
+- **One start per version.** The first held request starts the version through the
+  runtime's ``activate`` in a thread (the local runtime takes the version's ``flock``, so
+  other gateways and workers asking at once find the replica it started); every other
+  request for it waits on the same start. The start first makes room under the runtime's
+  memory budget (``fleet.loading.LoadController.make_room``), off the event loop.
+- **The hold is bounded** by the policy's ``max_hold_ms`` and the request's own deadline,
+  whichever comes first (the hold counts against the request's timeout). Past it the
+  request gets 503 with ``Retry-After`` saying the version is starting; the start goes on.
+- **A start that fails** answers every held request 503 naming the cause (the replica's
+  last log line, or the budget that cannot hold it). The version is not started again for
+  ``FAILED_BACKOFF_S`` (doubling, at most ``MAX_BACKOFF_S``): requests meanwhile get the same
+  503 at once, with ``Retry-After`` until the next try, rather than a start each.
+- **Served once ready.** When the start returns, the gateway re-reads the runtime at once
+  and the held requests go on through the same pools as any other.
+- A runtime that cannot start anything (``static``) holds nothing: the 503 says so.
+
+Metrics: ``fleet_cold_starts_total{outcome}``, ``fleet_activation_hold_seconds``,
+``fleet_requests_held``. A request held is not an attempt of the version for canary analysis;
+a failed start is (``unreachable``), and a canary's request falls back to stable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fleet.errors import FleetError
+from fleet.gateway.telemetry import Telemetry
+from fleet.gateway.upstream import NoReplica, Pool, Upstreams
+from fleet.spec import ModelSpec
+
+log = logging.getLogger("fleet.gateway.activate")
+
+FAILED_BACKOFF_S = 5.0
+MAX_BACKOFF_S = 120.0
+EXPECTED_START_S = 3.0  # Retry-After for a request that gave up holding, before a start was measured
+CAUSE_CHARS = 300
+
+
+class Starting(FleetError):
+    """The version is starting and was not ready within the hold: retry shortly."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class StartFailed(NoReplica):
+    """The version could not be started; the message names why. Not retried before ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Activator:
+    def __init__(self, runtime: Any, upstreams: Upstreams, spec_for: Callable[[str], ModelSpec],  # noqa: ANN401
+                 telemetry: Telemetry, read_runtime: Callable[[], None],
+                 make_room: Callable[[str, str], object] | None = None) -> None:  # fmt: skip
+        """``read_runtime()``: ask the gateway's view to re-read the runtime now (from the loop);
+        ``make_room(model, version)``: runs in the start's thread before a replica starts."""
+        self.runtime, self.upstreams, self.spec_for, self.telemetry = runtime, upstreams, spec_for, telemetry
+        self.read_runtime, self.make_room = read_runtime, make_room
+        self.can_start = callable(getattr(runtime, "activate", None))
+        self._starts: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._failed: dict[tuple[str, str], tuple[float, str, int]] = {}  # until (monotonic), cause, failures in a row
+        self._synced = asyncio.Event()
+        self._started_s: dict[tuple[str, str], float] = {}  # the last start's seconds, for Retry-After
+        self._began: dict[tuple[str, str], float] = {}  # when the current (or last) start began (monotonic)
+
+    def lazy(self, model: str) -> bool:
+        return self.spec_for(model).loading == "lazy"
+
+    def synced(self) -> None:
+        """The gateway's pools now match a new snapshot (called by its ``on_snapshot``)."""
+        self._synced.set()
+        self._synced = asyncio.Event()
+
+    def starting(self) -> dict[tuple[str, str], bool]:
+        return {key: not task.done() for key, task in self._starts.items()}
+
+    async def hold(self, model: str, version: str, deadline: float) -> Pool:
+        """The version's pool once it has a replica, starting it if needed; raise ``Starting``
+        past the hold, ``StartFailed`` if it cannot start, ``NoReplica`` for an eager model."""
+        pool = self.upstreams.pool(model, version)
+        if pool is not None and pool.replicas:
+            return pool
+        spec = self.spec_for(model)
+        if spec.loading != "lazy":
+            raise NoReplica(f"{model}:{version} has no running replica; expected it to be deployed")
+        if not self.can_start:
+            raise StartFailed(f"{model}:{version} is lazy and runs no replica, and this gateway's runtime cannot start one "
+                              "(FLEET_RUNTIME=static); expected it started by whoever runs the services", 30.0)  # fmt: skip
+        key = (model, version)
+        now = time.monotonic()
+        failed = self._failed.get(key)
+        if failed is not None and now < failed[0]:
+            raise StartFailed(failed[1], failed[0] - now)
+        task = self._starts.get(key)
+        if task is None or task.done():
+            task = self._starts[key] = asyncio.create_task(self._start(model, version))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # held requests may all have left
+        until = min(deadline, now + spec.max_hold_ms / 1000)
+        held = self.telemetry.held.labels(model, version)
+        held.inc()
+        try:
+            async with asyncio.timeout(max(0.0, until - now)):
+                await asyncio.shield(task)
+                return await self._pool(model, version)
+        except TimeoutError:
+            expected = self._started_s.get(key, EXPECTED_START_S)
+            left = max(1.0, expected - (time.monotonic() - self._began.get(key, now)))
+            raise Starting(f"{model}:{version} is starting (a cold start; this request waited {(time.monotonic() - now) * 1e3:.0f} ms, "
+                           f"max_hold_ms {spec.max_hold_ms} or the request's timeout); retry after {left:.0f} s", left) from None  # fmt: skip
+        finally:
+            held.dec()
+            self.telemetry.hold.labels(model, version).observe(time.monotonic() - now)
+
+    async def _pool(self, model: str, version: str) -> Pool:
+        """Wait (within the caller's timeout) until the gateway's pools list the started replica."""
+        while True:
+            pool = self.upstreams.pool(model, version)
+            if pool is not None and pool.replicas:
+                return pool
+            synced = self._synced
+            self.read_runtime()
+            await synced.wait()
+
+    async def _start(self, model: str, version: str) -> None:
+        key = (model, version)
+        began = self._began[key] = time.monotonic()
+        log.info("starting %s:%s for a held request (lazy)", model, version)
+
+        def start() -> None:
+            def before() -> None:
+                if self.make_room is not None:
+                    self.make_room(model, version)
+
+            self.runtime.activate(model, version, before_start=before)
+
+        try:
+            await asyncio.to_thread(start)
+        except FleetError as exc:
+            failures = self._failed.get(key, (0.0, "", 0))[2] + 1
+            backoff = min(MAX_BACKOFF_S, FAILED_BACKOFF_S * 2 ** (failures - 1))
+            cause = _cause(str(exc))
+            message = f"{model}:{version} could not be started: {cause}; not tried again for {backoff:.0f} s"
+            self._failed[key] = (time.monotonic() + backoff, message, failures)
+            self.telemetry.cold_starts.labels(model, version, "failed").inc()
+            log.warning("cold start of %s:%s failed: %s", model, version, exc)
+            raise StartFailed(message, backoff) from None
+        self._failed.pop(key, None)
+        self._started_s[key] = time.monotonic() - began
+        self.telemetry.cold_starts.labels(model, version, "started").inc()
+        log.info("started %s:%s in %.2f s", model, version, time.monotonic() - began)
+        self.read_runtime()
+
+
+def _cause(message: str) -> str:
+    """The gist of a failed start for the caller: the first line, and the replica log's last
+    line when the message carries the log's tail (what BentoML said last)."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    if not lines:
+        return "unknown cause"
+    first = lines[0].rstrip(":")
+    if len(lines) > 1 and "last log lines" in lines[0]:
+        first = first.split("; last log lines", 1)[0] + f" (its log ends: {lines[-1]})"
+    return first[:CAUSE_CHARS]
