@@ -18,8 +18,9 @@ first, skipping any asked within ``BUSY_WITHIN_S`` or its ``idle_unload_s`` if s
 use: stopping it would only start it again); a start that still does not fit is refused, never squeezed in.
 
 **The controller** (``LoadController``) reads what runs (the local runtime's ``loaded``),
-routes, rollouts and activity, decides, and stops: drained first (out of the gateways'
-list, then stopped), gateways told at once. ``fleet unload-idle`` and the scheduled flow
+routes, rollouts and activity, decides, and unloads through the runtime: locally drained
+first (out of the gateways' list, then stopped), gateways told at once; on Kubernetes the
+ScaledObject's floor goes to 0 and KEDA removes the last pod. ``fleet unload-idle`` and the scheduled flow
 ``idle-unload`` run its ``unload_idle``; the gateway's activation runs ``make_room``.
 """
 
@@ -263,11 +264,11 @@ class LoadController:
                 log.info("%s:%s was asked again meanwhile: kept", u.model, u.version)
                 continue
             log.info("stopping %s:%s: %s", u.model, u.version, u.reason)
-            undeploy = self.runtime.undeploy
-            if hasattr(self.runtime, "loaded"):  # the local runtime: out of the gateways' list first
-                undeploy(u.model, u.version, drain_s=DRAIN_S, on_drain=self.notify)  # type: ignore[call-arg]
+            unload = getattr(self.runtime, "unload", None)
+            if unload is not None:  # local: out of the gateways' list first; Kubernetes: KEDA's floor to 0
+                unload(u.model, u.version, on_drain=self.notify)
             else:
-                undeploy(u.model, u.version)
+                self.runtime.undeploy(u.model, u.version)
                 self.notify()
             done.append(u)
         return done

@@ -117,6 +117,10 @@ class ModelPlacement:
     # the pool's gpu_memory_gib), at most 1 - GPU_HEADROOM (a slice's share of it when shared);
     # vLLM's gpu_memory_utilization. None on CPU
     gpu_memory_utilization: float | None = None
+    # lazy loading (fleet.loading): KEDA may scale a lazy model's versions to zero after this
+    # many seconds without traffic, and the gateway scales one back up for a held request
+    loading: str = "eager"
+    idle_unload_s: float | None = None
 
     def target(self, trigger: str) -> float:
         """The target a scaling trigger holds this model at (per replica, ms or percent)."""
@@ -406,6 +410,8 @@ def _place(name: str, spec: ModelSpec, pools: Sequence[NodePool], isolated_for: 
         # rounded up to 4 decimals: never 0 (vLLM refuses it), never more than 0.0001 above the need
         gpu_memory_utilization=math.ceil(best.need / best.tensor_parallel / best.pool.gpu_memory_gib * 1e4) / 1e4
         if best.gpus else None,
+        loading=spec.loading,
+        idle_unload_s=_idle_unload_s(spec),
     )
 
 
@@ -558,6 +564,12 @@ class InferenceCost:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "usd_per_1k_inferences": self.usd_per_1k_inferences}
+
+
+def _idle_unload_s(spec: ModelSpec) -> float | None:
+    from fleet.loading import unload_after_s
+
+    return unload_after_s(spec)
 
 
 def inference_costs(result: Plan, pools: Sequence[NodePool]) -> tuple[InferenceCost, ...]:

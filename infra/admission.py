@@ -1,4 +1,7 @@
-"""The cluster's own rule for GPU pods: a ValidatingAdmissionPolicy (CEL, in the API server).
+"""The cluster's own rules: ValidatingAdmissionPolicies (CEL, in the API server).
+
+``gpu_pod_policy``: GPU pods must tolerate the GPU taint. ``gateway_scaling_policy``: the
+gateway may change nothing of a ScaledObject but its floor (0 or 1). The first, in detail:
 
 Model pods are created by the Kubernetes runtime and by whoever runs ``kubectl``, not by
 Pulumi, so a policy-as-code check of the program's objects cannot see them; the API server
@@ -49,4 +52,48 @@ def gpu_pod_policy() -> tuple[dict, dict]:
         ],
     }  # fmt: skip
     binding = {"policyName": NAME, "validationActions": ["Deny"]}
+    return policy, binding
+
+
+GATEWAY_SCALING = "fleet-gateway-scaling"
+# What the gateway may change in a ScaledObject: its floor, to 0 or 1 (fleet.runtime.kubernetes
+# KubernetesRuntime.activate scales a lazy version from zero). Everything else in spec, and the
+# labels and annotations, must stay as the runtime wrote them.
+ONLY_THE_FLOOR = (
+    "object.spec.all(k, k == 'minReplicaCount' || (k in oldObject.spec && object.spec[k] == oldObject.spec[k]))"
+    " && oldObject.spec.all(k, k == 'minReplicaCount' || k in object.spec)"
+)
+FLOOR_AT_MOST_ONE = "!has(object.spec.minReplicaCount) || (object.spec.minReplicaCount >= 0 && object.spec.minReplicaCount <= 1)"
+SAME_METADATA = (
+    "(has(object.metadata.labels) ? object.metadata.labels : {}) == (has(oldObject.metadata.labels) ? oldObject.metadata.labels : {})"
+    " && (has(object.metadata.annotations) ? object.metadata.annotations : {})"
+    " == (has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {})"
+)
+
+
+def gateway_scaling_policy(gateway_account: str, models_namespace: str) -> tuple[dict, dict]:
+    """(ValidatingAdmissionPolicy spec, its binding's spec): the gateway's service account may
+    only move a ScaledObject's ``minReplicaCount`` between 0 and 1 in the models namespace.
+
+    RBAC cannot say which fields a ``patch`` may touch; without this, the Role that lets the
+    gateway wake a lazy version would also let it raise ``maxReplicaCount`` or point a trigger
+    at another server. Only the gateway's own requests are evaluated (``matchConditions``)."""
+    policy = {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "resourceRules": [{"apiGroups": ["keda.sh"], "apiVersions": ["*"], "operations": ["UPDATE"],
+                               "resources": ["scaledobjects"]}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": models_namespace}},
+        },
+        "matchConditions": [{"name": "the-gateway", "expression": f"request.userInfo.username == '{gateway_account}'"}],
+        "validations": [
+            {"expression": ONLY_THE_FLOOR, "reason": "Forbidden",
+             "message": "the gateway may change only spec.minReplicaCount of a ScaledObject (scaling a lazy version from zero)"},
+            {"expression": FLOOR_AT_MOST_ONE, "reason": "Forbidden",
+             "message": "the gateway may set spec.minReplicaCount to 0 or 1 only"},
+            {"expression": SAME_METADATA, "reason": "Forbidden",
+             "message": "the gateway may not change a ScaledObject's labels or annotations"},
+        ],
+    }  # fmt: skip
+    binding = {"policyName": GATEWAY_SCALING, "validationActions": ["Deny"]}
     return policy, binding

@@ -21,6 +21,7 @@ from fleet.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, SLICES_LABE
 from fleet.runtime.kubernetes import CONFIG_MAP, MANAGED, config_map_data
 from fleet.spec import Policies
 from infra import waited_for
+from infra.admission import GATEWAY_SCALING, gateway_scaling_policy
 from infra.admission import NAME as GPU_ADMISSION, gpu_pod_policy
 from infra.config import GatewaySettings
 from infra.gateway import NAME as GATEWAY, Gateway, GatewayArgs
@@ -158,6 +159,11 @@ class Platform(pulumi.ComponentResource):
             f"{name}-gpu-pods", metadata={"name": GPU_ADMISSION}, spec=policy, opts=self._opts)
         k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
             f"{name}-gpu-pods", metadata={"name": GPU_ADMISSION}, spec=binding, opts=self._child(gpu_policy))
+        policy, binding = gateway_scaling_policy(f"system:serviceaccount:{GATEWAY_NS}:{GATEWAY}", MODELS_NS)
+        scaling_policy = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
+            f"{name}-gateway-scaling", metadata={"name": GATEWAY_SCALING}, spec=policy, opts=self._opts)
+        k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
+            f"{name}-gateway-scaling", metadata={"name": GATEWAY_SCALING}, spec=binding, opts=self._child(scaling_policy))
         grafana_admin = k8s.core.v1.Secret(
             f"{name}-grafana-admin", metadata={"name": GRAFANA_SECRET, "namespace": MONITORING_NS}, type="Opaque",
             string_data={"admin-user": "admin", "admin-password": pulumi.Output.secret(args.grafana_admin_password)},
@@ -281,7 +287,9 @@ class Platform(pulumi.ComponentResource):
         )  # fmt: skip
 
     def _runtime_access(self, namespaces: dict, keda: k8s.helm.v3.Release) -> None:
-        """Roles in the models namespace: the flows deploy model versions, the gateway reads them."""
+        """Roles in the models namespace: the flows deploy model versions; the gateway reads them
+        and wakes a lazy one scaled to zero (a patch of its ScaledObject's floor, which the
+        admission policy ``fleet-gateway-scaling`` keeps to exactly that)."""
         rules = {
             "model-deployer": [
                 {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
@@ -293,6 +301,7 @@ class Platform(pulumi.ComponentResource):
             ],
             "model-reader": [
                 {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"], "verbs": ["patch"]},
                 {"apiGroups": [""], "resources": ["pods", "services"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [CONFIG_MAP], "verbs": ["get"]},
             ],

@@ -501,3 +501,58 @@ def test_each_stack_has_a_pack_config_with_a_ceiling_above_its_plan(stack: str) 
     config = pack_config(stack)
     assert set(config) <= {p.name for p in guard.POLICIES}
     assert example(stack).outputs["maxGpus"] <= config["gpu-ceiling"]["maxGpus"]
+
+
+def test_the_gateway_may_change_only_a_scaledobjects_floor_and_only_to_0_or_1() -> None:
+    """The gateway's Role may patch ScaledObjects (to wake a lazy version); the admission
+    policy keeps that to the floor. Its CEL is evaluated here with cel-python, against the
+    ScaledObject the runtime writes, as the API server would evaluate it."""
+    import copy
+
+    import celpy
+
+    from fleet.placement import plan
+    from fleet.runtime.kubernetes import manifests
+    from fleet.spec import load_policies
+    from fleet.stack import placement_inputs, read_stack_file
+    from infra import admission
+
+    policies = load_policies(ROOT / "policies")
+    placed = {p.model: p for p in plan(policies, *placement_inputs(read_stack_file(ROOT / "Pulumi.prod.yaml"), "prod", policies)).models}
+    scaler = manifests("embed-small", "1.0.0", "x@sha256:" + "0" * 64, placed["embed-small"], floor=0,
+                       prometheus_url="http://prometheus:9090")[-1]  # fmt: skip
+    spec, binding = admission.gateway_scaling_policy("system:serviceaccount:fleet:fleet-gateway", "models")
+    assert spec["failurePolicy"] == "Fail" and binding["validationActions"] == ["Deny"]
+    assert spec["matchConstraints"]["resourceRules"][0]["resources"] == ["scaledobjects"]
+    env = celpy.Environment()
+    rules = [(env.program(env.compile(v["expression"])), v["message"]) for v in spec["validations"]]
+    (condition,) = spec["matchConditions"]
+    applies = env.program(env.compile(condition["expression"]))
+
+    def refused(new: dict, user: str = "system:serviceaccount:fleet:fleet-gateway") -> list[str]:
+        request = celpy.json_to_cel({"userInfo": {"username": user}})
+        if not applies.evaluate({"request": request}):
+            return []
+        ctx = {"object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(scaler), "request": request}
+        return [message for program, message in rules if not program.evaluate(ctx)]
+
+    def changed(**spec_changes: object) -> dict:
+        new = copy.deepcopy(scaler)
+        new["spec"].update(spec_changes)
+        return new
+
+    assert refused(changed(minReplicaCount=1)) == [] and refused(changed(minReplicaCount=0)) == []
+    (too_many,) = refused(changed(minReplicaCount=5))
+    assert "0 or 1 only" in too_many
+    (ceiling,) = refused(changed(maxReplicaCount=500))
+    assert "only spec.minReplicaCount" in ceiling
+    triggers = copy.deepcopy(scaler["spec"]["triggers"])
+    triggers[0]["metadata"]["serverAddress"] = "http://attacker:9090"
+    assert refused(changed(triggers=triggers))
+    dropped = copy.deepcopy(scaler)
+    del dropped["spec"]["cooldownPeriod"]
+    assert refused(dropped)  # removing a field is a change too
+    relabelled = copy.deepcopy(scaler)
+    relabelled["metadata"]["labels"]["fleet.io/model"] = "other"
+    assert any("labels or annotations" in m for m in refused(relabelled))
+    assert refused(changed(maxReplicaCount=500), user="system:serviceaccount:flows:prefect-worker") == []  # not the gateway

@@ -75,6 +75,17 @@ class FakeKube:
         self.calls.append(("delete", kind, name))
         self.objects.pop((kind, namespace, name), None)
 
+    def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: dict) -> dict | None:
+        """A JSON merge patch (one level deep is all the runtime sends), the result schema-checked."""
+        self.calls.append(("patch", kind, name))
+        obj = self.objects.get((kind, namespace, name))
+        if obj is None:
+            return None
+        for key, value in patch.items():
+            obj[key] = {**obj.get(key, {}), **value} if isinstance(value, dict) else value
+        validate(obj)
+        return copy.deepcopy(obj)
+
     # -- what the controllers would do --------------------------------------------------------
 
     def pods(self, model: str, version: str, ready: int, pending: str | None = None) -> None:
@@ -430,3 +441,75 @@ def test_gpu_utilization_on_a_cpu_model_and_repeated_triggers_are_refused() -> N
             Autoscaling(max_replicas=2, target_qps_per_replica=1, target_p99_ms=10, triggers=triggers)
     with pytest.raises(Exception, match="triggers"):
         Autoscaling(max_replicas=2, target_qps_per_replica=1, target_p99_ms=10, triggers=["cpu"])
+
+
+# --- lazy loading: scaled to zero, woken by the gateway ------------------------------------------
+
+
+@pytest.fixture
+def lazy_kube(prod_plan, fleet_store: ObjectStore) -> FakeKube:  # noqa: ANN001
+    """The prod cluster with embed-small made lazy (scale to zero after 600 s idle)."""
+    _, policies = prod_plan
+    lazy = policies.models["embed-small"].model_copy(update={"loading": "lazy", "idle_unload_s": 600.0})
+    policies = policies.model_copy(update={"models": {**policies.models, "embed-small": lazy}})
+    result = plan(policies, *placement_inputs(read_stack_file(ROOT / "Pulumi.prod.yaml"), "prod", policies))
+    fake = FakeKube()
+    fake.store = fleet_store
+    fake.objects[("ConfigMap", NAMESPACE, CONFIG_MAP)] = {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIG_MAP, "namespace": NAMESPACE},
+        "data": config_map_data(result, IMAGES, PROMETHEUS, {m: policies.models[m].timeout_ms for m in policies.models}),
+    }  # fmt: skip
+    return fake
+
+
+def test_a_lazy_models_scaler_cools_down_after_its_idle_time_and_stays_active_while_requests_wait(lazy_kube: FakeKube) -> None:
+    runtime(lazy_kube, on_sleep=lambda n: lazy_kube.scale_up()).deploy("embed-small", "1.0.0")
+    scaler = objects_of(lazy_kube, "embed-small", "1.0.0")["ScaledObject"]["spec"]
+    assert scaler["cooldownPeriod"] == 600  # idle_unload_s: KEDA's wait before the last replica goes
+    activity = scaler["triggers"][-1]
+    assert activity["name"] == "activity" and activity["metadata"]["activationThreshold"] == "0"
+    query = activity["metadata"]["query"]
+    for series in ("fleet_requests_held", "fleet_version_in_flight", "fleet_queue_depth"):
+        assert f'{series}{{model="embed-small",version="1.0.0"}}' in query
+    eager = runtime(lazy_kube, on_sleep=lambda n: lazy_kube.scale_up())
+    eager.deploy("demo-classifier", "1.0.0")
+    eager_scaler = objects_of(lazy_kube, "demo-classifier", "1.0.0")["ScaledObject"]["spec"]
+    assert eager_scaler["cooldownPeriod"] == 300 and all(t["name"] != "activity" for t in eager_scaler["triggers"])
+
+
+def test_unload_lets_keda_scale_to_zero_and_activate_scales_back_with_one_patch_of_the_floor(lazy_kube: FakeKube) -> None:
+    rt = runtime(lazy_kube, on_sleep=lambda n: lazy_kube.scale_up())
+    rt.deploy("embed-small", "1.0.0")
+    told = []
+    rt.unload("embed-small", "1.0.0", on_drain=lambda: told.append(True))
+    assert objects_of(lazy_kube, "embed-small", "1.0.0")["ScaledObject"]["spec"]["minReplicaCount"] == 0 and told
+    for key in [k for k in lazy_kube.objects if k[0] == "Pod"]:  # KEDA took the last pod away after the cooldown
+        del lazy_kube.objects[key]
+    assert all(d.model != "embed-small" for d in rt.list())
+    lazy_kube.calls.clear()
+    deployment = runtime(lazy_kube, on_sleep=lambda n: lazy_kube.scale_up()).activate("embed-small", "1.0.0")
+    assert deployment.endpoints and objects_of(lazy_kube, "embed-small", "1.0.0")["ScaledObject"]["spec"]["minReplicaCount"] == 1
+    assert [c for c in lazy_kube.calls if c[0] != "apply"] == [("patch", "ScaledObject", object_name("embed-small", "1.0.0"))]
+    assert not [c for c in lazy_kube.calls if c[0] == "apply"]  # nothing else written: all the gateway's Role allows
+    lazy_kube.calls.clear()
+    assert rt.activate("embed-small", "1.0.0").endpoints == deployment.endpoints and lazy_kube.calls == []  # running: no patch
+
+
+def test_activating_a_version_never_deployed_says_what_to_do(lazy_kube: FakeKube) -> None:
+    with pytest.raises(DeployFailed) as info:
+        runtime(lazy_kube).activate("embed-small", "1.0.0")
+    assert "not deployed in namespace models" in str(info.value) and "fleet deploy embed-small 1.0.0" in str(info.value)
+
+
+def test_http_client_sends_merge_patches() -> None:
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path, request.headers["content-type"], json.loads(request.content)))
+        return httpx.Response(404 if "missing" in request.url.path else 200, json={"kind": "ScaledObject"})
+
+    api = HttpKubeApi("https://api", transport=httpx.MockTransport(handler))
+    assert api.patch("keda.sh/v1alpha1", "ScaledObject", "models", "x", {"spec": {"minReplicaCount": 1}}) == {"kind": "ScaledObject"}
+    assert api.patch("keda.sh/v1alpha1", "ScaledObject", "models", "missing", {"spec": {}}) is None
+    assert seen[0] == ("PATCH", "/apis/keda.sh/v1alpha1/namespaces/models/scaledobjects/x", "application/merge-patch+json",
+                       {"spec": {"minReplicaCount": 1}})  # fmt: skip

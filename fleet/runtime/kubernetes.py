@@ -51,6 +51,7 @@ BENTO_PORT = 3000
 BENTO_UID = BENTO_GID = 1034
 VERSION_ANNOTATION = "fleet.io/version"  # the exact semver ('+' is not allowed in label values)
 READY_TIMEOUT_S = 900.0  # pulling a large image and loading weights onto GPUs takes minutes
+COOLDOWN_S = 300  # KEDA's cooldownPeriod for an eager model (whose floor is at least 1: never scaled to zero)
 # Kinds this runtime writes, in the order undeploy removes them (the scaler first, so KEDA
 # does not scale a Deployment that is going away).
 KINDS = (("keda.sh/v1alpha1", "ScaledObject"), ("policy/v1", "PodDisruptionBudget"),
@@ -77,6 +78,9 @@ class KubeApi(Protocol):
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """Delete; a missing object is not an error."""
+
+    def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: dict) -> dict | None:
+        """JSON merge patch (RFC 7386); None when the object does not exist."""
 
 
 def config_map_data(plan: Plan, images: dict[str, str], prometheus_url: str, timeouts_ms: dict[str, int]) -> dict[str, str]:
@@ -184,7 +188,9 @@ def manifests(model: str, version: str, image: str, placement: ModelPlacement, *
         "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": meta,
         "spec": {
             "scaleTargetRef": {"name": name}, "minReplicaCount": floor, "maxReplicaCount": placement.max_replicas,
-            "pollingInterval": 15, "cooldownPeriod": 300,
+            # lazy: once the floor is 0 (fleet.loading), KEDA takes the last replica away after
+            # idle_unload_s without an active trigger
+            "pollingInterval": 15, "cooldownPeriod": math.ceil(placement.idle_unload_s or COOLDOWN_S),
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}}}},
             "triggers": scaling_triggers(model, version, placement, prometheus_url, namespace),
         },
@@ -212,6 +218,14 @@ def scaling_triggers(model: str, version: str, placement: ModelPlacement, promet
         metric_type, query = queries[name]
         triggers.append({"type": "prometheus", "name": name.replace("_", "-"), "metricType": metric_type, "metadata": {
             "serverAddress": prometheus_url, "query": query, "threshold": f"{placement.target(name):g}"}})  # fmt: skip
+    if placement.loading == "lazy":
+        # a lazy version is active while any gateway holds, sends or queues a request for it: KEDA
+        # then never takes its last replica away, nor scales it to zero while it is starting
+        held = (f"sum(fleet_requests_held{{{match}}} or vector(0)) + sum(fleet_version_in_flight{{{match}}} or vector(0))"
+                f" + sum(fleet_queue_depth{{{match}}} or vector(0))")  # fmt: skip
+        triggers.append({"type": "prometheus", "name": "activity", "metricType": "AverageValue", "metadata": {
+            "serverAddress": prometheus_url, "query": held, "threshold": f"{placement.target_queue_depth_per_replica:g}",
+            "activationThreshold": "0"}})  # fmt: skip
     return triggers
 
 
@@ -300,6 +314,35 @@ class KubernetesRuntime:
     def _pods(self, model: str, version: str) -> list[dict]:
         selector = {"app.kubernetes.io/instance": object_name(model, version)}
         return self.api.list("v1", "Pod", self.namespace, selector)
+
+    def activate(self, model: str, version: str, before_start: Callable[[], None] = lambda: None) -> Deployment:
+        """A lazy version's ready pods, scaling it from zero first (``fleet.gateway.activate``).
+
+        Raises the ScaledObject's floor to 1 with a merge patch of ``minReplicaCount`` alone —
+        all the gateway's Role may do there (``patch scaledobjects``, and the admission policy
+        ``fleet-gateway-scaling`` refuses any other change it makes) — so KEDA scales the
+        Deployment up at once and cannot take the starting pod away for want of traffic;
+        ``unload`` (the idle-unload flow) sets it back to 0. ``before_start`` is not called:
+        the cluster's scheduler and autoscaler find room, not a local budget.
+        """
+        check_name("model", model)
+        check_version(version)
+        ready = tuple(url for url, ok in self.health(model, version).items() if ok)
+        if ready:
+            return Deployment(model, version, ready)
+        name = object_name(model, version)
+        if self.api.patch("keda.sh/v1alpha1", "ScaledObject", self.namespace, name, {"spec": {"minReplicaCount": 1}}) is None:
+            raise DeployFailed(f"{model}:{version} is not deployed in namespace {self.namespace} (no ScaledObject {name}); "
+                               f"expected `fleet deploy {model} {version}` once: a lazy version then scales to zero when idle")  # fmt: skip
+        return Deployment(model, version, self._wait_ready(model, version, 1))
+
+    def unload(self, model: str, version: str, on_drain: Callable[[], object] = lambda: None) -> None:
+        """Let KEDA scale the version to zero: its floor goes to 0, and KEDA removes the last pod
+        once no trigger has been active for the cooldown (``idle_unload_s``). The objects stay,
+        so ``activate`` can bring it back in one patch."""
+        self.api.patch("keda.sh/v1alpha1", "ScaledObject", self.namespace, object_name(model, version),
+                       {"spec": {"minReplicaCount": 0}})  # fmt: skip
+        on_drain()
 
     def undeploy(self, model: str, version: str) -> None:
         for api_version, kind in KINDS:
@@ -409,3 +452,8 @@ class HttpKubeApi:
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         self._send("DELETE", _path(api_version, kind, namespace, quote(name)), json={"propagationPolicy": "Background"})
+
+    def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: dict) -> dict | None:
+        response = self._send("PATCH", _path(api_version, kind, namespace, quote(name)), content=json.dumps(patch),
+                              headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+        return None if response is None else response.json()

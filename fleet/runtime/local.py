@@ -211,6 +211,12 @@ class LocalRuntime:
             replica.stop()
             path.unlink(missing_ok=True)
 
+    def unload(self, model: str, version: str, on_drain: Callable[[], object] = lambda: None) -> None:
+        """A lazy version's idle stop (``fleet.loading``): drained first, then stopped."""
+        from fleet.loading import DRAIN_S
+
+        self.undeploy(model, version, drain_s=DRAIN_S, on_drain=on_drain)
+
     def serve_tag(self, model: str, version: str) -> str:
         """The Bento a lazy start serves: the one ``fleet package`` built, never a new build."""
         from fleet.runtime.bento import bento_version
