@@ -291,9 +291,13 @@ class RuntimeSpec(_Spec):
     together (their processes' proportional set size). Starting a lazy version past it first
     stops the least recently used idle lazy versions; one that still does not fit is refused
     (503 naming the budget). Eager versions count against it but are never stopped for it.
+    ``artifact_cache_mib``: what the verified artifacts cached for packaging may hold on disk
+    (``fleet.runtime.cache``); none by default.
     """
 
     memory_budget_mib: float | None = Field(None, gt=0.0)
+    # the local artifact cache (FLEET_CACHE_DIR): least recently used entries past it are removed
+    artifact_cache_mib: float | None = Field(None, gt=0.0)
 
 
 class Quota(_Spec):

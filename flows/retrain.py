@@ -97,7 +97,8 @@ def quality_gate(frame: Any, champion: ModelVersion, policy: Any) -> None:  # no
 
 @task(name="train and evaluate", cache_policy=NO_CACHE)
 def train_candidate(store: ObjectStore, frame: Any, family: Any, champion: ModelVersion,
-                    overrides: dict, out: Path, tolerance: float) -> tuple[Any, dict[str, float]]:  # noqa: ANN401  # fmt: skip
+                    overrides: dict, out: Path, tolerance: float,
+                    cache_mib: float | None = None) -> tuple[Any, dict[str, float]]:  # noqa: ANN401  # fmt: skip
     names = [c for c in frame.columns if c not in ("label", "source")]
     rng = np.random.default_rng(int(champion.artifact_sha256[:8], 16))
     holdout = np.zeros(len(frame), bool)
@@ -115,8 +116,8 @@ def train_candidate(store: ObjectStore, frame: Any, family: Any, champion: Model
     uri = "store://pending"
     meta = family.train.fit(x[~holdout], y[~holdout], x[holdout], y[holdout], config, out,
                             TrainingData(uri=uri, sha256=family.data.digest(x, y)))  # fmt: skip
-    champion_dir = artifact_cache().path(Registry(store), champion.model, champion.version)
-    champion_predictor = family.model.Predictor(champion_dir, device="cpu")
+    with artifact_cache(cache_mib).use(Registry(store), champion.model, champion.version) as champion_dir:
+        champion_predictor = family.model.Predictor(champion_dir, device="cpu")  # its weights are in memory after this
     champion_proba = champion_predictor.predict_proba(x[holdout])
     champion_metrics = family.train.evaluate(champion_proba, y[holdout])
     # how far the candidate's predictions move from the champion's on recent traffic: the
@@ -183,7 +184,8 @@ def retrain(model: str, reason: str = "requested", hyperparameters: dict | None 
         quality_gate(frame, champion, policy)
         with tempfile.TemporaryDirectory(prefix="fleet-retrain-") as tmp:
             meta, champion_metrics = train_candidate(ctx.store, frame, family, champion, hyperparameters or {},
-                                                     Path(tmp) / "artifact", tolerance)  # fmt: skip
+                                                     Path(tmp) / "artifact", tolerance,
+                                                     ctx.policies.runtime.artifact_cache_mib)  # fmt: skip
             version = next_version(registry, model)
             out = io.BytesIO()
             pq.write_table(pa.Table.from_pandas(frame.drop(columns=["source"]), preserve_index=False), out)

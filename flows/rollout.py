@@ -44,6 +44,18 @@ def preflight(rollout: Rollout, state: RolloutState) -> RolloutState:
     return rollout.run_preflight(state)
 
 
+@task(name="prefetch canary artifact", cache_policy=NO_CACHE)
+def prefetch(model: str, version: str, cache_mib: float | None) -> str:
+    """The canary's artifact downloaded and verified into the artifact cache while preflight
+    runs, so that packaging (and a lazy start) finds it there."""
+    from fleet.registry import Registry
+    from fleet.runtime.packaged import artifact_cache
+    from fleet.store import open_store
+
+    _, size, took = artifact_cache(cache_mib).prefetch(Registry(open_store()), model, version)
+    return f"artifact of {model}:{version} cached and verified: {size / 2**20:.1f} MiB in {took:.2f} s"
+
+
 @task(name="deploy canary", cache_policy=NO_CACHE, timeout_seconds=900)
 def deploy(rollout: Rollout, state: RolloutState) -> RolloutState:
     return rollout.deploy(state)
@@ -114,8 +126,16 @@ def canary_rollout(model: str, version: str, **policy_overrides: Any) -> State:
     try:
         with lease.kept_alive():
             state = rollout.begin(model, version, run_id())
+            fetching = None
+            if state.phase in ("preflight", "deploy") and hasattr(ctx.runtime, "loaded"):  # the local runtime packages here
+                fetching = prefetch.submit(model, version, ctx.policies.runtime.artifact_cache_mib)
             if state.phase == "preflight":
                 state = preflight(rollout, state)
+            if fetching is not None:
+                try:
+                    logger.info(fetching.result())
+                except Exception as exc:  # noqa: BLE001 - packaging fetches it again, and says what is wrong
+                    logger.warning("prefetch of %s:%s's artifact failed: %s", model, version, exc)
             if state.phase == "deploy":
                 state = deploy(rollout, state)
             while state.phase in ("shadow", "step", "approval"):

@@ -179,6 +179,80 @@ def test_processes_repairing_one_entry_at_once_all_get_the_intact_files(version,
     assert check_folder(entry, manifest_listing(mv), exact=True) == []
 
 
+def _versions(tmp_path: Path, n: int, size: int) -> tuple[Registry, list[ModelVersion]]:
+    """``n`` versions of ``demo`` whose artifacts differ, each ``size`` bytes of weights."""
+    registry = Registry(FileStore(tmp_path / "store"))
+    out = []
+    for i in range(n):
+        folder = tmp_path / f"artifact-{i}"
+        folder.mkdir()
+        (folder / "model.pt").write_bytes(bytes([i]) * size)
+        out.append(registry.register("demo", f"1.{i}.0", folder, META))
+    return registry, out
+
+
+def test_the_cache_stays_within_its_budget_removing_the_least_recently_used_entry(tmp_path: Path) -> None:
+    registry, versions = _versions(tmp_path, 4, 40_000)
+    cache = ArtifactCache(tmp_path / "cache", max_bytes=100_000)  # two entries fit, not three
+    held = lambda: {sha for sha, _, _ in cache.entries()}  # noqa: E731
+    for v in versions[:2]:
+        with cache.use(registry, "demo", v.version):
+            pass
+    time.sleep(0.02)  # the kernel's coarse file clock (a tick of at most 10 ms): the next use gets a later mtime
+    with cache.use(registry, "demo", "1.0.0") as folder:  # 1.0.0 used again: 1.1.0 is now the least recent
+        assert (folder / "model.pt").read_bytes() == bytes([0]) * 40_000
+    with cache.use(registry, "demo", "1.2.0"):
+        pass
+    assert held() == {versions[0].artifact_sha256, versions[2].artifact_sha256}
+    assert sum(size for _, size, _ in cache.entries()) <= 100_000
+    with cache.use(registry, "demo", "1.1.0"):  # fetched again, verified, and 1.0.0 goes
+        pass
+    assert held() == {versions[2].artifact_sha256, versions[1].artifact_sha256}
+
+
+def test_an_entry_in_use_by_another_process_is_never_evicted(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    registry, versions = _versions(tmp_path, 3, 40_000)
+    cache = ArtifactCache(tmp_path / "cache", max_bytes=50_000)  # one entry fits
+    script = (
+        "import sys, time; from pathlib import Path\n"
+        "from fleet.registry import Registry; from fleet.store import FileStore; from fleet.runtime.cache import ArtifactCache\n"
+        f"cache = ArtifactCache({str(tmp_path / 'cache')!r}, max_bytes=50_000)\n"
+        f"with cache.use(Registry(FileStore({str(tmp_path / 'store')!r})), 'demo', '1.0.0') as folder:\n"
+        "    print('using', flush=True); sys.stdin.readline()\n"
+        "    print((folder / 'model.pt').stat().st_size, flush=True)\n"
+    )  # fmt: skip
+    user = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    try:
+        assert user.stdout.readline().strip() == "using"  # type: ignore[union-attr]
+        for v in versions[1:]:
+            with cache.use(registry, "demo", v.version):
+                pass
+        entries = {sha for sha, _, _ in cache.entries()}
+        assert versions[0].artifact_sha256 in entries  # in use over there: kept, though least recently used
+        assert versions[1].artifact_sha256 not in entries  # what could go, went
+        user.stdin.write("done\n")  # type: ignore[union-attr]
+        user.stdin.flush()  # type: ignore[union-attr]
+        assert user.stdout.readline().strip() == "40000"  # type: ignore[union-attr]  # its files were there throughout
+        assert user.wait(30) == 0
+    finally:
+        if user.poll() is None:
+            user.kill()
+            user.wait()
+    cache.evict()  # once nobody uses it, the budget holds again
+    assert sum(size for _, size, _ in cache.entries()) <= 50_000
+
+
+def test_prefetch_caches_and_verifies_ahead_of_the_first_use(version, tmp_path: Path) -> None:  # noqa: ANN001
+    registry, mv = version
+    folder, size, took = ArtifactCache(tmp_path / "cache").prefetch(registry, "demo", "1.0.0")
+    assert folder == tmp_path / "cache" / mv.artifact_sha256 and size == len(WEIGHTS) + len('{"hidden": 16}') and took >= 0
+    assert check_folder(folder, manifest_listing(mv), exact=True) == []
+
+
 # --- image digests ------------------------------------------------------------------------------
 
 

@@ -135,9 +135,9 @@ def package(
         bentoml.bentos.delete(bento_tag)
 
     log(f"verifying and caching the artifact of {mv.ref}")
-    artifact = cache.path(registry, model, version, log=log)
     labels = {"model": model, "version": version, "artifact-sha256": mv.artifact_sha256}
-    _import_model(model_tag, mv, artifact, labels, log)
+    with cache.use(registry, model, version, log=log) as artifact:  # not evicted while BentoML copies it
+        _import_model(model_tag, mv, artifact, labels, log)
 
     family = family_module(spec.family)
     shared = Path(integrity.__file__).parent

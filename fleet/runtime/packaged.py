@@ -16,10 +16,12 @@ from typing import Any
 from fleet.types import Runtime
 
 
-def artifact_cache() -> Any:  # noqa: ANN401 - a fleet.runtime.cache.ArtifactCache
+def artifact_cache(max_mib: float | None = None) -> Any:  # noqa: ANN401 - a fleet.runtime.cache.ArtifactCache
+    """The artifact cache at ``FLEET_CACHE_DIR``, within ``max_mib`` (the policies' ``runtime.artifact_cache_mib``)."""
     from fleet.runtime.cache import ArtifactCache
 
-    return ArtifactCache(os.environ.get("FLEET_CACHE_DIR", ".fleet/cache"))
+    return ArtifactCache(os.environ.get("FLEET_CACHE_DIR", ".fleet/cache"),
+                         None if max_mib is None else int(max_mib * 1024 * 1024))  # fmt: skip
 
 
 def policies_path(path: str | Path | None = None) -> Path:
@@ -40,8 +42,9 @@ def package_version(
     from fleet.spec import load_policies
     from fleet.store import open_store
 
-    spec = load_policies(policies_path(policies)).model(model)
-    return package(Registry(open_store()), model, version, spec, artifact_cache(), quantize=quantize, force=force, log=log)
+    loaded = load_policies(policies_path(policies))
+    cache = artifact_cache(loaded.runtime.artifact_cache_mib)
+    return package(Registry(open_store()), model, version, loaded.model(model), cache, quantize=quantize, force=force, log=log)
 
 
 def record_image(model: str, version: str, digest: str, *, bento: str, repository: str | None = None) -> Any:  # noqa: ANN401
