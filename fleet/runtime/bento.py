@@ -36,11 +36,11 @@ DEFAULT_HOME = ".fleet/bentoml"
 # ``GPU_PACKAGES`` (pinned in the family, e.g. vLLM, whose wheel is CUDA-only and never in
 # the lock) go only into the Bentos of models whose policy asks for a GPU.
 PINNED = ("torch", "numpy")
-# Shipped in every Bento beside the family's files (from bentos/): the check at load.
-SHARED_FILES = ("integrity.py",)
+# Shipped in every Bento beside the family's files (from bentos/): the check at load, the marks of a start's phases.
+SHARED_FILES = ("integrity.py", "phases.py")
 # On Bentos whose service checks its model files at load; one built before that is rebuilt.
 INTEGRITY_LABEL = ("integrity", "sha256-at-load")
-BUILD_LABEL = "build-sha256"  # of fleet_build.json: a changed policy rebuilds the Bento
+BUILD_LABEL = "build-sha256"  # of fleet_build.json and the service files: a changed policy or service rebuilds it
 
 
 class PackagingError(FleetError):
@@ -110,9 +110,12 @@ def package(
 
     mv = registry.get(model, version)
     build = _build_config(mv, spec, f"{model}:{bento_version(version, False)}", quantize, batchable)
-    # what the service reads at import (resources, traffic, batching, generation): a Bento built
-    # from another policy is not this one, even from the same artifact
-    build_sha = hashlib.sha256(json.dumps(build, sort_keys=True).encode()).hexdigest()
+    # what the service reads at import (resources, traffic, batching, generation) and the code it
+    # runs: a Bento built from another policy or another service is not this one, even from the
+    # same artifact (a fleet upgrade's service reaches a version at its next package or deploy)
+    family = family_module(spec.family)
+    build_sha = _build_sha(build, [Path(family.__file__).with_name(n) for n in family.BENTO_FILES]
+                           + [Path(integrity.__file__).with_name(n) for n in SHARED_FILES])  # fmt: skip
     tag_version = bento_version(version, quantize) + ("" if batchable else "-nobatch")
     bento_tag = f"{model}:{tag_version}"
     model_tag = f"{model}:{bento_version(version, False)}"
@@ -131,7 +134,8 @@ def package(
         elif not checks:
             log(f"Bento {bento_tag} predates the check of its model files at load: rebuilding it")
         elif not same_policy:
-            log(f"Bento {bento_tag} was built from another policy (its fleet_build.json differs): rebuilding it")
+            log(f"Bento {bento_tag} was built from another policy or service code (its fleet_build.json or "
+                "service files differ): rebuilding it")  # fmt: skip
         bentoml.bentos.delete(bento_tag)
 
     log(f"verifying and caching the artifact of {mv.ref}")
@@ -139,7 +143,6 @@ def package(
     with cache.use(registry, model, version, log=log) as artifact:  # not evicted while BentoML copies it
         _import_model(model_tag, mv, artifact, labels, log)
 
-    family = family_module(spec.family)
     shared = Path(integrity.__file__).parent
     with tempfile.TemporaryDirectory(prefix="fleet-bento-") as ctx:
         for name in family.BENTO_FILES:
@@ -168,6 +171,15 @@ def package(
             _forget_bento_modules()
     log(f"built Bento {bento.tag}")
     return Packaged(str(bento.tag), model_tag, mv.artifact_sha256, built=True)
+
+
+def _build_sha(build: dict, files: list[Path]) -> str:
+    """SHA-256 over the build config and the service files a Bento ships (names and bytes)."""
+    digest = hashlib.sha256(json.dumps(build, sort_keys=True).encode())
+    for path in files:
+        digest.update(f"\0{path.name}\0".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def _forget_bento_modules() -> None:

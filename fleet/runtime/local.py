@@ -29,6 +29,7 @@ from fleet.processes import alive, parent_pid, stop_group, tail, tree
 from fleet.types import Deployment
 
 READY_TIMEOUT_S = 120.0
+READY_POLL_S = 0.05  # a held request waits on this poll: at 0.2 s it cost a cold start 0.1 s on average
 LOG_TAIL_LINES = 25
 FOOTPRINT = "footprint.json"  # the memory a version's replica held when it last started (MiB)
 
@@ -181,7 +182,7 @@ class LocalRuntime:
                         return
                 except httpx.HTTPError:
                     pass
-                time.sleep(0.2)
+                time.sleep(READY_POLL_S)
         raise DeployFailed(
             f"{model}:{version} was not ready after {self.ready_timeout_s:.0f} s; last log lines of "
             f"{replica.log}:\n" + tail(replica.log, LOG_TAIL_LINES)
