@@ -117,6 +117,10 @@ def test_a_lazy_version_starts_on_its_first_request_and_is_unloaded_after_idle_t
     reason = next(s["reason"] for s in stopped if s["version"] == "1.0.0")
     assert reason.startswith("idle for") and f"idle_unload_s {IDLE_S}" in reason
     assert f"{LAZY}:1.0.0" not in running(fleet) and f"{EAGER}:1.0.0" in running(fleet)
+    rows = {(r["model"], r["version"]): r for r in fleet["env"].fleet_json("status")}
+    lazy, eager = rows[(LAZY, "1.0.0")], rows[(EAGER, "1.0.0")]
+    assert (lazy["loading"], lazy["load_state"], eager["loading"], eager["load_state"]) == ("lazy", "unloaded", "eager", "loaded")
+    assert lazy["last_request_ago_s"] >= IDLE_S and rows[(LAZY, "1.3.0")]["last_request_at"] is None
 
     again = infer(url, key)
     assert again.status_code == 200, again.text

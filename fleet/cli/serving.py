@@ -312,18 +312,31 @@ def _gateway_logging(access: bool) -> None:
         log.propagate = False
 
 
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
 def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False) -> None:
-    """Models, versions, weights, replicas and their health."""
+    """Models, versions, weights, replicas and their health; each version's loading mode (eager or
+    lazy), whether it is loaded, starting or unloaded, and when a gateway last sent it a request."""
     from fleet.router import Router
 
     from fleet.cli.doctor import skipped
     from fleet.doctor import scan
     from fleet.routing import RouteTable
 
+    from fleet.loading import last_requests
+    from fleet.spec import load_policies
+
     reg = registry()
     router = Router(reg.store, reg)
     runtime = _runtime(policies)
     running = {(d.model, d.version): d for d in runtime.list()}
+    specs = load_policies(policies).models
+    asked = last_requests(reg.store)
+    now = time.time()
     rows = []
     versions, bad_manifests = reg.scan()  # every manifest read once, for the table and the bad records
     bad = scan(reg.store, history=False, bad_manifests=bad_manifests)
@@ -344,16 +357,24 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
             role.append(f"shadow {t.shadow.percent:g}%")
         role += [f"pin {tenant}" for tenant, v in sorted(t.pins.items()) if v == mv.version]
         health = runtime.health(mv.model, mv.version) if (mv.model, mv.version) in running else {}
+        spec = specs.get(mv.model)
+        last = asked.get((mv.model, mv.version))
         rows.append({
             "model": mv.model, "version": mv.version, "state": mv.state.value, "traffic": ", ".join(role),
             "replicas": len(health), "healthy": sum(health.values()), "endpoints": sorted(health),
+            "loading": spec.loading if spec else None,
+            # loaded: a replica answers; starting: replicas run, none ready yet; unloaded: none runs
+            "load_state": "loaded" if any(health.values()) else "starting" if health else "unloaded",
+            "last_request_at": last, "last_request_ago_s": None if last is None else round(now - last, 1),
         })  # fmt: skip
     skipped(bad)  # on stderr: --json's list of versions stays what scripts expect
     if json:
         emit_json(rows)
         return
-    table(None, ["model", "version", "state", "traffic", "replicas", "healthy"],
-          [[r["model"], r["version"], r["state"], r["traffic"] or "-", r["replicas"], r["healthy"]] for r in rows])  # fmt: skip
+    table(None, ["model", "version", "state", "traffic", "replicas", "healthy", "loading", "loaded", "last request"],
+          [[r["model"], r["version"], r["state"], r["traffic"] or "-", r["replicas"], r["healthy"], r["loading"] or "-",
+            r["load_state"], "-" if r["last_request_ago_s"] is None else f"{_ago(r['last_request_ago_s'])} ago"]
+           for r in rows])  # fmt: skip
     from fleet import audit, gateways
 
     now = audit.now()
