@@ -130,9 +130,16 @@ def idle_unloads(running: Iterable[Candidate], now: float) -> list[Unload]:
 
 
 class NoRoom(FleetError):
-    """A lazy start that the memory budget cannot hold, even after stopping every idle version."""
+    """A lazy start that the memory budget cannot hold, even after stopping every idle version.
+
+    The message names what holds the memory (other models: for operators and logs);
+    ``summary`` says only that the budget is full, for the tenant whose request it answers."""
 
     status = 503
+
+    def __init__(self, message: str, summary: str) -> None:
+        super().__init__(message)
+        self.summary = summary
 
 
 def make_room(running: Iterable[Candidate], need_mib: float, budget_mib: float | None, now: float,
@@ -164,7 +171,8 @@ def make_room(running: Iterable[Candidate], need_mib: float, budget_mib: float |
                         for c in sorted(kept, key=lambda c: -c.memory_mib)[:4])  # fmt: skip
         raise NoRoom(f"{starting} needs about {need_mib:.0f} MiB and the runtime's memory_budget_mib is {budget_mib:g}: "
                      f"{used:.0f} MiB would stay held by versions that may not be stopped ({why or 'none'}); "
-                     "expected a larger runtime.memory_budget_mib or fewer eager versions")  # fmt: skip
+                     "expected a larger runtime.memory_budget_mib or fewer eager versions",
+                     "the runtime's memory budget cannot hold it now, even after stopping idle versions")  # fmt: skip
     return out
 
 

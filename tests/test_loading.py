@@ -68,6 +68,7 @@ def test_a_start_the_budget_cannot_hold_is_refused_naming_what_holds_it_and_stop
     text = str(info.value)
     assert "m:2.0.0 needs about 200 MiB" in text and "memory_budget_mib is 800" in text
     assert "e:1.0.0 600 MiB (eager)" in text and "m:1.1.0 100 MiB (canary)" in text and "m:1.0.0 100 MiB (in use)" in text
+    assert "e:1.0.0" not in info.value.summary and "memory budget" in info.value.summary  # what a tenant is told
 
 
 def test_a_version_asked_within_its_idle_time_is_in_use_even_below_busy_within() -> None:
@@ -124,7 +125,7 @@ class SlowRuntime:
         return Deployment(model, version, ("http://127.0.0.1:9",))
 
 
-def _activator(runtime: object, **policy: object) -> tuple[Activator, Upstreams, Telemetry]:
+def _activator(runtime: object, make_room=None, **policy: object) -> tuple[Activator, Upstreams, Telemetry]:  # noqa: ANN001
     spec = {"family": "tabular-mlp", "size_class": "small", "params_millions": 0.01, "loading": "lazy",
             "autoscaling": {"max_replicas": 1, "target_qps_per_replica": 10, "target_p99_ms": 100},
             "slo": {"p99_ms": 100, "error_rate": 0.01}, **policy}  # fmt: skip
@@ -137,7 +138,7 @@ def _activator(runtime: object, **policy: object) -> tuple[Activator, Upstreams,
         upstreams.sync({k: d for k, d in (((m, v), ("http://127.0.0.1:9",)) for m, v in runtime.started)}, {})  # type: ignore[attr-defined]
         asyncio.get_running_loop().call_soon(act.synced)
 
-    act = Activator(runtime, upstreams, specs.__getitem__, telemetry, read_runtime)
+    act = Activator(runtime, upstreams, specs.__getitem__, telemetry, read_runtime, make_room)
     upstreams.activator = act
     return act, upstreams, telemetry
 
@@ -260,3 +261,18 @@ def test_policy_keys_parse_and_idle_unload_s_needs_lazy(tmp_path) -> None:  # no
     text = str(info.value)
     assert "models.demo-classifier.loading" in text and "lazy when idle_unload_s is set" in text
     assert "runtime.memory_budget_mib: got -1" in text
+
+
+def test_a_start_the_memory_budget_refuses_tells_the_tenant_no_other_models_name() -> None:
+    runtime = SlowRuntime()
+    runtime.release.set()
+
+    def full(model: str, version: str) -> None:
+        make_room([eager("1.0.0", 900, model="secret-model")], 200, 1000, NOW, f"{model}:{version}")
+
+    act, upstreams, _ = _activator(runtime, make_room=full)
+    with pytest.raises(StartFailed) as info:
+        asyncio.run(upstreams.ready("m", "1.0.0", time.monotonic() + 5))
+    text = str(info.value)
+    assert "m:1.0.0 could not be started: the runtime's memory budget cannot hold it now" in text
+    assert "secret-model" not in text and runtime.started == []

@@ -155,7 +155,8 @@ class Activator:
         except FleetError as exc:
             failures = self._failed.get(key, (0.0, "", 0))[2] + 1
             backoff = min(MAX_BACKOFF_S, FAILED_BACKOFF_S * 2 ** (failures - 1))
-            cause = _cause(str(exc))
+            # what the tenant is told: its own version's cause, never other models' names (NoRoom's detail)
+            cause = getattr(exc, "summary", None) or _cause(str(exc))
             message = f"{model}:{version} could not be started: {cause}; not tried again for {backoff:.0f} s"
             self._failed[key] = (time.monotonic() + backoff, message, failures)
             self.telemetry.cold_starts.labels(model, version, "failed").inc()
