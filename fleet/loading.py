@@ -212,8 +212,11 @@ class LoadController:
         from fleet.router import Router
 
         now = self.clock()
+        from fleet.runtime.local import Loaded
+
+        now_ = time.time()  # a runtime that cannot say when a replica started: counted from now (never idle at once)
         loaded = self.runtime.loaded() if hasattr(self.runtime, "loaded") else [  # type: ignore[attr-defined]
-            _Unmeasured(d.model, d.version, len(d.endpoints)) for d in self.runtime.list()]  # fmt: skip
+            Loaded(d.model, d.version, len(d.endpoints), 0.0, now_) for d in self.runtime.list()]
         router = Router(self.store)
         models = sorted({x.model for x in loaded})
         tables = {}
@@ -285,15 +288,6 @@ class LoadController:
 def _idle(ctl: LoadController, u: Unload) -> float:
     after = unload_after_s(ctl.policies.models.get(u.model))
     return float("inf") if after is None else after
-
-
-@dataclass(frozen=True)
-class _Unmeasured:
-    model: str
-    version: str
-    replicas: int
-    memory_mib: float = 0.0
-    ready_at: float = 0.0
 
 
 def _notify(store: ObjectStore) -> None:

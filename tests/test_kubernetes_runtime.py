@@ -513,3 +513,24 @@ def test_http_client_sends_merge_patches() -> None:
     assert api.patch("keda.sh/v1alpha1", "ScaledObject", "models", "missing", {"spec": {}}) is None
     assert seen[0] == ("PATCH", "/apis/keda.sh/v1alpha1/namespaces/models/scaledobjects/x", "application/merge-patch+json",
                        {"spec": {"minReplicaCount": 1}})  # fmt: skip
+
+
+def test_the_idle_unload_controller_sets_an_idle_lazy_versions_floor_to_zero_and_leaves_eager_ones(lazy_kube: FakeKube, prod_plan) -> None:  # noqa: ANN001
+    from fleet.loading import LoadController
+
+    _, policies = prod_plan
+    lazy = policies.models["embed-small"].model_copy(update={"loading": "lazy", "idle_unload_s": 600.0})
+    policies = policies.model_copy(update={"models": {**policies.models, "embed-small": lazy}})
+    rt = runtime(lazy_kube, on_sleep=lambda n: lazy_kube.scale_up())
+    rt.deploy("embed-small", "1.0.0")
+    rt.deploy("demo-classifier", "1.0.0")
+    told = []
+    controller = LoadController(lazy_kube.store, policies, rt, notify=lambda: told.append(True))
+    assert controller.unload_idle() == []  # pods just started: not idle (the start counts as use)
+    for (kind, _, _), pod in lazy_kube.objects.items():
+        if kind == "Pod":
+            pod["status"]["startTime"] = "2026-01-01T00:00:00Z"  # long ago, and no gateway asked since
+    stopped = controller.unload_idle()
+    assert [(u.model, u.version) for u in stopped] == [("embed-small", "1.0.0")] and told
+    assert objects_of(lazy_kube, "embed-small", "1.0.0")["ScaledObject"]["spec"]["minReplicaCount"] == 0
+    assert objects_of(lazy_kube, "demo-classifier", "1.0.0")["ScaledObject"]["spec"]["minReplicaCount"] == 1

@@ -18,6 +18,7 @@ are the pods' own addresses: the gateway balances and health-checks per replica.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -364,6 +365,23 @@ class KubernetesRuntime:
 
     def health(self, model: str, version: str) -> dict[str, bool]:
         return _endpoints(self._pods(model, version))
+
+    def loaded(self) -> list:  # list[fleet.runtime.local.Loaded]
+        """Versions with ready pods, for the idle clock (``fleet.loading``): ``ready_at`` is the
+        newest pod's start, so a version just woken is not idle; memory is not measured here."""
+        from datetime import datetime
+
+        from fleet.runtime.local import Loaded
+
+        started: dict[str, float] = {}
+        for pod in self.api.list("v1", "Pod", self.namespace, MANAGED):
+            at = (pod.get("status") or {}).get("startTime")
+            instance = pod["metadata"].get("labels", {}).get("app.kubernetes.io/instance", "")
+            if at:
+                with contextlib.suppress(ValueError):
+                    started[instance] = max(started.get(instance, 0.0), datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp())
+        return [Loaded(d.model, d.version, len(d.endpoints), 0.0, started.get(object_name(d.model, d.version), time.time()))
+                for d in self.list()]  # fmt: skip
 
 
 def _endpoints(pods: list[dict]) -> dict[str, bool]:
