@@ -49,41 +49,15 @@ from typing import Any
 import torch
 
 try:  # in the repo, a package; in a Bento, files at its root
-    from .scheduler import Plan, QueueFull, Scheduler, Sequence, TooLong  # noqa: F401 - re-exported for the service
+    from .scheduler import (  # noqa: F401 - re-exported: what a request asks and hears lives beside the scheduler
+        Event, Params, Plan, QueueFull, Scheduler, Sequence, Sink, TooLong, check_params, prompt_ids)
 except ImportError:
-    from scheduler import Plan, QueueFull, Scheduler, Sequence, TooLong  # type: ignore[no-redef]  # noqa: F401
+    from scheduler import (  # type: ignore[no-redef]  # noqa: F401
+        Event, Params, Plan, QueueFull, Scheduler, Sequence, Sink, TooLong, check_params, prompt_ids)
 
 REPLACEMENT = "\ufffd"  # what a tokenizer decodes half a UTF-8 character to
 
 
-@dataclass(frozen=True)
-class Params:
-    max_tokens: int = 16
-    min_tokens: int = 0  # end-of-sequence is not sampled before this many tokens (vLLM's min_tokens)
-    temperature: float = 0.0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    priority: str = "interactive"
-    timeout_s: float | None = None  # the whole answer; the engine drops the sequence after it
-
-
-@dataclass(frozen=True)
-class Event:
-    """What a caller hears: ``text`` (new text, possibly empty) for each step that produced
-    some, then one event with ``finish_reason`` and the counts and timings."""
-
-    text: str
-    completion_tokens: int
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    queue_s: float = 0.0  # submitted → joined the running batch
-    ttft_s: float = 0.0  # submitted → first token
-    tpot_s: float = 0.0  # mean time per output token after the first
-    error: str | None = None
-
-
-Sink = Callable[[Event], None]
 
 
 @dataclass(eq=False)
@@ -134,27 +108,6 @@ class Stats:
     tokens_out: int = 0
     tokens_in: int = 0
     finished: dict[str, int] = field(default_factory=dict)
-
-
-def prompt_ids(encode: Callable[[str], list[int]], prompt: str | list[int], params: Params, context: int) -> list[int]:
-    """The prompt's token ids, checked with ``params`` before anything is queued: ``ValueError``
-    for no tokens or bad parameters, ``TooLong`` past the model's context (any engine)."""
-    ids = encode(prompt) if isinstance(prompt, str) else list(prompt)
-    if not ids:
-        raise ValueError("the prompt encodes to no tokens; expected some text")
-    if len(ids) + params.max_tokens > context:
-        raise TooLong(f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) is "
-                      f"{len(ids) + params.max_tokens} tokens; this model's context is {context}")  # fmt: skip
-    check_params(params)
-    return ids
-
-
-def check_params(params: Params) -> None:
-    """``ValueError`` for sampling parameters no engine accepts (shared with ``vllm_engine``)."""
-    if not 0.0 <= params.temperature <= 100.0 or not 0.0 < params.top_p <= 1.0:
-        raise ValueError("expected 0 <= temperature <= 100 and 0 < top_p <= 1")
-    if not 0 <= params.min_tokens <= params.max_tokens:
-        raise ValueError(f"min_tokens is {params.min_tokens}; expected 0 to max_tokens ({params.max_tokens})")
 
 
 class Engine:

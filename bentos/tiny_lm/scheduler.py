@@ -22,10 +22,65 @@ the gateway treats as shedding: nothing was computed).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 PRIORITIES = ("interactive", "batch")
+
+# What a request asks (Params) and hears (Event), for every engine. Here, beside the scheduler,
+# rather than in engine.py: this module imports no torch, so the service can import them in
+# BentoML's server process, which never serves a request (torch is the worker's alone).
+
+
+@dataclass(frozen=True)
+class Params:
+    max_tokens: int = 16
+    min_tokens: int = 0  # end-of-sequence is not sampled before this many tokens (vLLM's min_tokens)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    priority: str = "interactive"
+    timeout_s: float | None = None  # the whole answer; the engine drops the sequence after it
+
+
+@dataclass(frozen=True)
+class Event:
+    """What a caller hears: ``text`` (new text, possibly empty) for each step that produced
+    some, then one event with ``finish_reason`` and the counts and timings."""
+
+    text: str
+    completion_tokens: int
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    queue_s: float = 0.0  # submitted → joined the running batch
+    ttft_s: float = 0.0  # submitted → first token
+    tpot_s: float = 0.0  # mean time per output token after the first
+    error: str | None = None
+
+
+Sink = Callable[[Event], None]
+
+
+def prompt_ids(encode: Callable[[str], list[int]], prompt: str | list[int], params: Params, context: int) -> list[int]:
+    """The prompt's token ids, checked with ``params`` before anything is queued: ``ValueError``
+    for no tokens or bad parameters, ``TooLong`` past the model's context (any engine)."""
+    ids = encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens; expected some text")
+    if len(ids) + params.max_tokens > context:
+        raise TooLong(f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) is "
+                      f"{len(ids) + params.max_tokens} tokens; this model's context is {context}")  # fmt: skip
+    check_params(params)
+    return ids
+
+
+def check_params(params: Params) -> None:
+    """``ValueError`` for sampling parameters no engine accepts (shared with ``vllm_engine``)."""
+    if not 0.0 <= params.temperature <= 100.0 or not 0.0 < params.top_p <= 1.0:
+        raise ValueError("expected 0 <= temperature <= 100 and 0 < top_p <= 1")
+    if not 0 <= params.min_tokens <= params.max_tokens:
+        raise ValueError(f"min_tokens is {params.min_tokens}; expected 0 to max_tokens ({params.max_tokens})")
 
 
 class QueueFull(Exception):

@@ -30,7 +30,11 @@ A prompt that can never fit (prompt + ``max_tokens`` past the context or the KV 
 
 from __future__ import annotations
 
-import asyncio
+from phases import mark  # noqa: I001 - first: the imports below are a phase of the start it measures
+
+mark("import")
+
+import asyncio  # noqa: E402
 import json
 import os
 import threading
@@ -45,9 +49,11 @@ import bentoml
 from bentoml.exceptions import BadInput, ServiceUnavailable
 from pydantic import BaseModel, Field
 
-from engine import Engine, Event, Params, QueueFull, Scheduler, TooLong  # noqa: I001 - the Bento holds these files at its root
-from integrity import verify_folder
+from integrity import verify_folder  # noqa: I001 - the Bento holds these files at its root
+from scheduler import Event, Params, QueueFull, Scheduler, TooLong
 from vllm_engine import VLLMEngine, choose_engine, engine_args, gpu_total_bytes, resolve_device, try_import_vllm
+
+mark("imported")
 
 BUILD = json.loads((Path(__file__).with_name("fleet_build.json")).read_text())
 MODEL = bentoml.models.BentoModel(BUILD["bento_model"])
@@ -71,6 +77,7 @@ def verify_model(path: str) -> None:
 
 
 verify_model(MODEL.resolve().path)
+mark("verified")
 
 
 # The engine in the replica's /metrics (bentoml.metrics: prometheus_client in BentoML's
@@ -102,7 +109,11 @@ class TextGenerator:
     model_ref = MODEL
 
     def __init__(self) -> None:
+        mark("worker")
+        # torch and transformers: imported by BentoML's worker only (its server process imports
+        # this module just to read the service's settings, and never needs them)
         import torch
+        from engine import Engine
         from transformers import AutoConfig, AutoTokenizer
 
         path = self.model_ref.path
@@ -131,6 +142,7 @@ class TextGenerator:
                 prefill_delay_s=self.faults.get("first_token_ms", 0.0) / 1000,
                 step_delay_s=self.faults.get("token_ms", 0.0) / 1000)  # fmt: skip
         self.engine.start()
+        mark("loaded")
         threading.Thread(target=self._sample_engine, name="engine-gauges", daemon=True).start()
         print(f"{BUILD['model']}:{BUILD['version']}: the {self.engine.name} engine on {device} ({choice.reason})",
               flush=True)  # fmt: skip

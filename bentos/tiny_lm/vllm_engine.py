@@ -59,11 +59,9 @@ from itertools import count
 from typing import Any
 
 try:  # in the repo, a package; in a Bento, files at its root
-    from .engine import Event, Params, Sink, prompt_ids
-    from .scheduler import QueueFull, Sequence
+    from .scheduler import Event, Params, QueueFull, Sequence, Sink, prompt_ids
 except ImportError:
-    from engine import Event, Params, Sink, prompt_ids  # type: ignore[no-redef]
-    from scheduler import QueueFull, Sequence  # type: ignore[no-redef]
+    from scheduler import Event, Params, QueueFull, Sequence, Sink, prompt_ids  # type: ignore[no-redef]
 
 ENGINES = ("auto", "vllm", "native")
 DEVICES = ("auto", "cuda", "cpu")
