@@ -29,6 +29,8 @@ same versions all loaded eagerly.
 
     .venv/bin/python bench/coldstart.py [--runs 10] [--versions 10] [--hot 2] [--root DIR] [--json FILE]
 
+With 10 runs, "p99" is the slowest run.
+
 Targets (issue 17): cold start (request held → answered) at most 3 s p50 on this machine;
 memory with lazy loading at most 40 % of eager.
 """
@@ -169,7 +171,7 @@ def bare_start(bench: ColdBench) -> float:
 
     rt = bench.runtime()
     started = time.monotonic()
-    deployment = rt.activate(MODEL, "1.0.0")
+    deployment, _ = rt.activate(MODEL, "1.0.0")
     httpx.post(f"{deployment.endpoints[0]}/predict", json={"features": [[1, 0, 0, 0]]}, timeout=30).raise_for_status()
     took = time.monotonic() - started
     rt.undeploy(MODEL, "1.0.0")

@@ -44,7 +44,7 @@ ACTIVITY_PREFIX = "activity/"
 ACTIVITY_MAX_AGE_S = 86_400.0  # an activity record not rewritten for a day belongs to a gateway long gone
 BUSY_WITHIN_S = 10.0  # a version asked this recently is in use: never stopped to make room
 DEFAULT_IDLE_UNLOAD_S = 300.0  # a lazy version's idle time before it is stopped, unless its policy says
-DRAIN_S = 1.5  # replicas leave the gateways' list this long before they are stopped (their poll: 1 s)
+DRAIN_S = 2.5  # replicas leave the gateways' list this long before they stop (a push is at once; the poll, 1.25 s)
 
 
 class Activity(BaseModel):
@@ -67,6 +67,21 @@ def write_activity(store: ObjectStore, gateway_id: str, last: dict[tuple[str, st
     for (model, version), at in last.items():
         nested.setdefault(model, {})[version] = round(at, 3)
     store.put(activity_key(gateway_id), records.dump(Activity(gateway=gateway_id, written_at=time.time(), last_request=nested)))
+
+
+def silent_gateways(store: ObjectStore, now: float | None = None) -> list[str]:
+    """Live gateways that keep no activity record (one that cannot write it, or of a release
+    before lazy loading): what they serve is unknown, so nothing may be unloaded as idle. Old
+    records of gateways long gone are removed on the way (each restart makes a new id)."""
+    from fleet import gateways
+
+    now = time.time() if now is None else now
+    live = {g.id for g in gateways.live(store)}
+    found, _ = records.load_all(store, ACTIVITY_PREFIX, Activity)
+    for key, act in found.items():
+        if act.gateway not in live and now - act.written_at > ACTIVITY_MAX_AGE_S:
+            store.delete(key)
+    return sorted(live - {act.gateway for act in found.values()})
 
 
 def last_requests(store: ObjectStore, now: float | None = None) -> dict[tuple[str, str], float]:
@@ -243,8 +258,14 @@ class LoadController:
         return out
 
     def unload_idle(self) -> list[Unload]:
-        """Stop every idle lazy version (each checked again just before it stops)."""
+        """Stop every idle lazy version (each checked again just before it stops); nothing while
+        a live gateway keeps no activity record (its traffic would look like idleness)."""
         now = self.clock()
+        if silent := silent_gateways(self.store, now):
+            log.warning("not unloading idle versions: live gateway(s) %s keep no activity record (%s*); a gateway "
+                        "that cannot write there would have its versions stopped under its traffic",
+                        ", ".join(silent), ACTIVITY_PREFIX)  # fmt: skip
+            return []
         return self._stop(idle_unloads(self.candidates(), now), recheck=lambda u, last: now - last >= _idle(self, u))
 
     def make_room(self, model: str, version: str) -> list[Unload]:
@@ -266,23 +287,27 @@ class LoadController:
         return spec.resources.memory_gib * 1024 if spec is not None else 0.0
 
     def _stop(self, plan: list[Unload], recheck: Callable[[Unload, float], bool]) -> list[Unload]:
+        """Unload ``plan`` through the runtime, all at once (locally: one drain for all), each
+        version checked again first against the newest activity records."""
         if not plan:
             return []
         fresh = last_requests(self.store, self.clock())
-        done = []
+        chosen = []
         for u in plan:
-            if not recheck(u, fresh.get((u.model, u.version), 0.0)):
-                log.info("%s:%s was asked again meanwhile: kept", u.model, u.version)
-                continue
-            log.info("stopping %s:%s: %s", u.model, u.version, u.reason)
-            unload = getattr(self.runtime, "unload", None)
-            if unload is not None:  # local: out of the gateways' list first; Kubernetes: KEDA's floor to 0
-                unload(u.model, u.version, on_drain=self.notify)
+            if recheck(u, fresh.get((u.model, u.version), 0.0)):
+                chosen.append(u)
             else:
+                log.info("%s:%s was asked again meanwhile: kept", u.model, u.version)
+        for u in chosen:
+            log.info("stopping %s:%s: %s", u.model, u.version, u.reason)
+        unload = getattr(self.runtime, "unload", None)
+        if chosen and unload is not None:  # local: drained first; Kubernetes: KEDA's floor to 0
+            unload([(u.model, u.version) for u in chosen], on_drain=self.notify)
+        elif chosen:
+            for u in chosen:
                 self.runtime.undeploy(u.model, u.version)
-                self.notify()
-            done.append(u)
-        return done
+            self.notify()
+        return chosen
 
 
 def _idle(ctl: LoadController, u: Unload) -> float:

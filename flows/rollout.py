@@ -48,7 +48,7 @@ def preflight(rollout: Rollout, state: RolloutState) -> RolloutState:
 @task(name="prefetch canary artifact", cache_policy=NO_CACHE)
 def prefetch(model: str, version: str, cache_mib: float | None) -> str:
     """The canary's artifact downloaded and verified into the artifact cache while preflight
-    runs, so that packaging (and a lazy start) finds it there."""
+    runs, so that packaging its Bento (the deploy step) finds it there."""
     from fleet.registry import Registry
     from fleet.runtime.packaged import artifact_cache
     from fleet.store import open_store

@@ -1,7 +1,8 @@
 """The cluster's own rules: ValidatingAdmissionPolicies (CEL, in the API server).
 
 ``gpu_pod_policy``: GPU pods must tolerate the GPU taint. ``gateway_scaling_policy``: the
-gateway may change nothing of a ScaledObject but its floor (0 or 1). The first, in detail:
+gateway may change nothing of a ScaledObject but a lazy model's floor, from 0 to 1. The first,
+in detail:
 
 Model pods are created by the Kubernetes runtime and by whoever runs ``kubectl``, not by
 Pulumi, so a policy-as-code check of the program's objects cannot see them; the API server
@@ -56,24 +57,29 @@ def gpu_pod_policy() -> tuple[dict, dict]:
 
 
 GATEWAY_SCALING = "fleet-gateway-scaling"
-# What the gateway may change in a ScaledObject: its floor, to 0 or 1 (fleet.runtime.kubernetes
-# KubernetesRuntime.activate scales a lazy version from zero). Everything else in spec, and the
-# labels and annotations, must stay as the runtime wrote them.
+# What the gateway may change in a ScaledObject: a lazy model's floor, from 0 to 1
+# (fleet.runtime.kubernetes KubernetesRuntime.activate wakes a version scaled to zero). Nothing
+# else in spec; metadata only as the API server itself moves it.
+LAZY_ONLY = "has(oldObject.metadata.labels) && 'fleet.io/loading' in oldObject.metadata.labels && oldObject.metadata.labels['fleet.io/loading'] == 'lazy'"
+ZERO_TO_ONE = (
+    "has(oldObject.spec.minReplicaCount) && oldObject.spec.minReplicaCount == 0"
+    " && has(object.spec.minReplicaCount) && object.spec.minReplicaCount == 1"
+)
 ONLY_THE_FLOOR = (
     "object.spec.all(k, k == 'minReplicaCount' || (k in oldObject.spec && object.spec[k] == oldObject.spec[k]))"
     " && oldObject.spec.all(k, k == 'minReplicaCount' || k in object.spec)"
 )
-FLOOR_AT_MOST_ONE = "!has(object.spec.minReplicaCount) || (object.spec.minReplicaCount >= 0 && object.spec.minReplicaCount <= 1)"
+_SERVER_MOVES = "['managedFields', 'resourceVersion', 'generation']"  # what the API server changes on any update
 SAME_METADATA = (
-    "(has(object.metadata.labels) ? object.metadata.labels : {}) == (has(oldObject.metadata.labels) ? oldObject.metadata.labels : {})"
-    " && (has(object.metadata.annotations) ? object.metadata.annotations : {})"
-    " == (has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {})"
+    f"object.metadata.all(k, k in {_SERVER_MOVES} || (k in oldObject.metadata && object.metadata[k] == oldObject.metadata[k]))"
+    f" && oldObject.metadata.all(k, k in {_SERVER_MOVES} || k in object.metadata)"
 )
 
 
 def gateway_scaling_policy(gateway_account: str, models_namespace: str) -> tuple[dict, dict]:
     """(ValidatingAdmissionPolicy spec, its binding's spec): the gateway's service account may
-    only move a ScaledObject's ``minReplicaCount`` between 0 and 1 in the models namespace.
+    only raise a lazy model's ScaledObject's ``minReplicaCount`` from 0 to 1 in the models
+    namespace (the idle-unload flow, another account, sets it back to 0).
 
     RBAC cannot say which fields a ``patch`` may touch; without this, the Role that lets the
     gateway wake a lazy version would also let it raise ``maxReplicaCount`` or point a trigger
@@ -87,12 +93,14 @@ def gateway_scaling_policy(gateway_account: str, models_namespace: str) -> tuple
         },
         "matchConditions": [{"name": "the-gateway", "expression": f"request.userInfo.username == '{gateway_account}'"}],
         "validations": [
+            {"expression": LAZY_ONLY, "reason": "Forbidden",
+             "message": "the gateway may wake only a lazy model's ScaledObject (label fleet.io/loading: lazy)"},
             {"expression": ONLY_THE_FLOOR, "reason": "Forbidden",
              "message": "the gateway may change only spec.minReplicaCount of a ScaledObject (scaling a lazy version from zero)"},
-            {"expression": FLOOR_AT_MOST_ONE, "reason": "Forbidden",
-             "message": "the gateway may set spec.minReplicaCount to 0 or 1 only"},
+            {"expression": ZERO_TO_ONE, "reason": "Forbidden",
+             "message": "the gateway may only raise spec.minReplicaCount from 0 to 1"},
             {"expression": SAME_METADATA, "reason": "Forbidden",
-             "message": "the gateway may not change a ScaledObject's labels or annotations"},
+             "message": "the gateway may not change a ScaledObject's metadata (labels, annotations, owners, finalizers)"},
         ],
     }  # fmt: skip
     binding = {"policyName": GATEWAY_SCALING, "validationActions": ["Deny"]}

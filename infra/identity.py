@@ -6,7 +6,7 @@ the AWS managed policy made for it):
 
 - gateway: read the models bucket; write only what the data plane and its admin API write
   (``GATEWAY_WRITES``: routes, tenants, audit events, version manifests, the inference log,
-  its heartbeat record), delete only its heartbeat record, and never touch a version's
+  its heartbeat, usage and activity records), delete only its heartbeat record, and never touch a version's
   artifact files (an explicit Deny).
 - flows (Prefect jobs: rollout, monitor, retrain): read and write the models bucket.
 - cluster-autoscaler: resize only this cluster's node groups.
@@ -56,6 +56,8 @@ GATEWAY_WRITES = (
     "models/*/*/manifest.json",  # Registry.transition rewrites a version's manifest with its new state
     "logs/*",  # the inference log's Parquet batches
     "gateways/*",  # its heartbeat record
+    "usage/*",  # fleet.usage: its usage and cost per hour (usage/<hour>/<gateway>.json)
+    "activity/*",  # fleet.loading: when it last asked each version (lazy loading's idle clock)
 )
 GATEWAY_DELETES = ("gateways/*",)  # its record, withdrawn at shutdown; nothing else is ever deleted
 # IAM's * matches "/" too, so models/*/*/manifest.json alone would also match a file named

@@ -332,7 +332,7 @@ def test_the_shadow_queue_is_bounded_in_bytes_and_counts_what_it_drops() -> None
     async def scenario() -> tuple[list[str], int, int]:
         release = asyncio.Event()
 
-        async def call(*_: object) -> np.ndarray:
+        async def call(*_: object, **__: object) -> np.ndarray:
             await release.wait()
             return np.zeros((1, 2), np.float32)
 
@@ -366,7 +366,7 @@ def test_a_mirrored_generation_is_compared_by_its_text_and_counted_in_its_bytes(
             return Generated("dcba", 12.0, 3.0, 14, 4)
 
         seen: list[tuple[str, object]] = []
-        mirror = ShadowMirror(lambda *_: None, lambda j, outcome, ms, result, kind: seen.append((outcome, kind)),
+        mirror = ShadowMirror(lambda *_, **__: None, lambda j, outcome, ms, result, kind: seen.append((outcome, kind)),
                               generate=generate)  # fmt: skip
         mirror.start(workers=1)
         jobs = [GenShadowJob("lm", "2.0.0", "1.0.0", b'{"prompt": "reverse abcd>"}', served, 10.0, 5.0)

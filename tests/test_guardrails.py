@@ -128,11 +128,11 @@ def _gpu_pod_without_toleration(rs: list[Registered]) -> None:
 
 
 def _no_gpu_admission_policy(rs: list[Registered]) -> None:
-    rs.remove(_find(rs, "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"))
+    rs.remove(_find(rs, "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding", "gpu-pods"))
 
 
 def _admission_policy_that_only_warns(rs: list[Registered]) -> None:
-    binding = _find(rs, "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding")
+    binding = _find(rs, "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding", "gpu-pods")
     for props in (binding.inputs, binding.state):
         props["spec"]["validationActions"] = ["Warn"]
 
@@ -503,10 +503,10 @@ def test_each_stack_has_a_pack_config_with_a_ceiling_above_its_plan(stack: str) 
     assert example(stack).outputs["maxGpus"] <= config["gpu-ceiling"]["maxGpus"]
 
 
-def test_the_gateway_may_change_only_a_scaledobjects_floor_and_only_to_0_or_1() -> None:
+def test_the_gateway_may_only_raise_a_lazy_scaledobjects_floor_from_0_to_1() -> None:
     """The gateway's Role may patch ScaledObjects (to wake a lazy version); the admission
-    policy keeps that to the floor. Its CEL is evaluated here with cel-python, against the
-    ScaledObject the runtime writes, as the API server would evaluate it."""
+    policy keeps that to a lazy model's floor, 0 → 1. Its CEL is evaluated here with
+    cel-python, against ScaledObjects the runtime writes, as the API server would."""
     import copy
 
     import celpy
@@ -518,9 +518,17 @@ def test_the_gateway_may_change_only_a_scaledobjects_floor_and_only_to_0_or_1() 
     from infra import admission
 
     policies = load_policies(ROOT / "policies")
+    lazy_spec = policies.models["embed-small"].model_copy(update={"loading": "lazy", "idle_unload_s": 600.0})
+    policies = policies.model_copy(update={"models": {**policies.models, "embed-small": lazy_spec}})
     placed = {p.model: p for p in plan(policies, *placement_inputs(read_stack_file(ROOT / "Pulumi.prod.yaml"), "prod", policies)).models}
-    scaler = manifests("embed-small", "1.0.0", "x@sha256:" + "0" * 64, placed["embed-small"], floor=0,
-                       prometheus_url="http://prometheus:9090")[-1]  # fmt: skip
+
+    def scaler_of(model: str, floor: int) -> dict:
+        obj = manifests(model, "1.0.0", "x@sha256:" + "0" * 64, placed[model], floor=floor,
+                        prometheus_url="http://prometheus:9090")[-1]  # fmt: skip
+        obj["metadata"] |= {"resourceVersion": "41", "generation": 3, "managedFields": [{"manager": "serving-fleet"}]}
+        return obj
+
+    lazy, eager = scaler_of("embed-small", 0), scaler_of("demo-classifier", 3)
     spec, binding = admission.gateway_scaling_policy("system:serviceaccount:fleet:fleet-gateway", "models")
     assert spec["failurePolicy"] == "Fail" and binding["validationActions"] == ["Deny"]
     assert spec["matchConstraints"]["resourceRules"][0]["resources"] == ["scaledobjects"]
@@ -529,30 +537,39 @@ def test_the_gateway_may_change_only_a_scaledobjects_floor_and_only_to_0_or_1() 
     (condition,) = spec["matchConditions"]
     applies = env.program(env.compile(condition["expression"]))
 
-    def refused(new: dict, user: str = "system:serviceaccount:fleet:fleet-gateway") -> list[str]:
+    def refused(old: dict, new: dict, user: str = "system:serviceaccount:fleet:fleet-gateway") -> list[str]:
         request = celpy.json_to_cel({"userInfo": {"username": user}})
         if not applies.evaluate({"request": request}):
             return []
-        ctx = {"object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(scaler), "request": request}
+        ctx = {"object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old), "request": request}
         return [message for program, message in rules if not program.evaluate(ctx)]
 
-    def changed(**spec_changes: object) -> dict:
-        new = copy.deepcopy(scaler)
+    def changed(old: dict, **spec_changes: object) -> dict:
+        new = copy.deepcopy(old)
         new["spec"].update(spec_changes)
+        new["metadata"] |= {"resourceVersion": "42", "generation": 4,
+                            "managedFields": [{"manager": "serving-fleet"}, {"manager": "fleet-gateway"}]}  # fmt: skip
         return new
 
-    assert refused(changed(minReplicaCount=1)) == [] and refused(changed(minReplicaCount=0)) == []
-    (too_many,) = refused(changed(minReplicaCount=5))
-    assert "0 or 1 only" in too_many
-    (ceiling,) = refused(changed(maxReplicaCount=500))
-    assert "only spec.minReplicaCount" in ceiling
-    triggers = copy.deepcopy(scaler["spec"]["triggers"])
+    assert refused(lazy, changed(lazy, minReplicaCount=1)) == []  # the wake: 0 → 1, the server's fields moving
+    assert any("from 0 to 1" in m for m in refused(lazy, changed(lazy, minReplicaCount=5)))
+    woken = changed(lazy, minReplicaCount=1)
+    assert any("from 0 to 1" in m for m in refused(woken, changed(woken, minReplicaCount=0)))  # unloading is the flow's
+    assert any("lazy model" in m for m in refused(eager, changed(eager, minReplicaCount=0)))  # an eager floor: never
+    assert any("only spec.minReplicaCount" in m for m in refused(lazy, changed(lazy, minReplicaCount=1, maxReplicaCount=500)))
+    triggers = copy.deepcopy(lazy["spec"]["triggers"])
     triggers[0]["metadata"]["serverAddress"] = "http://attacker:9090"
-    assert refused(changed(triggers=triggers))
-    dropped = copy.deepcopy(scaler)
+    assert refused(lazy, changed(lazy, minReplicaCount=1, triggers=triggers))
+    dropped = changed(lazy, minReplicaCount=1)
     del dropped["spec"]["cooldownPeriod"]
-    assert refused(dropped)  # removing a field is a change too
-    relabelled = copy.deepcopy(scaler)
-    relabelled["metadata"]["labels"]["fleet.io/model"] = "other"
-    assert any("labels or annotations" in m for m in refused(relabelled))
-    assert refused(changed(maxReplicaCount=500), user="system:serviceaccount:flows:prefect-worker") == []  # not the gateway
+    assert refused(lazy, dropped)  # removing a field is a change too
+    for key, value in (("ownerReferences", [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u"}]),
+                       ("finalizers", ["example.com/hold"])):  # fmt: skip
+        owned = changed(lazy, minReplicaCount=1)
+        owned["metadata"][key] = value
+        assert any("metadata" in m for m in refused(lazy, owned)), key
+    relabelled = changed(lazy, minReplicaCount=1)
+    relabelled["metadata"]["labels"]["fleet.io/loading"] = "eager"
+    assert any("metadata" in m for m in refused(lazy, relabelled))
+    flows = "system:serviceaccount:flows:prefect-worker"
+    assert refused(woken, changed(woken, minReplicaCount=0), user=flows) == []  # not the gateway: not this policy's

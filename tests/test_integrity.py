@@ -195,16 +195,19 @@ def test_the_cache_stays_within_its_budget_removing_the_least_recently_used_entr
     registry, versions = _versions(tmp_path, 4, 40_000)
     cache = ArtifactCache(tmp_path / "cache", max_bytes=100_000)  # two entries fit, not three
     held = lambda: {sha for sha, _, _ in cache.entries()}  # noqa: E731
-    for v in versions[:2]:
-        with cache.use(registry, "demo", v.version):
+    entry = lambda i: tmp_path / "cache" / versions[i].artifact_sha256  # noqa: E731
+    for i in (0, 1):
+        with cache.use(registry, "demo", versions[i].version):
             pass
-    time.sleep(0.02)  # the kernel's coarse file clock (a tick of at most 10 ms): the next use gets a later mtime
-    with cache.use(registry, "demo", "1.0.0") as folder:  # 1.0.0 used again: 1.1.0 is now the least recent
+        os.utime(entry(i), (1_000 + i, 1_000 + i))  # recency made explicit (the file clock is coarse)
+    with cache.use(registry, "demo", "1.0.0") as folder:  # used again: its entry becomes the most recent
         assert (folder / "model.pt").read_bytes() == bytes([0]) * 40_000
-    with cache.use(registry, "demo", "1.2.0"):
+    assert entry(0).stat().st_mtime > 1_001  # a use touches its entry
+    with cache.use(registry, "demo", "1.2.0"):  # a third entry: the least recently used (1.1.0) goes
         pass
     assert held() == {versions[0].artifact_sha256, versions[2].artifact_sha256}
     assert sum(size for _, size, _ in cache.entries()) <= 100_000
+    os.utime(entry(0), (2_000, 2_000))  # 1.0.0 now older than 1.2.0
     with cache.use(registry, "demo", "1.1.0"):  # fetched again, verified, and 1.0.0 goes
         pass
     assert held() == {versions[2].artifact_sha256, versions[1].artifact_sha256}

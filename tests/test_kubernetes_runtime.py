@@ -464,35 +464,40 @@ def lazy_kube(prod_plan, fleet_store: ObjectStore) -> FakeKube:  # noqa: ANN001
 
 def test_a_lazy_models_scaler_cools_down_after_its_idle_time_and_stays_active_while_requests_wait(lazy_kube: FakeKube) -> None:
     runtime(lazy_kube, on_sleep=lambda n: lazy_kube.scale_up()).deploy("embed-small", "1.0.0")
-    scaler = objects_of(lazy_kube, "embed-small", "1.0.0")["ScaledObject"]["spec"]
-    assert scaler["cooldownPeriod"] == 600  # idle_unload_s: KEDA's wait before the last replica goes
+    scaler_object = objects_of(lazy_kube, "embed-small", "1.0.0")["ScaledObject"]
+    scaler = scaler_object["spec"]
+    assert scaler_object["metadata"]["labels"]["fleet.io/loading"] == "lazy"  # what the admission policy reads
+    assert scaler["cooldownPeriod"] == 60  # after the activity trigger's own idle_unload_s
     activity = scaler["triggers"][-1]
     assert activity["name"] == "activity" and activity["metadata"]["activationThreshold"] == "0"
+    assert float(activity["metadata"]["threshold"]) >= 1e9  # it only wakes and keeps; the policy's triggers scale
     query = activity["metadata"]["query"]
-    for series in ("fleet_requests_held", "fleet_version_in_flight", "fleet_queue_depth"):
-        assert f'{series}{{model="embed-small",version="1.0.0"}}' in query
+    assert query == ('(sum(increase(fleet_version_requests_total{model="embed-small",version="1.0.0"}[600s])) or vector(0))'
+                     ' + (sum(fleet_requests_held{model="embed-small",version="1.0.0"}) or vector(0))')  # fmt: skip
     eager = runtime(lazy_kube, on_sleep=lambda n: lazy_kube.scale_up())
     eager.deploy("demo-classifier", "1.0.0")
     eager_scaler = objects_of(lazy_kube, "demo-classifier", "1.0.0")["ScaledObject"]["spec"]
     assert eager_scaler["cooldownPeriod"] == 300 and all(t["name"] != "activity" for t in eager_scaler["triggers"])
+    assert objects_of(lazy_kube, "demo-classifier", "1.0.0")["ScaledObject"]["metadata"]["labels"]["fleet.io/loading"] == "eager"
 
 
 def test_unload_lets_keda_scale_to_zero_and_activate_scales_back_with_one_patch_of_the_floor(lazy_kube: FakeKube) -> None:
     rt = runtime(lazy_kube, on_sleep=lambda n: lazy_kube.scale_up())
     rt.deploy("embed-small", "1.0.0")
     told = []
-    rt.unload("embed-small", "1.0.0", on_drain=lambda: told.append(True))
+    rt.unload([("embed-small", "1.0.0")], on_drain=lambda: told.append(True))
     assert objects_of(lazy_kube, "embed-small", "1.0.0")["ScaledObject"]["spec"]["minReplicaCount"] == 0 and told
     for key in [k for k in lazy_kube.objects if k[0] == "Pod"]:  # KEDA took the last pod away after the cooldown
         del lazy_kube.objects[key]
     assert all(d.model != "embed-small" for d in rt.list())
     lazy_kube.calls.clear()
-    deployment = runtime(lazy_kube, on_sleep=lambda n: lazy_kube.scale_up()).activate("embed-small", "1.0.0")
-    assert deployment.endpoints and objects_of(lazy_kube, "embed-small", "1.0.0")["ScaledObject"]["spec"]["minReplicaCount"] == 1
+    deployment, started = runtime(lazy_kube, on_sleep=lambda n: lazy_kube.scale_up()).activate("embed-small", "1.0.0")
+    assert started and deployment.endpoints and objects_of(lazy_kube, "embed-small", "1.0.0")["ScaledObject"]["spec"]["minReplicaCount"] == 1
     assert [c for c in lazy_kube.calls if c[0] != "apply"] == [("patch", "ScaledObject", object_name("embed-small", "1.0.0"))]
     assert not [c for c in lazy_kube.calls if c[0] == "apply"]  # nothing else written: all the gateway's Role allows
     lazy_kube.calls.clear()
-    assert rt.activate("embed-small", "1.0.0").endpoints == deployment.endpoints and lazy_kube.calls == []  # running: no patch
+    again, started = rt.activate("embed-small", "1.0.0")
+    assert again.endpoints == deployment.endpoints and not started and lazy_kube.calls == []  # running: no patch
 
 
 def test_activating_a_version_never_deployed_says_what_to_do(lazy_kube: FakeKube) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -161,8 +160,9 @@ def test_a_version_that_cannot_start_fails_its_held_requests_with_503_naming_the
     took = time.monotonic() - t0
     assert resp.status_code == 503, resp.text
     error = resp.json()["error"]
-    assert f"{LAZY}:9.0.0 could not be started: Bento {LAZY}:9.0.0 is not built" in error
-    assert f"expected `fleet package {LAZY} 9.0.0`" in error
+    assert f"{LAZY}:9.0.0 could not be started: its Bento is not built" in error
+    log = (fleet["env"].root / "gateway.log").read_text()  # the operator's side: what to run
+    assert f"Bento {LAZY}:9.0.0 is not built; expected `fleet package {LAZY} 9.0.0`" in log
     assert int(resp.headers["Retry-After"]) >= 1
     assert took < MAX_HOLD_MS / 1000  # the failure is said as soon as it is known, within the hold
     t0 = time.monotonic()
@@ -186,27 +186,30 @@ def test_the_memory_budget_stops_the_least_recently_used_idle_version_never_eage
     # room for what runs now and half a replica more: the next start must stop one version
     budget = used + per_replica / 2
     policies = write_policies(env.root / "policies-budget", memory_gib=math.ceil(per_replica) / 1024, budget_mib=budget)
-    env.env["FLEET_POLICIES"] = str(policies)
-    url = env.start_gateway()
+    before, env.env["FLEET_POLICIES"] = env.env["FLEET_POLICIES"], str(policies)
+    try:
+        url = env.start_gateway()
+    finally:
+        env.env["FLEET_POLICIES"] = before
     keys = fleet["keys"]
     # 1.0.0 turned ready first but is asked now: 1.2.0 becomes the least recently used
+    asked = time.time()
     assert infer(url, keys["apps"], "1.0.0").status_code == 200
-    wait_for(lambda: _last_request(env, "1.0.0") is not None, timeout=30, what="the gateway's activity record")
-    wait_for(lambda: _all_idle(env), timeout=30, what=f"every lazy version idle past idle_unload_s ({IDLE_S} s)")
+    wait_for(lambda: (_last_request(env, "1.0.0") or 0) >= asked, timeout=30, what="this gateway's activity record")
+    wait_for(lambda: _all_idle(env, policies), timeout=30, what=f"every lazy version idle past idle_unload_s ({IDLE_S} s)")
     resp = infer(url, keys["p3"])  # pinned to 1.3.0, which runs nowhere
     assert resp.status_code == 200, resp.text
     assert resp.headers["X-Fleet-Model-Version"] == "1.3.0"
     now = running(fleet)
     assert f"{LAZY}:1.2.0" not in now  # the least recently used idle one
     assert {f"{LAZY}:1.0.0", f"{LAZY}:1.1.0", f"{LAZY}:1.3.0", f"{EAGER}:1.0.0"} <= now  # recent, canary, new, eager
-    shutil.rmtree(policies)
 
 
-def _all_idle(env: FleetEnv) -> bool:
+def _all_idle(env: FleetEnv, policies: Path) -> bool:
     from fleet.loading import LoadController
     from fleet.spec import load_policies
 
-    controller = LoadController(open_store(env.env["FLEET_STORE"]), load_policies(env.env["FLEET_POLICIES"]),
+    controller = LoadController(open_store(env.env["FLEET_STORE"]), load_policies(policies),
                                 LocalRuntime(env.root / "run"))  # fmt: skip
     return all(time.time() - c.last_used >= IDLE_S for c in controller.candidates() if c.model == LAZY)
 
@@ -215,3 +218,29 @@ def _last_request(env: FleetEnv, version: str) -> float | None:
     from fleet.loading import last_requests
 
     return last_requests(open_store(env.env["FLEET_STORE"])).get((LAZY, version))
+
+
+def test_a_replica_is_listed_only_once_ready_so_no_request_reaches_one_still_starting(tmp_path: Path) -> None:
+    from fleet.runtime.local import DeployFailed
+
+    runtime = LocalRuntime(tmp_path / "run", bento_for=lambda m, v: "no-such-bento:1.0.0",
+                           env={"BENTOML_HOME": str(tmp_path / "bentoml")})  # fmt: skip
+    errors: list[BaseException] = []
+    starting = threading.Thread(target=lambda: _catch(errors, lambda: runtime.deploy(LAZY, "1.0.0")))
+    starting.start()
+    folder = tmp_path / "run" / LAZY / "1.0.0"
+    wait_for(lambda: any(folder.glob("starting-*.json")) or not starting.is_alive(), timeout=60, what="the replica's start")
+    observed = any(folder.glob("starting-*.json"))
+    seen_while_starting = runtime.list()
+    starting.join(120)
+    assert observed, "the start ended before it could be observed"  # bentoml takes a second to give up
+    assert seen_while_starting == []  # a bentoml process was running, not yet ready: not listed
+    assert len(errors) == 1 and isinstance(errors[0], DeployFailed)  # (it never gets ready: no such Bento)
+    assert runtime.list() == [] and not list(folder.glob("*-*.json"))  # nothing left behind
+
+
+def _catch(errors: list[BaseException], call) -> None:  # noqa: ANN001
+    try:
+        call()
+    except BaseException as exc:  # noqa: BLE001 - the test reads it
+        errors.append(exc)

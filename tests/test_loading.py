@@ -112,17 +112,18 @@ class SlowRuntime:
         self.release = threading.Event()
         self.started: list[tuple[str, str]] = []
 
-    def activate(self, model: str, version: str, before_start=lambda: None) -> Deployment:  # noqa: ANN001
+    def activate(self, model: str, version: str, before_start=None) -> tuple[Deployment, bool]:  # noqa: ANN001
         self.calls += 1
-        before_start()
+        if before_start is not None:
+            before_start()
         self.release.wait(10)
         if self.fail:
             from fleet.runtime.local import DeployFailed
 
             raise DeployFailed(f"{model}:{version} exited while starting; last log lines of /x/replica-0.log:\n"
-                               f"Traceback ...\n{self.fail}")  # fmt: skip
+                               f"Traceback ...\n{self.fail}", summary="its replica exited while starting")  # fmt: skip
         self.started.append((model, version))
-        return Deployment(model, version, ("http://127.0.0.1:9",))
+        return Deployment(model, version, ("http://127.0.0.1:9",)), True
 
 
 def _activator(runtime: object, make_room=None, **policy: object) -> tuple[Activator, Upstreams, Telemetry]:  # noqa: ANN001
@@ -155,6 +156,7 @@ def test_twenty_concurrent_first_requests_start_the_version_once_and_all_are_ser
         deadline = time.monotonic() + 10
         held = [asyncio.create_task(upstreams.ready("m", "1.0.0", deadline)) for _ in range(20)]
         while _value(telemetry, "fleet_requests_held", model="m", version="1.0.0") < 20:
+            assert time.monotonic() < deadline, "the 20 requests were never all held"
             await asyncio.sleep(0.01)
         runtime.release.set()
         return await asyncio.gather(*held)
@@ -218,8 +220,8 @@ def test_a_start_that_fails_answers_every_held_request_with_its_cause_then_backs
     errors = asyncio.run(scenario())
     assert len(errors) == 4 and all(isinstance(e, StartFailed) and e.status == 503 for e in errors)
     text = str(errors[0])
-    assert "m:1.0.0 could not be started: m:1.0.0 exited while starting" in text
-    assert "Bento 'm:1.0.0' is not found" in text and "/x/replica-0.log" not in text  # the gist, not the path
+    assert "m:1.0.0 could not be started: its replica exited while starting" in text
+    assert "/x/replica-0.log" not in text and "Traceback" not in text  # the gist for the tenant; the log keeps the rest
     assert runtime.calls == 1 and errors[3].retry_after_s > 0  # type: ignore[attr-defined]
     assert _value(telemetry, "fleet_cold_starts_total", model="m", version="1.0.0", outcome="failed") == 1
 
@@ -276,3 +278,26 @@ def test_a_start_the_memory_budget_refuses_tells_the_tenant_no_other_models_name
     text = str(info.value)
     assert "m:1.0.0 could not be started: the runtime's memory budget cannot hold it now" in text
     assert "secret-model" not in text and runtime.started == []
+
+
+def test_an_unexpected_error_in_a_start_is_a_503_with_a_back_off_not_a_500() -> None:
+    class Broken(SlowRuntime):
+        def activate(self, model: str, version: str, before_start=None):  # noqa: ANN001, ANN201
+            self.calls += 1
+            raise PermissionError("[Errno 13] Permission denied: '/srv/fleet/run/m/1.0.0/.version.lock'")
+
+    runtime = Broken()
+    act, upstreams, _ = _activator(runtime)
+
+    async def scenario() -> list[BaseException]:
+        out = []
+        for _ in range(2):
+            try:
+                await upstreams.ready("m", "1.0.0", time.monotonic() + 5)
+            except BaseException as exc:  # noqa: BLE001 - the assertions say which
+                out.append(exc)
+        return out
+
+    errors = asyncio.run(scenario())
+    assert all(isinstance(e, StartFailed) for e in errors) and runtime.calls == 1  # the second is the back-off's
+    assert "the runtime failed to start it" in str(errors[0]) and "/srv" not in str(errors[0])

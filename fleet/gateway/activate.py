@@ -13,8 +13,10 @@ such a version is held here:
 - **The hold is bounded** by the policy's ``max_hold_ms`` and the request's own deadline,
   whichever comes first (the hold counts against the request's timeout). Past it the
   request gets 503 with ``Retry-After`` saying the version is starting; the start goes on.
-- **A start that fails** answers every held request 503 naming the cause (the replica's
-  last log line, or the budget that cannot hold it). The version is not started again for
+- **A start that fails** answers every held request 503 naming the cause in a few words
+  (``summary`` of the runtime's error: the Bento is not built, the replica exited while
+  starting, the memory budget cannot hold it); log lines, paths and other models' names go
+  to the gateway's log only. The version is not started again for
   ``FAILED_BACKOFF_S`` (doubling, at most ``MAX_BACKOFF_S``): requests meanwhile get the same
   503 at once, with ``Retry-After`` until the next try, rather than a start each.
 - **Served once ready.** When the start returns, the gateway re-reads the runtime at once
@@ -32,6 +34,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fleet.errors import FleetError
@@ -44,7 +47,7 @@ log = logging.getLogger("fleet.gateway.activate")
 FAILED_BACKOFF_S = 5.0
 MAX_BACKOFF_S = 120.0
 EXPECTED_START_S = 3.0  # Retry-After for a request that gave up holding, before a start was measured
-CAUSE_CHARS = 300
+START_THREADS = 4  # versions starting at once in one gateway process; more wait for a thread
 
 
 class Starting(FleetError):
@@ -79,6 +82,9 @@ class Activator:
         self._synced = asyncio.Event()
         self._started_s: dict[tuple[str, str], float] = {}  # the last start's seconds, for Retry-After
         self._began: dict[tuple[str, str], float] = {}  # when the current (or last) start began (monotonic)
+        # starts block a thread for as long as they take (minutes, for a pod waiting on a GPU): a
+        # pool of their own, so they never hold up the threads the gateway's refresh and heartbeat use
+        self._executor = ThreadPoolExecutor(max_workers=START_THREADS, thread_name_prefix="fleet-activate")
 
     def lazy(self, model: str) -> bool:
         return self.spec_for(model).loading == "lazy"
@@ -142,40 +148,33 @@ class Activator:
         key = (model, version)
         began = self._began[key] = time.monotonic()
         log.info("starting %s:%s for a held request (lazy)", model, version)
+        make_room = self.make_room
 
-        def start() -> None:
-            def before() -> None:
-                if self.make_room is not None:
-                    self.make_room(model, version)
+        def start() -> bool:
+            before = (lambda: make_room(model, version)) if make_room is not None else None
+            return bool(self.runtime.activate(model, version, before_start=before)[1])
 
-            self.runtime.activate(model, version, before_start=before)
-
-        try:
-            await asyncio.to_thread(start)
-        except FleetError as exc:
+        try:  # in threads of its own: a start may take minutes (a pod waiting for a GPU)
+            started = await asyncio.get_running_loop().run_in_executor(self._executor, start)
+        except Exception as exc:  # noqa: BLE001 - whatever went wrong, held requests get a 503 and a back-off
             failures = self._failed.get(key, (0.0, "", 0))[2] + 1
             backoff = min(MAX_BACKOFF_S, FAILED_BACKOFF_S * 2 ** (failures - 1))
-            # what the tenant is told: its own version's cause, never other models' names (NoRoom's detail)
-            cause = getattr(exc, "summary", None) or _cause(str(exc))
-            message = f"{model}:{version} could not be started: {cause}; not tried again for {backoff:.0f} s"
+            # the tenant hears why in a few words (``summary``); paths, log lines and other
+            # models' names stay in the gateway's log
+            cause = getattr(exc, "summary", None) if isinstance(exc, FleetError) else None
+            message = (f"{model}:{version} could not be started: {cause or 'the runtime failed to start it'}; "
+                       f"not tried again for {backoff:.0f} s")  # fmt: skip
             self._failed[key] = (time.monotonic() + backoff, message, failures)
             self.telemetry.cold_starts.labels(model, version, "failed").inc()
-            log.warning("cold start of %s:%s failed: %s", model, version, exc)
+            log.warning("cold start of %s:%s failed (retried in %.0f s): %s", model, version, backoff, exc,
+                        exc_info=not isinstance(exc, FleetError))  # fmt: skip
             raise StartFailed(message, backoff) from None
         self._failed.pop(key, None)
-        self._started_s[key] = time.monotonic() - began
-        self.telemetry.cold_starts.labels(model, version, "started").inc()
-        log.info("started %s:%s in %.2f s", model, version, time.monotonic() - began)
+        if started:  # another gateway, worker or deploy may have started it: then nothing is counted
+            self._started_s[key] = time.monotonic() - began
+            self.telemetry.cold_starts.labels(model, version, "started").inc()
+            log.info("started %s:%s in %.2f s", model, version, time.monotonic() - began)
         self.read_runtime()
 
-
-def _cause(message: str) -> str:
-    """The gist of a failed start for the caller: the first line, and the replica log's last
-    line when the message carries the log's tail (what BentoML said last)."""
-    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
-    if not lines:
-        return "unknown cause"
-    first = lines[0].rstrip(":")
-    if len(lines) > 1 and "last log lines" in lines[0]:
-        first = first.split("; last log lines", 1)[0] + f" (its log ends: {lines[-1]})"
-    return first[:CAUSE_CHARS]
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import gc
 import hmac
+import logging
 import os
 import re
 import socket
@@ -57,6 +58,7 @@ from fleet.tenants import Quota
 from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, QuotaBackend
 from fleet.usage import Price, UsageMeter
 
+activity_log = logging.getLogger("fleet.gateway")
 GC_YOUNG_THRESHOLD = 20_000  # allocations between young-generation collections (default 700)
 
 SIBLING_SCRAPE_S = 2.0  # how long /metrics waits for a sibling worker's own metrics
@@ -134,15 +136,22 @@ def create_app(
     activator = upstreams.activator = Activator(view.runtime, upstreams, spec_for, telemetry, view.read_runtime, make_room)
 
     async def write_activity() -> None:
-        """When this gateway last asked each version (fleet.loading's idle clock), with its heartbeat."""
-        written: dict[tuple[str, str], float] = {}
+        """When this gateway last asked each version (fleet.loading's idle clock), at start (so the
+        controller knows this gateway keeps one) and with each heartbeat after a change."""
+        written: dict[tuple[str, str], float] | None = None
+        failing = False
         while True:
-            await asyncio.sleep(gateways.HEARTBEAT_S)
             if upstreams.last_used != written:
                 now = dict(upstreams.last_used)
-                with contextlib.suppress(FleetError, OSError):
+                try:
                     await asyncio.to_thread(loading.write_activity, view.store, settings.gateway_id, now)
-                    written = now
+                    written, failing = now, False
+                except (FleetError, OSError) as exc:
+                    if not failing:  # said once per outage: idle unloads wait for this gateway meanwhile
+                        activity_log.warning("cannot write %s (lazy versions are not unloaded while it is "
+                                             "missing): %s", loading.activity_key(settings.gateway_id), exc)  # fmt: skip
+                    failing = True
+            await asyncio.sleep(gateways.HEARTBEAT_S)
 
     def on_shadow(job: ShadowJob | GenShadowJob, outcome: str, shadow_ms: float | None, result: Any,  # noqa: ANN401
                   kind: str | None) -> None:  # fmt: skip
@@ -237,6 +246,7 @@ def create_app(
                     await asyncio.to_thread(loading.write_activity, view.store, settings.gateway_id, dict(upstreams.last_used))
             await upstreams.close()
             await generation.close()
+            activator.close()
             if isinstance(backend, quotas_.RedisQuotas):
                 await backend.close()
             await asyncio.to_thread(decoder.close)

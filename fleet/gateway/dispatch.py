@@ -46,10 +46,11 @@ class Dispatcher:
         failure: FleetError | None = None
         for i, version in enumerate(order):
             started = time.monotonic()
+            timing: list[float] = []
+            held: list[float] = []  # a cold version's start: the request's wait, not the version's latency
             try:
-                timing: list[float] = []
                 result = await self.upstreams.predict(model, version, features, deadline, priority, i == len(order) - 1,
-                                                     tenant, weight, timing)  # fmt: skip
+                                                     tenant, weight, timing, held)  # fmt: skip
             except UpstreamTimeout:
                 self.telemetry.failed(model, version, "timeout")
                 raise UpstreamTimeout(f"{model}:{version} did not answer within {timeout_ms:.0f} ms "
@@ -68,7 +69,7 @@ class Dispatcher:
                 self.telemetry.failed(model, version, "unreachable")
                 failure = exc
                 continue
-            self.telemetry.answered(model, version, (time.monotonic() - started) * 1e3, result)
+            self.telemetry.answered(model, version, (time.monotonic() - started - sum(held)) * 1e3, result)
             return version, result, timing[0] if timing else 0.0
         assert failure is not None
         raise failure

@@ -501,19 +501,23 @@ class Generation:
         payload = self._payload(req, gen, priority, timeout_ms)
         tenant = call.tenant
         failure: FleetError | None = None
+        held = 0.0  # seconds spent waiting for cold versions to start
         for i, version in enumerate(order):
+            before = time.monotonic()
             try:  # a cold lazy version is held while it starts, within the request's timeout
                 pool = await self.upstreams.ready(call.model, version, started + timeout_ms / 1000)
             except Starting as exc:  # still starting: stable may answer a canary's request
                 failure = exc
+                held += time.monotonic() - before
                 continue
             except NoReplica as exc:
                 self.telemetry.failed(call.model, version, "unreachable")
                 failure = exc
                 continue
-            # the first token's clock starts once the version runs (a cold start's hold has its own
-            # bound, max_hold_ms); the whole answer stays within the request's timeout
-            first_by = min(time.monotonic() + first_ms / 1000, started + timeout_ms / 1000)
+            held += time.monotonic() - before
+            # the first token is due first_ms after the request, not counting a cold start's hold
+            # (bounded by max_hold_ms); the whole answer stays within the request's timeout
+            first_by = min(started + held + first_ms / 1000, started + timeout_ms / 1000)
             try:
                 async with asyncio.timeout(max(0.0, first_by - time.monotonic())):
                     await pool.slots.acquire(priority, pool.ref, tenant.name, tenant.weight or 1.0)  # type: ignore[union-attr]

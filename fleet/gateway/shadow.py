@@ -74,7 +74,7 @@ class Generated:
     completion_tokens: int
 
 
-Call = Callable[[str, str, np.ndarray, float, str], "asyncio.Future[np.ndarray]"]
+Call = Callable[..., "asyncio.Future[np.ndarray]"]  # Upstreams.predict(model, version, features, deadline, priority, held=[])
 GenerateCall = Callable[[GenShadowJob, float], "asyncio.Future[Generated]"]
 
 
@@ -124,7 +124,9 @@ class ShadowMirror:
                 outcome = "agree" if generated.text == job.served else "disagree"
                 self._on_result(job, outcome, (time.monotonic() - start) * 1e3, generated, None)
                 return
-            result = await self._call(job.model, job.version, job.features, start + job.timeout_s, "batch")
+            held: list[float] = []  # a cold shadow's start is not its latency
+            result = await self._call(job.model, job.version, job.features, start + job.timeout_s, "batch", held=held)
+            start += sum(held)
         except FleetError as exc:
             log.debug("shadow %s:%s failed: %s", job.model, job.version, exc)
             kind = getattr(exc, "kind", None)

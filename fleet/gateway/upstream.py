@@ -74,6 +74,7 @@ MAX_ANSWER_BYTES = 32 * 1024 * 1024
 # connection before the replica does, so few requests meet a connection closing under them
 # (those that do are sent again once on a new one, by h1).
 IDLE_CLOSE_S = 4.0
+HELD_AT_LEAST_S = 0.001  # ``ready`` returning later than this was a hold (a warm pool returns in microseconds)
 _JSON = ((b"Content-Type", b"application/json"),)
 JSON_PATH, TENSOR_PATH = "/predict", "/predict_tensor"
 # what a service without the tensor route answers it: no route, no POST there, not that body type
@@ -270,16 +271,20 @@ class Upstreams:
 
     async def predict(
         self, model: str, version: str, features: np.ndarray, deadline: float, priority: str, last_resort: bool = True,
-        tenant: str = "", weight: float = 1.0, timing: list[float] | None = None,
+        tenant: str = "", weight: float = 1.0, timing: list[float] | None = None, held: list[float] | None = None,
     ) -> np.ndarray:
         """Ask one replica of ``model:version``; raise ``UpstreamError`` (with its class) or ``NoReplica``.
 
         ``last_resort=False``: another version will be asked if this one fails, so ejected
         replicas are not tried. ``tenant`` and its ``weight``: whose turn it is when the
         version's slots are full (``fleet.gateway.fairqueue``). ``timing``: the seconds the
-        version took (from a slot to its answer) are appended to it.
+        version took (from a slot to its answer) are appended to it. ``held``: the seconds the
+        request waited for a cold version to start, if it did (not the version's latency).
         """
+        before = time.monotonic()
         pool = await self.ready(model, version, deadline)
+        if held is not None and (waited := time.monotonic() - before) > HELD_AT_LEAST_S:
+            held.append(waited)
         remaining = deadline - time.monotonic()
         try:
             async with asyncio.timeout(max(remaining, 0.0)):

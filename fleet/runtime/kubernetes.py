@@ -50,9 +50,12 @@ BENTO_PORT = 3000
 # `ARG BENTO_USER_UID=1034` / `BENTO_USER_GID=1034`. Pods say the numbers (tests read them
 # back from a built Bento's Dockerfile).
 BENTO_UID = BENTO_GID = 1034
+LOADING_LABEL = "fleet.io/loading"  # on a ScaledObject: eager or lazy (infra/admission.py reads it)
 VERSION_ANNOTATION = "fleet.io/version"  # the exact semver ('+' is not allowed in label values)
 READY_TIMEOUT_S = 900.0  # pulling a large image and loading weights onto GPUs takes minutes
 COOLDOWN_S = 300  # KEDA's cooldownPeriod for an eager model (whose floor is at least 1: never scaled to zero)
+LAZY_COOLDOWN_S = 60  # a lazy one's: its activity trigger already waited idle_unload_s
+ACTIVITY_ONLY = "1000000000"  # the activity trigger's target: never reached, so it never adds replicas
 # Kinds this runtime writes, in the order undeploy removes them (the scaler first, so KEDA
 # does not scale a Deployment that is going away).
 KINDS = (("keda.sh/v1alpha1", "ScaledObject"), ("policy/v1", "PodDisruptionBudget"),
@@ -185,13 +188,15 @@ def manifests(model: str, version: str, image: str, placement: ModelPlacement, *
     }  # fmt: skip
     budget = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
               "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}}}  # fmt: skip
+    # the admission policy lets the gateway wake only a lazy model's scaler: it reads this label
+    scaler_meta = {**meta, "labels": {**meta["labels"], LOADING_LABEL: placement.loading}}
     scaler = {
-        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": meta,
+        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": scaler_meta,
         "spec": {
             "scaleTargetRef": {"name": name}, "minReplicaCount": floor, "maxReplicaCount": placement.max_replicas,
-            # lazy: once the floor is 0 (fleet.loading), KEDA takes the last replica away after
-            # idle_unload_s without an active trigger
-            "pollingInterval": 15, "cooldownPeriod": math.ceil(placement.idle_unload_s or COOLDOWN_S),
+            # lazy: once the floor is 0 (fleet.loading), KEDA takes the last replica away a
+            # cooldown after its triggers went quiet (the activity trigger: idle_unload_s)
+            "pollingInterval": 15, "cooldownPeriod": LAZY_COOLDOWN_S if placement.loading == "lazy" else COOLDOWN_S,
             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}}}},
             "triggers": scaling_triggers(model, version, placement, prometheus_url, namespace),
         },
@@ -220,12 +225,15 @@ def scaling_triggers(model: str, version: str, placement: ModelPlacement, promet
         triggers.append({"type": "prometheus", "name": name.replace("_", "-"), "metricType": metric_type, "metadata": {
             "serverAddress": prometheus_url, "query": query, "threshold": f"{placement.target(name):g}"}})  # fmt: skip
     if placement.loading == "lazy":
-        # a lazy version is active while any gateway holds, sends or queues a request for it: KEDA
-        # then never takes its last replica away, nor scales it to zero while it is starting
-        held = (f"sum(fleet_requests_held{{{match}}} or vector(0)) + sum(fleet_version_in_flight{{{match}}} or vector(0))"
-                f" + sum(fleet_queue_depth{{{match}}} or vector(0))")  # fmt: skip
+        # active while any gateway holds a request for the version or sent it one within
+        # idle_unload_s: KEDA then keeps its last replica (and never takes one the gateway is
+        # waking away). Its target is out of reach on purpose: it only says active or not, and
+        # the policy's own triggers alone decide how many replicas run.
+        window = f"{math.ceil(placement.idle_unload_s or COOLDOWN_S)}s"
+        activity = (f"sum(increase(fleet_version_requests_total{{{match}}}[{window}])) or vector(0)) + "
+                    f"(sum(fleet_requests_held{{{match}}}) or vector(0)")  # fmt: skip
         triggers.append({"type": "prometheus", "name": "activity", "metricType": "AverageValue", "metadata": {
-            "serverAddress": prometheus_url, "query": held, "threshold": f"{placement.target_queue_depth_per_replica:g}",
+            "serverAddress": prometheus_url, "query": f"({activity})", "threshold": ACTIVITY_ONLY,
             "activationThreshold": "0"}})  # fmt: skip
     return triggers
 
@@ -286,7 +294,8 @@ class KubernetesRuntime:
                 return ready
             if self.clock() >= deadline:
                 raise DeployFailed(f"{model}:{version} has {len(ready)} of {want} replicas ready after "
-                                   f"{self.ready_timeout_s:.0f} s{self._why_pending(model, version)}")  # fmt: skip
+                                   f"{self.ready_timeout_s:.0f} s{self._why_pending(model, version)}",
+                                   summary=f"its replicas were not ready within {self.ready_timeout_s:.0f} s")  # fmt: skip
             self.sleep(self.poll_s)
 
     def _why_pending(self, model: str, version: str) -> str:
@@ -316,8 +325,9 @@ class KubernetesRuntime:
         selector = {"app.kubernetes.io/instance": object_name(model, version)}
         return self.api.list("v1", "Pod", self.namespace, selector)
 
-    def activate(self, model: str, version: str, before_start: Callable[[], None] = lambda: None) -> Deployment:
-        """A lazy version's ready pods, scaling it from zero first (``fleet.gateway.activate``).
+    def activate(self, model: str, version: str, before_start: Callable[[], None] | None = None) -> tuple[Deployment, bool]:
+        """A lazy version's ready pods, scaling it from zero first (``fleet.gateway.activate``),
+        and whether this call scaled it.
 
         Raises the ScaledObject's floor to 1 with a merge patch of ``minReplicaCount`` alone —
         all the gateway's Role may do there (``patch scaledobjects``, and the admission policy
@@ -330,19 +340,21 @@ class KubernetesRuntime:
         check_version(version)
         ready = tuple(url for url, ok in self.health(model, version).items() if ok)
         if ready:
-            return Deployment(model, version, ready)
+            return Deployment(model, version, ready), False
         name = object_name(model, version)
         if self.api.patch("keda.sh/v1alpha1", "ScaledObject", self.namespace, name, {"spec": {"minReplicaCount": 1}}) is None:
             raise DeployFailed(f"{model}:{version} is not deployed in namespace {self.namespace} (no ScaledObject {name}); "
-                               f"expected `fleet deploy {model} {version}` once: a lazy version then scales to zero when idle")  # fmt: skip
-        return Deployment(model, version, self._wait_ready(model, version, 1))
+                               f"expected `fleet deploy {model} {version}` once: a lazy version then scales to zero when idle",
+                               summary="it is not deployed in the cluster")  # fmt: skip
+        return Deployment(model, version, self._wait_ready(model, version, 1)), True
 
-    def unload(self, model: str, version: str, on_drain: Callable[[], object] = lambda: None) -> None:
-        """Let KEDA scale the version to zero: its floor goes to 0, and KEDA removes the last pod
-        once no trigger has been active for the cooldown (``idle_unload_s``). The objects stay,
-        so ``activate`` can bring it back in one patch."""
-        self.api.patch("keda.sh/v1alpha1", "ScaledObject", self.namespace, object_name(model, version),
-                       {"spec": {"minReplicaCount": 0}})  # fmt: skip
+    def unload(self, versions: list[tuple[str, str]], on_drain: Callable[[], object] = lambda: None) -> None:
+        """Let KEDA scale the versions to zero: each floor goes to 0, and KEDA removes the last
+        pod once no trigger has been active for its cooldown. The objects stay, so ``activate``
+        brings a version back with one patch."""
+        for model, version in versions:
+            self.api.patch("keda.sh/v1alpha1", "ScaledObject", self.namespace, object_name(model, version),
+                           {"spec": {"minReplicaCount": 0}})  # fmt: skip
         on_drain()
 
     def undeploy(self, model: str, version: str) -> None:
@@ -380,8 +392,14 @@ class KubernetesRuntime:
             if at:
                 with contextlib.suppress(ValueError):
                     started[instance] = max(started.get(instance, 0.0), datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp())
-        return [Loaded(d.model, d.version, len(d.endpoints), 0.0, started.get(object_name(d.model, d.version), time.time()))
-                for d in self.list()]  # fmt: skip
+        out = []
+        for d in self.list():
+            scaler = self.api.get("keda.sh/v1alpha1", "ScaledObject", self.namespace, object_name(d.model, d.version))
+            if scaler is not None and (scaler.get("spec") or {}).get("minReplicaCount") == 0:
+                continue  # already unloaded: KEDA removes its pods once its triggers are quiet
+            out.append(Loaded(d.model, d.version, len(d.endpoints), 0.0,
+                              started.get(object_name(d.model, d.version), time.time())))  # fmt: skip
+        return out
 
 
 def _endpoints(pods: list[dict]) -> dict[str, bool]:

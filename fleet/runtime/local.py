@@ -10,6 +10,7 @@ a reboot) is detected by ``list``, its surviving workers are stopped and it is r
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -17,7 +18,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,11 +33,19 @@ from fleet.types import Deployment
 READY_TIMEOUT_S = 120.0
 READY_POLL_S = 0.05  # a held request waits on this poll: at 0.2 s it cost a cold start 0.1 s on average
 LOG_TAIL_LINES = 25
+ORPHANED_DRAIN_S = 60.0  # a draining-* file this old outlived its unload (which waits DRAIN_S): stopped as an orphan
 FOOTPRINT = "footprint.json"  # the memory a version's replica held when it last started (MiB)
 
 
 class DeployFailed(FleetError):
+    """A version that could not start. The message is for operators (log lines, paths, what to
+    run); ``summary`` says why in words fit for a tenant whose request waited on the start."""
+
     status = 503
+
+    def __init__(self, message: str, summary: str = "the runtime failed to start it") -> None:
+        super().__init__(message)
+        self.summary = summary
 
 
 @dataclass(frozen=True)
@@ -126,32 +136,65 @@ class LocalRuntime:
                 path.unlink(missing_ok=True)
         return live
 
+    @contextmanager
+    def _locked(self, model: str, version: str) -> Iterator[Path]:
+        """The version's lock (its folder): one start, stop or unload of a version at a time,
+        across processes. Under it, ``starting-*`` files are orphans (their starter died)."""
+        folder = self._dir(model, version)
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / ".version.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            self._clear_orphans(folder)
+            yield folder
+
+    @contextmanager
+    def _budget_locked(self) -> Iterator[None]:
+        """One budgeted start at a time on this machine: each sees what the last one holds."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / ".budget.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _clear_orphans(self, folder: Path) -> None:
+        """Stop what a starter or a drain that died left behind (called under the version's lock)."""
+        now = time.time()
+        for path in [*folder.glob("starting-*.json"), *folder.glob("draining-*.json")]:
+            with contextlib.suppress(OSError):
+                if path.name.startswith("draining-") and now - path.stat().st_mtime < ORPHANED_DRAIN_S:
+                    continue  # an unload is waiting out its drain: it stops these itself
+            replica = _Replica.read(path)
+            if replica is not None:
+                replica.stop()
+            path.unlink(missing_ok=True)
+
     def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment:
         if replicas < 1:
             raise InvalidInput(f"replicas must be >= 1, got {replicas}")
-        running = self._replicas(model, version)
-        for path, replica in running[replicas:]:
-            replica.stop()
-            path.unlink(missing_ok=True)
-        running = running[:replicas]
-        if len(running) < replicas:
-            bento = self.bento_for(model, version)
-            used = {int(p.stem.split("-")[1]) for p, _ in running}
-            slots = [i for i in range(replicas * 2) if i not in used][: replicas - len(running)]
-            started = [self._start(model, version, bento, slot) for slot in slots]
-            try:
-                for path, replica in started:
-                    self._wait_ready(model, version, replica)
-            except BaseException:
-                for path, replica in started:
-                    replica.stop()
-                    path.unlink(missing_ok=True)
-                raise
-            started = [(path, self._record_workers(path, replica)) for path, replica in started]
-            running += started
-        return Deployment(model, version, tuple(r.url for _, r in running))
+        with self._locked(model, version):
+            running = self._replicas(model, version)
+            for path, replica in running[replicas:]:
+                replica.stop()
+                path.unlink(missing_ok=True)
+            running = running[:replicas]
+            if len(running) < replicas:
+                bento = self.bento_for(model, version)
+                used = {int(p.stem.split("-")[1]) for p, _ in running}
+                slots = [i for i in range(replicas * 2) if i not in used][: replicas - len(running)]
+                started = [self._start(model, version, bento, slot) for slot in slots]
+                try:
+                    for path, replica in started:
+                        self._wait_ready(model, version, replica)
+                except BaseException:
+                    for path, replica in started:
+                        replica.stop()
+                        path.unlink(missing_ok=True)
+                    raise
+                running += [self._record_workers(path, replica) for path, replica in started]
+            return Deployment(model, version, tuple(r.url for _, r in running))
 
     def _start(self, model: str, version: str, bento: str, slot: int) -> tuple[Path, _Replica]:
+        """Spawn a replica; its state file is ``starting-<slot>.json`` (not listed, so no gateway
+        sends it a request) until ``_record_workers`` renames it once it is ready."""
         folder = self._dir(model, version)
         folder.mkdir(parents=True, exist_ok=True)
         port = _free_port()
@@ -164,7 +207,7 @@ class LocalRuntime:
                 env=env, start_new_session=True,  # its own group: stop reaches the workers too
             )  # fmt: skip
         replica = _Replica(pid=proc.pid, port=port, url=f"http://127.0.0.1:{port}", log=str(log), bento=bento)
-        path = folder / f"replica-{slot}.json"
+        path = folder / f"starting-{slot}.json"
         path.write_text(json.dumps(replica.__dict__))
         return path, replica
 
@@ -175,7 +218,7 @@ class LocalRuntime:
                 if not alive(replica.pid, b"bentoml"):
                     raise DeployFailed(
                         f"{model}:{version} exited while starting; last log lines of {replica.log}:\n"
-                        + tail(replica.log, LOG_TAIL_LINES)
+                        + tail(replica.log, LOG_TAIL_LINES), summary="its replica exited while starting",
                     )
                 try:
                     if client.get(f"{replica.url}/readyz").status_code == 200:
@@ -185,38 +228,51 @@ class LocalRuntime:
                 time.sleep(READY_POLL_S)
         raise DeployFailed(
             f"{model}:{version} was not ready after {self.ready_timeout_s:.0f} s; last log lines of "
-            f"{replica.log}:\n" + tail(replica.log, LOG_TAIL_LINES)
+            f"{replica.log}:\n" + tail(replica.log, LOG_TAIL_LINES),
+            summary=f"its replica was not ready within {self.ready_timeout_s:.0f} s",
         )
 
-    def _record_workers(self, path: Path, replica: _Replica) -> _Replica:
-        """Once ready, note the server's worker processes: they outlive a crash of the server."""
+    def _record_workers(self, path: Path, replica: _Replica) -> tuple[Path, _Replica]:
+        """Once ready, note the server's worker processes (they outlive a crash of the server)
+        and list the replica: ``starting-N.json`` becomes ``replica-N.json``."""
         workers = tuple(p for p in tree(replica.pid) if p != replica.pid)
         recorded = _Replica(**{**replica.__dict__, "workers": workers})
-        path.write_text(json.dumps({**recorded.__dict__, "workers": list(workers)}))
-        return recorded
+        listed = path.with_name(path.name.replace("starting-", "replica-", 1))
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**recorded.__dict__, "workers": list(workers)}))
+        os.replace(tmp, listed)
+        path.unlink(missing_ok=True)
+        return listed, recorded
 
-    def undeploy(self, model: str, version: str, drain_s: float = 0.0, on_drain: Callable[[], object] = lambda: None) -> None:
-        """Stop every replica of the version. ``drain_s``: first take them out of the list,
-        call ``on_drain`` (tell the gateways, which re-read the list), wait that long, then stop them."""
-        running = self._replicas(model, version)
-        if drain_s > 0 and running:
-            draining = []
-            for path, replica in running:
-                aside = path.with_name(f"draining-{path.name}")
-                os.replace(path, aside)  # no longer listed; still stopped below if this process dies now
-                draining.append((aside, replica))
-            running = draining
-            on_drain()
-            time.sleep(drain_s)
-        for path, replica in running:
-            replica.stop()
-            path.unlink(missing_ok=True)
+    def undeploy(self, model: str, version: str) -> None:
+        """Stop every replica of the version (under its lock: a start in progress finishes first)."""
+        with self._locked(model, version):
+            for path, replica in self._replicas(model, version):
+                replica.stop()
+                path.unlink(missing_ok=True)
 
-    def unload(self, model: str, version: str, on_drain: Callable[[], object] = lambda: None) -> None:
-        """A lazy version's idle stop (``fleet.loading``): drained first, then stopped."""
+    def unload(self, versions: list[tuple[str, str]], on_drain: Callable[[], object] = lambda: None,
+               drain_s: float | None = None) -> None:  # fmt: skip
+        """Lazy versions' idle stop (``fleet.loading``), drained: each version's replicas leave
+        the list (``draining-*``, under its lock, briefly), ``on_drain`` tells the gateways, and
+        after ``drain_s`` (``DRAIN_S``) every one of them stops — one wait for all of them."""
         from fleet.loading import DRAIN_S
 
-        self.undeploy(model, version, drain_s=DRAIN_S, on_drain=on_drain)
+        draining = []
+        for model, version in versions:
+            with self._locked(model, version):
+                for path, replica in self._replicas(model, version):
+                    aside = path.with_name(f"draining-{path.name}")
+                    os.replace(path, aside)  # no longer listed; stopped below, or as an orphan if this process dies
+                    os.utime(aside)  # the drain's start: an orphan is told by its age (ORPHANED_DRAIN_S)
+                    draining.append((aside, replica))
+        if not draining:
+            return
+        on_drain()
+        time.sleep(DRAIN_S if drain_s is None else drain_s)
+        for path, replica in draining:
+            replica.stop()
+            path.unlink(missing_ok=True)
 
     def serve_tag(self, model: str, version: str) -> str:
         """The Bento a lazy start serves: the one ``fleet package`` built, never a new build."""
@@ -224,24 +280,25 @@ class LocalRuntime:
 
         return f"{model}:{bento_version(version, False)}"
 
-    def activate(self, model: str, version: str, before_start: Callable[[], None] = lambda: None) -> Deployment:
-        """One ready replica of a version that runs none (the running ones if it does).
+    def activate(self, model: str, version: str, before_start: Callable[[], None] | None = None) -> tuple[Deployment, bool]:
+        """One ready replica of a version that runs none (the running ones if it does), and
+        whether this call started it.
 
         Under the version's lock, so concurrent activations start it once: the second finds the
-        first's replica. ``before_start`` runs under the lock only when a replica is to be
-        started (making room under the memory budget). The replica's memory once ready is kept
-        in ``footprint.json``, what the budget expects the next start of the version to need.
+        first's replica. ``before_start`` (making room under the memory budget) runs only when a
+        replica is to be started, and then under the machine's budget lock too, taken first, so
+        budgeted starts run one at a time and each sees what the one before holds. The replica's
+        memory once ready is kept in ``footprint.json``: what the budget expects of its next start.
         """
-        folder = self._dir(model, version)
-        folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / ".activate.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        budget = self._budget_locked() if before_start is not None else contextlib.nullcontext()
+        with budget, self._locked(model, version) as folder:
             running = self._replicas(model, version)
             if running:
-                return Deployment(model, version, tuple(r.url for _, r in running))
+                return Deployment(model, version, tuple(r.url for _, r in running)), False
             tag = self.serve_tag(model, version)
             self._check_built(model, version, tag)
-            before_start()
+            if before_start is not None:
+                before_start()
             path, replica = self._start(model, version, tag, 0)
             try:
                 self._wait_ready(model, version, replica)
@@ -249,10 +306,10 @@ class LocalRuntime:
                 replica.stop()
                 path.unlink(missing_ok=True)
                 raise
-            replica = self._record_workers(path, replica)
+            _, replica = self._record_workers(path, replica)
             memory = _pss_mib([replica.pid, *replica.workers])
             (folder / FOOTPRINT).write_text(json.dumps({"memory_mib": round(memory, 1), "at": time.time()}))
-            return Deployment(model, version, (replica.url,))
+            return Deployment(model, version, (replica.url,)), True
 
     def _check_built(self, model: str, version: str, tag: str) -> None:
         """Refuse at once, saying what to do, to start a Bento that was never built (BentoML
@@ -261,7 +318,8 @@ class LocalRuntime:
         name, _, tag_version = tag.partition(":")
         if not (home / "bentos" / name / tag_version / "bento.yaml").is_file():
             raise DeployFailed(f"Bento {tag} is not built; expected `fleet package {model} {version}` "
-                               "before its first request (a cold start serves a built Bento, it never builds one)")  # fmt: skip
+                               "before its first request (a cold start serves a built Bento, it never builds one)",
+                               summary="its Bento is not built")  # fmt: skip
 
     def footprint_mib(self, model: str, version: str) -> float | None:
         """The memory the version's replica held when it last started here, if it ever did."""
@@ -303,8 +361,14 @@ class LocalRuntime:
         return result
 
     def stop_all(self) -> None:
-        for d in self.list():
-            self.undeploy(d.model, d.version)
+        """Stop every replica under the run folder: listed, starting or draining."""
+        for folder in sorted(p for p in self.run_dir.glob("*/*") if p.is_dir()):
+            with self._locked(folder.parent.name, folder.name):
+                for path in [*folder.glob("draining-*.json"), *folder.glob("replica-*.json")]:
+                    replica = _Replica.read(path)
+                    if replica is not None:
+                        replica.stop()
+                    path.unlink(missing_ok=True)
 
 
 def _free_port() -> int:
