@@ -86,16 +86,10 @@ class Activator:
         # pool of their own, so they never hold up the threads the gateway's refresh and heartbeat use
         self._executor = ThreadPoolExecutor(max_workers=START_THREADS, thread_name_prefix="fleet-activate")
 
-    def lazy(self, model: str) -> bool:
-        return self.spec_for(model).loading == "lazy"
-
     def synced(self) -> None:
         """The gateway's pools now match a new snapshot (called by its ``on_snapshot``)."""
         self._synced.set()
         self._synced = asyncio.Event()
-
-    def starting(self) -> dict[tuple[str, str], bool]:
-        return {key: not task.done() for key, task in self._starts.items()}
 
     async def hold(self, model: str, version: str, deadline: float) -> Pool:
         """The version's pool once it has a replica, starting it if needed; raise ``Starting``
