@@ -200,3 +200,63 @@ def test_a_table_stored_with_shadow_equal_to_stable_stays_readable_and_fixable(r
         router.set("demo", shadow_percent=20, why="still refused on write")
     router.set("demo", clear_shadow=True, why="fix it")
     assert router.get("demo").shadow is None
+
+
+class _ListedRuntime:
+    def __init__(self, deployed: list[Deployment]) -> None:
+        self.deployed = deployed
+
+    def list(self) -> list[Deployment]:
+        return list(self.deployed)
+
+
+def test_a_new_route_is_seen_only_together_with_its_replicas(tmp_path: Path) -> None:
+    """A version is started, then routed to (a rollback's target, a canary). The gateway's
+    requests (on the event loop) must never see the new route before ``on_change`` has given
+    the pools its replica: in between, the version has no replica and the caller gets a 503."""
+    import asyncio
+
+    store = MemoryStore()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "w").write_text("w")
+    for version in ("1.0.0", "1.1.0"):
+        Registry(store).register("demo", version, tmp_path / "a", META)
+    Router(store).set("demo", stable="1.0.0", why="first")
+    runtime = _ListedRuntime([Deployment("demo", v, (f"http://127.0.0.1:{i + 1}",)) for i, v in enumerate(("1.0.0", "1.1.0"))])
+    view = FleetView(store, runtime, interval=0.005)  # type: ignore[arg-type]
+
+    def canary(snapshot) -> str | None:  # noqa: ANN001
+        table = snapshot.routes.get("demo")
+        return None if table is None else (table.canary.version if table.canary else "none")
+
+    async def main() -> list[str]:
+        published: list[str | None] = []
+        early: list[str] = []
+
+        def on_change(snapshot) -> None:  # noqa: ANN001
+            published.append(canary(snapshot))
+
+        async def requests() -> None:  # what a request handler reads, at every turn of the loop
+            while True:
+                seen = canary(view.snapshot)
+                if seen is not None and (not published or seen != published[-1]):
+                    early.append(seen)
+                await asyncio.sleep(0)
+
+        poller, reader = asyncio.create_task(view.run(on_change)), asyncio.create_task(requests())
+        try:
+            for round_ in range(40):
+                if round_ % 2 == 0:
+                    Router(store).set("demo", canary="1.1.0", weight=10, why=f"round {round_}")
+                else:
+                    Router(store).set("demo", clear_canary=True, why=f"round {round_}")
+                target = "1.1.0" if round_ % 2 == 0 else "none"
+                async with asyncio.timeout(10):
+                    while not published or published[-1] != target:
+                        await asyncio.sleep(0)
+        finally:
+            poller.cancel()
+            reader.cancel()
+        return early
+
+    assert asyncio.run(main()) == []

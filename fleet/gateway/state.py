@@ -147,6 +147,16 @@ class FleetView:
 
     def refresh(self, force_runtime: bool = False) -> bool:
         """Poll the store (and maybe the runtime); swap in a new snapshot if anything changed."""
+        snapshot = self._poll(force_runtime)
+        if snapshot is None:
+            return False
+        self.snapshot = snapshot
+        return True
+
+    def _poll(self, force_runtime: bool = False) -> Snapshot | None:
+        """The next snapshot, or None if nothing changed. It is not published here: ``run``
+        publishes it on the event loop together with the pools (``on_change``), so no request
+        ever sees a route to a version whose replicas the pools do not hold yet."""
         route_records, routes_changed = self._read("routes/", RouteTable)
         tenant_records, tenants_changed = self._read("tenants/", Tenant)
         now = time.monotonic()
@@ -159,7 +169,7 @@ class FleetView:
         retry = periodic and bool(self._bad_manifests)  # a fixed manifest is picked up within a second
         if not (routes_changed or tenants_changed or retry or endpoints != self.snapshot.endpoints
                 or not self.snapshot.loaded_at):  # fmt: skip
-            return False
+            return None
         routes = {}
         for key, table in route_records.items():
             if key != f"routes/{table.model}.json":  # type: ignore[union-attr]
@@ -178,8 +188,7 @@ class FleetView:
                 placed.append(tenant)
         tenants = [self._with_defaults(t) for t in placed]  # type: ignore[arg-type]
         keys = key_index(tenants)  # type: ignore[arg-type]
-        self.snapshot = Snapshot(routes, keys, endpoints, manifests, time.time())
-        return True
+        return Snapshot(routes, keys, endpoints, manifests, time.time())
 
     def _with_defaults(self, t: Tenant) -> Tenant:
         update: dict[str, object] = {}
@@ -205,8 +214,12 @@ class FleetView:
         self._wake = asyncio.Event()
         while True:
             try:
-                if await asyncio.to_thread(self.refresh):
-                    on_change(self.snapshot)
+                snapshot = await asyncio.to_thread(self._poll)
+                if snapshot is not None:
+                    # routes and pools change in one step of the loop: a request between them
+                    # would find a newly routed version (a rollback's target) with no replica
+                    self.snapshot = snapshot
+                    on_change(snapshot)
             except (FleetError, OSError, ValueError) as exc:
                 if self.healthy:
                     log.warning("cannot refresh routing state, serving the last good one: %s", exc)
