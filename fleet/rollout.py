@@ -31,15 +31,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from fleet import analysis, audit, gateways, records
+from fleet import analysis, audit, gateways, records, sequential
 from fleet.errors import Conflict, FleetError, InvalidInput, NotFound, PreconditionFailed
-from fleet.metrics import MetricsUnavailable
+from fleet.metrics import MetricsUnavailable, sum_windows
 from fleet.registry import ModelVersion, Registry, State
 from fleet.rollback import rollback
 from fleet.router import Router
@@ -101,6 +101,11 @@ class RolloutState(BaseModel):
     # or a passed step's stable window if that saw more requests
     baseline: dict[str, Any] | None = None
     reports: list[StepReport] = []
+    # policy method "sequential" (fleet.sequential): what both arms served since the first
+    # step, the tests' evidence, and where the last tick's window ended
+    served: dict[str, dict[str, Any]] = {}
+    evidence: dict[str, Any] | None = None
+    ticked_at: float = 0.0
     preflight: list[dict[str, str]] = []
     reason: str = ""
     breached: list[str] = []
@@ -133,8 +138,13 @@ def apply_overrides(policy: RolloutPolicy, overrides: dict[str, Any]) -> Rollout
         raise InvalidInput("rollout policy overrides refused: " + "; ".join(explain(exc, RolloutPolicy))) from None
 
 
+def _windows(served: dict[str, dict[str, Any]], arm: str) -> list[ArmWindow]:
+    return [_window(served[arm])] if arm in served else []
+
+
 def _window(data: dict[str, Any]) -> ArmWindow:
-    return ArmWindow(**{**data, "latency_ms": tuple(data["latency_ms"]), "predictions": tuple(data["predictions"])})
+    histograms = ("latency_ms", "predictions", "tpot_ms", "output_tokens")
+    return ArmWindow(**{**data, **{k: tuple(data[k]) for k in histograms if k in data}})
 
 
 class Rollout:
@@ -357,11 +367,18 @@ class Rollout:
                 return state, None
             return self._rollback(state, f"gate metrics breached: unreadable until the step's deadline ({exc})",
                                   ["metrics"]), None  # fmt: skip
-        reference, concurrent = stable, True
-        if state.phase == "step" and state.weight >= 100 and state.baseline:
-            reference, concurrent = _window(state.baseline), False
-        verdict = analysis.judge(reference, canary, self.policy, step_started=t0, concurrent=concurrent,
-                                 phase="shadow" if state.phase == "shadow" else "canary")  # fmt: skip
+        if state.phase == "step" and self.policy.method == "sequential":
+            try:
+                verdict, state = self._sequential(state, stable, canary, now)
+            except MetricsUnavailable as exc:
+                self._event("verdict", state, outcome="hold", summary=f"metrics unavailable: {exc}")
+                return state, None
+        else:
+            reference, concurrent = stable, True
+            if state.phase == "step" and state.weight >= 100 and state.baseline:
+                reference, concurrent = _window(state.baseline), False
+            verdict = analysis.judge(reference, canary, self.policy, step_started=t0, concurrent=concurrent,
+                                     phase="shadow" if state.phase == "shadow" else "canary")  # fmt: skip
         report = state.reports[-1].model_copy(update={
             "summary": verdict.summary, "gates": verdict.table(), "canary_requests": verdict.canary_requests,
             "stable_requests": verdict.stable_requests, "ticks": state.reports[-1].ticks + 1,
@@ -380,12 +397,39 @@ class Rollout:
             return state, verdict  # the gates pass; the shadow phase still runs its full duration
         closed = report.model_copy(update={"outcome": "advance", "ended": now})
         # the stable at full traffic before the rollout is the better baseline, unless it saw
-        # less than this step did (a rollout started right after traffic did): keep the larger
+        # less than this step did (a rollout started right after traffic did): keep the larger.
+        # (The sequential method keeps every step's stable in its totals already.)
         baseline = state.baseline
-        if stable.requests > (baseline or {}).get("requests", 0):
+        if self.policy.method == "fixed" and stable.requests > (baseline or {}).get("requests", 0):
             baseline = asdict(stable)
         state = self._save(state, reports=[*state.reports[:-1], closed], baseline=baseline)
         return self._unless_moved(lambda: self._advance(state)), verdict
+
+    def _sequential(self, state: RolloutState, stable: ArmWindow, canary: ArmWindow,
+                    now: float) -> tuple[analysis.Verdict, RolloutState]:  # fmt: skip
+        """One tick of ``fleet.sequential``: this tick's window of both arms feeds the tests'
+        evidence and the totals since the first step, which are kept in the state (a rollout
+        can outlast what a metrics source keeps)."""
+        since = max(state.ticked_at, state.step_started)
+        tick_c = self.metrics.window(state.model, state.version, since, now)
+        tick_s = self.metrics.window(state.model, state.champion, since, now)
+        served = {"canary": sum_windows([*_windows(state.served, "canary"), tick_c], state.model, state.version, since, now),
+                  "stable": sum_windows([*_windows(state.served, "stable"), tick_s], state.model, state.champion, since,
+                                        now)}  # fmt: skip
+        # the stable at full traffic before the rollout joins the stable's totals (the bounds'
+        # tests and the p99 the tail test's limit is made of; never the conditional test,
+        # which compares each tick's concurrent requests): at 100 % it is all there is
+        stable_all = served["stable"]
+        if state.baseline:
+            baseline = _window(state.baseline)
+            stable_all = sum_windows([stable_all, replace(baseline, version=state.champion)], state.model,
+                                     state.champion, since, now)  # fmt: skip
+        arms = sequential.Arms(tick_c, tick_s, served["canary"], stable_all, canary, stable)
+        verdict, evidence = sequential.judge(arms, self.policy, sequential.Evidence.from_dict(state.evidence),
+                                             step=state.step, step_started=state.step_started)  # fmt: skip
+        state = self._save(state, served={k: asdict(w) for k, w in served.items()}, evidence=evidence.to_dict(),
+                           ticked_at=now)  # fmt: skip
+        return verdict, state
 
     def _advance(self, state: RolloutState) -> RolloutState:
         if state.phase == "shadow":

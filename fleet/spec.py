@@ -345,6 +345,13 @@ class RolloutPolicy(_Spec):
     rollback_window_s: float = Field(600.0, ge=0.0)
     hold_deadline_s: float = Field(gt=0.0)  # "not enough data" for longer than this fails the step
     offline_tolerance: float = Field(0.01, ge=0.0)  # allowed eval-metric drop vs the champion
+    # how the steps are judged: "fixed" re-tests each step at gates.confidence every tick
+    # (fleet.analysis); "sequential" uses always-valid tests (fleet.sequential), whose error
+    # rates hold however often they are looked at
+    method: Literal["fixed", "sequential"] = "fixed"
+    max_false_rollback_rate: float = Field(0.01, gt=0.0, lt=0.5)  # sequential: of a canary no worse than stable
+    power: float = Field(0.8, gt=0.5, lt=1.0)  # sequential: of not promoting a canary exactly at a margin
+    expected_rps: float | None = Field(None, gt=0.0)  # the model's traffic, for `fleet rollout --dry-run`
 
 
 class DriftThresholds(_Spec):

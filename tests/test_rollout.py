@@ -79,7 +79,8 @@ def world(tmp_path: Path) -> dict:
     Router(store).set(MODEL, stable="1.0.0", why="first")
     policy = apply_overrides(load_policies(ROOT / "policies").rollout["default"],
                              {"steps": [10, 50, 100], "analysis_window_s": 60, "min_samples": 100, "hold_deadline_s": 600,
-                              "gates": {"max_error_rate_increase": 0.02}})  # fmt: skip
+                              "gates": {"max_error_rate_increase": 0.02},
+                              "method": "fixed"})  # the sequential method's own tests set it  # fmt: skip
     clock, metrics, events = Clock(), MemoryMetrics(), []
     runtime = FakeRuntime(store)
     rollout = Rollout(store, runtime, metrics, policy, clock=clock, notify=lambda s: None,
@@ -325,3 +326,80 @@ def test_a_route_changed_during_a_long_deploy_is_not_overwritten(world: dict) ->
     assert (table.stable, table.canary.version, table.canary.weight) == ("1.0.0", "1.2.0", 5)
     assert world["registry"].states(MODEL)["1.1.0"] == State.REJECTED
     assert world["runtime"].log == ["deploy 1.1.0", "undeploy 1.1.0"]
+
+
+# -- the sequential method (fleet.sequential) -------------------------------------------------
+
+
+def sequential(world: dict, **overrides: object) -> Rollout:
+    r = world["rollout"]
+    r.policy = apply_overrides(r.policy, {"method": "sequential", "analysis_window_s": 5, "min_samples": 20,
+                                          "gates": {"max_error_rate_increase": 0.005}, **overrides})  # fmt: skip
+    return r
+
+
+def run_ticks(world: dict, state: RolloutState, rates: dict[str, tuple[int, float, float]], limit: int = 200):
+    """Tick every analysis_window_s with ``rates`` of traffic until a step changes or it ends."""
+    r = world["rollout"]
+    for _ in range(limit):
+        traffic(world, rates, seconds=int(r.policy.analysis_window_s))
+        before = (state.phase, state.step)
+        state, verdict = r.tick(state)
+        if (state.phase, state.step) != before:
+            return state, verdict
+    raise AssertionError(f"still {state.phase} at step {state.step} after {limit} ticks")
+
+
+def test_the_sequential_method_promotes_a_good_canary_once_it_is_shown_within_the_margins(world: dict) -> None:
+    r = sequential(world)
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    summaries = []
+    while state.phase == "step":
+        weight = state.weight
+        canary_rps = round(40 * weight / 100)
+        rates = {"1.1.0": (canary_rps, 0.0, 10)} | ({"1.0.0": (40 - canary_rps, 0.0, 10)} if weight < 100 else {})
+        state, verdict = run_ticks(world, state, rates)
+        summaries.append(verdict.summary)
+    assert state.phase == "promote", summaries
+    steps = [(rep.weight, rep.ticks, rep.outcome) for rep in state.reports]
+    # 10 %: 20 canary requests are enough to advance; 50 %: until within the margins is shown on
+    # everything served since the first step; 100 %: a bake of min_samples
+    assert [(w, o) for w, _, o in steps] == [(10, "advance"), (50, "advance"), (100, "advance")], steps
+    assert steps[0][1] == 1 and steps[1][1] > 1 and steps[2][1] == 1, steps
+    assert "non-inferiority shown" in summaries[1] and "non-inferiority" not in summaries[0] + summaries[2]
+    assert state.evidence["looks"] == sum(t for _, t, _ in steps)
+    assert state.served["canary"]["requests"] > state.served["stable"]["requests"] > 0
+
+
+def test_the_sequential_method_rolls_a_clearly_worse_canary_back_within_its_first_step(world: dict) -> None:
+    r = sequential(world)
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    state, verdict = run_ticks(world, state, {"1.1.0": (4, 0.25, 10), "1.0.0": (36, 0.0, 10)})
+    assert state.phase == "rolled_back" and state.breached == ["error_rate"], state.reason
+    assert state.reports[-1].weight == 10 and "e-value" in state.reason
+    assert world["router"].get(MODEL).canary is None
+
+
+def test_the_sequential_evidence_survives_a_restart_and_a_step_starts_over(world: dict) -> None:
+    r = sequential(world)
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    traffic(world, {"1.1.0": (2, 0.0, 10), "1.0.0": (38, 0.0, 10)}, seconds=5)
+    state, _ = r.tick(state)  # 10 canary requests: short of min_samples
+    assert state.phase == "step" and state.evidence["looks"] == 1
+    kept = stored(world)
+    assert kept.evidence == state.evidence and kept.served["canary"]["requests"] == 10
+    resumed = r._recover(kept)
+    assert resumed.evidence == kept.evidence and resumed.served == kept.served
+    assert resumed.step_started == world["clock"].now  # the step's window starts over, its evidence stays
+    traffic(world, {"1.1.0": (4, 0.0, 10), "1.0.0": (36, 0.0, 10)}, seconds=5)
+    after, _ = r.tick(resumed)
+    assert after.evidence["looks"] == 2 and after.served["canary"]["requests"] == 30
+    assert after.step == 1  # 20 canary requests in the restarted step: it advances
+
+
+def test_the_sequential_method_straight_to_100_is_judged_against_the_stables_recent_traffic(world: dict) -> None:
+    r = sequential(world, steps=[100])
+    traffic(world, {"1.0.0": (40, 0.0, 10)}, seconds=300)  # before the rollout: 12,000 stable requests
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    state, verdict = run_ticks(world, state, {"1.1.0": (40, 0.0, 10)})
+    assert state.phase == "promote" and "non-inferiority shown" in verdict.summary

@@ -82,7 +82,7 @@ def test_shipped_policies_load():
     assert policies.tenants["globex"].entitlements["demo-classifier"] == ["1.0.0", "1.1.0"]
     rollout = policies.rollout_for("demo-classifier")
     assert rollout is policies.rollout["default"]
-    assert rollout.steps == [10, 50, 100] and rollout.min_samples == 50
+    assert rollout.steps == [10, 50, 100] and rollout.min_samples == 20 and rollout.method == "sequential"
     assert rollout.gates.confidence == 0.95
     assert policies.monitoring_for("demo-classifier").schedule == "*/15 * * * *"
 
