@@ -61,7 +61,7 @@ STABLE_P99_ANSWERS = math.ceil(math.log(0.05) / math.log(1 - TAIL_NULL))  # 299
 BETA_PRIORS = ((1.0, 30.0), (1.0, 300.0), (1.0, 3000.0))  # Beta(a, b) mixed for one arm's rate
 # the false-rollback budget's split between the gates (their sum is 1); a gate that a policy
 # does not judge gives its share to no one: the rate stays under the budget
-SHARE = {"error_rate": 0.6, "latency": 0.3, "predictions": 0.1}
+SHARE = {"error_rate": 0.6, "latency": 0.25, "predictions": 0.15}
 CONDITIONAL = 0.8  # of the error gate's share: the conditional test's (the bounds' test has the rest)
 
 
@@ -237,17 +237,33 @@ def judge(arms: Arms, policy: RolloutPolicy, evidence: Evidence, *, step: int, s
         res, evidence = _tail(arms, gate, hist, ratio, alpha * SHARE["latency"] / len(latency_gates), beta,
                               evidence, deciding, policy.min_samples)  # fmt: skip
         results.append(res)
-    spend = spent_alpha(alpha * SHARE["predictions"], evidence.looks)
+    # the drift gates are fixed-sample tests: half their share is spent over every look (a
+    # large shift is caught at once), half on one look at the end of each step, taken when
+    # every other gate lets the step advance (a smaller one is caught before it does)
+    share = alpha * SHARE["predictions"] / 2
+    drift = _drift(arms, policy, spent_alpha(share, evidence.looks), concurrent, generative)
+    if all(r.status == "pass" for r in [*results, *drift]):
+        drift = _drift(arms, policy, share / len(policy.steps), concurrent, generative)
+    return _outcome([*results, *drift], arms, policy, step_started, deciding), evidence
+
+
+def _drift(arms: Arms, policy: RolloutPolicy, alpha: float, concurrent: bool, generative: bool) -> list:
+    """Predicted scores (or a generation's output lengths) and exact-match labels, at ``alpha``:
+    both arms since the first step, while both serve (at 100 % the inputs differ)."""
+    from fleet import analysis
+
+    g, results = policy.gates, []
     if concurrent and not generative:
-        results.append(analysis._predictions(arms.stable_all, arms.canary_all, policy.min_samples, g.max_prediction_psi, spend))
+        results.append(analysis._predictions(arms.stable_all, arms.canary_all, policy.min_samples, g.max_prediction_psi,
+                                             alpha))  # fmt: skip
     elif concurrent and g.max_output_length_psi is not None:
         results.append(analysis._predictions(analysis._histogram(arms.stable_all, "output_tokens"),
                                              analysis._histogram(arms.canary_all, "output_tokens"), policy.min_samples,
-                                             g.max_output_length_psi, spend, gate="output_length", field="output_tokens",
+                                             g.max_output_length_psi, alpha, gate="output_length", field="output_tokens",
                                              what="output lengths"))  # fmt: skip
     if g.max_exact_match_drop is not None:
-        results.append(analysis._exact_match(arms.stable_all, arms.canary_all, g.min_labels, g.max_exact_match_drop, spend))
-    return _outcome(results, arms, policy, step_started, deciding), evidence
+        results.append(analysis._exact_match(arms.stable_all, arms.canary_all, g.min_labels, g.max_exact_match_drop, alpha))
+    return results
 
 
 def _deciding_step(steps: list[int]) -> int:

@@ -191,3 +191,56 @@ def run_flagger(stream: Stream, steps: list[int]) -> Result:
         else:
             return Result("promote", t, kc, int(stream.canary.err[kc]))
     return Result("unfinished", t, kc, int(stream.canary.err[kc]))
+
+
+# -- the dry run ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What ``runs`` simulated rollouts of one kind of canary did under a policy."""
+
+    canary: str  # what the canary is like, in words
+    bad: bool
+    runs: int
+    promoted: float  # fractions of the runs
+    rolled_back: float
+    median_s: float | None  # to the verdict that matters (promotion of a good one, rollback of a bad one)
+    p90_s: float | None
+    canary_requests: float  # mean served before the verdict
+    canary_failures: float  # mean of those that failed
+
+
+def scenarios_for(policy: RolloutPolicy) -> list[Scenario]:
+    """A good canary and bad ones at and beyond the policy's own margins."""
+    margin, ratio = policy.gates.max_error_rate_increase, policy.gates.max_p99_ratio
+    bad = [Scenario("good")]
+    if margin > 0:
+        bad += [Scenario(f"errors +{100 * margin:g} pp (the margin)", extra_errors=margin),
+                Scenario(f"errors +{400 * margin:g} pp (4x the margin)", extra_errors=4 * margin)]  # fmt: skip
+    bad.append(Scenario(f"latency x{1.5 * ratio:g} (1.5x the allowed p99 ratio)", latency_x=1.5 * ratio))
+    return bad
+
+
+def estimate(policy: RolloutPolicy, rps: float, base_errors: float = BASE_ERR, runs: int = 50,
+             seed: int = 18) -> list[Estimate]:  # fmt: skip
+    """Simulated rollouts under ``policy`` at ``rps`` (the model's traffic, all versions), for
+    each of ``scenarios_for(policy)``: how often and how soon each ends as it should."""
+    if rps <= 0:
+        raise ValueError(f"rps must be > 0, got {rps}")
+    horizon = len(policy.steps) * policy.hold_deadline_s + 120
+    found = []
+    for k, scenario in enumerate(scenarios_for(policy)):
+        results = [run(Stream((seed, k, i), rps, horizon, scenario, base_errors), policy) for i in range(runs)]
+        wanted = "rollback" if scenario.bad else "promote"
+        times = [r.at for r in results if r.outcome == wanted]
+        found.append(Estimate(
+            canary=scenario.name, bad=scenario.bad, runs=runs,
+            promoted=sum(r.outcome == "promote" for r in results) / runs,
+            rolled_back=sum(r.outcome == "rollback" for r in results) / runs,
+            median_s=float(np.median(times)) if times else None,
+            p90_s=float(np.percentile(times, 90)) if times else None,
+            canary_requests=float(np.mean([r.exposed for r in results])),
+            canary_failures=float(np.mean([r.failed for r in results])),
+        ))  # fmt: skip
+    return found

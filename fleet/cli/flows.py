@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from fleet.cli._output import JsonFlag, console, emit_json, err_console
-from fleet.errors import ConfigError, FleetError, InvalidInput
+from fleet.errors import ConfigError, FleetError, InvalidInput, NotFound
 
 app = typer.Typer(help="Prefect deployments of the fleet's flows.", no_args_is_help=True)
 
@@ -94,20 +94,29 @@ def rollout_cmd(
     version: str,
     set_: Annotated[list[str], typer.Option("--set", help="Override a rollout-policy key, e.g. --set steps=[10,100].")] = [],  # noqa: B006
     follow: Annotated[bool, typer.Option(help="Follow progress until the run ends.")] = True,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Start nothing: print how long the policy would take to "
+                                          "promote a good canary and to catch bad ones, from simulated rollouts at "
+                                          "the model's traffic.")] = False,  # fmt: skip
+    rps: Annotated[float | None, typer.Option("--rps", min=0.001, help="With --dry-run: the traffic to simulate, in "
+                                              "requests/s (default: the stable's last 5 minutes, else the policy's "
+                                              "expected_rps).")] = None,  # fmt: skip
     json: JsonFlag = False,
 ) -> None:
     """Start a canary rollout of VERSION and follow it: weights, verdicts, the run in the UI.
 
     Exits 0 when the version was promoted, 1 when it was rolled back or refused.
     """
-    from flows.serve import ROLLOUT
-
     from fleet.rollout import apply_overrides
     from fleet.spec import load_policies
 
     overrides = _parse_overrides(set_)
     # refuse a bad override here, in a second, rather than in a flow run that fails later
-    apply_overrides(load_policies(os.environ.get("FLEET_POLICIES", "policies")).rollout_for(model), overrides)
+    policy = apply_overrides(load_policies(os.environ.get("FLEET_POLICIES", "policies")).rollout_for(model), overrides)
+    if dry_run:
+        _dry_run(model, version, policy, rps, json)
+        return
+    from flows.serve import ROLLOUT
+
     run = _start(ROLLOUT, {"model": model, "version": version, "policy_overrides": overrides})
     link = _ui_link(str(run.id))
     if not json:
@@ -123,6 +132,64 @@ def rollout_cmd(
         raise FlowFailed(f"rollout of {model}:{version} ended {final.lower()}: {message} ({link})")
     if not json:
         console.print(f"[green]{message}[/]")
+
+
+DRY_RUN_WINDOW_S = 300  # the stable's recent traffic the dry run simulates
+
+
+def _dry_run(model: str, version: str, policy: Any, rps: float | None, json: bool) -> None:  # noqa: ANN401
+    """Simulated rollouts under the policy (fleet.simulate, as bench/rollout.py runs them)."""
+    from fleet.cli._output import table
+    from fleet.simulate import BASE_ERR, estimate
+
+    rate, seen_errors, source = _traffic(model, policy, rps)
+    base_errors = BASE_ERR if seen_errors is None else seen_errors
+    if not json:
+        err_console.print(f"simulating rollouts of {model}:{version} at {rate:.3g} req/s ({source}), stable errors "
+                          f"{base_errors:.2%}{'' if seen_errors is not None else ' (assumed)'}, method "
+                          f"{policy.method}...")  # fmt: skip
+    found = estimate(policy, rate, base_errors)
+    if json:
+        emit_json({"model": model, "version": version, "rps": rate, "traffic_from": source, "stable_errors": base_errors,
+                   "method": policy.method, "estimates": [e.__dict__ for e in found]})  # fmt: skip
+        return
+    rows = []
+    for e in found:
+        share = e.rolled_back if e.bad else e.promoted
+        when = "-" if e.median_s is None else f"{e.median_s:.0f} s (p90 {e.p90_s:.0f} s)"
+        rows.append([e.canary, f"{'caught' if e.bad else 'promoted'} {share:.0%}", when, f"{e.canary_requests:.0f}",
+                     f"{e.canary_failures:.1f}"])  # fmt: skip
+    table(f"{model}: {policy.method} method, steps {policy.steps} %, {found[0].runs} simulated rollouts each",
+          ["canary", "ends as it should", "median time", "canary requests", "of them failed"], rows)  # fmt: skip
+
+
+def _traffic(model: str, policy: Any, rps: float | None) -> tuple[float, float | None, str]:  # noqa: ANN401
+    """(requests/s, the stable's error rate if seen, where the figure comes from)."""
+    if rps is not None:
+        return rps, None, "--rps"
+    from fleet.metrics import MetricsUnavailable, open_metrics
+    from fleet.router import Router
+    from fleet.store import open_store
+
+    store = open_store()
+    try:
+        stable = Router(store).get(model).stable
+    except NotFound:  # planning before the first version: the policy's estimate is all there is
+        stable = None
+    seen = None
+    if stable is not None:
+        now = time.time()
+        try:
+            seen = open_metrics(store=store).window(model, stable, now - DRY_RUN_WINDOW_S, now)
+        except MetricsUnavailable:
+            seen = None
+    if seen is not None and seen.requests > 0:
+        return (seen.requests / DRY_RUN_WINDOW_S, seen.error_count / seen.requests,
+                f"{model}:{stable}'s last {DRY_RUN_WINDOW_S // 60} minutes")  # fmt: skip
+    if policy.expected_rps is not None:
+        return policy.expected_rps, None, "the rollout policy's expected_rps: no traffic seen in the last 5 minutes"
+    raise InvalidInput(f"{model} served no traffic in the last {DRY_RUN_WINDOW_S // 60} minutes and its rollout policy "
+                       "sets no expected_rps; expected --rps N (requests/s) to simulate")  # fmt: skip
 
 
 def _follow(model: str, version: str, flow_run_id: Any, *, quiet: bool) -> tuple[str, str]:  # noqa: ANN401
