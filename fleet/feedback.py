@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
 import re
 import threading
 import time
@@ -52,15 +53,22 @@ class TooManyLabels(FleetError):
 class Label:
     request_id: str
     row: int
-    label: int | str  # a class, or a generation's expected text
+    label: int | str | None  # a class, or a generation's expected text; None: outcomes only
+    outcomes: tuple[tuple[str, float], ...] = ()  # named numbers (the model's policy declares them)
+
+
+MAX_OUTCOMES = 32  # outcomes in one feedback item
+OUTCOME_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 
 
 def parse(body: dict) -> tuple[str, list[Label]]:
-    """``{"model": m, "feedback": [{"request_id", "label", "row"?: 0}, ...]}`` → (model, labels)."""
+    """``{"model": m, "feedback": [{"request_id", "label"?, "outcomes"?: {name: number}, "row"?: 0}, ...]}``
+    → (model, labels); each item has a label, outcomes, or both."""
     model = body.get("model")
     items = body.get("feedback")
     expected = ('expected {"model": "<model>", "feedback": [{"request_id": "...", "label": <int class, or the expected '
-                'text of a generation>, "row": <int, default 0>}]}')
+                'text of a generation>, "outcomes": {"<name>": <number>}, "row": <int, default 0>}]} with a label, '
+                'outcomes or both')
     if not isinstance(model, str) or not isinstance(items, list) or not items:
         raise InvalidInput(f"feedback body has no model or no feedback list; {expected}")
     check_name("model", model)
@@ -73,20 +81,59 @@ def parse(body: dict) -> tuple[str, list[Label]]:
         rid, label, row = item.get("request_id"), item.get("label"), item.get("row", 0)
         if not isinstance(rid, str) or not REQUEST_ID.fullmatch(rid):
             raise InvalidInput(f"feedback[{i}].request_id is {_short(rid)}; expected the X-Request-Id of an earlier answer")
-        if isinstance(label, bool) or not isinstance(label, int | str):
+        outcomes = _outcomes(i, item.get("outcomes"))
+        if label is None and not outcomes:
+            raise InvalidInput(f"feedback[{i}] has neither a label nor outcomes; {expected}")
+        if label is not None and (isinstance(label, bool) or not isinstance(label, int | str)):
             raise InvalidInput(f"feedback[{i}].label is {_short(label)}; expected the true class as an integer, "
                                "or a generation's expected text")  # fmt: skip
         if isinstance(label, str) and len(label) > MAX_LABEL_CHARS:
             raise InvalidInput(f"feedback[{i}].label has {len(label)} characters; expected at most {MAX_LABEL_CHARS}")
         if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row <= MAX_ROW:
             raise InvalidInput(f"feedback[{i}].row is {_short(row)}; expected the row's index in the request (0 for one row)")
-        labels.append(Label(rid, row, label))
+        labels.append(Label(rid, row, label, outcomes))
     return model, labels
+
+
+def _outcomes(i: int, given: object) -> tuple[tuple[str, float], ...]:
+    """An item's ``outcomes``: names as the policy spells them, finite numbers (bounds are the
+    model's, checked by ``check_outcomes``)."""
+    if given is None:
+        return ()
+    if not isinstance(given, dict) or not given:
+        raise InvalidInput(f"feedback[{i}].outcomes is {_short(given)}; expected an object of named numbers, "
+                           'e.g. {"clicked": 1, "revenue": 12.5}')  # fmt: skip
+    if len(given) > MAX_OUTCOMES:
+        raise InvalidInput(f"feedback[{i}].outcomes has {len(given)} names; expected at most {MAX_OUTCOMES}")
+    found = []
+    for name, value in given.items():
+        if not OUTCOME_NAME.fullmatch(name):
+            raise InvalidInput(f"feedback[{i}].outcomes names {_short(name)}; expected lowercase letters, digits and _, "
+                               "starting with a letter (as the model's policy declares it)")  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise InvalidInput(f"feedback[{i}].outcomes.{name} is {_short(value)}; expected a finite number")
+        found.append((name, float(value)))
+    return tuple(sorted(found))
+
+
+def check_outcomes(labels: Sequence[Label], model: str, declared: dict) -> None:
+    """Every outcome must be one the model's policy declares (``outcomes:``), within its bounds."""
+    for i, x in enumerate(labels):
+        for name, value in x.outcomes:
+            spec = declared.get(name)
+            if spec is None:
+                known = ", ".join(sorted(declared)) or "none (add them under the model's outcomes: in its policy)"
+                raise InvalidInput(f"feedback[{i}].outcomes.{name} is not an outcome of {model}; expected one of: {known}")
+            if (spec.min is not None and value < spec.min) or (spec.max is not None and value > spec.max):
+                bounds = f"{'-inf' if spec.min is None else f'{spec.min:g}'} to {'inf' if spec.max is None else f'{spec.max:g}'}"
+                raise InvalidInput(f"feedback[{i}].outcomes.{name} is {value:g}; expected {bounds}")
 
 
 def check_classes(labels: Sequence[Label], classes: int) -> None:
     """Every label must be a class of the model: 0 .. classes - 1."""
     for i, x in enumerate(labels):
+        if x.label is None:
+            continue  # outcomes only
         if not isinstance(x.label, int):
             raise InvalidInput(f"feedback[{i}].label is {_short(x.label)}; expected the true class as an integer")
         if not 0 <= x.label < classes:
@@ -96,7 +143,7 @@ def check_classes(labels: Sequence[Label], classes: int) -> None:
 def check_texts(labels: Sequence[Label], model: str) -> None:
     """A generative model's labels are the expected texts of single answers (row 0)."""
     for i, x in enumerate(labels):
-        if not isinstance(x.label, str):
+        if x.label is not None and not isinstance(x.label, str):
             raise InvalidInput(f"feedback[{i}].label is {_short(x.label)}; {model} is generative: expected the text "
                                "the answer should have been (exact match)")  # fmt: skip
         if x.row != 0:
@@ -220,8 +267,9 @@ _seq = itertools.count(1)
 
 def write(store: ObjectStore, model: str, tenant: str, labels: Sequence[Label], writer: str,
           matched: Sequence[tuple[str, bool]] | None = None) -> str:  # fmt: skip
-    """Store accepted labels as one Parquet file; return its key. For a generative model
-    ``matched`` is each label's (version that answered, whether its output matched)."""
+    """Store accepted labels (items with one: outcomes go to ``write_outcomes``) as one Parquet
+    file; return its key. For a generative model ``matched`` is each label's (version that
+    answered, whether its output matched)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -246,6 +294,63 @@ def write(store: ObjectStore, model: str, tenant: str, labels: Sequence[Label], 
     key = f"logs/feedback/{check_name('model', model)}/{hour:%Y/%m/%d/%H}/{int(now * 1000)}-{writer}-{next(_seq):06d}.parquet"
     store.put(key, out.getvalue(), if_none_match=True)
     return key
+
+
+def write_outcomes(store: ObjectStore, model: str, tenant: str, labels: Sequence[Label], writer: str) -> str | None:
+    """Store the accepted items' outcomes as one Parquet file, one row per (request, row,
+    name): ``logs/outcomes/<model>/<yyyy>/<mm>/<dd>/<hh>/...``. None when there are none."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [(x.request_id, x.row, name, value) for x in labels for name, value in x.outcomes]
+    if not rows:
+        return None
+    now = time.time()
+    table = pa.table({
+        "ts": pa.array([int(now * 1000)] * len(rows), pa.timestamp("ms", tz="UTC")),
+        "request_id": [r[0] for r in rows], "row": pa.array([r[1] for r in rows], pa.int32()),
+        "tenant": [tenant] * len(rows), "name": [r[2] for r in rows], "value": pa.array([r[3] for r in rows], pa.float64()),
+    })  # fmt: skip
+    out = io.BytesIO()
+    pq.write_table(table, out, compression="zstd")
+    hour = datetime.fromtimestamp(now, UTC)
+    key = f"logs/outcomes/{check_name('model', model)}/{hour:%Y/%m/%d/%H}/{int(now * 1000)}-{writer}-{next(_seq):06d}.parquet"
+    store.put(key, out.getvalue(), if_none_match=True)
+    return key
+
+
+def read_outcomes(store: ObjectStore, model: str, start: datetime, end: datetime):  # noqa: ANN201 - DataFrame
+    """Every outcome sent between ``start`` and ``end``, one row per (tenant, request id, row,
+    name); the last one sent wins."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = []
+    hour = start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    while hour < end:
+        for key in store.list(f"logs/outcomes/{model}/{hour:%Y/%m/%d/%H}/"):
+            tables.append(pq.read_table(io.BytesIO(store.get(key).data)))
+        hour += timedelta(hours=1)
+    if not tables:
+        return pd.DataFrame({"ts": [], "request_id": [], "row": [], "tenant": [], "name": [], "value": []})
+    frame = pa.concat_tables(tables).to_pandas().sort_values("ts", kind="stable")
+    return frame.drop_duplicates(["tenant", "request_id", "row", "name"], keep="last").reset_index(drop=True)
+
+
+def with_outcomes(store: ObjectStore, model: str, start: datetime, end: datetime, names: Sequence[str]):  # noqa: ANN201
+    """The inference log of [start, end) (its ``version`` says which arm answered) with one
+    column per outcome in ``names``: NaN where none was sent. Joined on tenant, request id and row."""
+    window = read_window(store, model, start, end)
+    sent = read_outcomes(store, model, start, end + timedelta(hours=LOOKBACK_H))
+    sent = sent[sent["name"].isin(list(names))] if len(sent) else sent
+    keys = ["tenant", "request_id", "row"]
+    if window.empty or sent.empty:
+        return window.assign(**{n: float("nan") for n in names})
+    wide = sent.pivot_table(index=keys, columns="name", values="value", aggfunc="last").reset_index()
+    wide.columns.name = None
+    merged = window.merge(wide, on=keys, how="left")
+    return merged.assign(**{n: merged[n] if n in merged else float("nan") for n in names})
 
 
 def read_feedback(store: ObjectStore, model: str, start: datetime, end: datetime):  # noqa: ANN201 - DataFrame

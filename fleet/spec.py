@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import semver
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from fleet.errors import ConfigError, NotFound
 from fleet.names import NAME_RE
@@ -196,6 +196,22 @@ class Architecture(_Spec):
         return self.hidden * self.kv_heads // self.heads
 
 
+OutcomeName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,39}$")]
+
+
+class Outcome(_Spec):
+    """A numeric outcome of an answer, sent later as feedback: ``clicked`` (0 or 1), ``revenue``."""
+
+    min: float | None = None  # values below are refused; None: no bound
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Outcome:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min:g} is above max {self.max:g}; expected min <= max")
+        return self
+
+
 class ModelSpec(_Spec):
     family: str = Field(min_length=1)  # shared code/features, e.g. "tabular-mlp"
     size_class: Literal["small", "medium", "large", "xlarge"]
@@ -228,6 +244,9 @@ class ModelSpec(_Spec):
     loading: Literal["eager", "lazy"] = "eager"
     idle_unload_s: float | None = Field(None, gt=0.0)  # lazy only; default fleet.loading.DEFAULT_IDLE_UNLOAD_S
     max_hold_ms: int = Field(10_000, gt=0, le=600_000)  # a request waits at most this long for a cold version
+    # named numeric outcomes callers may send with POST /v1/feedback (clicked, revenue, ...):
+    # what A/B experiments compare versions on; an undeclared name or a value out of range is refused
+    outcomes: dict[OutcomeName, Outcome] = {}
 
     @model_validator(mode="after")
     def _idle_unload_for_lazy(self) -> ModelSpec:

@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from fleet.errors import InvalidInput
-from fleet.feedback import labelled, parse
+from fleet.feedback import check_outcomes, labelled, parse, with_outcomes
+from fleet.spec import Outcome
 from tests.gateway_env import MODEL, GatewayEnv, infer, wait_for
 
 
@@ -63,6 +64,13 @@ def test_labels_join_the_logged_requests_of_the_same_tenant_and_the_rest_are_rep
         ({"model": "m", "feedback": [{"label": 1}]}, "request_id is None"),
         ({"model": "m", "feedback": [{"request_id": "a", "label": 1, "row": -1}]}, "row is -1"),
         ({"model": "m", "feedback": [{"request_id": "a", "label": True}]}, "label is True"),
+        ({"model": "m", "feedback": [{"request_id": "a"}]}, "neither a label nor outcomes"),
+        ({"model": "m", "feedback": [{"request_id": "a", "outcomes": {}}]}, "expected an object of named numbers"),
+        ({"model": "m", "feedback": [{"request_id": "a", "outcomes": [1]}]}, "expected an object of named numbers"),
+        ({"model": "m", "feedback": [{"request_id": "a", "outcomes": {"Clicked!": 1}}]}, "lowercase letters"),
+        ({"model": "m", "feedback": [{"request_id": "a", "outcomes": {"clicked": "yes"}}]}, "expected a finite number"),
+        ({"model": "m", "feedback": [{"request_id": "a", "outcomes": {"clicked": True}}]}, "expected a finite number"),
+        ({"model": "m", "feedback": [{"request_id": "a", "outcomes": {"x": float("nan")}}]}, "expected a finite number"),
     ],
 )
 def test_malformed_feedback_says_what_was_expected(body: dict, message: str) -> None:
@@ -135,3 +143,70 @@ def test_a_generative_models_labels_are_texts_of_single_answers_and_bounded() ->
         check_texts(second_row, "lm")
     with pytest.raises(InvalidInput, match=f"expected at most {MAX_LABEL_CHARS}"):
         parse({"model": "lm", "feedback": [{"request_id": "a", "label": "x" * (MAX_LABEL_CHARS + 1)}]})
+
+
+def test_outcomes_must_be_declared_by_the_models_policy_and_within_their_bounds() -> None:
+    declared = {"clicked": Outcome(min=0, max=1), "revenue": Outcome(min=0)}
+    _, items = parse({"model": "m", "feedback": [{"request_id": "a", "outcomes": {"clicked": 1, "revenue": 3.5}}]})
+    assert items[0].label is None and items[0].outcomes == (("clicked", 1.0), ("revenue", 3.5))
+    check_outcomes(items, "m", declared)
+    for given, message in [({"bought": 1}, "not an outcome of m; expected one of: clicked, revenue"),
+                           ({"clicked": 2}, "clicked is 2; expected 0 to 1"),
+                           ({"revenue": -1}, "revenue is -1; expected 0 to inf")]:  # fmt: skip
+        _, items = parse({"model": "m", "feedback": [{"request_id": "a", "outcomes": given}]})
+        with pytest.raises(InvalidInput, match=message):
+            check_outcomes(items, "m", declared)
+    _, items = parse({"model": "m", "feedback": [{"request_id": "a", "outcomes": {"clicked": 1}}]})
+    with pytest.raises(InvalidInput, match="none \\(add them under the model's outcomes"):
+        check_outcomes(items, "m", {})
+    with pytest.raises(ValueError, match="expected min <= max"):
+        Outcome(min=2, max=1)
+
+
+def test_outcomes_join_the_logged_requests_of_the_same_tenant_by_version(tmp_path: Path) -> None:
+    """Outcomes beside labels or alone, through a real gateway: stored apart from labels, joined
+    per tenant to the logged requests, each with the version that answered."""
+    e = GatewayEnv(tmp_path, inference_log={"sample_rate": 1.0}, outcomes={"clicked": {"min": 0, "max": 1},
+                                                                            "revenue": {"min": 0}})  # fmt: skip
+    try:
+        e.register("1.0.0", "1.1.0")
+        e.stub("1.0.0")
+        e.stub("1.1.0")
+        e.route(stable="1.0.0")
+        e.route(canary="1.1.0", weight=0)  # reached by its version path only
+        key, other = e.tenant("apps"), e.tenant("others")
+        url, _ = e.gateway()
+        auth = {"Authorization": f"Bearer {key}"}
+        with httpx.Client(base_url=url, timeout=30) as client:
+            ids = [infer(client, key).headers["x-request-id"] for _ in range(2)]
+            pinned = client.post(f"/v2/models/{MODEL}/versions/1.1.0/infer", headers=auth, json={"inputs": [
+                {"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [1, 0, 0, 0]}]})  # fmt: skip
+            assert pinned.status_code == 200, pinned.text
+            theirs = infer(client, other).headers["x-request-id"]
+            r = client.post("/v1/feedback", headers=auth, json={"model": MODEL, "feedback": [
+                {"request_id": ids[0], "label": 1, "outcomes": {"clicked": 1, "revenue": 12.5}},
+                {"request_id": ids[1], "outcomes": {"clicked": 0}},
+                {"request_id": pinned.headers["x-request-id"], "outcomes": {"clicked": 1}},
+                {"request_id": theirs, "outcomes": {"clicked": 1}},
+            ]})  # fmt: skip
+            assert r.status_code == 200, r.text
+            assert r.json()["accepted"] == 3 and r.json()["unknown"] == [{"request_id": theirs, "row": 0}]
+            refused = client.post("/v1/feedback", headers=auth, json={"model": MODEL, "feedback": [
+                {"request_id": ids[1], "outcomes": {"clicked": 1}}, {"request_id": ids[0], "outcomes": {"bought": 1}}]})
+            assert refused.status_code == 422 and "bought is not an outcome of" in refused.json()["error"]
+        now = datetime.now(UTC)
+
+        def joined():  # noqa: ANN202
+            return with_outcomes(e.store, MODEL, now - timedelta(hours=1), now + timedelta(minutes=1), ["clicked", "revenue"])
+
+        wait_for(lambda: len(joined()) == 4, timeout=10, what="the gateway's log of 4 requests flushed")
+        frame = joined()
+        got = {(row.request_id, row.version): (row.clicked, row.revenue) for row in frame.itertuples()
+               if row.clicked == row.clicked}  # fmt: skip
+        assert got.keys() == {(ids[0], "1.0.0"), (ids[1], "1.0.0"), (pinned.headers["x-request-id"], "1.1.0")}
+        assert got[ids[0], "1.0.0"] == (1.0, 12.5) and got[ids[1], "1.0.0"][0] == 0.0
+        assert len(frame) == 4  # every logged request, the other tenant's too, with or without outcomes
+        labels = labelled(e.store, MODEL, now - timedelta(hours=1), now + timedelta(minutes=1))
+        assert {r.request_id: r.label for r in labels.itertuples() if r.label == r.label} == {ids[0]: 1}
+    finally:
+        e.stop()

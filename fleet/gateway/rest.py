@@ -97,24 +97,33 @@ class Rest:
             return await self._exact_match(call, tenant.name, given)
         outputs = call.expected.outputs[0].shape if call.expected else [-1]
         labels.check_classes(given, outputs[-1] if outputs[-1] > 0 else 2**31)
+        labels.check_outcomes(given, model, call.spec.outcomes if call.spec else {})
         wanted = {(x.request_id, x.row) for x in given}
         owned = await asyncio.to_thread(self.logged.owned, model, tenant.name, wanted)
         accepted = [x for x in given if (x.request_id, x.row) in owned]
         unknown = [{"request_id": x.request_id, "row": x.row} for x in given if (x.request_id, x.row) not in owned]
-        if accepted:
-            await asyncio.to_thread(labels.write, self.store, model, tenant.name, accepted, self.gateway_id)
+        await asyncio.to_thread(self._write, model, tenant.name, accepted)
         return self._answered(model, given, accepted, unknown)
+
+    def _write(self, model: str, tenant: str, accepted: list[labels.Label],
+               matched: list[tuple[str, bool]] | None = None) -> None:  # fmt: skip
+        """Accepted items: labels to ``logs/feedback/``, outcomes to ``logs/outcomes/`` (a thread)."""
+        labelled = [x for x in accepted if x.label is not None]
+        if labelled:
+            labels.write(self.store, model, tenant, labelled, self.gateway_id, matched)
+        labels.write_outcomes(self.store, model, tenant, accepted, self.gateway_id)
 
     async def _exact_match(self, call: Call, tenant: str, given: list[labels.Label]) -> Response:
         """A generative model's labels: each the text its answer should have been, compared
         with the logged output's digest and counted for the version that answered."""
         labels.check_texts(given, call.model)
+        labels.check_outcomes(given, call.model, call.spec.outcomes if call.spec else {})
         answers = await asyncio.to_thread(self.logged.answers, call.model, tenant, {x.request_id for x in given})
         accepted = [x for x in given if x.request_id in answers]
         unknown = [{"request_id": x.request_id, "row": 0} for x in given if x.request_id not in answers]
-        matched = [(answers[x.request_id][0], digest(str(x.label)) == answers[x.request_id][1]) for x in accepted]
-        if accepted:
-            await asyncio.to_thread(labels.write, self.store, call.model, tenant, accepted, self.gateway_id, matched)
+        matched = [(answers[x.request_id][0], digest(str(x.label)) == answers[x.request_id][1])
+                   for x in accepted if x.label is not None]  # fmt: skip
+        await asyncio.to_thread(self._write, call.model, tenant, accepted, matched)
         for version, match in matched:
             self.pipeline.telemetry.labelled(call.model, version, match)
         return self._answered(call.model, given, accepted, unknown, matched=sum(m for _, m in matched))
