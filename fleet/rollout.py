@@ -29,6 +29,7 @@ ends as changed elsewhere.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -39,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fleet import analysis, audit, gateways, records, sequential
 from fleet.errors import Conflict, FleetError, InvalidInput, NotFound, PreconditionFailed
-from fleet.metrics import MetricsUnavailable, sum_windows
+from fleet.metrics import MetricsUnavailable, empty_window, sum_windows
 from fleet.registry import ModelVersion, Registry, State
 from fleet.rollback import rollback
 from fleet.router import Router
@@ -50,6 +51,7 @@ from fleet.validation import explain
 
 Phase = Literal["preflight", "deploy", "shadow", "step", "approval", "promote", "promoted", "rolled_back", "rejected"]
 TERMINAL = frozenset({"promoted", "rolled_back", "rejected"})
+READ_SLACK_S = 0.001  # a tick reads [since, upto - this): whole seconds, never the second at upto
 BASELINE_S = 300  # the stable's traffic before the rollout that the 100 % step is judged against
 # The rollout lease is renewed by a heartbeat every third of this, whatever the step (deploy,
 # packaging, a pause for approval), so it need not outlast any step: it only says how soon a
@@ -104,8 +106,10 @@ class RolloutState(BaseModel):
     # policy method "sequential" (fleet.sequential): what both arms served since the first
     # step, the tests' evidence, and where the last tick's window ended
     served: dict[str, dict[str, Any]] = {}
+    step_served: dict[str, dict[str, Any]] = {}  # ... since the step began
+    step_of: float = 0.0  # the step_started step_served belongs to (a restarted step starts over)
     evidence: dict[str, Any] | None = None
-    ticked_at: float = 0.0
+    ticked_at: float = 0.0  # the whole second up to which both arms were read
     preflight: list[dict[str, str]] = []
     reason: str = ""
     breached: list[str] = []
@@ -357,9 +361,13 @@ class Rollout:
             return self._ended_elsewhere(state, table), None
         now = self.clock()
         t0 = state.step_started
+        stable = None
         try:
-            stable = self.metrics.window(state.model, state.champion, t0, now)
-            canary = self.metrics.window(state.model, state.version, t0, now)
+            if state.phase == "step" and self.policy.method == "sequential":
+                verdict, state = self._sequential(state, now)
+            else:
+                stable = self.metrics.window(state.model, state.champion, t0, now)
+                canary = self.metrics.window(state.model, state.version, t0, now)
         except MetricsUnavailable as exc:
             # no data is not bad data: hold, and fail only once the step's deadline passed
             if now < t0 + self.policy.hold_deadline_s:
@@ -367,13 +375,7 @@ class Rollout:
                 return state, None
             return self._rollback(state, f"gate metrics breached: unreadable until the step's deadline ({exc})",
                                   ["metrics"]), None  # fmt: skip
-        if state.phase == "step" and self.policy.method == "sequential":
-            try:
-                verdict, state = self._sequential(state, stable, canary, now)
-            except MetricsUnavailable as exc:
-                self._event("verdict", state, outcome="hold", summary=f"metrics unavailable: {exc}")
-                return state, None
-        else:
+        if stable is not None:
             reference, concurrent = stable, True
             if state.phase == "step" and state.weight >= 100 and state.baseline:
                 reference, concurrent = _window(state.baseline), False
@@ -400,35 +402,44 @@ class Rollout:
         # less than this step did (a rollout started right after traffic did): keep the larger.
         # (The sequential method keeps every step's stable in its totals already.)
         baseline = state.baseline
-        if self.policy.method == "fixed" and stable.requests > (baseline or {}).get("requests", 0):
+        if stable is not None and stable.requests > (baseline or {}).get("requests", 0):
             baseline = asdict(stable)
         state = self._save(state, reports=[*state.reports[:-1], closed], baseline=baseline)
         return self._unless_moved(lambda: self._advance(state)), verdict
 
-    def _sequential(self, state: RolloutState, stable: ArmWindow, canary: ArmWindow,
-                    now: float) -> tuple[analysis.Verdict, RolloutState]:  # fmt: skip
-        """One tick of ``fleet.sequential``: this tick's window of both arms feeds the tests'
-        evidence and the totals since the first step, which are kept in the state (a rollout
-        can outlast what a metrics source keeps)."""
-        since = max(state.ticked_at, state.step_started)
-        tick_c = self.metrics.window(state.model, state.version, since, now)
-        tick_s = self.metrics.window(state.model, state.champion, since, now)
-        served = {"canary": sum_windows([*_windows(state.served, "canary"), tick_c], state.model, state.version, since, now),
-                  "stable": sum_windows([*_windows(state.served, "stable"), tick_s], state.model, state.champion, since,
-                                        now)}  # fmt: skip
-        # the stable at full traffic before the rollout joins the stable's totals (the bounds'
-        # tests and the p99 the tail test's limit is made of; never the conditional test,
-        # which compares each tick's concurrent requests): at 100 % it is all there is
+    def _sequential(self, state: RolloutState, now: float) -> tuple[analysis.Verdict, RolloutState]:
+        """One tick of ``fleet.sequential``. Each tick reads both arms over the whole seconds
+        since the last one read (a metrics source counts by the second: reading a second
+        twice would count its requests twice), adds them to the totals since the first step
+        and since the step began, which the state keeps, and feeds the tests' evidence. No
+        window longer than a tick is read, so a step may last longer than a source keeps."""
+        upto = math.floor(now)
+        step_from = math.ceil(state.step_started)
+        since = max(step_from, int(state.ticked_at))
+        if since < upto:  # [since, upto): whole seconds, the one still running left for the next tick
+            tick_c = self.metrics.window(state.model, state.version, since, upto - READ_SLACK_S)
+            tick_s = self.metrics.window(state.model, state.champion, since, upto - READ_SLACK_S)
+        else:
+            tick_c = empty_window(state.model, state.version, since, since)
+            tick_s = empty_window(state.model, state.champion, since, since)
+            upto = since
+        kept = state.step_served if state.step_of == state.step_started else {}
+
+        def plus(totals: dict[str, dict[str, Any]], arm: str, window: ArmWindow) -> ArmWindow:
+            return sum_windows([*_windows(totals, arm), window], window.model, window.version, since, upto)
+
+        served = {"canary": plus(state.served, "canary", tick_c), "stable": plus(state.served, "stable", tick_s)}
+        step = {"canary": plus(kept, "canary", tick_c), "stable": plus(kept, "stable", tick_s)}
         stable_all = served["stable"]
-        if state.baseline:
-            baseline = _window(state.baseline)
-            stable_all = sum_windows([stable_all, replace(baseline, version=state.champion)], state.model,
-                                     state.champion, since, now)  # fmt: skip
-        arms = sequential.Arms(tick_c, tick_s, served["canary"], stable_all, canary, stable)
+        if stable_all.requests == 0 and state.baseline:
+            # a rollout straight to 100 %: the stable at full traffic before it is all there is
+            stable_all = replace(_window(state.baseline), version=state.champion)
+        arms = sequential.Arms(tick_c, tick_s, served["canary"], stable_all, step["canary"], step["stable"])
         verdict, evidence = sequential.judge(arms, self.policy, sequential.Evidence.from_dict(state.evidence),
                                              step=state.step, step_started=state.step_started)  # fmt: skip
-        state = self._save(state, served={k: asdict(w) for k, w in served.items()}, evidence=evidence.to_dict(),
-                           ticked_at=now)  # fmt: skip
+        state = self._save(state, served={k: asdict(w) for k, w in served.items()},
+                           step_served={k: asdict(w) for k, w in step.items()}, step_of=state.step_started,
+                           evidence=evidence.to_dict(), ticked_at=upto)  # fmt: skip
         return verdict, state
 
     def _advance(self, state: RolloutState) -> RolloutState:

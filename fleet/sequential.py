@@ -134,7 +134,7 @@ def _betaln(a: float, b: float) -> float:
 def bernoulli_bounds(x: float, n: float, level: float) -> tuple[float, float]:
     """(lower, upper): a confidence sequence for a rate after ``x`` events in ``n`` trials,
     holding at every n at once with probability at least ``1 - level`` (each side
-    ``level``: ask for the side you need). ``(0, 40, 0.05)`` → ``(0.0, ~0.15)``."""
+    ``level``: ask for the side you need). ``(0, 40, 0.05)`` → ``(0.0, ~0.078)``."""
     if n <= 0:
         return 0.0, 1.0
     x = min(max(x, 0.0), n)
@@ -228,7 +228,8 @@ def judge(arms: Arms, policy: RolloutPolicy, evidence: Evidence, *, step: int, s
     results = [analysis._samples(arms.step_stable if concurrent else arms.step_canary, arms.step_canary,
                                  policy.min_samples)]  # fmt: skip
     generative = g.max_tpot_p99_ratio is not None or g.max_output_length_psi is not None
-    err, evidence = _errors(arms, g.max_error_rate_increase, alpha * SHARE["error_rate"], beta, evidence, deciding)
+    err, evidence = _errors(arms, g.max_error_rate_increase, alpha * SHARE["error_rate"], beta, evidence, deciding,
+                            concurrent)  # fmt: skip
     results.append(err)
     latency_gates = [("latency_p99", "latency_ms", g.max_p99_ratio)]
     if g.max_tpot_p99_ratio is not None:
@@ -272,7 +273,8 @@ def _deciding_step(steps: list[int]) -> int:
     return below[-1] if below else len(steps) - 1
 
 
-def _errors(arms: Arms, margin: float, alpha: float, beta: float, evidence: Evidence, deciding: bool):  # noqa: ANN202
+def _errors(arms: Arms, margin: float, alpha: float, beta: float, evidence: Evidence, deciding: bool,  # noqa: ANN202
+            concurrent: bool = True):  # fmt: skip
     from fleet.analysis import GateResult, _pct, _pp
 
     tc, ts = arms.tick_canary, arms.tick_stable
@@ -288,7 +290,10 @@ def _errors(arms: Arms, margin: float, alpha: float, beta: float, evidence: Evid
         return GateResult("error_rate", "breach", diff, margin, "pp",
                           f"error rate {rates}: higher on the canary, e-value {harm.e_value:.3g} >= {1 / (alpha * CONDITIONAL):.3g} "
                           f"(false-rollback budget {alpha:.2%})", 1 / harm.e_value), evidence  # fmt: skip
-    if ns and xc / nc > xs / ns:  # else the canary's lower bound cannot pass the stable's upper
+    # at 100 % (no stable traffic, no conditional test) the two rates' bounds compare the canary
+    # with the stable as it served earlier in the rollout; while both serve, only the
+    # conditional test judges harm: it compares the same seconds' traffic
+    if not concurrent and ns and xc / nc > xs / ns:  # else the canary's lower bound cannot pass the stable's upper
         lo_c, _ = bernoulli_bounds(xc, nc, alpha * (1 - CONDITIONAL) / 2)
         _, hi_s = bernoulli_bounds(xs, ns, alpha * (1 - CONDITIONAL) / 2)
         if lo_c > hi_s:
@@ -318,10 +323,10 @@ def _tail(arms: Arms, gate: str, hist: str, ratio: float, alpha: float, beta: fl
     canary_all = np.asarray(getattr(_histogram(arms.canary_all, hist), hist))
     tick = np.asarray(getattr(_histogram(arms.tick_canary, hist), hist))
     ns, nc = int(stable_all.sum()), int(canary_all.sum())
-    # the limit is made of the stable's p99, so its estimate must be fair first: with 299
-    # answers, the largest is above the true p99 at 95 % (fleet.analysis's rule). The limit is
-    # re-read every tick as stable answers add up; an estimate that is low by chance makes the
-    # test stricter, so this part holds only approximately (bench/rollout.py measures it)
+    # the limit is made of the stable's p99, so its estimate must be fair first: 299 answers,
+    # fleet.analysis's rule. The limit is re-read every tick as stable answers add up; an
+    # estimate low by chance lowers the limit and makes a false rollback more likely, so this
+    # gate's rate holds only approximately (bench/rollout.py measures whole rollouts)
     ns_needed = max(n, STABLE_P99_ANSWERS)
     if ns < ns_needed or nc == 0:
         return GateResult(gate, "pending" if deciding else "pass", None, ratio, "x",
@@ -380,3 +385,16 @@ def _outcome(results: list, arms: Arms, policy: RolloutPolicy, step_started: flo
     return Verdict(outcome=outcome, gates=tuple(results), at=at, deadline=deadline,
                    canary_requests=arms.step_canary.requests, stable_requests=arms.step_stable.requests, summary=summary,
                    more_canary=_most(r.more_canary for r in pending), more_stable=_most(r.more_stable for r in pending))  # fmt: skip
+
+
+def guardrails(arms: Arms, policy: RolloutPolicy, evidence: Evidence) -> tuple[list, Evidence]:
+    """Harm tests only (an A/B experiment's guardrails): the error-rate and latency gates of
+    ``judge`` as at a step that need not show non-inferiority. A ``breach`` among the results
+    is harm shown, at the policy's ``max_false_rollback_rate``; nothing here ever holds."""
+    g = policy.gates
+    alpha = policy.max_false_rollback_rate
+    err, evidence = _errors(arms, g.max_error_rate_increase, alpha * SHARE["error_rate"], 1 - policy.power, evidence,
+                            deciding=False, concurrent=True)  # fmt: skip
+    tail, evidence = _tail(arms, "latency_p99", "latency_ms", g.max_p99_ratio, alpha * SHARE["latency"],
+                           1 - policy.power, evidence, False, policy.min_samples)  # fmt: skip
+    return [err, tail], evidence.looked()

@@ -211,6 +211,18 @@ class Estimate:
     canary_failures: float  # mean of those that failed
 
 
+NOT_SIMULATED = ("the shadow phase, approval, the stable's traffic before the rollout and a generation's own gates "
+                 "(time per token, output lengths, exact match) are not simulated; latency is lognormal around 10 ms")
+
+
+def simulated(policy: RolloutPolicy) -> RolloutPolicy:
+    """The policy as the streams can judge it: they have no generations, so a generative
+    policy's generation gates are left out (its time-to-first-token gate is the latency one)."""
+    gates = policy.gates.model_copy(update={"max_tpot_p99_ratio": None, "max_output_length_psi": None,
+                                            "max_exact_match_drop": None})  # fmt: skip
+    return policy.model_copy(update={"gates": gates})
+
+
 def scenarios_for(policy: RolloutPolicy) -> list[Scenario]:
     """A good canary and bad ones at and beyond the policy's own margins."""
     margin, ratio = policy.gates.max_error_rate_increase, policy.gates.max_p99_ratio
@@ -228,6 +240,7 @@ def estimate(policy: RolloutPolicy, rps: float, base_errors: float = BASE_ERR, r
     each of ``scenarios_for(policy)``: how often and how soon each ends as it should."""
     if rps <= 0:
         raise ValueError(f"rps must be > 0, got {rps}")
+    policy = simulated(policy)
     horizon = len(policy.steps) * policy.hold_deadline_s + 120
     found = []
     for k, scenario in enumerate(scenarios_for(policy)):

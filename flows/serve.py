@@ -8,12 +8,14 @@ from __future__ import annotations
 
 ROLLOUT = "canary-rollout/rollout"
 ROLLBACK = "rollback/rollback"
+EXPERIMENT = "experiment/experiment"
 # How often the runner asks the server for runs to start (Prefect's default is 10 s; a
 # rollout or rollback started from the CLI should not wait that long to begin).
 POLL_S = 1.0
 
 
 def deployments() -> list:
+    from flows.experiment import experiment
     from flows.rollback import rollback
     from flows.rollout import canary_rollout
 
@@ -21,6 +23,8 @@ def deployments() -> list:
         canary_rollout.to_deployment(name="rollout", description="Canary rollout of a model version",
                                      tags=["fleet"], concurrency_limit=None),  # fmt: skip
         rollback.to_deployment(name="rollback", description="Immediate rollback of a model", tags=["fleet"]),
+        experiment.to_deployment(name="experiment", description="A/B experiment of two versions on an outcome",
+                                 tags=["fleet"]),  # fmt: skip
         *_monitoring_deployments(),
         _idle_unload(),
     ]

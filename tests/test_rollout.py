@@ -403,3 +403,28 @@ def test_the_sequential_method_straight_to_100_is_judged_against_the_stables_rec
     state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
     state, verdict = run_ticks(world, state, {"1.1.0": (40, 0.0, 10)})
     assert state.phase == "promote" and "non-inferiority shown" in verdict.summary
+
+
+def test_sequential_ticks_read_each_whole_second_once_as_a_per_second_source_counts(world: dict) -> None:
+    """The gateways' source counts by the second, a window covering every second from
+    floor(start) to floor(end): ticks at any times must cover each second once, or a second's
+    requests would count twice in the evidence."""
+    r = sequential(world, analysis_window_s=2)
+    reads: list[tuple[float, float]] = []
+    source = r.metrics
+
+    class Recorded:
+        def window(self, model: str, version: str, start: float, end: float):  # noqa: ANN202
+            if version == "1.1.0":
+                reads.append((start, end))
+            return source.window(model, version, start, end)
+
+    r.metrics = Recorded()
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    for pause in (1.3, 0.4, 2.7, 0.2, 3.9, 1.0, 0.6):
+        world["clock"].now += pause
+        state, _ = r.tick(state)
+    seconds = [s for start, end in reads for s in range(int(start // 1), int(end // 1) + 1)]
+    assert len(seconds) == len(set(seconds)), reads
+    assert seconds == list(range(seconds[0], seconds[-1] + 1))  # and none is skipped
+    assert seconds[-1] == int(world["clock"].now // 1) - 1  # the second still running is left for the next tick

@@ -15,7 +15,7 @@ import typer
 from pydantic import ValidationError
 
 from fleet import __version__
-from fleet.cli import doctor, flows, models, plan, policies, route, serving, tenants, usage
+from fleet.cli import doctor, experiments, flows, models, plan, policies, route, serving, tenants, usage
 from fleet.cli._output import fail
 from fleet.errors import FleetError
 from fleet.validation import explain
@@ -49,6 +49,7 @@ app.add_typer(flows.app, name="flows")
 app.command("rollout")(flows.rollout_cmd)
 app.command("approve")(flows.approve_cmd)
 app.command("rollback")(flows.rollback_cmd)
+app.add_typer(experiments.app, name="experiment")
 app.command("demo")(flows.demo_cmd)
 app.command("plan")(plan.plan_cmd)
 app.command("doctor")(doctor.doctor_cmd)

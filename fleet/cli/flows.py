@@ -140,7 +140,7 @@ DRY_RUN_WINDOW_S = 300  # the stable's recent traffic the dry run simulates
 def _dry_run(model: str, version: str, policy: Any, rps: float | None, json: bool) -> None:  # noqa: ANN401
     """Simulated rollouts under the policy (fleet.simulate, as bench/rollout.py runs them)."""
     from fleet.cli._output import table
-    from fleet.simulate import BASE_ERR, estimate
+    from fleet.simulate import BASE_ERR, NOT_SIMULATED, estimate
 
     rate, seen_errors, source = _traffic(model, policy, rps)
     base_errors = BASE_ERR if seen_errors is None else seen_errors
@@ -151,7 +151,7 @@ def _dry_run(model: str, version: str, policy: Any, rps: float | None, json: boo
     found = estimate(policy, rate, base_errors)
     if json:
         emit_json({"model": model, "version": version, "rps": rate, "traffic_from": source, "stable_errors": base_errors,
-                   "method": policy.method, "estimates": [e.__dict__ for e in found]})  # fmt: skip
+                   "method": policy.method, "estimates": [e.__dict__ for e in found], "not_simulated": NOT_SIMULATED})  # fmt: skip
         return
     rows = []
     for e in found:
@@ -161,6 +161,7 @@ def _dry_run(model: str, version: str, policy: Any, rps: float | None, json: boo
                      f"{e.canary_failures:.1f}"])  # fmt: skip
     table(f"{model}: {policy.method} method, steps {policy.steps} %, {found[0].runs} simulated rollouts each",
           ["canary", "ends as it should", "median time", "canary requests", "of them failed"], rows)  # fmt: skip
+    err_console.print(f"[dim]{NOT_SIMULATED}[/]")
 
 
 def _traffic(model: str, policy: Any, rps: float | None) -> tuple[float, float | None, str]:  # noqa: ANN401
@@ -181,7 +182,8 @@ def _traffic(model: str, policy: Any, rps: float | None) -> tuple[float, float |
         now = time.time()
         try:
             seen = open_metrics(store=store).window(model, stable, now - DRY_RUN_WINDOW_S, now)
-        except MetricsUnavailable:
+        except (MetricsUnavailable, ConfigError) as exc:  # the estimate falls back on the policy's figure
+            err_console.print(f"[dim]the stable's traffic could not be read ({exc})[/]")
             seen = None
     if seen is not None and seen.requests > 0:
         return (seen.requests / DRY_RUN_WINDOW_S, seen.error_count / seen.requests,
