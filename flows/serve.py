@@ -1,7 +1,8 @@
 """The deployments ``fleet flows serve`` (and ``fleet up``) register with the Prefect server.
 
 They appear in the Prefect UI, where runs can be started, watched and approved; this
-process then executes their runs. ``fleet rollout`` and ``fleet rollback`` start them.
+process then executes their runs. ``fleet rollout``, ``fleet rollback`` and ``fleet experiment
+start`` start them.
 """
 
 from __future__ import annotations

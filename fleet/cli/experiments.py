@@ -42,6 +42,8 @@ def start_cmd(
         duration_of(max_duration)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
+    if min_effect <= 0 or not 0 < alpha < 0.5:
+        raise InvalidInput(f"--min-effect {min_effect:g} and --alpha {alpha:g}; expected min-effect > 0 and 0 < alpha < 0.5")
     params = {"model": model, "arms": versions, "split": split, "metric": metric, "min_effect": min_effect,
               "max_duration": max_duration, "promote": promote, "alpha": alpha, "tick_s": tick_s}  # fmt: skip
     run = _start(EXPERIMENT, params)
