@@ -121,10 +121,10 @@ def _check(ctx, model: str, arms: list[str], metric: str, min_effect: float, alp
     return a, b
 
 
-def tick(ctx, state: ExperimentState) -> ExperimentState:  # noqa: ANN001
+def tick(ctx, state: ExperimentState, now: float | None = None) -> ExperimentState:  # noqa: ANN001
     """One look: outcomes per arm, the interval, the guardrails, the decision (no route change)."""
     model, (a, b) = state.model, state.arms
-    now = time.time()
+    now = time.time() if now is None else now
     start = state.started_at
     end = datetime.fromtimestamp(now, UTC) + timedelta(seconds=1)
     values = _outcomes(ctx.store, model, state.metric, start, end)

@@ -15,6 +15,8 @@ import pytest
 from fleet.experiment import (
     MAX_TICKS_KEPT, MIN_PER_ARM, Tick, arm_stats, decide, duration_of, effect_svg, interval, split_of, thinned,
 )
+from tests.rollout_env import MODEL, serving_fleet
+from tests.serving_env import ROOT, FleetEnv
 
 
 def looks(rng: np.random.Generator, p_a: float, p_b: float, min_effect: float, alpha: float = 0.05,
@@ -88,10 +90,51 @@ def test_the_history_for_the_plot_is_bounded_and_the_plot_is_svg() -> None:
     assert b"no interval yet" in effect_svg([], ("1.0.0", "1.1.0"), "clicked", 0.01)
 
 
+def test_a_guardrail_stops_an_experiment_whose_b_fails_more_and_a_stop_request_is_heeded() -> None:
+    """``flows.experiment.tick`` on counters alone (no outcomes yet): B erring at 20 % against
+    A's 0 % is harm shown, and the experiment stops saying which guardrail; a stop request
+    ends a healthy one at its next look."""
+    from datetime import UTC, datetime
+
+    from fleet.experiment import ExperimentState
+    from fleet.metrics import MemoryMetrics
+    from fleet.spec import load_policies
+    from fleet.store import MemoryStore
+    from flows._context import FleetContext
+    from flows.experiment import stop_key, tick
+
+    def run(b_errors: float, stop: bool = False) -> ExperimentState:
+        metrics, store = MemoryMetrics(), MemoryStore()
+        ctx = FleetContext(store, load_policies(ROOT / "policies"), None, metrics)  # type: ignore[arg-type]
+        start = 1_000_000.0
+        state = ExperimentState(model=MODEL, arms=("1.0.0", "1.1.0"), split=(50, 50), metric="clicked", min_effect=0.01,
+                                alpha=0.05, max_duration_s=3600, run_id="r", started_at=datetime.fromtimestamp(start, UTC),
+                                ticked_at=start)  # fmt: skip
+        if stop:
+            store.put(stop_key(MODEL), b"someone (enough)")
+        for second in range(60):
+            at = start + second
+            metrics.answered(MODEL, "1.0.0", at=at, latency_ms=10, scores=[0.5], count=20)
+            failed = round(20 * b_errors)
+            metrics.answered(MODEL, "1.1.0", at=at, latency_ms=10, scores=[0.5], count=20 - failed)
+            if failed:
+                metrics.failed(MODEL, "1.1.0", at=at, count=failed)
+            if (second + 1) % 5 == 0:
+                state = tick(ctx, state, now=at + 1.0)
+                if state.status != "running":
+                    break
+        return state
+
+    harmed = run(0.2)
+    assert harmed.status == "stopped" and harmed.summary.startswith("guardrail error_rate"), harmed.summary
+    healthy = run(0.0)
+    assert healthy.status == "running" and healthy.served["b"]["requests"] == 60 * 20
+    stopped = run(0.0, stop=True)
+    assert stopped.status == "stopped" and "stopped by someone (enough)" in stopped.summary
+
+
 # -- on the running fleet ---------------------------------------------------------------------
 
-from tests.rollout_env import MODEL, serving_fleet  # noqa: E402
-from tests.serving_env import FleetEnv  # noqa: E402
 
 
 @pytest.fixture(scope="module")
