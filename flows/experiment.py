@@ -125,6 +125,9 @@ def tick(ctx, state: ExperimentState, now: float | None = None) -> ExperimentSta
     """One look: outcomes per arm, the interval, the guardrails, the decision (no route change)."""
     model, (a, b) = state.model, state.arms
     now = time.time() if now is None else now
+    # the counters first: the gateways' source reads only windows ending now, and reading
+    # the logs below may take seconds
+    harm, served, evidence, read_upto = _guardrails(ctx, state, now)
     start = state.started_at
     end = datetime.fromtimestamp(now, UTC) + timedelta(seconds=1)
     values = _outcomes(ctx.store, model, state.metric, start, end)
@@ -133,7 +136,6 @@ def tick(ctx, state: ExperimentState, now: float | None = None) -> ExperimentSta
     found = interval(stats_a, stats_b, state.alpha, state.min_effect)
     out_of_time = now >= start.timestamp() + state.max_duration_s
     decision = decide(stats_a, stats_b, found, state.min_effect, out_of_time, state.metric)
-    harm, served, evidence, read_upto = _guardrails(ctx, state, now)
     status, winner, summary = decision.status, decision.winner, decision.summary
     if harm:
         status, winner, summary = "stopped", None, "guardrail " + "; ".join(f"{g.gate}: {g.explanation}" for g in harm)

@@ -193,7 +193,7 @@ def test_an_experiment_with_a_planted_effect_ends_with_that_arm_winning(fleet: d
     from flows.experiment import load
 
     with Users(fleet, {"1.0.0": 0.2, "1.1.0": 0.8}, seed=1) as users:
-        state = run_experiment(min_effect=0.1, max_duration="120s")
+        state = run_experiment(min_effect=0.1, max_duration="180s")
     assert state.is_completed(), state.message
     stored = load(fleet["store"], MODEL)
     assert (stored.status, stored.winner) == ("winner", "1.1.0"), stored.summary
