@@ -60,26 +60,34 @@ def experiment(model: str, arms: list[str], split: str = "50/50", metric: str = 
             store.delete(stop_key(model))  # an old stop request is not this run's
             ctx.runtime.deploy(model, b)  # ready before it gets traffic
             lease.check()
-            router.set(model, canary=b, weight=shares[1], why=f"experiment {a} vs {b} on {metric}", who=who)
-            gateways.notify(store)
             state = ExperimentState(model=model, arms=(a, b), split=shares, metric=metric, min_effect=min_effect,
                                     alpha=alpha, max_duration_s=max_s, promote=promote, run_id=run_id(),
                                     started_at=audit.now(), ticked_at=math.ceil(time.time()))  # fmt: skip
-            _save(store, state)
-            emit("fleet.experiment.started", {"model": model, "arms": [a, b], "metric": metric, "split": list(shares)})
-            logger.info("experiment on %s: %s %g%% vs %s %g%% on %s, min effect %g", model, a, shares[0], b, shares[1],
-                        metric, min_effect)  # fmt: skip
-            while state.status == "running":
-                time.sleep(tick_s)
-                lease.check()
-                state = tick(ctx, state)
-                _save(store, state)
-                _report(state)
-                logger.info("%s", state.summary)
-            table = router.get(model)
-            if table.canary is not None and table.canary.version == b:  # traffic back on A alone
-                router.set(model, clear_canary=True, why=f"experiment ended: {state.status}", who=who)
+            try:
+                router.set(model, canary=b, weight=shares[1], why=f"experiment {a} vs {b} on {metric}", who=who)
                 gateways.notify(store)
+                _save(store, state)
+                emit("fleet.experiment.started", {"model": model, "arms": [a, b], "metric": metric,
+                                                  "split": list(shares)})  # fmt: skip
+                logger.info("experiment on %s: %s %g%% vs %s %g%% on %s, min effect %g", model, a, shares[0], b,
+                            shares[1], metric, min_effect)  # fmt: skip
+                while state.status == "running":
+                    time.sleep(tick_s)
+                    lease.check()
+                    state = tick(ctx, state)
+                    _save(store, state)
+                    _report(state)
+                    logger.info("%s", state.summary)
+            except BaseException as exc:  # an error (or a cancel) ends it too: recorded, and the split removed below
+                state = state.model_copy(update={"status": "stopped", "winner": None,
+                                                 "summary": f"stopped by an error: {type(exc).__name__}: {exc}"})  # fmt: skip
+                _save(store, state)
+                raise
+            finally:
+                table = router.get(model)
+                if table.canary is not None and table.canary.version == b and _holds(lease):  # back on A alone
+                    router.set(model, clear_canary=True, why=f"experiment ended: {state.status}", who=who)
+                    gateways.notify(store)
     finally:
         lease.release()
     emit("fleet.experiment.ended", {"model": model, "status": state.status, "winner": state.winner})
@@ -93,6 +101,15 @@ def experiment(model: str, arms: list[str], split: str = "50/50", metric: str = 
     if state.status == "stopped" and state.summary.startswith("guardrail"):
         return Failed(message=state.summary)
     return Completed(message=state.summary)
+
+
+def _holds(lease: leases.Lease) -> bool:
+    """Whether this run may still change the route (a run that lost its lease leaves it alone)."""
+    try:
+        lease.check()
+    except Conflict:
+        return False
+    return True
 
 
 def _check(ctx, model: str, arms: list[str], metric: str, min_effect: float, alpha: float) -> tuple[str, str]:  # noqa: ANN001
