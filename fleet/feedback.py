@@ -319,19 +319,26 @@ def write_outcomes(store: ObjectStore, model: str, tenant: str, labels: Sequence
     return key
 
 
-def read_outcomes(store: ObjectStore, model: str, start: datetime, end: datetime):  # noqa: ANN201 - DataFrame
-    """Every outcome sent between ``start`` and ``end``, one row per (tenant, request id, row,
-    name); the last one sent wins."""
-    import pandas as pd
-    import pyarrow as pa
+def _hourly(store: ObjectStore, kind: str, model: str, start: datetime, end: datetime) -> list:
+    """The Parquet tables under ``logs/<kind>/<model>/`` of the hours from ``start`` to ``end``."""
     import pyarrow.parquet as pq
 
     tables = []
     hour = start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     while hour < end:
-        for key in store.list(f"logs/outcomes/{model}/{hour:%Y/%m/%d/%H}/"):
+        for key in store.list(f"logs/{kind}/{model}/{hour:%Y/%m/%d/%H}/"):
             tables.append(pq.read_table(io.BytesIO(store.get(key).data)))
         hour += timedelta(hours=1)
+    return tables
+
+
+def read_outcomes(store: ObjectStore, model: str, start: datetime, end: datetime):  # noqa: ANN201 - DataFrame
+    """Every outcome sent between ``start`` and ``end``, one row per (tenant, request id, row,
+    name); the last one sent wins."""
+    import pandas as pd
+    import pyarrow as pa
+
+    tables = _hourly(store, "outcomes", model, start, end)
     if not tables:
         return pd.DataFrame({"ts": [], "request_id": [], "row": [], "tenant": [], "name": [], "value": []})
     frame = pa.concat_tables(tables).to_pandas().sort_values("ts", kind="stable")
@@ -357,14 +364,8 @@ def read_feedback(store: ObjectStore, model: str, start: datetime, end: datetime
     """Every label given between ``start`` and ``end`` (the last one wins for a tenant's request row)."""
     import pandas as pd
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    tables = []
-    hour = start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
-    while hour < end:
-        for key in store.list(f"logs/feedback/{model}/{hour:%Y/%m/%d/%H}/"):
-            tables.append(pq.read_table(io.BytesIO(store.get(key).data)))
-        hour += timedelta(hours=1)
+    tables = _hourly(store, "feedback", model, start, end)
     if not tables:
         return pd.DataFrame({"ts": [], "request_id": [], "row": [], "tenant": [], "label": []})
     frame = pa.concat_tables(tables, promote_options="permissive").to_pandas().sort_values("ts", kind="stable")
