@@ -38,7 +38,7 @@ def one(rng: np.random.Generator, effect: float, per_look: int, looks: int, min_
         n = per_look * (t + 1)
         a = _stats("A", ka[t], n)
         b = _stats("B", kb[t], n)
-        decision = decide(a, b, interval(a, b, alpha, min_effect), min_effect, t == looks - 1, "clicked")
+        decision = decide(a, b, interval(a, b, alpha, min_effect, 1.0), min_effect, t == looks - 1, "clicked")
         if decision.status != "running":
             return decision.status, decision.winner, t + 1
     raise AssertionError("the last look decides")

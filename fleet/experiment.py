@@ -83,6 +83,7 @@ class ExperimentState(BaseModel):
     split: tuple[float, float]  # percent of the model's traffic per arm
     metric: str  # "accuracy" or an outcome the model's policy declares
     min_effect: float = Field(gt=0.0)
+    span: float = Field(1.0, gt=0.0)  # the metric's range (max - min): 1 for accuracy
     alpha: float = Field(gt=0.0, lt=0.5)
     max_duration_s: float = Field(gt=0.0)
     promote: bool = False
@@ -91,7 +92,6 @@ class ExperimentState(BaseModel):
     status: Status = "running"
     winner: str | None = None
     summary: str = ""
-    stop_requested: str | None = None  # who asked to stop (fleet experiment stop)
     evidence: dict | None = None  # the guardrails' (fleet.sequential.Evidence)
     served: dict[str, dict] = {}  # both arms' gateway totals since the start (guardrails)
     ticked_at: float = 0.0
@@ -111,18 +111,25 @@ def arm_stats(version: str, values: np.ndarray) -> ArmStats:
     return ArmStats(version, n, float(values.mean()), float(values.var(ddof=1)) if n > 1 else 0.0)
 
 
-def interval(a: ArmStats, b: ArmStats, alpha: float, tau: float) -> Interval | None:
-    """The always-valid interval of ``b.mean - a.mean``; None before ``MIN_PER_ARM`` each."""
+def interval(a: ArmStats, b: ArmStats, alpha: float, tau: float, span: float) -> Interval | None:
+    """The always-valid interval of ``b.mean - a.mean``; None before ``MIN_PER_ARM`` each.
+    ``span``: the outcome's range (max - min; 1 for accuracy and 0/1 outcomes)."""
     if a.n < MIN_PER_ARM or b.n < MIN_PER_ARM:
         return None
-    # a variance of 0 (all outcomes equal so far) would make the interval a point: floor it
-    # at what one differing outcome in n would give
-    va = max(a.var, 1.0 / a.n**2) / a.n
-    vb = max(b.var, 1.0 / b.n**2) / b.n
+    if not all(math.isfinite(x) for x in (a.mean, b.mean, a.var, b.var)):
+        return None
+    # rare events make a sample variance of ~0 (all outcomes equal so far), and the interval
+    # a point: each arm's variance is at least what one differing outcome in n+1 would give
+    va = max(a.var, _floor(a.n, span)) / a.n
+    vb = max(b.var, _floor(b.n, span)) / b.n
     v, t2 = va + vb, tau * tau
     radius = math.sqrt(v * (v + t2) / t2 * (2 * math.log(1 / alpha) + math.log((v + t2) / v)))
     diff = b.mean - a.mean
     return Interval(diff, diff - radius, diff + radius)
+
+
+def _floor(n: int, span: float) -> float:
+    return span * span * (1 / (n + 1)) * (n / (n + 1))
 
 
 def decide(a: ArmStats, b: ArmStats, found: Interval | None, min_effect: float, out_of_time: bool,

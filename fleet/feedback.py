@@ -58,6 +58,7 @@ class Label:
 
 
 MAX_OUTCOMES = 32  # outcomes in one feedback item
+MAX_OUTCOME_ROWS = 20_000  # outcomes in one feedback request (each a stored row)
 OUTCOME_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 
 
@@ -74,7 +75,7 @@ def parse(body: dict) -> tuple[str, list[Label]]:
     check_name("model", model)
     if len(items) > MAX_LABELS:
         raise TooManyLabels(f"feedback has {len(items)} labels; at most {MAX_LABELS} per request, send the rest after")
-    labels = []
+    labels, outcome_rows = [], 0
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise InvalidInput(f"feedback[{i}] is {type(item).__name__}; {expected}")
@@ -82,6 +83,10 @@ def parse(body: dict) -> tuple[str, list[Label]]:
         if not isinstance(rid, str) or not REQUEST_ID.fullmatch(rid):
             raise InvalidInput(f"feedback[{i}].request_id is {_short(rid)}; expected the X-Request-Id of an earlier answer")
         outcomes = _outcomes(i, item.get("outcomes"))
+        outcome_rows += len(outcomes)
+        if outcome_rows > MAX_OUTCOME_ROWS:
+            raise TooManyLabels(f"feedback has more than {MAX_OUTCOME_ROWS} outcomes; at most that many per request, "
+                                "send the rest after")  # fmt: skip
         if label is None and not outcomes:
             raise InvalidInput(f"feedback[{i}] has neither a label nor outcomes; {expected}")
         if label is not None and (isinstance(label, bool) or not isinstance(label, int | str)):
@@ -345,19 +350,28 @@ def read_outcomes(store: ObjectStore, model: str, start: datetime, end: datetime
     return frame.drop_duplicates(["tenant", "request_id", "row", "name"], keep="last").reset_index(drop=True)
 
 
+OUTCOME_COLUMN = "outcome:{}"  # an outcome's column in with_outcomes: never a feature's or the log's own name
+
+
 def with_outcomes(store: ObjectStore, model: str, start: datetime, end: datetime, names: Sequence[str]):  # noqa: ANN201
     """The inference log of [start, end) (its ``version`` says which arm answered) with one
-    column per outcome in ``names``: NaN where none was sent. Joined on tenant, request id and row."""
+    column ``outcome:<name>`` per outcome in ``names``: NaN where none was sent. Joined on
+    tenant, request id and row; a request id logged twice by a tenant (the caller sets
+    X-Request-Id) keeps its first row only, so one outcome never counts for several requests."""
+    keys = ["tenant", "request_id", "row"]
+    columns = {n: OUTCOME_COLUMN.format(n) for n in names}
     window = read_window(store, model, start, end)
+    if not window.empty:
+        window = window.drop_duplicates(keys, keep="first")
     sent = read_outcomes(store, model, start, end + timedelta(hours=LOOKBACK_H))
     sent = sent[sent["name"].isin(list(names))] if len(sent) else sent
-    keys = ["tenant", "request_id", "row"]
     if window.empty or sent.empty:
-        return window.assign(**{n: float("nan") for n in names})
-    wide = sent.pivot_table(index=keys, columns="name", values="value", aggfunc="last").reset_index()
+        return window.assign(**{c: float("nan") for c in columns.values()})
+    wide = sent.assign(name=sent["name"].map(columns)).pivot_table(index=keys, columns="name", values="value",
+                                                                   aggfunc="last").reset_index()  # fmt: skip
     wide.columns.name = None
     merged = window.merge(wide, on=keys, how="left")
-    return merged.assign(**{n: merged[n] if n in merged else float("nan") for n in names})
+    return merged.assign(**{c: merged[c] if c in merged else float("nan") for c in columns.values()})
 
 
 def read_feedback(store: ObjectStore, model: str, start: datetime, end: datetime):  # noqa: ANN201 - DataFrame

@@ -202,8 +202,8 @@ OutcomeName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,39}$"
 class Outcome(_Spec):
     """A numeric outcome of an answer, sent later as feedback: ``clicked`` (0 or 1), ``revenue``."""
 
-    min: float | None = None  # values below are refused; None: no bound
-    max: float | None = None
+    min: float | None = Field(None, allow_inf_nan=False)  # values below are refused; None: no bound
+    max: float | None = Field(None, allow_inf_nan=False)  # an experiment's metric needs both
 
     @model_validator(mode="after")
     def _ordered(self) -> Outcome:

@@ -31,7 +31,7 @@ from fleet.errors import Conflict, InvalidInput
 from fleet.experiment import (
     ExperimentState, Tick, arm_stats, decide, duration_of, effect_svg, interval, split_of, state_key, thinned,
 )
-from fleet.metrics import empty_window, sum_windows
+from fleet.metrics import MetricsUnavailable, empty_window, sum_windows
 from fleet.registry import Registry, State as VersionState
 from fleet.rollout import LEASE_TTL, READ_SLACK_S, _window, lease_key
 from fleet.router import Router
@@ -52,16 +52,17 @@ def experiment(model: str, arms: list[str], split: str = "50/50", metric: str = 
     ctx = fleet_context()
     store, who = ctx.store, f"flow run {run_id()}"
     shares, max_s = split_of(split), duration_of(max_duration)
-    a, b = _check(ctx, model, arms, metric, min_effect, alpha)
+    _check(ctx, model, arms, metric, min_effect, alpha)  # at once, before waiting for anything
     lease = leases.acquire(store, lease_key(model), what=f"the experiment on {model}", who=who, stale_after=LEASE_TTL)
     router = Router(store)
     try:
+        a, b, span = _check(ctx, model, arms, metric, min_effect, alpha)  # again, holding the lease: still true
         with lease.kept_alive():
             store.delete(stop_key(model))  # an old stop request is not this run's
             ctx.runtime.deploy(model, b)  # ready before it gets traffic
             lease.check()
             state = ExperimentState(model=model, arms=(a, b), split=shares, metric=metric, min_effect=min_effect,
-                                    alpha=alpha, max_duration_s=max_s, promote=promote, run_id=run_id(),
+                                    span=span, alpha=alpha, max_duration_s=max_s, promote=promote, run_id=run_id(),
                                     started_at=audit.now(), ticked_at=math.ceil(time.time()))  # fmt: skip
             try:
                 router.set(model, canary=b, weight=shares[1], why=f"experiment {a} vs {b} on {metric}", who=who)
@@ -74,7 +75,14 @@ def experiment(model: str, arms: list[str], split: str = "50/50", metric: str = 
                 while state.status == "running":
                     time.sleep(tick_s)
                     lease.check()
-                    state = tick(ctx, state)
+                    try:
+                        state = tick(ctx, state)
+                    except (MetricsUnavailable, OSError) as exc:  # no data is not a decision: look again
+                        logger.warning("this look is skipped: %s", exc)
+                        if time.time() < state.started_at.timestamp() + state.max_duration_s:
+                            continue
+                        state = state.model_copy(update={"status": "out_of_time",
+                                                         "summary": f"out of time; the last look failed: {exc}"})  # fmt: skip
                     _save(store, state)
                     _report(state)
                     logger.info("%s", state.summary)
@@ -88,6 +96,9 @@ def experiment(model: str, arms: list[str], split: str = "50/50", metric: str = 
                 if table.canary is not None and table.canary.version == b and _holds(lease):  # back on A alone
                     router.set(model, clear_canary=True, why=f"experiment ended: {state.status}", who=who)
                     gateways.notify(store)
+                promoting = state.status == "winner" and state.winner == b and promote
+                if not promoting and b not in router.get(model).referenced_versions():
+                    ctx.runtime.undeploy(model, b)  # B stops serving (a rollout deploys it again)
     finally:
         lease.release()
     emit("fleet.experiment.ended", {"model": model, "status": state.status, "winner": state.winner})
@@ -96,8 +107,6 @@ def experiment(model: str, arms: list[str], split: str = "50/50", metric: str = 
 
         logger.info("%s won: rolling it out", b)
         return canary_rollout(model, b, return_state=True)
-    if state.winner != b and Registry(store).states(model).get(b) == VersionState.REGISTERED:
-        ctx.runtime.undeploy(model, b)  # not promoted: it stops serving
     if state.status == "stopped" and state.summary.startswith("guardrail"):
         return Failed(message=state.summary)
     return Completed(message=state.summary)
@@ -112,8 +121,9 @@ def _holds(lease: leases.Lease) -> bool:
     return True
 
 
-def _check(ctx, model: str, arms: list[str], metric: str, min_effect: float, alpha: float) -> tuple[str, str]:  # noqa: ANN001
-    """Refuse, before anything changes, what cannot be run; return (A, B)."""
+def _check(ctx, model: str, arms: list[str], metric: str, min_effect: float,  # noqa: ANN001
+           alpha: float) -> tuple[str, str, float]:  # fmt: skip
+    """Refuse, before anything changes, what cannot be run; return (A, B, the metric's range)."""
     if len(arms) != 2 or arms[0] == arms[1]:
         raise InvalidInput(f"arms {arms}; expected two different versions: the stable first, then the one to compare")
     a, b = arms
@@ -130,12 +140,20 @@ def _check(ctx, model: str, arms: list[str], metric: str, min_effect: float, alp
     if metric == "accuracy":
         if spec is not None and spec.generative:
             raise InvalidInput(f"{model} is generative: accuracy needs classes; expected an outcome: {declared or 'none declared'}")
+        span = 1.0
     elif metric not in declared:
         raise InvalidInput(f"metric {metric!r} is not accuracy or an outcome of {model}; declared outcomes: "
                            f"{', '.join(declared) or 'none (add them under the model outcomes: in its policy)'}")  # fmt: skip
+    else:
+        bounds = spec.outcomes[metric]  # type: ignore[union-attr]
+        if bounds.min is None or bounds.max is None or bounds.max <= bounds.min:
+            raise InvalidInput(f"outcome {metric} of {model} has no range (min {bounds.min}, max {bounds.max}); an "
+                               "experiment compares bounded outcomes: declare min and max in its policy (a few "
+                               "tenants' extreme values must not decide it)")  # fmt: skip
+        span = bounds.max - bounds.min
     if not 0 < alpha < 0.5 or min_effect <= 0:
         raise InvalidInput(f"alpha {alpha} and min_effect {min_effect}; expected 0 < alpha < 0.5 and min_effect > 0")
-    return a, b
+    return a, b, span
 
 
 def tick(ctx, state: ExperimentState, now: float | None = None) -> ExperimentState:  # noqa: ANN001
@@ -150,15 +168,15 @@ def tick(ctx, state: ExperimentState, now: float | None = None) -> ExperimentSta
     values = _outcomes(ctx.store, model, state.metric, start, end)
     stats_a = arm_stats(a, values.get(a, np.empty(0)))
     stats_b = arm_stats(b, values.get(b, np.empty(0)))
-    found = interval(stats_a, stats_b, state.alpha, state.min_effect)
+    found = interval(stats_a, stats_b, state.alpha, state.min_effect, state.span)
     out_of_time = now >= start.timestamp() + state.max_duration_s
     decision = decide(stats_a, stats_b, found, state.min_effect, out_of_time, state.metric)
     status, winner, summary = decision.status, decision.winner, decision.summary
     if harm:
         status, winner, summary = "stopped", None, "guardrail " + "; ".join(f"{g.gate}: {g.explanation}" for g in harm)
-    elif status == "running" and records.exists(ctx.store, stop_key(model)):
+    elif records.exists(ctx.store, stop_key(model)):  # a stop asked for wins over a decision of the same look
         asked = ctx.store.get(stop_key(model)).data.decode(errors="replace")[:200]
-        status, summary = "stopped", f"stopped by {asked}: {decision.summary}"
+        status, winner, summary = "stopped", None, f"stopped by {asked}: {decision.summary}"
     point = Tick(at=now, n=(stats_a.n, stats_b.n), mean=(_finite(stats_a.mean), _finite(stats_b.mean)),
                  diff=found.diff if found else None, lo=found.lo if found else None, hi=found.hi if found else None)  # fmt: skip
     return state.model_copy(update={"status": status, "winner": winner, "summary": summary, "ticked_at": read_upto,
@@ -171,7 +189,7 @@ def _finite(x: float) -> float:
 
 def _outcomes(store, model: str, metric: str, start: datetime, end: datetime) -> dict[str, np.ndarray]:  # noqa: ANN001
     """version → the metric of each logged request (row) that has one."""
-    from fleet.feedback import labelled, with_outcomes
+    from fleet.feedback import OUTCOME_COLUMN, labelled, with_outcomes
 
     if metric == "accuracy":
         frame = labelled(store, model, start, end)
@@ -183,8 +201,9 @@ def _outcomes(store, model: str, metric: str, start: datetime, end: datetime) ->
         frame = with_outcomes(store, model, start, end, [metric])
         if frame.empty:
             return {}
-        frame = frame[frame[metric].notna()]
-        column = frame[metric].astype(np.float64)
+        name = OUTCOME_COLUMN.format(metric)
+        frame = frame[frame[name].notna()]
+        column = frame[name].astype(np.float64)
     return {str(v): column[frame["version"] == v].to_numpy() for v in frame["version"].unique()}
 
 

@@ -28,7 +28,7 @@ def looks(rng: np.random.Generator, p_a: float, p_b: float, min_effect: float, a
     for t in range(1, ticks + 1):
         n = t * per_tick
         sa, sb = arm_stats("A", a[:n]), arm_stats("B", b[:n])
-        decision = decide(sa, sb, interval(sa, sb, alpha, min_effect), min_effect, False, "clicked")
+        decision = decide(sa, sb, interval(sa, sb, alpha, min_effect, 1.0), min_effect, False, "clicked")
         if decision.status != "running":
             return decision, n
     return decide(sa, sb, None, min_effect, False, "clicked"), per_tick * ticks
@@ -57,14 +57,22 @@ def test_no_effect_ends_as_no_difference_once_the_interval_fits_inside_the_minim
     assert "no difference of 0.1 or more" in decision.summary
 
 
+def test_rare_events_do_not_make_the_interval_a_point() -> None:
+    """Both arms near 1 (A 99.9 %, B 98.1 %: B worse by 1.9 pp): a sample variance of ~0 must
+    not let 'no difference' within 1 pp be declared at a few dozen outcomes."""
+    rng = np.random.default_rng(5)
+    wrong = sum(looks(rng, 0.999, 0.981, min_effect=0.01, ticks=100)[0].status == "no_difference" for _ in range(300))
+    assert wrong / 300 <= 0.05, wrong
+
+
 def test_the_interval_waits_for_enough_outcomes_and_says_so() -> None:
     few = arm_stats("1.0.0", np.ones(MIN_PER_ARM - 1))
     many = arm_stats("1.1.0", np.zeros(100))
-    assert interval(few, many, 0.05, 0.01) is None
+    assert interval(few, many, 0.05, 0.01, 1.0) is None
     assert "waiting: 30 outcomes per arm" in decide(few, many, None, 0.01, False, "clicked").summary
     assert decide(few, many, None, 0.01, True, "clicked").status == "out_of_time"
     # all outcomes equal so far: the interval is not a point
-    same = interval(arm_stats("a", np.zeros(50)), arm_stats("b", np.zeros(50)), 0.05, 0.01)
+    same = interval(arm_stats("a", np.zeros(50)), arm_stats("b", np.zeros(50)), 0.05, 0.01, 1.0)
     assert same is not None and same.hi > same.lo
 
 

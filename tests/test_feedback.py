@@ -145,6 +145,14 @@ def test_a_generative_models_labels_are_texts_of_single_answers_and_bounded() ->
         parse({"model": "lm", "feedback": [{"request_id": "a", "label": "x" * (MAX_LABEL_CHARS + 1)}]})
 
 
+def test_a_feedback_request_carries_a_bounded_number_of_outcomes() -> None:
+    from fleet.feedback import MAX_OUTCOME_ROWS, TooManyLabels
+
+    items = [{"request_id": f"r{i}", "outcomes": {f"o{k}": 1 for k in range(20)}} for i in range(MAX_OUTCOME_ROWS // 20 + 1)]
+    with pytest.raises(TooManyLabels, match=f"more than {MAX_OUTCOME_ROWS} outcomes"):
+        parse({"model": "m", "feedback": items})
+
+
 def test_outcomes_must_be_declared_by_the_models_policy_and_within_their_bounds() -> None:
     declared = {"clicked": Outcome(min=0, max=1), "revenue": Outcome(min=0)}
     _, items = parse({"model": "m", "feedback": [{"request_id": "a", "outcomes": {"clicked": 1, "revenue": 3.5}}]})
@@ -201,8 +209,9 @@ def test_outcomes_join_the_logged_requests_of_the_same_tenant_by_version(tmp_pat
 
         wait_for(lambda: len(joined()) == 4, timeout=10, what="the gateway's log of 4 requests flushed")
         frame = joined()
-        got = {(row.request_id, row.version): (row.clicked, row.revenue) for row in frame.itertuples()
-               if row.clicked == row.clicked}  # fmt: skip
+        got = {(rid, version): (clicked, revenue) for rid, version, clicked, revenue in zip(
+            frame["request_id"], frame["version"], frame["outcome:clicked"], frame["outcome:revenue"], strict=True)
+            if clicked == clicked}  # fmt: skip
         assert got.keys() == {(ids[0], "1.0.0"), (ids[1], "1.0.0"), (pinned.headers["x-request-id"], "1.1.0")}
         assert got[ids[0], "1.0.0"] == (1.0, 12.5) and got[ids[1], "1.0.0"][0] == 0.0
         assert len(frame) == 4  # every logged request, the other tenant's too, with or without outcomes

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from fleet.cli._output import JsonFlag, console, emit_json, err_console, table
+from fleet.cli._output import JsonFlag, clock, console, emit_json, err_console, table
 from fleet.errors import InvalidInput, NotFound
 
 app = typer.Typer(help="A/B experiments: two versions compared on accuracy or a business outcome.",
@@ -23,8 +23,8 @@ def start_cmd(
     metric: Annotated[str, typer.Option("--metric", help="accuracy (labels), or an outcome the model's policy declares.")] = "accuracy",
     min_effect: Annotated[float, typer.Option("--min-effect", min=0.0, help="The smallest difference worth knowing, in the metric's units: within it is 'no difference'.")] = 0.01,
     max_duration: Annotated[str, typer.Option("--max-duration", help="Undecided after this long (7d, 12h, 30m): out of time.")] = "7d",
-    promote: Annotated[bool, typer.Option("--promote", help="Roll the winner out through the canary rollout when B wins.")] = False,
-    alpha: Annotated[float, typer.Option("--alpha", help="Chance the decision is wrong (the interval misses).")] = 0.05,
+    promote: Annotated[bool, typer.Option("--promote", help="When B wins, roll it out through the canary rollout (from its preflight on).")] = False,
+    alpha: Annotated[float, typer.Option("--alpha", help="Chance the always-valid interval misses the true difference (requests counted as independent).")] = 0.05,
     tick_s: Annotated[float, typer.Option("--tick-s", min=0.1, help="Seconds between looks (any number of looks is allowed).")] = 30.0,
     follow: Annotated[bool, typer.Option(help="Follow progress until the run ends.")] = True,
     json: JsonFlag = False,
@@ -86,6 +86,8 @@ def status_cmd(model: str, json: JsonFlag = False) -> None:
              f"{last.mean[i]:.4g}" if last and last.n[i] else "-"] for i, v in enumerate(state.arms)]  # fmt: skip
     table(f"{model}: {state.metric}, {state.status}", ["arm", "traffic", "outcomes", "mean"], rows)
     console.print(state.summary)
+    if last is not None:
+        console.print(f"last look: {clock(last.at)} (run {state.run_id})")
 
 
 @app.command("stop")
