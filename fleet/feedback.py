@@ -276,7 +276,6 @@ def write(store: ObjectStore, model: str, tenant: str, labels: Sequence[Label], 
     file; return its key. For a generative model ``matched`` is each label's (version that
     answered, whether its output matched)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from fleet.inference_log import digest
 
@@ -293,10 +292,18 @@ def write(store: ObjectStore, model: str, tenant: str, labels: Sequence[Label], 
         columns["match"] = pa.array([m for _, m in matched], pa.bool_())
         columns["label_digest"] = [digest(str(x.label)) for x in labels]
     table = pa.table(columns)
+    return _put(store, "feedback", model, table, writer, now)
+
+
+def _put(store: ObjectStore, kind: str, model: str, table, writer: str, now: float) -> str:  # noqa: ANN001 - a pyarrow Table
+    """Write ``table`` as ``logs/<kind>/<model>/<yyyy>/<mm>/<dd>/<hh>/<ms>-<writer>-<seq>.parquet``
+    (never over another file); return its key."""
+    import pyarrow.parquet as pq
+
     out = io.BytesIO()
     pq.write_table(table, out, compression="zstd")
     hour = datetime.fromtimestamp(now, UTC)
-    key = f"logs/feedback/{check_name('model', model)}/{hour:%Y/%m/%d/%H}/{int(now * 1000)}-{writer}-{next(_seq):06d}.parquet"
+    key = f"logs/{kind}/{check_name('model', model)}/{hour:%Y/%m/%d/%H}/{int(now * 1000)}-{writer}-{next(_seq):06d}.parquet"
     store.put(key, out.getvalue(), if_none_match=True)
     return key
 
@@ -305,7 +312,6 @@ def write_outcomes(store: ObjectStore, model: str, tenant: str, labels: Sequence
     """Store the accepted items' outcomes as one Parquet file, one row per (request, row,
     name): ``logs/outcomes/<model>/<yyyy>/<mm>/<dd>/<hh>/...``. None when there are none."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     rows = [(x.request_id, x.row, name, value) for x in labels for name, value in x.outcomes]
     if not rows:
@@ -316,12 +322,7 @@ def write_outcomes(store: ObjectStore, model: str, tenant: str, labels: Sequence
         "request_id": [r[0] for r in rows], "row": pa.array([r[1] for r in rows], pa.int32()),
         "tenant": [tenant] * len(rows), "name": [r[2] for r in rows], "value": pa.array([r[3] for r in rows], pa.float64()),
     })  # fmt: skip
-    out = io.BytesIO()
-    pq.write_table(table, out, compression="zstd")
-    hour = datetime.fromtimestamp(now, UTC)
-    key = f"logs/outcomes/{check_name('model', model)}/{hour:%Y/%m/%d/%H}/{int(now * 1000)}-{writer}-{next(_seq):06d}.parquet"
-    store.put(key, out.getvalue(), if_none_match=True)
-    return key
+    return _put(store, "outcomes", model, table, writer, now)
 
 
 def _hourly(store: ObjectStore, kind: str, model: str, start: datetime, end: datetime) -> list:
