@@ -88,6 +88,18 @@ def tick(rollout: Rollout, state: RolloutState) -> RolloutState:
     return new
 
 
+LATE_IN_SECOND = 0.9  # where in a second a look is taken
+
+
+def _next_look(window_s: float) -> float:
+    """Seconds to sleep so the next look falls ``window_s`` on, late in a clock second. The
+    gateways' counters are per second and a look reads the second it is taken in as far as
+    it got; the rest of that second is never read again (reading it twice would count it
+    twice). Late in the second, little is left unread."""
+    at = time.time() + window_s
+    return window_s + (LATE_IN_SECOND - at % 1.0) % 1.0
+
+
 @task(name="promote", cache_policy=NO_CACHE)
 def promote(rollout: Rollout, state: RolloutState) -> RolloutState:
     return rollout.promote(state)
@@ -148,7 +160,7 @@ def canary_rollout(model: str, version: str, **policy_overrides: Any) -> State:
                                             key=f"approve-{model}") or silence  # fmt: skip
                     state = rollout.approve(state, answer.approve, answer.by, answer.note)
                     continue
-                time.sleep(policy.analysis_window_s)
+                time.sleep(_next_look(policy.analysis_window_s))
                 state = tick(rollout, state)
             if state.phase == "promote":
                 state = promote(rollout, state)
