@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 # on a GPU host the CUDA build.
 TORCH  := torch==2.13.0
 
-.PHONY: up test setup clean lock bench-setup system-deps
+.PHONY: up test setup clean lock bench-setup system-deps format lint
 
 setup: $(STAMP)
 
@@ -30,8 +30,18 @@ $(STAMP): requirements.lock pyproject.toml
 up: $(STAMP)
 	$(BIN)/fleet up
 
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The formatter and linter (configured in pyproject.toml), before any test: a change that
+# is not formatted fails here in seconds. `make format` rewrites the files.
+lint: $(STAMP)
+	@$(BIN)/ruff format --check --quiet . || { echo "error: files above are not formatted; run make format" >&2; exit 1; }
+	$(BIN)/ruff check --quiet .
+
+format: $(STAMP)
+	$(BIN)/ruff format --quiet .
+	$(BIN)/ruff check --quiet --fix .
 
 # Debian packages the tests run for real (Prometheus scraping a gateway, Redis for shared quotas), or the benchmarks
 # (wrk, nginx). Installed once, with apt-get (as root, else through sudo).

@@ -64,8 +64,15 @@ def _lua(value: str | bytes) -> str:
     return '"' + "".join(chr(b) if 32 <= b < 127 and b not in (34, 92) else f"\\{b:03d}" for b in raw) + '"'
 
 
-def load(url: str, bodies: list[str] | list[bytes], *, concurrency: int, requests: int, headers: dict[str, str] | None = None,
-         timeout_s: float = 600) -> Result:  # fmt: skip
+def load(
+    url: str,
+    bodies: list[str] | list[bytes],
+    *,
+    concurrency: int,
+    requests: int,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 600,
+) -> Result:
     """POST ``bodies`` (round robin) to ``url`` until ``requests`` answers arrived."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed; install it with: apt-get install -y wrk")
@@ -113,8 +120,14 @@ end
 """
 
 
-def load_for(url: str, bodies: list[str] | list[bytes], *, concurrency: int, seconds: float,
-             headers: dict[str, str] | None = None) -> Result:  # fmt: skip
+def load_for(
+    url: str,
+    bodies: list[str] | list[bytes],
+    *,
+    concurrency: int,
+    seconds: float,
+    headers: dict[str, str] | None = None,
+) -> Result:
     """POST ``bodies`` (round robin) to ``url`` for ``seconds`` (wrk's ``-d``): the answers that
     arrived in that time, over wrk's own measure of the time (answers still on the way at the
     end are not counted)."""
@@ -128,7 +141,17 @@ def load_for(url: str, bodies: list[str] | list[bytes], *, concurrency: int, sec
     with tempfile.TemporaryDirectory(prefix="fleet-wrk-") as tmp:
         path = Path(tmp) / "load.lua"
         path.write_text(script)
-        cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "30s", "-s", str(path), url]
+        cmd = [
+            "wrk",
+            "-t1",
+            f"-c{concurrency}",
+            f"-d{max(1, round(seconds))}s",
+            "--timeout",
+            "30s",
+            "-s",
+            str(path),
+            url,
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT")]
     if not lines:

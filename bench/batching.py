@@ -40,8 +40,8 @@ def _mean_batch(url: str) -> float | None:
     import httpx
 
     text = httpx.get(f"{url}/metrics", timeout=5).text
-    sums = [float(v) for v in re.findall(r'bentoml_service_adaptive_batch_size_sum\{[^}]*\} ([0-9.e+]+)', text)]
-    counts = [float(v) for v in re.findall(r'bentoml_service_adaptive_batch_size_count\{[^}]*\} ([0-9.e+]+)', text)]
+    sums = [float(v) for v in re.findall(r"bentoml_service_adaptive_batch_size_sum\{[^}]*\} ([0-9.e+]+)", text)]
+    counts = [float(v) for v in re.findall(r"bentoml_service_adaptive_batch_size_count\{[^}]*\} ([0-9.e+]+)", text)]
     return sum(sums) / sum(counts) if counts and sum(counts) else None
 
 
@@ -67,7 +67,9 @@ def main() -> None:
     store = open_store()
     model, version = "demo-classifier", "1.0.0"
     spec = load_policies(ROOT / "policies").model(model)
-    overrides = {k: v for k, v in (("max_latency_ms", args.max_latency_ms), ("max_batch_size", args.max_batch_size)) if v}
+    overrides = {
+        k: v for k, v in (("max_latency_ms", args.max_latency_ms), ("max_batch_size", args.max_batch_size)) if v
+    }
     if overrides:
         spec = spec.model_copy(update={"batching": spec.batching.model_copy(update=overrides)})
     if not Registry(store).versions(model):
@@ -77,8 +79,10 @@ def main() -> None:
         "batching": package(Registry(store), model, version, spec, cache, force=True).bento,
         "no batching": package(Registry(store), model, version, spec, cache, batchable=False).bento,
     }
-    print(f"policy: max_batch_size={spec.batching.max_batch_size} max_latency_ms={spec.batching.max_latency_ms} "
-          f"slo p99={spec.slo.p99_ms:g} ms; {args.requests} one-row requests per cell; {os.cpu_count()} cores")  # fmt: skip
+    print(
+        f"policy: max_batch_size={spec.batching.max_batch_size} max_latency_ms={spec.batching.max_latency_ms} "
+        f"slo p99={spec.slo.p99_ms:g} ms; {args.requests} one-row requests per cell; {os.cpu_count()} cores"
+    )
     results: dict[tuple[str, int], tuple[float, float, float, int, float | None]] = {}
     for name, tag in tags.items():
         runtime = LocalRuntime(work / "run" / name.replace(" ", "-"), bento_for=lambda m, v, t=tag: t)
@@ -91,13 +95,17 @@ def main() -> None:
                 results[name, concurrency] = (r.rps, r.p50_ms, r.p99_ms, r.errors, _mean_batch(url))
         finally:
             runtime.undeploy(model, version)
-    print(f"{'concurrency':>11} | {'batching: req/s':>15} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6} {'mean batch':>10} | "
-          f"{'no batching: req/s':>18} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6} | {'speed-up':>8}")  # fmt: skip
+    print(
+        f"{'concurrency':>11} | {'batching: req/s':>15} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6} {'mean batch':>10} | "
+        f"{'no batching: req/s':>18} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6} | {'speed-up':>8}"
+    )
     for concurrency in (1, 16, 64):
         b, n = results["batching", concurrency], results["no batching", concurrency]
         mean_batch = f"{b[4]:.1f}" if b[4] else "-"
-        print(f"{concurrency:>11} | {b[0]:>15.0f} {b[1]:>7.1f} {b[2]:>7.1f} {b[3]:>6} {mean_batch:>10} | "
-              f"{n[0]:>18.0f} {n[1]:>7.1f} {n[2]:>7.1f} {n[3]:>6} | {b[0] / n[0]:>7.2f}x")  # fmt: skip
+        print(
+            f"{concurrency:>11} | {b[0]:>15.0f} {b[1]:>7.1f} {b[2]:>7.1f} {b[3]:>6} {mean_batch:>10} | "
+            f"{n[0]:>18.0f} {n[1]:>7.1f} {n[2]:>7.1f} {n[3]:>6} | {b[0] / n[0]:>7.2f}x"
+        )
     print("mean batch: cumulative over the run so far, from BentoML's adaptive_batch_size histogram")
     _model_time(cache.path(Registry(store), model, version), results["no batching", 1][1])
 
@@ -117,8 +125,10 @@ def _model_time(artifact: Path, http_p50_ms: float) -> None:
         for _ in range(500):
             predictor.predict_proba(x)
         ms = (time.perf_counter() - start) / 500 * 1e3
-        print(f"model compute, {rows:>2} row(s): {ms:.3f} ms per call = {ms / http_p50_ms:.1%} of one "
-              f"unbatched request's p50 ({http_p50_ms:.1f} ms)")
+        print(
+            f"model compute, {rows:>2} row(s): {ms:.3f} ms per call = {ms / http_p50_ms:.1%} of one "
+            f"unbatched request's p50 ({http_p50_ms:.1f} ms)"
+        )
 
 
 if __name__ == "__main__":

@@ -52,8 +52,18 @@ from bench.generation import Bench, bench_policies, claim_root  # noqa: E402
 
 MODEL, SOURCE = "cold-clf", "demo-classifier"
 BODY = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [1, 0, 0, 0]}]}
-PHASES = ("to server import", "server imports", "server verify", "to worker import", "worker imports", "worker verify",
-          "worker setup", "model load", "warm-up", "ready → answered")  # fmt: skip
+PHASES = (
+    "to server import",
+    "server imports",
+    "server verify",
+    "to worker import",
+    "worker imports",
+    "worker verify",
+    "worker setup",
+    "model load",
+    "warm-up",
+    "ready → answered",
+)
 
 
 class ColdBench(Bench):
@@ -64,7 +74,9 @@ class ColdBench(Bench):
 
     def setup(self, versions: int) -> list[str]:
         def lazy(spec: dict) -> None:
-            spec.update(loading="lazy", idle_unload_s=3600, max_hold_ms=60_000, timeout_ms=65_000, cache={"enabled": False})
+            spec.update(
+                loading="lazy", idle_unload_s=3600, max_hold_ms=60_000, timeout_ms=65_000, cache={"enabled": False}
+            )
 
         bench_policies(self.policies, SOURCE, {MODEL: lazy})
         from fleet.registry import Registry, VersionMetadata
@@ -89,7 +101,11 @@ class ColdBench(Bench):
 
         known = {t.name for t in Tenants(self.store()).list()}
         for tenant in ("apps", "pinned"):
-            verb = ("tenants", "rotate", tenant, "--grace", "0") if tenant in known else ("tenants", "create", tenant, "--model", MODEL)
+            verb = (
+                ("tenants", "rotate", tenant, "--grace", "0")
+                if tenant in known
+                else ("tenants", "create", tenant, "--model", MODEL)
+            )
             self.keys[tenant] = self.fleet_json(*verb)["api_key"]  # type: ignore[index]
         self.fleet("route", "pin", MODEL, "pinned", names[1], "-r", "bench/coldstart.py")
         return names
@@ -105,8 +121,11 @@ class ColdBench(Bench):
         """Tell the gateway the runtime changed, and wait until its pools list no replica of the model."""
         import httpx
 
-        httpx.post(f"{self.gateway_url}/admin/refresh", headers={"Authorization": f"Bearer {self.env['FLEET_ADMIN_TOKEN']}"},
-                   timeout=10).raise_for_status()  # fmt: skip
+        httpx.post(
+            f"{self.gateway_url}/admin/refresh",
+            headers={"Authorization": f"Bearer {self.env['FLEET_ADMIN_TOKEN']}"},
+            timeout=10,
+        ).raise_for_status()
         running = {d.version for d in self.runtime().list() if d.model == MODEL}
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -121,8 +140,12 @@ class ColdBench(Bench):
         import httpx
 
         started = time.monotonic()
-        resp = httpx.post(f"{self.gateway_url}/v2/models/{MODEL}/infer", json=BODY, timeout=timeout,
-                          headers={"Authorization": f"Bearer {self.keys[tenant]}"})  # fmt: skip
+        resp = httpx.post(
+            f"{self.gateway_url}/v2/models/{MODEL}/infer",
+            json=BODY,
+            timeout=timeout,
+            headers={"Authorization": f"Bearer {self.keys[tenant]}"},
+        )
         if resp.status_code != 200:
             raise RuntimeError(f"{MODEL} answered {resp.status_code}: {resp.text[:300]}")
         return time.monotonic() - started
@@ -132,8 +155,12 @@ def _versions_in_flight(exposition: str) -> set[str]:
     """Versions of MODEL the gateway has a pool for (its ``fleet_version_in_flight`` samples)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {s.labels["version"] for f in text_string_to_metric_families(exposition) for s in f.samples
-            if s.name == "fleet_version_in_flight" and s.labels.get("model") == MODEL}  # fmt: skip
+    return {
+        s.labels["version"]
+        for f in text_string_to_metric_families(exposition)
+        for s in f.samples
+        if s.name == "fleet_version_in_flight" and s.labels.get("model") == MODEL
+    }
 
 
 def marks(log: Path, offset: int) -> list[tuple[int, str, float]]:
@@ -155,8 +182,19 @@ def phases(sent: float, answered: float, seen: list[tuple[int, str, float]]) -> 
         raise RuntimeError(f"expected the marks of a server and a worker, got {seen}")
     server = {p: t for pid, p, t in seen if pid == pids[0]}
     worker = {p: t for pid, p, t in seen if pid == pids[1]}
-    points = [sent, server["import"], server["imported"], server["verified"], worker["import"], worker["imported"],
-              worker["verified"], worker["worker"], worker["loaded"], worker["warm"], answered]  # fmt: skip
+    points = [
+        sent,
+        server["import"],
+        server["imported"],
+        server["verified"],
+        worker["import"],
+        worker["imported"],
+        worker["verified"],
+        worker["worker"],
+        worker["loaded"],
+        worker["warm"],
+        answered,
+    ]
     return {name: b - a for name, a, b in zip(PHASES, points[:-1], points[1:], strict=True)}
 
 
@@ -193,15 +231,21 @@ def cold_starts(bench: ColdBench, runs: int) -> dict:
         row["total"] = took
         rows.append(row)
         warm.append(min(bench.infer() for _ in range(5)))
-        print(f"  run {i + 1}/{runs}: held → answered {took:.2f} s ("
-              + ", ".join(f"{k} {v:.2f}" for k, v in row.items() if k != "total") + ")", flush=True)  # fmt: skip
+        print(
+            f"  run {i + 1}/{runs}: held → answered {took:.2f} s ("
+            + ", ".join(f"{k} {v:.2f}" for k, v in row.items() if k != "total")
+            + ")",
+            flush=True,
+        )
     rt.undeploy(MODEL, "1.0.0")
     bench.refresh_gateway()
     for _ in range(min(runs, 5)):
         bare.append(bare_start(bench))
     keys = [*PHASES, "total"]
     return {
-        "phases": {k: {"p50": statistics.median(r[k] for r in rows), "p99": pct([r[k] for r in rows], 0.99)} for k in keys},
+        "phases": {
+            k: {"p50": statistics.median(r[k] for r in rows), "p99": pct([r[k] for r in rows], 0.99)} for k in keys
+        },
         "bare_bentoml_serve_s": {"p50": statistics.median(bare), "p99": pct(bare, 0.99), "runs": len(bare)},
         "warm_request_ms": {"p50": statistics.median(warm) * 1e3, "p99": pct(warm, 0.99) * 1e3},
         "runs": runs,
@@ -227,10 +271,16 @@ def memory(bench: ColdBench, names: list[str], hot: int) -> dict:
     eager_mib = sum(x.memory_mib for x in eager_loaded)
     print(f"  eager: {len(eager_loaded)} of {len(names)} versions loaded, {eager_mib:.0f} MiB", flush=True)
     rt.stop_all()
-    return {"versions": len(names), "hot": hot, "lazy_loaded": len(lazy_loaded), "lazy_mib": round(lazy_mib, 1),
-            "eager_loaded": len(eager_loaded), "eager_mib": round(eager_mib, 1),
-            "per_replica_mib": round(eager_mib / max(1, len(eager_loaded)), 1),
-            "ratio": round(lazy_mib / eager_mib, 3) if eager_mib else None}  # fmt: skip
+    return {
+        "versions": len(names),
+        "hot": hot,
+        "lazy_loaded": len(lazy_loaded),
+        "lazy_mib": round(lazy_mib, 1),
+        "eager_loaded": len(eager_loaded),
+        "eager_mib": round(eager_mib, 1),
+        "per_replica_mib": round(eager_mib / max(1, len(eager_loaded)), 1),
+        "ratio": round(lazy_mib / eager_mib, 3) if eager_mib else None,
+    }
 
 
 def main() -> None:
@@ -249,7 +299,10 @@ def main() -> None:
         bench.start_gateway()
         print(f"cold starts of {MODEL}:1.0.0 through the gateway, {args.runs} runs:", flush=True)
         cold = cold_starts(bench, args.runs)
-        print(f"memory, {args.versions} lazy versions of which {args.hot} get traffic, against all loaded eagerly:", flush=True)
+        print(
+            f"memory, {args.versions} lazy versions of which {args.hot} get traffic, against all loaded eagerly:",
+            flush=True,
+        )
         mem = memory(bench, names, args.hot)
     finally:
         bench.stop()
@@ -262,9 +315,11 @@ def main() -> None:
     print(f"{'reference: warm request through the gateway':<46} p50 {warm['p50']:.1f} ms  p99 {warm['p99']:.1f} ms")
     total = cold["phases"]["total"]["p50"]
     print(f"cold start held → answered p50 {total:.2f} s (target ≤ 3 s: {'met' if total <= 3 else 'NOT met'})")
-    print(f"memory: lazy {mem['lazy_mib']:.0f} MiB ({mem['lazy_loaded']} loaded) vs eager {mem['eager_mib']:.0f} MiB "
-          f"({mem['eager_loaded']} loaded): {mem['ratio'] * 100:.0f} % (target ≤ 40 %: "
-          f"{'met' if mem['ratio'] <= 0.4 else 'NOT met'})")  # fmt: skip
+    print(
+        f"memory: lazy {mem['lazy_mib']:.0f} MiB ({mem['lazy_loaded']} loaded) vs eager {mem['eager_mib']:.0f} MiB "
+        f"({mem['eager_loaded']} loaded): {mem['ratio'] * 100:.0f} % (target ≤ 40 %: "
+        f"{'met' if mem['ratio'] <= 0.4 else 'NOT met'})"
+    )
     if args.json:
         args.json.write_text(json.dumps({"cold": cold, "memory": mem}, indent=2))
 

@@ -36,10 +36,18 @@ import numpy as np
 
 # feature index → (what changed, how to draw the current values); the others are N(0, 1) both times
 SHIFTS = {
-    0: "mean +0.5 sd", 1: "mean +0.5 sd", 2: "mean +0.5 sd", 3: "mean +0.5 sd",
-    4: "mean +0.25 sd", 5: "sd x1.5", 6: "mean +0.02 sd (tiny)", 7: "0.5 % nulls",
-    8: "lognormal, unchanged", 9: "uniform, unchanged", 10: "Poisson(3), unchanged",
-}  # fmt: skip
+    0: "mean +0.5 sd",
+    1: "mean +0.5 sd",
+    2: "mean +0.5 sd",
+    3: "mean +0.5 sd",
+    4: "mean +0.25 sd",
+    5: "sd x1.5",
+    6: "mean +0.02 sd (tiny)",
+    7: "0.5 % nulls",
+    8: "lognormal, unchanged",
+    9: "uniform, unchanged",
+    10: "Poisson(3), unchanged",
+}
 PSI, JS, WASSERSTEIN, KS_P = 0.2, 0.1, 0.1, 0.01
 METHODS = ("psi", "jensenshannon", "wasserstein", "ks")
 LN2 = float(np.log(2.0))
@@ -116,10 +124,14 @@ def run_fleet(data: Path) -> dict:
     prof = profile.baseline_profile(ref, names, proba)
     built = time.perf_counter() - t0
     policy = MonitoringPolicy(
-        schedule="*/15 * * * *", window_hours=1.0, min_rows=1,
+        schedule="*/15 * * * *",
+        window_hours=1.0,
+        min_rows=1,
         drift=DriftThresholds(psi=PSI, js=JS, wasserstein=WASSERSTEIN, ks_pvalue=KS_P),
-    )  # fmt: skip
-    suite = quality.build_expectations([TensorSpec(name="x", datatype="FP64", shape=[-1, len(names)])], prof, QualityThresholds())
+    )
+    suite = quality.build_expectations(
+        [TensorSpec(name="x", datatype="FP64", shape=[-1, len(names)])], prof, QualityThresholds()
+    )
     with Peak() as mem:
         t0, c0 = time.perf_counter(), time.process_time()
         checked = quality.validate(cur_df, suite, name="bench")
@@ -136,21 +148,40 @@ def run_fleet(data: Path) -> dict:
         rp, cp = _evidently_bins(r, c)
         d, p = drift.ks(r, c)
         same[name] = {
-            "psi": float(drift.psi(rp * r.size, cp * c.size)), "js_e": float(drift.js_distance(rp, cp)) * np.sqrt(LN2),
-            "wasserstein": drift.wasserstein(r, c) / max(float(r.std()), 0.001), "ks": p,
-        }  # fmt: skip
+            "psi": float(drift.psi(rp * r.size, cp * c.size)),
+            "js_e": float(drift.js_distance(rp, cp)) * np.sqrt(LN2),
+            "wasserstein": drift.wasserstein(r, c) / max(float(r.std()), 0.001),
+            "ks": p,
+        }
     return {
-        "import_s": imported, "profile_s": built, "quality_s": t1 - t0, "drift_s": t2 - t1, "sort_s": sort_s,
-        "quality_cpu": c1 - c0, "drift_cpu": c2 - c1, "load": os.getloadavg()[0],
-        "peak_bytes": mem.peak, "quality_passed": checked.passed, "expectations": checked.evaluated,
-        "profile_bytes": len(json.dumps(prof)), "drifting": list(report.drifting_features),
+        "import_s": imported,
+        "profile_s": built,
+        "quality_s": t1 - t0,
+        "drift_s": t2 - t1,
+        "sort_s": sort_s,
+        "quality_cpu": c1 - c0,
+        "drift_cpu": c2 - c1,
+        "load": os.getloadavg()[0],
+        "peak_bytes": mem.peak,
+        "quality_passed": checked.passed,
+        "expectations": checked.evaluated,
+        "profile_bytes": len(json.dumps(prof)),
+        "drifting": list(report.drifting_features),
         "features": {
-            f.feature: {"psi": f.psi.value, "js": f.js.value, "wasserstein": f.wasserstein_norm,
-                        "wasserstein_raw": f.wasserstein.value, "ks": f.ks_pvalue.value,
-                        "flags": [s for s, st in (("psi", f.psi), ("js", f.js), ("wasserstein", f.wasserstein),
-                                                  ("ks", f.ks_pvalue)) if st.exceeded]}
+            f.feature: {
+                "psi": f.psi.value,
+                "js": f.js.value,
+                "wasserstein": f.wasserstein_norm,
+                "wasserstein_raw": f.wasserstein.value,
+                "ks": f.ks_pvalue.value,
+                "flags": [
+                    s
+                    for s, st in (("psi", f.psi), ("js", f.js), ("wasserstein", f.wasserstein), ("ks", f.ks_pvalue))
+                    if st.exceeded
+                ],
+            }
             for f in report.features
-        },  # fmt: skip
+        },
         "same_inputs": same,
     }
 
@@ -189,9 +220,13 @@ def run_evidently(data: Path) -> dict:
         }
         flagged = [n for n, v in values.items() if (v <= KS_P if method == "ks" else v >= thresholds[method])]
         out["methods"][method] = {
-            "seconds": elapsed, "cpu": cpu, "peak_bytes": mem.peak, "values": values, "flagged": flagged,
+            "seconds": elapsed,
+            "cpu": cpu,
+            "peak_bytes": mem.peak,
+            "values": values,
+            "flagged": flagged,
             "load": os.getloadavg()[0],
-        }  # fmt: skip
+        }
     return out
 
 
@@ -200,8 +235,11 @@ def _side(side: str, data: Path) -> dict:
     env = {**os.environ, "GX_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
     done = subprocess.run(
         [sys.executable, __file__, "--side", side, "--data", str(data)],
-        capture_output=True, text=True, env=env, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     if done.returncode != 0:
         raise SystemExit(f"{side} side failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -218,25 +256,36 @@ def report(fleet: dict, ev: dict, rows: int, features: int) -> None:
     print(f"\n{rows:,} rows x {features} features, reference and current; {os.cpu_count()} CPUs")
     print("CPU seconds are the process's own: other work on the machine inflates wall time, not them.\n")
     print(f"{'':46} {'wall s':>8} {'CPU s':>8} {'peak MiB':>9} {'x fleet (CPU)':>14} {'load':>5}")
-    print(f"{'fleet: quality (GX, %d expectations)' % fleet['expectations']:46} {fleet['quality_s']:8.2f} {fleet['quality_cpu']:8.2f}")
+    quality = f"fleet: quality (GX, {fleet['expectations']} expectations)"
+    print(f"{quality:46} {fleet['quality_s']:8.2f} {fleet['quality_cpu']:8.2f}")
     print(f"{'fleet: drift (PSI + JS + Wasserstein + KS)':46} {fleet['drift_s']:8.2f} {fleet['drift_cpu']:8.2f}")
-    print(f"{'fleet: check = quality + drift':46} {check:8.2f} {check_cpu:8.2f} {fleet['peak_bytes'] * mib:9.0f} "
-          f"{'1.0':>14} {fleet['load']:5.1f}")  # fmt: skip
+    print(
+        f"{'fleet: check = quality + drift':46} {check:8.2f} {check_cpu:8.2f} {fleet['peak_bytes'] * mib:9.0f} "
+        f"{'1.0':>14} {fleet['load']:5.1f}"
+    )
     for m, r in ev_m.items():
-        print(f"{'Evidently DataDriftPreset(method=%s)' % m:46} {r['seconds']:8.2f} {r['cpu']:8.2f} "
-              f"{r['peak_bytes'] * mib:9.0f} {r['cpu'] / check_cpu:14.1f} {r['load']:5.1f}")  # fmt: skip
+        print(
+            f"{f'Evidently DataDriftPreset(method={m})':46} {r['seconds']:8.2f} {r['cpu']:8.2f} "
+            f"{r['peak_bytes'] * mib:9.0f} {r['cpu'] / check_cpu:14.1f} {r['load']:5.1f}"
+        )
     ev_wall, ev_cpu = sum(r["seconds"] for r in ev_m.values()), sum(r["cpu"] for r in ev_m.values())
     print(f"{'Evidently, the four methods':46} {ev_wall:8.2f} {ev_cpu:8.2f} {'':9} {ev_cpu / check_cpu:14.1f}")
-    print(f"\none-off costs: fleet profile build (at registration) {fleet['profile_s']:.2f} s, "
-          f"{fleet['profile_bytes'] / 1024:.0f} KiB of JSON; imports: fleet + GX {fleet['import_s']:.1f} s, "
-          f"Evidently {ev['import_s']:.1f} s")  # fmt: skip
-    print(f"where fleet's drift time goes: one sort per column {fleet['sort_s']:.2f} s of {fleet['drift_s']:.2f} s wall")
+    print(
+        f"\none-off costs: fleet profile build (at registration) {fleet['profile_s']:.2f} s, "
+        f"{fleet['profile_bytes'] / 1024:.0f} KiB of JSON; imports: fleet + GX {fleet['import_s']:.1f} s, "
+        f"Evidently {ev['import_s']:.1f} s"
+    )
+    print(
+        f"where fleet's drift time goes: one sort per column {fleet['sort_s']:.2f} s of {fleet['drift_s']:.2f} s wall"
+    )
     print(f"fleet's quality suite on the current data: {'passed' if fleet['quality_passed'] else 'FAILED'}")
     cpu_x = min(r["cpu"] for r in ev_m.values()) / check_cpu
     wall_x = min(r["seconds"] for r in ev_m.values()) / check
     verdict = "met" if min(cpu_x, wall_x) >= 10 else "met in CPU time, not in wall time" if cpu_x >= 10 else "NOT met"
-    print(f"target >= 10x faster than each single Evidently method: {verdict} "
-          f"(vs its fastest: {cpu_x:.1f}x CPU, {wall_x:.1f}x wall); vs all four methods: {ev_cpu / check_cpu:.1f}x CPU")
+    print(
+        f"target >= 10x faster than each single Evidently method: {verdict} "
+        f"(vs its fastest: {cpu_x:.1f}x CPU, {wall_x:.1f}x wall); vs all four methods: {ev_cpu / check_cpu:.1f}x CPU"
+    )
     print("\nper feature, each tool's own computation (fleet: profile bins + sketch; Evidently: its bins + full data)")
     print("JS in base 2 for both (Evidently's base-e value / sqrt(ln 2)); Wasserstein normed by the reference std.")
     print("Thresholds: PSI 0.2, JS 0.1, KS p 0.01 both; Wasserstein 0.1 — fleet's in feature units (the policy's),")
@@ -247,14 +296,25 @@ def report(fleet: dict, ev: dict, rows: int, features: int) -> None:
     print(head + "  flags fleet / Evidently")
     for i, (name, f) in enumerate(fleet["features"].items()):
         e_js = ev_m["jensenshannon"]["values"][name] / np.sqrt(LN2)
-        pairs = [(f["psi"], ev_m["psi"]["values"][name]), (f["js"], e_js),
-                 (f["wasserstein"], ev_m["wasserstein"]["values"][name]), (f["ks"], ev_m["ks"]["values"][name])]  # fmt: skip
+        pairs = [
+            (f["psi"], ev_m["psi"]["values"][name]),
+            (f["js"], e_js),
+            (f["wasserstein"], ev_m["wasserstein"]["values"][name]),
+            (f["ks"], ev_m["ks"]["values"][name]),
+        ]
         cells = "".join(f" {_g(a):>11} {_g(b):>11}" for a, b in pairs)
         ev_flags = [m if m != "jensenshannon" else "js" for m in METHODS if name in ev_m[m]["flagged"]]
-        print(f"{name:7} {SHIFTS.get(i, 'unchanged'):22}{cells}  {','.join(f['flags']) or '-'} / {','.join(ev_flags) or '-'}")
+        print(
+            f"{name:7} {SHIFTS.get(i, 'unchanged'):22}{cells}  {','.join(f['flags']) or '-'} / {','.join(ev_flags) or '-'}"
+        )
 
     print("\nagreement by method (flags: features where fleet and Evidently disagree)")
-    for key, method, scale in (("psi", "psi", 1.0), ("js", "jensenshannon", np.sqrt(LN2)), ("wasserstein", "wasserstein", 1.0), ("ks", "ks", 1.0)):
+    for key, method, scale in (
+        ("psi", "psi", 1.0),
+        ("js", "jensenshannon", np.sqrt(LN2)),
+        ("wasserstein", "wasserstein", 1.0),
+        ("ks", "ks", 1.0),
+    ):
         ours = {n: f[key] for n, f in fleet["features"].items()}
         theirs = {n: v / scale for n, v in ev_m[method]["values"].items()}
         same = {n: s[key if key != "js" else "js_e"] / scale for n, s in fleet["same_inputs"].items()}
@@ -262,14 +322,18 @@ def report(fleet: dict, ev: dict, rows: int, features: int) -> None:
         exact = max(abs(same[n] - theirs[n]) / max(abs(theirs[n]), 1e-300) for n in same if theirs[n] > 1e-250)
         fleet_flags = {n for n, f in fleet["features"].items() if key in f["flags"]}
         differ = sorted(fleet_flags ^ set(ev_m[method]["flagged"]), key=lambda n: int(n[1:]))
-        print(f"  {key:12} own inputs: max |diff| {own:.3g}; Evidently's inputs: max rel. diff {exact:.2g}; "
-              f"flag differences: {', '.join(differ) or 'none'}")  # fmt: skip
+        print(
+            f"  {key:12} own inputs: max |diff| {own:.3g}; Evidently's inputs: max rel. diff {exact:.2g}; "
+            f"flag differences: {', '.join(differ) or 'none'}"
+        )
     drifting = set(fleet["drifting"])
     print(f"\nfleet marks drifting (PSI, JS or Wasserstein; KS never alone): {', '.join(fleet['drifting'])}")
     for m in METHODS:
         flagged = set(ev_m[m]["flagged"])
-        print(f"Evidently {m:13} flags: {', '.join(sorted(flagged, key=lambda n: int(n[1:])))}"
-              f"{'  (same set)' if flagged == drifting else ''}")  # fmt: skip
+        print(
+            f"Evidently {m:13} flags: {', '.join(sorted(flagged, key=lambda n: int(n[1:])))}"
+            f"{'  (same set)' if flagged == drifting else ''}"
+        )
 
 
 def main() -> None:

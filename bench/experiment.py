@@ -71,20 +71,28 @@ def main() -> None:
     per_look = max(1, round(args.rps / 2 * args.tick_s))
     looks = math.ceil(args.max_hours * 3600 / args.tick_s)
     per_arm_s = args.rps / 2
-    print(f"{args.runs} experiments per effect: clicked at {BASE:.0%} on A, {args.rps:g} req/s split 50/50 "
-          f"({per_arm_s:g} outcomes/s per arm), a look every {args.tick_s:g} s, min effect {args.min_effect:g}, "
-          f"alpha {args.alpha:g}, at most {args.max_hours:g} h")  # fmt: skip
+    print(
+        f"{args.runs} experiments per effect: clicked at {BASE:.0%} on A, {args.rps:g} req/s split 50/50 "
+        f"({per_arm_s:g} outcomes/s per arm), a look every {args.tick_s:g} s, min effect {args.min_effect:g}, "
+        f"alpha {args.alpha:g}, at most {args.max_hours:g} h"
+    )
     planned = fixed_n(args.min_effect, args.alpha, 0.8)
-    print(f"fixed horizon planned for 80 % power at the minimum effect: {planned:.0f} outcomes per arm = "
-          f"{_t(planned / per_arm_s)}, whatever the effect\n")  # fmt: skip
-    print(f"{'B - A':>7} {'B wins':>7} {'A wins':>7} {'no diff':>8} {'out of time':>12} {'decided, median':>16} "
-          f"{'p90':>8} {'fixed, same power':>18} {'median / same, planned':>19}")  # fmt: skip
+    print(
+        f"fixed horizon planned for 80 % power at the minimum effect: {planned:.0f} outcomes per arm = "
+        f"{_t(planned / per_arm_s)}, whatever the effect\n"
+    )
+    print(
+        f"{'B - A':>7} {'B wins':>7} {'A wins':>7} {'no diff':>8} {'out of time':>12} {'decided, median':>16} "
+        f"{'p90':>8} {'fixed, same power':>18} {'median / same, planned':>19}"
+    )
     began = time.perf_counter()
     rng = np.random.default_rng(args.seed)
     for effect in EFFECTS:
         runs = [one(rng, effect, per_look, looks, args.min_effect, args.alpha) for _ in range(args.runs)]
-        share = {k: sum(1 for s, w, _ in runs if (s, w) == k) / args.runs
-                 for k in (("winner", "B"), ("winner", "A"), ("no_difference", None), ("out_of_time", None))}  # fmt: skip
+        share = {
+            k: sum(1 for s, w, _ in runs if (s, w) == k) / args.runs
+            for k in (("winner", "B"), ("winner", "A"), ("no_difference", None), ("out_of_time", None))
+        }
         wanted = ("winner", "B") if effect > 0 else ("no_difference", None)
         times = [n * args.tick_s for s, w, n in runs if (s, w) == wanted]
         median = float(np.median(times)) if times else math.nan
@@ -94,10 +102,14 @@ def main() -> None:
             ratio = f"{median / same:.2f}x / {median / (planned / per_arm_s):.2f}x"
         else:
             same, ratio = math.nan, "-"
-        print(f"{effect:+7.2f} {share['winner', 'B']:7.0%} {share['winner', 'A']:7.0%} {share['no_difference', None]:8.0%} "
-              f"{share['out_of_time', None]:12.0%} {_t(median):>16} {_t(p90):>8} {_t(same):>18} {ratio:>19}")  # fmt: skip
-    print(f"\n(simulated in {time.perf_counter() - began:.0f} s; with no effect, 'decided' is the time to 'no difference'"
-          "; B wins there is a false winner)")  # fmt: skip
+        print(
+            f"{effect:+7.2f} {share['winner', 'B']:7.0%} {share['winner', 'A']:7.0%} {share['no_difference', None]:8.0%} "
+            f"{share['out_of_time', None]:12.0%} {_t(median):>16} {_t(p90):>8} {_t(same):>18} {ratio:>19}"
+        )
+    print(
+        f"\n(simulated in {time.perf_counter() - began:.0f} s; with no effect, 'decided' is the time to 'no difference'"
+        "; B wins there is a false winner)"
+    )
 
 
 def _t(seconds: float) -> str:

@@ -88,8 +88,10 @@ class _Http:
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         body = json.dumps(BODY).encode()
-        self.request = (f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {key}\r\n"
-                        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body  # fmt: skip
+        self.request = (
+            f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self.connections = 0
         self.stale = 0  # kept connections found closed by the server, the request sent again
@@ -185,9 +187,19 @@ async def _open_loop(url: str, key: str, rate: float, start_at: float, seconds: 
     for _, code in kept:
         codes[str(code)] = codes.get(str(code), 0) + 1
     ok = [s * 1e3 for s, code in kept if code == 200]
-    return {"sent": len(kept), "seconds": seconds, "codes": codes, "p50_ms": _percentile(ok, 50),
-            "p99_ms": _percentile(ok, 99), "mean_ms": sum(ok) / len(ok) if ok else float("nan"), "max_ms": max(ok, default=float("nan")), "max_send_lag_ms": lag * 1e3,
-            "connections": client.connections, "stale": client.stale, **usage}  # fmt: skip
+    return {
+        "sent": len(kept),
+        "seconds": seconds,
+        "codes": codes,
+        "p50_ms": _percentile(ok, 50),
+        "p99_ms": _percentile(ok, 99),
+        "mean_ms": sum(ok) / len(ok) if ok else float("nan"),
+        "max_ms": max(ok, default=float("nan")),
+        "max_send_lag_ms": lag * 1e3,
+        "connections": client.connections,
+        "stale": client.stale,
+        **usage,
+    }
 
 
 def _client_main(args: argparse.Namespace) -> None:
@@ -260,9 +272,12 @@ def _seed_store(path: Path, tenants: dict[str, object]) -> tuple[object, dict[st
     artifact.mkdir(parents=True, exist_ok=True)
     (artifact / "model.txt").write_text("stub weights\n")
     profile = {"features": {f: {} for f in ("income", "debt_ratio", "age", "tenure")}}
-    meta = VersionMetadata(framework="torch", baseline_profile=profile,
-                           inputs=[TensorSpec(name="features", datatype="FP32", shape=[-1, 4])],
-                           outputs=[TensorSpec(name="probabilities", datatype="FP32", shape=[-1, 2])])  # fmt: skip
+    meta = VersionMetadata(
+        framework="torch",
+        baseline_profile=profile,
+        inputs=[TensorSpec(name="features", datatype="FP32", shape=[-1, 4])],
+        outputs=[TensorSpec(name="probabilities", datatype="FP32", shape=[-1, 2])],
+    )
     Registry(store).register(MODEL, "1.0.0", artifact, meta)
     Router(store).set(MODEL, stable="1.0.0", why="bench")
     keys = {name: Tenants(store).create(name, {MODEL: ["*"]}, quota, weight=1.0)[1] for name, quota in tenants.items()}
@@ -295,28 +310,46 @@ def _stub(procs: Procs, delay_ms: float) -> str:
     from bench.gateway import _free_port, _wait
 
     port = _free_port()
-    procs.start(f"stub-{port}", [sys.executable, str(ROOT / "tests" / "stub_model.py"), "--port", str(port),
-                                 "--delay-ms", str(delay_ms)])  # fmt: skip
+    procs.start(
+        f"stub-{port}",
+        [sys.executable, str(ROOT / "tests" / "stub_model.py"), "--port", str(port), "--delay-ms", str(delay_ms)],
+    )
     _wait(f"http://127.0.0.1:{port}/readyz")
     return f"http://127.0.0.1:{port}"
 
 
-def _gateway(procs: Procs, name: str, store: Path, policies: Path, endpoints: Path, *, tree: Path | None = None,
-             redis_url: str | None = None, workers: int = 1) -> tuple[str, subprocess.Popen[bytes]]:  # fmt: skip
+def _gateway(
+    procs: Procs,
+    name: str,
+    store: Path,
+    policies: Path,
+    endpoints: Path,
+    *,
+    tree: Path | None = None,
+    redis_url: str | None = None,
+    workers: int = 1,
+) -> tuple[str, subprocess.Popen[bytes]]:
     """``fleet gateway`` (this tree's, or ``tree``'s) on a free port; wait until it is ready
     (with workers: every worker's record under the store's ``gateways/``)."""
     from bench.gateway import _free_port, _wait
 
     port = _free_port()
-    env = {**os.environ, "FLEET_STORE": f"file://{store}", "FLEET_RUNTIME": "static",
-           "FLEET_STATIC_ENDPOINTS": str(endpoints), "FLEET_POLICIES": str(policies)}  # fmt: skip
+    env = {
+        **os.environ,
+        "FLEET_STORE": f"file://{store}",
+        "FLEET_RUNTIME": "static",
+        "FLEET_STATIC_ENDPOINTS": str(endpoints),
+        "FLEET_POLICIES": str(policies),
+    }
     for var in ("FLEET_REDIS_URL", "FLEET_GATEWAY_WORKERS", "FLEET_ADMIN_TOKEN", "PYTHONPATH"):
         env.pop(var, None)
     if redis_url:
         env["FLEET_REDIS_URL"] = redis_url
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
-    cmd = [sys.executable, "-m", "fleet", "gateway", "--port", str(port)] + (["--workers", str(workers)] if workers > 1 else [])
+    cmd = [sys.executable, "-m", "fleet", "gateway", "--port", str(port)] + (
+        ["--workers", str(workers)] if workers > 1 else []
+    )
     proc = procs.start(f"gateway-{name}", cmd, env=env, cwd=tree or ROOT)
     url = f"http://127.0.0.1:{port}"
     _wait(f"{url}/v2/health/ready", timeout=90)
@@ -342,8 +375,10 @@ def _redis(procs: Procs, work: Path) -> tuple[str, subprocess.Popen[bytes]]:
     exe = shutil.which("redis-server")
     if exe is None:
         raise SystemExit("redis-server is not installed; install it with: apt-get install -y redis-server")
-    proc = procs.start("redis", [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                 "--dir", str(work)])  # fmt: skip
+    proc = procs.start(
+        "redis",
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(work)],
+    )
     url = f"redis://127.0.0.1:{port}/0"
     client, deadline = redis.Redis.from_url(url, socket_timeout=1), time.monotonic() + 10
     while True:
@@ -361,8 +396,9 @@ def _tenant_codes(url: str, tenant: str) -> dict[str, int]:
     import httpx
 
     codes: dict[str, int] = {}
-    for labels, value in re.findall(r"^fleet_requests_total\{([^}]*)\} ([0-9.e+-]+)$", httpx.get(f"{url}/metrics", timeout=10).text,
-                                    re.M):  # fmt: skip
+    for labels, value in re.findall(
+        r"^fleet_requests_total\{([^}]*)\} ([0-9.e+-]+)$", httpx.get(f"{url}/metrics", timeout=10).text, re.M
+    ):
         found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
         if found.get("tenant") == tenant:
             codes[found["code"]] = codes.get(found["code"], 0) + int(float(value))
@@ -377,13 +413,21 @@ def _tenant_time(url: str, tenant: str) -> tuple[float, float]:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     out = []
     for part in ("count", "sum"):
-        out.append(sum(float(v) for labels, v in re.findall(rf"^fleet_request_duration_seconds_{part}\{{([^}}]*)\}} ([0-9.e+-]+)$",
-                                                            text, re.M) if f'tenant="{tenant}"' in labels))  # fmt: skip
+        out.append(
+            sum(
+                float(v)
+                for labels, v in re.findall(
+                    rf"^fleet_request_duration_seconds_{part}\{{([^}}]*)\}} ([0-9.e+-]+)$", text, re.M
+                )
+                if f'tenant="{tenant}"' in labels
+            )
+        )
     return out[0], out[1]
 
 
-def _clients(gateway: str, pid: int, keys: dict[str, str], tenant_b: str, seconds: float, work: Path, cell: str,
-             flood: bool) -> dict[str, dict]:  # fmt: skip
+def _clients(
+    gateway: str, pid: int, keys: dict[str, str], tenant_b: str, seconds: float, work: Path, cell: str, flood: bool
+) -> dict[str, dict]:
     """B's open loop (and A's flood) as processes of their own, started together; their
     reports, the gateway's CPU over the measured window and B's mean time in the gateway."""
     url = f"{gateway}/v2/models/{MODEL}/infer"
@@ -392,15 +436,30 @@ def _clients(gateway: str, pid: int, keys: dict[str, str], tenant_b: str, second
     procs = {}
     for who, (kind, key, amount) in runs.items():
         out = work / f"client-{cell}-{who}.json"
-        cmd = [sys.executable, __file__, "--client", kind, url, key, amount, "--start-at", repr(start_at),
-               "--seconds", repr(seconds), "--out", str(out)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            __file__,
+            "--client",
+            kind,
+            url,
+            key,
+            amount,
+            "--start-at",
+            repr(start_at),
+            "--seconds",
+            repr(seconds),
+            "--out",
+            str(out),
+        ]
         procs[who] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT), out)
     time.sleep(max(0.0, start_at + WARMUP_S - time.time()))
     cpu, b_time, box = _cpu_s(pid), _tenant_time(gateway, tenant_b), _box_ticks()
     time.sleep(max(0.0, start_at + WARMUP_S + seconds - time.time()))
     box_after = _box_ticks()
-    window = {"gateway_cpu": (_cpu_s(pid) - cpu) / seconds,
-              "box_busy": (box_after[0] - box[0]) / max(1, box_after[1] - box[1])}  # fmt: skip
+    window = {
+        "gateway_cpu": (_cpu_s(pid) - cpu) / seconds,
+        "box_busy": (box_after[0] - box[0]) / max(1, box_after[1] - box[1]),
+    }
     b_after = _tenant_time(gateway, tenant_b)
     n = b_after[0] - b_time[0]
     window["b_in_gateway_ms"] = (b_after[1] - b_time[1]) / n * 1e3 if n else float("nan")
@@ -430,18 +489,30 @@ def part1(procs: Procs, work: Path, seconds: float, baseline_ref: str) -> dict:
     tree = _baseline_tree(baseline_ref, work / "baseline")
     # the baseline's tenants are written by its own code; bench-baseline is A, steady-b is B
     base_keys = {"A": _baseline_store(tree, work / "store-fair", work / "store-fair-baseline")}
-    script = ("import sys; from fleet.store import open_store; from fleet.tenants import Tenants; "
-              f"print(Tenants(open_store(sys.argv[1])).create('steady-b', {{'{MODEL}': ['*']}})[1])")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", script, f"file://{work / 'store-fair-baseline'}"], cwd=tree, check=True,
-                          env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)  # fmt: skip
+    script = (
+        "import sys; from fleet.store import open_store; from fleet.tenants import Tenants; "
+        f"print(Tenants(open_store(sys.argv[1])).create('steady-b', {{'{MODEL}': ['*']}})[1])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, f"file://{work / 'store-fair-baseline'}"],
+        cwd=tree,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+    )
     base_keys["B"] = done.stdout.strip().splitlines()[-1]
     base_policies = _policies(tree / "policies" / "fleet.yaml", work / "policies-fair-baseline", **policy)
     now_url, now_proc = _gateway(procs, "fair", work / "store-fair", policies, endpoints)
-    base_url, base_proc = _gateway(procs, "fair-baseline", work / "store-fair-baseline", base_policies, endpoints, tree=tree)
+    base_url, base_proc = _gateway(
+        procs, "fair-baseline", work / "store-fair-baseline", base_policies, endpoints, tree=tree
+    )
     cells = {}
-    for cell, url, proc, cell_keys, flood in (("alone", now_url, now_proc, keys, False),
-                                              ("baseline", base_url, base_proc, base_keys, True),
-                                              ("fair", now_url, now_proc, keys, True)):  # fmt: skip
+    for cell, url, proc, cell_keys, flood in (
+        ("alone", now_url, now_proc, keys, False),
+        ("baseline", base_url, base_proc, base_keys, True),
+        ("fair", now_url, now_proc, keys, True),
+    ):
         cells[cell] = _clients(url, proc.pid, cell_keys, "steady-b", seconds, work, cell, flood)
         time.sleep(0.5)  # the queue drains before the next cell
     for p in (now_proc, base_proc):
@@ -450,13 +521,20 @@ def part1(procs: Procs, work: Path, seconds: float, baseline_ref: str) -> dict:
 
 
 def report1(cells: dict, seconds: float, baseline_ref: str) -> None:
-    print(f"1. fair queuing under a flood: stub replica 20 ms, concurrency 8, max_queue 64 (~400 req/s); "
-          f"B open loop {STEADY_RPS:g} req/s, A open loop {FLOOD_RPS:g} req/s (10x its fair share); {seconds:g} s per cell after "
-          f"{WARMUP_S:g} s warm-up")  # fmt: skip
-    print(f"{'cell':<28} | {'B sent/s':>8} {'B p50':>7} {'B p99':>7} {'B max':>7} {'B 5xx':>5} {'B 429':>5} {'B other':>7} {'B mean':>6} {'B gw':>6} | "
-          f"{'A sent/s':>8} {'A 200/s':>7} {'A 503/s':>7} {'A other':>7} | {'gw CPU':>6} {'cli CPU A/B':>11} {'box busy':>8}")  # fmt: skip
-    names = {"alone": "(i) B alone, this tree", "baseline": f"(ii) A+B, {baseline_ref} (FIFO)",
-             "fair": "(iii) A+B, this tree (fair)"}  # fmt: skip
+    print(
+        f"1. fair queuing under a flood: stub replica 20 ms, concurrency 8, max_queue 64 (~400 req/s); "
+        f"B open loop {STEADY_RPS:g} req/s, A open loop {FLOOD_RPS:g} req/s (10x its fair share); {seconds:g} s per cell after "
+        f"{WARMUP_S:g} s warm-up"
+    )
+    print(
+        f"{'cell':<28} | {'B sent/s':>8} {'B p50':>7} {'B p99':>7} {'B max':>7} {'B 5xx':>5} {'B 429':>5} {'B other':>7} {'B mean':>6} {'B gw':>6} | "
+        f"{'A sent/s':>8} {'A 200/s':>7} {'A 503/s':>7} {'A other':>7} | {'gw CPU':>6} {'cli CPU A/B':>11} {'box busy':>8}"
+    )
+    names = {
+        "alone": "(i) B alone, this tree",
+        "baseline": f"(ii) A+B, {baseline_ref} (FIFO)",
+        "fair": "(iii) A+B, this tree (fair)",
+    }
     for cell, name in names.items():
         c = cells[cell]
         b, a = c["B"], c.get("A")
@@ -473,18 +551,27 @@ def report1(cells: dict, seconds: float, baseline_ref: str) -> None:
             a_cols = f"{'-':>8} {'-':>7} {'-':>7} {'-':>7}"
             cli = f"{'-':>4}/{b['cpu'] * 100:.0f}%"
         w = c["window"]
-        print(f"{name:<28} | {b['sent'] / seconds:>8.1f} {b['p50_ms']:>7.1f} {b['p99_ms']:>7.1f} {b['max_ms']:>7.1f} {b5:>5} "
-              f"{b429:>5} {b_other:>7} {b['mean_ms']:>6.1f} {w['b_in_gateway_ms']:>6.1f} | {a_cols} | {w['gateway_cpu'] * 100:>5.0f}% {cli:>11} {w['box_busy'] * 100:>7.0f}%")  # fmt: skip
+        print(
+            f"{name:<28} | {b['sent'] / seconds:>8.1f} {b['p50_ms']:>7.1f} {b['p99_ms']:>7.1f} {b['max_ms']:>7.1f} {b5:>5} "
+            f"{b429:>5} {b_other:>7} {b['mean_ms']:>6.1f} {w['b_in_gateway_ms']:>6.1f} | {a_cols} | {w['gateway_cpu'] * 100:>5.0f}% {cli:>11} {w['box_busy'] * 100:>7.0f}%"
+        )
     alone, fair, base = (cells[c]["B"]["p99_ms"] for c in ("alone", "fair", "baseline"))
     ratio = fair / alone
-    print(f"   B p99 with the flood, fair queuing: {fair:.1f} ms = {ratio:.2f}x B alone ({alone:.1f} ms); "
-          f"target <= 1.5x: {'MET' if ratio <= 1.5 else 'NOT MET'} (baseline FIFO: {base:.1f} ms = {base / alone:.2f}x)")
+    print(
+        f"   B p99 with the flood, fair queuing: {fair:.1f} ms = {ratio:.2f}x B alone ({alone:.1f} ms); "
+        f"target <= 1.5x: {'MET' if ratio <= 1.5 else 'NOT MET'} (baseline FIFO: {base:.1f} ms = {base / alone:.2f}x)"
+    )
     lags = {c: cells[c]["B"]["max_send_lag_ms"] for c in names}
-    print("   B client's worst lag behind its schedule (ms): " + ", ".join(f"{c} {v:.1f}" for c, v in lags.items())
-          + "; requests sent again after a kept connection was found closed (B/A): "
-          + ", ".join(f"{c} {cells[c]['B']['stale']}/{cells[c]['A']['stale'] if 'A' in cells[c] else '-'}" for c in names))
-    print("   B p50/p99/max: ms over its 200 answers, from when each was due; B mean, B gw: its mean ms at the client and in the gateway (the gateway's "
-          "histogram; from when the gateway read it); A n/s: answers in the window / s; CPU: % of one core over the window; box busy: % of all the machine's cores busy then (anything running)")  # fmt: skip
+    print(
+        "   B client's worst lag behind its schedule (ms): "
+        + ", ".join(f"{c} {v:.1f}" for c, v in lags.items())
+        + "; requests sent again after a kept connection was found closed (B/A): "
+        + ", ".join(f"{c} {cells[c]['B']['stale']}/{cells[c]['A']['stale'] if 'A' in cells[c] else '-'}" for c in names)
+    )
+    print(
+        "   B p50/p99/max: ms over its 200 answers, from when each was due; B mean, B gw: its mean ms at the client and in the gateway (the gateway's "
+        "histogram; from when the gateway read it); A n/s: answers in the window / s; CPU: % of one core over the window; box busy: % of all the machine's cores busy then (anything running)"
+    )
 
 
 # -- part 2 ---------------------------------------------------------------------------------
@@ -512,8 +599,9 @@ def part2(procs: Procs, work: Path, seconds: float, redis_url: str, redis_proc: 
     for concurrency in (1, 16):
         for name, (url, proc) in gws.items():
             before, redis_cpu = _counters(url, proc.pid), _cpu_s(redis_proc.pid)
-            result = load_for(f"{url}/v2/models/{MODEL}/infer", body, concurrency=concurrency, seconds=seconds,
-                              headers=headers[name])  # fmt: skip
+            result = load_for(
+                f"{url}/v2/models/{MODEL}/infer", body, concurrency=concurrency, seconds=seconds, headers=headers[name]
+            )
             cell = _cell(before, _counters(url, proc.pid))
             redis_ms = (_cpu_s(redis_proc.pid) - redis_cpu) / max(1, result.requests) * 1e3
             out[name, concurrency] = (result, cell, redis_ms)
@@ -528,23 +616,31 @@ def report2(out: dict, seconds: float) -> None:
     for name, h in out["health"].items():
         quota = h.get("quota", h.get("quotas"))
         print(f"   {name} gateway's health says quota: {json.dumps(quota) if quota is not None else '(not shown)'}")
-    print(f"{'conc':>4} {'quotas':>10} | {'req/s':>7} {'p50':>6} {'p99':>6} {'err':>4} | {'gw CPU/req':>10} "
-          f"{'redis CPU/req':>13} {'own ms':>7}")  # fmt: skip
+    print(
+        f"{'conc':>4} {'quotas':>10} | {'req/s':>7} {'p50':>6} {'p99':>6} {'err':>4} | {'gw CPU/req':>10} "
+        f"{'redis CPU/req':>13} {'own ms':>7}"
+    )
     for concurrency in (1, 16):
         for name in ("in-process", "redis"):
             r, cell, redis_ms = out[name, concurrency]
             own = f"{cell['total_ms'] - cell['upstream_ms']:>7.3f}" if cell else f"{'-':>7}"
             cpu = f"{cell['cpu_ms']:>7.3f} ms" if cell else f"{'-':>10}"
-            print(f"{concurrency:>4} {name:>10} | {r.rps:>7.0f} {r.p50_ms:>6.2f} {r.p99_ms:>6.2f} {r.errors:>4} | {cpu} "
-                  f"{redis_ms if name == 'redis' else 0:>10.3f} ms {own}")  # fmt: skip
+            print(
+                f"{concurrency:>4} {name:>10} | {r.rps:>7.0f} {r.p50_ms:>6.2f} {r.p99_ms:>6.2f} {r.errors:>4} | {cpu} "
+                f"{redis_ms if name == 'redis' else 0:>10.3f} ms {own}"
+            )
         local, shared = out["in-process", concurrency][0], out["redis", concurrency][0]
         added = shared.p50_ms - local.p50_ms
         target = f"; target <= 0.5 ms: {'MET' if added <= 0.5 else 'NOT MET'}" if concurrency == 1 else ""
-        print(f"   concurrency {concurrency}: Redis adds {added:+.3f} ms to p50, {shared.p99_ms - local.p99_ms:+.3f} ms to p99, "
-              f"{shared.rps / local.rps:.2f}x the req/s{target}")  # fmt: skip
+        print(
+            f"   concurrency {concurrency}: Redis adds {added:+.3f} ms to p50, {shared.p99_ms - local.p99_ms:+.3f} ms to p99, "
+            f"{shared.rps / local.rps:.2f}x the req/s{target}"
+        )
     print(f"   answers by status: {out['codes']}")
-    print("   p50/p99 in ms (wrk); CPU/req: that process's CPU over the cell / answers; own ms: mean time in the gateway "
-          "less the upstream call (its histograms)")  # fmt: skip
+    print(
+        "   p50/p99 in ms (wrk); CPU/req: that process's CPU over the cell / answers; own ms: mean time in the gateway "
+        "less the upstream call (its histograms)"
+    )
 
 
 # -- part 3 ---------------------------------------------------------------------------------
@@ -554,21 +650,29 @@ def part3(procs: Procs, work: Path, seconds: float, redis_url: str) -> dict:
     from fleet.tenants import Quota
 
     echo_port = _free_port()
-    echo_proc, _ = _nginx(work, "echo", f"""server {{ listen 127.0.0.1:{echo_port};
-            location / {{ default_type application/json; return 200 '{ECHO}'; }} }}""")
+    echo_proc, _ = _nginx(
+        work,
+        "echo",
+        f"""server {{ listen 127.0.0.1:{echo_port};
+            location / {{ default_type application/json; return 200 '{ECHO}'; }} }}""",
+    )
     procs.procs.append(echo_proc)
     echo = f"http://127.0.0.1:{echo_port}"
     _wait(f"{echo}/")
     endpoints = _endpoints(work / "endpoints-echo.yaml", echo)
     policies = _policies(ROOT / "policies" / "fleet.yaml", work / "policies-echo", concurrency=64, max_queue=256)
-    tenants = {"unbounded": Quota(rps=NEVER, burst=NEVER, concurrency=None),
-               "exact": Quota(rps=EXACT_RPS, burst=EXACT_BURST, concurrency=None)}  # fmt: skip
+    tenants = {
+        "unbounded": Quota(rps=NEVER, burst=NEVER, concurrency=None),
+        "exact": Quota(rps=EXACT_RPS, burst=EXACT_BURST, concurrency=None),
+    }
     body = [json.dumps(BODY)]
     out: dict = {}
     for workers in (1, 2):
         store = work / f"store-workers-{workers}"
         _, keys = _seed_store(store, tenants)
-        url, proc = _gateway(procs, f"workers-{workers}", store, policies, endpoints, redis_url=redis_url, workers=workers)
+        url, proc = _gateway(
+            procs, f"workers-{workers}", store, policies, endpoints, redis_url=redis_url, workers=workers
+        )
         infer = f"{url}/v2/models/{MODEL}/infer"
         unbounded = {"Authorization": f"Bearer {keys['unbounded']}"}
         load_for(infer, body, concurrency=32, seconds=WARMUP_S, headers=unbounded)
@@ -576,7 +680,9 @@ def part3(procs: Procs, work: Path, seconds: float, redis_url: str) -> dict:
         out["codes", workers] = _tenant_codes(url, "unbounded")
         if workers == 2:
             before = _tenant_codes(url, "exact")
-            result = load_for(infer, body, concurrency=32, seconds=seconds, headers={"Authorization": f"Bearer {keys['exact']}"})
+            result = load_for(
+                infer, body, concurrency=32, seconds=seconds, headers={"Authorization": f"Bearer {keys['exact']}"}
+            )
             time.sleep(0.3)  # the last answers are counted
             after = _tenant_codes(url, "exact")
             out["exact"] = (result, {code: after.get(code, 0) - before.get(code, 0) for code in after})
@@ -585,22 +691,30 @@ def part3(procs: Procs, work: Path, seconds: float, redis_url: str) -> dict:
 
 
 def report3(out: dict, seconds: float) -> None:
-    print(f"3. workers: nginx echo as the replica, both gateways with FLEET_REDIS_URL, wrk at concurrency 32 for {seconds:g} s")
+    print(
+        f"3. workers: nginx echo as the replica, both gateways with FLEET_REDIS_URL, wrk at concurrency 32 for {seconds:g} s"
+    )
     for workers in (1, 2):
         r = out[workers]
-        print(f"   --workers {workers}: {r.rps:>7.0f} req/s, p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms, errors {r.errors}; "
-              f"answers by status {out['codes', workers]}")  # fmt: skip
+        print(
+            f"   --workers {workers}: {r.rps:>7.0f} req/s, p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms, errors {r.errors}; "
+            f"answers by status {out['codes', workers]}"
+        )
     ratio = out[2].rps / out[1].rps
     print(f"   2 workers / 1: {ratio:.2f}x the throughput; target >= 1.7x: {'MET' if ratio >= 1.7 else 'NOT MET'}")
     result, codes = out["exact"]
     admitted, refused = codes.get("200", 0), codes.get("429", 0)
     others = {c: n for c, n in codes.items() if c not in ("200", "429") and n}
     quota = EXACT_RPS * result.seconds + EXACT_BURST
-    print(f"   quota rps={EXACT_RPS:g} burst={EXACT_BURST}, --workers 2, wrk at concurrency 32 for {result.seconds:.2f} s: "
-          f"{admitted} admitted (200), {refused} refused (429){f', other {others}' if others else ''}; "
-          f"wrk saw {result.requests} answers, {result.non_2xx} non-2xx")  # fmt: skip
-    print(f"   admitted / (rps x {result.seconds:.2f} s + burst) = {admitted} / {quota:.0f} = {admitted / quota:.3f}; "
-          f"target within 5 %: {'MET' if abs(admitted / quota - 1) <= 0.05 else 'NOT MET'}")  # fmt: skip
+    print(
+        f"   quota rps={EXACT_RPS:g} burst={EXACT_BURST}, --workers 2, wrk at concurrency 32 for {result.seconds:.2f} s: "
+        f"{admitted} admitted (200), {refused} refused (429){f', other {others}' if others else ''}; "
+        f"wrk saw {result.requests} answers, {result.non_2xx} non-2xx"
+    )
+    print(
+        f"   admitted / (rps x {result.seconds:.2f} s + burst) = {admitted} / {quota:.0f} = {admitted / quota:.3f}; "
+        f"target within 5 %: {'MET' if abs(admitted / quota - 1) <= 0.05 else 'NOT MET'}"
+    )
 
 
 def _log_findings(work: Path) -> None:
@@ -641,8 +755,10 @@ def main() -> None:
         workers = part3(procs, work, args.seconds, redis_url) if "3" in args.parts else None
     finally:
         procs.stop_all()
-    print(f"{os.cpu_count()} cores shared by the clients, gateways, stubs, nginx and Redis (and whatever else runs: load "
-          f"average {load_before} before this run); work folder {work}; {time.monotonic() - started:.0f} s in all")  # fmt: skip
+    print(
+        f"{os.cpu_count()} cores shared by the clients, gateways, stubs, nginx and Redis (and whatever else runs: load "
+        f"average {load_before} before this run); work folder {work}; {time.monotonic() - started:.0f} s in all"
+    )
     for part, report in ((fair, report1), (quota, report2), (workers, report3)):
         if part is not None:
             print()

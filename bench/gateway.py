@@ -74,8 +74,8 @@ def _nginx(work: Path, name: str, server_block: str) -> tuple[subprocess.Popen[b
     conf.write_text(f"""
 worker_processes 1;
 daemon off;
-pid {folder / 'nginx.pid'};
-error_log {folder / 'error.log'} warn;
+pid {folder / "nginx.pid"};
+error_log {folder / "error.log"} warn;
 events {{ worker_connections 4096; }}
 http {{
   access_log off;
@@ -98,14 +98,21 @@ def _gateway_codes(url: str) -> dict[str, int]:
     import httpx
 
     codes: dict[str, int] = {}
-    for code, value in re.findall(r'^fleet_requests_total\{[^}]*code="(\d+)"[^}]*\} ([0-9.e+-]+)$',
-                                  httpx.get(f"{url}/metrics", timeout=5).text, re.M):  # fmt: skip
+    for code, value in re.findall(
+        r'^fleet_requests_total\{[^}]*code="(\d+)"[^}]*\} ([0-9.e+-]+)$',
+        httpx.get(f"{url}/metrics", timeout=5).text,
+        re.M,
+    ):
         codes[code] = codes.get(code, 0) + int(float(value))
     return codes
 
 
-_SPLIT = ("fleet_request_duration_seconds_count", "fleet_request_duration_seconds_sum",
-          "fleet_upstream_duration_seconds_count", "fleet_upstream_duration_seconds_sum")  # fmt: skip
+_SPLIT = (
+    "fleet_request_duration_seconds_count",
+    "fleet_request_duration_seconds_sum",
+    "fleet_upstream_duration_seconds_count",
+    "fleet_upstream_duration_seconds_sum",
+)
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -114,7 +121,9 @@ def _counters(url: str, pid: int) -> dict[str, float]:
     import httpx
 
     text = httpx.get(f"{url}/metrics", timeout=5).text
-    found = {name: sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} ([0-9.e+-]+)$", text, re.M)) for name in _SPLIT}
+    found = {
+        name: sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} ([0-9.e+-]+)$", text, re.M)) for name in _SPLIT
+    }
     with open(f"/proc/{pid}/stat") as f:  # noqa: PTH123
         fields = f.read().rsplit(")", 1)[1].split()
     found["cpu"] = (int(fields[11]) + int(fields[12])) / _TICKS
@@ -127,15 +136,19 @@ def _cell(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
     n, up = d["fleet_request_duration_seconds_count"], d["fleet_upstream_duration_seconds_count"]
     if not n or not up:
         return None
-    return {"total_ms": d["fleet_request_duration_seconds_sum"] / n * 1e3,
-            "upstream_ms": d["fleet_upstream_duration_seconds_sum"] / up * 1e3, "cpu_ms": d["cpu"] / n * 1e3}  # fmt: skip
+    return {
+        "total_ms": d["fleet_request_duration_seconds_sum"] / n * 1e3,
+        "upstream_ms": d["fleet_upstream_duration_seconds_sum"] / up * 1e3,
+        "cpu_ms": d["cpu"] / n * 1e3,
+    }
 
 
 def _baseline_tree(ref: str, into: Path) -> Path:
     """``ref``'s ``fleet`` package and policies, extracted from git (the working tree is not touched)."""
     into.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "fleet", "bentos", "policies"],
-                             capture_output=True, check=True)  # fmt: skip
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", ref, "fleet", "bentos", "policies"], capture_output=True, check=True
+    )
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     return into
 
@@ -157,10 +170,18 @@ def _baseline_store(tree: Path, store: Path, into: Path) -> str:
     shutil.rmtree(into, ignore_errors=True)
     shutil.copytree(store, into)
     shutil.rmtree(into / "tenants", ignore_errors=True)
-    script = ("import sys; from fleet.store import open_store; from fleet.tenants import Tenants; "
-              f"print(Tenants(open_store(sys.argv[1])).create('bench-baseline', {{'{MODEL}': ['*']}})[1])")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", script, f"file://{into}"], env={**os.environ, "PYTHONPATH": str(tree)},
-                          cwd=tree, capture_output=True, text=True, check=True)  # fmt: skip
+    script = (
+        "import sys; from fleet.store import open_store; from fleet.tenants import Tenants; "
+        f"print(Tenants(open_store(sys.argv[1])).create('bench-baseline', {{'{MODEL}': ['*']}})[1])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, f"file://{into}"],
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return done.stdout.strip().splitlines()[-1]
 
 
@@ -198,57 +219,93 @@ def main() -> None:
     try:
         bento_url = runtime.deploy(MODEL, "1.0.0").endpoints[0]
         echo_port, nginx_bento_port, nginx_echo_port = _free_port(), _free_port(), _free_port()
-        echo_proc, _ = _nginx(work, "echo", f"""server {{ listen 127.0.0.1:{echo_port};
-            location / {{ default_type application/json; return 200 '{ECHO}'; }} }}""")
+        echo_proc, _ = _nginx(
+            work,
+            "echo",
+            f"""server {{ listen 127.0.0.1:{echo_port};
+            location / {{ default_type application/json; return 200 '{ECHO}'; }} }}""",
+        )
         bento_host = bento_url.removeprefix("http://")
-        proxy_proc, _ = _nginx(work, "proxy", f"""
+        proxy_proc, _ = _nginx(
+            work,
+            "proxy",
+            f"""
   upstream bento {{ server {bento_host}; keepalive 128; }}
   upstream echo {{ server 127.0.0.1:{echo_port}; keepalive 128; }}
   server {{ listen 127.0.0.1:{nginx_bento_port};
     location / {{ proxy_pass http://bento; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}
   server {{ listen 127.0.0.1:{nginx_echo_port};
-    location / {{ proxy_pass http://echo; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}""")
+    location / {{ proxy_pass http://echo; proxy_http_version 1.1; proxy_set_header Connection ""; }} }}""",
+        )
         procs += [echo_proc, proxy_proc]
         echo_url = f"http://127.0.0.1:{echo_port}"
         endpoints = work / "endpoints.yaml"
         gateways, pids = {}, {}
         baseline = _baseline_tree(args.baseline, work / "baseline") if args.baseline else None
         baseline_key = _baseline_store(baseline, work / "store", work / "store-baseline") if baseline else None
-        runs = [("bento", bento_url, None), ("echo", echo_url, None)] + ([("baseline", echo_url, baseline)] if baseline else [])
+        runs = [("bento", bento_url, None), ("echo", echo_url, None)] + (
+            [("baseline", echo_url, baseline)] if baseline else []
+        )
         for name, upstream, tree in runs:
             endpoints_file = endpoints.with_name(f"endpoints-{name}.yaml")
             endpoints_file.write_text(yaml.safe_dump({f"{MODEL}:1.0.0": [upstream]}))
             port = _free_port()
-            env = {**os.environ, "FLEET_RUNTIME": "static", "FLEET_STATIC_ENDPOINTS": str(endpoints_file),
-                   "FLEET_POLICIES": str(work / "policies")}  # fmt: skip
+            env = {
+                **os.environ,
+                "FLEET_RUNTIME": "static",
+                "FLEET_STATIC_ENDPOINTS": str(endpoints_file),
+                "FLEET_POLICIES": str(work / "policies"),
+            }
             if tree is not None:  # the baseline's fleet package first on the path, and its own policy schema
                 env["PYTHONPATH"] = str(tree)
-                env["FLEET_POLICIES"] = str(_bench_policies(tree / "policies" / "fleet.yaml", work / "policies-baseline"))
+                env["FLEET_POLICIES"] = str(
+                    _bench_policies(tree / "policies" / "fleet.yaml", work / "policies-baseline")
+                )
                 env["FLEET_STORE"] = f"file://{work / 'store-baseline'}"
             log = open(work / f"gateway-{name}.log", "wb")
             command = [sys.executable, "-c", "from fleet.cli import main; main()", "gateway", "--port", str(port)]
-            procs.append(subprocess.Popen(command, env=env, cwd=tree or ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    command, env=env, cwd=tree or ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            )
             gateways[name], pids[name] = f"http://127.0.0.1:{port}", procs[-1].pid
-        for url in (f"{echo_url}/", f"http://127.0.0.1:{nginx_echo_port}/", *(f"{g}/v2/health/ready" for g in gateways.values())):
+        for url in (
+            f"{echo_url}/",
+            f"http://127.0.0.1:{nginx_echo_port}/",
+            *(f"{g}/v2/health/ready" for g in gateways.values()),
+        ):
             _wait(url)
         bento_bodies, oip_bodies = _bodies()
         auth = {"Authorization": f"Bearer {key}"}
         targets = {
-            "bento": [("direct", f"{bento_url}/predict", bento_bodies, {}),
-                      ("nginx", f"http://127.0.0.1:{nginx_bento_port}/predict", bento_bodies, {}),
-                      ("gateway", f"{gateways['bento']}/v2/models/{MODEL}/infer", oip_bodies, auth)],
-            "echo": [("direct", f"{echo_url}/predict", bento_bodies, {}),
-                     ("nginx", f"http://127.0.0.1:{nginx_echo_port}/predict", bento_bodies, {}),
-                     ("gateway", f"{gateways['echo']}/v2/models/{MODEL}/infer", oip_bodies, auth)]
-                    + ([("baseline", f"{gateways['baseline']}/v2/models/{MODEL}/infer", oip_bodies,
-                         {"Authorization": f"Bearer {baseline_key}"})]
-                       if baseline else []),
-        }  # fmt: skip
+            "bento": [
+                ("direct", f"{bento_url}/predict", bento_bodies, {}),
+                ("nginx", f"http://127.0.0.1:{nginx_bento_port}/predict", bento_bodies, {}),
+                ("gateway", f"{gateways['bento']}/v2/models/{MODEL}/infer", oip_bodies, auth),
+            ],
+            "echo": [
+                ("direct", f"{echo_url}/predict", bento_bodies, {}),
+                ("nginx", f"http://127.0.0.1:{nginx_echo_port}/predict", bento_bodies, {}),
+                ("gateway", f"{gateways['echo']}/v2/models/{MODEL}/infer", oip_bodies, auth),
+            ]
+            + (
+                [
+                    (
+                        "baseline",
+                        f"{gateways['baseline']}/v2/models/{MODEL}/infer",
+                        oip_bodies,
+                        {"Authorization": f"Bearer {baseline_key}"},
+                    )
+                ]
+                if baseline
+                else []
+            ),
+        }
         results: dict[tuple[str, str, int], Result] = {}
         cells: dict[tuple[str, str, int], dict[str, float] | None] = {}
         for upstream, ways in targets.items():
-            for way, url, bodies, headers in ways:
+            for _way, url, bodies, headers in ways:
                 load(url, bodies, concurrency=8, requests=300, headers=headers)  # warm up
             # concurrency outside, the three ways inside: BentoML's batcher tunes its waits to
             # the load it saw, so each way must follow the same history (after a run at 64 it
@@ -257,12 +314,14 @@ def main() -> None:
                 for way, url, bodies, headers in ways:
                     gw = ("baseline" if way == "baseline" else upstream) if way in ("gateway", "baseline") else None
                     before = _counters(gateways[gw], pids[gw]) if gw else None
-                    results[upstream, way, concurrency] = load(url, bodies, concurrency=concurrency,
-                                                               requests=args.requests, headers=headers)  # fmt: skip
+                    results[upstream, way, concurrency] = load(
+                        url, bodies, concurrency=concurrency, requests=args.requests, headers=headers
+                    )
                     if gw:
                         cells[upstream, way, concurrency] = _cell(before, _counters(gateways[gw], pids[gw]))  # type: ignore[arg-type]
-        _report(results, args.requests, cells, {name: _gateway_codes(url) for name, url in gateways.items()},
-                args.baseline)
+        _report(
+            results, args.requests, cells, {name: _gateway_codes(url) for name, url in gateways.items()}, args.baseline
+        )
     finally:
         for proc in procs:
             try:
@@ -276,29 +335,41 @@ def main() -> None:
 
 def _report(results: dict, requests: int, cells: dict, codes: dict, baseline: str | None) -> None:  # noqa: ANN001
     print(f"{requests} one-row requests per cell, wrk -t1, {os.cpu_count()} cores shared by load, proxy and upstream")
-    print(f"{'upstream':>8} {'conc':>4} | {'direct rps':>10} {'p50':>6} {'p99':>6} {'err':>4} | {'nginx rps':>9} {'p50':>6} "
-          f"{'p99':>6} {'err':>4} | {'gateway rps':>11} {'p50':>6} {'p99':>6} {'err':>4} | {'gw-direct p50':>13} "
-          f"{'gw/nginx rps':>12}")  # fmt: skip
+    print(
+        f"{'upstream':>8} {'conc':>4} | {'direct rps':>10} {'p50':>6} {'p99':>6} {'err':>4} | {'nginx rps':>9} {'p50':>6} "
+        f"{'p99':>6} {'err':>4} | {'gateway rps':>11} {'p50':>6} {'p99':>6} {'err':>4} | {'gw-direct p50':>13} "
+        f"{'gw/nginx rps':>12}"
+    )
     for upstream in ("bento", "echo"):
         for c in (1, 16, 64):
             d, n, g = (results[upstream, w, c] for w in ("direct", "nginx", "gateway"))
-            print(f"{upstream:>8} {c:>4} | {d.rps:>10.0f} {d.p50_ms:>6.2f} {d.p99_ms:>6.1f} {d.errors:>4} | {n.rps:>9.0f} "
-                  f"{n.p50_ms:>6.2f} {n.p99_ms:>6.1f} {n.errors:>4} | {g.rps:>11.0f} {g.p50_ms:>6.2f} {g.p99_ms:>6.1f} {g.errors:>4} | "
-                  f"{g.p50_ms - d.p50_ms:>+10.2f} ms {g.rps / n.rps:>11.2f}x")  # fmt: skip
+            print(
+                f"{upstream:>8} {c:>4} | {d.rps:>10.0f} {d.p50_ms:>6.2f} {d.p99_ms:>6.1f} {d.errors:>4} | {n.rps:>9.0f} "
+                f"{n.p50_ms:>6.2f} {n.p99_ms:>6.1f} {n.errors:>4} | {g.rps:>11.0f} {g.p50_ms:>6.2f} {g.p99_ms:>6.1f} {g.errors:>4} | "
+                f"{g.p50_ms - d.p50_ms:>+10.2f} ms {g.rps / n.rps:>11.2f}x"
+            )
     print()
-    print("per gateway cell (that cell alone): mean ms in the gateway, the upstream call's part, gateway CPU per request")
+    print(
+        "per gateway cell (that cell alone): mean ms in the gateway, the upstream call's part, gateway CPU per request"
+    )
     for (upstream, way, c), cell in sorted(cells.items()):
         if cell:
-            print(f"{upstream:>8} {way:>8} {c:>4} | in gateway {cell['total_ms']:6.2f} ms, upstream {cell['upstream_ms']:6.2f} ms,"
-                  f" own {cell['total_ms'] - cell['upstream_ms']:6.2f} ms | CPU {cell['cpu_ms']:.3f} ms/request")  # fmt: skip
+            print(
+                f"{upstream:>8} {way:>8} {c:>4} | in gateway {cell['total_ms']:6.2f} ms, upstream {cell['upstream_ms']:6.2f} ms,"
+                f" own {cell['total_ms'] - cell['upstream_ms']:6.2f} ms | CPU {cell['cpu_ms']:.3f} ms/request"
+            )
     if baseline:
         print()
         for c in (1, 16, 64):
             now, then = results["echo", "gateway", c], results["echo", "baseline", c]
             cpu_now, cpu_then = cells.get(("echo", "gateway", c)), cells.get(("echo", "baseline", c))
-            cpu = f", CPU/request {cpu_then['cpu_ms']:.3f} -> {cpu_now['cpu_ms']:.3f} ms" if cpu_now and cpu_then else ""
-            print(f"echo, concurrency {c}: this tree {now.rps:.0f} req/s against {baseline}'s {then.rps:.0f}: "
-                  f"{now.rps / then.rps:.2f}x (p99 {then.p99_ms:.1f} -> {now.p99_ms:.1f} ms){cpu}")  # fmt: skip
+            cpu = (
+                f", CPU/request {cpu_then['cpu_ms']:.3f} -> {cpu_now['cpu_ms']:.3f} ms" if cpu_now and cpu_then else ""
+            )
+            print(
+                f"echo, concurrency {c}: this tree {now.rps:.0f} req/s against {baseline}'s {then.rps:.0f}: "
+                f"{now.rps / then.rps:.2f}x (p99 {then.p99_ms:.1f} -> {now.p99_ms:.1f} ms){cpu}"
+            )
     for name, by_code in codes.items():
         print(f"gateway answers in front of {name}, by status: {dict(sorted(by_code.items()))}")
     print("p50/p99 in ms; err: non-2xx answers and socket errors")

@@ -126,7 +126,10 @@ async def _direct(client: object, url: str, prompt: str, tokens: int, t0: float)
                         first, k_first = now, event["completion_tokens"]
                     last, k_last = now, event["completion_tokens"]
                 if event.get("finish_reason") is not None and final is None:
-                    final, final_at = event, now  # read on to the end of the stream: the connection is kept for the next request
+                    final, final_at = (
+                        event,
+                        now,
+                    )  # read on to the end of the stream: the connection is kept for the next request
     except Exception as exc:  # noqa: BLE001 - counted as an error of the cell
         return Done(sent - t0, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}")
     end = final_at if final_at is not None else time.perf_counter()
@@ -146,13 +149,24 @@ async def _refused(r: object, sent: float, t0: float) -> Done | None:
 
 async def _gateway(client: object, url: str, key: str, model: str, prompt: str, tokens: int, t0: float) -> Done:
     """The gateway's OpenAI completions, ``stream: true``; TTFT at the first chunk with text."""
-    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "min_tokens": tokens, "temperature": 0, "stream": True}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": tokens,
+        "min_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+    }
     sent = time.perf_counter()
     first = None
     chunks = 0
     try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body,  # type: ignore[attr-defined]
-                                 headers={"Authorization": f"Bearer {key}"}) as r:  # fmt: skip
+        async with client.stream(
+            "POST",
+            f"{url}/v1/completions",
+            json=body,  # type: ignore[attr-defined]
+            headers={"Authorization": f"Bearer {key}"},
+        ) as r:
             if (refused := await _refused(r, sent, t0)) is not None:
                 return refused
             async for line in r.aiter_lines():
@@ -178,7 +192,9 @@ async def _gateway(client: object, url: str, key: str, model: str, prompt: str, 
 
 
 # -- one cell: C callers back to back --------------------------------------------------------------
-async def _cell(url: str, concurrency: int, total: int, cap_s: float, prompts: list[str], tokens: int) -> tuple[list[Done], float, bool]:
+async def _cell(
+    url: str, concurrency: int, total: int, cap_s: float, prompts: list[str], tokens: int
+) -> tuple[list[Done], float, bool]:
     """``total`` requests (the prompts in order) from ``concurrency`` callers, each sending its
     next request as soon as its last one ended; no new request after ``cap_s``. Returns the
     requests, the cell's seconds (start → last answer) and whether the cap cut it short."""
@@ -240,18 +256,32 @@ def _engine(url: str) -> dict:
     return httpx.post(f"{url}/engine", json={}, timeout=10).json()
 
 
-def run_cell(bench: Bench, model: str, concurrency: int, rnd: int, args: argparse.Namespace, prompts: list[str]) -> Cell:
+def run_cell(
+    bench: Bench, model: str, concurrency: int, rnd: int, args: argparse.Namespace, prompts: list[str]
+) -> Cell:
     url = bench.urls[model]
     pids = bench.replica_pids(model)
     before, cpu, own, box, t = _engine(url), _cpu_of(pids), os.times(), _box_busy(), time.perf_counter()
-    done, seconds, capped = asyncio.run(_cell(url, concurrency, args.requests, args.cell_seconds, prompts, args.max_tokens))
+    done, seconds, capped = asyncio.run(
+        _cell(url, concurrency, args.requests, args.cell_seconds, prompts, args.max_tokens)
+    )
     wall = time.perf_counter() - t
     cpu_after, own_after, box_after, after = _cpu_of(pids), os.times(), _box_busy(), _engine(url)
     server = (cpu_after - cpu) / wall
     client = (own_after.user + own_after.system - own.user - own.system) / wall
-    return Cell(model, concurrency, rnd, seconds, capped, done, after["steps"] - before["steps"],
-                after["tokens_out"] - before["tokens_out"], server, client,
-                max(0.0, (box_after - box) / wall - server - client))  # fmt: skip
+    return Cell(
+        model,
+        concurrency,
+        rnd,
+        seconds,
+        capped,
+        done,
+        after["steps"] - before["steps"],
+        after["tokens_out"] - before["tokens_out"],
+        server,
+        client,
+        max(0.0, (box_after - box) / wall - server - client),
+    )
 
 
 def summarize(cells: list[Cell]) -> dict:
@@ -264,24 +294,33 @@ def summarize(cells: list[Cell]) -> dict:
     tpot = [d.tpot * 1e3 for d in ok if d.tpot is not None]
     steps = sum(c.steps for c in cells)
     return {
-        "requests": len(ok), "errors": len(errors), "first_error": errors[0] if errors else None,
-        "seconds": seconds, "output_tokens": tokens, "tokens_per_s": tokens / seconds if seconds else float("nan"),
-        "ttft_p50_ms": _percentile(ttft, 50), "ttft_p99_ms": _percentile(ttft, 99),
-        "tpot_p50_ms": _percentile(tpot, 50), "tpot_p99_ms": _percentile(tpot, 99),
+        "requests": len(ok),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "seconds": seconds,
+        "output_tokens": tokens,
+        "tokens_per_s": tokens / seconds if seconds else float("nan"),
+        "ttft_p50_ms": _percentile(ttft, 50),
+        "ttft_p99_ms": _percentile(ttft, 99),
+        "tpot_p50_ms": _percentile(tpot, 50),
+        "tpot_p99_ms": _percentile(tpot, 99),
         "tokens_per_step": sum(c.engine_tokens for c in cells) / steps if steps else float("nan"),
         "server_cpu": sum(c.server_cpu * c.seconds for c in cells) / seconds if seconds else float("nan"),
         "client_cpu": sum(c.client_cpu * c.seconds for c in cells) / seconds if seconds else float("nan"),
         "other_cpu": sum(c.other_cpu * c.seconds for c in cells) / seconds if seconds else float("nan"),
         "other_cpu_max": max((c.other_cpu for c in cells), default=float("nan")),
         "capped": any(c.capped for c in cells),
-        "per_round_tokens_per_s": [sum(d.tokens for d in c.requests if d.error is None) / c.seconds if c.seconds else float("nan")
-                                   for c in sorted(cells, key=lambda c: c.round)],
-    }  # fmt: skip
+        "per_round_tokens_per_s": [
+            sum(d.tokens for d in c.requests if d.error is None) / c.seconds if c.seconds else float("nan")
+            for c in sorted(cells, key=lambda c: c.round)
+        ],
+    }
 
 
 # -- part 2: the gateway's added TTFT ----------------------------------------------------------
-async def _pairs(direct_url: str, gateway_urls: list[str], key: str, model: str, pairs: int, tokens: int,
-                 prompts: list[str]) -> list[tuple[Done, ...]]:  # fmt: skip
+async def _pairs(
+    direct_url: str, gateway_urls: list[str], key: str, model: str, pairs: int, tokens: int, prompts: list[str]
+) -> list[tuple[Done, ...]]:
     """``pairs`` rounds of a direct request and one through each gateway (``--reference``: a
     second gateway from another source tree, for a before/after in one run), the same
     prompt; the order within a round rotates, so none is always first."""
@@ -297,19 +336,26 @@ async def _pairs(direct_url: str, gateway_urls: list[str], key: str, model: str,
             done: dict[int, Done] = {}
             for j in [*range(shift, len(calls)), *range(shift)]:
                 url = calls[j]
-                done[j] = (await _direct(client, direct_url, prompt, tokens, t0) if url is None
-                           else await _gateway(client, url, key, model, prompt, tokens, t0))  # fmt: skip
+                done[j] = (
+                    await _direct(client, direct_url, prompt, tokens, t0)
+                    if url is None
+                    else await _gateway(client, url, key, model, prompt, tokens, t0)
+                )
             out.append(tuple(done[j] for j in range(len(calls))))
     return out
 
 
 def _added(direct: list[float], via: list[float]) -> dict:
     diffs = [g - d for d, g in zip(direct, via, strict=True)]
-    return {"gateway_p50_ms": _percentile(via, 50), "gateway_p99_ms": _percentile(via, 99),
-            "added_p50_ms": _percentile(via, 50) - _percentile(direct, 50),
-            "added_p99_ms": _percentile(via, 99) - _percentile(direct, 99), "paired_diff_p50_ms": _percentile(diffs, 50),
-            "paired_diff_p90_ms": _percentile(diffs, 90),
-            "paired_diff_mean_ms": sum(diffs) / len(diffs) if diffs else float("nan")}  # fmt: skip
+    return {
+        "gateway_p50_ms": _percentile(via, 50),
+        "gateway_p99_ms": _percentile(via, 99),
+        "added_p50_ms": _percentile(via, 50) - _percentile(direct, 50),
+        "added_p99_ms": _percentile(via, 99) - _percentile(direct, 99),
+        "paired_diff_p50_ms": _percentile(diffs, 50),
+        "paired_diff_p90_ms": _percentile(diffs, 90),
+        "paired_diff_mean_ms": sum(diffs) / len(diffs) if diffs else float("nan"),
+    }
 
 
 def gateway_added(bench: Bench, args: argparse.Namespace, prompts: list[str]) -> dict:
@@ -323,13 +369,21 @@ def gateway_added(bench: Bench, args: argparse.Namespace, prompts: list[str]) ->
     box, ours, own, t = _box_busy(), _cpu_of(pids), os.times(), time.perf_counter()
     pairs = asyncio.run(_pairs(bench.urls[CB], urls, bench.key, CB, args.pairs, args.gateway_tokens, prompts))
     wall, own_after = time.perf_counter() - t, os.times()
-    other = (_box_busy() - box - (_cpu_of(pids) - ours) - (own_after.user + own_after.system - own.user - own.system)) / wall
+    other = (
+        _box_busy() - box - (_cpu_of(pids) - ours) - (own_after.user + own_after.system - own.user - own.system)
+    ) / wall
     good = [p for p in pairs if all(x.error is None for x in p)]
     direct = [p[0].ttft * 1e3 for p in good]
     errors = [x.error for pair in pairs for x in pair if x.error]
-    out = {"pairs": len(good), "errors": len(errors), "first_error": errors[0] if errors else None,
-           "direct_p50_ms": _percentile(direct, 50), "direct_p99_ms": _percentile(direct, 99),
-           **_added(direct, [p[1].ttft * 1e3 for p in good]), "other_cpu": max(0.0, other)}  # fmt: skip
+    out = {
+        "pairs": len(good),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "direct_p50_ms": _percentile(direct, 50),
+        "direct_p99_ms": _percentile(direct, 99),
+        **_added(direct, [p[1].ttft * 1e3 for p in good]),
+        "other_cpu": max(0.0, other),
+    }
     if bench.reference_url:
         out["reference"] = {"source": str(args.reference), **_added(direct, [p[2].ttft * 1e3 for p in good])}
     return out
@@ -370,8 +424,16 @@ def engine_alone(artifact: Path, batches: tuple[int, ...], tokens: int, prompts:
                 if seconds >= 1.0:
                     break
         other = max(0.0, other / seconds)
-        out.append({"batch": b, "steps": steps, "ms_per_step": seconds / steps * 1e3, "tokens_per_s": passes * b * tokens / seconds,
-                    "threads": torch.get_num_threads(), "other_cpu": other})  # fmt: skip
+        out.append(
+            {
+                "batch": b,
+                "steps": steps,
+                "ms_per_step": seconds / steps * 1e3,
+                "tokens_per_s": passes * b * tokens / seconds,
+                "threads": torch.get_num_threads(),
+                "other_cpu": other,
+            }
+        )
     return out
 
 
@@ -391,8 +453,10 @@ def claim_root(root: Path | None, bench: str) -> tuple[Path, IO[str]]:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise SystemExit(f"another bench/{bench.replace('-', '_')}.py run is using {root} (its start would stop this "
-                         "run's replicas and the other way round); wait for it or pass another --root") from None  # fmt: skip
+        raise SystemExit(
+            f"another bench/{bench.replace('-', '_')}.py run is using {root} (its start would stop this "
+            "run's replicas and the other way round); wait for it or pass another --root"
+        ) from None
     return root, lock
 
 
@@ -445,8 +509,15 @@ class Bench:
         self.key = ""
 
     def fleet(self, *args: str, timeout: float = 900, stderr_through: bool = False) -> str:
-        proc = subprocess.run([FLEET, *args], env=self.env, stdout=subprocess.PIPE, text=True, timeout=timeout, cwd=self.root,
-                              stderr=None if stderr_through else subprocess.PIPE)  # fmt: skip
+        proc = subprocess.run(
+            [FLEET, *args],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            text=True,
+            timeout=timeout,
+            cwd=self.root,
+            stderr=None if stderr_through else subprocess.PIPE,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"fleet {' '.join(args)} failed ({proc.returncode}): {(proc.stderr or '')[-3000:]}")
         return proc.stdout
@@ -480,11 +551,16 @@ class Bench:
             want = PRESETS[preset]
             hp = mv.hyperparameters
             if (hp.get("hidden"), hp.get("layers")) != (want.hidden, want.layers):
-                print(f"note: {SOURCE}:{VERSION} in {self.root} was trained with hidden={hp.get('hidden')} "
-                      f"layers={hp.get('layers')}, not --preset {preset}'s ({want.hidden}, {want.layers}); using it as it is")  # fmt: skip
+                print(
+                    f"note: {SOURCE}:{VERSION} in {self.root} was trained with hidden={hp.get('hidden')} "
+                    f"layers={hp.get('layers')}, not --preset {preset}'s ({want.hidden}, {want.layers}); using it as it is"
+                )
             print(f"{SOURCE}:{VERSION} is registered in {self.root / 'store'}: not training")
             return
-        print(f"training {SOURCE}:{VERSION} with --preset {preset} ({TRAIN_MINUTES.get(preset, '?')}, one thread) ...", flush=True)
+        print(
+            f"training {SOURCE}:{VERSION} with --preset {preset} ({TRAIN_MINUTES.get(preset, '?')}, one thread) ...",
+            flush=True,
+        )
         started = time.monotonic()
         self.fleet("models", "train", SOURCE, VERSION, "--preset", preset, timeout=3600, stderr_through=True)
         print(f"trained in {time.monotonic() - started:.0f} s", flush=True)
@@ -498,14 +574,18 @@ class Bench:
         registry = Registry(self.store())
         mv = registry.get(SOURCE, VERSION)
         artifact = ArtifactCache(self.root / "cache").path(registry, SOURCE, VERSION)
-        meta = VersionMetadata(**{k: getattr(mv, k) for k in VersionMetadata.model_fields} | {"parent_version": None,
-                               "description": f"{SOURCE}:{VERSION}'s artifact, for bench/generation.py"})  # fmt: skip
+        meta = VersionMetadata(
+            **{k: getattr(mv, k) for k in VersionMetadata.model_fields}
+            | {"parent_version": None, "description": f"{SOURCE}:{VERSION}'s artifact, for bench/generation.py"}
+        )
         for name in (CB, SEQ):
             if VERSION in registry.versions(name):
                 held = registry.get(name, VERSION).artifact_sha256
                 if held != mv.artifact_sha256:
-                    raise RuntimeError(f"{name}:{VERSION} in {self.root} holds another artifact than {SOURCE}:{VERSION}; "
-                                       "use a new --root")  # fmt: skip
+                    raise RuntimeError(
+                        f"{name}:{VERSION} in {self.root} holds another artifact than {SOURCE}:{VERSION}; "
+                        "use a new --root"
+                    )
                 continue
             registry.register(name, VERSION, artifact, meta)
         self.artifact = artifact
@@ -534,7 +614,9 @@ class Bench:
                     break
                 if attempt:
                     raise RuntimeError(f"{name} serves max_running={served} after a rebuild; expected {running}")
-                print(f"{name}'s Bento serves max_running={served}, the policy says {running}: rebuilding it", flush=True)
+                print(
+                    f"{name}'s Bento serves max_running={served}, the policy says {running}: rebuilding it", flush=True
+                )
                 self.fleet("undeploy", name, VERSION)
                 self.fleet("package", name, VERSION, "--force")
             self.urls[name] = url
@@ -556,11 +638,21 @@ class Bench:
         port = _free_port()
         name = "gateway.log" if source is None else "gateway-reference.log"
         env = self.env if source is None else {**self.env, "PYTHONPATH": str(source)}
-        command = ([FLEET] if source is None
-                   else [sys.executable, "-c", "import sys; from fleet.cli import main; sys.exit(main())"])  # fmt: skip
+        command = (
+            [FLEET]
+            if source is None
+            else [sys.executable, "-c", "import sys; from fleet.cli import main; sys.exit(main())"]
+        )
         log = open(self.root / name, "ab")  # noqa: SIM115 - closed once the process has it
-        proc = subprocess.Popen([*command, "gateway", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=self.root, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [*command, "gateway", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.root,
+            start_new_session=True,
+        )
         log.close()
         self.procs.append(proc)
         url = f"http://127.0.0.1:{port}"
@@ -595,15 +687,21 @@ class Bench:
 
 
 # -- the report ---------------------------------------------------------------------------------
-def report(config: dict, table: dict, cells: list[Cell], gateway: dict | None, engine: list[dict] | None, slo_ms: float) -> dict:
+def report(
+    config: dict, table: dict, cells: list[Cell], gateway: dict | None, engine: list[dict] | None, slo_ms: float
+) -> dict:
     verdicts: dict = {}
     if table:  # part 1 ran (not --gateway-only)
         print()
-        print(f"1. continuous batching (max_running {config['max_running']}) vs one sequence at a time (max_running 1): "
-              f"{config['requests']} requests per cell (at most {config['cell_seconds']:g} s), {config['rounds']} round(s) "
-              f"pooled, {config['max_tokens']} output tokens each (greedy, min_tokens = max_tokens), direct /generate_stream")  # fmt: skip
-        head = (f"{'conc':>4} {'serving':<13} | {'req':>4} {'err':>3} {'tok/s':>7} {'TTFT p50':>8} {'p99':>7} {'TPOT p50':>8} "
-                f"{'p99':>6} | {'tok/step':>8} {'srv CPU':>7} {'cli CPU':>7} {'other':>5} | {'cb/seq tok/s':>12}")  # fmt: skip
+        print(
+            f"1. continuous batching (max_running {config['max_running']}) vs one sequence at a time (max_running 1): "
+            f"{config['requests']} requests per cell (at most {config['cell_seconds']:g} s), {config['rounds']} round(s) "
+            f"pooled, {config['max_tokens']} output tokens each (greedy, min_tokens = max_tokens), direct /generate_stream"
+        )
+        head = (
+            f"{'conc':>4} {'serving':<13} | {'req':>4} {'err':>3} {'tok/s':>7} {'TTFT p50':>8} {'p99':>7} {'TPOT p50':>8} "
+            f"{'p99':>6} | {'tok/step':>8} {'srv CPU':>7} {'cli CPU':>7} {'other':>5} | {'cb/seq tok/s':>12}"
+        )
         print(head)
         print("-" * len(head))
         for c in config["concurrency"]:
@@ -612,20 +710,35 @@ def report(config: dict, table: dict, cells: list[Cell], gateway: dict | None, e
                 ratio = ""
                 if model == SEQ:
                     r = table[CB, c]["tokens_per_s"] / s["tokens_per_s"]
-                    per_round = [a / b for a, b in zip(table[CB, c]["per_round_tokens_per_s"], s["per_round_tokens_per_s"], strict=False)]
+                    per_round = [
+                        a / b
+                        for a, b in zip(
+                            table[CB, c]["per_round_tokens_per_s"], s["per_round_tokens_per_s"], strict=False
+                        )
+                    ]
                     ratio = f"{r:>5.2f}x (rounds {'/'.join(f'{x:.2f}' for x in per_round)}, median {statistics.median(per_round):.2f})"
                 cap = "*" if s["capped"] else " "
-                print(f"{c:>4} {NAMES[model]:<13} | {s['requests']:>4} {s['errors']:>3} {s['tokens_per_s']:>6.0f}{cap} "
-                      f"{s['ttft_p50_ms']:>8.1f} {s['ttft_p99_ms']:>7.1f} {s['tpot_p50_ms']:>8.2f} {s['tpot_p99_ms']:>6.2f} | "
-                      f"{s['tokens_per_step']:>8.1f} {s['server_cpu']:>7.2f} {s['client_cpu']:>7.2f} {s['other_cpu_max']:>5.2f} | {ratio}")  # fmt: skip
-        print("   tok/s: output tokens / the cells' seconds (first send → last answer); TTFT, TPOT: ms, over every request of "
-              "the cells; tok/step: tokens the engine sampled per decode step; CPU: cores busy, the replica's processes and "
-              "this client; other: the most cores anything else kept busy in one of the cells (the idle replica, the gateway, "
-              "other users); cb/seq: pooled, then per round; * a cell stopped at its time cap")  # fmt: skip
-        noisy = [f"{NAMES[x.model]} @{x.concurrency} round {x.round + 1} ({x.other_cpu:.2f})" for x in cells if x.other_cpu > NOISY_CORES]
+                print(
+                    f"{c:>4} {NAMES[model]:<13} | {s['requests']:>4} {s['errors']:>3} {s['tokens_per_s']:>6.0f}{cap} "
+                    f"{s['ttft_p50_ms']:>8.1f} {s['ttft_p99_ms']:>7.1f} {s['tpot_p50_ms']:>8.2f} {s['tpot_p99_ms']:>6.2f} | "
+                    f"{s['tokens_per_step']:>8.1f} {s['server_cpu']:>7.2f} {s['client_cpu']:>7.2f} {s['other_cpu_max']:>5.2f} | {ratio}"
+                )
+        print(
+            "   tok/s: output tokens / the cells' seconds (first send → last answer); TTFT, TPOT: ms, over every request of "
+            "the cells; tok/step: tokens the engine sampled per decode step; CPU: cores busy, the replica's processes and "
+            "this client; other: the most cores anything else kept busy in one of the cells (the idle replica, the gateway, "
+            "other users); cb/seq: pooled, then per round; * a cell stopped at its time cap"
+        )
+        noisy = [
+            f"{NAMES[x.model]} @{x.concurrency} round {x.round + 1} ({x.other_cpu:.2f})"
+            for x in cells
+            if x.other_cpu > NOISY_CORES
+        ]
         if noisy:
-            print(f"   WARNING: other processes kept more than {NOISY_CORES} cores busy during {len(noisy)} cell(s): "
-                  f"{', '.join(noisy)}; figures of those cells are not this bench's alone: run again on a quiet machine")  # fmt: skip
+            print(
+                f"   WARNING: other processes kept more than {NOISY_CORES} cores busy during {len(noisy)} cell(s): "
+                f"{', '.join(noisy)}; figures of those cells are not this bench's alone: run again on a quiet machine"
+            )
         for model in (CB, SEQ):
             errs = [table[model, c]["first_error"] for c in config["concurrency"] if table[model, c]["first_error"]]
             if errs:
@@ -635,46 +748,62 @@ def report(config: dict, table: dict, cells: list[Cell], gateway: dict | None, e
             ratio = cb8["tokens_per_s"] / seq8["tokens_per_s"]
             verdicts["tokens_per_s_3x_at_8"] = ratio >= 3.0
             verdicts["ttft_p99_within_slo_at_8"] = cb8["ttft_p99_ms"] <= slo_ms
-            print(f"   target: at concurrency 8 continuous batching >= 3x the tokens/s of one at a time: {ratio:.2f}x, "
-                  f"{'MET' if ratio >= 3 else 'NOT MET'}; its TTFT p99 within the SLO ({slo_ms:g} ms): "
-                  f"{cb8['ttft_p99_ms']:.1f} ms, {'MET' if cb8['ttft_p99_ms'] <= slo_ms else 'NOT MET'} "
-                  f"(one at a time: {seq8['ttft_p99_ms']:.1f} ms)")  # fmt: skip
+            print(
+                f"   target: at concurrency 8 continuous batching >= 3x the tokens/s of one at a time: {ratio:.2f}x, "
+                f"{'MET' if ratio >= 3 else 'NOT MET'}; its TTFT p99 within the SLO ({slo_ms:g} ms): "
+                f"{cb8['ttft_p99_ms']:.1f} ms, {'MET' if cb8['ttft_p99_ms'] <= slo_ms else 'NOT MET'} "
+                f"(one at a time: {seq8['ttft_p99_ms']:.1f} ms)"
+            )
     if gateway is not None:
         g = gateway
         print()
-        print(f"2. the gateway's added TTFT: {g['pairs']} interleaved pairs at concurrency 1 ({g['errors']} errors), "
-              f"{config['gateway_tokens']} output tokens, direct /generate_stream vs gateway /v1/completions stream: true")  # fmt: skip
+        print(
+            f"2. the gateway's added TTFT: {g['pairs']} interleaved pairs at concurrency 1 ({g['errors']} errors), "
+            f"{config['gateway_tokens']} output tokens, direct /generate_stream vs gateway /v1/completions stream: true"
+        )
         print(f"   direct  TTFT p50 {g['direct_p50_ms']:.2f} ms, p99 {g['direct_p99_ms']:.2f} ms")
         print(f"   gateway TTFT p50 {g['gateway_p50_ms']:.2f} ms, p99 {g['gateway_p99_ms']:.2f} ms")
-        print(f"   added: p50 difference {g['added_p50_ms']:+.2f} ms, p99 difference {g['added_p99_ms']:+.2f} ms; median of "
-              f"the paired differences {g['paired_diff_p50_ms']:+.2f} ms (p90 {g['paired_diff_p90_ms']:+.2f} ms, mean "
-              f"{g['paired_diff_mean_ms']:+.2f} ms)")  # fmt: skip
+        print(
+            f"   added: p50 difference {g['added_p50_ms']:+.2f} ms, p99 difference {g['added_p99_ms']:+.2f} ms; median of "
+            f"the paired differences {g['paired_diff_p50_ms']:+.2f} ms (p90 {g['paired_diff_p90_ms']:+.2f} ms, mean "
+            f"{g['paired_diff_mean_ms']:+.2f} ms)"
+        )
         if "reference" in g:
             r = g["reference"]
-            print(f"   reference gateway ({r['source']}), in the same rounds: TTFT p50 {r['gateway_p50_ms']:.2f} ms, p99 "
-                  f"{r['gateway_p99_ms']:.2f} ms; added: p50 {r['added_p50_ms']:+.2f} ms, p99 {r['added_p99_ms']:+.2f} ms; "
-                  f"paired differences median {r['paired_diff_p50_ms']:+.2f} ms (p90 {r['paired_diff_p90_ms']:+.2f} ms, "
-                  f"mean {r['paired_diff_mean_ms']:+.2f} ms)")  # fmt: skip
+            print(
+                f"   reference gateway ({r['source']}), in the same rounds: TTFT p50 {r['gateway_p50_ms']:.2f} ms, p99 "
+                f"{r['gateway_p99_ms']:.2f} ms; added: p50 {r['added_p50_ms']:+.2f} ms, p99 {r['added_p99_ms']:+.2f} ms; "
+                f"paired differences median {r['paired_diff_p50_ms']:+.2f} ms (p90 {r['paired_diff_p90_ms']:+.2f} ms, "
+                f"mean {r['paired_diff_mean_ms']:+.2f} ms)"
+            )
         verdicts["gateway_adds_at_most_2ms"] = g["added_p50_ms"] <= 2.0
         print(f"   target: the gateway adds <= 2 ms to TTFT p50: {'MET' if g['added_p50_ms'] <= 2.0 else 'NOT MET'}")
         if g["other_cpu"] > NOISY_CORES:
-            print(f"   WARNING: other processes kept {g['other_cpu']:.2f} cores busy meanwhile: run again on a quiet machine")
+            print(
+                f"   WARNING: other processes kept {g['other_cpu']:.2f} cores busy meanwhile: run again on a quiet machine"
+            )
         if g["first_error"]:
             print(f"   first error: {g['first_error']}")
     if engine:
         print()
-        print(f"3. the engine alone (Engine.step() in this process, no HTTP, servers stopped; {engine[0]['threads']} torch "
-              f"threads), {config['max_tokens']} tokens per sequence:")  # fmt: skip
+        print(
+            f"3. the engine alone (Engine.step() in this process, no HTTP, servers stopped; {engine[0]['threads']} torch "
+            f"threads), {config['max_tokens']} tokens per sequence:"
+        )
         for e in engine:
-            print(f"   running batch {e['batch']:>2}: {e['ms_per_step']:6.2f} ms per step -> {e['tokens_per_s']:6.0f} tokens/s; "
-                  f"other processes {e['other_cpu']:.2f} cores{'  WARNING: not this bench alone' if e['other_cpu'] > NOISY_CORES else ''}")  # fmt: skip
+            print(
+                f"   running batch {e['batch']:>2}: {e['ms_per_step']:6.2f} ms per step -> {e['tokens_per_s']:6.0f} tokens/s; "
+                f"other processes {e['other_cpu']:.2f} cores{'  WARNING: not this bench alone' if e['other_cpu'] > NOISY_CORES else ''}"
+            )
         for model in (CB,):
             for c in config["concurrency"]:
                 match = [e for e in engine if e["batch"] == c]
                 if match:
                     served = table[model, c]["tokens_per_s"]
-                    print(f"   served at concurrency {c:>2} (continuous): {served:.0f} tokens/s = "
-                          f"{served / match[0]['tokens_per_s']:.0%} of the engine alone at that batch")  # fmt: skip
+                    print(
+                        f"   served at concurrency {c:>2} (continuous): {served:.0f} tokens/s = "
+                        f"{served / match[0]['tokens_per_s']:.0%} of the engine alone at that batch"
+                    )
     return verdicts
 
 
@@ -686,33 +815,59 @@ def _log_findings(root: Path) -> None:
     for log in logs:
         if not log.exists():
             continue
-        hits = [ln for ln in log.read_text(errors="replace").splitlines() if re.search(r"Traceback|ERROR|Error:|exited with", ln)]
+        hits = [
+            ln
+            for ln in log.read_text(errors="replace").splitlines()
+            if re.search(r"Traceback|ERROR|Error:|exited with", ln)
+        ]
         if hits:
             print(f"   {log.relative_to(root)}: {len(hits)} suspicious lines, first: {hits[0][:200]}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, help="fleet folder to use and keep (a trained model is reused); default a temp folder")
-    parser.add_argument("--preset", choices=("demo", "test"), default="demo", help="how demo-lm:1.0.0 is trained if it is not yet (test: seconds, for a smoke run)")
+    parser.add_argument(
+        "--root", type=Path, help="fleet folder to use and keep (a trained model is reused); default a temp folder"
+    )
+    parser.add_argument(
+        "--preset",
+        choices=("demo", "test"),
+        default="demo",
+        help="how demo-lm:1.0.0 is trained if it is not yet (test: seconds, for a smoke run)",
+    )
     parser.add_argument("--requests", type=int, default=96, help="requests per cell")
     parser.add_argument("--cell-seconds", type=float, default=40.0, help="no new request in a cell after this")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of cells (the order alternates), pooled")
-    parser.add_argument("--retry-noisy", type=int, default=2, help=f"run a cell again (at most this often) when other processes kept more than {NOISY_CORES} cores busy during it")
+    parser.add_argument(
+        "--retry-noisy",
+        type=int,
+        default=2,
+        help=f"run a cell again (at most this often) when other processes kept more than {NOISY_CORES} cores busy during it",
+    )
     parser.add_argument("--concurrency", default="1,8,32", help="comma-separated concurrencies")
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per request (min_tokens too)")
-    parser.add_argument("--pairs", type=int, default=200, help="direct/gateway pairs for the gateway's added TTFT (0: skip)")
+    parser.add_argument(
+        "--pairs", type=int, default=200, help="direct/gateway pairs for the gateway's added TTFT (0: skip)"
+    )
     parser.add_argument("--gateway-tokens", type=int, default=4, help="output tokens per request in the gateway pairs")
     parser.add_argument("--no-engine", action="store_true", help="skip part 3 (the engine alone)")
-    parser.add_argument("--gateway-only", action="store_true", help="part 2 only (no cells, no engine): the gateway's added TTFT")
-    parser.add_argument("--reference", type=Path, metavar="SRC",
-                        help="also run a second gateway from SRC (a folder holding another copy of the fleet package, e.g. "
-                             "an earlier tree) in the same interleaved rounds of part 2: a before/after in one run")
+    parser.add_argument(
+        "--gateway-only", action="store_true", help="part 2 only (no cells, no engine): the gateway's added TTFT"
+    )
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        metavar="SRC",
+        help="also run a second gateway from SRC (a folder holding another copy of the fleet package, e.g. "
+        "an earlier tree) in the same interleaved rounds of part 2: a before/after in one run",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
     if not 1 <= args.max_tokens <= 40 or not 1 <= args.gateway_tokens <= 40:
-        parser.error("--max-tokens and --gateway-tokens: 1 to 40 (the model's context is 64 positions, prompts up to 18)")
+        parser.error(
+            "--max-tokens and --gateway-tokens: 1 to 40 (the model's context is 64 positions, prompts up to 18)"
+        )
     if args.requests < max(concurrency):
         parser.error(f"--requests {args.requests} is fewer than the largest concurrency ({max(concurrency)})")
 
@@ -743,8 +898,11 @@ def main() -> None:
         print("packaging and deploying both (bentoml build, then bentoml serve) ...", flush=True)
         bench.deploy({CB: max_running, SEQ: 1})
         bench.start_gateway()
-        print(f"replicas: {bench.urls[CB]} (continuous), {bench.urls[SEQ]} (one at a time); gateway {bench.gateway_url}; "
-              f"ready in {time.monotonic() - setup:.0f} s", flush=True)  # fmt: skip
+        print(
+            f"replicas: {bench.urls[CB]} (continuous), {bench.urls[SEQ]} (one at a time); gateway {bench.gateway_url}; "
+            f"ready in {time.monotonic() - setup:.0f} s",
+            flush=True,
+        )
         if args.reference is not None:
             bench.start_gateway(args.reference.absolute())
             print(f"reference gateway ({args.reference}): {bench.reference_url}", flush=True)
@@ -758,15 +916,21 @@ def main() -> None:
                     for _ in range(args.retry_noisy):
                         if cell.other_cpu <= NOISY_CORES:
                             break
-                        print(f"  round {rnd + 1} concurrency {c:>2} {NAMES[model]:<13}: other processes kept {cell.other_cpu:.2f} "
-                              "cores busy; running the cell again", flush=True)  # fmt: skip
+                        print(
+                            f"  round {rnd + 1} concurrency {c:>2} {NAMES[model]:<13}: other processes kept {cell.other_cpu:.2f} "
+                            "cores busy; running the cell again",
+                            flush=True,
+                        )
                         time.sleep(5)
                         cell = run_cell(bench, model, c, rnd, args, prompts)
                     cells.append(cell)
                     ok = [d for d in cell.requests if d.error is None]
-                    print(f"  round {rnd + 1} concurrency {c:>2} {NAMES[model]:<13}: {len(ok)} requests in {cell.seconds:.1f} s, "
-                          f"{sum(d.tokens for d in ok) / max(cell.seconds, 1e-9):.0f} tokens/s; other processes "
-                          f"{cell.other_cpu:.2f} cores", flush=True)  # fmt: skip
+                    print(
+                        f"  round {rnd + 1} concurrency {c:>2} {NAMES[model]:<13}: {len(ok)} requests in {cell.seconds:.1f} s, "
+                        f"{sum(d.tokens for d in ok) / max(cell.seconds, 1e-9):.0f} tokens/s; other processes "
+                        f"{cell.other_cpu:.2f} cores",
+                        flush=True,
+                    )
         for c in concurrency if cells else ():
             for model in (CB, SEQ):
                 table[model, c] = summarize([x for x in cells if x.model == model and x.concurrency == c])
@@ -778,21 +942,45 @@ def main() -> None:
     if not args.no_engine and not args.gateway_only and table:
         print("the engine alone ...", flush=True)
         engine = engine_alone(bench.artifact, tuple(concurrency), args.max_tokens, prompts)
-    config = {"requests": args.requests, "cell_seconds": args.cell_seconds, "rounds": args.rounds, "concurrency": concurrency,
-              "max_tokens": args.max_tokens, "gateway_tokens": args.gateway_tokens, "max_running": max_running, "preset": args.preset,
-              "slo_p99_ms": slo_ms, "cores": os.cpu_count(), "load_before": load_before, "root": str(root)}  # fmt: skip
+    config = {
+        "requests": args.requests,
+        "cell_seconds": args.cell_seconds,
+        "rounds": args.rounds,
+        "concurrency": concurrency,
+        "max_tokens": args.max_tokens,
+        "gateway_tokens": args.gateway_tokens,
+        "max_running": max_running,
+        "preset": args.preset,
+        "slo_p99_ms": slo_ms,
+        "cores": os.cpu_count(),
+        "load_before": load_before,
+        "root": str(root),
+    }
     verdicts = report(config, table, cells, gateway, engine, slo_ms)
     elapsed = time.monotonic() - started
     print()
-    print(f"{os.cpu_count()} cores shared by this client, the replica and the gateway (load average {load_before} before "
-          f"this run); fleet folder {root}; {elapsed:.0f} s in all")  # fmt: skip
+    print(
+        f"{os.cpu_count()} cores shared by this client, the replica and the gateway (load average {load_before} before "
+        f"this run); fleet folder {root}; {elapsed:.0f} s in all"
+    )
     print("server logs:")
     _log_findings(root)
     if args.json:
-        out = {"config": config, "verdicts": verdicts, "elapsed_s": elapsed,
-               "cells": {f"{NAMES[m]}@{c}": s for (m, c), s in table.items()}, "gateway": gateway, "engine": engine,
-               "raw": [{**{k: v for k, v in asdict(c).items() if k != "requests"},
-                        "ttft_ms": [d.ttft * 1e3 for d in c.requests if d.ttft is not None]} for c in cells]}  # fmt: skip
+        out = {
+            "config": config,
+            "verdicts": verdicts,
+            "elapsed_s": elapsed,
+            "cells": {f"{NAMES[m]}@{c}": s for (m, c), s in table.items()},
+            "gateway": gateway,
+            "engine": engine,
+            "raw": [
+                {
+                    **{k: v for k, v in asdict(c).items() if k != "requests"},
+                    "ttft_ms": [d.ttft * 1e3 for d in c.requests if d.ttft is not None],
+                }
+                for c in cells
+            ],
+        }
         args.json.write_text(json.dumps(out, indent=2, default=str))
         print(f"figures written to {args.json}")
 

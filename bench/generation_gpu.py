@@ -60,7 +60,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.generation import Bench, Cell, _box_busy, _cell, _cpu_of, _engine, _free_port, bench_policies, claim_root, summarize  # noqa: E402
+from bench.generation import (
+    Bench,
+    Cell,
+    _box_busy,
+    _cell,
+    _cpu_of,
+    _engine,
+    _free_port,
+    bench_policies,
+    claim_root,
+    summarize,
+)  # noqa: E402
 
 SOURCE_POLICY = "demo-lm"  # whose policy the bench models copy
 GPU_MODEL, CPU_MODEL, VERSION = "bench-gpu-lm", "bench-cpu-lm", "1.0.0"
@@ -117,22 +128,35 @@ def register(bench: Bench, args: argparse.Namespace) -> dict:
         print(f"{GPU_MODEL} and {CPU_MODEL} {VERSION} are registered in {bench.root / 'store'}: not training")
         return next(iter(held.values())).hyperparameters
     if held:
-        raise SystemExit(f"{bench.root} holds {', '.join(held)} {VERSION} already (another artifact or --model-dir): "
-                         "pass another --root")  # fmt: skip
+        raise SystemExit(
+            f"{bench.root} holds {', '.join(held)} {VERSION} already (another artifact or --model-dir): "
+            "pass another --root"
+        )
     with tempfile.TemporaryDirectory(prefix="fleet-bench-gpu-") as tmp:
         if args.model_dir:
             folder = Path(args.model_dir).absolute()
             if not (folder / "config.json").exists():
                 raise SystemExit(f"--model-dir {folder} holds no config.json; expected a save_pretrained folder")
-            meta = VersionMetadata(framework="transformers", description=f"{folder}, for bench/generation_gpu.py",
-                                   inputs=[TensorSpec(name="text_input", datatype="BYTES", shape=[-1])],
-                                   outputs=[TensorSpec(name="text_output", datatype="BYTES", shape=[-1])])  # fmt: skip
+            meta = VersionMetadata(
+                framework="transformers",
+                description=f"{folder}, for bench/generation_gpu.py",
+                inputs=[TensorSpec(name="text_input", datatype="BYTES", shape=[-1])],
+                outputs=[TensorSpec(name="text_output", datatype="BYTES", shape=[-1])],
+            )
         else:
             preset = PRESETS[args.preset]
-            config = replace(preset, steps=args.train_steps, warmup_steps=min(preset.warmup_steps, max(1, args.train_steps // 3)),
-                             holdout_examples=min(preset.holdout_examples, 64), log_every=max(1, args.train_steps))  # fmt: skip
-            print(f"training {args.train_steps} steps of the {args.preset!r} architecture (hidden {config.hidden}, "
-                  f"{config.layers} layers; what it learns does not matter here) ...", flush=True)  # fmt: skip
+            config = replace(
+                preset,
+                steps=args.train_steps,
+                warmup_steps=min(preset.warmup_steps, max(1, args.train_steps // 3)),
+                holdout_examples=min(preset.holdout_examples, 64),
+                log_every=max(1, args.train_steps),
+            )
+            print(
+                f"training {args.train_steps} steps of the {args.preset!r} architecture (hidden {config.hidden}, "
+                f"{config.layers} layers; what it learns does not matter here) ...",
+                flush=True,
+            )
             started = time.monotonic()
             folder = Path(tmp) / "artifact"
             meta = train(config, folder, log=lambda line: None)
@@ -154,9 +178,25 @@ def serve(bench: Bench, variant: Variant, ready_timeout: float) -> tuple[subproc
     port = _free_port()
     log_path = bench.root / f"serve-{variant.name.replace(' ', '-')}.log"
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "bentoml", "serve", f"{variant.model}:{VERSION}", "--host",
-                                 "127.0.0.1", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=bench.root, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bentoml",
+                "serve",
+                f"{variant.model}:{VERSION}",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=bench.root,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     while time.monotonic() - started < ready_timeout:
@@ -184,8 +224,15 @@ def stop(proc: subprocess.Popen | None) -> None:
     proc.wait()
 
 
-def measure(proc: subprocess.Popen, url: str, variant: Variant, concurrency: int, args: argparse.Namespace,
-            prompts: list[str], cap_s: float) -> Cell:  # fmt: skip
+def measure(
+    proc: subprocess.Popen,
+    url: str,
+    variant: Variant,
+    concurrency: int,
+    args: argparse.Namespace,
+    prompts: list[str],
+    cap_s: float,
+) -> Cell:
     """One cell: ``concurrency`` callers back to back, as ``bench/generation.py``'s."""
     from fleet.processes import tree
 
@@ -196,17 +243,32 @@ def measure(proc: subprocess.Popen, url: str, variant: Variant, concurrency: int
     cpu_after, own_after, box_after, after = _cpu_of(pids), os.times(), _box_busy(), _engine(url)
     server = (cpu_after - cpu) / wall
     client = (own_after.user + own_after.system - own.user - own.system) / wall
-    return Cell(variant.name, concurrency, 0, seconds, capped, done, after.get("steps", 0) - before.get("steps", 0),
-                after.get("tokens_out", 0) - before.get("tokens_out", 0), server, client,
-                max(0.0, (box_after - box) / wall - server - client))  # fmt: skip
+    return Cell(
+        variant.name,
+        concurrency,
+        0,
+        seconds,
+        capped,
+        done,
+        after.get("steps", 0) - before.get("steps", 0),
+        after.get("tokens_out", 0) - before.get("tokens_out", 0),
+        server,
+        client,
+        max(0.0, (box_after - box) / wall - server - client),
+    )
 
 
-def run_variant(bench: Bench, variant: Variant, args: argparse.Namespace, prompts: list[str], deadline: float) -> Served:
+def run_variant(
+    bench: Bench, variant: Variant, args: argparse.Namespace, prompts: list[str], deadline: float
+) -> Served:
     left = deadline - time.monotonic()
     if left < 30:
         return Served(variant, False, f"skipped: {max(left, 0):.0f} s of the --budget-s left")
-    print(f"{variant.name}: bentoml serve {variant.model}:{VERSION} (FLEET_DEVICE={variant.device} "
-          f"FLEET_ENGINE={variant.engine}) ...", flush=True)  # fmt: skip
+    print(
+        f"{variant.name}: bentoml serve {variant.model}:{VERSION} (FLEET_DEVICE={variant.device} "
+        f"FLEET_ENGINE={variant.engine}) ...",
+        flush=True,
+    )
     proc, url, note, ready_s = serve(bench, variant, min(args.ready_timeout, left))
     if proc is None:
         print(f"  {variant.name}: {note}", flush=True)
@@ -215,7 +277,10 @@ def run_variant(bench: Bench, variant: Variant, args: argparse.Namespace, prompt
     try:
         info = _engine(url)
         if (info.get("engine"), info.get("device")) != (variant.engine, variant.device):
-            served.ok, served.note = False, f"serves the {info.get('engine')} engine on {info.get('device')}, not as asked"
+            served.ok, served.note = (
+                False,
+                f"serves the {info.get('engine')} engine on {info.get('device')}, not as asked",
+            )
             return served
         print(f"  ready in {ready_s:.0f} s: the {info['engine']} engine on {info['device']}; warming up", flush=True)
         warm = asyncio.run(_cell(url, 4, 16, 60, prompts, args.max_tokens))[0]
@@ -230,9 +295,11 @@ def run_variant(bench: Bench, variant: Variant, args: argparse.Namespace, prompt
             cell = measure(proc, url, variant, c, args, prompts, cap)
             served.cells.append(cell)
             served.table[c] = s = summarize([cell])
-            print(f"  concurrency {c:>2}: {s['requests']} requests ({s['errors']} errors) in {cell.seconds:.1f} s, "
-                  f"{s['tokens_per_s']:.0f} tokens/s, TTFT p50 {s['ttft_p50_ms']:.1f} ms, TPOT p50 {s['tpot_p50_ms']:.2f} ms",
-                  flush=True)  # fmt: skip
+            print(
+                f"  concurrency {c:>2}: {s['requests']} requests ({s['errors']} errors) in {cell.seconds:.1f} s, "
+                f"{s['tokens_per_s']:.0f} tokens/s, TTFT p50 {s['ttft_p50_ms']:.1f} ms, TPOT p50 {s['tpot_p50_ms']:.2f} ms",
+                flush=True,
+            )
         served.engine = _engine(url)
     finally:
         stop(proc)
@@ -242,15 +309,19 @@ def run_variant(bench: Bench, variant: Variant, args: argparse.Namespace, prompt
 # -- the report ---------------------------------------------------------------------------------------------------
 def report(results: list[Served], args: argparse.Namespace, gpu: str | None) -> None:
     print()
-    print(f"tiny-lm served by bentoml serve, one variant at a time: {args.requests} requests per cell (at most "
-          f"{args.cell_seconds:g} s), {args.max_tokens} output tokens each (greedy, min_tokens = max_tokens), "
-          f"direct /generate_stream; GPU: {gpu or 'none'}; {os.cpu_count()} cores")  # fmt: skip
+    print(
+        f"tiny-lm served by bentoml serve, one variant at a time: {args.requests} requests per cell (at most "
+        f"{args.cell_seconds:g} s), {args.max_tokens} output tokens each (greedy, min_tokens = max_tokens), "
+        f"direct /generate_stream; GPU: {gpu or 'none'}; {os.cpu_count()} cores"
+    )
     for r in results:
         state = f"ready in {r.ready_s:.0f} s" if r.ok else "NOT SERVED"
         print(f"  {r.variant.name:<12} {r.variant.model}:{VERSION}  {state}{': ' + r.note if r.note else ''}")
     cpu = next((r for r in results if r.variant.device == "cpu" and r.ok), None)
-    head = (f"{'conc':>4}  {'variant':<12} | {'req':>4} {'err':>3} {'tok/s':>8} {'vs cpu':>7} | {'TTFT p50':>8} {'p99':>8} | "
-            f"{'TPOT p50':>8} {'p99':>7} | {'srv CPU':>7} {'other':>5}")  # fmt: skip
+    head = (
+        f"{'conc':>4}  {'variant':<12} | {'req':>4} {'err':>3} {'tok/s':>8} {'vs cpu':>7} | {'TTFT p50':>8} {'p99':>8} | "
+        f"{'TPOT p50':>8} {'p99':>7} | {'srv CPU':>7} {'other':>5}"
+    )
     print()
     print(head)
     print("-" * len(head))
@@ -260,16 +331,24 @@ def report(results: list[Served], args: argparse.Namespace, gpu: str | None) -> 
             if s is None:
                 continue
             base = cpu.table.get(c) if cpu is not None else None
-            ratio = f"{s['tokens_per_s'] / base['tokens_per_s']:>6.2f}x" if base and base["tokens_per_s"] > 0 else f"{'':>7}"
+            ratio = (
+                f"{s['tokens_per_s'] / base['tokens_per_s']:>6.2f}x"
+                if base and base["tokens_per_s"] > 0
+                else f"{'':>7}"
+            )
             cap = "*" if s["capped"] else " "
-            print(f"{c:>4}  {r.variant.name:<12} | {s['requests']:>4} {s['errors']:>3} {s['tokens_per_s']:>7.0f}{cap} {ratio} | "
-                  f"{s['ttft_p50_ms']:>8.1f} {s['ttft_p99_ms']:>8.1f} | {s['tpot_p50_ms']:>8.2f} {s['tpot_p99_ms']:>7.2f} | "
-                  f"{s['server_cpu']:>7.2f} {s['other_cpu_max']:>5.2f}")  # fmt: skip
+            print(
+                f"{c:>4}  {r.variant.name:<12} | {s['requests']:>4} {s['errors']:>3} {s['tokens_per_s']:>7.0f}{cap} {ratio} | "
+                f"{s['ttft_p50_ms']:>8.1f} {s['ttft_p99_ms']:>8.1f} | {s['tpot_p50_ms']:>8.2f} {s['tpot_p99_ms']:>7.2f} | "
+                f"{s['server_cpu']:>7.2f} {s['other_cpu_max']:>5.2f}"
+            )
         print()
-    print("   tok/s: output tokens / the cell's seconds (first send → last answer); vs cpu: over the CPU variant's at the "
-          "same concurrency; TTFT, TPOT: ms, every request of the cell; srv CPU: cores the replica's processes kept busy; "
-          "other: cores anything else kept busy (above 0.25 the figures are not this bench's alone); * the cell stopped "
-          "at its time cap")  # fmt: skip
+    print(
+        "   tok/s: output tokens / the cell's seconds (first send → last answer); vs cpu: over the CPU variant's at the "
+        "same concurrency; TTFT, TPOT: ms, every request of the cell; srv CPU: cores the replica's processes kept busy; "
+        "other: cores anything else kept busy (above 0.25 the figures are not this bench's alone); * the cell stopped "
+        "at its time cap"
+    )
     for r in results:
         errors = [s["first_error"] for s in r.table.values() if s["first_error"]]
         if errors:
@@ -279,23 +358,43 @@ def report(results: list[Served], args: argparse.Namespace, gpu: str | None) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", default="cuda,cpu", help="comma-separated: cuda, cpu")
-    parser.add_argument("--engines", default="native,vllm",
-                        help="on CUDA: native, vllm (vllm only when it imports; skipped with a note otherwise)")
-    parser.add_argument("--root", type=Path, help="fleet folder to use and keep (a registered version is reused); default a temp folder")
+    parser.add_argument(
+        "--engines",
+        default="native,vllm",
+        help="on CUDA: native, vllm (vllm only when it imports; skipped with a note otherwise)",
+    )
+    parser.add_argument(
+        "--root", type=Path, help="fleet folder to use and keep (a registered version is reused); default a temp folder"
+    )
     parser.add_argument("--model-dir", type=Path, help="a save_pretrained folder to serve instead of training one")
-    parser.add_argument("--preset", default="demo", help="tiny-lm preset whose architecture is trained (demo, test, ...)")
-    parser.add_argument("--train-steps", type=int, default=30, help="optimizer steps (throughput does not depend on them)")
+    parser.add_argument(
+        "--preset", default="demo", help="tiny-lm preset whose architecture is trained (demo, test, ...)"
+    )
+    parser.add_argument(
+        "--train-steps", type=int, default=30, help="optimizer steps (throughput does not depend on them)"
+    )
     parser.add_argument("--requests", type=int, default=64, help="requests per cell")
     parser.add_argument("--cell-seconds", type=float, default=20.0, help="no new request in a cell after this")
     parser.add_argument("--concurrency", default="1,8,32", help="comma-separated concurrencies")
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per request (min_tokens too)")
-    parser.add_argument("--gpu-memory-gib", type=float, default=8.0,
-                        help="the GPU model's resources.gpu_memory_gib: vLLM takes this share of the GPU")
+    parser.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        default=8.0,
+        help="the GPU model's resources.gpu_memory_gib: vLLM takes this share of the GPU",
+    )
     parser.add_argument("--ready-timeout", type=float, default=300.0, help="seconds a replica may take to be ready")
-    parser.add_argument("--budget-s", type=float, default=420.0,
-                        help="serving and measuring stop after this (set-up not counted): the run prints within it")
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: the test preset, 5 steps, 16 requests, concurrency 1 and 8, 8 tokens, 15 s cells")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=420.0,
+        help="serving and measuring stop after this (set-up not counted): the run prints within it",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: the test preset, 5 steps, 16 requests, concurrency 1 and 8, 8 tokens, 15 s cells",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if args.quick:
@@ -318,9 +417,11 @@ def main() -> None:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     if "cuda" in devices and gpu is None:
-        raise SystemExit(f"CUDA was asked for (--devices {args.devices}), but torch {torch.__version__} sees no CUDA device "
-                         f"(torch.version.cuda={torch.version.cuda}: {'a CPU build' if torch.version.cuda is None else 'no driver or no visible GPU'}); "
-                         "run on a GPU machine (make setup there installs the CUDA build), or pass --devices cpu")  # fmt: skip
+        raise SystemExit(
+            f"CUDA was asked for (--devices {args.devices}), but torch {torch.__version__} sees no CUDA device "
+            f"(torch.version.cuda={torch.version.cuda}: {'a CPU build' if torch.version.cuda is None else 'no driver or no visible GPU'}); "
+            "run on a GPU machine (make setup there installs the CUDA build), or pass --devices cpu"
+        )
     variants = []
     if "cuda" in devices and "native" in engines:
         variants.append(Variant("cuda native", GPU_MODEL, "cuda", "native"))
@@ -332,8 +433,11 @@ def main() -> None:
         if importlib.util.find_spec("vllm") is not None:
             variants.append(vllm)
         else:
-            skipped.append(Served(vllm, False, "vllm is not installed in this venv (python -m pip install vllm==0.33.0 "
-                                               "to include it)"))  # fmt: skip
+            skipped.append(
+                Served(
+                    vllm, False, "vllm is not installed in this venv (python -m pip install vllm==0.33.0 to include it)"
+                )
+            )
     if not variants:
         parser.error("nothing to serve: --devices cpu with --engines vllm (vLLM is CUDA-only here)")
 
@@ -344,7 +448,10 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, _terminate)
     started = time.monotonic()
-    print(f"devices: {', '.join(devices)}; GPU: {gpu or 'none'}; torch {torch.__version__}; fleet folder {root}", flush=True)
+    print(
+        f"devices: {', '.join(devices)}; GPU: {gpu or 'none'}; torch {torch.__version__}; fleet folder {root}",
+        flush=True,
+    )
     for r in skipped:
         print(f"note: {r.variant.name}: {r.note}", flush=True)
     from bentos.tiny_lm.data import examples
@@ -364,15 +471,28 @@ def main() -> None:
     results += skipped
     report(results, args, gpu)
     elapsed = time.monotonic() - started
-    print(f"\nset-up {setup_s:.0f} s, {elapsed:.0f} s in all; model {hyper.get('hidden', '?')} hidden x "
-          f"{hyper.get('layers', '?')} layers; logs in {root}")  # fmt: skip
+    print(
+        f"\nset-up {setup_s:.0f} s, {elapsed:.0f} s in all; model {hyper.get('hidden', '?')} hidden x "
+        f"{hyper.get('layers', '?')} layers; logs in {root}"
+    )
     if args.json:
-        out = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "gpu": gpu,
-               "elapsed_s": elapsed,
-               "variants": [{"name": r.variant.name, "ok": r.ok, "note": r.note, "ready_s": r.ready_s, "engine": r.engine,
-                             "cells": {str(c): s for c, s in r.table.items()},
-                             "raw": [{k: v for k, v in asdict(c).items() if k != "requests"} for c in r.cells]}
-                            for r in results]}  # fmt: skip
+        out = {
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "gpu": gpu,
+            "elapsed_s": elapsed,
+            "variants": [
+                {
+                    "name": r.variant.name,
+                    "ok": r.ok,
+                    "note": r.note,
+                    "ready_s": r.ready_s,
+                    "engine": r.engine,
+                    "cells": {str(c): s for c, s in r.table.items()},
+                    "raw": [{k: v for k, v in asdict(c).items() if k != "requests"} for c in r.cells],
+                }
+                for r in results
+            ],
+        }
         args.json.write_text(json.dumps(out, indent=2, default=str))
         print(f"figures written to {args.json}")
     if not any(r.ok and r.table for r in results):

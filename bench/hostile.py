@@ -114,11 +114,18 @@ def _flood_bodies(work: Path, kinds: str) -> list[Path]:
 
     def tensor(rows: int) -> bytes:
         data = rng.normal(size=rows * 4).round(4).tolist()
-        return json.dumps({"inputs": [{"name": "features", "shape": [rows, 4], "datatype": "FP32", "data": data}]}).encode()
+        return json.dumps(
+            {"inputs": [{"name": "features", "shape": [rows, 4], "datatype": "FP32", "data": data}]}
+        ).encode()
 
     limit = 4 * 1024 * 1024
-    bodies = {"max-valid": tensor(10_000), "over-limit": tensor(60_000)[:limit],
-              "unclosed": (b'{"inputs":[{"name":"features","shape":[100000,4],"datatype":"FP32","data":[' + b"1.5," * 1_100_000)[:limit]}  # fmt: skip
+    bodies = {
+        "max-valid": tensor(10_000),
+        "over-limit": tensor(60_000)[:limit],
+        "unclosed": (
+            b'{"inputs":[{"name":"features","shape":[100000,4],"datatype":"FP32","data":[' + b"1.5," * 1_100_000
+        )[:limit],
+    }
     if kinds == "refused":
         del bodies["max-valid"]
     paths = []
@@ -132,24 +139,51 @@ def _flood_bodies(work: Path, kinds: str) -> list[Path]:
 def _flood(url: str, key: str, files: list[Path], work: Path) -> subprocess.Popen[str]:
     script = work / "flood.lua"
     script.write_text(FLOOD_LUA % {"files": ", ".join(json.dumps(str(f)) for f in files), "key": key})
-    return subprocess.Popen(["wrk", "-t2", "-c4", "-d600s", "--timeout", "30s", "-s", str(script), f"{url}/v2/models/{MODEL}/infer"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        ["wrk", "-t2", "-c4", "-d600s", "--timeout", "30s", "-s", str(script), f"{url}/v2/models/{MODEL}/infer"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _victim(url: str, key: str, requests: int):  # noqa: ANN202 - bench._wrk.Result
     rng = np.random.default_rng(1)
-    bodies = [json.dumps({"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32",
-                                      "data": rng.normal(size=4).round(3).tolist()}]}) for _ in range(200)]  # fmt: skip
-    return load(f"{url}/v2/models/{MODEL}/infer", bodies, concurrency=1, requests=requests,
-                headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+    bodies = [
+        json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "features",
+                        "shape": [1, 4],
+                        "datatype": "FP32",
+                        "data": rng.normal(size=4).round(3).tolist(),
+                    }
+                ]
+            }
+        )
+        for _ in range(200)
+    ]
+    return load(
+        f"{url}/v2/models/{MODEL}/infer",
+        bodies,
+        concurrency=1,
+        requests=requests,
+        headers={"Authorization": f"Bearer {key}"},
+    )
 
 
 def _held_max(url: str) -> float:
     """The largest bucket bound of the gateway's own event-loop holds (``fleet_event_loop_held_seconds``)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    buckets = [(float(s.labels["le"]), s.value) for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
-               for s in f.samples if s.name == "fleet_event_loop_held_seconds_bucket"]  # fmt: skip
+    buckets = [
+        (float(s.labels["le"]), s.value)
+        for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+        for s in f.samples
+        if s.name == "fleet_event_loop_held_seconds_bucket"
+    ]
     total = max(v for _, v in buckets)
     return min(le for le, v in buckets if v == total) * 1000
 
@@ -161,8 +195,13 @@ def _pct(values: list[float], q: float) -> float:
 def run_mode(mode: str, quota: bool, work: Path, requests: int, rounds: int, kinds: str) -> dict:
     root = work / f"{mode}-{'quota' if quota else 'free'}"
     root.mkdir()
-    env = GatewayEnv(root, limits=LIMITS, cache={"enabled": False, "max_mib": CACHE_MIB},
-                     inference_log={"sample_rate": 0.2}, max_queue=1000)  # fmt: skip
+    env = GatewayEnv(
+        root,
+        limits=LIMITS,
+        cache={"enabled": False, "max_mib": CACHE_MIB},
+        inference_log={"sample_rate": 0.2},
+        max_queue=1000,
+    )
     try:
         env.register("1.0.0")
         env.stub("1.0.0")
@@ -175,8 +214,17 @@ def run_mode(mode: str, quota: bool, work: Path, requests: int, rounds: int, kin
         _victim(url, victim, 300)  # warm: connections, the decode worker, pyarrow's first write
         time.sleep(3)
         baseline = _rss(proc.pid)
-        out: dict = {"alone": [], "flood": [], "live_alone": [], "live_flood": [], "peak": 0, "baseline": baseline,
-                     "flood_answers": 0, "workers": 0, "held_max": 0.0}  # fmt: skip
+        out: dict = {
+            "alone": [],
+            "flood": [],
+            "live_alone": [],
+            "live_flood": [],
+            "peak": 0,
+            "baseline": baseline,
+            "flood_answers": 0,
+            "workers": 0,
+            "held_max": 0.0,
+        }
         for _ in range(rounds):
             with Watch(url, proc.pid) as w:
                 out["alone"].append(_victim(url, victim, requests))
@@ -203,8 +251,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=3000, help="victim requests per cell")
     parser.add_argument("--rounds", type=int, default=2, help="alone/flood pairs per mode")
-    parser.add_argument("--flood", choices=["all", "refused"], default="all",
-                        help="all: the rotation above; refused: only the bodies the gateway refuses (none reaches the model)")
+    parser.add_argument(
+        "--flood",
+        choices=["all", "refused"],
+        default="all",
+        help="all: the rotation above; refused: only the bodies the gateway refuses (none reaches the model)",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed; install it with: apt-get install -y wrk")
@@ -218,19 +270,40 @@ def main() -> None:
             flood_p50 = statistics.median(x.p50_ms for x in r["flood"])
             flood_p99 = statistics.median(x.p99_ms for x in r["flood"])
             errors = sum(x.errors for x in r["alone"] + r["flood"])
-            rows.append((f"{mode}, flooder {'20 req/s quota' if quota else 'no quota'}", alone_p50, alone_p99, flood_p50,
-                         flood_p99, flood_p99 / alone_p99, _pct(r["live_alone"], 99), _pct(r["live_flood"], 99),
-                         r["held_max"], r["baseline"] / 2**20, r["peak"] / 2**20, r["baseline"] / 2**20 + budgets_mib,
-                         r["workers"] / 2**20, errors, r["flood_answers"]))  # fmt: skip
-    print(f"\nvictim: {args.requests} one-row requests per cell at concurrency 1; flooder: 4 connections, "
-          f"flood {args.flood!r}; {args.rounds} rounds; budgets {budgets_mib} MiB (buffers, cache, bodies in flight)\n")
-    print("| decode, flooder | victim p50 alone | p99 alone | p50 flood | p99 flood | p99 flood/alone | live p99 alone | "
-          "live p99 flood | loop held max | RSS base MiB | RSS peak MiB | base+budgets MiB | worker RSS MiB | victim errors | "
-          "flood answers |")
+            rows.append(
+                (
+                    f"{mode}, flooder {'20 req/s quota' if quota else 'no quota'}",
+                    alone_p50,
+                    alone_p99,
+                    flood_p50,
+                    flood_p99,
+                    flood_p99 / alone_p99,
+                    _pct(r["live_alone"], 99),
+                    _pct(r["live_flood"], 99),
+                    r["held_max"],
+                    r["baseline"] / 2**20,
+                    r["peak"] / 2**20,
+                    r["baseline"] / 2**20 + budgets_mib,
+                    r["workers"] / 2**20,
+                    errors,
+                    r["flood_answers"],
+                )
+            )
+    print(
+        f"\nvictim: {args.requests} one-row requests per cell at concurrency 1; flooder: 4 connections, "
+        f"flood {args.flood!r}; {args.rounds} rounds; budgets {budgets_mib} MiB (buffers, cache, bodies in flight)\n"
+    )
+    print(
+        "| decode, flooder | victim p50 alone | p99 alone | p50 flood | p99 flood | p99 flood/alone | live p99 alone | "
+        "live p99 flood | loop held max | RSS base MiB | RSS peak MiB | base+budgets MiB | worker RSS MiB | victim errors | "
+        "flood answers |"
+    )
     print("|---|" + "---|" * 14)
     for r in rows:
-        print(f"| {r[0]} | {r[1]:.2f} ms | {r[2]:.2f} ms | {r[3]:.2f} ms | {r[4]:.2f} ms | {r[5]:.2f}x | {r[6]:.1f} ms | "
-              f"{r[7]:.1f} ms | <= {r[8]:.0f} ms | {r[9]:.0f} | {r[10]:.0f} | {r[11]:.0f} | {r[12]:.0f} | {r[13]} | {r[14]} |")
+        print(
+            f"| {r[0]} | {r[1]:.2f} ms | {r[2]:.2f} ms | {r[3]:.2f} ms | {r[4]:.2f} ms | {r[5]:.2f}x | {r[6]:.1f} ms | "
+            f"{r[7]:.1f} ms | <= {r[8]:.0f} ms | {r[9]:.0f} | {r[10]:.0f} | {r[11]:.0f} | {r[12]:.0f} | {r[13]} | {r[14]} |"
+        )
 
 
 if __name__ == "__main__":

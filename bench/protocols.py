@@ -57,13 +57,32 @@ def cpu_seconds(pid: int) -> float:
 def bodies(rows: int) -> dict[str, object]:
     x = np.random.default_rng(rows).uniform(-1, 1, (rows, 4)).astype(np.float32)
     oip = {"inputs": [{"name": "features", "shape": [rows, 4], "datatype": "FP32", "data": x.ravel().tolist()}]}
-    header = json.dumps({"inputs": [{"name": "features", "shape": [rows, 4], "datatype": "FP32",
-                                     "parameters": {"binary_data_size": x.nbytes}}],
-                         "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}]}).encode()  # fmt: skip
-    grpc_request = pb.ModelInferRequest(model_name=MODEL, inputs=[pb.ModelInferRequest.InferInputTensor(
-        name="features", datatype="FP32", shape=[rows, 4])], raw_input_contents=[x.tobytes()])  # fmt: skip
-    return {"direct": json.dumps({"features": x.tolist()}).encode(), "tensor": x.tobytes(), "json": json.dumps(oip).encode(),
-            "binary": header + x.tobytes(), "binary_header": len(header), "grpc": grpc_request}  # fmt: skip
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "features",
+                    "shape": [rows, 4],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    grpc_request = pb.ModelInferRequest(
+        model_name=MODEL,
+        inputs=[pb.ModelInferRequest.InferInputTensor(name="features", datatype="FP32", shape=[rows, 4])],
+        raw_input_contents=[x.tobytes()],
+    )
+    return {
+        "direct": json.dumps({"features": x.tolist()}).encode(),
+        "tensor": x.tobytes(),
+        "json": json.dumps(oip).encode(),
+        "binary": header + x.tobytes(),
+        "binary_header": len(header),
+        "grpc": grpc_request,
+    }
 
 
 def _failures(url: str) -> int:
@@ -79,15 +98,38 @@ def run(url: str, grpc_address: str, stub: str, key: str, gateway_pid: int, requ
         infer = f"{url}/v2/models/{MODEL}/infer"
         sends: dict[str, Callable[[int, int], Result]] = {
             "direct": lambda c, n: load(f"{stub}/predict", [b["direct"]], concurrency=c, requests=n),
-            "direct-t": lambda c, n: load(f"{stub}/predict_tensor", [b["tensor"]], concurrency=c, requests=n, headers={
-                "Content-Type": "application/octet-stream", "X-Fleet-Datatype": "FP32", "X-Fleet-Shape": f"{rows},4"}),
+            "direct-t": lambda c, n: load(
+                f"{stub}/predict_tensor",
+                [b["tensor"]],
+                concurrency=c,
+                requests=n,
+                headers={
+                    "Content-Type": "application/octet-stream",
+                    "X-Fleet-Datatype": "FP32",
+                    "X-Fleet-Shape": f"{rows},4",
+                },
+            ),
             "json": lambda c, n: load(infer, [b["json"]], concurrency=c, requests=n, headers=auth),
-            "binary": lambda c, n: load(infer, [b["binary"]], concurrency=c, requests=n, headers={
-                **auth, "Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(b["binary_header"])}),
-            "grpc": lambda c, n: grpc_load(grpc_address, "/inference.GRPCInferenceService/ModelInfer",
-                                           b["grpc"].SerializeToString(), concurrency=c, requests=n,
-                                           metadata={"authorization": f"Bearer {key}"}),
-        }  # fmt: skip
+            "binary": lambda c, n: load(
+                infer,
+                [b["binary"]],
+                concurrency=c,
+                requests=n,
+                headers={
+                    **auth,
+                    "Content-Type": "application/octet-stream",
+                    "Inference-Header-Content-Length": str(b["binary_header"]),
+                },
+            ),
+            "grpc": lambda c, n: grpc_load(
+                grpc_address,
+                "/inference.GRPCInferenceService/ModelInfer",
+                b["grpc"].SerializeToString(),
+                concurrency=c,
+                requests=n,
+                metadata={"authorization": f"Bearer {key}"},
+            ),
+        }
         for concurrency in (1, 16):
             n = requests if concurrency > 1 else max(200, requests // 4)
             for name, send in sends.items():
@@ -97,13 +139,22 @@ def run(url: str, grpc_address: str, stub: str, key: str, gateway_pid: int, requ
                 cpu, failed = cpu_seconds(gateway_pid) - cpu0, _failures(url) - failed0
                 gateway = not name.startswith("direct")
                 if r.errors or (gateway and failed):
-                    raise RuntimeError(f"{name}, {rows} rows, concurrency {concurrency}: {r.errors} errors seen by the "
-                                       f"client, {failed if gateway else 0} failures counted by the gateway")  # fmt: skip
-                results.append({
-                    "rows": rows, "concurrency": concurrency, "protocol": name, "requests": r.requests,
-                    "rps": r.rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
-                    "gateway_cpu_ms": cpu / r.requests * 1e3 if gateway else None,
-                })  # fmt: skip
+                    raise RuntimeError(
+                        f"{name}, {rows} rows, concurrency {concurrency}: {r.errors} errors seen by the "
+                        f"client, {failed if gateway else 0} failures counted by the gateway"
+                    )
+                results.append(
+                    {
+                        "rows": rows,
+                        "concurrency": concurrency,
+                        "protocol": name,
+                        "requests": r.requests,
+                        "rps": r.rps,
+                        "p50_ms": r.p50_ms,
+                        "p99_ms": r.p99_ms,
+                        "gateway_cpu_ms": cpu / r.requests * 1e3 if gateway else None,
+                    }
+                )
     return results
 
 
@@ -111,18 +162,24 @@ def table(results: list[dict]) -> None:
     print(f"{'rows':>4} {'conc':>4} {'protocol':<8} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'gw CPU ms/req':>13}")
     for r in results:
         cpu = "-" if r["gateway_cpu_ms"] is None else f"{r['gateway_cpu_ms']:.3f}"
-        print(f"{r['rows']:>4} {r['concurrency']:>4} {r['protocol']:<8} {r['rps']:>8.0f} {r['p50_ms']:>7.2f} "
-              f"{r['p99_ms']:>7.2f} {cpu:>13}")  # fmt: skip
+        print(
+            f"{r['rows']:>4} {r['concurrency']:>4} {r['protocol']:<8} {r['rps']:>8.0f} {r['p50_ms']:>7.2f} "
+            f"{r['p99_ms']:>7.2f} {cpu:>13}"
+        )
     by = {(r["rows"], r["concurrency"], r["protocol"]): r for r in results}
     print()
     for conc in (1, 16):
         json_rps = by[256, conc, "json"]["rps"]
-        print(f"256 rows, concurrency {conc}: binary {by[256, conc, 'binary']['rps'] / json_rps:.2f}x JSON, "
-              f"gRPC {by[256, conc, 'grpc']['rps'] / json_rps:.2f}x JSON (target >= 2x)")  # fmt: skip
+        print(
+            f"256 rows, concurrency {conc}: binary {by[256, conc, 'binary']['rps'] / json_rps:.2f}x JSON, "
+            f"gRPC {by[256, conc, 'grpc']['rps'] / json_rps:.2f}x JSON (target >= 2x)"
+        )
     for rows in (1, 256):
         added = by[rows, 1, "grpc"]["p50_ms"] - by[rows, 1, "direct-t"]["p50_ms"]
-        print(f"{rows} row(s), concurrency 1: gRPC p50 {added:+.2f} ms over direct (the model's tensor route; "
-              "target <= 1 ms)")  # fmt: skip
+        print(
+            f"{rows} row(s), concurrency 1: gRPC p50 {added:+.2f} ms over direct (the model's tensor route; "
+            "target <= 1 ms)"
+        )
 
 
 def main() -> None:

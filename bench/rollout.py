@@ -39,8 +39,19 @@ import numpy as np
 
 from fleet.metrics import latency_bucket, score_bin
 from fleet.simulate import (
-    BASE_ERR, BASE_MS, FLAGGER_INTERVAL_S, FLAGGER_MAX_P99_MS, FLAGGER_MIN_SUCCESS, FLAGGER_THRESHOLD, SCENARIOS,
-    SIGMA, Result, Scenario, Stream, run, run_flagger,
+    BASE_ERR,
+    BASE_MS,
+    FLAGGER_INTERVAL_S,
+    FLAGGER_MAX_P99_MS,
+    FLAGGER_MIN_SUCCESS,
+    FLAGGER_THRESHOLD,
+    SCENARIOS,
+    SIGMA,
+    Result,
+    Scenario,
+    Stream,
+    run,
+    run_flagger,
 )
 from fleet.spec import RolloutPolicy, load_policies
 from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS
@@ -54,10 +65,20 @@ FIXED_BEFORE = {"method": "fixed", "analysis_window_s": 10.0, "min_samples": 50}
 def _policies(args: argparse.Namespace) -> dict[str, RolloutPolicy]:
     current = load_policies(args.policies).rollout[args.rollout]
     base = {**current.model_dump(), "method": "sequential"}
-    policies = {SEQUENTIAL: RolloutPolicy.model_validate(base),
-                FIXED: RolloutPolicy.model_validate({**current.model_dump(), **FIXED_BEFORE})}  # fmt: skip
-    given = {k: v for k, v in (("analysis_window_s", args.window), ("min_samples", args.min_samples),
-                               ("steps", args.steps), ("hold_deadline_s", args.deadline)) if v is not None}  # fmt: skip
+    policies = {
+        SEQUENTIAL: RolloutPolicy.model_validate(base),
+        FIXED: RolloutPolicy.model_validate({**current.model_dump(), **FIXED_BEFORE}),
+    }
+    given = {
+        k: v
+        for k, v in (
+            ("analysis_window_s", args.window),
+            ("min_samples", args.min_samples),
+            ("steps", args.steps),
+            ("hold_deadline_s", args.deadline),
+        )
+        if v is not None
+    }
     if given:  # validated like a policy file, so a bad --steps is refused the same way
         policies[PROPOSED] = RolloutPolicy.model_validate({**base, **given})
     return policies
@@ -107,14 +128,22 @@ def main() -> None:
     current = policies[SEQUENTIAL]
     _check_binning(np.random.default_rng(args.seed))
     horizon = max(len(p.steps) * p.hold_deadline_s for p in policies.values()) + 120
-    print(f"{args.rollouts} rollouts per scenario at {args.rps:g} req/s total (Poisson), canary steps "
-          f"{current.steps} %, gates {current.gates.model_dump(exclude_none=True)}")  # fmt: skip
-    print(f"latency lognormal, median {BASE_MS:g} ms, sigma {SIGMA}; stable errors {args.base_errors:.2%}; "
-          f"seed {args.seed}")  # fmt: skip
-    print(f"flagger: interval {FLAGGER_INTERVAL_S:g} s, success rate >= {FLAGGER_MIN_SUCCESS:g} %, "
-          f"p99 <= {FLAGGER_MAX_P99_MS:g} ms, threshold {FLAGGER_THRESHOLD} failed checks, same steps")  # fmt: skip
-    print(f"{SEQUENTIAL}: {args.policies}, rollout.{args.rollout} ({_describe(current)}, max_false_rollback_rate "
-          f"{current.max_false_rollback_rate:g}, power {current.power:g})")  # fmt: skip
+    print(
+        f"{args.rollouts} rollouts per scenario at {args.rps:g} req/s total (Poisson), canary steps "
+        f"{current.steps} %, gates {current.gates.model_dump(exclude_none=True)}"
+    )
+    print(
+        f"latency lognormal, median {BASE_MS:g} ms, sigma {SIGMA}; stable errors {args.base_errors:.2%}; "
+        f"seed {args.seed}"
+    )
+    print(
+        f"flagger: interval {FLAGGER_INTERVAL_S:g} s, success rate >= {FLAGGER_MIN_SUCCESS:g} %, "
+        f"p99 <= {FLAGGER_MAX_P99_MS:g} ms, threshold {FLAGGER_THRESHOLD} failed checks, same steps"
+    )
+    print(
+        f"{SEQUENTIAL}: {args.policies}, rollout.{args.rollout} ({_describe(current)}, max_false_rollback_rate "
+        f"{current.max_false_rollback_rate:g}, power {current.power:g})"
+    )
     print(f"{FIXED}: {_describe(policies[FIXED], current)}, confidence {current.gates.confidence:g}")
     if PROPOSED in policies:
         print(f"{PROPOSED}: {_describe(policies[PROPOSED], current)}, the rest as is")
@@ -141,8 +170,13 @@ SEQUENTIAL, FIXED, PROPOSED = "sequential", "fixed (before)", "proposed"
 
 
 def _describe(p: RolloutPolicy, base: RolloutPolicy | None = None) -> str:
-    shown = {"method": p.method, "analysis_window_s": p.analysis_window_s, "min_samples": p.min_samples,
-             "steps": p.steps, "hold_deadline_s": p.hold_deadline_s}  # fmt: skip
+    shown = {
+        "method": p.method,
+        "analysis_window_s": p.analysis_window_s,
+        "min_samples": p.min_samples,
+        "steps": p.steps,
+        "hold_deadline_s": p.hold_deadline_s,
+    }
     if base is not None:
         shown = {k: v for k, v in shown.items() if getattr(base, k) != v}
     return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items())
@@ -152,12 +186,16 @@ def _print_scenario(scenario: Scenario, rows: dict[str, dict[str, float]]) -> No
     """(deadline): rolled back because the step was still undecided at hold_deadline_s."""
     when = "to detect" if scenario.bad else "to promote"
     print(f"{scenario.name}: {'bad canary' if scenario.bad else 'good canary (every rollback is a false rollback)'}")
-    print(f"  {'policy':20} {'rolled back':>11} {'(deadline)':>10} {'promoted':>9} {when + ', median':>19} {'p90':>7} "
-          f"{'canary requests':>15} {'of them failed':>14}")  # fmt: skip
+    print(
+        f"  {'policy':20} {'rolled back':>11} {'(deadline)':>10} {'promoted':>9} {when + ', median':>19} {'p90':>7} "
+        f"{'canary requests':>15} {'of them failed':>14}"
+    )
     for name, s in rows.items():
         deadline = f"{s['deadline %']:.1f}%" if name != FLAGGER else "-"
-        print(f"  {name:20} {s['rollback %']:10.1f}% {deadline:>10} {s['promote %']:8.1f}% {_secs(s['median s']):>19} "
-              f"{_secs(s['p90 s']):>7} {s['exposed']:15.0f} {s['failed']:14.1f}")  # fmt: skip
+        print(
+            f"  {name:20} {s['rollback %']:10.1f}% {deadline:>10} {s['promote %']:8.1f}% {_secs(s['median s']):>19} "
+            f"{_secs(s['p90 s']):>7} {s['exposed']:15.0f} {s['failed']:14.1f}"
+        )
     print()
 
 
@@ -167,10 +205,15 @@ def _verdict(name: str, table: dict) -> None:
     checks = [
         ("good canaries promoted, median", good[name]["median s"], good[FLAGGER]["median s"], "s", "<="),
         ("false rollbacks of good canaries", good[name]["rollback %"], 1.0, "%", "<="),
-        ("+5 pp errors detected, x faster than Flagger", plus5[FLAGGER]["median s"] / plus5[name]["median s"], 10.0, "x",
-         ">="),
+        (
+            "+5 pp errors detected, x faster than Flagger",
+            plus5[FLAGGER]["median s"] / plus5[name]["median s"],
+            10.0,
+            "x",
+            ">=",
+        ),
         ("+1 pp errors detected, median", plus1[name]["median s"], 120.0, "s", "<="),
-    ]  # fmt: skip
+    ]
     met = [value <= target if sign == "<=" else value >= target for _, value, target, _, sign in checks]
     print(f"{name}: targets {'MET' if all(met) else 'NOT ALL MET'}")
     for (what, value, target, unit, sign), ok in zip(checks, met, strict=True):

@@ -30,7 +30,9 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=200_000)
     args = parser.parse_args()
     keys = [f"request-{i}" for i in range(args.keys)]
-    table = RouteTable(model="demo", stable="1.0.0", canary=Canary(version="1.1.0", weight=10), pins={"globex": "0.9.0"})
+    table = RouteTable(
+        model="demo", stable="1.0.0", canary=Canary(version="1.1.0", weight=10), pins={"globex": "0.9.0"}
+    )
     tenant = Tenant(name="acme", entitlements={"demo": ["*"]}, created_at=audit.now(), created_by="bench")
     pinned = tenant.model_copy(update={"name": "globex"})
     cases = {

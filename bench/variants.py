@@ -89,8 +89,11 @@ def serve_once(net, tokenizer, prompts: list[str], concurrency: int, max_tokens:
     elapsed = time.perf_counter() - started
     engine.stop()
     ttft.sort()
-    return {"tokens_s": tokens[0] / elapsed, "ttft_p50_ms": statistics.median(ttft) * 1e3,
-            "ttft_p99_ms": ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))] * 1e3}  # fmt: skip
+    return {
+        "tokens_s": tokens[0] / elapsed,
+        "ttft_p50_ms": statistics.median(ttft) * 1e3,
+        "ttft_p99_ms": ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))] * 1e3,
+    }
 
 
 def main() -> None:
@@ -124,17 +127,23 @@ def main() -> None:
             print(f"round {r + 1}/{args.rounds} done", flush=True)
     reg = Registry(store)
     ref = statistics.median(x["tokens_s"] for x in results["teacher"])
-    print(f"\n{args.model}: {args.prompts} holdout prompts x {args.max_tokens} tokens, concurrency {args.concurrency}, "
-          f"median of {args.rounds} interleaved rounds, torch on one thread")  # fmt: skip
-    print(f"{'variant':<8} {'version':<18} {'params M':>8} {'exact match':>11} {'weights MiB':>11} {'tokens/s':>9} "
-          f"{'vs teacher':>10} {'TTFT p50':>9} {'TTFT p99':>9}")  # fmt: skip
+    print(
+        f"\n{args.model}: {args.prompts} holdout prompts x {args.max_tokens} tokens, concurrency {args.concurrency}, "
+        f"median of {args.rounds} interleaved rounds, torch on one thread"
+    )
+    print(
+        f"{'variant':<8} {'version':<18} {'params M':>8} {'exact match':>11} {'weights MiB':>11} {'tokens/s':>9} "
+        f"{'vs teacher':>10} {'TTFT p50':>9} {'TTFT p99':>9}"
+    )
     for kind, version in names.items():
         mv = reg.get(args.model, version)
         tps = statistics.median(x["tokens_s"] for x in results[kind])
         p50 = statistics.median(x["ttft_p50_ms"] for x in results[kind])
         p99 = statistics.median(x["ttft_p99_ms"] for x in results[kind])
-        print(f"{kind:<8} {version:<18} {mv.metrics.get('params_millions', 0):>8.2f} {mv.metrics['exact_match']:>11.3f} "
-              f"{loaded[kind][2] / 2**20:>11.2f} {tps:>9.0f} {tps / ref:>9.2f}x {p50:>7.1f}ms {p99:>7.1f}ms")  # fmt: skip
+        print(
+            f"{kind:<8} {version:<18} {mv.metrics.get('params_millions', 0):>8.2f} {mv.metrics['exact_match']:>11.3f} "
+            f"{loaded[kind][2] / 2**20:>11.2f} {tps:>9.0f} {tps / ref:>9.2f}x {p50:>7.1f}ms {p99:>7.1f}ms"
+        )
 
 
 if __name__ == "__main__":

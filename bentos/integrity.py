@@ -34,8 +34,11 @@ class ArtifactMismatch(Exception):
 
     def __init__(self, folder: str | os.PathLike[str], problems: list[str], remedy: str = "") -> None:
         self.folder, self.problems = str(folder), problems
-        super().__init__(f"model files in {folder} do not match the manifest, refusing to load them: "
-                         + "; ".join(problems) + (f"; {remedy}" if remedy else ""))  # fmt: skip
+        super().__init__(
+            f"model files in {folder} do not match the manifest, refusing to load them: "
+            + "; ".join(problems)
+            + (f"; {remedy}" if remedy else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -119,16 +122,20 @@ def check_folder(folder: str | os.PathLike[str], listing: Listing, *, exact: boo
     return problems
 
 
-def verify_folder(folder: str | os.PathLike[str], listing: Listing, artifact_sha256: str | None = None,
-                  *, remedy: str = "") -> None:  # fmt: skip
+def verify_folder(
+    folder: str | os.PathLike[str], listing: Listing, artifact_sha256: str | None = None, *, remedy: str = ""
+) -> None:
     """Raise ``ArtifactMismatch`` unless every listed file is in ``folder`` with its SHA-256 and size.
 
     With ``artifact_sha256`` the listing itself is checked first: it must be the one that
     hash names (the hash the registry, the Bento's labels and the image record carry).
     """
     if artifact_sha256 is not None and listing_sha256(listing) != artifact_sha256:
-        raise ArtifactMismatch(folder, [f"the file listing hashes to {listing_sha256(listing)}, expected artifact "
-                                        f"sha256 {artifact_sha256}"], remedy)  # fmt: skip
+        raise ArtifactMismatch(
+            folder,
+            [f"the file listing hashes to {listing_sha256(listing)}, expected artifact sha256 {artifact_sha256}"],
+            remedy,
+        )
     if not listing:
         raise ArtifactMismatch(folder, ["the manifest lists no files"], remedy)
     if problems := check_folder(folder, listing):

@@ -112,10 +112,15 @@ class Verdict:
     def table(self) -> list[dict[str, str]]:
         """Rows for a Prefect table artifact: gate, status, observed, allowed, explanation."""
         return [
-            {"gate": g.gate, "status": g.status, "observed": _show(g.observed, g.unit),
-             "allowed": _show_limit(g), "explanation": g.explanation}
+            {
+                "gate": g.gate,
+                "status": g.status,
+                "observed": _show(g.observed, g.unit),
+                "allowed": _show_limit(g),
+                "explanation": g.explanation,
+            }
             for g in self.gates
-        ]  # fmt: skip
+        ]
 
 
 def judge(
@@ -145,19 +150,45 @@ def judge(
         _samples(stable, canary, n),
         _error_rate(stable, canary, n, gates_policy.max_error_rate_increase, alpha),
         _latency(stable, canary, n, gates_policy.max_p99_ratio, alpha),
-        _predictions(stable, canary, n, gates_policy.max_prediction_psi, alpha) if concurrent and not generative
-        else GateResult("predictions", "pass", None, gates_policy.max_prediction_psi, "psi",
-                        "not judged: a generation predicts no scores (output_length judges its answers)" if generative
-                        else "not judged against a baseline from another time: the inputs differ; the steps before "
-                             "compared both arms on the same traffic"),
-    ]  # fmt: skip
+        _predictions(stable, canary, n, gates_policy.max_prediction_psi, alpha)
+        if concurrent and not generative
+        else GateResult(
+            "predictions",
+            "pass",
+            None,
+            gates_policy.max_prediction_psi,
+            "psi",
+            "not judged: a generation predicts no scores (output_length judges its answers)"
+            if generative
+            else "not judged against a baseline from another time: the inputs differ; the steps before "
+            "compared both arms on the same traffic",
+        ),
+    ]
     if gates_policy.max_tpot_p99_ratio is not None:  # a generative model's policy
-        results.append(_latency(_histogram(stable, "tpot_ms"), _histogram(canary, "tpot_ms"), n,
-                                gates_policy.max_tpot_p99_ratio, alpha, gate="tpot_p99", field="tpot_ms"))  # fmt: skip
+        results.append(
+            _latency(
+                _histogram(stable, "tpot_ms"),
+                _histogram(canary, "tpot_ms"),
+                n,
+                gates_policy.max_tpot_p99_ratio,
+                alpha,
+                gate="tpot_p99",
+                field="tpot_ms",
+            )
+        )
     if gates_policy.max_output_length_psi is not None:
-        results.append(_predictions(_histogram(stable, "output_tokens"), _histogram(canary, "output_tokens"), n,
-                                    gates_policy.max_output_length_psi, alpha, gate="output_length",
-                                    field="output_tokens", what="output lengths"))  # fmt: skip
+        results.append(
+            _predictions(
+                _histogram(stable, "output_tokens"),
+                _histogram(canary, "output_tokens"),
+                n,
+                gates_policy.max_output_length_psi,
+                alpha,
+                gate="output_length",
+                field="output_tokens",
+                what="output lengths",
+            )
+        )
     if gates_policy.max_exact_match_drop is not None and phase != "shadow":
         results.append(_exact_match(stable, canary, gates_policy.min_labels, gates_policy.max_exact_match_drop, alpha))
     if phase == "shadow" and gates_policy.min_shadow_agreement is not None:
@@ -173,8 +204,10 @@ def judge(
     elif at >= deadline:
         outcome = "rollback"
         undecided = ", ".join(f"{g.gate} ({_more_text(g)})" for g in pending)
-        expl = (f"still undecided {at - step_started:.0f} s into the step, hold_deadline_s is "
-                f"{policy.hold_deadline_s:g} s: {undecided}")  # fmt: skip
+        expl = (
+            f"still undecided {at - step_started:.0f} s into the step, hold_deadline_s is "
+            f"{policy.hold_deadline_s:g} s: {undecided}"
+        )
         results.append(GateResult("deadline", "breach", at - step_started, policy.hold_deadline_s, "s", expl))
         summary = "roll back: " + expl
     else:
@@ -183,10 +216,16 @@ def judge(
         shown = [g for g in pending if g.gate == "samples"] or pending
         summary = f"hold (a failure from {_clock(deadline)} on): " + "; ".join(g.explanation for g in shown)
     return Verdict(
-        outcome=outcome, gates=tuple(results), at=at, deadline=deadline,
-        canary_requests=canary.requests, stable_requests=stable.requests, summary=summary,
-        more_canary=_most(g.more_canary for g in pending), more_stable=_most(g.more_stable for g in pending),
-    )  # fmt: skip
+        outcome=outcome,
+        gates=tuple(results),
+        at=at,
+        deadline=deadline,
+        canary_requests=canary.requests,
+        stable_requests=stable.requests,
+        summary=summary,
+        more_canary=_most(g.more_canary for g in pending),
+        more_stable=_most(g.more_stable for g in pending),
+    )
 
 
 # -- gates ------------------------------------------------------------------------------------
@@ -213,29 +252,58 @@ def _samples(stable: ArmWindow, canary: ArmWindow, n: int) -> GateResult:
 def _error_rate(stable: ArmWindow, canary: ArmWindow, n: int, margin: float, alpha: float) -> GateResult:
     xc, nc, xs, ns = canary.error_count, canary.requests, stable.error_count, stable.requests
     if nc < n or ns < n:
-        return GateResult("error_rate", "pending", None, margin, "pp",
-                          "waits for min_samples requests per arm", None, max(0, n - nc), max(0, n - ns))  # fmt: skip
+        return GateResult(
+            "error_rate",
+            "pending",
+            None,
+            margin,
+            "pp",
+            "waits for min_samples requests per arm",
+            None,
+            max(0, n - nc),
+            max(0, n - ns),
+        )
     diff = xc / nc - xs / ns
     p_worse, p_within, se = _error_test(xc, nc, xs, ns, margin)
-    rates = (f"canary {xc}/{nc} = {_pct(xc / nc)}, stable {xs}/{ns} = {_pct(xs / ns)}: "
-             f"{_pp(diff)} vs allowed {_pp(margin)}")  # fmt: skip
+    rates = (
+        f"canary {xc}/{nc} = {_pct(xc / nc)}, stable {xs}/{ns} = {_pct(xs / ns)}: {_pp(diff)} vs allowed {_pp(margin)}"
+    )
     conf = f"{1 - alpha:.0%}"
     if p_worse < alpha:
-        return GateResult("error_rate", "breach", diff, margin, "pp",
-                          f"error rate {rates}, above the margin at {conf} (p={p_worse:.2g})", p_worse)  # fmt: skip
+        return GateResult(
+            "error_rate",
+            "breach",
+            diff,
+            margin,
+            "pp",
+            f"error rate {rates}, above the margin at {conf} (p={p_worse:.2g})",
+            p_worse,
+        )
     if margin == 0.0 or p_within < alpha:
-        shown = (f"no increase found (p={p_worse:.2g})" if margin == 0.0
-                 else f"within the margin at {conf} (p={p_within:.2g})")  # fmt: skip
+        shown = (
+            f"no increase found (p={p_worse:.2g})"
+            if margin == 0.0
+            else f"within the margin at {conf} (p={p_within:.2g})"
+        )
         return GateResult("error_rate", "pass", diff, margin, "pp", f"error rate {rates}, {shown}", p_within)
     gap = abs(diff - margin)
     more = _more(z_needed=float(stats.norm.isf(alpha)), se=se, gap=gap)
     expl = f"error rate {rates}, not yet decided at {conf} (p={min(p_worse, p_within):.2g})"
-    return GateResult("error_rate", "pending", diff, margin, "pp", expl, min(p_worse, p_within),
-                      _scaled(nc, more), _scaled(ns, more))  # fmt: skip
+    return GateResult(
+        "error_rate", "pending", diff, margin, "pp", expl, min(p_worse, p_within), _scaled(nc, more), _scaled(ns, more)
+    )
 
 
-def _latency(stable: ArmWindow, canary: ArmWindow, n: int, max_ratio: float, alpha: float, *,
-             gate: str = "latency_p99", field: str = "latency_ms") -> GateResult:  # fmt: skip
+def _latency(
+    stable: ArmWindow,
+    canary: ArmWindow,
+    n: int,
+    max_ratio: float,
+    alpha: float,
+    *,
+    gate: str = "latency_p99",
+    field: str = "latency_ms",
+) -> GateResult:
     """p99 ratio of a millisecond histogram: latency (a generation's: to its first token), or
     with ``field="tpot_ms"`` a generation's time per output token."""
     hc, hs = np.asarray(getattr(canary, field)), np.asarray(getattr(stable, field))
@@ -244,9 +312,17 @@ def _latency(stable: ArmWindow, canary: ArmWindow, n: int, max_ratio: float, alp
     # with fewer than log(alpha)/log(0.99) requests even their maximum may sit below it
     ns_needed = max(n, math.ceil(math.log(alpha) / math.log(_Q)))
     if nc < n or ns < ns_needed:
-        return GateResult(gate, "pending", None, max_ratio, "x",
-                          f"waits for {n} canary and {ns_needed} stable answered requests (canary {nc}, stable {ns})",
-                          None, max(0, n - nc), max(0, ns_needed - ns))  # fmt: skip
+        return GateResult(
+            gate,
+            "pending",
+            None,
+            max_ratio,
+            "x",
+            f"waits for {n} canary and {ns_needed} stable answered requests (canary {nc}, stable {ns})",
+            None,
+            max(0, n - nc),
+            max(0, ns_needed - ns),
+        )
     p99c, p99s = histogram_quantile(_Q, hc), histogram_quantile(_Q, hs)
     ratio = p99c / p99s if p99s > 0 else (1.0 if p99c == 0 else math.inf)
     # canary p99 <= limit means at most 1 % of canary requests are slower than the limit
@@ -256,37 +332,69 @@ def _latency(stable: ArmWindow, canary: ArmWindow, n: int, max_ratio: float, alp
     idx = np.arange(len(hc))  # bucket index as the value: ties within a bucket share their rank
     ranks = stats.mannwhitneyu(np.repeat(idx, hc), np.repeat(idx, hs), alternative="greater", method="asymptotic")
     p_rank = float(ranks.pvalue)
-    shape = ("the rank test finds it slower overall too" if p_rank < alpha
-             else "the rank test finds no overall slowdown: a slower tail")  # fmt: skip
+    shape = (
+        "the rank test finds it slower overall too"
+        if p_rank < alpha
+        else "the rank test finds no overall slowdown: a slower tail"
+    )
     what = "p99" if field == "latency_ms" else "p99 time per output token:"
-    reading = (f"{what} canary {p99c:.1f} ms / stable {p99s:.1f} ms = {ratio:.2f}x vs allowed {max_ratio:g}x; "
-               f"{slower}/{nc} canary requests above {limit:.1f} ms")  # fmt: skip
+    reading = (
+        f"{what} canary {p99c:.1f} ms / stable {p99s:.1f} ms = {ratio:.2f}x vs allowed {max_ratio:g}x; "
+        f"{slower}/{nc} canary requests above {limit:.1f} ms"
+    )
     if ratio > max_ratio and p_tail < alpha:
-        return GateResult(gate, "breach", float(ratio), max_ratio, "x",
-                          f"{reading}, more than 1 % at {1 - alpha:.0%} (p={p_tail:.2g}); {shape} "
-                          f"(Mann-Whitney p={p_rank:.2g})", p_tail)  # fmt: skip
+        return GateResult(
+            gate,
+            "breach",
+            float(ratio),
+            max_ratio,
+            "x",
+            f"{reading}, more than 1 % at {1 - alpha:.0%} (p={p_tail:.2g}); {shape} (Mann-Whitney p={p_rank:.2g})",
+            p_tail,
+        )
     why = "within the limit" if ratio <= max_ratio else f"not significantly more than 1 % (p={p_tail:.2g})"
     return GateResult(gate, "pass", float(ratio), max_ratio, "x", f"{reading}: {why}", p_tail)
 
 
-def _predictions(stable: ArmWindow, canary: ArmWindow, n: int, max_psi: float, alpha: float, *,
-                 gate: str = "predictions", field: str = "predictions", what: str = "scores") -> GateResult:  # fmt: skip
+def _predictions(
+    stable: ArmWindow,
+    canary: ArmWindow,
+    n: int,
+    max_psi: float,
+    alpha: float,
+    *,
+    gate: str = "predictions",
+    field: str = "predictions",
+    what: str = "scores",
+) -> GateResult:
     """PSI of two histograms: predicted scores, or with ``field="output_tokens"`` a
     generation's output lengths."""
     pc, ps = np.asarray(getattr(canary, field)), np.asarray(getattr(stable, field))
     nc, ns = int(pc.sum()), int(ps.sum())
     if nc < n or ns < n:
-        return GateResult(gate, "pending", None, max_psi, "psi",
-                          f"waits for min_samples {'prediction rows' if field == 'predictions' else 'answers'} per arm "
-                          f"(canary {nc}, stable {ns})", None, max(0, n - nc), max(0, n - ns))  # fmt: skip
+        return GateResult(
+            gate,
+            "pending",
+            None,
+            max_psi,
+            "psi",
+            f"waits for min_samples {'prediction rows' if field == 'predictions' else 'answers'} per arm "
+            f"(canary {nc}, stable {ns})",
+            None,
+            max(0, n - nc),
+            max(0, n - ns),
+        )
     value, p = float(psi(pc, ps)), _psi_above(pc, ps, max_psi)
     # two samples of one distribution differ by chance by about (bins-1)(1/nc + 1/ns)
     noise = (np.count_nonzero(pc + ps) - 1) * (1 / nc + 1 / ns)
-    reading = (f"PSI of canary vs stable {what} {value:.3f} vs allowed {max_psi:g} "
-               f"(sampling noise alone gives ~{noise:.3f} at these counts)")  # fmt: skip
+    reading = (
+        f"PSI of canary vs stable {what} {value:.3f} vs allowed {max_psi:g} "
+        f"(sampling noise alone gives ~{noise:.3f} at these counts)"
+    )
     if value > max_psi and p < alpha:
-        return GateResult(gate, "breach", value, max_psi, "psi",
-                          f"{reading}, above the limit at {1 - alpha:.0%} (p={p:.2g})", p)  # fmt: skip
+        return GateResult(
+            gate, "breach", value, max_psi, "psi", f"{reading}, above the limit at {1 - alpha:.0%} (p={p:.2g})", p
+        )
     why = "within the limit" if value <= max_psi else f"not significantly above it (p={p:.2g})"
     return GateResult(gate, "pass", value, max_psi, "psi", f"{reading}: {why}", p)
 
@@ -296,41 +404,94 @@ def _exact_match(stable: ArmWindow, canary: ArmWindow, n: int, margin: float, al
     the error-rate gate's non-inferiority test. Labels arrive when callers send them, if ever:
     too few is a pass that says so (it never holds a step), and a canary not shown worse
     passes; only one significantly worse than the margin breaches."""
-    xc, nc, xs, ns = canary.labelled - canary.matched, canary.labelled, stable.labelled - stable.matched, stable.labelled
+    xc, nc, xs, ns = (
+        canary.labelled - canary.matched,
+        canary.labelled,
+        stable.labelled - stable.matched,
+        stable.labelled,
+    )
     if nc < n or ns < n:
-        return GateResult("exact_match", "pass", None, margin, "pp",
-                          f"not judged: {nc} canary and {ns} stable labels, min_labels {n} per arm")  # fmt: skip
+        return GateResult(
+            "exact_match",
+            "pass",
+            None,
+            margin,
+            "pp",
+            f"not judged: {nc} canary and {ns} stable labels, min_labels {n} per arm",
+        )
     drop = (ns - xs) / ns - (nc - xc) / nc  # of the match rate, canary below stable
     p_worse, p_within, _ = _error_test(xc, nc, xs, ns, margin)
-    rates = (f"exact match canary {nc - xc}/{nc} = {_pct((nc - xc) / nc)}, stable {ns - xs}/{ns} = "
-             f"{_pct((ns - xs) / ns)}: a drop of {_pp(drop)} vs allowed {_pp(margin)}")  # fmt: skip
+    rates = (
+        f"exact match canary {nc - xc}/{nc} = {_pct((nc - xc) / nc)}, stable {ns - xs}/{ns} = "
+        f"{_pct((ns - xs) / ns)}: a drop of {_pp(drop)} vs allowed {_pp(margin)}"
+    )
     if p_worse < alpha:
-        return GateResult("exact_match", "breach", drop, margin, "pp",
-                          f"{rates}, beyond the margin at {1 - alpha:.0%} (p={p_worse:.2g})", p_worse)  # fmt: skip
-    return GateResult("exact_match", "pass", drop, margin, "pp", f"{rates}, not shown beyond it (p={p_worse:.2g})", p_within)
+        return GateResult(
+            "exact_match",
+            "breach",
+            drop,
+            margin,
+            "pp",
+            f"{rates}, beyond the margin at {1 - alpha:.0%} (p={p_worse:.2g})",
+            p_worse,
+        )
+    return GateResult(
+        "exact_match", "pass", drop, margin, "pp", f"{rates}, not shown beyond it (p={p_worse:.2g})", p_within
+    )
 
 
 def _shadow(shadow: ArmWindow, n: int, minimum: float, alpha: float) -> GateResult:
     k, pairs = shadow.shadow_agreed, shadow.shadow_pairs
     if pairs < n:
-        return GateResult("shadow_agreement", "pending", None, minimum, "fraction",
-                          f"waits for min_samples answered shadow pairs ({pairs} of {n})", None, n - pairs, 0)  # fmt: skip
+        return GateResult(
+            "shadow_agreement",
+            "pending",
+            None,
+            minimum,
+            "fraction",
+            f"waits for min_samples answered shadow pairs ({pairs} of {n})",
+            None,
+            n - pairs,
+            0,
+        )
     rate = k / pairs
     reading = f"shadow agreed on {k}/{pairs} = {_pct(rate)} vs required {_pct(minimum)}"
     p_below = float(stats.binomtest(k, pairs, minimum, alternative="less").pvalue) if minimum > 0 else 1.0
     if p_below < alpha:
-        return GateResult("shadow_agreement", "breach", rate, minimum, "fraction",
-                          f"{reading}, below it at {1 - alpha:.0%} (p={p_below:.2g})", p_below)  # fmt: skip
+        return GateResult(
+            "shadow_agreement",
+            "breach",
+            rate,
+            minimum,
+            "fraction",
+            f"{reading}, below it at {1 - alpha:.0%} (p={p_below:.2g})",
+            p_below,
+        )
     # at a minimum of 1.0 nothing can be shown "above" it: all pairs agreeing is the pass
     p_above = float(stats.binomtest(k, pairs, minimum, alternative="greater").pvalue) if minimum < 1 else 0.0
     if p_above < alpha:
-        return GateResult("shadow_agreement", "pass", rate, minimum, "fraction",
-                          f"{reading}, at or above it at {1 - alpha:.0%} (p={p_above:.2g})", p_above)  # fmt: skip
+        return GateResult(
+            "shadow_agreement",
+            "pass",
+            rate,
+            minimum,
+            "fraction",
+            f"{reading}, at or above it at {1 - alpha:.0%} (p={p_above:.2g})",
+            p_above,
+        )
     se = math.sqrt(minimum * (1 - minimum) / pairs)
     more = _more(z_needed=float(stats.norm.isf(alpha)), se=se, gap=abs(rate - minimum))
-    return GateResult("shadow_agreement", "pending", rate, minimum, "fraction",
-                      f"{reading}, not yet decided (p={min(p_below, p_above):.2g})",
-                      min(p_below, p_above), _scaled(pairs, more), 0)  # fmt: skip
+    return GateResult(
+        "shadow_agreement",
+        "pending",
+        rate,
+        minimum,
+        "fraction",
+        f"{reading}, not yet decided (p={min(p_below, p_above):.2g})",
+        min(p_below, p_above),
+        _scaled(pairs, more),
+        0,
+    )
 
 
 # -- statistics -------------------------------------------------------------------------------

@@ -49,12 +49,19 @@ _TENANT_ADVICE = (
     "gone with it, create it again (it gets new keys)"
 )
 _KINDS = (
-    _Kind("rollouts/", RolloutState, _top,
-          "the model's rollout cannot resume: `fleet doctor --remove {key}`, then start the rollout again"),
-    _Kind("events/", audit.AuditEvent, None,
-          "one audit event is unreadable (history skips it): restore it from a backup, or "
-          "`fleet doctor --remove {key}`"),
-)  # fmt: skip
+    _Kind(
+        "rollouts/",
+        RolloutState,
+        _top,
+        "the model's rollout cannot resume: `fleet doctor --remove {key}`, then start the rollout again",
+    ),
+    _Kind(
+        "events/",
+        audit.AuditEvent,
+        None,
+        "one audit event is unreadable (history skips it): restore it from a backup, or `fleet doctor --remove {key}`",
+    ),
+)
 _MANIFEST_ADVICE = (
     "this version cannot be listed, routed or deployed: restore the manifest from a backup (its artifact "
     "files are intact), or `fleet doctor --remove {key}` to unregister it"
@@ -69,7 +76,9 @@ class Finding:
     advice: str
 
 
-def scan(store: ObjectStore, *, history: bool = True, bad_manifests: list[records.BadRecord] | None = None) -> list[Finding]:
+def scan(
+    store: ObjectStore, *, history: bool = True, bad_manifests: list[records.BadRecord] | None = None
+) -> list[Finding]:
     """Every stored record that does not parse as what its key says it is, by key.
 
     ``history=False`` leaves out rollouts and audit events (every event is one read: on S3,
@@ -129,10 +138,14 @@ def restore_route(store: ObjectStore, key: str, *, who: str | None = None) -> Ro
     last = max(revisions, key=lambda e: e.revision or 0)
     who = who or audit.actor()
     restored = RouteTable.model_validate(last.after)
-    table = restored.model_copy(update={
-        "revision": restored.revision + 1, "updated_at": audit.now(), "updated_by": who,
-        "reason": f"restored r{restored.revision} by fleet doctor",
-    })  # fmt: skip
+    table = restored.model_copy(
+        update={
+            "revision": restored.revision + 1,
+            "updated_at": audit.now(),
+            "updated_by": who,
+            "reason": f"restored r{restored.revision} by fleet doctor",
+        }
+    )
     try:
         store.put(key, records.dump(table), if_match=etag)
     except PreconditionFailed:
@@ -141,4 +154,3 @@ def restore_route(store: ObjectStore, key: str, *, who: str | None = None) -> Ro
     router._log(restored, table)
     router._reconcile_states(model, who)
     return table
-

@@ -132,16 +132,19 @@ def _floor(n: int, span: float) -> float:
     return span * span * (1 / (n + 1)) * (n / (n + 1))
 
 
-def decide(a: ArmStats, b: ArmStats, found: Interval | None, min_effect: float, out_of_time: bool,
-           metric: str) -> Decision:  # fmt: skip
+def decide(
+    a: ArmStats, b: ArmStats, found: Interval | None, min_effect: float, out_of_time: bool, metric: str
+) -> Decision:
     """The experiment's state after a tick (pure)."""
     if found is None:
         need = f"{MIN_PER_ARM} outcomes per arm before any decision ({a.version}: {a.n}, {b.version}: {b.n})"
         if out_of_time:
             return Decision("out_of_time", None, f"out of time with too few outcomes: {need}")
         return Decision("running", None, f"waiting: {need}")
-    reading = (f"{metric}: {a.version} {a.mean:.4g} (n={a.n}), {b.version} {b.mean:.4g} (n={b.n}); "
-               f"{b.version} - {a.version} = {found.diff:+.4g}, always-valid interval [{found.lo:+.4g}, {found.hi:+.4g}]")  # fmt: skip
+    reading = (
+        f"{metric}: {a.version} {a.mean:.4g} (n={a.n}), {b.version} {b.mean:.4g} (n={b.n}); "
+        f"{b.version} - {a.version} = {found.diff:+.4g}, always-valid interval [{found.lo:+.4g}, {found.hi:+.4g}]"
+    )
     if found.lo > 0:
         return Decision("winner", b.version, f"{b.version} wins: {reading}")
     if found.hi < 0:
@@ -192,9 +195,12 @@ def effect_svg(ticks: list[Tick], arms: tuple[str, str], metric: str, min_effect
     """The effect estimate (B - A) and its always-valid interval over time, as an SVG."""
     shown = [t for t in ticks if t.diff is not None]
     width, height, pad = 640, 260, 48
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-             'font-size="11">', f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<text x="{pad}" y="16">{arms[1]} - {arms[0]} on {metric}: estimate and always-valid interval</text>']  # fmt: skip
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+        'font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{pad}" y="16">{arms[1]} - {arms[0]} on {metric}: estimate and always-valid interval</text>',
+    ]
     if shown:
         t0, t1 = shown[0].at, max(shown[-1].at, shown[0].at + 1)
         values = [v for t in shown for v in (t.lo, t.hi)] + [min_effect, -min_effect, 0.0]
@@ -207,13 +213,19 @@ def effect_svg(ticks: list[Tick], arms: tuple[str, str], metric: str, min_effect
         def y(v: float) -> float:
             return height - pad + (2 * pad - height) * (v - lo) / span
 
-        band = [f"{x(t.at):.1f},{y(t.hi):.1f}" for t in shown] + [f"{x(t.at):.1f},{y(t.lo):.1f}" for t in reversed(shown)]
+        band = [f"{x(t.at):.1f},{y(t.hi):.1f}" for t in shown] + [
+            f"{x(t.at):.1f},{y(t.lo):.1f}" for t in reversed(shown)
+        ]
         parts.append(f'<polygon points="{" ".join(band)}" fill="#9ecae1" fill-opacity="0.6"/>')
-        parts.append(f'<polyline points="{" ".join(f"{x(t.at):.1f},{y(t.diff):.1f}" for t in shown)}" '
-                     'fill="none" stroke="#08519c" stroke-width="2"/>')  # fmt: skip
+        parts.append(
+            f'<polyline points="{" ".join(f"{x(t.at):.1f},{y(t.diff):.1f}" for t in shown)}" '
+            'fill="none" stroke="#08519c" stroke-width="2"/>'
+        )
         for v, colour in ((0.0, "#444"), (min_effect, "#bbb"), (-min_effect, "#bbb")):
-            parts.append(f'<line x1="{pad}" x2="{width - pad}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="{colour}" '
-                         'stroke-dasharray="4 3"/>')  # fmt: skip
+            parts.append(
+                f'<line x1="{pad}" x2="{width - pad}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="{colour}" '
+                'stroke-dasharray="4 3"/>'
+            )
             parts.append(f'<text x="{width - pad + 4}" y="{y(v) + 4:.1f}">{v:+.3g}</text>')
         parts.append(f'<text x="{pad}" y="{height - 12}">0 s</text>')
         parts.append(f'<text x="{width - pad - 40}" y="{height - 12}">{t1 - t0:.0f} s</text>')

@@ -67,9 +67,11 @@ def parse(body: dict) -> tuple[str, list[Label]]:
     → (model, labels); each item has a label, outcomes, or both."""
     model = body.get("model")
     items = body.get("feedback")
-    expected = ('expected {"model": "<model>", "feedback": [{"request_id": "...", "label": <int class, or the expected '
-                'text of a generation>, "outcomes": {"<name>": <number>}, "row": <int, default 0>}]} with a label, '
-                'outcomes or both')
+    expected = (
+        'expected {"model": "<model>", "feedback": [{"request_id": "...", "label": <int class, or the expected '
+        'text of a generation>, "outcomes": {"<name>": <number>}, "row": <int, default 0>}]} with a label, '
+        "outcomes or both"
+    )
     if not isinstance(model, str) or not isinstance(items, list) or not items:
         raise InvalidInput(f"feedback body has no model or no feedback list; {expected}")
     check_name("model", model)
@@ -81,21 +83,29 @@ def parse(body: dict) -> tuple[str, list[Label]]:
             raise InvalidInput(f"feedback[{i}] is {type(item).__name__}; {expected}")
         rid, label, row = item.get("request_id"), item.get("label"), item.get("row", 0)
         if not isinstance(rid, str) or not REQUEST_ID.fullmatch(rid):
-            raise InvalidInput(f"feedback[{i}].request_id is {_short(rid)}; expected the X-Request-Id of an earlier answer")
+            raise InvalidInput(
+                f"feedback[{i}].request_id is {_short(rid)}; expected the X-Request-Id of an earlier answer"
+            )
         outcomes = _outcomes(i, item.get("outcomes"))
         outcome_rows += len(outcomes)
         if outcome_rows > MAX_OUTCOME_ROWS:
-            raise TooManyLabels(f"feedback has more than {MAX_OUTCOME_ROWS} outcomes; at most that many per request, "
-                                "send the rest after")  # fmt: skip
+            raise TooManyLabels(
+                f"feedback has more than {MAX_OUTCOME_ROWS} outcomes; at most that many per request, "
+                "send the rest after"
+            )
         if label is None and not outcomes:
             raise InvalidInput(f"feedback[{i}] has neither a label nor outcomes; {expected}")
         if label is not None and (isinstance(label, bool) or not isinstance(label, int | str)):
-            raise InvalidInput(f"feedback[{i}].label is {_short(label)}; expected the true class as an integer, "
-                               "or a generation's expected text")  # fmt: skip
+            raise InvalidInput(
+                f"feedback[{i}].label is {_short(label)}; expected the true class as an integer, "
+                "or a generation's expected text"
+            )
         if isinstance(label, str) and len(label) > MAX_LABEL_CHARS:
             raise InvalidInput(f"feedback[{i}].label has {len(label)} characters; expected at most {MAX_LABEL_CHARS}")
         if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row <= MAX_ROW:
-            raise InvalidInput(f"feedback[{i}].row is {_short(row)}; expected the row's index in the request (0 for one row)")
+            raise InvalidInput(
+                f"feedback[{i}].row is {_short(row)}; expected the row's index in the request (0 for one row)"
+            )
         labels.append(Label(rid, row, label, outcomes))
     return model, labels
 
@@ -106,15 +116,19 @@ def _outcomes(i: int, given: object) -> tuple[tuple[str, float], ...]:
     if given is None:
         return ()
     if not isinstance(given, dict) or not given:
-        raise InvalidInput(f"feedback[{i}].outcomes is {_short(given)}; expected an object of named numbers, "
-                           'e.g. {"clicked": 1, "revenue": 12.5}')  # fmt: skip
+        raise InvalidInput(
+            f"feedback[{i}].outcomes is {_short(given)}; expected an object of named numbers, "
+            'e.g. {"clicked": 1, "revenue": 12.5}'
+        )
     if len(given) > MAX_OUTCOMES:
         raise InvalidInput(f"feedback[{i}].outcomes has {len(given)} names; expected at most {MAX_OUTCOMES}")
     found = []
     for name, value in given.items():
         if not OUTCOME_NAME.fullmatch(name):
-            raise InvalidInput(f"feedback[{i}].outcomes names {_short(name)}; expected lowercase letters, digits and _, "
-                               "starting with a letter (as the model's policy declares it)")  # fmt: skip
+            raise InvalidInput(
+                f"feedback[{i}].outcomes names {_short(name)}; expected lowercase letters, digits and _, "
+                "starting with a letter (as the model's policy declares it)"
+            )
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise InvalidInput(f"feedback[{i}].outcomes.{name} is {_short(value)}; expected a finite number")
         found.append((name, float(value)))
@@ -128,7 +142,9 @@ def check_outcomes(labels: Sequence[Label], model: str, declared: dict) -> None:
             spec = declared.get(name)
             if spec is None:
                 known = ", ".join(sorted(declared)) or "none (add them under the model's outcomes: in its policy)"
-                raise InvalidInput(f"feedback[{i}].outcomes.{name} is not an outcome of {model}; expected one of: {known}")
+                raise InvalidInput(
+                    f"feedback[{i}].outcomes.{name} is not an outcome of {model}; expected one of: {known}"
+                )
             if (spec.min is not None and value < spec.min) or (spec.max is not None and value > spec.max):
                 bounds = f"{'-inf' if spec.min is None else f'{spec.min:g}'} to {'inf' if spec.max is None else f'{spec.max:g}'}"
                 raise InvalidInput(f"feedback[{i}].outcomes.{name} is {value:g}; expected {bounds}")
@@ -142,15 +158,19 @@ def check_classes(labels: Sequence[Label], classes: int) -> None:
         if not isinstance(x.label, int):
             raise InvalidInput(f"feedback[{i}].label is {_short(x.label)}; expected the true class as an integer")
         if not 0 <= x.label < classes:
-            raise InvalidInput(f"feedback[{i}].label is {_short(x.label)}; expected a class of this model, 0 to {classes - 1}")
+            raise InvalidInput(
+                f"feedback[{i}].label is {_short(x.label)}; expected a class of this model, 0 to {classes - 1}"
+            )
 
 
 def check_texts(labels: Sequence[Label], model: str) -> None:
     """A generative model's labels are the expected texts of single answers (row 0)."""
     for i, x in enumerate(labels):
         if x.label is not None and not isinstance(x.label, str):
-            raise InvalidInput(f"feedback[{i}].label is {_short(x.label)}; {model} is generative: expected the text "
-                               "the answer should have been (exact match)")  # fmt: skip
+            raise InvalidInput(
+                f"feedback[{i}].label is {_short(x.label)}; {model} is generative: expected the text "
+                "the answer should have been (exact match)"
+            )
         if x.row != 0:
             raise InvalidInput(f"feedback[{i}].row is {x.row}; a generation is one answer: expected row 0")
 
@@ -178,7 +198,9 @@ class LoggedRequests:
         self._recent: OrderedDict[tuple[str, str, str], tuple[int, Answer | None]] = OrderedDict()
         self._recent_bytes = 0
         # key → (index (tenant, id) → rows, answers (tenant, id) → answer, bytes)
-        self._files: OrderedDict[str, tuple[dict[tuple[str, str], int], dict[tuple[str, str], Answer], int]] = OrderedDict()
+        self._files: OrderedDict[str, tuple[dict[tuple[str, str], int], dict[tuple[str, str], Answer], int]] = (
+            OrderedDict()
+        )
         self._files_bytes = 0
         self._lock = threading.Lock()
 
@@ -188,7 +210,13 @@ class LoggedRequests:
 
     @staticmethod
     def _size(model: str, tenant: str, request_id: str, answer: Answer | None) -> int:
-        return _ENTRY_BYTES + len(model) + len(tenant) + len(request_id) + (_ANSWER_BYTES + len(answer[0]) if answer else 0)
+        return (
+            _ENTRY_BYTES
+            + len(model)
+            + len(tenant)
+            + len(request_id)
+            + (_ANSWER_BYTES + len(answer[0]) if answer else 0)
+        )
 
     def remember(self, model: str, tenant: str, request_id: str, rows: int, answer: Answer | None = None) -> None:
         """One sampled request (on the request path: O(1)); a generation with its answer."""
@@ -203,7 +231,9 @@ class LoggedRequests:
                 evicted, (_, was) = self._recent.popitem(last=False)
                 self._recent_bytes -= self._size(*evicted, was)
 
-    def owned(self, model: str, tenant: str, wanted: set[tuple[str, int]], now: datetime | None = None) -> set[tuple[str, int]]:
+    def owned(
+        self, model: str, tenant: str, wanted: set[tuple[str, int]], now: datetime | None = None
+    ) -> set[tuple[str, int]]:
         """Which wanted (request id, row) are logged requests of ``tenant``."""
         return set(self._find(model, tenant, wanted, now))
 
@@ -212,8 +242,9 @@ class LoggedRequests:
         found = self._find(model, tenant, {(rid, 0) for rid in ids}, now)
         return {rid: answer for (rid, _), answer in found.items() if answer is not None}
 
-    def _find(self, model: str, tenant: str, wanted: set[tuple[str, int]],
-              now: datetime | None) -> dict[tuple[str, int], Answer | None]:  # fmt: skip
+    def _find(
+        self, model: str, tenant: str, wanted: set[tuple[str, int]], now: datetime | None
+    ) -> dict[tuple[str, int], Answer | None]:
         found: dict[tuple[str, int], Answer | None] = {}
         with self._lock:
             for rid, row in wanted:
@@ -247,14 +278,19 @@ class LoggedRequests:
         table = pq.read_table(data, columns=columns)
         answers: dict[tuple[str, str], Answer] = {}
         if generations:  # one row per generation
-            tenants, rids, versions, digests = (table.column(c).to_pylist() for c in ("tenant", "request_id", "version", "output_digest"))
+            tenants, rids, versions, digests = (
+                table.column(c).to_pylist() for c in ("tenant", "request_id", "version", "output_digest")
+            )
             answers = {(t, r): (v, d) for t, r, v, d in zip(tenants, rids, versions, digests, strict=True)}
             index = dict.fromkeys(answers, 1)
         else:
             # grouped by Arrow: one Python object per request, not three per row (a 10,000-row
             # request would otherwise hold the GIL, and the gateway's loop, for tens of ms)
             grouped = table.group_by(["tenant", "request_id"]).aggregate([("row", "max")])
-            index = {(t, r): int(m) + 1 for t, r, m in zip(*(grouped.column(c).to_pylist() for c in ("tenant", "request_id", "row_max")))}
+            index = {
+                (t, r): int(m) + 1
+                for t, r, m in zip(*(grouped.column(c).to_pylist() for c in ("tenant", "request_id", "row_max")))
+            }
         size = sum(_ENTRY_BYTES + len(t) + len(r) for t, r in index) + len(key)
         size += sum(_ANSWER_BYTES + len(v) for v, _ in answers.values())
         with self._lock:
@@ -270,8 +306,14 @@ class LoggedRequests:
 _seq = itertools.count(1)
 
 
-def write(store: ObjectStore, model: str, tenant: str, labels: Sequence[Label], writer: str,
-          matched: Sequence[tuple[str, bool]] | None = None) -> str:  # fmt: skip
+def write(
+    store: ObjectStore,
+    model: str,
+    tenant: str,
+    labels: Sequence[Label],
+    writer: str,
+    matched: Sequence[tuple[str, bool]] | None = None,
+) -> str:
     """Store accepted labels (items with one: outcomes go to ``write_outcomes``) as one Parquet
     file; return its key. For a generative model ``matched`` is each label's (version that
     answered, whether its output matched)."""
@@ -282,9 +324,10 @@ def write(store: ObjectStore, model: str, tenant: str, labels: Sequence[Label], 
     now = time.time()
     columns = {
         "ts": pa.array([int(now * 1000)] * len(labels), pa.timestamp("ms", tz="UTC")),
-        "request_id": [x.request_id for x in labels], "row": pa.array([x.row for x in labels], pa.int32()),
+        "request_id": [x.request_id for x in labels],
+        "row": pa.array([x.row for x in labels], pa.int32()),
         "tenant": [tenant] * len(labels),
-    }  # fmt: skip
+    }
     if matched is None:
         columns["label"] = pa.array([x.label for x in labels], pa.int64())
     else:
@@ -317,11 +360,16 @@ def write_outcomes(store: ObjectStore, model: str, tenant: str, labels: Sequence
     if not rows:
         return None
     now = time.time()
-    table = pa.table({
-        "ts": pa.array([int(now * 1000)] * len(rows), pa.timestamp("ms", tz="UTC")),
-        "request_id": [r[0] for r in rows], "row": pa.array([r[1] for r in rows], pa.int32()),
-        "tenant": [tenant] * len(rows), "name": [r[2] for r in rows], "value": pa.array([r[3] for r in rows], pa.float64()),
-    })  # fmt: skip
+    table = pa.table(
+        {
+            "ts": pa.array([int(now * 1000)] * len(rows), pa.timestamp("ms", tz="UTC")),
+            "request_id": [r[0] for r in rows],
+            "row": pa.array([r[1] for r in rows], pa.int32()),
+            "tenant": [tenant] * len(rows),
+            "name": [r[2] for r in rows],
+            "value": pa.array([r[3] for r in rows], pa.float64()),
+        }
+    )
     return _put(store, "outcomes", model, table, writer, now)
 
 
@@ -368,8 +416,11 @@ def with_outcomes(store: ObjectStore, model: str, start: datetime, end: datetime
     sent = sent[sent["name"].isin(list(names))] if len(sent) else sent
     if window.empty or sent.empty:
         return window.assign(**{c: float("nan") for c in columns.values()})
-    wide = sent.assign(name=sent["name"].map(columns)).pivot_table(index=keys, columns="name", values="value",
-                                                                   aggfunc="last").reset_index()  # fmt: skip
+    wide = (
+        sent.assign(name=sent["name"].map(columns))
+        .pivot_table(index=keys, columns="name", values="value", aggfunc="last")
+        .reset_index()
+    )
     wide.columns.name = None
     merged = window.merge(wide, on=keys, how="left")
     return merged.assign(**{c: merged[c] if c in merged else float("nan") for c in columns.values()})

@@ -124,7 +124,9 @@ def trusted_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
         try:
             nets.append(ipaddress.ip_network(item, strict=False))
         except ValueError:
-            raise ConfigError(f"FLEET_GATEWAY_NETWORKS has {item!r}; expected comma-separated CIDRs such as 10.0.0.0/16") from None
+            raise ConfigError(
+                f"FLEET_GATEWAY_NETWORKS has {item!r}; expected comma-separated CIDRs such as 10.0.0.0/16"
+            ) from None
     return nets
 
 
@@ -160,7 +162,9 @@ def notify(store: ObjectStore, admin_token: str | None = None, timeout_s: float 
 
     def push(record: GatewayRecord) -> bool:
         if not trusted(record, networks):
-            log.warning("not pushing to gateway %s at %s: not on loopback or in FLEET_GATEWAY_NETWORKS", record.id, record.url)
+            log.warning(
+                "not pushing to gateway %s at %s: not on loopback or in FLEET_GATEWAY_NETWORKS", record.id, record.url
+            )
             return False
         headers = {"Authorization": credential(token, "refresh", record.id)}
         try:

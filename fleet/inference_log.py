@@ -127,9 +127,11 @@ def gen_table(samples: Sequence[GenSample]):  # noqa: ANN201 - a pyarrow.Table
         **{c: pa.array([getattr(s, c) for s in samples], pa.string()) for c in ("model", "version", "tenant")},
         **{c: pa.array([getattr(s, c) for s in samples], pa.float64()) for c in ("latency_ms", "ttft_ms")},
         **{c: pa.array([getattr(s, c) for s in samples], pa.int32()) for c in ("prompt_tokens", "completion_tokens")},
-        **{c: pa.array([getattr(s, c) for s in samples], pa.string())
-           for c in ("finish_reason", "output_digest", "prompt", "output")},
-    }  # fmt: skip
+        **{
+            c: pa.array([getattr(s, c) for s in samples], pa.string())
+            for c in ("finish_reason", "output_digest", "prompt", "output")
+        },
+    }
     return pa.table(columns)
 
 
@@ -248,7 +250,11 @@ class InferenceLog:
             except (FleetError, OSError) as exc:
                 self._written(samples)
                 if not self.failing:
-                    log.warning("cannot write the inference log, keeping %d rows buffered: %s", sum(s.rows for s in samples), exc)
+                    log.warning(
+                        "cannot write the inference log, keeping %d rows buffered: %s",
+                        sum(s.rows for s in samples),
+                        exc,
+                    )
                 self.failing = True
                 for s in samples:
                     self.record(s)  # back in line, oldest dropped first if over max_bytes

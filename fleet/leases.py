@@ -94,8 +94,10 @@ class Lease:
             try:
                 self._etag = self.store.put(self.key, records.dump(record), if_match=self._etag)
             except PreconditionFailed:
-                self._lost = (f"{self.what}: lost the lease (not renewed for too long, taken over by another "
-                              "run); stopped before committing anything")  # fmt: skip
+                self._lost = (
+                    f"{self.what}: lost the lease (not renewed for too long, taken over by another "
+                    "run); stopped before committing anything"
+                )
                 raise Conflict(self._lost) from None
             self.record, self._renewed = record, sent
 
@@ -165,8 +167,9 @@ def acquire(
     ``clock`` (monotonic seconds) times the holder's own renewals, for ``Lease.check``.
     """
     now = audit.now()
-    record = LeaseRecord(id=uuid.uuid4().hex, who=who, acquired_at=now, renewed_at=now,
-                         host=socket.gethostname(), pid=os.getpid())  # fmt: skip
+    record = LeaseRecord(
+        id=uuid.uuid4().hex, who=who, acquired_at=now, renewed_at=now, host=socket.gethostname(), pid=os.getpid()
+    )
 
     def lease(etag: str, taken_over: bool) -> Lease:
         return Lease(store, key, what, record, etag, taken_over, stale_after, clock)

@@ -66,7 +66,10 @@ def write_activity(store: ObjectStore, gateway_id: str, last: dict[tuple[str, st
     nested: dict[str, dict[str, float]] = {}
     for (model, version), at in last.items():
         nested.setdefault(model, {})[version] = round(at, 3)
-    store.put(activity_key(gateway_id), records.dump(Activity(gateway=gateway_id, written_at=time.time(), last_request=nested)))
+    store.put(
+        activity_key(gateway_id),
+        records.dump(Activity(gateway=gateway_id, written_at=time.time(), last_request=nested)),
+    )
 
 
 def silent_gateways(store: ObjectStore, now: float | None = None) -> list[str]:
@@ -140,7 +143,9 @@ def idle_unloads(running: Iterable[Candidate], now: float) -> list[Unload]:
             continue
         idle = now - c.last_used
         if idle >= c.idle_after_s:
-            out.append(Unload(c.model, c.version, f"idle for {idle:.0f} s (idle_unload_s {c.idle_after_s:g})", c.memory_mib))
+            out.append(
+                Unload(c.model, c.version, f"idle for {idle:.0f} s (idle_unload_s {c.idle_after_s:g})", c.memory_mib)
+            )
     return out
 
 
@@ -157,8 +162,9 @@ class NoRoom(FleetError):
         self.summary = summary
 
 
-def make_room(running: Iterable[Candidate], need_mib: float, budget_mib: float | None, now: float,
-              starting: str) -> list[Unload]:  # fmt: skip
+def make_room(
+    running: Iterable[Candidate], need_mib: float, budget_mib: float | None, now: float, starting: str
+) -> list[Unload]:
     """What to stop so that ``need_mib`` more fits ``budget_mib``: unprotected lazy versions not
     asked within ``BUSY_WITHIN_S``, least recently used first. Raise ``NoRoom`` if even all of
     them do not free enough (nothing is to be stopped then: a start refused stops nothing)."""
@@ -169,25 +175,40 @@ def make_room(running: Iterable[Candidate], need_mib: float, budget_mib: float |
     if used + need_mib <= budget_mib:
         return []
     evictable = sorted(
-        (c for c in running if c.idle_after_s is not None and not c.protected
-         and now - c.last_used >= min(BUSY_WITHIN_S, c.idle_after_s)),
+        (
+            c
+            for c in running
+            if c.idle_after_s is not None
+            and not c.protected
+            and now - c.last_used >= min(BUSY_WITHIN_S, c.idle_after_s)
+        ),
         key=lambda c: (c.last_used, c.ref),
-    )  # fmt: skip
+    )
     out = []
     for c in evictable:
         if used + need_mib <= budget_mib:
             break
         used -= c.memory_mib
-        out.append(Unload(c.model, c.version, f"memory budget: least recently used (idle {now - c.last_used:.0f} s) "
-                          f"to make room for {starting}", c.memory_mib))  # fmt: skip
+        out.append(
+            Unload(
+                c.model,
+                c.version,
+                f"memory budget: least recently used (idle {now - c.last_used:.0f} s) to make room for {starting}",
+                c.memory_mib,
+            )
+        )
     if used + need_mib > budget_mib:
         kept = [c for c in running if c not in evictable]
-        why = ", ".join(f"{c.ref} {c.memory_mib:.0f} MiB ({c.protected or ('eager' if c.idle_after_s is None else 'in use')})"
-                        for c in sorted(kept, key=lambda c: -c.memory_mib)[:4])  # fmt: skip
-        raise NoRoom(f"{starting} needs about {need_mib:.0f} MiB and the runtime's memory_budget_mib is {budget_mib:g}: "
-                     f"{used:.0f} MiB would stay held by versions that may not be stopped ({why or 'none'}); "
-                     "expected a larger runtime.memory_budget_mib or fewer eager versions",
-                     "the runtime's memory budget cannot hold it now, even after stopping idle versions")  # fmt: skip
+        why = ", ".join(
+            f"{c.ref} {c.memory_mib:.0f} MiB ({c.protected or ('eager' if c.idle_after_s is None else 'in use')})"
+            for c in sorted(kept, key=lambda c: -c.memory_mib)[:4]
+        )
+        raise NoRoom(
+            f"{starting} needs about {need_mib:.0f} MiB and the runtime's memory_budget_mib is {budget_mib:g}: "
+            f"{used:.0f} MiB would stay held by versions that may not be stopped ({why or 'none'}); "
+            "expected a larger runtime.memory_budget_mib or fewer eager versions",
+            "the runtime's memory budget cannot hold it now, even after stopping idle versions",
+        )
     return out
 
 
@@ -216,8 +237,14 @@ def protections(tables: dict, rollouts: dict, policies: Policies, now: float) ->
 
 
 class LoadController:
-    def __init__(self, store: ObjectStore, policies: Policies, runtime: Runtime,
-                 clock: Callable[[], float] = time.time, notify: Callable[[], object] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: ObjectStore,
+        policies: Policies,
+        runtime: Runtime,
+        clock: Callable[[], float] = time.time,
+        notify: Callable[[], object] | None = None,
+    ) -> None:
         self.store, self.policies, self.runtime, self.clock = store, policies, runtime, clock
         self.notify = notify or (lambda: _notify(store))
 
@@ -230,8 +257,13 @@ class LoadController:
         from fleet.runtime.local import Loaded
 
         now_ = time.time()  # a runtime that cannot say when a replica started: counted from now (never idle at once)
-        loaded = self.runtime.loaded() if hasattr(self.runtime, "loaded") else [  # type: ignore[attr-defined]
-            Loaded(d.model, d.version, len(d.endpoints), 0.0, now_) for d in self.runtime.list()]
+        loaded = (
+            self.runtime.loaded()
+            if hasattr(self.runtime, "loaded")
+            else [  # type: ignore[attr-defined]
+                Loaded(d.model, d.version, len(d.endpoints), 0.0, now_) for d in self.runtime.list()
+            ]
+        )
         router = Router(self.store)
         models = sorted({x.model for x in loaded})
         tables = {}
@@ -254,7 +286,9 @@ class LoadController:
             spec = self.policies.models.get(x.model)
             idle_after = unload_after_s(spec)
             last = max(used.get((x.model, x.version), 0.0), x.ready_at)
-            out.append(Candidate(x.model, x.version, idle_after, last, x.memory_mib, protected.get((x.model, x.version), "")))
+            out.append(
+                Candidate(x.model, x.version, idle_after, last, x.memory_mib, protected.get((x.model, x.version), ""))
+            )
         return out
 
     def unload_idle(self) -> list[Unload]:
@@ -262,9 +296,12 @@ class LoadController:
         a live gateway keeps no activity record (its traffic would look like idleness)."""
         now = self.clock()
         if silent := silent_gateways(self.store, now):
-            log.warning("not unloading idle versions: live gateway(s) %s keep no activity record (%s*); a gateway "
-                        "that cannot write there would have its versions stopped under its traffic",
-                        ", ".join(silent), ACTIVITY_PREFIX)  # fmt: skip
+            log.warning(
+                "not unloading idle versions: live gateway(s) %s keep no activity record (%s*); a gateway "
+                "that cannot write there would have its versions stopped under its traffic",
+                ", ".join(silent),
+                ACTIVITY_PREFIX,
+            )
             return []
         return self._stop(idle_unloads(self.candidates(), now), recheck=lambda u, last: now - last >= _idle(self, u))
 

@@ -44,9 +44,13 @@ def decide(
 ) -> Decision:
     """skip (too little data) → alert (bad data) → retrain / cooldown (drift or accuracy drop) → ok."""
     if rows < policy.min_rows:
-        return Decision("skip", (f"{rows} logged rows in the window, fewer than min_rows {policy.min_rows}; nothing judged",))
+        return Decision(
+            "skip", (f"{rows} logged rows in the window, fewer than min_rows {policy.min_rows}; nothing judged",)
+        )
     if quality is not None and not quality.passed:
-        failed = [f"{o.expectation} on {o.column or 'the batch'}: {o.observed}" for o in quality.expectations if not o.passed]
+        failed = [
+            f"{o.expectation} on {o.column or 'the batch'}: {o.observed}" for o in quality.expectations if not o.passed
+        ]
         return Decision("alert", ("data quality failed, retraining blocked: " + "; ".join(failed[:5]),))
     reasons = []
     if drift is not None and drift.verdict == "drift" and policy.retrain.on_drift:
@@ -58,21 +62,31 @@ def decide(
         if not reasons:
             reasons.append(drift.reason)
     if concept is not None and concept.verdict == "degraded":
-        reasons.append(f"accuracy on labelled feedback {concept.accuracy:.3f}, {concept.accuracy_drop:+.3f} vs the baseline "
-                       f"(retrain at a drop of {policy.retrain.min_accuracy_drop:g})")  # fmt: skip
+        reasons.append(
+            f"accuracy on labelled feedback {concept.accuracy:.3f}, {concept.accuracy_drop:+.3f} vs the baseline "
+            f"(retrain at a drop of {policy.retrain.min_accuracy_drop:g})"
+        )
     if not reasons:
         return Decision("ok", ("no drift, data quality passed",))
     cooldown = timedelta(hours=policy.retrain.cooldown_hours)
     if last_retrain_at is not None and now - last_retrain_at < cooldown:
         left = cooldown - (now - last_retrain_at)
-        return Decision("cooldown", (*reasons, f"a retrain started {last_retrain_at:%Y-%m-%d %H:%M} UTC; next one "
-                                               f"allowed in {left.total_seconds() / 3600:.1f} h"))  # fmt: skip
+        return Decision(
+            "cooldown",
+            (
+                *reasons,
+                f"a retrain started {last_retrain_at:%Y-%m-%d %H:%M} UTC; next one "
+                f"allowed in {left.total_seconds() / 3600:.1f} h",
+            ),
+        )
     return Decision("retrain", tuple(reasons))
 
 
 def _feature_reason(drift: DriftReport, name: str) -> str:
     feature = drift.feature(name)
-    exceeded = [f"{label} {s.value:.3g} > {s.threshold:g}" for label, s in
-                (("PSI", feature.psi), ("JS", feature.js), ("Wasserstein", feature.wasserstein))
-                if s is not None and s.exceeded and s.value is not None and s.threshold is not None]  # fmt: skip
+    exceeded = [
+        f"{label} {s.value:.3g} > {s.threshold:g}"
+        for label, s in (("PSI", feature.psi), ("JS", feature.js), ("Wasserstein", feature.wasserstein))
+        if s is not None and s.exceeded and s.value is not None and s.threshold is not None
+    ]
     return f"{name} ({', '.join(exceeded) or 'drifting'})"

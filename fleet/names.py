@@ -27,8 +27,7 @@ def check_version(version: str) -> str:
         semver.Version.parse(version)
     except (ValueError, TypeError):
         raise InvalidInput(
-            f"version {version!r} is not a semantic version; expected MAJOR.MINOR.PATCH "
-            "such as 1.2.0 (see semver.org)"
+            f"version {version!r} is not a semantic version; expected MAJOR.MINOR.PATCH such as 1.2.0 (see semver.org)"
         ) from None
     return version
 

@@ -124,9 +124,12 @@ class ModelPlacement:
 
     def target(self, trigger: str) -> float:
         """The target a scaling trigger holds this model at (per replica, ms or percent)."""
-        return {"qps": self.target_qps_per_replica, "p99_ms": self.target_p99_ms,
-                "queue_depth": self.target_queue_depth_per_replica,
-                "gpu_utilization": self.target_gpu_utilization_pct}[trigger]  # fmt: skip
+        return {
+            "qps": self.target_qps_per_replica,
+            "p99_ms": self.target_p99_ms,
+            "queue_depth": self.target_queue_depth_per_replica,
+            "gpu_utilization": self.target_gpu_utilization_pct,
+        }[trigger]
 
     @property
     def node_selector(self) -> dict[str, str]:
@@ -194,8 +197,12 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "models": [{**asdict(p), "node_selector": p.node_selector, "tolerations": p.tolerations} for p in self.models],
-            "node_groups": [{**asdict(g), "max_gpus": g.max_gpus, "usd_per_hour": g.usd_per_hour} for g in self.node_groups],
+            "models": [
+                {**asdict(p), "node_selector": p.node_selector, "tolerations": p.tolerations} for p in self.models
+            ],
+            "node_groups": [
+                {**asdict(g), "max_gpus": g.max_gpus, "usd_per_hour": g.usd_per_hour} for g in self.node_groups
+            ],
             "unused_pools": list(self.unused_pools),
             "max_gpus": self.max_gpus,
             "usd_per_hour": self.usd_per_hour,
@@ -294,10 +301,15 @@ def _kv_how(spec: ModelSpec, source: str, tensor_parallel: int) -> str:
         assert arch is not None and gen is not None
         times = _kv_replication(spec, tensor_parallel)
         copies = f" × {times} copies of each KV head at tensor parallel {tensor_parallel}" if times > 1 else ""
-        return (f"{gen.max_running} sequences × {arch.context_tokens} tokens × {arch.layers} layers × "
-                f"{arch.kv_width} × 2 × {KV_BYTES[kv_dtype(spec)]} bytes {kv_dtype(spec)}{copies}")  # fmt: skip
-    return {"kv_cache_gib": "kv_cache_gib", "default share": f"{KV_DEFAULT_SHARE:.0%} of the weights",
-            "none": "not generative"}[source]  # fmt: skip
+        return (
+            f"{gen.max_running} sequences × {arch.context_tokens} tokens × {arch.layers} layers × "
+            f"{arch.kv_width} × 2 × {KV_BYTES[kv_dtype(spec)]} bytes {kv_dtype(spec)}{copies}"
+        )
+    return {
+        "kv_cache_gib": "kv_cache_gib",
+        "default share": f"{KV_DEFAULT_SHARE:.0%} of the weights",
+        "none": "not generative",
+    }[source]
 
 
 def replica_gpu_memory_gib(spec: ModelSpec, tensor_parallel: int = 1) -> float:
@@ -344,7 +356,11 @@ def _isolation(policies: Policies, names: Sequence[str]) -> dict[str, tuple[str,
     out = {}
     for name in names:
         reasons = ["model policy"] if policies.models[name].isolation else []
-        reasons += [f"tenant {t}" for t, spec in sorted(policies.tenants.items()) if spec.isolation and name in spec.entitlements]
+        reasons += [
+            f"tenant {t}"
+            for t, spec in sorted(policies.tenants.items())
+            if spec.isolation and name in spec.entitlements
+        ]
         if reasons:
             out[name] = tuple(reasons)
     return out
@@ -365,7 +381,9 @@ def _place(name: str, spec: ModelSpec, pools: Sequence[NodePool], isolated_for: 
         raise PlacementError(_no_fit_message(name, spec, need, how, pools))
     best = min(fits, key=lambda f: f.cost)  # min() keeps the first of equals: config order breaks ties
     if "gpu_utilization" in spec.autoscaling.triggers and (not best.gpus or best.shared):
-        where = "no GPU" if not best.gpus else "a time-sliced share of a GPU, whose utilisation its neighbours' work is in"
+        where = (
+            "no GPU" if not best.gpus else "a time-sliced share of a GPU, whose utilisation its neighbours' work is in"
+        )
         raise PlacementError(
             f"model {name}: autoscaling trigger gpu_utilization needs GPUs of its own, but the model is placed on "
             f"{best.pool.name} ({best.pool.instance_type}, {where}); expected triggers among qps, p99_ms, queue_depth"
@@ -409,7 +427,8 @@ def _place(name: str, spec: ModelSpec, pools: Sequence[NodePool], isolated_for: 
         gpu_memory_from="cpu" if not best.gpus else "resources" if mem.declared_gib > mem.estimate_gib else "estimate",
         # rounded up to 4 decimals: never 0 (vLLM refuses it), never more than 0.0001 above the need
         gpu_memory_utilization=math.ceil(best.need / best.tensor_parallel / best.pool.gpu_memory_gib * 1e4) / 1e4
-        if best.gpus else None,
+        if best.gpus
+        else None,
         loading=spec.loading,
         idle_unload_s=_idle_unload_s(spec),
     )
@@ -440,7 +459,11 @@ def _fit(spec: ModelSpec, need: float, pool: NodePool, *, dedicated: bool) -> _F
             return None
         gpus, shared = tp, False
     per_node = _capacity(pool, slices)
-    fits = [per_node[0] // gpus if gpus else math.inf, per_node[1] // spec.resources.cpu, per_node[2] // spec.resources.memory_gib]
+    fits = [
+        per_node[0] // gpus if gpus else math.inf,
+        per_node[1] // spec.resources.cpu,
+        per_node[2] // spec.resources.memory_gib,
+    ]
     count = int(min(fits))
     return _Fit(pool, gpus, tp, shared, count, need) if count >= 1 else None
 
@@ -471,7 +494,11 @@ def _no_fit_message(name: str, spec: ModelSpec, need: float, how: str, pools: Se
         f"node pool; the largest is {big.name} ({big.instance_type}: {big.gpus} × {big.gpu_memory_gib:g} GiB, "
         f"{big.gpus * usable_gpu_gib(big):.1f} GiB usable after {GPU_HEADROOM:.0%} headroom per GPU, "
         f"{big.vcpu} vCPU, {big.memory_gib:g} GiB RAM); a replica's tensor parallelism stays within one node"
-        + (f" and divides architecture.heads ({spec.architecture.heads})" if spec.architecture and spec.architecture.heads else "")
+        + (
+            f" and divides architecture.heads ({spec.architecture.heads})"
+            if spec.architecture and spec.architecture.heads
+            else ""
+        )
     )
 
 
@@ -499,13 +526,23 @@ def _node_groups(placed: Sequence[ModelPlacement], pools: Sequence[NodePool]) ->
         at_max = _pack([_demand(m) for m in members for _ in range(m.max_replicas)], cap)
         at_min = _pack([_demand(m) for m in members for _ in range(m.min_replicas)], cap)
         min_size = max(at_min, pool.min_nodes)
-        out.append(NodeGroupPlan(
-            name=group, pool=pool.name, instance_type=pool.instance_type, gpus_per_node=pool.gpus,
-            gpu_slices=slices, capacity_type=pool.capacity_type, min_size=min_size,
-            max_size=max(at_max, min_size, 1), hourly_usd=pool.hourly_usd,
-            models=tuple(m.model for m in members), dedicated_to=dedicated_to,
-            labels=_labels(group, pool, slices, dedicated_to), taints=_taints(pool, dedicated_to),
-        ))  # fmt: skip
+        out.append(
+            NodeGroupPlan(
+                name=group,
+                pool=pool.name,
+                instance_type=pool.instance_type,
+                gpus_per_node=pool.gpus,
+                gpu_slices=slices,
+                capacity_type=pool.capacity_type,
+                min_size=min_size,
+                max_size=max(at_max, min_size, 1),
+                hourly_usd=pool.hourly_usd,
+                models=tuple(m.model for m in members),
+                dedicated_to=dedicated_to,
+                labels=_labels(group, pool, slices, dedicated_to),
+                taints=_taints(pool, dedicated_to),
+            )
+        )
     for pool in pools:
         total = sum(g.max_size for g in out if g.pool == pool.name)
         if total > pool.max_nodes:

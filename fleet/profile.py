@@ -165,9 +165,7 @@ def baseline_profile(
     classes = probabilities.argmax(axis=1)
     n_classes = probabilities.shape[1]
     edges = np.linspace(0.0, 1.0, PREDICTION_BINS + 1)  # for labels: the counts are score_bins'
-    profiles = {
-        name: feature_profile(features[:, i], reference_size=reference_size) for i, name in enumerate(names)
-    }
+    profiles = {name: feature_profile(features[:, i], reference_size=reference_size) for i, name in enumerate(names)}
     profiles.update({name: categorical_profile(values) for name, values in categorical.items()})
     return {
         "format": FORMAT,
@@ -184,5 +182,5 @@ def baseline_profile(
 
 
 def feature_kind(feature: Mapping[str, Any]) -> str:
-    """"numeric" or "categorical"; format-1 profiles knew only numeric features."""
+    """ "numeric" or "categorical"; format-1 profiles knew only numeric features."""
     return str(feature.get("kind", "numeric"))

@@ -35,7 +35,9 @@ from fleet.registry import TensorSpec
 from fleet.spec import QualityThresholds
 
 _FLOATS = ["float16", "float32", "float64", "Float32", "Float64"]
-_INTS = [f"{u}int{b}" for u in ("", "u") for b in (8, 16, 32, 64)] + [f"{u}Int{b}" for u in ("", "U") for b in (8, 16, 32, 64)]  # fmt: skip
+_INTS = [f"{u}int{b}" for u in ("", "u") for b in (8, 16, 32, 64)] + [
+    f"{u}Int{b}" for u in ("", "U") for b in (8, 16, 32, 64)
+]
 # The inference log holds every input feature as float64, so every numeric datatype accepts
 # every numeric dtype; what is refused is text or objects where numbers belong.
 _NUMERIC = _FLOATS + _INTS
@@ -137,35 +139,49 @@ def build_expectations(
         name, base = col.name, features.get(col.name, {})
         out.append(ExpectationSpec(expectation="expect_column_to_exist", column=name, expected="column present"))
         types = TYPES[col.datatype]
-        out.append(ExpectationSpec(
-            expectation="expect_column_values_to_be_in_type_list", column=name, kwargs={"type_list": types},
-            expected=f"{col.datatype} data: dtype {'numeric' if types[0] == 'float16' else ' or '.join(types)}",
-        ))  # fmt: skip
+        out.append(
+            ExpectationSpec(
+                expectation="expect_column_values_to_be_in_type_list",
+                column=name,
+                kwargs={"type_list": types},
+                expected=f"{col.datatype} data: dtype {'numeric' if types[0] == 'float16' else ' or '.join(types)}",
+            )
+        )
         allowed = min(1.0, float(base.get("null_rate", 0.0)) + quality.max_null_rate)
         if allowed < 1.0:
-            out.append(ExpectationSpec(
-                expectation="expect_column_values_to_not_be_null", column=name, kwargs={"mostly": 1.0 - allowed},
-                expected=f"null fraction <= {allowed:.4g}",
-            ))  # fmt: skip
+            out.append(
+                ExpectationSpec(
+                    expectation="expect_column_values_to_not_be_null",
+                    column=name,
+                    kwargs={"mostly": 1.0 - allowed},
+                    expected=f"null fraction <= {allowed:.4g}",
+                )
+            )
         mostly = 1.0 - quality.max_out_of_range_rate
         if feature_kind(base) == "numeric" and "min" in base:
             lo, hi = float(base["min"]), float(base["max"])
             pad = range_margin * ((hi - lo) if hi > lo else max(abs(lo), 1.0))
             lo, hi = lo - pad, hi + pad
-            out.append(ExpectationSpec(
-                expectation="expect_column_values_to_be_between", column=name,
-                kwargs={"min_value": lo, "max_value": hi, "mostly": mostly},
-                expected=f"out-of-range fraction <= {1 - mostly:.4g} of non-null values, range [{lo:.6g}, {hi:.6g}]",
-            ))  # fmt: skip
+            out.append(
+                ExpectationSpec(
+                    expectation="expect_column_values_to_be_between",
+                    column=name,
+                    kwargs={"min_value": lo, "max_value": hi, "mostly": mostly},
+                    expected=f"out-of-range fraction <= {1 - mostly:.4g} of non-null values, range [{lo:.6g}, {hi:.6g}]",
+                )
+            )
         elif feature_kind(base) == "categorical" and base.get("categories"):
             mostly = max(0.0, mostly - float(base.get("other", 0.0)))
             values = _value_set(list(base["categories"]), col.datatype)
             shown = ", ".join(map(str, values[:8])) + (", …" if len(values) > 8 else "")
-            out.append(ExpectationSpec(
-                expectation="expect_column_values_to_be_in_set", column=name,
-                kwargs={"value_set": values, "mostly": mostly},
-                expected=f"unknown-category fraction <= {1 - mostly:.4g} of non-null values, categories {{{shown}}}",
-            ))  # fmt: skip
+            out.append(
+                ExpectationSpec(
+                    expectation="expect_column_values_to_be_in_set",
+                    column=name,
+                    kwargs={"value_set": values, "mostly": mostly},
+                    expected=f"unknown-category fraction <= {1 - mostly:.4g} of non-null values, categories {{{shown}}}",
+                )
+            )
     return tuple(out)
 
 
@@ -187,10 +203,15 @@ def _gx_frame(frame: Any, expectations: Sequence[ExpectationSpec]) -> Any:
     # GX 1.24 cannot name pandas 3's default "str" dtype (nor "category") in a type list;
     # the equivalent "string" dtype it can. Only those columns are copied.
     text = {e.column for e in expectations if "StringDtype" in e.kwargs.get("type_list", ())}
-    convert = [c for c in text if c in frame.columns and (
-        isinstance(frame[c].dtype, pd.CategoricalDtype)
-        or (isinstance(frame[c].dtype, pd.StringDtype) and frame[c].dtype != pd.StringDtype())
-    )]  # fmt: skip
+    convert = [
+        c
+        for c in text
+        if c in frame.columns
+        and (
+            isinstance(frame[c].dtype, pd.CategoricalDtype)
+            or (isinstance(frame[c].dtype, pd.StringDtype) and frame[c].dtype != pd.StringDtype())
+        )
+    ]
     return frame.assign(**{c: frame[c].astype("string") for c in convert}) if convert else frame
 
 
@@ -220,7 +241,9 @@ def _error(info: Mapping[str, Any] | None) -> str | None:
         return None
     if "raised_exception" in info:  # one exception, or one per metric keyed by metric id
         return str(info.get("exception_message")) if info["raised_exception"] else None
-    messages = [str(v.get("exception_message")) for v in info.values() if isinstance(v, Mapping) and v.get("raised_exception")]
+    messages = [
+        str(v.get("exception_message")) for v in info.values() if isinstance(v, Mapping) and v.get("raised_exception")
+    ]
     return messages[0] if messages else None
 
 
@@ -232,11 +255,18 @@ def _observed(spec: ExpectationSpec, result: Mapping[str, Any], error: str | Non
     if "unexpected_percent" in result:
         fraction = (result["unexpected_percent"] or 0.0) / 100.0
         n = result.get("element_count", 0) - (result.get("missing_count") or 0)
-        what = {"expect_column_values_to_not_be_null": "null", "expect_column_values_to_be_between": "out of range",
-                "expect_column_values_to_be_in_set": "unknown", "expect_column_values_to_be_in_type_list": "other type"}  # fmt: skip
+        what = {
+            "expect_column_values_to_not_be_null": "null",
+            "expect_column_values_to_be_between": "out of range",
+            "expect_column_values_to_be_in_set": "unknown",
+            "expect_column_values_to_be_in_type_list": "other type",
+        }
         if spec.expectation == "expect_column_values_to_not_be_null":
             n = result.get("element_count", 0)
-        return (f"{what.get(spec.expectation, 'unexpected')} fraction {fraction:.4g} ({result['unexpected_count']} of {n})", fraction)
+        return (
+            f"{what.get(spec.expectation, 'unexpected')} fraction {fraction:.4g} ({result['unexpected_count']} of {n})",
+            fraction,
+        )
     if "observed_value" in result:
         return (f"dtype {result['observed_value']}", None)
     return ("no values", None)
@@ -248,7 +278,11 @@ def validate(frame: Any, expectations: Sequence[ExpectationSpec], *, name: str =
     import great_expectations as gx
     import great_expectations.expectations as gxe
 
-    batch = context.data_sources.add_pandas("frame").add_dataframe_asset("frame").add_batch_definition_whole_dataframe("all")
+    batch = (
+        context.data_sources.add_pandas("frame")
+        .add_dataframe_asset("frame")
+        .add_batch_definition_whole_dataframe("all")
+    )
     # Built whole, then added: suite.add_expectation on a stored suite re-serialises the
     # suite every time (quadratic: 3 of the 5 s of an 80-expectation run).
     configs = [
@@ -268,15 +302,27 @@ def validate(frame: Any, expectations: Sequence[ExpectationSpec], *, name: str =
         observed, fraction = _observed(e, r.result or {}, error)
         if e.column in missing:
             observed = "column missing"  # GX's own message here is an IndexError or a metric error
-        outcomes.append(ExpectationOutcome(
-            expectation=e.expectation, column=e.column, passed=bool(r.success), expected=e.expected,
-            observed=observed, unexpected_fraction=fraction, error=error,
-        ))  # fmt: skip
+        outcomes.append(
+            ExpectationOutcome(
+                expectation=e.expectation,
+                column=e.column,
+                passed=bool(r.success),
+                expected=e.expected,
+                observed=observed,
+                unexpected_fraction=fraction,
+                error=error,
+            )
+        )
     failed = sum(not o.passed for o in outcomes)
     return QualityResult(
-        name=name, passed=failed == 0, rows=len(frame), evaluated=len(outcomes), failed=failed,
-        failing_rows_fraction=_failing_rows(frame, expectations), expectations=tuple(outcomes),
-    )  # fmt: skip
+        name=name,
+        passed=failed == 0,
+        rows=len(frame),
+        evaluated=len(outcomes),
+        failed=failed,
+        failing_rows_fraction=_failing_rows(frame, expectations),
+        expectations=tuple(outcomes),
+    )
 
 
 # -- showing it -------------------------------------------------------------------------------
@@ -284,10 +330,15 @@ def quality_table(result: QualityResult) -> list[dict[str, Any]]:
     """Rows for a Prefect table artifact: one per expectation, failures first."""
     ordered = sorted(result.expectations, key=lambda o: o.passed)
     return [
-        {"column": o.column, "check": o.expectation.removeprefix("expect_"), "passed": o.passed,
-         "expected": o.expected, "observed": o.observed}
+        {
+            "column": o.column,
+            "check": o.expectation.removeprefix("expect_"),
+            "passed": o.passed,
+            "expected": o.expected,
+            "observed": o.observed,
+        }
         for o in ordered
-    ]  # fmt: skip
+    ]
 
 
 def quality_markdown(result: QualityResult) -> str:

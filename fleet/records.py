@@ -168,6 +168,5 @@ def update(
             # Jittered backoff so racing writers stop colliding in lock-step.
             time.sleep(random.uniform(0, min(0.2, 0.005 * 2**attempt)))
     raise Conflict(
-        f"gave up writing {key!r} in {store.url} after {attempts} attempts: "
-        "too many concurrent writers; try again"
+        f"gave up writing {key!r} in {store.url} after {attempts} attempts: too many concurrent writers; try again"
     )

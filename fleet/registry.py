@@ -26,9 +26,21 @@ from fleet.names import check_name, check_version, version_key
 from fleet.types import ObjectStore
 
 Datatype = Literal[
-    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-    "FP16", "FP32", "FP64", "BF16", "BYTES",
-]  # fmt: skip  (the Open Inference Protocol's tensor datatypes)
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BF16",
+    "BYTES",
+]  # the Open Inference Protocol's tensor datatypes
 
 # A registration that uploaded no file for this long is taken to have crashed.
 REGISTRATION_LEASE = timedelta(hours=1)
@@ -161,16 +173,18 @@ class Registry:
         from its key is bad too (a copied file must not pose as another version).
         """
         good, bad = records.load_all(
-            self.store, f"models/{check_name('model', model)}/" if model else "models/", ModelVersion,
+            self.store,
+            f"models/{check_name('model', model)}/" if model else "models/",
+            ModelVersion,
             keep=_is_manifest,
-        )  # fmt: skip
+        )
         found = []
         for key, mv in good.items():
             _, model_name, version, _ = key.split("/")
             if (mv.model, mv.version) != (model_name, version):
                 wrong = records.BadRecord(
                     key, f"{key!r} in {self.store.url} names {mv.ref}, not {model_name}:{version}", "ModelVersion"
-                )  # fmt: skip
+                )
                 records.report(wrong)
                 bad.append(wrong)
             else:
@@ -206,9 +220,12 @@ class Registry:
         if records.exists(self.store, f"{prefix}/manifest.json"):
             raise Conflict(duplicate)
         lease = leases.acquire(
-            self.store, f"{prefix}/registering.json", what=f"registration of {model}:{version}",
-            who=who, stale_after=REGISTRATION_LEASE,
-        )  # fmt: skip
+            self.store,
+            f"{prefix}/registering.json",
+            what=f"registration of {model}:{version}",
+            who=who,
+            stale_after=REGISTRATION_LEASE,
+        )
         try:
             # Checked again under the lease: another registration may have committed
             # between the first check and the lease.
@@ -226,19 +243,33 @@ class Registry:
                     progress(rel, len(data))
             at = audit.now()
             mv = ModelVersion(
-                **meta.model_dump(), model=model, version=version, files=digests,
-                created_at=at, created_by=who, state_changed_at=at,
-            )  # fmt: skip
+                **meta.model_dump(),
+                model=model,
+                version=version,
+                files=digests,
+                created_at=at,
+                created_by=who,
+                state_changed_at=at,
+            )
             try:
                 records.create(self.store, f"{prefix}/manifest.json", mv)
             except PreconditionFailed:
                 raise Conflict(duplicate) from None
         finally:
             lease.release()
-        audit.append(self.store, audit.AuditEvent(
-            model=model, kind="state", at=at, who=who, why="registered",
-            version=version, before=None, after=State.REGISTERED.value,
-        ))  # fmt: skip
+        audit.append(
+            self.store,
+            audit.AuditEvent(
+                model=model,
+                kind="state",
+                at=at,
+                who=who,
+                why="registered",
+                version=version,
+                before=None,
+                after=State.REGISTERED.value,
+            ),
+        )
         return mv
 
     # -- verifying and downloading ---------------------------------------------------
@@ -248,7 +279,7 @@ class Registry:
         for _ in self._verified_files(mv):
             pass  # each file is checked as it is read
         prefix = f"{_prefix(model, version)}/artifact/"
-        extra = [k[len(prefix):] for k in self.store.list(prefix) if k[len(prefix):] not in mv.files]
+        extra = [k[len(prefix) :] for k in self.store.list(prefix) if k[len(prefix) :] not in mv.files]
         if extra:
             raise IntegrityError(
                 f"{mv.ref} has artifact files that are not in its manifest: {', '.join(extra)}; "
@@ -297,7 +328,13 @@ class Registry:
 
     # -- lifecycle -------------------------------------------------------------------
     def transition(
-        self, model: str, version: str, to: State | str, *, why: str, who: str | None = None,
+        self,
+        model: str,
+        version: str,
+        to: State | str,
+        *,
+        why: str,
+        who: str | None = None,
         expect: State | None = None,
     ) -> ModelVersion:
         """Move a version to state ``to`` if the lifecycle allows it; audit the change.
@@ -318,13 +355,20 @@ class Registry:
                 raise Conflict(f"{mv.ref} cannot go from {mv.state} to {to}; allowed from {mv.state}: {allowed}")
             return mv.model_copy(update={"state": to, "state_changed_at": audit.now(), "state_reason": why})
 
-        before, after = records.update(
-            self.store, f"{_prefix(model, version)}/manifest.json", ModelVersion, change
+        before, after = records.update(self.store, f"{_prefix(model, version)}/manifest.json", ModelVersion, change)
+        audit.append(
+            self.store,
+            audit.AuditEvent(
+                model=model,
+                kind="state",
+                at=after.state_changed_at,
+                who=who,
+                why=why,
+                version=version,
+                before=before.state.value if before else None,
+                after=to.value,
+            ),
         )
-        audit.append(self.store, audit.AuditEvent(
-            model=model, kind="state", at=after.state_changed_at, who=who, why=why,
-            version=version, before=before.state.value if before else None, after=to.value,
-        ))  # fmt: skip
         return after
 
 

@@ -73,8 +73,10 @@ def rollback(
     moved_from = canary if to_version == table.stable else table.stable
     if runtime is not None and not any(d.model == model and d.version == to_version for d in runtime.list()):
         if not start_missing:
-            raise Conflict(f"{model}:{to_version} is not running, and traffic never goes to a version that is not; "
-                           "`fleet rollback` (the flow) starts it first")  # fmt: skip
+            raise Conflict(
+                f"{model}:{to_version} is not running, and traffic never goes to a version that is not; "
+                "`fleet rollback` (the flow) starts it first"
+            )
         runtime.deploy(model, to_version)  # routing never points at a version that is not running
     after = router.set(model, stable=to_version, clear_canary=True, why=f"rollback: {why}", who=who)
     if not router.unchanged:  # the canary this write really ended (another may have replaced it since the read)
@@ -82,9 +84,15 @@ def rollback(
     rejected = None
     # the route write already moved the canary back to registered (states follow routes);
     # a rollback is a verdict: it ends rejected
-    if canary is not None and canary != to_version and router.registry.states(model).get(canary) in (
-        State.CANARY, State.REGISTERED,
-    ):  # fmt: skip
+    if (
+        canary is not None
+        and canary != to_version
+        and router.registry.states(model).get(canary)
+        in (
+            State.CANARY,
+            State.REGISTERED,
+        )
+    ):
         router.registry.transition(model, canary, State.REJECTED, why=f"rolled back: {why}", who=who)
         rejected = canary
     return RollbackResult(after, moved_from, to_version, rejected)

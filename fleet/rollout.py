@@ -207,13 +207,24 @@ class Rollout:
             raise self._taken(state)
 
     def _taken(self, state: RolloutState) -> Conflict:
-        return Conflict(f"{state_key(state.model)} was changed by another run since run {state.run_id} of "
-                        f"{state.model}:{state.version} last read or wrote it; expected to be its only writer, "
-                        "this run stops without routing or writing anything more")  # fmt: skip
+        return Conflict(
+            f"{state_key(state.model)} was changed by another run since run {state.run_id} of "
+            f"{state.model}:{state.version} last read or wrote it; expected to be its only writer, "
+            "this run stops without routing or writing anything more"
+        )
 
     def _event(self, name: str, state: RolloutState, **extra: Any) -> None:
-        self.emit(f"fleet.rollout.{name}", {"model": state.model, "version": state.version, "phase": state.phase,
-                                            "weight": state.weight, "run_id": state.run_id, **extra})  # fmt: skip
+        self.emit(
+            f"fleet.rollout.{name}",
+            {
+                "model": state.model,
+                "version": state.version,
+                "phase": state.phase,
+                "weight": state.weight,
+                "run_id": state.run_id,
+                **extra,
+            },
+        )
 
     def _route(self, state: RolloutState, why: str, **fields: Any) -> None:
         """Set ``fields`` of the route table, only while this run owns the rollout and only
@@ -251,15 +262,20 @@ class Rollout:
             self._rollback(stored, f"abandoned: a rollout of {version} started after this one's run stopped", [])
         table = self.router.get(model)
         if table.stable is None:
-            raise InvalidInput(f"{model} has no stable version to canary against; set one with `fleet route set --stable`")
+            raise InvalidInput(
+                f"{model} has no stable version to canary against; set one with `fleet route set --stable`"
+            )
         if table.stable == version:
             raise Conflict(f"{model}:{version} is already the stable version")
         if table.canary is not None:
-            raise Conflict(f"{model} already has canary {table.canary.version} at {table.canary.weight:g}% that no "
-                           "rollout owns; remove it (fleet route set --no-canary) or roll it back first")  # fmt: skip
+            raise Conflict(
+                f"{model} already has canary {table.canary.version} at {table.canary.weight:g}% that no "
+                "rollout owns; remove it (fleet route set --no-canary) or roll it back first"
+            )
         now = audit.now()
-        state = RolloutState(model=model, version=version, champion=table.stable, run_id=run_id,
-                             started_at=now, updated_at=now)  # fmt: skip
+        state = RolloutState(
+            model=model, version=version, champion=table.stable, run_id=run_id, started_at=now, updated_at=now
+        )
         state = self._save(state)
         self._event("started", state, champion=table.stable)
         return state
@@ -271,8 +287,11 @@ class Rollout:
             return state
         table = self.router.get(state.model)
         running = any(d.model == state.model and d.version == state.version for d in self.runtime.list())
-        routed = (table.canary and table.canary.version == state.version) or (
-            table.shadow and table.shadow.version == state.version) or table.stable == state.version  # fmt: skip
+        routed = (
+            (table.canary and table.canary.version == state.version)
+            or (table.shadow and table.shadow.version == state.version)
+            or table.stable == state.version
+        )
         if not running and state.phase != "promoted":
             return self._rollback(state, "the canary was not running when the interrupted rollout resumed", [])
         if state.phase in ("step", "shadow") and not routed:
@@ -292,15 +311,21 @@ class Rollout:
             _offline_check(candidate, champion, self.policy.offline_tolerance),
         ]
         if candidate.state not in (State.REGISTERED, State.CANARY):
-            checks.append({"check": "state", "status": "fail",
-                           "detail": f"{candidate.ref} is {candidate.state}; expected registered"})  # fmt: skip
+            checks.append(
+                {
+                    "check": "state",
+                    "status": "fail",
+                    "detail": f"{candidate.ref} is {candidate.state}; expected registered",
+                }
+            )
         failed = [c for c in checks if c["status"] == "fail"]
         if failed:
             reason = "preflight failed: " + "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
             if candidate.state == State.REGISTERED:
                 self.registry.transition(state.model, state.version, State.REJECTED, why=reason, who=self.who)
-            state = self._save(state, phase="rejected", preflight=checks, reason=reason,
-                               breached=[c["check"] for c in failed])  # fmt: skip
+            state = self._save(
+                state, phase="rejected", preflight=checks, reason=reason, breached=[c["check"] for c in failed]
+            )
             self._event("rejected", state, reason=reason)
             return state
         return self._save(state, phase="deploy", preflight=checks)
@@ -344,8 +369,9 @@ class Rollout:
         self._route(state, f"step {step + 1}/{len(self.policy.steps)} at {weight:g}%", canary=canary.model_dump())
         now = self.clock()
         report = StepReport(phase="step", weight=weight, started=now)
-        state = self._save(state, phase="step", step=step, weight=weight, step_started=now,
-                           reports=[*state.reports, report])  # fmt: skip
+        state = self._save(
+            state, phase="step", step=step, weight=weight, step_started=now, reports=[*state.reports, report]
+        )
         self._event("step", state, step=step + 1, steps=len(self.policy.steps))
         return state
 
@@ -355,8 +381,11 @@ class Rollout:
         if state.phase not in ("shadow", "step"):
             return state, None
         table = self.router.get(state.model)
-        mine = table.shadow.version == state.version if state.phase == "shadow" and table.shadow else (
-            table.canary is not None and table.canary.version == state.version)  # fmt: skip
+        mine = (
+            table.shadow.version == state.version
+            if state.phase == "shadow" and table.shadow
+            else (table.canary is not None and table.canary.version == state.version)
+        )
         if not mine:
             return self._ended_elsewhere(state, table), None
         now = self.clock()
@@ -373,18 +402,30 @@ class Rollout:
             if now < t0 + self.policy.hold_deadline_s:
                 self._event("verdict", state, outcome="hold", summary=f"metrics unavailable: {exc}")
                 return state, None
-            return self._rollback(state, f"gate metrics breached: unreadable until the step's deadline ({exc})",
-                                  ["metrics"]), None  # fmt: skip
+            return self._rollback(
+                state, f"gate metrics breached: unreadable until the step's deadline ({exc})", ["metrics"]
+            ), None
         if stable is not None:
             reference, concurrent = stable, True
             if state.phase == "step" and state.weight >= 100 and state.baseline:
                 reference, concurrent = _window(state.baseline), False
-            verdict = analysis.judge(reference, canary, self.policy, step_started=t0, concurrent=concurrent,
-                                     phase="shadow" if state.phase == "shadow" else "canary")  # fmt: skip
-        report = state.reports[-1].model_copy(update={
-            "summary": verdict.summary, "gates": verdict.table(), "canary_requests": verdict.canary_requests,
-            "stable_requests": verdict.stable_requests, "ticks": state.reports[-1].ticks + 1,
-        })  # fmt: skip
+            verdict = analysis.judge(
+                reference,
+                canary,
+                self.policy,
+                step_started=t0,
+                concurrent=concurrent,
+                phase="shadow" if state.phase == "shadow" else "canary",
+            )
+        report = state.reports[-1].model_copy(
+            update={
+                "summary": verdict.summary,
+                "gates": verdict.table(),
+                "canary_requests": verdict.canary_requests,
+                "stable_requests": verdict.stable_requests,
+                "ticks": state.reports[-1].ticks + 1,
+            }
+        )
         state = self._save(state, reports=[*state.reports[:-1], report])
         self._event("verdict", state, outcome=verdict.outcome, summary=verdict.summary)
         if verdict.outcome == "hold":
@@ -393,7 +434,9 @@ class Rollout:
             closed = report.model_copy(update={"outcome": "rollback", "ended": now})
             state = self._save(state, reports=[*state.reports[:-1], closed])
             gates = [g.gate for g in verdict.breaches]
-            reason = f"gate {', '.join(gates)} breached at {state.weight:g}%: {verdict.summary.removeprefix('roll back: ')}"
+            reason = (
+                f"gate {', '.join(gates)} breached at {state.weight:g}%: {verdict.summary.removeprefix('roll back: ')}"
+            )
             return self._rollback(state, reason, gates), verdict
         if state.phase == "shadow" and now - t0 < self.policy.shadow_duration_s:
             return state, verdict  # the gates pass; the shadow phase still runs its full duration
@@ -435,11 +478,21 @@ class Rollout:
             # a rollout straight to 100 %: the stable at full traffic before it is all there is
             stable_all = replace(_window(state.baseline), version=state.champion)
         arms = sequential.Arms(tick_c, tick_s, served["canary"], stable_all, step["canary"], step["stable"])
-        verdict, evidence = sequential.judge(arms, self.policy, sequential.Evidence.from_dict(state.evidence),
-                                             step=state.step, step_started=state.step_started)  # fmt: skip
-        state = self._save(state, served={k: asdict(w) for k, w in served.items()},
-                           step_served={k: asdict(w) for k, w in step.items()}, step_of=state.step_started,
-                           evidence=evidence.to_dict(), ticked_at=upto)  # fmt: skip
+        verdict, evidence = sequential.judge(
+            arms,
+            self.policy,
+            sequential.Evidence.from_dict(state.evidence),
+            step=state.step,
+            step_started=state.step_started,
+        )
+        state = self._save(
+            state,
+            served={k: asdict(w) for k, w in served.items()},
+            step_served={k: asdict(w) for k, w in step.items()},
+            step_of=state.step_started,
+            evidence=evidence.to_dict(),
+            ticked_at=upto,
+        )
         return verdict, state
 
     def _advance(self, state: RolloutState) -> RolloutState:
@@ -492,7 +545,9 @@ class Rollout:
 
     def _ended_elsewhere(self, state: RolloutState, table: Any) -> RolloutState:
         """Someone changed the route under the rollout (a manual rollback, say): stop here."""
-        reason = f"the route changed outside the rollout (revision {table.revision} by {table.updated_by}: {table.reason})"
+        reason = (
+            f"the route changed outside the rollout (revision {table.revision} by {table.updated_by}: {table.reason})"
+        )
         return self._rollback(state, reason, ["route"])
 
 
@@ -511,12 +566,20 @@ def _schema_check(candidate: ModelVersion, champion: ModelVersion) -> dict[str, 
             got = by_name.get(spec.name)
             if got is None:
                 problems.append(f"{kind} {spec.name!r} is missing")
-            elif got.datatype != spec.datatype or len(got.shape) != len(spec.shape) or any(
-                a != -1 and a != b for a, b in zip(got.shape, spec.shape)
+            elif (
+                got.datatype != spec.datatype
+                or len(got.shape) != len(spec.shape)
+                or any(a != -1 and a != b for a, b in zip(got.shape, spec.shape))
             ):
-                problems.append(f"{kind} {spec.name!r} is {got.datatype} {got.shape}, the champion's {spec.datatype} {spec.shape}")
+                problems.append(
+                    f"{kind} {spec.name!r} is {got.datatype} {got.shape}, the champion's {spec.datatype} {spec.shape}"
+                )
     if problems:
-        return {"check": "schema", "status": "fail", "detail": f"not compatible with {champion.ref}: " + "; ".join(problems)}
+        return {
+            "check": "schema",
+            "status": "fail",
+            "detail": f"not compatible with {champion.ref}: " + "; ".join(problems),
+        }
     return {"check": "schema", "status": "pass", "detail": f"inputs and outputs compatible with {champion.ref}"}
 
 
@@ -525,9 +588,15 @@ def _offline_check(candidate: ModelVersion, champion: ModelVersion, tolerance: f
         # a retrain measured both on one holdout: that comparison is the fair one
         mine, theirs = candidate.metrics.get("accuracy", 0.0), candidate.metrics["champion_accuracy"]
         detail = f"accuracy {mine:.4f} vs champion {champion.version} {theirs:.4f} on the same holdout (tolerance {tolerance:g})"
-        return {"check": "offline metrics", "status": "pass" if mine >= theirs - tolerance else "fail", "detail": detail}
+        return {
+            "check": "offline metrics",
+            "status": "pass" if mine >= theirs - tolerance else "fail",
+            "detail": detail,
+        }
     # accuracy and f1 of classifiers, exact match of generative models (tiny-lm's holdout)
-    metric = next((m for m in ("accuracy", "f1", "exact_match") if m in candidate.metrics and m in champion.metrics), None)
+    metric = next(
+        (m for m in ("accuracy", "f1", "exact_match") if m in candidate.metrics and m in champion.metrics), None
+    )
     if metric is None:
         return {"check": "offline metrics", "status": "pass", "detail": "no metric both versions report; not compared"}
     mine, theirs = candidate.metrics[metric], champion.metrics[metric]

@@ -26,7 +26,6 @@ from fleet.tenants import Tenants
 from fleet.types import ObjectStore
 from fleet.validation import explain
 
-
 # Rounds of reconciling against a table that moved meanwhile (each round re-reads it).
 _RECONCILE_ROUNDS = 5
 
@@ -82,9 +81,14 @@ class Router:
             versions, bad = self.registry.scan(model)
             unreadable = frozenset(b.key.split("/")[2] for b in bad)
             validate_states(after, {mv.version: mv.state for mv in versions}, before.stable, unreadable)
-            return after.model_copy(update={
-                "revision": before.revision + 1, "updated_at": audit.now(), "updated_by": who, "reason": why,
-            })  # fmt: skip
+            return after.model_copy(
+                update={
+                    "revision": before.revision + 1,
+                    "updated_at": audit.now(),
+                    "updated_by": who,
+                    "reason": why,
+                }
+            )
 
         self.get(model)  # NotFound for a model that was never registered
         try:
@@ -182,11 +186,19 @@ class Router:
 
     # -- repair -------------------------------------------------------------------------
     def _log(self, before: RouteTable | None, after: RouteTable) -> None:
-        audit.append(self.store, audit.AuditEvent(
-            model=after.model, kind="route", at=after.updated_at or audit.now(),
-            who=after.updated_by or "", why=after.reason or "", revision=after.revision,
-            before=before.model_dump(mode="json") if before else None, after=after.model_dump(mode="json"),
-        ))  # fmt: skip
+        audit.append(
+            self.store,
+            audit.AuditEvent(
+                model=after.model,
+                kind="route",
+                at=after.updated_at or audit.now(),
+                who=after.updated_by or "",
+                why=after.reason or "",
+                revision=after.revision,
+                before=before.model_dump(mode="json") if before else None,
+                after=after.model_dump(mode="json"),
+            ),
+        )
 
     def _repair_audit(self, model: str) -> None:
         """Write the events of revisions whose writer died before logging them.
@@ -199,7 +211,7 @@ class Router:
         if table is None or table.revision == 0:
             return
         prefix = f"events/{model}/routes/"
-        names = (k[len(prefix):].removesuffix(".json") for k in self.store.list(prefix) if k.endswith(".json"))
+        names = (k[len(prefix) :].removesuffix(".json") for k in self.store.list(prefix) if k.endswith(".json"))
         logged = {int(n) for n in names if n.isdigit()}  # a stray file is not a revision
         missing = [r for r in range(1, table.revision + 1) if r not in logged]
         if not missing:
@@ -234,9 +246,13 @@ class Router:
                 if state != wanted and wanted in TRANSITIONS[state]:
                     try:
                         self.registry.transition(
-                            model, version, wanted, why=f"route r{table.revision}: {table.reason}", who=who,
+                            model,
+                            version,
+                            wanted,
+                            why=f"route r{table.revision}: {table.reason}",
+                            who=who,
                             expect=state,
-                        )  # fmt: skip
+                        )
                     except Conflict:
                         pass  # another writer moved it first; the next round sees where it is
             # a newer revision written meanwhile may have been reconciled by its writer

@@ -95,8 +95,15 @@ def usable_versions(table: RouteTable, tenant: Tenant | None) -> set[str]:
     """Versions a tenant's traffic may reach: stable, canary and its own pin, as far as its
     entitlements allow. Another tenant's pin and the shadow are not among them, so nothing a
     tenant is shown (metadata, error messages) tells it of other tenants' versions."""
-    found = {v for v in (table.stable, table.canary.version if table.canary else None,
-                         table.pins.get(tenant.name) if tenant else None) if v}  # fmt: skip
+    found = {
+        v
+        for v in (
+            table.stable,
+            table.canary.version if table.canary else None,
+            table.pins.get(tenant.name) if tenant else None,
+        )
+        if v
+    }
     return {v for v in found if tenant is None or tenant.allows(table.model, v)}
 
 
@@ -114,19 +121,26 @@ def choose_version(
     if requested_version is not None:
         usable = usable_versions(table, tenant)
         if requested_version not in usable:
-            raise NotFound(f"version {requested_version} of {table.model} is not served; "
-                           f"versions you may use: {', '.join(sorted(usable)) or 'none'}")  # fmt: skip
+            raise NotFound(
+                f"version {requested_version} of {table.model} is not served; "
+                f"versions you may use: {', '.join(sorted(usable)) or 'none'}"
+            )
         return Choice(requested_version, "requested")
     if tenant is not None and tenant.name in table.pins and tenant.allows(table.model, table.pins[tenant.name]):
         return Choice(table.pins[tenant.name], "pinned")
     if table.stable is None:
         raise NotFound(f"model {table.model} has no stable version to serve")
-    if (table.canary and bucket(table, routing_key) < round(table.canary.weight * BUCKETS / 100)
-            and (tenant is None or tenant.allows(table.model, table.canary.version))):  # fmt: skip
+    if (
+        table.canary
+        and bucket(table, routing_key) < round(table.canary.weight * BUCKETS / 100)
+        and (tenant is None or tenant.allows(table.model, table.canary.version))
+    ):
         return Choice(table.canary.version, "canary")
     if tenant is not None and not tenant.allows(table.model, table.stable):
-        raise NotFound(f"no version of {table.model} that you may use is served; "
-                       f"you may use: {', '.join(tenant.entitlements.get(table.model, []))}")  # fmt: skip
+        raise NotFound(
+            f"no version of {table.model} that you may use is served; "
+            f"you may use: {', '.join(tenant.entitlements.get(table.model, []))}"
+        )
     return Choice(table.stable, "stable")
 
 
@@ -163,8 +177,10 @@ def validate_states(
     problems: list[str] = []
     # refused on write only: tables stored before this rule stay readable (and fixable)
     if table.shadow and table.shadow.version == table.stable:
-        problems.append(f"shadow {table.shadow.version} is already the stable version; "
-                        "expected another version to mirror stable's traffic to")  # fmt: skip
+        problems.append(
+            f"shadow {table.shadow.version} is already the stable version; "
+            "expected another version to mirror stable's traffic to"
+        )
     for role, version in _roles(table):
         state = states.get(version)
         allowed = _ROLE_STATES.get(role, SERVABLE)

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -169,7 +168,11 @@ class Evidence:
         return replace(self, tails=tuple(sorted({**dict(self.tails), gate: tail}.items())))
 
     def to_dict(self) -> dict[str, object]:
-        return {"errors": list(self.errors.log_e), "tails": {g: list(t.log_e) for g, t in self.tails}, "looks": self.looks}
+        return {
+            "errors": list(self.errors.log_e),
+            "tails": {g: list(t.log_e) for g, t in self.tails},
+            "looks": self.looks,
+        }
 
     @classmethod
     def from_dict(cls, data: dict | None) -> Evidence:
@@ -205,7 +208,9 @@ class Arms:
     step_stable: ArmWindow
 
 
-def judge(arms: Arms, policy: RolloutPolicy, evidence: Evidence, *, step: int, step_started: float) -> tuple[Verdict, Evidence]:
+def judge(
+    arms: Arms, policy: RolloutPolicy, evidence: Evidence, *, step: int, step_started: float
+) -> tuple[Verdict, Evidence]:
     """One tick of a sequential rollout: (verdict, the evidence to keep for the next tick).
 
     Harm shown on any gate rolls back at once, at any step. A step before the last one
@@ -225,18 +230,29 @@ def judge(arms: Arms, policy: RolloutPolicy, evidence: Evidence, *, step: int, s
     concurrent = weight < 100
     deciding = step == _deciding_step(policy.steps)
     evidence = evidence.looked()
-    results = [analysis._samples(arms.step_stable if concurrent else arms.step_canary, arms.step_canary,
-                                 policy.min_samples)]  # fmt: skip
+    results = [
+        analysis._samples(arms.step_stable if concurrent else arms.step_canary, arms.step_canary, policy.min_samples)
+    ]
     generative = g.max_tpot_p99_ratio is not None or g.max_output_length_psi is not None
-    err, evidence = _errors(arms, g.max_error_rate_increase, alpha * SHARE["error_rate"], beta, evidence, deciding,
-                            concurrent)  # fmt: skip
+    err, evidence = _errors(
+        arms, g.max_error_rate_increase, alpha * SHARE["error_rate"], beta, evidence, deciding, concurrent
+    )
     results.append(err)
     latency_gates = [("latency_p99", "latency_ms", g.max_p99_ratio)]
     if g.max_tpot_p99_ratio is not None:
         latency_gates.append(("tpot_p99", "tpot_ms", g.max_tpot_p99_ratio))
     for gate, hist, ratio in latency_gates:
-        res, evidence = _tail(arms, gate, hist, ratio, alpha * SHARE["latency"] / len(latency_gates), beta,
-                              evidence, deciding, policy.min_samples)  # fmt: skip
+        res, evidence = _tail(
+            arms,
+            gate,
+            hist,
+            ratio,
+            alpha * SHARE["latency"] / len(latency_gates),
+            beta,
+            evidence,
+            deciding,
+            policy.min_samples,
+        )
         results.append(res)
     # the drift gates are fixed-sample tests: half their share is spent over every look (a
     # large shift is caught at once), half on one look at the end of each step, taken when
@@ -255,15 +271,26 @@ def _drift(arms: Arms, policy: RolloutPolicy, alpha: float, concurrent: bool, ge
 
     g, results = policy.gates, []
     if concurrent and not generative:
-        results.append(analysis._predictions(arms.stable_all, arms.canary_all, policy.min_samples, g.max_prediction_psi,
-                                             alpha))  # fmt: skip
+        results.append(
+            analysis._predictions(arms.stable_all, arms.canary_all, policy.min_samples, g.max_prediction_psi, alpha)
+        )
     elif concurrent and g.max_output_length_psi is not None:
-        results.append(analysis._predictions(analysis._histogram(arms.stable_all, "output_tokens"),
-                                             analysis._histogram(arms.canary_all, "output_tokens"), policy.min_samples,
-                                             g.max_output_length_psi, alpha, gate="output_length", field="output_tokens",
-                                             what="output lengths"))  # fmt: skip
+        results.append(
+            analysis._predictions(
+                analysis._histogram(arms.stable_all, "output_tokens"),
+                analysis._histogram(arms.canary_all, "output_tokens"),
+                policy.min_samples,
+                g.max_output_length_psi,
+                alpha,
+                gate="output_length",
+                field="output_tokens",
+                what="output lengths",
+            )
+        )
     if g.max_exact_match_drop is not None:
-        results.append(analysis._exact_match(arms.stable_all, arms.canary_all, g.min_labels, g.max_exact_match_drop, alpha))
+        results.append(
+            analysis._exact_match(arms.stable_all, arms.canary_all, g.min_labels, g.max_exact_match_drop, alpha)
+        )
     return results
 
 
@@ -273,23 +300,43 @@ def _deciding_step(steps: list[int]) -> int:
     return below[-1] if below else len(steps) - 1
 
 
-def _errors(arms: Arms, margin: float, alpha: float, beta: float, evidence: Evidence, deciding: bool,  # noqa: ANN202
-            concurrent: bool = True):  # fmt: skip
+def _errors(
+    arms: Arms,
+    margin: float,
+    alpha: float,
+    beta: float,
+    evidence: Evidence,
+    deciding: bool,  # noqa: ANN202
+    concurrent: bool = True,
+):
     from fleet.analysis import GateResult, _pct, _pp
 
     tc, ts = arms.tick_canary, arms.tick_stable
     harm = evidence.errors.update(tc.requests, tc.error_count, ts.requests, ts.error_count)
     evidence = replace(evidence, errors=harm)
-    xc, nc, xs, ns = arms.canary_all.error_count, arms.canary_all.requests, arms.stable_all.error_count, arms.stable_all.requests
+    xc, nc, xs, ns = (
+        arms.canary_all.error_count,
+        arms.canary_all.requests,
+        arms.stable_all.error_count,
+        arms.stable_all.requests,
+    )
     if nc == 0:
         return GateResult("error_rate", "pending", None, margin, "pp", "no canary requests yet", None, 1, 0), evidence
-    rates = (f"canary {xc}/{nc} = {_pct(xc / nc)}, stable {xs}/{ns} = {_pct(xs / ns) if ns else '-'} since the rollout "
-             f"began")  # fmt: skip
+    rates = (
+        f"canary {xc}/{nc} = {_pct(xc / nc)}, stable {xs}/{ns} = {_pct(xs / ns) if ns else '-'} since the rollout began"
+    )
     diff = xc / nc - (xs / ns if ns else 0.0)
     if harm.e_value >= 1 / (alpha * CONDITIONAL):
-        return GateResult("error_rate", "breach", diff, margin, "pp",
-                          f"error rate {rates}: higher on the canary, e-value {harm.e_value:.3g} >= {1 / (alpha * CONDITIONAL):.3g} "
-                          f"(false-rollback budget {alpha:.2%})", 1 / harm.e_value), evidence  # fmt: skip
+        return GateResult(
+            "error_rate",
+            "breach",
+            diff,
+            margin,
+            "pp",
+            f"error rate {rates}: higher on the canary, e-value {harm.e_value:.3g} >= {1 / (alpha * CONDITIONAL):.3g} "
+            f"(false-rollback budget {alpha:.2%})",
+            1 / harm.e_value,
+        ), evidence
     # at 100 % (no stable traffic, no conditional test) the two rates' bounds compare the canary
     # with the stable as it served earlier in the rollout; while both serve, only the
     # conditional test judges harm: it compares the same seconds' traffic
@@ -297,26 +344,59 @@ def _errors(arms: Arms, margin: float, alpha: float, beta: float, evidence: Evid
         lo_c, _ = bernoulli_bounds(xc, nc, alpha * (1 - CONDITIONAL) / 2)
         _, hi_s = bernoulli_bounds(xs, ns, alpha * (1 - CONDITIONAL) / 2)
         if lo_c > hi_s:
-            return GateResult("error_rate", "breach", diff, margin, "pp",
-                              f"error rate {rates}: the canary's is at least {_pct(lo_c)}, the stable's at most "
-                              f"{_pct(hi_s)} (confidence sequences)", None), evidence  # fmt: skip
+            return GateResult(
+                "error_rate",
+                "breach",
+                diff,
+                margin,
+                "pp",
+                f"error rate {rates}: the canary's is at least {_pct(lo_c)}, the stable's at most "
+                f"{_pct(hi_s)} (confidence sequences)",
+                None,
+            ), evidence
     if not deciding or margin == 0.0:
-        why = ("no increase shown (a margin of 0 leaves nothing to show within)" if margin == 0.0
-               else "no increase shown; within the margin is shown before the last step with stable traffic ends")  # fmt: skip
+        why = (
+            "no increase shown (a margin of 0 leaves nothing to show within)"
+            if margin == 0.0
+            else "no increase shown; within the margin is shown before the last step with stable traffic ends"
+        )
         return GateResult("error_rate", "pass", diff, margin, "pp", f"error rate {rates}: {why}"), evidence
     _, hi_c = bernoulli_bounds(xc, nc, beta / 2)
     lo_s, _ = bernoulli_bounds(xs, ns, beta / 2)
     bound = hi_c - lo_s
     if bound < margin:
-        return GateResult("error_rate", "pass", diff, margin, "pp",
-                          f"error rate {rates}: the increase is below {_pp(bound)}, within the margin {_pp(margin)}"), evidence  # fmt: skip
-    return GateResult("error_rate", "pending", diff, margin, "pp",
-                      f"error rate {rates}: the increase is below {_pp(bound)} so far, not yet within {_pp(margin)}",
-                      None, _more_needed(nc, bound, margin), 0), evidence  # fmt: skip
+        return GateResult(
+            "error_rate",
+            "pass",
+            diff,
+            margin,
+            "pp",
+            f"error rate {rates}: the increase is below {_pp(bound)}, within the margin {_pp(margin)}",
+        ), evidence
+    return GateResult(
+        "error_rate",
+        "pending",
+        diff,
+        margin,
+        "pp",
+        f"error rate {rates}: the increase is below {_pp(bound)} so far, not yet within {_pp(margin)}",
+        None,
+        _more_needed(nc, bound, margin),
+        0,
+    ), evidence
 
 
-def _tail(arms: Arms, gate: str, hist: str, ratio: float, alpha: float, beta: float, evidence: Evidence,
-          deciding: bool, n: int):  # noqa: ANN202  # fmt: skip
+def _tail(
+    arms: Arms,
+    gate: str,
+    hist: str,
+    ratio: float,
+    alpha: float,
+    beta: float,
+    evidence: Evidence,
+    deciding: bool,
+    n: int,
+):  # noqa: ANN202
     from fleet.analysis import GateResult, _count_above, _histogram, histogram_quantile
 
     stable_all = np.asarray(getattr(_histogram(arms.stable_all, hist), hist))
@@ -329,29 +409,61 @@ def _tail(arms: Arms, gate: str, hist: str, ratio: float, alpha: float, beta: fl
     # gate's rate holds only approximately (bench/rollout.py measures whole rollouts)
     ns_needed = max(n, STABLE_P99_ANSWERS)
     if ns < ns_needed or nc == 0:
-        return GateResult(gate, "pending" if deciding else "pass", None, ratio, "x",
-                          f"waits for {ns_needed} stable answers to know the stable's p99 (stable {ns}, canary {nc})",
-                          None, 0, max(0, ns_needed - ns)), evidence  # fmt: skip
+        return GateResult(
+            gate,
+            "pending" if deciding else "pass",
+            None,
+            ratio,
+            "x",
+            f"waits for {ns_needed} stable answers to know the stable's p99 (stable {ns}, canary {nc})",
+            None,
+            0,
+            max(0, ns_needed - ns),
+        ), evidence
     p99s = histogram_quantile(1 - TAIL_NULL, stable_all)
     limit = ratio * p99s
     tail = evidence.tail(gate).update(int(tick.sum()), _count_above(tick, limit))
     evidence = evidence.with_tail(gate, tail)
     above = min(float(nc), _count_above(canary_all, limit))
     p99c = histogram_quantile(1 - TAIL_NULL, canary_all)
-    reading = (f"{'p99' if hist == 'latency_ms' else 'p99 time per output token:'} canary {p99c:.1f} ms / stable "
-               f"{p99s:.1f} ms = {p99c / p99s:.2f}x vs allowed {ratio:g}x; {above:.0f}/{nc} canary answers above "
-               f"{limit:.1f} ms")  # fmt: skip
+    reading = (
+        f"{'p99' if hist == 'latency_ms' else 'p99 time per output token:'} canary {p99c:.1f} ms / stable "
+        f"{p99s:.1f} ms = {p99c / p99s:.2f}x vs allowed {ratio:g}x; {above:.0f}/{nc} canary answers above "
+        f"{limit:.1f} ms"
+    )
     if tail.e_value >= 1 / alpha:
-        return GateResult(gate, "breach", p99c / p99s, ratio, "x",
-                          f"{reading}: more than 1 %, e-value {tail.e_value:.3g} >= {1 / alpha:.3g}", 1 / tail.e_value), evidence  # fmt: skip
+        return GateResult(
+            gate,
+            "breach",
+            p99c / p99s,
+            ratio,
+            "x",
+            f"{reading}: more than 1 %, e-value {tail.e_value:.3g} >= {1 / alpha:.3g}",
+            1 / tail.e_value,
+        ), evidence
     if not deciding:
-        return GateResult(gate, "pass", p99c / p99s, ratio, "x", f"{reading}: no excess shown; within 1 % is shown "
-                          "before the last step with stable traffic ends"), evidence  # fmt: skip
+        return GateResult(
+            gate,
+            "pass",
+            p99c / p99s,
+            ratio,
+            "x",
+            f"{reading}: no excess shown; within 1 % is shown before the last step with stable traffic ends",
+        ), evidence
     _, hi = bernoulli_bounds(above, nc, beta)
     if hi < TAIL_NULL:
         return GateResult(gate, "pass", p99c / p99s, ratio, "x", f"{reading}: at most {hi:.2%} (within 1 %)"), evidence
-    return GateResult(gate, "pending", p99c / p99s, ratio, "x", f"{reading}: at most {hi:.2%} so far, not yet within 1 %",
-                      None, _more_needed(nc, hi, TAIL_NULL), 0), evidence  # fmt: skip
+    return GateResult(
+        gate,
+        "pending",
+        p99c / p99s,
+        ratio,
+        "x",
+        f"{reading}: at most {hi:.2%} so far, not yet within 1 %",
+        None,
+        _more_needed(nc, hi, TAIL_NULL),
+        0,
+    ), evidence
 
 
 def _more_needed(n: int, bound: float, target: float) -> int | None:
@@ -374,17 +486,27 @@ def _outcome(results: list, arms: Arms, policy: RolloutPolicy, step_started: flo
         outcome, summary = "advance", "advance: no harm shown" + ("; non-inferiority shown" if deciding else "")
     elif at >= deadline:
         undecided = ", ".join(f"{r.gate} ({_more_text(r)})" for r in pending)
-        expl = (f"still undecided {at - step_started:.0f} s into the step, hold_deadline_s is "
-                f"{policy.hold_deadline_s:g} s: {undecided}")  # fmt: skip
+        expl = (
+            f"still undecided {at - step_started:.0f} s into the step, hold_deadline_s is "
+            f"{policy.hold_deadline_s:g} s: {undecided}"
+        )
         results.append(GateResult("deadline", "breach", at - step_started, policy.hold_deadline_s, "s", expl))
         outcome, summary = "rollback", "roll back: " + expl
     else:
         outcome = "hold"
         shown = [r for r in pending if r.gate == "samples"] or pending
         summary = f"hold (a failure from {_clock(deadline)} on): " + "; ".join(r.explanation for r in shown)
-    return Verdict(outcome=outcome, gates=tuple(results), at=at, deadline=deadline,
-                   canary_requests=arms.step_canary.requests, stable_requests=arms.step_stable.requests, summary=summary,
-                   more_canary=_most(r.more_canary for r in pending), more_stable=_most(r.more_stable for r in pending))  # fmt: skip
+    return Verdict(
+        outcome=outcome,
+        gates=tuple(results),
+        at=at,
+        deadline=deadline,
+        canary_requests=arms.step_canary.requests,
+        stable_requests=arms.step_stable.requests,
+        summary=summary,
+        more_canary=_most(r.more_canary for r in pending),
+        more_stable=_most(r.more_stable for r in pending),
+    )
 
 
 def guardrails(arms: Arms, policy: RolloutPolicy, evidence: Evidence) -> tuple[list, Evidence]:
@@ -393,8 +515,24 @@ def guardrails(arms: Arms, policy: RolloutPolicy, evidence: Evidence) -> tuple[l
     is harm shown, at the policy's ``max_false_rollback_rate``; nothing here ever holds."""
     g = policy.gates
     alpha = policy.max_false_rollback_rate
-    err, evidence = _errors(arms, g.max_error_rate_increase, alpha * SHARE["error_rate"], 1 - policy.power, evidence,
-                            deciding=False, concurrent=True)  # fmt: skip
-    tail, evidence = _tail(arms, "latency_p99", "latency_ms", g.max_p99_ratio, alpha * SHARE["latency"],
-                           1 - policy.power, evidence, False, policy.min_samples)  # fmt: skip
+    err, evidence = _errors(
+        arms,
+        g.max_error_rate_increase,
+        alpha * SHARE["error_rate"],
+        1 - policy.power,
+        evidence,
+        deciding=False,
+        concurrent=True,
+    )
+    tail, evidence = _tail(
+        arms,
+        "latency_p99",
+        "latency_ms",
+        g.max_p99_ratio,
+        alpha * SHARE["latency"],
+        1 - policy.power,
+        evidence,
+        False,
+        policy.min_samples,
+    )
     return [err, tail], evidence.looked()

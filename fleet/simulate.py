@@ -70,11 +70,15 @@ class Arm:
 
     def window(self, version: str, a: int, b: int, start: float, end: float) -> ArmWindow:
         return ArmWindow(
-            model="bench", version=version, start=start, end=end, requests=b - a,
+            model="bench",
+            version=version,
+            start=start,
+            end=end,
+            requests=b - a,
             errors={"5xx": int(self.err[b] - self.err[a]), **dict.fromkeys(ERROR_CLASSES[1:], 0)},
             latency_ms=tuple((self.lat[b] - self.lat[a]).tolist()),
             predictions=tuple((self.pred[b] - self.pred[a]).tolist()),
-        )  # fmt: skip
+        )
 
 
 def _cumulative_onehot(idx: np.ndarray, weight: np.ndarray, width: int) -> np.ndarray:
@@ -118,7 +122,7 @@ def run(stream: Stream, policy: RolloutPolicy) -> Result:
 def run_fixed(stream: Stream, policy: RolloutPolicy) -> Result:
     t, kc, ks, tick = 0.0, 0, 0, policy.analysis_window_s
     baseline = None
-    for step, weight in enumerate(policy.steps):
+    for weight in policy.steps:
         t0, kc0, ks0 = t, kc, ks
         while t + tick <= stream.horizon_s:
             c, s = stream.route(t, t + tick, weight)
@@ -157,7 +161,7 @@ def run_sequential(stream: Stream, policy: RolloutPolicy) -> Result:
                 stable_all=stream.stable.window("stable", 0, ks, 0.0, t),
                 step_canary=stream.canary.window("canary", kc0, kc, t0, t),
                 step_stable=stream.stable.window("stable", ks0, ks, t0, t),
-            )  # fmt: skip
+            )
             verdict, evidence = sequential_judge(arms, policy, evidence, step=step, step_started=t0)
             if verdict.outcome == "rollback":
                 deadline = [g.gate for g in verdict.breaches] == ["deadline"]
@@ -180,10 +184,11 @@ def run_flagger(stream: Stream, steps: list[int]) -> Result:
         w = stream.canary.window("canary", window_start, kc, t - FLAGGER_INTERVAL_S, t)
         answered = int(sum(w.latency_ms))
         ok = (
-            w.requests > 0 and answered > 0  # "no values found" fails the check
+            w.requests > 0
+            and answered > 0  # "no values found" fails the check
             and 100.0 * (1 - w.error_count / w.requests) >= FLAGGER_MIN_SUCCESS
             and histogram_quantile(0.99, w.latency_ms) <= FLAGGER_MAX_P99_MS
-        )  # fmt: skip
+        )
         if not ok:
             failed += 1
         elif weight < 100:
@@ -211,15 +216,18 @@ class Estimate:
     canary_failures: float  # mean of those that failed
 
 
-NOT_SIMULATED = ("the shadow phase, approval, the stable's traffic before the rollout and a generation's own gates "
-                 "(time per token, output lengths, exact match) are not simulated; latency is lognormal around 10 ms")
+NOT_SIMULATED = (
+    "the shadow phase, approval, the stable's traffic before the rollout and a generation's own gates "
+    "(time per token, output lengths, exact match) are not simulated; latency is lognormal around 10 ms"
+)
 
 
 def simulated(policy: RolloutPolicy) -> RolloutPolicy:
     """The policy as the streams can judge it: they have no generations, so a generative
     policy's generation gates are left out (its time-to-first-token gate is the latency one)."""
-    gates = policy.gates.model_copy(update={"max_tpot_p99_ratio": None, "max_output_length_psi": None,
-                                            "max_exact_match_drop": None})  # fmt: skip
+    gates = policy.gates.model_copy(
+        update={"max_tpot_p99_ratio": None, "max_output_length_psi": None, "max_exact_match_drop": None}
+    )
     return policy.model_copy(update={"gates": gates})
 
 
@@ -228,14 +236,17 @@ def scenarios_for(policy: RolloutPolicy) -> list[Scenario]:
     margin, ratio = policy.gates.max_error_rate_increase, policy.gates.max_p99_ratio
     bad = [Scenario("good")]
     if margin > 0:
-        bad += [Scenario(f"errors +{100 * margin:g} pp (the margin)", extra_errors=margin),
-                Scenario(f"errors +{400 * margin:g} pp (4x the margin)", extra_errors=4 * margin)]  # fmt: skip
+        bad += [
+            Scenario(f"errors +{100 * margin:g} pp (the margin)", extra_errors=margin),
+            Scenario(f"errors +{400 * margin:g} pp (4x the margin)", extra_errors=4 * margin),
+        ]
     bad.append(Scenario(f"latency x{1.5 * ratio:g} (1.5x the allowed p99 ratio)", latency_x=1.5 * ratio))
     return bad
 
 
-def estimate(policy: RolloutPolicy, rps: float, base_errors: float = BASE_ERR, runs: int = 50,
-             seed: int = 18) -> list[Estimate]:  # fmt: skip
+def estimate(
+    policy: RolloutPolicy, rps: float, base_errors: float = BASE_ERR, runs: int = 50, seed: int = 18
+) -> list[Estimate]:
     """Simulated rollouts under ``policy`` at ``rps`` (the model's traffic, all versions), for
     each of ``scenarios_for(policy)``: how often and how soon each ends as it should."""
     if rps <= 0:
@@ -247,13 +258,17 @@ def estimate(policy: RolloutPolicy, rps: float, base_errors: float = BASE_ERR, r
         results = [run(Stream((seed, k, i), rps, horizon, scenario, base_errors), policy) for i in range(runs)]
         wanted = "rollback" if scenario.bad else "promote"
         times = [r.at for r in results if r.outcome == wanted]
-        found.append(Estimate(
-            canary=scenario.name, bad=scenario.bad, runs=runs,
-            promoted=sum(r.outcome == "promote" for r in results) / runs,
-            rolled_back=sum(r.outcome == "rollback" for r in results) / runs,
-            median_s=float(np.median(times)) if times else None,
-            p90_s=float(np.percentile(times, 90)) if times else None,
-            canary_requests=float(np.mean([r.exposed for r in results])),
-            canary_failures=float(np.mean([r.failed for r in results])),
-        ))  # fmt: skip
+        found.append(
+            Estimate(
+                canary=scenario.name,
+                bad=scenario.bad,
+                runs=runs,
+                promoted=sum(r.outcome == "promote" for r in results) / runs,
+                rolled_back=sum(r.outcome == "rollback" for r in results) / runs,
+                median_s=float(np.median(times)) if times else None,
+                p90_s=float(np.percentile(times, 90)) if times else None,
+                canary_requests=float(np.mean([r.exposed for r in results])),
+                canary_failures=float(np.mean([r.failed for r in results])),
+            )
+        )
     return found

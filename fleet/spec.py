@@ -19,7 +19,6 @@ from fleet.errors import ConfigError, NotFound
 from fleet.names import NAME_RE
 from fleet.validation import checked, expected, explain, hint, problem, read_yaml, show
 
-
 _CRON_ITEM = re.compile(r"(\*|(\d+)(?:-(\d+))?)(?:/(\d+))?")
 
 
@@ -48,9 +47,7 @@ def _is_canary_ramp(steps: list[int]) -> bool:
 
 
 SEMVER = "a semver version like '1.2.3'"
-VersionOrAny = checked(
-    str, f"'*' (any version) or {SEMVER}", lambda v: v == "*" or semver.Version.is_valid(v)
-)
+VersionOrAny = checked(str, f"'*' (any version) or {SEMVER}", lambda v: v == "*" or semver.Version.is_valid(v))
 Cron = checked(
     str,
     "a 5-field cron expression like '*/15 * * * *' (minute 0-59, hour 0-23, day 1-31, "
@@ -184,8 +181,11 @@ class Architecture(_Spec):
         if self.heads is not None and self.hidden % self.heads:
             raise expected(f"a number of heads that divides hidden ({self.hidden})", field="heads", got=self.heads)
         if self.kv_heads is not None and self.heads is not None and self.heads % self.kv_heads:
-            raise expected(f"a number of key/value heads that divides heads ({self.heads}), e.g. 8 for 64 heads",
-                           field="kv_heads", got=self.kv_heads)  # fmt: skip
+            raise expected(
+                f"a number of key/value heads that divides heads ({self.heads}), e.g. 8 for 64 heads",
+                field="kv_heads",
+                got=self.kv_heads,
+            )
         return self
 
     @property
@@ -251,8 +251,11 @@ class ModelSpec(_Spec):
     @model_validator(mode="after")
     def _idle_unload_for_lazy(self) -> ModelSpec:
         if self.idle_unload_s is not None and self.loading != "lazy":
-            raise expected("lazy when idle_unload_s is set (an eager model's versions are never unloaded)",
-                           field="loading", got=self.loading)  # fmt: skip
+            raise expected(
+                "lazy when idle_unload_s is set (an eager model's versions are never unloaded)",
+                field="loading",
+                got=self.loading,
+            )
         return self
 
     @model_validator(mode="after")
@@ -269,17 +272,22 @@ class ModelSpec(_Spec):
         if arch is None:
             return self
         if gen is None:  # not generative: no KV cache to size
-            raise expected("true when architecture: is set (it sizes a generative model's KV cache)",
-                           field="generative", got=False)  # fmt: skip
+            raise expected(
+                "true when architecture: is set (it sizes a generative model's KV cache)", field="generative", got=False
+            )
         if arch.context_tokens <= gen.max_tokens:
-            raise expected(f"more than generation.max_tokens ({gen.max_tokens}): a prompt and its answer fit one context",
-                           field=("architecture", "context_tokens"), got=arch.context_tokens)  # fmt: skip
+            raise expected(
+                f"more than generation.max_tokens ({gen.max_tokens}): a prompt and its answer fit one context",
+                field=("architecture", "context_tokens"),
+                got=arch.context_tokens,
+            )
         reserved = gen.max_running * arch.context_tokens
         if gen.kv_budget_tokens > reserved:
             raise expected(
                 f"at most generation.max_running × architecture.context_tokens = {gen.max_running} × "
                 f"{arch.context_tokens} = {reserved}, the KV positions placement reserves per replica",
-                field=("generation", "kv_budget_tokens"), got=gen.kv_budget_tokens,
+                field=("generation", "kv_budget_tokens"),
+                got=gen.kv_budget_tokens,
             )
         return self
 
@@ -402,9 +410,7 @@ class MonitoringPolicy(_Spec):
     retrain: RetrainTrigger = Field(default_factory=RetrainTrigger)
 
 
-def _reference_problems(
-    models: dict, tenants: dict, rollout: dict, monitoring: dict
-) -> list[tuple[str, str, str]]:
+def _reference_problems(models: dict, tenants: dict, rollout: dict, monitoring: dict) -> list[tuple[str, str, str]]:
     """(section, entry name, report line) for each name that points nowhere."""
     problems = []
     for name, spec in models.items():
@@ -518,8 +524,11 @@ def _load_singleton(file: Path, section: str, raw: Any, origin: dict, into: dict
     if raw is None:
         return []
     if (section, "") in origin:
-        return [problem(f"{file}: {section}", f"already defined in {origin[section, '']}",
-                        f"one {section} section in one file")]  # fmt: skip
+        return [
+            problem(
+                f"{file}: {section}", f"already defined in {origin[section, '']}", f"one {section} section in one file"
+            )
+        ]
     origin[section, ""] = file
     cls = SINGLETONS[section]
     try:
@@ -547,5 +556,3 @@ def _load_section(file: Path, section: str, named: dict, into: dict, origin: dic
                 lines = explain(e, SECTIONS[section], (section, name))
                 problems += [f"{file}: {line}" for line in lines]
     return problems
-
-

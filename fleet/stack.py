@@ -36,9 +36,20 @@ DnsLabel = checked(str, "1-63 lowercase letters, digits or '-', starting and end
 # The NVIDIA GPU of each EC2 GPU instance family (aws.amazon.com/ec2/instance-types, accelerated
 # computing): a pool's gpu_type when its stack file does not state one. Memory is in the name
 # where a GPU comes in two sizes.
-GPU_TYPES = {"g4dn": "T4", "g5": "A10G", "g6": "L4", "gr6": "L4", "g6e": "L40S", "p3": "V100-16GB",
-             "p3dn": "V100-32GB", "p4d": "A100-40GB", "p4de": "A100-80GB", "p5": "H100-80GB", "p5e": "H200",
-             "p5en": "H200"}  # fmt: skip
+GPU_TYPES = {
+    "g4dn": "T4",
+    "g5": "A10G",
+    "g6": "L4",
+    "gr6": "L4",
+    "g6e": "L40S",
+    "p3": "V100-16GB",
+    "p3dn": "V100-32GB",
+    "p4d": "A100-40GB",
+    "p4de": "A100-80GB",
+    "p5": "H100-80GB",
+    "p5e": "H200",
+    "p5en": "H200",
+}
 
 
 def gpu_type_of(instance_type: str) -> str | None:
@@ -78,8 +89,11 @@ class NodePool(BaseModel):
             derived = gpu_type_of(self.instance_type)
             if derived is None:
                 families = ", ".join(GPU_TYPES)
-                raise expected(f"the GPU model of {self.instance_type}, e.g. A10G (known without it for the "
-                               f"families {families})", field="gpu_type", got=None)  # fmt: skip
+                raise expected(
+                    f"the GPU model of {self.instance_type}, e.g. A10G (known without it for the families {families})",
+                    field="gpu_type",
+                    got=None,
+                )
             object.__setattr__(self, "gpu_type", derived)
         if self.min_nodes > self.max_nodes:
             raise expected(f"an integer <= max_nodes ({self.max_nodes})", field="min_nodes", got=self.min_nodes)
@@ -98,7 +112,9 @@ def pools_from_config(raw: Any, where: str) -> tuple[NodePool, ...]:
         except ValidationError as exc:
             problems += [f"{where}: {line}" for line in explain(exc, NodePool, (STACK_POOLS_KEY, i))]
     names = [p.name for p in pools]
-    problems += [problem(key, f"pool name {n!r} appears twice", "unique names") for n in sorted(set(names)) if names.count(n) > 1]
+    problems += [
+        problem(key, f"pool name {n!r} appears twice", "unique names") for n in sorted(set(names)) if names.count(n) > 1
+    ]
     if problems:
         raise ConfigError("\n".join(problems))
     return tuple(pools)
@@ -110,10 +126,14 @@ def models_from_config(raw: Any, where: str, policies: Policies) -> tuple[str, .
         return None
     known = ", ".join(sorted(policies.models)) or "none"
     if not isinstance(raw, list) or not all(isinstance(m, str) for m in raw):
-        raise ConfigError(problem(f"{where}: {STACK_MODELS_KEY}", f"got {show(raw)}", f"a list of model names ({known})"))
+        raise ConfigError(
+            problem(f"{where}: {STACK_MODELS_KEY}", f"got {show(raw)}", f"a list of model names ({known})")
+        )
     bad = [m for m in raw if m not in policies.models]
     if bad:
-        raise ConfigError(problem(f"{where}: {STACK_MODELS_KEY}", f"got unknown model {bad[0]!r}", f"a model name ({known})"))
+        raise ConfigError(
+            problem(f"{where}: {STACK_MODELS_KEY}", f"got unknown model {bad[0]!r}", f"a model name ({known})")
+        )
     return tuple(raw)
 
 
@@ -137,7 +157,9 @@ def read_stack_file(path: Path) -> dict[str, Any]:
     return config
 
 
-def placement_inputs(config: dict[str, Any], where: str, policies: Policies) -> tuple[tuple[NodePool, ...], tuple[str, ...] | None]:
+def placement_inputs(
+    config: dict[str, Any], where: str, policies: Policies
+) -> tuple[tuple[NodePool, ...], tuple[str, ...] | None]:
     """(node pools, models or None for all) of a stack file's ``config`` mapping."""
     pools = pools_from_config(config.get(f"{PROJECT}:{STACK_POOLS_KEY}"), f"{where}: {PROJECT}")
     return pools, models_from_config(config.get(f"{PROJECT}:{STACK_MODELS_KEY}"), f"{where}: {PROJECT}", policies)
@@ -162,7 +184,10 @@ NAT_GATEWAY_USD = 0.045  # per NAT gateway-hour, before $0.045/GB processed (aws
 PUBLIC_IPV4_USD = 0.005  # per public IPv4 address-hour: each NAT gateway's Elastic IP (same page)
 ALB_USD = 0.0225  # per Application Load Balancer-hour, before LCUs (aws.amazon.com/elasticloadbalancing/pricing)
 VPC_ENDPOINT_USD = 0.01  # per interface endpoint and AZ-hour, before $0.01/GB (aws.amazon.com/privatelink/pricing)
-INTERFACE_ENDPOINTS = ("ecr.api", "ecr.dkr")  # the VPC's interface endpoints (infra/network.py); S3's is a free gateway one
+INTERFACE_ENDPOINTS = (
+    "ecr.api",
+    "ecr.dkr",
+)  # the VPC's interface endpoints (infra/network.py); S3's is a free gateway one
 # ElastiCache for Valkey, on-demand, per node-hour (aws.amazon.com/elasticache/pricing; Valkey
 # is listed 20 % below Redis OSS for the same node type): the gateways' shared quota store
 # (infra/quota_store.py). As recorded when this entry was written, from the pricing page as
@@ -227,8 +252,12 @@ class RedisNodes(BaseModel):
     @model_validator(mode="after")
     def _priced(self) -> RedisNodes:
         if self.hourly_usd is None and self.node_type not in VALKEY_NODE_USD:
-            raise expected(f"the on-demand USD price of one {self.node_type} node per hour (a price is recorded only "
-                           f"for {', '.join(VALKEY_NODE_USD)})", field="hourly_usd", got=None)  # fmt: skip
+            raise expected(
+                f"the on-demand USD price of one {self.node_type} node per hour (a price is recorded only "
+                f"for {', '.join(VALKEY_NODE_USD)})",
+                field="hourly_usd",
+                got=None,
+            )
         return self
 
     @property
@@ -313,14 +342,29 @@ def stack_cost(plan: Plan, build: StackBuild, where: str) -> StackCost:
     """Every part of the stack that ``pulumi up`` builds and AWS bills by the hour; ``where``
     (the stack file's name) goes into the sources of the node prices."""
     system = build.systemNodes
-    parts = [_nodes(
-        "system nodes", system.min_size, system.max_size, system.instance_type, system.hourly_usd,
-        f"{where}: {STACK_SYSTEM_KEY}.hourly_usd", STACK_SYSTEM_KEY,
-    )]  # fmt: skip
-    parts += [_nodes(
-        f"node group {g.name}", g.min_size, g.max_size, g.instance_type, g.hourly_usd,
-        f"{where}: {STACK_POOLS_KEY}[{g.pool}].hourly_usd", f"{STACK_POOLS_KEY} {g.pool}",
-    ) for g in plan.node_groups]  # fmt: skip
+    parts = [
+        _nodes(
+            "system nodes",
+            system.min_size,
+            system.max_size,
+            system.instance_type,
+            system.hourly_usd,
+            f"{where}: {STACK_SYSTEM_KEY}.hourly_usd",
+            STACK_SYSTEM_KEY,
+        )
+    ]
+    parts += [
+        _nodes(
+            f"node group {g.name}",
+            g.min_size,
+            g.max_size,
+            g.instance_type,
+            g.hourly_usd,
+            f"{where}: {STACK_POOLS_KEY}[{g.pool}].hourly_usd",
+            f"{STACK_POOLS_KEY} {g.pool}",
+        )
+        for g in plan.node_groups
+    ]
     nats = build.nat_gateways
     per_az = f"1 for {build.azCount} AZs" if build.singleNatGateway else f"{nats}, 1 per AZ"
     parts += [
@@ -328,15 +372,30 @@ def stack_cost(plan: Plan, build: StackBuild, where: str) -> StackCost:
         _fixed("NAT gateways", nats, per_az, NAT_GATEWAY_USD),
         _fixed("NAT Elastic IPs", nats, f"{nats}", PUBLIC_IPV4_USD),
         _fixed("load balancer", 1, "1 ALB", ALB_USD),
-        _fixed("VPC interface endpoints", len(INTERFACE_ENDPOINTS) * build.azCount,
-               f"{len(INTERFACE_ENDPOINTS)} × {build.azCount} AZs", VPC_ENDPOINT_USD),
+        _fixed(
+            "VPC interface endpoints",
+            len(INTERFACE_ENDPOINTS) * build.azCount,
+            f"{len(INTERFACE_ENDPOINTS)} × {build.azCount} AZs",
+            VPC_ENDPOINT_USD,
+        ),
     ]
     redis = build.redis
     if redis.hourly_usd is None:
-        parts.append(_fixed("quota store (Valkey)", redis.nodes, f"{redis.nodes} × {redis.node_type}", redis.usd_per_node))
+        parts.append(
+            _fixed("quota store (Valkey)", redis.nodes, f"{redis.nodes} × {redis.node_type}", redis.usd_per_node)
+        )
     else:
-        parts.append(_nodes("quota store (Valkey)", redis.nodes, redis.nodes, redis.node_type, redis.hourly_usd,
-                            f"{where}: {STACK_REDIS_KEY}.hourly_usd", STACK_REDIS_KEY))  # fmt: skip
+        parts.append(
+            _nodes(
+                "quota store (Valkey)",
+                redis.nodes,
+                redis.nodes,
+                redis.node_type,
+                redis.hourly_usd,
+                f"{where}: {STACK_REDIS_KEY}.hourly_usd",
+                STACK_REDIS_KEY,
+            )
+        )
     return StackCost(tuple(parts))
 
 

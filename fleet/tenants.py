@@ -70,16 +70,19 @@ def make_quota(rps: float, burst: int, concurrency: int | None = None, tokens_pe
     if concurrency is not None and concurrency < 1:
         raise InvalidInput(f"concurrency {concurrency} is not valid; expected a whole number >= 1 (requests in flight)")
     if tokens_per_minute is not None and tokens_per_minute < 1:
-        raise InvalidInput(f"tokens per minute {tokens_per_minute} is not valid; expected a whole number >= 1 "
-                           "(prompt and completion tokens of generative models)")  # fmt: skip
+        raise InvalidInput(
+            f"tokens per minute {tokens_per_minute} is not valid; expected a whole number >= 1 "
+            "(prompt and completion tokens of generative models)"
+        )
     return Quota(rps=rps, burst=burst, concurrency=concurrency, tokens_per_minute=tokens_per_minute)
 
 
 def check_weight(weight: float) -> float:
     """A fair-queuing weight from user input: finite, > 0, at most ``MAX_WEIGHT``."""
     if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
-        raise InvalidInput(f"weight {weight:g} is not valid; expected a number > 0 and <= {MAX_WEIGHT:g} "
-                           "(1 is the default share)")  # fmt: skip
+        raise InvalidInput(
+            f"weight {weight:g} is not valid; expected a number > 0 and <= {MAX_WEIGHT:g} (1 is the default share)"
+        )
     return float(weight)
 
 
@@ -167,7 +170,7 @@ def lookup(index: Mapping[str, Tenant], api_key: str) -> Tenant | None:
     """The tenant owning a key live now, or None (unknown, revoked, expired or malformed)."""
     if not api_key.startswith(KEY_PREFIX) or len(api_key) > MAX_KEY_LENGTH:
         return None
-    tenant = index.get(api_key[len(KEY_PREFIX):].split("_", 1)[0])
+    tenant = index.get(api_key[len(KEY_PREFIX) :].split("_", 1)[0])
     return tenant if tenant is not None and tenant.matches(api_key) else None
 
 
@@ -211,8 +214,12 @@ def misplaced(key: str, tenant: Tenant) -> BadRecord | None:
     file in a subfolder) would otherwise keep keys working that were revoked in the original."""
     if key == f"tenants/{tenant.name}.json":
         return None
-    return BadRecord(key, f"{key!r} holds tenant {tenant.name!r}; expected it at tenants/{tenant.name}.json "
-                          "(a copy must not keep revoked keys working)", "Tenant")  # fmt: skip
+    return BadRecord(
+        key,
+        f"{key!r} holds tenant {tenant.name!r}; expected it at tenants/{tenant.name}.json "
+        "(a copy must not keep revoked keys working)",
+        "Tenant",
+    )
 
 
 def check_grace(grace: timedelta) -> timedelta:
@@ -275,9 +282,14 @@ class Tenants:
         """Create a tenant with one API key; return it and the key's only plaintext copy."""
         plaintext, key = _new_key()
         tenant = Tenant(
-            name=check_name("tenant", name), entitlements=entitlements, quota=quota,
-            weight=None if weight is None else check_weight(weight), keys=[key], created_at=audit.now(), created_by=who or audit.actor(),
-        )  # fmt: skip
+            name=check_name("tenant", name),
+            entitlements=entitlements,
+            quota=quota,
+            weight=None if weight is None else check_weight(weight),
+            keys=[key],
+            created_at=audit.now(),
+            created_by=who or audit.actor(),
+        )
         try:
             records.create(self.store, self._key(name), tenant)
         except PreconditionFailed:
@@ -287,8 +299,9 @@ class Tenants:
             ) from None
         return tenant, plaintext
 
-    def set_limits(self, name: str, *, quota: Quota | None = None, clear_quota: bool = False,
-                   weight: float | None = None) -> Tenant:  # fmt: skip
+    def set_limits(
+        self, name: str, *, quota: Quota | None = None, clear_quota: bool = False, weight: float | None = None
+    ) -> Tenant:
         """Change a tenant's quota (or remove it: ``clear_quota``) and/or weight; the gateways
         apply it at their next refresh (about a second)."""
         update: dict[str, object] = {}
@@ -297,19 +310,24 @@ class Tenants:
         if weight is not None:
             update["weight"] = check_weight(weight)
         if not update:
-            raise InvalidInput("nothing to change; expected --rps and --burst (with an optional --concurrency), "
-                               "--no-quota, or --weight")  # fmt: skip
-        _, after = records.update(self.store, self._key(name), Tenant,
-                                  lambda t: self._existing(name, t).model_copy(update=update))  # fmt: skip
+            raise InvalidInput(
+                "nothing to change; expected --rps and --burst (with an optional --concurrency), "
+                "--no-quota, or --weight"
+            )
+        _, after = records.update(
+            self.store, self._key(name), Tenant, lambda t: self._existing(name, t).model_copy(update=update)
+        )
         return after
 
     def add_key(self, name: str) -> tuple[Tenant, str]:
         """Add a key, whatever state the others are in (all revoked or expired included)."""
         plaintext, key = _new_key()
         _, after = records.update(
-            self.store, self._key(name), Tenant,
+            self.store,
+            self._key(name),
+            Tenant,
             lambda t: self._existing(name, t).model_copy(update={"keys": [*t.keys, key]}),
-        )  # fmt: skip
+        )
         return after, plaintext
 
     def rotate(
@@ -351,7 +369,9 @@ class Tenants:
             return live
         add = f"add a key with `fleet tenants add-key {t.name}`"
         if key_id is not None:
-            raise Conflict(f"key {key_id!r} of tenant {t.name!r} is already revoked or expired; nothing to rotate; {add}")
+            raise Conflict(
+                f"key {key_id!r} of tenant {t.name!r} is already revoked or expired; nothing to rotate; {add}"
+            )
         raise Conflict(f"tenant {t.name!r} has no live key to rotate (all revoked or expired); {add}")
 
     def revoke(self, name: str, key_id: str | None = None) -> Tenant:
@@ -367,9 +387,7 @@ class Tenants:
                 raise Conflict(f"{what} of tenant {name!r} is already revoked; nothing to revoke")
             at = audit.now()
             keys = [
-                k.model_copy(update={"revoked_at": at})
-                if k.revoked_at is None and key_id in (None, k.id)
-                else k
+                k.model_copy(update={"revoked_at": at}) if k.revoked_at is None and key_id in (None, k.id) else k
                 for k in t.keys
             ]
             return t.model_copy(update={"keys": keys})

@@ -89,8 +89,28 @@ class Runtime(Protocol):
 # its Prometheus histograms (in seconds) and canary analysis. One open bucket (> the last
 # bound) follows, so a histogram has len(LATENCY_BUCKETS_MS) + 1 counts.
 LATENCY_BUCKETS_MS: tuple[float, ...] = (
-    1, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 2000, 5000, 10000,
-)  # fmt: skip
+    1,
+    2,
+    3,
+    5,
+    7.5,
+    10,
+    15,
+    20,
+    30,
+    50,
+    75,
+    100,
+    150,
+    200,
+    300,
+    500,
+    750,
+    1000,
+    2000,
+    5000,
+    10000,
+)
 # Bins of the predicted score (probability of the last class, or the only output) over
 # [0, 1]: bin i holds scores in [i/10, (i+1)/10), the last bin includes 1.0. One rule
 # (``score_bin``, and ``score_bins`` for many) for the gateway's stats, the metrics sources,
@@ -211,8 +231,9 @@ class QuotaBackend(Protocol):
     (``fleet.gateway.quota.TokenBuckets``); ``RedisQuotas`` shares one budget between every
     gateway and worker (``FLEET_REDIS_URL``)."""
 
-    async def acquire(self, tenant: str, rps: float, burst: int, concurrency: int | None, lease: str,
-                      lease_s: float = 300.0) -> Refusal | None:  # fmt: skip
+    async def acquire(
+        self, tenant: str, rps: float, burst: int, concurrency: int | None, lease: str, lease_s: float = 300.0
+    ) -> Refusal | None:
         """Take one request's token (and with ``concurrency``, the in-flight lease ``lease``,
         which lapses after ``lease_s`` if never released): None when allowed, else why not."""
 

@@ -28,9 +28,9 @@ from pathlib import Path
 import httpx
 
 from fleet.errors import ConfigError, FleetError
+from fleet.processes import alive, stop_group, tail
 from fleet.registry import Registry
 from fleet.router import Router
-from fleet.processes import alive, stop_group, tail
 from fleet.runtime.local import LocalRuntime
 from fleet.spec import Policies
 from fleet.tenants import Tenants
@@ -88,8 +88,9 @@ class Child:
     def spawn(self, cmd: list[str], env: dict[str, str], **record: object) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            )
         self.pid_file.write_text(json.dumps({"pid": self.proc.pid, **record}))
 
     def check_alive(self, what: str) -> None:
@@ -121,7 +122,9 @@ class Prefect(Child):
 
     def start(self) -> None:
         prefect = str(Path(sys.executable).with_name("prefect"))
-        self.spawn([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(self.port)], self.env(), port=self.port)
+        self.spawn(
+            [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(self.port)], self.env(), port=self.port
+        )
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + PREFECT_READY_TIMEOUT_S
@@ -148,10 +151,15 @@ class RedisServer(Child):
     def start(self) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
-            raise ConfigError("--gateways N needs redis-server to share quotas between the gateways; install it "
-                              "(Debian: apt-get install redis-server) or run one gateway")  # fmt: skip
-        self.spawn([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                   dict(os.environ), port=self.port)  # fmt: skip
+            raise ConfigError(
+                "--gateways N needs redis-server to share quotas between the gateways; install it "
+                "(Debian: apt-get install redis-server) or run one gateway"
+            )
+        self.spawn(
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            dict(os.environ),
+            port=self.port,
+        )
 
     def wait_ready(self, timeout_s: float = 10.0) -> None:
         import redis
@@ -275,8 +283,11 @@ def running_fleet(
             prefect.wait_ready()
             step("registering the rollout and rollback deployments (fleet flows serve)")
             flows.start(prefect)
-        yield {"key": key, "prefect": prefect.url if settings.with_prefect else "",
-               "redis": redis.url if settings.gateways > 1 else ""}  # fmt: skip
+        yield {
+            "key": key,
+            "prefect": prefect.url if settings.with_prefect else "",
+            "redis": redis.url if settings.gateways > 1 else "",
+        }
     finally:
         flows.stop()
         runtime.stop_all()
@@ -284,8 +295,13 @@ def running_fleet(
         redis.stop()
 
 
-def serve_gateway(app: object, port: int, on_ready: Callable[[], None], host: str = "127.0.0.1",
-                  sockets: list[socket.socket] | None = None) -> None:  # fmt: skip
+def serve_gateway(
+    app: object,
+    port: int,
+    on_ready: Callable[[], None],
+    host: str = "127.0.0.1",
+    sockets: list[socket.socket] | None = None,
+) -> None:
     """Run the gateway until Ctrl-C / SIGTERM; ``on_ready`` once it accepts requests.
 
     ``sockets``: listen on these (a worker's, handed over by ``fleet.gateway.workers``)
@@ -293,11 +309,21 @@ def serve_gateway(app: object, port: int, on_ready: Callable[[], None], host: st
     import uvicorn
     import uvloop
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                          loop="none", http="httptools", timeout_graceful_shutdown=10,
-                                          # X-Forwarded-For from 127.0.0.1 only (uvicorn's default trust):
-                                          # no proxy the gateway runs behind is that, so it only cost CPU
-                                          proxy_headers=False))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            loop="none",
+            http="httptools",
+            timeout_graceful_shutdown=10,
+            # X-Forwarded-For from 127.0.0.1 only (uvicorn's default trust):
+            # no proxy the gateway runs behind is that, so it only cost CPU
+            proxy_headers=False,
+        )
+    )
 
     async def orphaned(parent: int) -> None:
         while not server.should_exit:

@@ -156,7 +156,13 @@ class UsageHour(_Record):
 
     @model_validator(mode="after")
     def _whole_utc_hour(self) -> UsageHour:
-        if self.hour.tzinfo is None or self.hour.utcoffset() != timedelta(0) or self.hour.minute or self.hour.second or self.hour.microsecond:
+        if (
+            self.hour.tzinfo is None
+            or self.hour.utcoffset() != timedelta(0)
+            or self.hour.minute
+            or self.hour.second
+            or self.hour.microsecond
+        ):
             raise ValueError("hour must be the start of a UTC hour, e.g. 2026-12-01T14:00:00Z")
         return self
 
@@ -196,11 +202,17 @@ class UsageMeter:
         max_gap_s: float = MAX_GAP_S,
     ) -> None:
         if not isinstance(gateway_id, str) or not _GATEWAY_ID.fullmatch(gateway_id):
-            raise InvalidInput(f"gateway id {gateway_id!r} cannot name a usage file; expected letters, digits, '.', '_' or '-'")
+            raise InvalidInput(
+                f"gateway id {gateway_id!r} cannot name a usage file; expected letters, digits, '.', '_' or '-'"
+            )
         self.store, self.gateway_id, self.flush_s, self.max_gap_s = store, gateway_id, flush_s, max_gap_s
         self._prices, self._clock = prices, clock
-        self._traffic: dict[int, dict[tuple[str, str, str], list]] = {}  # hour → (tenant, model, version) → [requests, rows, upstream s]
-        self._replica: dict[int, dict[tuple[str, str], list[float]]] = {}  # hour → (model, version) → replica-s per minute
+        self._traffic: dict[
+            int, dict[tuple[str, str, str], list]
+        ] = {}  # hour → (tenant, model, version) → [requests, rows, upstream s]
+        self._replica: dict[
+            int, dict[tuple[str, str], list[float]]
+        ] = {}  # hour → (model, version) → replica-s per minute
         self._cur: dict[tuple[str, str, str], list] = {}  # the hour ``served`` counts into
         self._cur_start, self._cur_end = -math.inf, -math.inf
         self._last_sample: float | None = None
@@ -300,8 +312,10 @@ class UsageMeter:
                 if hour <= current - 2 * HOUR_S:
                     self._let_go(hour)
             if self.invalid_upstream:
-                log.warning("%d answered requests had an upstream time that is not a number of seconds; "
-                            "counted with 0 s", self.invalid_upstream)  # fmt: skip
+                log.warning(
+                    "%d answered requests had an upstream time that is not a number of seconds; counted with 0 s",
+                    self.invalid_upstream,
+                )
             return written
 
     def record(self, hour: int) -> UsageHour:
@@ -311,12 +325,17 @@ class UsageMeter:
         versions = sorted({(m, v) for _, m, v in traffic} | set(replica))
         prices = {m: self._price_record(m) for m in {m for m, _ in versions}}
         return UsageHour(
-            hour=_utc(hour), gateway=self.gateway_id,
-            traffic=[TrafficRecord(tenant=t, model=m, version=v, requests=c[0], rows=c[1], upstream_s=c[2], tokens=c[3])
-                     for (t, m, v), c in sorted(traffic.items())],
-            versions=[VersionRecord(model=m, version=v, replica_s_by_minute=replica.get((m, v)), price=prices[m])
-                      for m, v in versions],
-        )  # fmt: skip
+            hour=_utc(hour),
+            gateway=self.gateway_id,
+            traffic=[
+                TrafficRecord(tenant=t, model=m, version=v, requests=c[0], rows=c[1], upstream_s=c[2], tokens=c[3])
+                for (t, m, v), c in sorted(traffic.items())
+            ],
+            versions=[
+                VersionRecord(model=m, version=v, replica_s_by_minute=replica.get((m, v)), price=prices[m])
+                for m, v in versions
+            ],
+        )
 
     def _let_go(self, hour: int) -> None:
         with self._lock:
@@ -339,7 +358,9 @@ class UsageMeter:
         p = self.price(model)
         if p is None or not math.isfinite(p.usd_per_replica_hour) or p.usd_per_replica_hour < 0:
             return UNKNOWN_PRICE
-        return PriceRecord(usd_per_replica_hour=p.usd_per_replica_hour, instance=p.instance, source=p.source or "unnamed")
+        return PriceRecord(
+            usd_per_replica_hour=p.usd_per_replica_hour, instance=p.instance, source=p.source or "unnamed"
+        )
 
     def start(self) -> None:
         """Flush every ``flush_s`` seconds in a daemon thread until ``close``."""
@@ -390,9 +411,15 @@ class _UsageCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         traffic, replica = self._meter.totals()
         labels = ["tenant", "model", "version"]
-        requests = CounterMetricFamily("fleet_usage_requests", "Requests answered, by tenant and version", labels=labels)
-        rows = CounterMetricFamily("fleet_usage_rows", "Inference rows answered (the first dimension of each input)", labels=labels)
-        upstream = CounterMetricFamily("fleet_usage_upstream_seconds", "Seconds spent in the model service", labels=labels)
+        requests = CounterMetricFamily(
+            "fleet_usage_requests", "Requests answered, by tenant and version", labels=labels
+        )
+        rows = CounterMetricFamily(
+            "fleet_usage_rows", "Inference rows answered (the first dimension of each input)", labels=labels
+        )
+        upstream = CounterMetricFamily(
+            "fleet_usage_upstream_seconds", "Seconds spent in the model service", labels=labels
+        )
         tokens = CounterMetricFamily("fleet_usage_tokens", "Generation: prompt and completion tokens", labels=labels)
         for key, (n, r, s, k) in sorted(traffic.items()):
             requests.add_metric(list(key), n)
@@ -400,11 +427,16 @@ class _UsageCollector(Collector):
             upstream.add_metric(list(key), s)
             if k:
                 tokens.add_metric(list(key), k)
-        replica_s = CounterMetricFamily("fleet_version_replica_seconds",
-                                        "Replica-seconds of a version as this gateway sampled its replica count",
-                                        labels=["model", "version"])  # fmt: skip
-        price = GaugeMetricFamily("fleet_version_price_usd_per_replica_hour",
-                                  "The placement's price of one replica-hour (absent when unknown)", labels=["model", "version"])  # fmt: skip
+        replica_s = CounterMetricFamily(
+            "fleet_version_replica_seconds",
+            "Replica-seconds of a version as this gateway sampled its replica count",
+            labels=["model", "version"],
+        )
+        price = GaugeMetricFamily(
+            "fleet_version_price_usd_per_replica_hour",
+            "The placement's price of one replica-hour (absent when unknown)",
+            labels=["model", "version"],
+        )
         versions = sorted(set(replica) | {(m, v) for _, m, v in traffic})
         for key in versions:
             replica_s.add_metric(list(key), replica.get(key, 0.0))
@@ -433,8 +465,10 @@ def prices_from_plan(result: Plan, pools: Sequence[NodePool], where: str) -> dic
     for m, cost in zip(result.models, inference_costs(result, pools), strict=True):
         group = groups[m.node_group]
         share = cost.replica_usd_per_hour / group.hourly_usd if group.hourly_usd else 0.0
-        source = (f"placement: {share:.4g} of a {m.instance_type} node per replica at {where}: "
-                  f"{STACK_POOLS_KEY}[{m.pool}].hourly_usd {group.hourly_usd:g}")  # fmt: skip
+        source = (
+            f"placement: {share:.4g} of a {m.instance_type} node per replica at {where}: "
+            f"{STACK_POOLS_KEY}[{m.pool}].hourly_usd {group.hourly_usd:g}"
+        )
         out[m.model] = Price(cost.replica_usd_per_hour, m.instance_type, source)
     return out
 
@@ -510,11 +544,14 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "since": self.since.isoformat(), "until": self.until.isoformat(),
+            "since": self.since.isoformat(),
+            "until": self.until.isoformat(),
             "inference": "one input row (the first dimension of a request's input)",
-            "versions": [v.to_dict() for v in self.versions], "tenants": [t.to_dict() for t in self.tenants],
-            "files": self.files, "skipped": [{"key": b.key, "reason": b.reason} for b in self.skipped],
-        }  # fmt: skip
+            "versions": [v.to_dict() for v in self.versions],
+            "tenants": [t.to_dict() for t in self.tenants],
+            "files": self.files,
+            "skipped": [{"key": b.key, "reason": b.reason} for b in self.skipped],
+        }
 
 
 def _per_1k(usd: float | None, rows: int) -> float | None:
@@ -544,8 +581,11 @@ def _read_hours(store: ObjectStore, first: int, until: float) -> tuple[list[Usag
         bad += unreadable
         for key, rec in good.items():
             if key != hour_key(rec.hour, rec.gateway):
-                found = records.BadRecord(key, f"{key!r} holds the usage of gateway {rec.gateway!r} for hour "
-                                               f"{rec.hour:{_HOUR_FMT}}", UsageHour.__name__)  # fmt: skip
+                found = records.BadRecord(
+                    key,
+                    f"{key!r} holds the usage of gateway {rec.gateway!r} for hour {rec.hour:{_HOUR_FMT}}",
+                    UsageHour.__name__,
+                )
                 records.report(found)
                 bad.append(found)
             else:
@@ -581,11 +621,15 @@ def rollup(
                 continue
             h = hours.setdefault((v.model, v.version), {}).setdefault(f.hour, [None, UNKNOWN_PRICE, False])
             if v.replica_s_by_minute is not None:
-                h[0] = v.replica_s_by_minute if h[0] is None else [max(a, b) for a, b in zip(h[0], v.replica_s_by_minute, strict=True)]
+                h[0] = (
+                    v.replica_s_by_minute
+                    if h[0] is None
+                    else [max(a, b) for a, b in zip(h[0], v.replica_s_by_minute, strict=True)]
+                )
             if v.price.known and (not h[1].known or v.price.usd_per_replica_hour > h[1].usd_per_replica_hour):
                 h[1] = v.price  # gateways that disagree: the highest price, so cost is never understated
     per_version: dict[tuple[str, str], list] = {}
-    for (t, m, v), c in traffic.items():
+    for (_tenant, m, v), c in traffic.items():
         total = per_version.setdefault((m, v), [0, 0, 0.0, 0])
         for i in range(4):
             total[i] += c[i]
@@ -605,19 +649,47 @@ def rollup(
                 usd = None if not price.known else usd + seconds / HOUR_S * price.usd_per_replica_hour
         requests, rows, upstream_s, tokens = per_version.get(key, (0, 0, 0.0, 0))
         latest = hours[key][max(hours[key])][1]
-        versions.append(VersionUsage(key[0], key[1], requests, rows, upstream_s, replica_s, usd, _per_1k(usd, rows), latest,
-                                     tokens, _per_1k(usd, tokens)))  # fmt: skip
+        versions.append(
+            VersionUsage(
+                key[0],
+                key[1],
+                requests,
+                rows,
+                upstream_s,
+                replica_s,
+                usd,
+                _per_1k(usd, rows),
+                latest,
+                tokens,
+                _per_1k(usd, tokens),
+            )
+        )
     by_version = {(v.model, v.version): v for v in versions}
     tenants = []
-    for (t, m, v), (requests, rows, upstream_s, tokens) in sorted(traffic.items(), key=lambda i: (_version_order(i[0][1:]), i[0][0])):
+    for (t, m, v), (requests, rows, upstream_s, tokens) in sorted(
+        traffic.items(), key=lambda i: (_version_order(i[0][1:]), i[0][0])
+    ):
         if tenant is not None and t != tenant:
             continue
         ver = by_version[m, v]
         share = upstream_s / ver.upstream_s if ver.upstream_s > 0 else None
         usd = None if share is None or ver.usd is None else share * ver.usd
-        tenants.append(TenantUsage(t, m, v, requests, rows, upstream_s, share,
-                                   None if share is None else share * ver.replica_s, usd, _per_1k(usd, rows),
-                                   tokens, _per_1k(usd, tokens)))  # fmt: skip
+        tenants.append(
+            TenantUsage(
+                t,
+                m,
+                v,
+                requests,
+                rows,
+                upstream_s,
+                share,
+                None if share is None else share * ver.replica_s,
+                usd,
+                _per_1k(usd, rows),
+                tokens,
+                _per_1k(usd, tokens),
+            )
+        )
     return Report(_utc(first), until, tuple(versions), tuple(tenants), len(files), tuple(bad))
 
 
@@ -638,12 +710,15 @@ def read_prices(path: Path) -> dict[str, Price]:
 
     try:
         raw = json.loads(path.read_text())
-        return {str(m): Price(float(p["usd_per_replica_hour"]), str(p["instance"]), str(p["source"]))
-                for m, p in raw.items()
-                if math.isfinite(float(p["usd_per_replica_hour"])) and float(p["usd_per_replica_hour"]) >= 0}  # fmt: skip
+        return {
+            str(m): Price(float(p["usd_per_replica_hour"]), str(p["instance"]), str(p["source"]))
+            for m, p in raw.items()
+            if math.isfinite(float(p["usd_per_replica_hour"])) and float(p["usd_per_replica_hour"]) >= 0
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"{path}: not a price file ({exc}); expected JSON {{model: {{usd_per_replica_hour, "
-                          "instance, source}}}}") from None  # fmt: skip
+        raise ConfigError(
+            f"{path}: not a price file ({exc}); expected JSON {{model: {{usd_per_replica_hour, instance, source}}}}}}}}"
+        ) from None
 
 
 def gateway_prices(policies: Path) -> tuple[dict[str, Price], str]:

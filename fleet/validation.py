@@ -152,9 +152,7 @@ def _describe(tp: Any, meta: list) -> str:
     for m in meta:
         if isinstance(m, _Says):
             return str(m)
-    bounds = " and ".join(
-        f"{op} {getattr(m, key):g}" for m in meta for cls, op, key in _BOUNDS if isinstance(m, cls)
-    )
+    bounds = " and ".join(f"{op} {getattr(m, key):g}" for m in meta for cls, op, key in _BOUNDS if isinstance(m, cls))
     non_empty = "non-empty " if any(isinstance(m, at.MinLen) and m.min_length for m in meta) else ""
     origin, args = get_origin(tp), get_args(tp)
     if origin in (Union, types.UnionType):

@@ -25,7 +25,9 @@ def fleet_context() -> FleetContext:
     from fleet.store import open_store
 
     store = open_store()
-    return FleetContext(store, load_policies(policies_path()), packaged_runtime(policies_path()), open_metrics(store=store))
+    return FleetContext(
+        store, load_policies(policies_path()), packaged_runtime(policies_path()), open_metrics(store=store)
+    )
 
 
 def run_id() -> str:
@@ -38,6 +40,8 @@ def emit(event: str, payload: dict[str, Any]) -> None:
     """A Prefect event about a model (``fleet.rollout.*``, ``fleet.monitor.*``)."""
     from prefect.events import emit_event
 
-    resource = {"prefect.resource.id": f"fleet.model.{payload.get('model', 'unknown')}",
-                "prefect.resource.name": str(payload.get("model", ""))}  # fmt: skip
+    resource = {
+        "prefect.resource.id": f"fleet.model.{payload.get('model', 'unknown')}",
+        "prefect.resource.name": str(payload.get("model", "")),
+    }
     emit_event(event=event, resource=resource, payload=payload)

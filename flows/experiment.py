@@ -29,10 +29,20 @@ from fleet import audit, gateways, leases, records, sequential
 from fleet.drift.render import svg_data_uri
 from fleet.errors import Conflict, InvalidInput
 from fleet.experiment import (
-    ExperimentState, Tick, arm_stats, decide, duration_of, effect_svg, interval, split_of, state_key, thinned,
+    ExperimentState,
+    Tick,
+    arm_stats,
+    decide,
+    duration_of,
+    effect_svg,
+    interval,
+    split_of,
+    state_key,
+    thinned,
 )
 from fleet.metrics import MetricsUnavailable, empty_window, sum_windows
-from fleet.registry import Registry, State as VersionState
+from fleet.registry import Registry
+from fleet.registry import State as VersionState
 from fleet.rollout import LEASE_TTL, READ_SLACK_S, _window, lease_key
 from fleet.router import Router
 from flows._context import emit, fleet_context, run_id
@@ -45,8 +55,17 @@ def stop_key(model: str) -> str:
 
 
 @flow(name="experiment", flow_run_name="experiment {model}")
-def experiment(model: str, arms: list[str], split: str = "50/50", metric: str = "accuracy", min_effect: float = 0.01,
-               max_duration: str = "7d", promote: bool = False, alpha: float = 0.05, tick_s: float = 30.0) -> State:  # fmt: skip
+def experiment(
+    model: str,
+    arms: list[str],
+    split: str = "50/50",
+    metric: str = "accuracy",
+    min_effect: float = 0.01,
+    max_duration: str = "7d",
+    promote: bool = False,
+    alpha: float = 0.05,
+    tick_s: float = 30.0,
+) -> State:
     """Compare ``arms`` (the stable first) on ``metric`` until a decision; see the module."""
     logger = get_run_logger()
     ctx = fleet_context()
@@ -61,17 +80,38 @@ def experiment(model: str, arms: list[str], split: str = "50/50", metric: str = 
             store.delete(stop_key(model))  # an old stop request is not this run's
             ctx.runtime.deploy(model, b)  # ready before it gets traffic
             lease.check()
-            state = ExperimentState(model=model, arms=(a, b), split=shares, metric=metric, min_effect=min_effect,
-                                    span=span, alpha=alpha, max_duration_s=max_s, promote=promote, run_id=run_id(),
-                                    started_at=audit.now(), ticked_at=math.ceil(time.time()))  # fmt: skip
+            state = ExperimentState(
+                model=model,
+                arms=(a, b),
+                split=shares,
+                metric=metric,
+                min_effect=min_effect,
+                span=span,
+                alpha=alpha,
+                max_duration_s=max_s,
+                promote=promote,
+                run_id=run_id(),
+                started_at=audit.now(),
+                ticked_at=math.ceil(time.time()),
+            )
             try:
                 router.set(model, canary=b, weight=shares[1], why=f"experiment {a} vs {b} on {metric}", who=who)
                 gateways.notify(store)
                 _save(store, state)
-                emit("fleet.experiment.started", {"model": model, "arms": [a, b], "metric": metric,
-                                                  "split": list(shares)})  # fmt: skip
-                logger.info("experiment on %s: %s %g%% vs %s %g%% on %s, min effect %g", model, a, shares[0], b,
-                            shares[1], metric, min_effect)  # fmt: skip
+                emit(
+                    "fleet.experiment.started",
+                    {"model": model, "arms": [a, b], "metric": metric, "split": list(shares)},
+                )
+                logger.info(
+                    "experiment on %s: %s %g%% vs %s %g%% on %s, min effect %g",
+                    model,
+                    a,
+                    shares[0],
+                    b,
+                    shares[1],
+                    metric,
+                    min_effect,
+                )
                 while state.status == "running":
                     time.sleep(tick_s)
                     lease.check()
@@ -81,14 +121,20 @@ def experiment(model: str, arms: list[str], split: str = "50/50", metric: str = 
                         logger.warning("this look is skipped: %s", exc)
                         if time.time() < state.started_at.timestamp() + state.max_duration_s:
                             continue
-                        state = state.model_copy(update={"status": "out_of_time",
-                                                         "summary": f"out of time; the last look failed: {exc}"})  # fmt: skip
+                        state = state.model_copy(
+                            update={"status": "out_of_time", "summary": f"out of time; the last look failed: {exc}"}
+                        )
                     _save(store, state)
                     _report(state)
                     logger.info("%s", state.summary)
             except BaseException as exc:  # an error (or a cancel) ends it too: recorded, and the split removed below
-                state = state.model_copy(update={"status": "stopped", "winner": None,
-                                                 "summary": f"stopped by an error: {type(exc).__name__}: {exc}"})  # fmt: skip
+                state = state.model_copy(
+                    update={
+                        "status": "stopped",
+                        "winner": None,
+                        "summary": f"stopped by an error: {type(exc).__name__}: {exc}",
+                    }
+                )
                 _save(store, state)
                 raise
             finally:
@@ -121,8 +167,14 @@ def _holds(lease: leases.Lease) -> bool:
     return True
 
 
-def _check(ctx, model: str, arms: list[str], metric: str, min_effect: float,  # noqa: ANN001
-           alpha: float) -> tuple[str, str, float]:  # fmt: skip
+def _check(
+    ctx,
+    model: str,
+    arms: list[str],
+    metric: str,
+    min_effect: float,  # noqa: ANN001
+    alpha: float,
+) -> tuple[str, str, float]:
     """Refuse, before anything changes, what cannot be run; return (A, B, the metric's range)."""
     if len(arms) != 2 or arms[0] == arms[1]:
         raise InvalidInput(f"arms {arms}; expected two different versions: the stable first, then the one to compare")
@@ -139,17 +191,23 @@ def _check(ctx, model: str, arms: list[str], metric: str, min_effect: float,  # 
     declared = sorted(spec.outcomes) if spec else []
     if metric == "accuracy":
         if spec is not None and spec.generative:
-            raise InvalidInput(f"{model} is generative: accuracy needs classes; expected an outcome: {declared or 'none declared'}")
+            raise InvalidInput(
+                f"{model} is generative: accuracy needs classes; expected an outcome: {declared or 'none declared'}"
+            )
         span = 1.0
     elif metric not in declared:
-        raise InvalidInput(f"metric {metric!r} is not accuracy or an outcome of {model}; declared outcomes: "
-                           f"{', '.join(declared) or 'none (add them under the model outcomes: in its policy)'}")  # fmt: skip
+        raise InvalidInput(
+            f"metric {metric!r} is not accuracy or an outcome of {model}; declared outcomes: "
+            f"{', '.join(declared) or 'none (add them under the model outcomes: in its policy)'}"
+        )
     else:
         bounds = spec.outcomes[metric]  # type: ignore[union-attr]
         if bounds.min is None or bounds.max is None or bounds.max <= bounds.min:
-            raise InvalidInput(f"outcome {metric} of {model} has no range (min {bounds.min}, max {bounds.max}); an "
-                               "experiment compares bounded outcomes: declare min and max in its policy (a few "
-                               "tenants' extreme values must not decide it)")  # fmt: skip
+            raise InvalidInput(
+                f"outcome {metric} of {model} has no range (min {bounds.min}, max {bounds.max}); an "
+                "experiment compares bounded outcomes: declare min and max in its policy (a few "
+                "tenants' extreme values must not decide it)"
+            )
         span = bounds.max - bounds.min
     if not 0 < alpha < 0.5 or min_effect <= 0:
         raise InvalidInput(f"alpha {alpha} and min_effect {min_effect}; expected 0 < alpha < 0.5 and min_effect > 0")
@@ -177,10 +235,25 @@ def tick(ctx, state: ExperimentState, now: float | None = None) -> ExperimentSta
     elif records.exists(ctx.store, stop_key(model)):  # a stop asked for wins over a decision of the same look
         asked = ctx.store.get(stop_key(model)).data.decode(errors="replace")[:200]
         status, winner, summary = "stopped", None, f"stopped by {asked}: {decision.summary}"
-    point = Tick(at=now, n=(stats_a.n, stats_b.n), mean=(_finite(stats_a.mean), _finite(stats_b.mean)),
-                 diff=found.diff if found else None, lo=found.lo if found else None, hi=found.hi if found else None)  # fmt: skip
-    return state.model_copy(update={"status": status, "winner": winner, "summary": summary, "ticked_at": read_upto,
-                                    "served": served, "evidence": evidence, "ticks": thinned([*state.ticks, point])})  # fmt: skip
+    point = Tick(
+        at=now,
+        n=(stats_a.n, stats_b.n),
+        mean=(_finite(stats_a.mean), _finite(stats_b.mean)),
+        diff=found.diff if found else None,
+        lo=found.lo if found else None,
+        hi=found.hi if found else None,
+    )
+    return state.model_copy(
+        update={
+            "status": status,
+            "winner": winner,
+            "summary": summary,
+            "ticked_at": read_upto,
+            "served": served,
+            "evidence": evidence,
+            "ticks": thinned([*state.ticks, point]),
+        }
+    )
 
 
 def _finite(x: float) -> float:
@@ -218,11 +291,18 @@ def _guardrails(ctx, state: ExperimentState, now: float) -> tuple[list, dict, di
     else:
         tick_a = ctx.metrics.window(model, a, since, upto - READ_SLACK_S)
         tick_b = ctx.metrics.window(model, b, since, upto - READ_SLACK_S)
-    totals = {"a": sum_windows([*([_window(state.served["a"])] if "a" in state.served else []), tick_a], model, a, since, now),
-              "b": sum_windows([*([_window(state.served["b"])] if "b" in state.served else []), tick_b], model, b, since, now)}  # fmt: skip
+    totals = {
+        "a": sum_windows(
+            [*([_window(state.served["a"])] if "a" in state.served else []), tick_a], model, a, since, now
+        ),
+        "b": sum_windows(
+            [*([_window(state.served["b"])] if "b" in state.served else []), tick_b], model, b, since, now
+        ),
+    }
     arms = sequential.Arms(tick_b, tick_a, totals["b"], totals["a"], totals["b"], totals["a"])
-    results, evidence = sequential.guardrails(arms, ctx.policies.rollout_for(model),
-                                              sequential.Evidence.from_dict(state.evidence))  # fmt: skip
+    results, evidence = sequential.guardrails(
+        arms, ctx.policies.rollout_for(model), sequential.Evidence.from_dict(state.evidence)
+    )
     from dataclasses import asdict
 
     breaches = [g for g in results if g.status == "breach"]
@@ -236,19 +316,32 @@ def _save(store, state: ExperimentState) -> None:  # noqa: ANN001
 def _report(state: ExperimentState) -> None:
     a, b = state.arms
     last = state.ticks[-1] if state.ticks else None
-    lines = [f"# Experiment on {state.model}: {a} vs {b} — {state.status}", "",
-             f"**{state.summary}**", "",
-             f"Metric {state.metric}, split {state.split[0]:g}/{state.split[1]:g}, minimum effect {state.min_effect:g}, "
-             f"alpha {state.alpha:g}, started {state.started_at:%Y-%m-%d %H:%M:%S} UTC.", ""]  # fmt: skip
+    lines = [
+        f"# Experiment on {state.model}: {a} vs {b} — {state.status}",
+        "",
+        f"**{state.summary}**",
+        "",
+        f"Metric {state.metric}, split {state.split[0]:g}/{state.split[1]:g}, minimum effect {state.min_effect:g}, "
+        f"alpha {state.alpha:g}, started {state.started_at:%Y-%m-%d %H:%M:%S} UTC.",
+        "",
+    ]
     if last is not None:
-        lines += ["| arm | outcomes | mean |", "|---|---|---|",
-                  f"| {a} (A) | {last.n[0]} | {last.mean[0]:.4g} |", f"| {b} (B) | {last.n[1]} | {last.mean[1]:.4g} |", ""]  # fmt: skip
+        lines += [
+            "| arm | outcomes | mean |",
+            "|---|---|---|",
+            f"| {a} (A) | {last.n[0]} | {last.mean[0]:.4g} |",
+            f"| {b} (B) | {last.n[1]} | {last.mean[1]:.4g} |",
+            "",
+        ]
         if last.diff is not None:
             lines += [f"B - A = {last.diff:+.4g}, always-valid interval [{last.lo:+.4g}, {last.hi:+.4g}]", ""]
     svg = effect_svg(state.ticks, state.arms, state.metric, state.min_effect)
     lines.append(f"![effect over time]({svg_data_uri(svg)})")
-    create_markdown_artifact(key=f"experiment-{state.model}", markdown="\n".join(lines),
-                             description=f"{state.model}: {a} vs {b} on {state.metric}, {state.status}")  # fmt: skip
+    create_markdown_artifact(
+        key=f"experiment-{state.model}",
+        markdown="\n".join(lines),
+        description=f"{state.model}: {a} vs {b} on {state.metric}, {state.status}",
+    )
 
 
 def load(store, model: str) -> ExperimentState | None:  # noqa: ANN001

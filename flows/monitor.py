@@ -20,8 +20,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed, State
 
-from fleet.errors import NotFound
 from fleet.drift import concept_drift, drift_markdown, drift_report, drift_svg, svg_data_uri
+from fleet.errors import NotFound
 from fleet.feedback import labelled
 from fleet.monitoring import Decision, decide
 from fleet.quality import build_expectations, quality_markdown, quality_table, validate
@@ -56,10 +56,14 @@ def read(store: ObjectStore, model: str, version: str, hours: float) -> Any:  # 
 
 @task(name="data quality", cache_policy=NO_CACHE)
 def check_quality(frame: Any, manifest: Any, policy: Any) -> Any:  # noqa: ANN401
-    result = validate(frame, build_expectations(manifest.inputs, manifest.baseline_profile, policy.quality),
-                      name=f"{manifest.ref} inference log")  # fmt: skip
-    create_table_artifact(key=f"quality-{manifest.model}", table=quality_table(result),
-                          description=quality_markdown(result))  # fmt: skip
+    result = validate(
+        frame,
+        build_expectations(manifest.inputs, manifest.baseline_profile, policy.quality),
+        name=f"{manifest.ref} inference log",
+    )
+    create_table_artifact(
+        key=f"quality-{manifest.model}", table=quality_table(result), description=quality_markdown(result)
+    )
     return result
 
 
@@ -78,8 +82,13 @@ def check_drift(frame: Any, manifest: Any, policy: Any) -> tuple[Any, Any]:  # n
 
 
 @flow(name="monitor", flow_run_name="monitor {model}")
-def monitor(model: str, window_hours: float | None = None, retrain: bool = True, retrain_overrides: dict | None = None,
-            cooldown: bool = True) -> State:  # fmt: skip
+def monitor(
+    model: str,
+    window_hours: float | None = None,
+    retrain: bool = True,
+    retrain_overrides: dict | None = None,
+    cooldown: bool = True,
+) -> State:
     """Judge the recent traffic of ``model``'s stable version; alert, retrain, or report all is well.
 
     ``cooldown=False`` ignores the policy's retrain cooldown (a rehearsal, ``fleet demo``).
@@ -90,8 +99,10 @@ def monitor(model: str, window_hours: float | None = None, retrain: bool = True,
     if ctx.policies.model(model).generative:
         # its log rows are lengths, times and digests, not features: the rollout's generation
         # gates and exact-match feedback judge it; drift of prompts is not built
-        return Completed(message=f"{model} is generative: drift and data-quality monitoring judge tensor inputs "
-                                 "only; its versions are judged by the rollout's generation and exact_match gates")  # fmt: skip
+        return Completed(
+            message=f"{model} is generative: drift and data-quality monitoring judge tensor inputs "
+            "only; its versions are judged by the rollout's generation and exact_match gates"
+        )
     table = Router(ctx.store).get(model)
     if table.stable is None:
         return Completed(message=f"{model} has no stable version; nothing to monitor")
@@ -109,8 +120,10 @@ def monitor(model: str, window_hours: float | None = None, retrain: bool = True,
     _store_report(ctx.store, model, manifest.version, hours, len(frame), quality, report, concept, decision)
     logger.info("%s:%s over %g h (%d rows): %s", model, manifest.version, hours, len(frame), decision.summary)
     event = {"alert": "bad-data", "retrain": "drift"}.get(decision.action, decision.action)
-    emit(f"fleet.monitor.{event}", {"model": model, "version": manifest.version, "decision": decision.action,
-                                    "reasons": list(decision.reasons)})  # fmt: skip
+    emit(
+        f"fleet.monitor.{event}",
+        {"model": model, "version": manifest.version, "decision": decision.action, "reasons": list(decision.reasons)},
+    )
     if decision.action == "alert":
         return Failed(message=f"{model}:{manifest.version} {decision.summary}")
     if decision.action == "retrain" and retrain:
@@ -136,22 +149,39 @@ def _start_retrain(model: str, reason: str, overrides: dict) -> str:
     return f"{state.type.value.lower()}: {state.message}"
 
 
-def _store_report(store: ObjectStore, model: str, version: str, hours: float, rows: int, quality: Any, report: Any,
-                  concept: Any, decision: Decision) -> None:  # noqa: ANN401  # fmt: skip
+def _store_report(
+    store: ObjectStore,
+    model: str,
+    version: str,
+    hours: float,
+    rows: int,
+    quality: Any,
+    report: Any,
+    concept: Any,
+    decision: Decision,
+) -> None:  # noqa: ANN401
     now = datetime.now(UTC)
-    body = {"model": model, "version": version, "at": now.isoformat(), "window_hours": hours, "rows": rows,
-            "decision": {"action": decision.action, "reasons": list(decision.reasons)},
-            "quality": quality.model_dump(mode="json") if quality else None,
-            "drift": report.model_dump(mode="json") if report else None,
-            "concept": concept.model_dump(mode="json") if concept else None}  # fmt: skip
-    store.put(f"reports/{model}/monitor/{now:%Y/%m/%d}/{now:%H%M%S}-{run_id()[:8]}.json", json.dumps(body, indent=2).encode())
+    body = {
+        "model": model,
+        "version": version,
+        "at": now.isoformat(),
+        "window_hours": hours,
+        "rows": rows,
+        "decision": {"action": decision.action, "reasons": list(decision.reasons)},
+        "quality": quality.model_dump(mode="json") if quality else None,
+        "drift": report.model_dump(mode="json") if report else None,
+        "concept": concept.model_dump(mode="json") if concept else None,
+    }
+    store.put(
+        f"reports/{model}/monitor/{now:%Y/%m/%d}/{now:%H%M%S}-{run_id()[:8]}.json", json.dumps(body, indent=2).encode()
+    )
 
 
 def deployments() -> list:
     """A scheduled monitor per model that has a registered version (cron from its policy), and retrain."""
+    from fleet.runtime.packaged import policies_path
     from fleet.spec import load_policies
     from fleet.store import open_store
-    from fleet.runtime.packaged import policies_path
     from flows.retrain import retrain
 
     policies, store = load_policies(policies_path()), open_store()
@@ -160,7 +190,14 @@ def deployments() -> list:
     for name in sorted(policies.models):
         if registry.versions(name):
             schedule = policies.monitoring_for(name).schedule
-            out.append(monitor.to_deployment(name=f"monitor-{name}", cron=schedule, parameters={"model": name},
-                                             description=f"Quality and drift of {name}", tags=["fleet"]))  # fmt: skip
+            out.append(
+                monitor.to_deployment(
+                    name=f"monitor-{name}",
+                    cron=schedule,
+                    parameters={"model": name},
+                    description=f"Quality and drift of {name}",
+                    tags=["fleet"],
+                )
+            )
     out.append(monitor.to_deployment(name="monitor", description="Quality and drift of a model", tags=["fleet"]))
     return out

@@ -64,8 +64,9 @@ def training_rows(store: ObjectStore, family: Any, champion: ModelVersion) -> tu
 
 
 @task(name="gather training data", cache_policy=NO_CACHE)
-def gather(store: ObjectStore, model: str, champion: ModelVersion, family: Any, window_hours: float,
-           min_feedback: int) -> tuple[Any, int]:  # noqa: ANN401  # fmt: skip
+def gather(
+    store: ObjectStore, model: str, champion: ModelVersion, family: Any, window_hours: float, min_feedback: int
+) -> tuple[Any, int]:  # noqa: ANN401
     import pandas as pd
 
     x0, y0 = training_rows(store, family, champion)
@@ -74,8 +75,10 @@ def gather(store: ObjectStore, model: str, champion: ModelVersion, family: Any, 
     window = labelled(store, model, end - timedelta(hours=window_hours), end)
     fb = window[window["label"].notna()] if len(window) else window
     if len(fb) < min_feedback:
-        raise GateFailed(f"only {len(fb)} labelled feedback rows in the last {window_hours:g} h; retraining needs "
-                         f"at least {min_feedback} (monitoring policy retrain.min_feedback_rows)")  # fmt: skip
+        raise GateFailed(
+            f"only {len(fb)} labelled feedback rows in the last {window_hours:g} h; retraining needs "
+            f"at least {min_feedback} (monitoring policy retrain.min_feedback_rows)"
+        )
     base = pd.DataFrame(x0, columns=names).assign(label=y0, source="registered")
     feedback = fb[names].astype("float64").assign(label=fb["label"].astype("int64"), source="feedback")
     return pd.concat([base, feedback], ignore_index=True), len(feedback)
@@ -87,8 +90,11 @@ def quality_gate(frame: Any, champion: ModelVersion, policy: Any) -> None:  # no
     were checked when they were registered and match their hash; mixed in, they would dilute
     a broken batch below every threshold."""
     new = frame[frame["source"] == "feedback"].drop(columns=["source", "label"])
-    result = validate(new, build_expectations(champion.inputs, champion.baseline_profile, policy.quality),
-                      name=f"labelled feedback for a retrain of {champion.model}")  # fmt: skip
+    result = validate(
+        new,
+        build_expectations(champion.inputs, champion.baseline_profile, policy.quality),
+        name=f"labelled feedback for a retrain of {champion.model}",
+    )
     create_markdown_artifact(key=f"retrain-quality-{champion.model}", markdown=quality_markdown(result))
     if not result.passed:
         failed = "; ".join(f"{o.expectation} on {o.column}: {o.observed}" for o in result.failures[:5])
@@ -96,9 +102,16 @@ def quality_gate(frame: Any, champion: ModelVersion, policy: Any) -> None:  # no
 
 
 @task(name="train and evaluate", cache_policy=NO_CACHE)
-def train_candidate(store: ObjectStore, frame: Any, family: Any, champion: ModelVersion,
-                    overrides: dict, out: Path, tolerance: float,
-                    cache_mib: float | None = None) -> tuple[Any, dict[str, float]]:  # noqa: ANN401  # fmt: skip
+def train_candidate(
+    store: ObjectStore,
+    frame: Any,
+    family: Any,
+    champion: ModelVersion,
+    overrides: dict,
+    out: Path,
+    tolerance: float,
+    cache_mib: float | None = None,
+) -> tuple[Any, dict[str, float]]:  # noqa: ANN401
     names = [c for c in frame.columns if c not in ("label", "source")]
     rng = np.random.default_rng(int(champion.artifact_sha256[:8], 16))
     holdout = np.zeros(len(frame), bool)
@@ -106,16 +119,27 @@ def train_candidate(store: ObjectStore, frame: Any, family: Any, champion: Model
         idx = rng.permutation(group.index.to_numpy())
         holdout[idx[: max(1, len(idx) // 5)]] = True
     x, y = frame[names].to_numpy(np.float32), frame["label"].to_numpy(np.int64)
-    base_config = family.train.TrainConfig(**{k: v for k, v in champion.hyperparameters.items()
-                                              if k in family.train.TrainConfig.__dataclass_fields__})  # fmt: skip
+    base_config = family.train.TrainConfig(
+        **{k: v for k, v in champion.hyperparameters.items() if k in family.train.TrainConfig.__dataclass_fields__}
+    )
     unknown = set(overrides) - set(family.train.TrainConfig.__dataclass_fields__)
     if unknown:
-        raise GateFailed(f"unknown hyperparameter(s) {sorted(unknown)}; known: {sorted(family.train.TrainConfig.__dataclass_fields__)}")
-    config = replace(base_config, **{"seed": base_config.seed + 1, "fault_error_rate": 0.0, "fault_latency_ms": 0.0,
-                                     **overrides})  # fmt: skip
+        raise GateFailed(
+            f"unknown hyperparameter(s) {sorted(unknown)}; known: {sorted(family.train.TrainConfig.__dataclass_fields__)}"
+        )
+    config = replace(
+        base_config, **{"seed": base_config.seed + 1, "fault_error_rate": 0.0, "fault_latency_ms": 0.0, **overrides}
+    )
     uri = "store://pending"
-    meta = family.train.fit(x[~holdout], y[~holdout], x[holdout], y[holdout], config, out,
-                            TrainingData(uri=uri, sha256=family.data.digest(x, y)))  # fmt: skip
+    meta = family.train.fit(
+        x[~holdout],
+        y[~holdout],
+        x[holdout],
+        y[holdout],
+        config,
+        out,
+        TrainingData(uri=uri, sha256=family.data.digest(x, y)),
+    )
     with artifact_cache(cache_mib).use(Registry(store), champion.model, champion.version) as champion_dir:
         champion_predictor = family.model.Predictor(champion_dir, device="cpu")  # its weights are in memory after this
     champion_proba = champion_predictor.predict_proba(x[holdout])
@@ -124,11 +148,14 @@ def train_candidate(store: ObjectStore, frame: Any, family: Any, champion: Model
     # shift its canary will show live, which the prediction gate must allow (that is the fix)
     recent = holdout & (frame["source"] == "feedback").to_numpy()
     champion_metrics["expected_prediction_psi"] = _score_psi(
-        family.model.Predictor(out, device="cpu").predict_proba(x[recent]), champion_predictor.predict_proba(x[recent]))
+        family.model.Predictor(out, device="cpu").predict_proba(x[recent]), champion_predictor.predict_proba(x[recent])
+    )
     if meta.metrics["accuracy"] < champion_metrics["accuracy"] - tolerance:
-        raise GateFailed(f"the candidate regresses: accuracy {meta.metrics['accuracy']:.4f} vs champion {champion.version} "
-                         f"{champion_metrics['accuracy']:.4f} on the same {int(holdout.sum())}-row holdout "
-                         f"(tolerance {tolerance:g}); nothing was registered")  # fmt: skip
+        raise GateFailed(
+            f"the candidate regresses: accuracy {meta.metrics['accuracy']:.4f} vs champion {champion.version} "
+            f"{champion_metrics['accuracy']:.4f} on the same {int(holdout.sum())}-row holdout "
+            f"(tolerance {tolerance:g}); nothing was registered"
+        )
     return meta, champion_metrics
 
 
@@ -158,8 +185,14 @@ def next_version(registry: Registry, model: str) -> str:
 
 
 @flow(name="retrain", flow_run_name="retrain {model}")
-def retrain(model: str, reason: str = "requested", hyperparameters: dict | None = None, rollout: bool = True,
-            window_hours: float | None = None, **rollout_overrides: Any) -> State:  # fmt: skip
+def retrain(
+    model: str,
+    reason: str = "requested",
+    hyperparameters: dict | None = None,
+    rollout: bool = True,
+    window_hours: float | None = None,
+    **rollout_overrides: Any,
+) -> State:
     """Train a new version of ``model`` on its training data plus feedback; roll it out if it is not worse.
 
     ``hyperparameters`` override the champion's (e.g. ``{"epochs": 40}``); ``rollout_overrides``
@@ -179,32 +212,55 @@ def retrain(model: str, reason: str = "requested", hyperparameters: dict | None 
     family = _family(spec.family)
     tolerance = ctx.policies.rollout_for(model).offline_tolerance
     try:
-        frame, feedback_rows = gather(ctx.store, model, champion, family, window_hours or policy.window_hours,
-                                      policy.retrain.min_feedback_rows)  # fmt: skip
+        frame, feedback_rows = gather(
+            ctx.store, model, champion, family, window_hours or policy.window_hours, policy.retrain.min_feedback_rows
+        )
         quality_gate(frame, champion, policy)
         with tempfile.TemporaryDirectory(prefix="fleet-retrain-") as tmp:
-            meta, champion_metrics = train_candidate(ctx.store, frame, family, champion, hyperparameters or {},
-                                                     Path(tmp) / "artifact", tolerance,
-                                                     ctx.policies.runtime.artifact_cache_mib)  # fmt: skip
+            meta, champion_metrics = train_candidate(
+                ctx.store,
+                frame,
+                family,
+                champion,
+                hyperparameters or {},
+                Path(tmp) / "artifact",
+                tolerance,
+                ctx.policies.runtime.artifact_cache_mib,
+            )
             version = next_version(registry, model)
             out = io.BytesIO()
             pq.write_table(pa.Table.from_pandas(frame.drop(columns=["source"]), preserve_index=False), out)
             ctx.store.put(dataset_key(model, version), out.getvalue(), if_none_match=True)
-            meta = meta.model_copy(update={
-                "parent_version": champion.version,
-                "training_data": TrainingData(uri=f"store://{dataset_key(model, version)}", sha256=meta.training_data.sha256),
-                "hyperparameters": {**meta.hyperparameters, "retrain_reason": reason, "feedback_rows": feedback_rows,
-                                    "rows": len(frame)},
-                "metrics": {**meta.metrics, "champion_accuracy": champion_metrics["accuracy"],
-                            "expected_prediction_psi": champion_metrics["expected_prediction_psi"]},
-                "description": f"{meta.description}; retrained from {champion.version}: {reason}",
-            })  # fmt: skip
+            meta = meta.model_copy(
+                update={
+                    "parent_version": champion.version,
+                    "training_data": TrainingData(
+                        uri=f"store://{dataset_key(model, version)}", sha256=meta.training_data.sha256
+                    ),
+                    "hyperparameters": {
+                        **meta.hyperparameters,
+                        "retrain_reason": reason,
+                        "feedback_rows": feedback_rows,
+                        "rows": len(frame),
+                    },
+                    "metrics": {
+                        **meta.metrics,
+                        "champion_accuracy": champion_metrics["accuracy"],
+                        "expected_prediction_psi": champion_metrics["expected_prediction_psi"],
+                    },
+                    "description": f"{meta.description}; retrained from {champion.version}: {reason}",
+                }
+            )
             registered = registry.register(model, version, Path(tmp) / "artifact", meta)
     except GateFailed as exc:
         emit("fleet.retrain.refused", {"model": model, "reason": str(exc)})
         return Failed(message=f"retrain of {model} refused: {exc}")
-    logger.info("registered %s: accuracy %.4f vs champion %.4f on the same holdout", registered.ref,
-                registered.metrics["accuracy"], champion_metrics["accuracy"])  # fmt: skip
+    logger.info(
+        "registered %s: accuracy %.4f vs champion %.4f on the same holdout",
+        registered.ref,
+        registered.metrics["accuracy"],
+        champion_metrics["accuracy"],
+    )
     emit("fleet.retrain.registered", {"model": model, "version": version, "parent": champion.version, "reason": reason})
     package_version(model, version)
     if not rollout:
@@ -218,8 +274,12 @@ def retrain(model: str, reason: str = "requested", hyperparameters: dict | None 
         allowed = ctx.policies.rollout_for(model).gates.max_prediction_psi
         expected = champion_metrics["expected_prediction_psi"]
         gates["max_prediction_psi"] = round(max(allowed, 1.5 * expected + 0.05), 3)
-        logger.info("predictions are expected to move by PSI %.3f from %s's: the canary may move up to %g",
-                    expected, champion.version, gates["max_prediction_psi"])  # fmt: skip
+        logger.info(
+            "predictions are expected to move by PSI %.3f from %s's: the canary may move up to %g",
+            expected,
+            champion.version,
+            gates["max_prediction_psi"],
+        )
     rolled = canary_rollout(model, version, **rollout_overrides, gates=gates, return_state=True)
     from prefect.states import Completed
 

@@ -23,9 +23,27 @@ def rollback(model: str, to_version: str | None = None, reason: str = "rollback 
     store = ctx.store
     result = do_rollback(Router(store), model, to_version, why=reason, who=f"flow run {run_id()}", runtime=ctx.runtime)
     pushed = gateways.notify(store)
-    get_run_logger().info("%s: traffic from %s to %s; gateways told: %s", model, result.from_version, result.to_version,
-                          pushed or "none registered")  # fmt: skip
-    emit("fleet.rollback.done", {"model": model, "from": result.from_version, "to": result.to_version,
-                                 "rejected": result.rejected, "reason": reason})  # fmt: skip
-    return {"from_version": result.from_version, "to_version": result.to_version, "rejected": result.rejected,
-            "revision": result.table.revision, "gateways_notified": pushed}  # fmt: skip
+    get_run_logger().info(
+        "%s: traffic from %s to %s; gateways told: %s",
+        model,
+        result.from_version,
+        result.to_version,
+        pushed or "none registered",
+    )
+    emit(
+        "fleet.rollback.done",
+        {
+            "model": model,
+            "from": result.from_version,
+            "to": result.to_version,
+            "rejected": result.rejected,
+            "reason": reason,
+        },
+    )
+    return {
+        "from_version": result.from_version,
+        "to_version": result.to_version,
+        "rejected": result.rejected,
+        "revision": result.table.revision,
+        "gateways_notified": pushed,
+    }

@@ -73,8 +73,13 @@ def _retry_unless_conflict(task: Any, task_run: Any, state: State) -> bool:  # n
     return True
 
 
-@task(name="analysis tick", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2,
-      retry_condition_fn=_retry_unless_conflict)  # fmt: skip
+@task(
+    name="analysis tick",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=_retry_unless_conflict,
+)
 def tick(rollout: Rollout, state: RolloutState) -> RolloutState:
     new, verdict = rollout.tick(state)
     logger = get_run_logger()
@@ -82,9 +87,11 @@ def tick(rollout: Rollout, state: RolloutState) -> RolloutState:
         logger.info("%s at %g%%: %s", new.version, state.weight, verdict.summary)
         report = new.reports[-1] if new.reports else None
         if report is not None and report.gates:
-            create_table_artifact(key=f"rollout-{new.model}", table=report.gates,
-                                  description=f"{new.model}:{new.version} {report.phase} at {report.weight:g}%: "
-                                              f"{verdict.summary}")  # fmt: skip
+            create_table_artifact(
+                key=f"rollout-{new.model}",
+                table=report.gates,
+                description=f"{new.model}:{new.version} {report.phase} at {report.weight:g}%: {verdict.summary}",
+            )
     return new
 
 
@@ -113,16 +120,26 @@ def keep_warm_then_retire(rollout: Rollout, state: RolloutState) -> bool:
 
 
 def _summary(state: RolloutState) -> str:
-    lines = [f"# Rollout of {state.model}:{state.version} — {state.phase}", "",
-             f"Champion: {state.champion}. Run: {state.run_id}.", ""]  # fmt: skip
+    lines = [
+        f"# Rollout of {state.model}:{state.version} — {state.phase}",
+        "",
+        f"Champion: {state.champion}. Run: {state.run_id}.",
+        "",
+    ]
     if state.reason:
         lines += [f"**{state.reason}**", ""]
     if state.preflight:
         lines += ["| preflight | status | detail |", "|---|---|---|"]
         lines += [f"| {c['check']} | {c['status']} | {c['detail']} |" for c in state.preflight] + [""]
-    lines += ["| phase | weight | outcome | canary requests | stable requests | ticks | verdict |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r.phase} | {r.weight:g}% | {r.outcome} | {r.canary_requests} | {r.stable_requests} | {r.ticks} | "
-              f"{r.summary.replace('|', '/')} |" for r in state.reports]  # fmt: skip
+    lines += [
+        "| phase | weight | outcome | canary requests | stable requests | ticks | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r.phase} | {r.weight:g}% | {r.outcome} | {r.canary_requests} | {r.stable_requests} | {r.ticks} | "
+        f"{r.summary.replace('|', '/')} |"
+        for r in state.reports
+    ]
     return "\n".join(lines)
 
 
@@ -132,10 +149,12 @@ def canary_rollout(model: str, version: str, **policy_overrides: Any) -> State:
     logger = get_run_logger()
     ctx = fleet_context()
     policy = apply_overrides(ctx.policies.rollout_for(model), policy_overrides)
-    lease = leases.acquire(ctx.store, lease_key(model), what=f"the rollout of {model}", who=f"flow run {run_id()}",
-                           stale_after=LEASE_TTL)  # fmt: skip
-    rollout = Rollout(ctx.store, ctx.runtime, ctx.metrics, policy, emit=emit, who=f"flow run {run_id()}",
-                      guard=lease.check)  # fmt: skip
+    lease = leases.acquire(
+        ctx.store, lease_key(model), what=f"the rollout of {model}", who=f"flow run {run_id()}", stale_after=LEASE_TTL
+    )
+    rollout = Rollout(
+        ctx.store, ctx.runtime, ctx.metrics, policy, emit=emit, who=f"flow run {run_id()}", guard=lease.check
+    )
     try:
         with lease.kept_alive():
             state = rollout.begin(model, version, run_id())
@@ -154,10 +173,15 @@ def canary_rollout(model: str, version: str, **policy_overrides: Any) -> State:
             while state.phase in ("shadow", "step", "approval"):
                 if state.phase == "approval":
                     logger.info("waiting for approval before 100%%: fleet rollout approve %s", model)
-                    silence = Approval(approve=False, by="nobody",
-                                       note=f"no answer within {policy.hold_deadline_s:g} s")  # fmt: skip
-                    answer = pause_flow_run(wait_for_input=Approval, timeout=int(policy.hold_deadline_s),
-                                            key=f"approve-{model}") or silence  # fmt: skip
+                    silence = Approval(
+                        approve=False, by="nobody", note=f"no answer within {policy.hold_deadline_s:g} s"
+                    )
+                    answer = (
+                        pause_flow_run(
+                            wait_for_input=Approval, timeout=int(policy.hold_deadline_s), key=f"approve-{model}"
+                        )
+                        or silence
+                    )
                     state = rollout.approve(state, answer.approve, answer.by, answer.note)
                     continue
                 time.sleep(_next_look(policy.analysis_window_s))
@@ -166,8 +190,9 @@ def canary_rollout(model: str, version: str, **policy_overrides: Any) -> State:
                 state = promote(rollout, state)
     finally:
         lease.release()
-    create_markdown_artifact(key=f"rollout-{model}-summary", markdown=_summary(state),
-                             description=f"{model}:{version} {state.phase}")  # fmt: skip
+    create_markdown_artifact(
+        key=f"rollout-{model}-summary", markdown=_summary(state), description=f"{model}:{version} {state.phase}"
+    )
     if state.phase == "promoted":
         logger.info("promoted %s:%s; %s stays warm for %g s", model, version, state.champion, policy.rollback_window_s)
         keep_warm_then_retire(rollout, state)

@@ -21,11 +21,13 @@ def deployments() -> list:
     from flows.rollout import canary_rollout
 
     return [
-        canary_rollout.to_deployment(name="rollout", description="Canary rollout of a model version",
-                                     tags=["fleet"], concurrency_limit=None),  # fmt: skip
+        canary_rollout.to_deployment(
+            name="rollout", description="Canary rollout of a model version", tags=["fleet"], concurrency_limit=None
+        ),
         rollback.to_deployment(name="rollback", description="Immediate rollback of a model", tags=["fleet"]),
-        experiment.to_deployment(name="experiment", description="A/B experiment of two versions on an outcome",
-                                 tags=["fleet"]),  # fmt: skip
+        experiment.to_deployment(
+            name="experiment", description="A/B experiment of two versions on an outcome", tags=["fleet"]
+        ),
         *_monitoring_deployments(),
         _idle_unload(),
     ]
@@ -38,8 +40,12 @@ def _idle_unload():  # noqa: ANN202 - a prefect RunnerDeployment
     from flows.unload import EVERY_S, idle_unload
 
     lazy = any(spec.loading == "lazy" for spec in load_policies(policies_path()).models.values())
-    return idle_unload.to_deployment(name="idle-unload", interval=EVERY_S if lazy else None, tags=["fleet"],
-                                     description="Stop lazy versions idle past their idle_unload_s")  # fmt: skip
+    return idle_unload.to_deployment(
+        name="idle-unload",
+        interval=EVERY_S if lazy else None,
+        tags=["fleet"],
+        description="Stop lazy versions idle past their idle_unload_s",
+    )
 
 
 def _monitoring_deployments() -> list:

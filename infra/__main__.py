@@ -20,11 +20,11 @@ from infra.addons import AFTER_NODES, BEFORE_NODES, ClusterAddons, ClusterAddons
 from infra.cluster import Cluster, ClusterArgs  # noqa: E402
 from infra.cost import usd_per_hour  # noqa: E402
 from infra.edge import Edge, EdgeArgs  # noqa: E402
+from infra.gateway import NAME as GATEWAY_SA  # noqa: E402
 from infra.identity import IrsaRole, IrsaRoleArgs, autoscaler_policy, flows_policy, gateway_policy  # noqa: E402
 from infra.images import ImageRegistry, ImageRegistryArgs  # noqa: E402
 from infra.network import Network, NetworkArgs  # noqa: E402
 from infra.nodegroups import NodeGroups, NodeGroupsArgs, SystemGroup  # noqa: E402
-from infra.gateway import NAME as GATEWAY_SA  # noqa: E402
 from infra.platform import FLOWS_NS, FLOWS_SA, GATEWAY_NS, Platform, PlatformArgs  # noqa: E402
 from infra.quota_store import QuotaStore, QuotaStoreArgs  # noqa: E402
 from infra.storage import ModelStore, ModelStoreArgs  # noqa: E402
@@ -36,31 +36,61 @@ except FleetError as exc:  # a config mistake is one clear message, not a traceb
 s, tags, name = stack.settings, stack.tags, stack.name
 
 network = Network(name, NetworkArgs(s.vpcCidr, s.azCount, s.singleNatGateway, name, tags))
-cluster = Cluster(name, ClusterArgs(name, s.kubernetesVersion, stack.region,
-                                    network.private_subnet_ids + network.public_subnet_ids, s.apiAccessCidrs, tags))
+cluster = Cluster(
+    name,
+    ClusterArgs(
+        name,
+        s.kubernetesVersion,
+        stack.region,
+        network.private_subnet_ids + network.public_subnet_ids,
+        s.apiAccessCidrs,
+        tags,
+    ),
+)
 system = s.systemNodes
 
 
 def addons(part: str, names: tuple[str, ...], after: list[pulumi.Resource]) -> ClusterAddons:
-    return ClusterAddons(f"{name}-{part}", ClusterAddonsArgs(
-        cluster.name, cluster.version, cluster.oidc_provider_arn, cluster.oidc_issuer, names, tags,
-        {a: v for a, v in s.addonVersions.items() if a in names},
-    ), opts=pulumi.ResourceOptions(depends_on=after))
+    return ClusterAddons(
+        f"{name}-{part}",
+        ClusterAddonsArgs(
+            cluster.name,
+            cluster.version,
+            cluster.oidc_provider_arn,
+            cluster.oidc_issuer,
+            names,
+            tags,
+            {a: v for a, v in s.addonVersions.items() if a in names},
+        ),
+        opts=pulumi.ResourceOptions(depends_on=after),
+    )
 
 
 node_addons = addons("node-addons", BEFORE_NODES, [])  # what a node needs to turn Ready
-nodes = NodeGroups(name, NodeGroupsArgs(
-    cluster.name, cluster.version, cluster.node_role_arn, network.private_subnet_ids, network.private_subnet_zones,
-    SystemGroup(system.instance_type, system.min_size, system.max_size, system.root_volume_gib),
-    stack.plan.node_groups, s.rootVolumeGib, tags,
-), opts=pulumi.ResourceOptions(depends_on=[*cluster.node_policy_attachments, *node_addons.addons.values()]))
+nodes = NodeGroups(
+    name,
+    NodeGroupsArgs(
+        cluster.name,
+        cluster.version,
+        cluster.node_role_arn,
+        network.private_subnet_ids,
+        network.private_subnet_zones,
+        SystemGroup(system.instance_type, system.min_size, system.max_size, system.root_volume_gib),
+        stack.plan.node_groups,
+        s.rootVolumeGib,
+        tags,
+    ),
+    opts=pulumi.ResourceOptions(depends_on=[*cluster.node_policy_attachments, *node_addons.addons.values()]),
+)
 cluster_addons = addons("addons", AFTER_NODES, [nodes])  # pods: they need nodes to run on
 store = ModelStore(name, ModelStoreArgs(s.logRetentionDays, s.noncurrentVersionDays, tags))
 images = ImageRegistry(name, ImageRegistryArgs(name, stack.families, tags))
 
 
 def irsa(role: str, namespace: str, account: str, policy: pulumi.Input[str]) -> IrsaRole:
-    return IrsaRole(f"{name}-{role}", IrsaRoleArgs(cluster.oidc_provider_arn, cluster.oidc_issuer, namespace, account, policy, tags))
+    return IrsaRole(
+        f"{name}-{role}", IrsaRoleArgs(cluster.oidc_provider_arn, cluster.oidc_issuer, namespace, account, policy, tags)
+    )
 
 
 store_access = pulumi.Output.all(store.models_bucket_arn, store.key_arn)
@@ -68,25 +98,63 @@ gateway_role = irsa("gateway", GATEWAY_NS, GATEWAY_SA, store_access.apply(lambda
 flows_role = irsa("flows", FLOWS_NS, FLOWS_SA, store_access.apply(lambda v: flows_policy(*v, stack.region)))
 autoscaler_role = irsa("cluster-autoscaler", "kube-system", "cluster-autoscaler", cluster.name.apply(autoscaler_policy))
 
-edge = Edge(name, EdgeArgs(
-    network.vpc_id, network.public_subnet_ids, s.certificateArn, s.allowedCidrs, s.gateway.node_port,
-    cluster.security_group_id, nodes.system.resources.apply(lambda r: r[0].autoscaling_groups[0].name),
-    store.logs_bucket, store.logs_policy, tags,
-))
+edge = Edge(
+    name,
+    EdgeArgs(
+        network.vpc_id,
+        network.public_subnet_ids,
+        s.certificateArn,
+        s.allowedCidrs,
+        s.gateway.node_port,
+        cluster.security_group_id,
+        nodes.system.resources.apply(lambda r: r[0].autoscaling_groups[0].name),
+        store.logs_bucket,
+        store.logs_policy,
+        tags,
+    ),
+)
 # the gateways' shared quotas, reachable from the nodes' security group only
-quota_store = QuotaStore(name, QuotaStoreArgs(
-    network.vpc_id, network.private_subnet_ids, cluster.security_group_id, s.redis,
-    stack.secrets[cfg.REDIS_AUTH_TOKEN_KEY], tags,
-))
+quota_store = QuotaStore(
+    name,
+    QuotaStoreArgs(
+        network.vpc_id,
+        network.private_subnet_ids,
+        cluster.security_group_id,
+        s.redis,
+        stack.secrets[cfg.REDIS_AUTH_TOKEN_KEY],
+        tags,
+    ),
+)
 store_url = pulumi.Output.concat("s3://", store.models_bucket)
 # what the gateway meters cost with: each placed model's USD per replica-hour, as `fleet plan` prints it
 gateway_prices = write_prices(prices_from_plan(stack.plan, stack.pools, f"Pulumi.{stack.stack}.yaml"))
-Platform(name, PlatformArgs(
-    cluster.kubeconfig, cluster.name, stack.region, s.kubernetesVersion, stack.plan, stack.policies, images.urls,
-    store_url, gateway_role.arn, flows_role.arn, autoscaler_role.arn, s.gateway, s.gateway.image_tag,
-    stack.admin_token, stack.policy_files, stack.secrets[cfg.GRAFANA_PASSWORD_KEY],
-    stack.secrets[cfg.PREFECT_DB_PASSWORD_KEY], quota_store.url, quota_store.group, s.vpcCidr, gateway_prices,
-), opts=pulumi.ResourceOptions(depends_on=[nodes, *cluster_addons.addons.values()]))
+Platform(
+    name,
+    PlatformArgs(
+        cluster.kubeconfig,
+        cluster.name,
+        stack.region,
+        s.kubernetesVersion,
+        stack.plan,
+        stack.policies,
+        images.urls,
+        store_url,
+        gateway_role.arn,
+        flows_role.arn,
+        autoscaler_role.arn,
+        s.gateway,
+        s.gateway.image_tag,
+        stack.admin_token,
+        stack.policy_files,
+        stack.secrets[cfg.GRAFANA_PASSWORD_KEY],
+        stack.secrets[cfg.PREFECT_DB_PASSWORD_KEY],
+        quota_store.url,
+        quota_store.group,
+        s.vpcCidr,
+        gateway_prices,
+    ),
+    opts=pulumi.ResourceOptions(depends_on=[nodes, *cluster_addons.addons.values()]),
+)
 
 pulumi.export(cfg.OUT_CLUSTER_NAME, cluster.name)
 pulumi.export(cfg.OUT_KUBECONFIG, cluster.kubeconfig)

@@ -29,9 +29,12 @@ BEFORE_NODES = ("vpc-cni", "kube-proxy")  # keep ADDONS in infra/config.py the u
 AFTER_NODES = ("coredns", "aws-ebs-csi-driver", "metrics-server")
 # add-on → (namespace, service account, AWS managed policy) of its IRSA role
 IRSA = {
-    "aws-ebs-csi-driver": ("kube-system", "ebs-csi-controller-sa",
-                           "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"),
-}  # fmt: skip
+    "aws-ebs-csi-driver": (
+        "kube-system",
+        "ebs-csi-controller-sa",
+        "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy",
+    ),
+}
 
 
 @dataclass
@@ -53,20 +56,40 @@ class ClusterAddons(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self, depends_on=waited_for(opts))
         self.addons = {}
         for addon in args.names:
-            version = args.pinned.get(addon) or aws.eks.get_addon_version_output(
-                addon_name=addon, kubernetes_version=args.kubernetes_version, most_recent=False,
-                opts=pulumi.InvokeOutputOptions(parent=self),
-            ).version  # fmt: skip
+            version = (
+                args.pinned.get(addon)
+                or aws.eks.get_addon_version_output(
+                    addon_name=addon,
+                    kubernetes_version=args.kubernetes_version,
+                    most_recent=False,
+                    opts=pulumi.InvokeOutputOptions(parent=self),
+                ).version
+            )
             role = None
             if addon in IRSA:
                 namespace, account, managed = IRSA[addon]
-                role = IrsaRole(f"{name}-{addon}", IrsaRoleArgs(args.oidc_provider_arn, args.oidc_issuer, namespace,
-                                                               account, None, args.tags, managed_policies=(managed,)),
-                                opts=child)  # fmt: skip
+                role = IrsaRole(
+                    f"{name}-{addon}",
+                    IrsaRoleArgs(
+                        args.oidc_provider_arn,
+                        args.oidc_issuer,
+                        namespace,
+                        account,
+                        None,
+                        args.tags,
+                        managed_policies=(managed,),
+                    ),
+                    opts=child,
+                )
             self.addons[addon] = aws.eks.Addon(
-                f"{name}-{addon}", cluster_name=args.cluster_name, addon_name=addon, addon_version=version,
+                f"{name}-{addon}",
+                cluster_name=args.cluster_name,
+                addon_name=addon,
+                addon_version=version,
                 service_account_role_arn=role.arn if role else None,
-                resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",
-                tags=args.tags, opts=child,
-            )  # fmt: skip
+                resolve_conflicts_on_create="OVERWRITE",
+                resolve_conflicts_on_update="OVERWRITE",
+                tags=args.tags,
+                opts=child,
+            )
         self.register_outputs({"addons": {k: a.addon_version for k, a in self.addons.items()}})

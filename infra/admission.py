@@ -41,17 +41,25 @@ def gpu_pod_policy() -> tuple[dict, dict]:
     """(ValidatingAdmissionPolicy spec, its binding's spec): refuse, in every namespace."""
     policy = {
         "failurePolicy": "Fail",
-        "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-                                                "resources": ["pods"]}]},
+        "matchConstraints": {
+            "resourceRules": [
+                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}
+            ]
+        },
         "matchConditions": [{"name": "asks-for-gpus", "expression": ASKS_FOR_GPUS_ALONE}],
-        "variables": [{"name": "containers", "expression": CONTAINERS},
-                      {"name": "asksForGpus", "expression": ASKS_FOR_GPUS}],
-        "validations": [
-            {"expression": TOLERATES_GPU_TAINT, "reason": "Forbidden",
-             "message": f"a pod that asks for {GPU_RESOURCE} must tolerate the {GPU_RESOURCE}=present:NoSchedule "
-                        "taint of the GPU nodes"},
+        "variables": [
+            {"name": "containers", "expression": CONTAINERS},
+            {"name": "asksForGpus", "expression": ASKS_FOR_GPUS},
         ],
-    }  # fmt: skip
+        "validations": [
+            {
+                "expression": TOLERATES_GPU_TAINT,
+                "reason": "Forbidden",
+                "message": f"a pod that asks for {GPU_RESOURCE} must tolerate the {GPU_RESOURCE}=present:NoSchedule "
+                "taint of the GPU nodes",
+            },
+        ],
+    }
     binding = {"policyName": NAME, "validationActions": ["Deny"]}
     return policy, binding
 
@@ -87,21 +95,39 @@ def gateway_scaling_policy(gateway_account: str, models_namespace: str) -> tuple
     policy = {
         "failurePolicy": "Fail",
         "matchConstraints": {
-            "resourceRules": [{"apiGroups": ["keda.sh"], "apiVersions": ["*"], "operations": ["UPDATE"],
-                               "resources": ["scaledobjects"]}],
+            "resourceRules": [
+                {
+                    "apiGroups": ["keda.sh"],
+                    "apiVersions": ["*"],
+                    "operations": ["UPDATE"],
+                    "resources": ["scaledobjects"],
+                }
+            ],
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": models_namespace}},
         },
         "matchConditions": [{"name": "the-gateway", "expression": f"request.userInfo.username == '{gateway_account}'"}],
         "validations": [
-            {"expression": LAZY_ONLY, "reason": "Forbidden",
-             "message": "the gateway may wake only a lazy model's ScaledObject (label fleet.io/loading: lazy)"},
-            {"expression": ONLY_THE_FLOOR, "reason": "Forbidden",
-             "message": "the gateway may change only spec.minReplicaCount of a ScaledObject (scaling a lazy version from zero)"},
-            {"expression": ZERO_TO_ONE, "reason": "Forbidden",
-             "message": "the gateway may only raise spec.minReplicaCount from 0 to 1"},
-            {"expression": SAME_METADATA, "reason": "Forbidden",
-             "message": "the gateway may not change a ScaledObject's metadata (labels, annotations, owners, finalizers)"},
+            {
+                "expression": LAZY_ONLY,
+                "reason": "Forbidden",
+                "message": "the gateway may wake only a lazy model's ScaledObject (label fleet.io/loading: lazy)",
+            },
+            {
+                "expression": ONLY_THE_FLOOR,
+                "reason": "Forbidden",
+                "message": "the gateway may change only spec.minReplicaCount of a ScaledObject (scaling a lazy version from zero)",
+            },
+            {
+                "expression": ZERO_TO_ONE,
+                "reason": "Forbidden",
+                "message": "the gateway may only raise spec.minReplicaCount from 0 to 1",
+            },
+            {
+                "expression": SAME_METADATA,
+                "reason": "Forbidden",
+                "message": "the gateway may not change a ScaledObject's metadata (labels, annotations, owners, finalizers)",
+            },
         ],
-    }  # fmt: skip
+    }
     binding = {"policyName": GATEWAY_SCALING, "validationActions": ["Deny"]}
     return policy, binding

@@ -35,16 +35,28 @@ class ClusterArgs:
 
 def kubeconfig(name: str, endpoint: str, ca: str, region: str) -> str:
     """A kubeconfig that gets its token from `aws eks get-token` (AWS CLI v2 on the PATH)."""
-    return json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": name,
-        "clusters": [{"name": name, "cluster": {"server": endpoint, "certificate-authority-data": ca}}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
-        "users": [{"name": name, "user": {"exec": {
-            "apiVersion": "client.authentication.k8s.io/v1beta1", "command": "aws",
-            "args": ["eks", "get-token", "--cluster-name", name, "--region", region],
-            "interactiveMode": "Never",
-        }}}],
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": name,
+            "clusters": [{"name": name, "cluster": {"server": endpoint, "certificate-authority-data": ca}}],
+            "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+            "users": [
+                {
+                    "name": name,
+                    "user": {
+                        "exec": {
+                            "apiVersion": "client.authentication.k8s.io/v1beta1",
+                            "command": "aws",
+                            "args": ["eks", "get-token", "--cluster-name", name, "--region", region],
+                            "interactiveMode": "Never",
+                        }
+                    },
+                }
+            ],
+        }
+    )
 
 
 class Cluster(pulumi.ComponentResource):
@@ -59,15 +71,23 @@ class Cluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("serving-fleet:infra:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        role = aws.iam.Role(f"{name}-control-plane", assume_role_policy=service_trust("eks.amazonaws.com"),
-                            tags=args.tags, opts=child)  # fmt: skip
+        role = aws.iam.Role(
+            f"{name}-control-plane", assume_role_policy=service_trust("eks.amazonaws.com"), tags=args.tags, opts=child
+        )
         attached = aws.iam.RolePolicyAttachment(
-            f"{name}-control-plane", role=role.name, policy_arn="arn:aws:iam::aws:policy/AmazonEKSClusterPolicy", opts=child
+            f"{name}-control-plane",
+            role=role.name,
+            policy_arn="arn:aws:iam::aws:policy/AmazonEKSClusterPolicy",
+            opts=child,
         )
         key = aws.kms.Key(
-            f"{name}-secrets", description=f"envelope encryption of Kubernetes secrets in {args.name}",
-            enable_key_rotation=True, deletion_window_in_days=30, tags=args.tags, opts=child,
-        )  # fmt: skip
+            f"{name}-secrets",
+            description=f"envelope encryption of Kubernetes secrets in {args.name}",
+            enable_key_rotation=True,
+            deletion_window_in_days=30,
+            tags=args.tags,
+            opts=child,
+        )
         cluster = aws.eks.Cluster(
             f"{name}-eks",
             name=args.name,
@@ -89,10 +109,13 @@ class Cluster(pulumi.ComponentResource):
         oidc = aws.iam.OpenIdConnectProvider(
             f"{name}-oidc", url=issuer_url, client_id_lists=["sts.amazonaws.com"], tags=args.tags, opts=child
         )
-        node_role = aws.iam.Role(f"{name}-nodes", assume_role_policy=service_trust("ec2.amazonaws.com"),
-                                 tags=args.tags, opts=child)  # fmt: skip
+        node_role = aws.iam.Role(
+            f"{name}-nodes", assume_role_policy=service_trust("ec2.amazonaws.com"), tags=args.tags, opts=child
+        )
         self.node_policy_attachments = [
-            aws.iam.RolePolicyAttachment(f"{name}-nodes-{arn.rsplit('/', 1)[1]}", role=node_role.name, policy_arn=arn, opts=child)
+            aws.iam.RolePolicyAttachment(
+                f"{name}-nodes-{arn.rsplit('/', 1)[1]}", role=node_role.name, policy_arn=arn, opts=child
+            )
             for arn in NODE_POLICIES
         ]
         self.name = cluster.name
@@ -106,7 +129,11 @@ class Cluster(pulumi.ComponentResource):
                 lambda v: kubeconfig(v[0], v[1], v[2], args.region)
             )
         )
-        self.register_outputs({
-            "name": self.name, "oidc_provider_arn": self.oidc_provider_arn, "node_role_arn": self.node_role_arn,
-            "kubeconfig": self.kubeconfig,
-        })  # fmt: skip
+        self.register_outputs(
+            {
+                "name": self.name,
+                "oidc_provider_arn": self.oidc_provider_arn,
+                "node_role_arn": self.node_role_arn,
+                "kubeconfig": self.kubeconfig,
+            }
+        )

@@ -83,19 +83,27 @@ def _is_cidr(value: str) -> bool:
 
 def _is_vpc_cidr(value: str) -> bool:
     # /16../20: room for one /19 private subnet per AZ (pods take VPC addresses) and small public ones
-    return _is_cidr(value) and ipaddress.ip_network(value).version == 4 and 16 <= ipaddress.ip_network(value).prefixlen <= 20
+    return (
+        _is_cidr(value)
+        and ipaddress.ip_network(value).version == 4
+        and 16 <= ipaddress.ip_network(value).prefixlen <= 20
+    )
 
 
 Cidr = checked(str, "a CIDR block like '203.0.113.0/24'", _is_cidr)
 VpcCidr = checked(str, "an IPv4 CIDR block from /16 to /20, like '10.0.0.0/16'", _is_vpc_cidr)
 CertificateArn = checked(
-    str, "an ACM certificate ARN like 'arn:aws:acm:us-east-1:123456789012:certificate/<id>'",
+    str,
+    "an ACM certificate ARN like 'arn:aws:acm:us-east-1:123456789012:certificate/<id>'",
     re.compile(r"arn:aws[a-z-]*:acm:[a-z0-9-]+:\d{12}:certificate/[A-Za-z0-9-]+").fullmatch,
-)  # fmt: skip
+)
 KubernetesVersion = checked(str, "a Kubernetes minor version like '1.33'", re.compile(r"1\.\d{2}").fullmatch)
-AddonVersion = checked(str, "an EKS add-on version like 'v1.19.5-eksbuild.1'",
-                       re.compile(r"v\d+\.\d+\.\d+-eksbuild\.\d+").fullmatch)  # fmt: skip
-Label = checked(str, "1-63 lowercase letters, digits or '-'", re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?").fullmatch)
+AddonVersion = checked(
+    str, "an EKS add-on version like 'v1.19.5-eksbuild.1'", re.compile(r"v\d+\.\d+\.\d+-eksbuild\.\d+").fullmatch
+)
+Label = checked(
+    str, "1-63 lowercase letters, digits or '-'", re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?").fullmatch
+)
 
 
 class _Cfg(BaseModel):
@@ -126,7 +134,9 @@ class GatewaySettings(_Cfg):
     @model_validator(mode="after")
     def _min_below_max(self) -> GatewaySettings:
         if self.min_replicas > self.max_replicas:
-            raise expected(f"an integer <= max_replicas ({self.max_replicas})", field="min_replicas", got=self.min_replicas)
+            raise expected(
+                f"an integer <= max_replicas ({self.max_replicas})", field="min_replicas", got=self.min_replicas
+            )
         return self
 
     @model_validator(mode="after")
@@ -134,7 +144,9 @@ class GatewaySettings(_Cfg):
         # each worker is a single-threaded event loop that can keep a CPU busy; the scheduler
         # places pods by this request, so less would put more workers on a node than it has CPUs
         if self.cpu < self.workers:
-            raise expected(f"a number >= workers ({self.workers}): one CPU per worker process", field="cpu", got=self.cpu)
+            raise expected(
+                f"a number >= workers ({self.workers}): one CPU per worker process", field="cpu", got=self.cpu
+            )
         return self
 
 
@@ -166,16 +178,23 @@ class Settings(_Cfg):
         """A prod cluster's Kubernetes API is reachable only from the CIDRs someone wrote down."""
         open_ = [c for c in self.apiAccessCidrs if ipaddress.ip_network(c, strict=False).prefixlen == 0]
         if self.env == "prod" and open_:
-            raise expected("the CIDRs of your office, VPN or CI (required for env prod; the API is open to the "
-                           "internet otherwise)", field="apiAccessCidrs", got=open_)  # fmt: skip
+            raise expected(
+                "the CIDRs of your office, VPN or CI (required for env prod; the API is open to the "
+                "internet otherwise)",
+                field="apiAccessCidrs",
+                got=open_,
+            )
         return self
 
     @model_validator(mode="after")
     def _prod_quota_store_fails_over(self) -> Settings:
         """A prod quota store survives the loss of a node or an AZ: a replica to fail over to."""
         if self.env == "prod" and self.redis.nodes < 2:
-            raise expected("an integer >= 2 (required for env prod: Multi-AZ with automatic failover needs a replica)",
-                           field=("redis", "nodes"), got=self.redis.nodes)  # fmt: skip
+            raise expected(
+                "an integer >= 2 (required for env prod: Multi-AZ with automatic failover needs a replica)",
+                field=("redis", "nodes"),
+                got=self.redis.nodes,
+            )
         return self
 
 
@@ -202,7 +221,13 @@ class StackConfig:
     @property
     def tags(self) -> dict[str, str]:
         """Cost tags every taggable resource carries; components override ``model``."""
-        return {"team": self.settings.team, "env": self.settings.env, "model": "shared", "project": PROJECT, "stack": self.stack}
+        return {
+            "team": self.settings.team,
+            "env": self.settings.env,
+            "model": "shared",
+            "project": PROJECT,
+            "stack": self.stack,
+        }
 
     @property
     def families(self) -> tuple[str, ...]:
@@ -221,28 +246,42 @@ def _secret_problem(name: str, value: Any, where: str) -> str | None:
     if not isinstance(value, str) or not value.strip():
         return problem(key, "not set", f"{SECRETS[name]}, as a secret: `{set_secret(name)}`")
     if len(value) < SECRET_MIN_CHARS:
-        return problem(key, f"got {len(value)} characters (value not shown)",
-                       f"at least {SECRET_MIN_CHARS}, e.g. `{set_secret(name)}`")  # fmt: skip
+        return problem(
+            key,
+            f"got {len(value)} characters (value not shown)",
+            f"at least {SECRET_MIN_CHARS}, e.g. `{set_secret(name)}`",
+        )
     if name == PREFECT_DB_PASSWORD_KEY and not re.fullmatch(r"[A-Za-z0-9_.~-]+", value):
         # the Prefect chart writes it into postgresql+asyncpg://user:PASSWORD@host/db unescaped
-        return problem(key, "has characters a URL would need escaped (value not shown)",
-                       f"letters, digits and - _ . ~ only, e.g. `{set_secret(name)}`")  # fmt: skip
+        return problem(
+            key,
+            "has characters a URL would need escaped (value not shown)",
+            f"letters, digits and - _ . ~ only, e.g. `{set_secret(name)}`",
+        )
     if name == REDIS_AUTH_TOKEN_KEY:
         # ElastiCache takes 16-128 printable characters, of the symbols only ! & # $ ^ < > -;
         # it goes into rediss://:TOKEN@host:6379/0, where all of those but - need escaping
         if len(value) > REDIS_AUTH_TOKEN_MAX_CHARS:
-            return problem(key, f"got {len(value)} characters (value not shown)",
-                           f"at most {REDIS_AUTH_TOKEN_MAX_CHARS} (ElastiCache's limit), e.g. `{set_secret(name)}`")  # fmt: skip
+            return problem(
+                key,
+                f"got {len(value)} characters (value not shown)",
+                f"at most {REDIS_AUTH_TOKEN_MAX_CHARS} (ElastiCache's limit), e.g. `{set_secret(name)}`",
+            )
         if not re.fullmatch(r"[A-Za-z0-9-]+", value):
-            return problem(key, "has characters ElastiCache refuses or a URL would need escaped (value not shown)",
-                           f"letters, digits and - only, e.g. `{set_secret(name)}`")  # fmt: skip
+            return problem(
+                key,
+                "has characters ElastiCache refuses or a URL would need escaped (value not shown)",
+                f"letters, digits and - only, e.g. `{set_secret(name)}`",
+            )
     return None
 
 
 def policy_files(path: Path) -> dict[str, str]:
     """File name → text of the policy files at ``path``: a file, or the *.yaml / *.yml directly
     in a folder (what ``fleet.spec.load_policies`` reads)."""
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".yaml", ".yml"))
+    files = (
+        [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".yaml", ".yml"))
+    )
     return {f.name: f.read_text() for f in files}
 
 
@@ -252,7 +291,9 @@ def parse(raw: dict[str, str], stack: str, region: str | None) -> StackConfig:
     where = f"Pulumi.{stack}.yaml"
     problems = []
     if not region:
-        problems.append(problem(f"{where}: aws:region", "not set", "the AWS region, e.g. `pulumi config set aws:region us-east-1`"))
+        problems.append(
+            problem(f"{where}: aws:region", "not set", "the AWS region, e.g. `pulumi config set aws:region us-east-1`")
+        )
     problems += [bad for name in SECRETS if (bad := _secret_problem(name, raw.get(name), where))]
     values: dict[str, Any] = {}
     for key, value in raw.items():
@@ -261,7 +302,9 @@ def parse(raw: dict[str, str], stack: str, region: str | None) -> StackConfig:
         field = Settings.model_fields.get(key)
         if field is None:
             known = [*Settings.model_fields, *SECRETS]
-            problems.append(problem(f"{where}: {PROJECT}:{key}", "unknown key", f"one of {', '.join(known)}{hint(key, known)}"))
+            problems.append(
+                problem(f"{where}: {PROJECT}:{key}", "unknown key", f"one of {', '.join(known)}{hint(key, known)}")
+            )
             continue
         try:
             values[key] = value if _is_text(field.annotation) else json.loads(value)
@@ -294,4 +337,3 @@ def load() -> StackConfig:
     stack = parse(raw, pulumi.get_stack(), pulumi.Config("aws").get("region"))
     config = pulumi.Config(PROJECT)
     return dataclasses.replace(stack, secrets={name: config.require_secret(name) for name in SECRETS})
-

@@ -19,8 +19,14 @@ def usd_per_hour(stack: StackConfig, nat_gateways: int) -> dict[str, float]:
     """``{"min": ..., "max": ...}`` in USD per hour, rounded to cents; ``nat_gateways`` is
     what infra/network.py built, which must be what the cost counts."""
     s = stack.settings
-    build = StackBuild.model_validate({"systemNodes": s.systemNodes.model_dump(), "azCount": s.azCount,
-                                       "singleNatGateway": s.singleNatGateway, "redis": s.redis.model_dump()})  # fmt: skip
+    build = StackBuild.model_validate(
+        {
+            "systemNodes": s.systemNodes.model_dump(),
+            "azCount": s.azCount,
+            "singleNatGateway": s.singleNatGateway,
+            "redis": s.redis.model_dump(),
+        }
+    )
     if build.nat_gateways != nat_gateways:  # a bug between network.py and fleet.stack, not a config mistake
         raise RuntimeError(f"the network has {nat_gateways} NAT gateways but the cost counts {build.nat_gateways}")
     low, high = stack_cost(stack.plan, build, f"Pulumi.{stack.stack}.yaml").usd_per_hour

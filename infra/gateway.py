@@ -34,9 +34,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra import waited_for
-
 from fleet.placement import POOL_LABEL
+from infra import waited_for
 from infra.config import GatewaySettings
 from infra.nodegroups import SYSTEM_GROUP
 
@@ -94,28 +93,49 @@ class Gateway(pulumi.ComponentResource):
         )
         owned = {"namespace": args.namespace, "labels": LABELS}  # no name: auto-named, see the module docstring
         token = k8s.core.v1.Secret(
-            f"{name}-admin-token", metadata=owned, type="Opaque",
-            string_data={ADMIN_TOKEN_ITEM: pulumi.Output.secret(args.admin_token)}, opts=child,
-        )  # fmt: skip
+            f"{name}-admin-token",
+            metadata=owned,
+            type="Opaque",
+            string_data={ADMIN_TOKEN_ITEM: pulumi.Output.secret(args.admin_token)},
+            opts=child,
+        )
         redis = k8s.core.v1.Secret(
-            f"{name}-redis", metadata=owned, type="Opaque",
-            string_data={REDIS_URL_ITEM: pulumi.Output.secret(args.redis_url)}, opts=child,
-        )  # fmt: skip
+            f"{name}-redis",
+            metadata=owned,
+            type="Opaque",
+            string_data={REDIS_URL_ITEM: pulumi.Output.secret(args.redis_url)},
+            opts=child,
+        )
         policies = k8s.core.v1.ConfigMap(f"{name}-policies", metadata=owned, data=args.policy_files, opts=child)
         prices = k8s.core.v1.ConfigMap(f"{name}-prices", metadata=owned, data={PRICES_ITEM: args.prices}, opts=child)
         probe = {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3}
         memory = f"{int(s.memory_gib * 1024)}Mi"
         container = {
-            "name": "gateway", "image": args.image,
+            "name": "gateway",
+            "image": args.image,
             # the image's entry point is `fleet gateway` (Dockerfile); Kubernetes expands
             # $(POD_IP) from the env below: each pod announces its own address
-            "args": ["--host", "0.0.0.0", "--port", str(PORT), "--public-url", f"http://$(POD_IP):{PORT}",
-                     "--grpc-port", str(GRPC_PORT)],
+            "args": [
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(PORT),
+                "--public-url",
+                f"http://$(POD_IP):{PORT}",
+                "--grpc-port",
+                str(GRPC_PORT),
+            ],
             "ports": [{"name": "http", "containerPort": PORT}, {"name": "grpc", "containerPort": GRPC_PORT}],
             "env": [
                 {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                {"name": "FLEET_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": {"name": token.metadata.name, "key": ADMIN_TOKEN_ITEM}}},
-                {"name": "FLEET_REDIS_URL", "valueFrom": {"secretKeyRef": {"name": redis.metadata.name, "key": REDIS_URL_ITEM}}},
+                {
+                    "name": "FLEET_ADMIN_TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": token.metadata.name, "key": ADMIN_TOKEN_ITEM}},
+                },
+                {
+                    "name": "FLEET_REDIS_URL",
+                    "valueFrom": {"secretKeyRef": {"name": redis.metadata.name, "key": REDIS_URL_ITEM}},
+                },
                 {"name": "FLEET_GATEWAY_WORKERS", "value": str(s.workers)},
                 {"name": "FLEET_DECODE_WORKERS", "value": str(decode_workers(s.cpu, s.workers))},
                 {"name": "FLEET_PRICES_FILE", "value": f"{PRICES_DIR}/{PRICES_ITEM}"},
@@ -132,13 +152,21 @@ class Gateway(pulumi.ComponentResource):
             "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, **probe},
             "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, **probe, "periodSeconds": 10},
             "lifecycle": {"preStop": {"sleep": {"seconds": DRAIN_S}}},
-            "securityContext": {"runAsNonRoot": True, "runAsUser": USER_ID, "runAsGroup": USER_ID,
-                                "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
-            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
-                             {"name": "policies", "mountPath": POLICY_DIR, "readOnly": True},
-                             {"name": "prices", "mountPath": PRICES_DIR, "readOnly": True}],
-        }  # fmt: skip
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": USER_ID,
+                "runAsGroup": USER_ID,
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "volumeMounts": [
+                {"name": "tmp", "mountPath": "/tmp"},
+                {"name": "policies", "mountPath": POLICY_DIR, "readOnly": True},
+                {"name": "prices", "mountPath": PRICES_DIR, "readOnly": True},
+            ],
+        }
         k8s.apps.v1.Deployment(
             f"{name}-deployment",
             metadata=meta,
@@ -146,49 +174,79 @@ class Gateway(pulumi.ComponentResource):
                 "replicas": s.min_replicas,
                 "selector": {"matchLabels": LABELS},
                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-                "template": {"metadata": {"labels": LABELS}, "spec": {
-                    "serviceAccountName": NAME,
-                    "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {}},
-                                {"name": "policies", "configMap": {"name": policies.metadata.name}},
-                                {"name": "prices", "configMap": {"name": prices.metadata.name}}],
-                    "nodeSelector": {POOL_LABEL: SYSTEM_GROUP},
-                    "terminationGracePeriodSeconds": GRACE_S,
-                    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
-                                                   "whenUnsatisfiable": "ScheduleAnyway",
-                                                   "labelSelector": {"matchLabels": LABELS}}],
-                }},
+                "template": {
+                    "metadata": {"labels": LABELS},
+                    "spec": {
+                        "serviceAccountName": NAME,
+                        "containers": [container],
+                        "volumes": [
+                            {"name": "tmp", "emptyDir": {}},
+                            {"name": "policies", "configMap": {"name": policies.metadata.name}},
+                            {"name": "prices", "configMap": {"name": prices.metadata.name}},
+                        ],
+                        "nodeSelector": {POOL_LABEL: SYSTEM_GROUP},
+                        "terminationGracePeriodSeconds": GRACE_S,
+                        "topologySpreadConstraints": [
+                            {
+                                "maxSkew": 1,
+                                "topologyKey": "topology.kubernetes.io/zone",
+                                "whenUnsatisfiable": "ScheduleAnyway",
+                                "labelSelector": {"matchLabels": LABELS},
+                            }
+                        ],
+                    },
+                },
             },
             # the HPA owns the replica count once the Deployment exists
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, account, token, redis, policies, prices],
-                                        ignore_changes=["spec.replicas"]),
-        )  # fmt: skip
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[*after, account, token, redis, policies, prices],
+                ignore_changes=["spec.replicas"],
+            ),
+        )
         service = k8s.core.v1.Service(
-            f"{name}-service", metadata=meta,
-            spec={"type": "NodePort", "selector": LABELS, "externalTrafficPolicy": "Cluster",
-                  "ports": [{"name": "http", "port": 80, "targetPort": "http", "nodePort": s.node_port}]},
+            f"{name}-service",
+            metadata=meta,
+            spec={
+                "type": "NodePort",
+                "selector": LABELS,
+                "externalTrafficPolicy": "Cluster",
+                "ports": [{"name": "http", "port": 80, "targetPort": "http", "nodePort": s.node_port}],
+            },
             opts=child,
-        )  # fmt: skip
+        )
         # gRPC for in-cluster clients only: a ClusterIP Service of its own (on the NodePort one it
         # would get a port on every node; the public load balancer listens for HTTPS only)
         k8s.core.v1.Service(
-            f"{name}-grpc-service", metadata={**meta, "name": f"{NAME}-grpc"},
-            spec={"type": "ClusterIP", "selector": LABELS,
-                  "ports": [{"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"}]},
+            f"{name}-grpc-service",
+            metadata={**meta, "name": f"{NAME}-grpc"},
+            spec={
+                "type": "ClusterIP",
+                "selector": LABELS,
+                "ports": [
+                    {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"}
+                ],
+            },
             opts=child,
-        )  # fmt: skip
+        )
         k8s.policy.v1.PodDisruptionBudget(
             f"{name}-pdb", metadata=meta, spec={"maxUnavailable": 1, "selector": {"matchLabels": LABELS}}, opts=child
         )
         k8s.autoscaling.v2.HorizontalPodAutoscaler(
-            f"{name}-hpa", metadata=meta,
+            f"{name}-hpa",
+            metadata=meta,
             spec={
                 "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": NAME},
-                "minReplicas": s.min_replicas, "maxReplicas": s.max_replicas,
-                "metrics": [{"type": "Resource", "resource": {"name": "cpu",
-                                                              "target": {"type": "Utilization", "averageUtilization": 70}}}],
+                "minReplicas": s.min_replicas,
+                "maxReplicas": s.max_replicas,
+                "metrics": [
+                    {
+                        "type": "Resource",
+                        "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}},
+                    }
+                ],
             },
             opts=child,
-        )  # fmt: skip
+        )
         self.service_name = service.metadata.name
         self.register_outputs({"service": self.service_name})

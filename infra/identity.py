@@ -26,26 +26,34 @@ import pulumi_aws as aws
 
 def service_trust(service: str) -> str:
     """Trust policy letting an AWS service (``eks.amazonaws.com``, ...) assume the role."""
-    return json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}],
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}],
+        }
+    )
 
 
 def irsa_trust(provider_arn: str, issuer: str, namespace: str, service_account: str) -> str:
     """Trust policy for one service account; ``issuer`` is the OIDC issuer without https://."""
-    return json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [{
-            "Effect": "Allow",
-            "Principal": {"Federated": provider_arn},
-            "Action": "sts:AssumeRoleWithWebIdentity",
-            "Condition": {"StringEquals": {
-                f"{issuer}:sub": f"system:serviceaccount:{namespace}:{service_account}",
-                f"{issuer}:aud": "sts.amazonaws.com",
-            }},
-        }],
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Federated": provider_arn},
+                    "Action": "sts:AssumeRoleWithWebIdentity",
+                    "Condition": {
+                        "StringEquals": {
+                            f"{issuer}:sub": f"system:serviceaccount:{namespace}:{service_account}",
+                            f"{issuer}:aud": "sts.amazonaws.com",
+                        }
+                    },
+                }
+            ],
+        }
+    )
 
 
 # What the gateway writes, by key prefix (fleet/gateway/ and what its admin API calls):
@@ -68,59 +76,103 @@ ARTIFACTS = "models/*/*/artifact/*"
 
 def _use_store_key(key_arn: str, region: str) -> dict:
     """SSE-KMS: data keys for writes, decryption for reads, and only when S3 asks on the role's behalf."""
-    return {"Sid": "UseStoreKey", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"], "Resource": key_arn,
-            "Condition": {"StringEquals": {"kms:ViaService": f"s3.{region}.amazonaws.com"}}}  # fmt: skip
+    return {
+        "Sid": "UseStoreKey",
+        "Effect": "Allow",
+        "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+        "Resource": key_arn,
+        "Condition": {"StringEquals": {"kms:ViaService": f"s3.{region}.amazonaws.com"}},
+    }
 
 
 def gateway_policy(bucket_arn: str, key_arn: str, region: str) -> str:
     """Read the whole store; write only the keys the data plane and the admin API write, never artifacts."""
-    return json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [
-            {"Sid": "ListStore", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn},
-            {"Sid": "ReadStore", "Effect": "Allow", "Action": "s3:GetObject", "Resource": f"{bucket_arn}/*"},
-            {"Sid": "WriteState", "Effect": "Allow", "Action": "s3:PutObject",
-             "Resource": [f"{bucket_arn}/{k}" for k in GATEWAY_WRITES]},
-            {"Sid": "WithdrawHeartbeat", "Effect": "Allow", "Action": "s3:DeleteObject",
-             "Resource": [f"{bucket_arn}/{k}" for k in GATEWAY_DELETES]},
-            {"Sid": "NeverArtifacts", "Effect": "Deny", "Action": ["s3:PutObject", "s3:DeleteObject"],
-             "Resource": f"{bucket_arn}/{ARTIFACTS}"},
-            _use_store_key(key_arn, region),
-        ],
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Sid": "ListStore", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn},
+                {"Sid": "ReadStore", "Effect": "Allow", "Action": "s3:GetObject", "Resource": f"{bucket_arn}/*"},
+                {
+                    "Sid": "WriteState",
+                    "Effect": "Allow",
+                    "Action": "s3:PutObject",
+                    "Resource": [f"{bucket_arn}/{k}" for k in GATEWAY_WRITES],
+                },
+                {
+                    "Sid": "WithdrawHeartbeat",
+                    "Effect": "Allow",
+                    "Action": "s3:DeleteObject",
+                    "Resource": [f"{bucket_arn}/{k}" for k in GATEWAY_DELETES],
+                },
+                {
+                    "Sid": "NeverArtifacts",
+                    "Effect": "Deny",
+                    "Action": ["s3:PutObject", "s3:DeleteObject"],
+                    "Resource": f"{bucket_arn}/{ARTIFACTS}",
+                },
+                _use_store_key(key_arn, region),
+            ],
+        }
+    )
 
 
 def flows_policy(bucket_arn: str, key_arn: str, region: str) -> str:
-    return json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [
-            {"Sid": "ListStore", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn},
-            {"Sid": "ReadWriteStore", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
-             "Resource": f"{bucket_arn}/*"},
-            _use_store_key(key_arn, region),
-        ],
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Sid": "ListStore", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn},
+                {
+                    "Sid": "ReadWriteStore",
+                    "Effect": "Allow",
+                    "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+                    "Resource": f"{bucket_arn}/*",
+                },
+                _use_store_key(key_arn, region),
+            ],
+        }
+    )
 
 
 def autoscaler_policy(cluster_name: str) -> str:
     # EKS tags the autoscaling groups of its managed node groups with this key, so the
     # write actions reach this cluster's groups and no others
     owned = {"StringEquals": {f"aws:ResourceTag/k8s.io/cluster-autoscaler/{cluster_name}": "owned"}}
-    return json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [
-            {"Sid": "Discover", "Effect": "Allow", "Resource": "*", "Action": [
-                "autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
-                "autoscaling:DescribeLaunchConfigurations", "autoscaling:DescribeScalingActivities",
-                "autoscaling:DescribeTags", "ec2:DescribeImages", "ec2:DescribeInstanceTypes",
-                "ec2:DescribeLaunchTemplateVersions", "ec2:GetInstanceTypesFromInstanceRequirements",
-                "eks:DescribeNodegroup",
-            ]},
-            {"Sid": "ResizeOwnGroups", "Effect": "Allow", "Resource": "*", "Condition": owned, "Action": [
-                "autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup",
-            ]},
-        ],
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "Discover",
+                    "Effect": "Allow",
+                    "Resource": "*",
+                    "Action": [
+                        "autoscaling:DescribeAutoScalingGroups",
+                        "autoscaling:DescribeAutoScalingInstances",
+                        "autoscaling:DescribeLaunchConfigurations",
+                        "autoscaling:DescribeScalingActivities",
+                        "autoscaling:DescribeTags",
+                        "ec2:DescribeImages",
+                        "ec2:DescribeInstanceTypes",
+                        "ec2:DescribeLaunchTemplateVersions",
+                        "ec2:GetInstanceTypesFromInstanceRequirements",
+                        "eks:DescribeNodegroup",
+                    ],
+                },
+                {
+                    "Sid": "ResizeOwnGroups",
+                    "Effect": "Allow",
+                    "Resource": "*",
+                    "Condition": owned,
+                    "Action": [
+                        "autoscaling:SetDesiredCapacity",
+                        "autoscaling:TerminateInstanceInAutoScalingGroup",
+                    ],
+                },
+            ],
+        }
+    )
 
 
 @dataclass
@@ -145,14 +197,21 @@ class IrsaRole(pulumi.ComponentResource):
             lambda v: irsa_trust(v[0], v[1], args.namespace, args.service_account)
         )
         role = aws.iam.Role(
-            name, assume_role_policy=trust, tags=args.tags,
-            description=f"IRSA for {args.namespace}/{args.service_account}", opts=pulumi.ResourceOptions(parent=self),
-        )  # fmt: skip
+            name,
+            assume_role_policy=trust,
+            tags=args.tags,
+            description=f"IRSA for {args.namespace}/{args.service_account}",
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         if args.policy is not None:
             aws.iam.RolePolicy(name, role=role.id, policy=args.policy, opts=pulumi.ResourceOptions(parent=self))
         for arn in args.managed_policies:
-            aws.iam.RolePolicyAttachment(f"{name}-{arn.rsplit('/', 1)[1]}", role=role.name, policy_arn=arn,
-                                         opts=pulumi.ResourceOptions(parent=self))  # fmt: skip
+            aws.iam.RolePolicyAttachment(
+                f"{name}-{arn.rsplit('/', 1)[1]}",
+                role=role.name,
+                policy_arn=arn,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
         self.arn = role.arn
         self.namespace, self.service_account = args.namespace, args.service_account
         self.register_outputs({"arn": role.arn})

@@ -15,15 +15,23 @@ import pulumi_aws as aws
 GATEWAY_REPOSITORY = "gateway"
 UNTAGGED_DAYS = 7
 
-LIFECYCLE = json.dumps({
-    "rules": [{
-        "rulePriority": 1,
-        "description": f"expire untagged images after {UNTAGGED_DAYS} days",
-        "selection": {"tagStatus": "untagged", "countType": "sinceImagePushed", "countUnit": "days",
-                      "countNumber": UNTAGGED_DAYS},
-        "action": {"type": "expire"},
-    }],
-})  # fmt: skip
+LIFECYCLE = json.dumps(
+    {
+        "rules": [
+            {
+                "rulePriority": 1,
+                "description": f"expire untagged images after {UNTAGGED_DAYS} days",
+                "selection": {
+                    "tagStatus": "untagged",
+                    "countType": "sinceImagePushed",
+                    "countUnit": "days",
+                    "countNumber": UNTAGGED_DAYS,
+                },
+                "action": {"type": "expire"},
+            }
+        ],
+    }
+)
 
 
 @dataclass

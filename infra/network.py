@@ -53,13 +53,22 @@ class Network(pulumi.ComponentResource):
             return {**tags, "Name": f"{name}-{label}", **extra}
 
         zones = aws.get_availability_zones_output(state="available", opts=pulumi.InvokeOutputOptions(parent=self))
-        vpc = aws.ec2.Vpc(f"{name}-vpc", cidr_block=args.cidr, enable_dns_hostnames=True, enable_dns_support=True,
-                          tags=tagged("vpc"), opts=child)  # fmt: skip
+        vpc = aws.ec2.Vpc(
+            f"{name}-vpc",
+            cidr_block=args.cidr,
+            enable_dns_hostnames=True,
+            enable_dns_support=True,
+            tags=tagged("vpc"),
+            opts=child,
+        )
         igw = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, tags=tagged("igw"), opts=child)
         public_rt = aws.ec2.RouteTable(
-            f"{name}-public", vpc_id=vpc.id, routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": igw.id}],
-            tags=tagged("public"), opts=child,
-        )  # fmt: skip
+            f"{name}-public",
+            vpc_id=vpc.id,
+            routes=[{"cidr_block": "0.0.0.0/0", "gateway_id": igw.id}],
+            tags=tagged("public"),
+            opts=child,
+        )
         cluster_tag = f"kubernetes.io/cluster/{args.cluster_name}"
         private_cidrs, public_cidrs = subnet_cidrs(args.cidr, args.az_count)
         self.public_subnet_ids, self.private_subnet_ids, self.private_subnet_zones = [], [], []
@@ -68,40 +77,69 @@ class Network(pulumi.ComponentResource):
         for i, (private_cidr, public_cidr) in enumerate(zip(private_cidrs, public_cidrs)):
             az = zones.names.apply(lambda names, i=i: names[i])
             public = aws.ec2.Subnet(
-                f"{name}-public-{i}", vpc_id=vpc.id, cidr_block=public_cidr, availability_zone=az,
-                tags=tagged(f"public-{i}", **{"kubernetes.io/role/elb": "1", cluster_tag: "shared"}), opts=child,
-            )  # fmt: skip
-            aws.ec2.RouteTableAssociation(f"{name}-public-{i}", subnet_id=public.id, route_table_id=public_rt.id, opts=child)
+                f"{name}-public-{i}",
+                vpc_id=vpc.id,
+                cidr_block=public_cidr,
+                availability_zone=az,
+                tags=tagged(f"public-{i}", **{"kubernetes.io/role/elb": "1", cluster_tag: "shared"}),
+                opts=child,
+            )
+            aws.ec2.RouteTableAssociation(
+                f"{name}-public-{i}", subnet_id=public.id, route_table_id=public_rt.id, opts=child
+            )
             self.public_subnet_ids.append(public.id)
             if i == 0 or not args.single_nat_gateway:
                 eip = aws.ec2.Eip(f"{name}-nat-{i}", domain="vpc", tags=tagged(f"nat-{i}"), opts=child)
-                nats.append(aws.ec2.NatGateway(
-                    f"{name}-nat-{i}", allocation_id=eip.id, subnet_id=public.id, tags=tagged(f"nat-{i}"),
-                    opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]),
-                ))  # fmt: skip
+                nats.append(
+                    aws.ec2.NatGateway(
+                        f"{name}-nat-{i}",
+                        allocation_id=eip.id,
+                        subnet_id=public.id,
+                        tags=tagged(f"nat-{i}"),
+                        opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]),
+                    )
+                )
             private = aws.ec2.Subnet(
-                f"{name}-private-{i}", vpc_id=vpc.id, cidr_block=private_cidr, availability_zone=az,
+                f"{name}-private-{i}",
+                vpc_id=vpc.id,
+                cidr_block=private_cidr,
+                availability_zone=az,
                 tags=tagged(f"private-{i}", **{"kubernetes.io/role/internal-elb": "1", cluster_tag: "shared"}),
                 opts=child,
-            )  # fmt: skip
+            )
             # each AZ egresses through its own NAT, so losing one AZ leaves the others online
             private_rt = aws.ec2.RouteTable(
-                f"{name}-private-{i}", vpc_id=vpc.id, routes=[{"cidr_block": "0.0.0.0/0", "nat_gateway_id": nats[-1].id}],
-                tags=tagged(f"private-{i}"), opts=child,
-            )  # fmt: skip
-            aws.ec2.RouteTableAssociation(f"{name}-private-{i}", subnet_id=private.id, route_table_id=private_rt.id, opts=child)
+                f"{name}-private-{i}",
+                vpc_id=vpc.id,
+                routes=[{"cidr_block": "0.0.0.0/0", "nat_gateway_id": nats[-1].id}],
+                tags=tagged(f"private-{i}"),
+                opts=child,
+            )
+            aws.ec2.RouteTableAssociation(
+                f"{name}-private-{i}", subnet_id=private.id, route_table_id=private_rt.id, opts=child
+            )
             private_route_tables.append(private_rt)
             self.private_subnet_ids.append(private.id)
             self.private_subnet_zones.append(az)
         self._endpoints(name, args, vpc, private_route_tables, tagged)
         self.vpc_id = vpc.id
         self.nat_gateways = len(nats)
-        self.register_outputs({
-            "vpc_id": vpc.id, "private_subnet_ids": self.private_subnet_ids, "public_subnet_ids": self.public_subnet_ids,
-        })  # fmt: skip
+        self.register_outputs(
+            {
+                "vpc_id": vpc.id,
+                "private_subnet_ids": self.private_subnet_ids,
+                "public_subnet_ids": self.public_subnet_ids,
+            }
+        )
 
-    def _endpoints(self, name: str, args: NetworkArgs, vpc: aws.ec2.Vpc, route_tables: list[aws.ec2.RouteTable],
-                   tagged: Callable[..., dict[str, str]]) -> None:  # fmt: skip
+    def _endpoints(
+        self,
+        name: str,
+        args: NetworkArgs,
+        vpc: aws.ec2.Vpc,
+        route_tables: list[aws.ec2.RouteTable],
+        tagged: Callable[..., dict[str, str]],
+    ) -> None:
         """Model weights (S3) and images (ECR) reach the nodes without the NAT: an S3 gateway
         endpoint on the private route tables (free; NAT processing is billed per GB), and ECR's
         API and registry as interface endpoints with private DNS (image layers themselves are
@@ -109,19 +147,41 @@ class Network(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         region = aws.get_region_output(opts=pulumi.InvokeOutputOptions(parent=self)).region
         aws.ec2.VpcEndpoint(
-            f"{name}-s3", vpc_id=vpc.id, service_name=pulumi.Output.concat("com.amazonaws.", region, ".s3"),
-            vpc_endpoint_type="Gateway", route_table_ids=[rt.id for rt in route_tables], tags=tagged("s3"), opts=child,
-        )  # fmt: skip
-        sg = aws.ec2.SecurityGroup(f"{name}-endpoints", vpc_id=vpc.id, description="interface endpoints: HTTPS from the VPC",
-                                   tags=tagged("endpoints"), opts=child)  # fmt: skip
+            f"{name}-s3",
+            vpc_id=vpc.id,
+            service_name=pulumi.Output.concat("com.amazonaws.", region, ".s3"),
+            vpc_endpoint_type="Gateway",
+            route_table_ids=[rt.id for rt in route_tables],
+            tags=tagged("s3"),
+            opts=child,
+        )
+        sg = aws.ec2.SecurityGroup(
+            f"{name}-endpoints",
+            vpc_id=vpc.id,
+            description="interface endpoints: HTTPS from the VPC",
+            tags=tagged("endpoints"),
+            opts=child,
+        )
         aws.vpc.SecurityGroupIngressRule(
-            f"{name}-endpoints-https", security_group_id=sg.id, ip_protocol="tcp", from_port=443, to_port=443,
-            cidr_ipv4=args.cidr, description="HTTPS from the VPC", tags=tagged("endpoints-https"), opts=child,
-        )  # fmt: skip
+            f"{name}-endpoints-https",
+            security_group_id=sg.id,
+            ip_protocol="tcp",
+            from_port=443,
+            to_port=443,
+            cidr_ipv4=args.cidr,
+            description="HTTPS from the VPC",
+            tags=tagged("endpoints-https"),
+            opts=child,
+        )
         for service in INTERFACE_ENDPOINTS:
             aws.ec2.VpcEndpoint(
-                f"{name}-{service.replace('.', '-')}", vpc_id=vpc.id,
+                f"{name}-{service.replace('.', '-')}",
+                vpc_id=vpc.id,
                 service_name=pulumi.Output.concat("com.amazonaws.", region, f".{service}"),
-                vpc_endpoint_type="Interface", subnet_ids=self.private_subnet_ids, security_group_ids=[sg.id],
-                private_dns_enabled=True, tags=tagged(service.replace(".", "-")), opts=child,
-            )  # fmt: skip
+                vpc_endpoint_type="Interface",
+                subnet_ids=self.private_subnet_ids,
+                security_group_ids=[sg.id],
+                private_dns_enabled=True,
+                tags=tagged(service.replace(".", "-")),
+                opts=child,
+            )

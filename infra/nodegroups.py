@@ -24,8 +24,16 @@ IMDS_HOP_LIMIT = 1
 # device plugin to advertise its GPUs before calling it ready; without it, it sees a node
 # with no GPUs, decides the pending pods still do not fit and adds more nodes.
 ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
-ACCELERATORS = {"g4dn": "nvidia-tesla-t4", "g5": "nvidia-a10g", "g6": "nvidia-l4", "g6e": "nvidia-l40s",
-                "p3": "nvidia-tesla-v100", "p4d": "nvidia-a100", "p4de": "nvidia-a100", "p5": "nvidia-h100"}  # fmt: skip
+ACCELERATORS = {
+    "g4dn": "nvidia-tesla-t4",
+    "g5": "nvidia-a10g",
+    "g6": "nvidia-l4",
+    "g6e": "nvidia-l40s",
+    "p3": "nvidia-tesla-v100",
+    "p4d": "nvidia-a100",
+    "p4de": "nvidia-a100",
+    "p5": "nvidia-h100",
+}
 # A GPU group whose node costs at least this much an hour starts at zero nodes (EKS minimum
 # and desired 0): creating a group with a minimum of 1 fails where the account has no quota
 # for the type, and nothing is paid for until a model's pods ask. The autoscaler brings the
@@ -95,9 +103,18 @@ class NodeGroups(pulumi.ComponentResource):
         self._after = waited_for(opts)  # the node role's policies, the CNI add-ons
         system = args.system
         self.system = self._group(
-            name, args, SYSTEM_GROUP, [system.instance_type], CPU_AMI, "ON_DEMAND",
-            (system.min_size, system.max_size), {POOL_LABEL: SYSTEM_GROUP}, [], system.root_volume_gib, args.tags,
-        )  # fmt: skip
+            name,
+            args,
+            SYSTEM_GROUP,
+            [system.instance_type],
+            CPU_AMI,
+            "ON_DEMAND",
+            (system.min_size, system.max_size),
+            {POOL_LABEL: SYSTEM_GROUP},
+            [],
+            system.root_volume_gib,
+            args.tags,
+        )
         self.groups = {}
         for group in args.groups:
             tags = {**args.tags, "model": model_tag(group), "fleet-node-group": group.name}
@@ -107,39 +124,72 @@ class NodeGroups(pulumi.ComponentResource):
                 ami, labels[ACCELERATOR_LABEL] = GPU_AMI, accelerator(group.instance_type)
                 # only the AZs that have the type: a group spanning one without it fails to launch there
                 offered = aws.ec2.get_instance_type_offerings_output(
-                    location_type="availability-zone", filters=[{"name": "instance-type", "values": [group.instance_type]}],
+                    location_type="availability-zone",
+                    filters=[{"name": "instance-type", "values": [group.instance_type]}],
                     opts=pulumi.InvokeOutputOptions(parent=self),
-                ).locations  # fmt: skip
+                ).locations
                 kept = pulumi.Output.all(offered, pulumi.Output.all(*args.subnet_zones)).apply(
-                    lambda v, g=group: offered_zones(v[0], v[1], g.name, g.instance_type))
+                    lambda v, g=group: offered_zones(v[0], v[1], g.name, g.instance_type)
+                )
                 subnets = kept.apply(lambda idx: pulumi.Output.all(*(args.subnet_ids[i] for i in idx)))
             self.groups[group.name] = self._group(
-                name, args, group.name, [group.instance_type], ami, group.capacity_type,
-                (eks_min_size(group), group.max_size), labels, taints, args.root_volume_gib, tags, subnets,
-            )  # fmt: skip
+                name,
+                args,
+                group.name,
+                [group.instance_type],
+                ami,
+                group.capacity_type,
+                (eks_min_size(group), group.max_size),
+                labels,
+                taints,
+                args.root_volume_gib,
+                tags,
+                subnets,
+            )
         self.register_outputs({"system": self.system.id, "groups": {k: g.id for k, g in self.groups.items()}})
 
     def _group(
-        self, name: str, args: NodeGroupsArgs, group: str, instance_types: list[str], ami: str, capacity: str,
-        size: tuple[int, int], labels: dict[str, str], taints: list[dict], root_gib: int, tags: dict[str, str],
+        self,
+        name: str,
+        args: NodeGroupsArgs,
+        group: str,
+        instance_types: list[str],
+        ami: str,
+        capacity: str,
+        size: tuple[int, int],
+        labels: dict[str, str],
+        taints: list[dict],
+        root_gib: int,
+        tags: dict[str, str],
         subnets: pulumi.Input[list[str]] | None = None,
-    ) -> aws.eks.NodeGroup:  # fmt: skip
+    ) -> aws.eks.NodeGroup:
         child = pulumi.ResourceOptions(parent=self)
         template = aws.ec2.LaunchTemplate(
             f"{name}-{group}",
-            block_device_mappings=[{
-                "device_name": "/dev/xvda",  # the root volume of the AL2023 EKS AMIs
-                "ebs": {"volume_size": root_gib, "volume_type": "gp3", "encrypted": "true", "delete_on_termination": "true"},
-            }],
+            block_device_mappings=[
+                {
+                    "device_name": "/dev/xvda",  # the root volume of the AL2023 EKS AMIs
+                    "ebs": {
+                        "volume_size": root_gib,
+                        "volume_type": "gp3",
+                        "encrypted": "true",
+                        "delete_on_termination": "true",
+                    },
+                }
+            ],
             # IMDSv2 only, hop limit 1: pods in their own network namespace (one hop more) cannot
             # take the node's role; every workload has its own (IRSA), and host-network pods
             # (the VPC CNI) are not a hop away
-            metadata_options={"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": IMDS_HOP_LIMIT},
+            metadata_options={
+                "http_endpoint": "enabled",
+                "http_tokens": "required",
+                "http_put_response_hop_limit": IMDS_HOP_LIMIT,
+            },
             tag_specifications=[{"resource_type": kind, "tags": tags} for kind in ("instance", "volume")],
             update_default_version=True,
             tags=tags,
             opts=child,
-        )  # fmt: skip
+        )
         low, high = size
         return aws.eks.NodeGroup(
             f"{name}-{group}",
@@ -158,6 +208,7 @@ class NodeGroups(pulumi.ComponentResource):
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
             tags=tags,
             # the cluster autoscaler owns the desired size once the group exists
-            opts=pulumi.ResourceOptions(parent=self, depends_on=self._after, ignore_changes=["scalingConfig.desiredSize"]),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=self._after, ignore_changes=["scalingConfig.desiredSize"]
+            ),
         )
-

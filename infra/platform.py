@@ -21,10 +21,11 @@ from fleet.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, SLICES_LABE
 from fleet.runtime.kubernetes import CONFIG_MAP, MANAGED, config_map_data
 from fleet.spec import Policies
 from infra import waited_for
-from infra.admission import GATEWAY_SCALING, gateway_scaling_policy
-from infra.admission import NAME as GPU_ADMISSION, gpu_pod_policy
+from infra.admission import GATEWAY_SCALING, gateway_scaling_policy, gpu_pod_policy
+from infra.admission import NAME as GPU_ADMISSION
 from infra.config import GatewaySettings
-from infra.gateway import NAME as GATEWAY, Gateway, GatewayArgs
+from infra.gateway import NAME as GATEWAY
+from infra.gateway import Gateway, GatewayArgs
 from infra.images import GATEWAY_REPOSITORY
 from infra.monitoring import alert_rules, dashboard
 from infra.nodegroups import SYSTEM_GROUP
@@ -58,8 +59,14 @@ GRAFANA_SECRET = "grafana-admin"
 # (KubernetesWorker.get_default_base_job_template(), taken 2026-12-01), with this fleet's
 # namespace, service account and default requests (flow_run_job_template sets them).
 JOB_TEMPLATE = Path(__file__).with_name("prefect-kubernetes-job-template.json")
-FLOW_JOB_DEFAULTS = {"namespace": FLOWS_NS, "service_account_name": FLOWS_SA, "cpu_request": "500m",
-                     "memory_request": "1Gi", "memory_limit": "2Gi", "finished_job_ttl": 86400}  # fmt: skip
+FLOW_JOB_DEFAULTS = {
+    "namespace": FLOWS_NS,
+    "service_account_name": FLOWS_SA,
+    "cpu_request": "500m",
+    "memory_request": "1Gi",
+    "memory_limit": "2Gi",
+    "finished_job_ttl": 86400,
+}
 # Pods that ask for nothing in a namespace with a ResourceQuota are refused; these defaults
 # let them in with a bounded size (a LimitRange per namespace with a quota).
 LIMIT_DEFAULTS = {"defaultRequest": {"cpu": "250m", "memory": "256Mi"}, "default": {"memory": "1Gi"}}
@@ -107,8 +114,12 @@ def model_quota(plan: Plan) -> dict[str, str]:
     cpu = 2 * sum(m.max_replicas * m.cpu for m in plan.models)
     memory = 2 * sum(m.max_replicas * m.memory_gib for m in plan.models)
     pods = 2 * sum(m.max_replicas for m in plan.models)
-    return {f"requests.{GPU_RESOURCE}": str(units), "requests.cpu": f"{cpu:g}", "requests.memory": f"{memory:g}Gi",
-            "pods": str(pods)}  # fmt: skip
+    return {
+        f"requests.{GPU_RESOURCE}": str(units),
+        "requests.cpu": f"{cpu:g}",
+        "requests.memory": f"{memory:g}Gi",
+        "pods": str(pods),
+    }
 
 
 def device_plugin_config(plan: Plan) -> dict[str, str]:
@@ -132,148 +143,275 @@ class Platform(pulumi.ComponentResource):
         after = waited_for(opts)
         self._opts = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=after)
         self._name = name
-        namespaces = {ns: k8s.core.v1.Namespace(f"{name}-{ns}", metadata={"name": ns, "labels": {"app.kubernetes.io/part-of": "serving-fleet"}},
-                                                opts=self._opts)  # fmt: skip
-                      for ns in (GATEWAY_NS, MODELS_NS, FLOWS_NS, MONITORING_NS, KEDA_NS)}
+        namespaces = {
+            ns: k8s.core.v1.Namespace(
+                f"{name}-{ns}",
+                metadata={"name": ns, "labels": {"app.kubernetes.io/part-of": "serving-fleet"}},
+                opts=self._opts,
+            )
+            for ns in (GATEWAY_NS, MODELS_NS, FLOWS_NS, MONITORING_NS, KEDA_NS)
+        }
         gw = args.gateway
         quotas = {
             MODELS_NS: model_quota(args.plan),
-            GATEWAY_NS: {f"requests.{GPU_RESOURCE}": "0", "requests.cpu": f"{2 * gw.max_replicas * gw.cpu:g}",
-                         "requests.memory": f"{2 * gw.max_replicas * gw.memory_gib:g}Gi", "pods": str(2 * gw.max_replicas)},
+            GATEWAY_NS: {
+                f"requests.{GPU_RESOURCE}": "0",
+                "requests.cpu": f"{2 * gw.max_replicas * gw.cpu:g}",
+                "requests.memory": f"{2 * gw.max_replicas * gw.memory_gib:g}Gi",
+                "pods": str(2 * gw.max_replicas),
+            },
             FLOWS_NS: {f"requests.{GPU_RESOURCE}": "0", "requests.cpu": "16", "requests.memory": "64Gi", "pods": "50"},
-        }  # fmt: skip
+        }
         for ns, hard in quotas.items():
-            k8s.core.v1.ResourceQuota(f"{name}-{ns}-quota", metadata={"name": "fleet-quota", "namespace": ns},
-                                      spec={"hard": hard}, opts=self._child(namespaces[ns]))  # fmt: skip
-            k8s.core.v1.LimitRange(f"{name}-{ns}-limits", metadata={"name": "fleet-defaults", "namespace": ns},
-                                   spec={"limits": [{"type": "Container", **LIMIT_DEFAULTS}]},
-                                   opts=self._child(namespaces[ns]))  # fmt: skip
+            k8s.core.v1.ResourceQuota(
+                f"{name}-{ns}-quota",
+                metadata={"name": "fleet-quota", "namespace": ns},
+                spec={"hard": hard},
+                opts=self._child(namespaces[ns]),
+            )
+            k8s.core.v1.LimitRange(
+                f"{name}-{ns}-limits",
+                metadata={"name": "fleet-defaults", "namespace": ns},
+                spec={"limits": [{"type": "Container", **LIMIT_DEFAULTS}]},
+                opts=self._child(namespaces[ns]),
+            )
         k8s.storage.v1.StorageClass(
             f"{name}-{STORAGE_CLASS}",
             metadata={"name": STORAGE_CLASS, "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
-            provisioner="ebs.csi.aws.com", volume_binding_mode="WaitForFirstConsumer", allow_volume_expansion=True,
-            parameters={"type": "gp3", "encrypted": "true"}, reclaim_policy="Delete", opts=self._opts,
-        )  # fmt: skip
+            provisioner="ebs.csi.aws.com",
+            volume_binding_mode="WaitForFirstConsumer",
+            allow_volume_expansion=True,
+            parameters={"type": "gp3", "encrypted": "true"},
+            reclaim_policy="Delete",
+            opts=self._opts,
+        )
         policy, binding = gpu_pod_policy()
         gpu_policy = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
-            f"{name}-gpu-pods", metadata={"name": GPU_ADMISSION}, spec=policy, opts=self._opts)
+            f"{name}-gpu-pods", metadata={"name": GPU_ADMISSION}, spec=policy, opts=self._opts
+        )
         k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
-            f"{name}-gpu-pods", metadata={"name": GPU_ADMISSION}, spec=binding, opts=self._child(gpu_policy))
+            f"{name}-gpu-pods", metadata={"name": GPU_ADMISSION}, spec=binding, opts=self._child(gpu_policy)
+        )
         policy, binding = gateway_scaling_policy(f"system:serviceaccount:{GATEWAY_NS}:{GATEWAY}", MODELS_NS)
         scaling_policy = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
-            f"{name}-gateway-scaling", metadata={"name": GATEWAY_SCALING}, spec=policy, opts=self._opts)
+            f"{name}-gateway-scaling", metadata={"name": GATEWAY_SCALING}, spec=policy, opts=self._opts
+        )
         k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
-            f"{name}-gateway-scaling", metadata={"name": GATEWAY_SCALING}, spec=binding, opts=self._child(scaling_policy))
+            f"{name}-gateway-scaling",
+            metadata={"name": GATEWAY_SCALING},
+            spec=binding,
+            opts=self._child(scaling_policy),
+        )
         grafana_admin = k8s.core.v1.Secret(
-            f"{name}-grafana-admin", metadata={"name": GRAFANA_SECRET, "namespace": MONITORING_NS}, type="Opaque",
+            f"{name}-grafana-admin",
+            metadata={"name": GRAFANA_SECRET, "namespace": MONITORING_NS},
+            type="Opaque",
             string_data={"admin-user": "admin", "admin-password": pulumi.Output.secret(args.grafana_admin_password)},
             opts=self._child(namespaces[MONITORING_NS]),
-        )  # fmt: skip
+        )
 
         on_gpu_nodes = {
             # every GPU node, dedicated ones included, and nowhere else (as the device plugin)
-            "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
-                            {"key": DEDICATED_KEY, "operator": "Exists", "effect": "NoSchedule"}],
-            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                {"matchExpressions": [{"key": SLICES_LABEL, "operator": "Exists"}]}]}}},
-        }  # fmt: skip
-        self._chart("nvidia-device-plugin", "kube-system", {
-            "config": {"map": device_plugin_config(args.plan), "default": "whole"}, **on_gpu_nodes})
+            "tolerations": [
+                {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+                {"key": DEDICATED_KEY, "operator": "Exists", "effect": "NoSchedule"},
+            ],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [{"key": SLICES_LABEL, "operator": "Exists"}]}]
+                    }
+                }
+            },
+        }
+        self._chart(
+            "nvidia-device-plugin",
+            "kube-system",
+            {"config": {"map": device_plugin_config(args.plan), "default": "whole"}, **on_gpu_nodes},
+        )
         keda = self._chart("keda", KEDA_NS, {"nodeSelector": ON_SYSTEM}, namespaces[KEDA_NS])
-        prometheus = self._chart("kube-prometheus-stack", MONITORING_NS, {
-            "fullnameOverride": "kps",
-            "prometheus": {"prometheusSpec": {
-                "nodeSelector": ON_SYSTEM, "retention": "15d",
-                # pick up ServiceMonitors and rules of every namespace, not only the chart's own
-                "serviceMonitorSelectorNilUsesHelmValues": False, "ruleSelectorNilUsesHelmValues": False,
-                # 15 days of samples outlive the pod: a volume, not an emptyDir
-                "storageSpec": {"volumeClaimTemplate": {"spec": {
-                    "storageClassName": STORAGE_CLASS, "accessModes": ["ReadWriteOnce"],
-                    "resources": {"requests": {"storage": PROMETHEUS_STORAGE}}}}},
-            }},
-            "alertmanager": {"alertmanagerSpec": {"nodeSelector": ON_SYSTEM}},
-            "grafana": {"nodeSelector": ON_SYSTEM, "sidecar": {"dashboards": {"enabled": True, "label": "grafana_dashboard"}},
-                        "admin": {"existingSecret": GRAFANA_SECRET, "userKey": "admin-user", "passwordKey": "admin-password"}},
-            "prometheusOperator": {"nodeSelector": ON_SYSTEM},
-        }, namespaces[MONITORING_NS], grafana_admin)  # fmt: skip
-        self._chart("dcgm-exporter", MONITORING_NS, {
-            **on_gpu_nodes,
-            # keep the pod, namespace and container labels DCGM puts on a GPU's samples (the pod
-            # using it); without honorLabels they would be renamed exported_* under the exporter's own
-            "serviceMonitor": {"enabled": True, "honorLabels": True, "interval": "15s"},
-        }, namespaces[MONITORING_NS], prometheus)  # fmt: skip
-        self._chart("cluster-autoscaler", "kube-system", {
-            "autoDiscovery": {"clusterName": args.cluster_name}, "awsRegion": args.region,
-            "image": {"tag": f"v{args.kubernetes_version}.0"},  # the autoscaler's minor follows the cluster's
-            "rbac": {"serviceAccount": {"name": "cluster-autoscaler",
-                                        "annotations": {"eks.amazonaws.com/role-arn": args.autoscaler_role_arn}}},
-            "extraArgs": {"balance-similar-node-groups": True, "skip-nodes-with-local-storage": False},
-            "nodeSelector": ON_SYSTEM,
-        })  # fmt: skip
-        server = self._chart("prefect-server", FLOWS_NS, {
-            "global": {"prefect": {"image": {"prefectTag": PREFECT_IMAGE_TAG}}},
-            "server": {"nodeSelector": ON_SYSTEM},
-            # the bundled PostgreSQL with the stack's secret password (the chart and its
-            # subchart keep it in Secrets) on a volume: not the chart's default password, and
-            # flow-run history that outlives the pod
-            "postgresql": {"auth": {"password": pulumi.Output.secret(args.prefect_db_password)},
-                           "primary": {"persistence": {"enabled": True, "storageClass": STORAGE_CLASS,
-                                                       "size": PREFECT_DB_STORAGE},
-                                       "nodeSelector": ON_SYSTEM}},
-        }, namespaces[FLOWS_NS])  # fmt: skip
-        self._chart("prefect-worker", FLOWS_NS, {
-            "worker": {
-                "image": {"prefectTag": f"{PREFECT_IMAGE_TAG}-kubernetes"},
-                "apiConfig": "selfHostedServer",
-                "selfHostedServerApiConfig": {"apiUrl": f"http://prefect-server.{FLOWS_NS}.svc.cluster.local:4200/api"},
-                # the worker creates the pool with this template; when the pool exists, the chart's
-                # init container (sync-base-job-template) applies it each time a worker pod starts
-                "config": {"workPool": WORK_POOL, "type": "kubernetes",
-                           "baseJobTemplate": {"configuration": json.dumps(flow_run_job_template())}},
+        prometheus = self._chart(
+            "kube-prometheus-stack",
+            MONITORING_NS,
+            {
+                "fullnameOverride": "kps",
+                "prometheus": {
+                    "prometheusSpec": {
+                        "nodeSelector": ON_SYSTEM,
+                        "retention": "15d",
+                        # pick up ServiceMonitors and rules of every namespace, not only the chart's own
+                        "serviceMonitorSelectorNilUsesHelmValues": False,
+                        "ruleSelectorNilUsesHelmValues": False,
+                        # 15 days of samples outlive the pod: a volume, not an emptyDir
+                        "storageSpec": {
+                            "volumeClaimTemplate": {
+                                "spec": {
+                                    "storageClassName": STORAGE_CLASS,
+                                    "accessModes": ["ReadWriteOnce"],
+                                    "resources": {"requests": {"storage": PROMETHEUS_STORAGE}},
+                                }
+                            }
+                        },
+                    }
+                },
+                "alertmanager": {"alertmanagerSpec": {"nodeSelector": ON_SYSTEM}},
+                "grafana": {
+                    "nodeSelector": ON_SYSTEM,
+                    "sidecar": {"dashboards": {"enabled": True, "label": "grafana_dashboard"}},
+                    "admin": {
+                        "existingSecret": GRAFANA_SECRET,
+                        "userKey": "admin-user",
+                        "passwordKey": "admin-password",
+                    },
+                },
+                "prometheusOperator": {"nodeSelector": ON_SYSTEM},
+            },
+            namespaces[MONITORING_NS],
+            grafana_admin,
+        )
+        self._chart(
+            "dcgm-exporter",
+            MONITORING_NS,
+            {
+                **on_gpu_nodes,
+                # keep the pod, namespace and container labels DCGM puts on a GPU's samples (the pod
+                # using it); without honorLabels they would be renamed exported_* under the exporter's own
+                "serviceMonitor": {"enabled": True, "honorLabels": True, "interval": "15s"},
+            },
+            namespaces[MONITORING_NS],
+            prometheus,
+        )
+        self._chart(
+            "cluster-autoscaler",
+            "kube-system",
+            {
+                "autoDiscovery": {"clusterName": args.cluster_name},
+                "awsRegion": args.region,
+                "image": {"tag": f"v{args.kubernetes_version}.0"},  # the autoscaler's minor follows the cluster's
+                "rbac": {
+                    "serviceAccount": {
+                        "name": "cluster-autoscaler",
+                        "annotations": {"eks.amazonaws.com/role-arn": args.autoscaler_role_arn},
+                    }
+                },
+                "extraArgs": {"balance-similar-node-groups": True, "skip-nodes-with-local-storage": False},
                 "nodeSelector": ON_SYSTEM,
             },
-            "serviceAccount": {"create": True, "name": FLOWS_SA,
-                               "annotations": {"eks.amazonaws.com/role-arn": args.flows_role_arn}},
-        }, namespaces[FLOWS_NS], server)  # fmt: skip
+        )
+        server = self._chart(
+            "prefect-server",
+            FLOWS_NS,
+            {
+                "global": {"prefect": {"image": {"prefectTag": PREFECT_IMAGE_TAG}}},
+                "server": {"nodeSelector": ON_SYSTEM},
+                # the bundled PostgreSQL with the stack's secret password (the chart and its
+                # subchart keep it in Secrets) on a volume: not the chart's default password, and
+                # flow-run history that outlives the pod
+                "postgresql": {
+                    "auth": {"password": pulumi.Output.secret(args.prefect_db_password)},
+                    "primary": {
+                        "persistence": {"enabled": True, "storageClass": STORAGE_CLASS, "size": PREFECT_DB_STORAGE},
+                        "nodeSelector": ON_SYSTEM,
+                    },
+                },
+            },
+            namespaces[FLOWS_NS],
+        )
+        self._chart(
+            "prefect-worker",
+            FLOWS_NS,
+            {
+                "worker": {
+                    "image": {"prefectTag": f"{PREFECT_IMAGE_TAG}-kubernetes"},
+                    "apiConfig": "selfHostedServer",
+                    "selfHostedServerApiConfig": {
+                        "apiUrl": f"http://prefect-server.{FLOWS_NS}.svc.cluster.local:4200/api"
+                    },
+                    # the worker creates the pool with this template; when the pool exists, the chart's
+                    # init container (sync-base-job-template) applies it each time a worker pod starts
+                    "config": {
+                        "workPool": WORK_POOL,
+                        "type": "kubernetes",
+                        "baseJobTemplate": {"configuration": json.dumps(flow_run_job_template())},
+                    },
+                    "nodeSelector": ON_SYSTEM,
+                },
+                "serviceAccount": {
+                    "create": True,
+                    "name": FLOWS_SA,
+                    "annotations": {"eks.amazonaws.com/role-arn": args.flows_role_arn},
+                },
+            },
+            namespaces[FLOWS_NS],
+            server,
+        )
 
         monitoring = self._child(namespaces[MONITORING_NS], prometheus)
         k8s.core.v1.ConfigMap(
-            f"{name}-dashboard", metadata={"name": "serving-fleet-dashboard", "namespace": MONITORING_NS,
-                                           "labels": {"grafana_dashboard": "1"}},
-            data={"serving-fleet.json": json.dumps(dashboard())}, opts=monitoring,
-        )  # fmt: skip
+            f"{name}-dashboard",
+            metadata={
+                "name": "serving-fleet-dashboard",
+                "namespace": MONITORING_NS,
+                "labels": {"grafana_dashboard": "1"},
+            },
+            data={"serving-fleet.json": json.dumps(dashboard())},
+            opts=monitoring,
+        )
         models = tuple(m.model for m in args.plan.models)
         k8s.apiextensions.CustomResource(
-            f"{name}-alerts", api_version="monitoring.coreos.com/v1", kind="PrometheusRule",
+            f"{name}-alerts",
+            api_version="monitoring.coreos.com/v1",
+            kind="PrometheusRule",
             metadata={"name": "serving-fleet", "namespace": MONITORING_NS},
-            spec={"groups": alert_rules(args.policies, models)}, opts=monitoring,
-        )  # fmt: skip
-        k8s.apiextensions.CustomResource(
-            f"{name}-gateway-monitor", api_version="monitoring.coreos.com/v1", kind="ServiceMonitor",
-            metadata={"name": GATEWAY, "namespace": MONITORING_NS},
-            spec={"selector": {"matchLabels": {"app.kubernetes.io/name": GATEWAY}}, "jobLabel": "app.kubernetes.io/name",
-                  "namespaceSelector": {"matchNames": [GATEWAY_NS]},
-                  "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}]},
+            spec={"groups": alert_rules(args.policies, models)},
             opts=monitoring,
-        )  # fmt: skip
+        )
+        k8s.apiextensions.CustomResource(
+            f"{name}-gateway-monitor",
+            api_version="monitoring.coreos.com/v1",
+            kind="ServiceMonitor",
+            metadata={"name": GATEWAY, "namespace": MONITORING_NS},
+            spec={
+                "selector": {"matchLabels": {"app.kubernetes.io/name": GATEWAY}},
+                "jobLabel": "app.kubernetes.io/name",
+                "namespaceSelector": {"matchNames": [GATEWAY_NS]},
+                "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+            },
+            opts=monitoring,
+        )
 
         self._runtime_access(namespaces, keda)
         families = sorted({m.family for m in args.plan.models})
         images = pulumi.Output.all(**{f: args.images[f] for f in families}).apply(lambda urls: dict(urls))
         timeouts = {m: args.policies.models[m].timeout_ms for m in models}
         k8s.core.v1.ConfigMap(
-            f"{name}-runtime", metadata={"name": CONFIG_MAP, "namespace": MODELS_NS},
+            f"{name}-runtime",
+            metadata={"name": CONFIG_MAP, "namespace": MODELS_NS},
             data=images.apply(lambda urls: config_map_data(args.plan, urls, PROMETHEUS_URL, timeouts)),
             opts=self._child(namespaces[MODELS_NS]),
-        )  # fmt: skip
-        Gateway(f"{name}-gateway", GatewayArgs(
-            namespace=GATEWAY_NS, models_namespace=MODELS_NS,
-            image=pulumi.Output.concat(args.images[GATEWAY_REPOSITORY], ":", args.gateway_image_tag),
-            store_url=args.store_url, role_arn=args.gateway_role_arn, region=args.region, settings=gw,
-            admin_token=args.gateway_admin_token, policy_files=args.policy_files, redis_url=args.redis_url,
-            trusted_networks=args.vpc_cidr, prices=args.gateway_prices,
-        ), opts=pulumi.ResourceOptions(parent=self, providers={"kubernetes": provider},
-                                       depends_on=[*after, namespaces[GATEWAY_NS], args.redis_group]))  # fmt: skip
+        )
+        Gateway(
+            f"{name}-gateway",
+            GatewayArgs(
+                namespace=GATEWAY_NS,
+                models_namespace=MODELS_NS,
+                image=pulumi.Output.concat(args.images[GATEWAY_REPOSITORY], ":", args.gateway_image_tag),
+                store_url=args.store_url,
+                role_arn=args.gateway_role_arn,
+                region=args.region,
+                settings=gw,
+                admin_token=args.gateway_admin_token,
+                policy_files=args.policy_files,
+                redis_url=args.redis_url,
+                trusted_networks=args.vpc_cidr,
+                prices=args.gateway_prices,
+            ),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                providers={"kubernetes": provider},
+                depends_on=[*after, namespaces[GATEWAY_NS], args.redis_group],
+            ),
+        )
         self.register_outputs({})
 
     def _child(self, *depends: pulumi.Resource) -> pulumi.ResourceOptions:
@@ -282,9 +420,17 @@ class Platform(pulumi.ComponentResource):
     def _chart(self, chart: str, namespace: str, values: dict, *depends: pulumi.Resource) -> k8s.helm.v3.Release:
         repo, version = CHARTS[chart]
         return k8s.helm.v3.Release(
-            f"{self._name}-{chart}", name=chart, chart=chart, version=version, namespace=namespace,
-            repository_opts={"repo": repo}, values=values, atomic=True, timeout=900, opts=self._child(*depends),
-        )  # fmt: skip
+            f"{self._name}-{chart}",
+            name=chart,
+            chart=chart,
+            version=version,
+            namespace=namespace,
+            repository_opts={"repo": repo},
+            values=values,
+            atomic=True,
+            timeout=900,
+            opts=self._child(*depends),
+        )
 
     def _runtime_access(self, namespaces: dict, keda: k8s.helm.v3.Release) -> None:
         """Roles in the models namespace: the flows deploy model versions; the gateway reads them
@@ -292,10 +438,22 @@ class Platform(pulumi.ComponentResource):
         admission policy ``fleet-gateway-scaling`` keeps to exactly that)."""
         rules = {
             "model-deployer": [
-                {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+                {
+                    "apiGroups": ["apps"],
+                    "resources": ["deployments"],
+                    "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+                },
                 {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "create", "patch", "delete"]},
-                {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch", "delete"]},
-                {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"], "verbs": ["get", "create", "patch", "delete"]},
+                {
+                    "apiGroups": ["policy"],
+                    "resources": ["poddisruptionbudgets"],
+                    "verbs": ["get", "create", "patch", "delete"],
+                },
+                {
+                    "apiGroups": ["keda.sh"],
+                    "resources": ["scaledobjects"],
+                    "verbs": ["get", "create", "patch", "delete"],
+                },
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [CONFIG_MAP], "verbs": ["get"]},
             ],
@@ -305,15 +463,21 @@ class Platform(pulumi.ComponentResource):
                 {"apiGroups": [""], "resources": ["pods", "services"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [CONFIG_MAP], "verbs": ["get"]},
             ],
-        }  # fmt: skip
+        }
         subjects = {"model-deployer": (FLOWS_SA, FLOWS_NS), "model-reader": (GATEWAY, GATEWAY_NS)}
         for role, role_rules in rules.items():
             opts = self._child(namespaces[MODELS_NS], keda)
-            k8s.rbac.v1.Role(f"{self._name}-{role}", metadata={"name": role, "namespace": MODELS_NS, "labels": MANAGED},
-                             rules=role_rules, opts=opts)  # fmt: skip
+            k8s.rbac.v1.Role(
+                f"{self._name}-{role}",
+                metadata={"name": role, "namespace": MODELS_NS, "labels": MANAGED},
+                rules=role_rules,
+                opts=opts,
+            )
             account, ns = subjects[role]
             k8s.rbac.v1.RoleBinding(
-                f"{self._name}-{role}", metadata={"name": role, "namespace": MODELS_NS, "labels": MANAGED},
+                f"{self._name}-{role}",
+                metadata={"name": role, "namespace": MODELS_NS, "labels": MANAGED},
                 role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
-                subjects=[{"kind": "ServiceAccount", "name": account, "namespace": ns}], opts=opts,
-            )  # fmt: skip
+                subjects=[{"kind": "ServiceAccount", "name": account, "namespace": ns}],
+                opts=opts,
+            )

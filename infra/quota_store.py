@@ -49,7 +49,7 @@ def replication_group_id(name: str) -> str:
         cleaned = f"q-{cleaned}".rstrip("-")
     if len(cleaned) > ID_MAX:
         digest = hashlib.sha256(name.encode()).hexdigest()[:6]
-        cleaned = f"{cleaned[:ID_MAX - 7].rstrip('-')}-{digest}"
+        cleaned = f"{cleaned[: ID_MAX - 7].rstrip('-')}-{digest}"
     return cleaned
 
 
@@ -79,18 +79,30 @@ class QuotaStore(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         s, tags = args.settings, args.tags
         sg = aws.ec2.SecurityGroup(
-            f"{name}-quotas", vpc_id=args.vpc_id, description="gateway quota store: TLS on 6379 from the cluster's nodes",
-            tags={**tags, "Name": f"{name}-quotas"}, opts=child,
-        )  # fmt: skip
+            f"{name}-quotas",
+            vpc_id=args.vpc_id,
+            description="gateway quota store: TLS on 6379 from the cluster's nodes",
+            tags={**tags, "Name": f"{name}-quotas"},
+            opts=child,
+        )
         aws.vpc.SecurityGroupIngressRule(
-            f"{name}-quotas-from-nodes", security_group_id=sg.id, ip_protocol="tcp", from_port=PORT, to_port=PORT,
+            f"{name}-quotas-from-nodes",
+            security_group_id=sg.id,
+            ip_protocol="tcp",
+            from_port=PORT,
+            to_port=PORT,
             referenced_security_group_id=args.node_security_group_id,
-            description="Redis protocol (TLS) from the nodes the gateways run on", tags=tags, opts=child,
-        )  # fmt: skip
+            description="Redis protocol (TLS) from the nodes the gateways run on",
+            tags=tags,
+            opts=child,
+        )
         subnets = aws.elasticache.SubnetGroup(
-            f"{name}-quotas", subnet_ids=args.private_subnet_ids, description="gateway quota store: the private subnets",
-            tags=tags, opts=child,
-        )  # fmt: skip
+            f"{name}-quotas",
+            subnet_ids=args.private_subnet_ids,
+            description="gateway quota store: the private subnets",
+            tags=tags,
+            opts=child,
+        )
         replicated = s.nodes >= 2
         self.group = aws.elasticache.ReplicationGroup(
             f"{name}-quotas",
@@ -113,9 +125,11 @@ class QuotaStore(pulumi.ComponentResource):
             snapshot_retention_limit=SNAPSHOT_DAYS,
             tags=tags,
             opts=child,
-        )  # fmt: skip
+        )
         self.primary_endpoint = self.group.primary_endpoint_address
         self.url = pulumi.Output.secret(
-            pulumi.Output.all(args.auth_token, self.group.primary_endpoint_address).apply(lambda v: redis_url(v[0], v[1]))
+            pulumi.Output.all(args.auth_token, self.group.primary_endpoint_address).apply(
+                lambda v: redis_url(v[0], v[1])
+            )
         )
         self.register_outputs({"primary_endpoint": self.primary_endpoint, "url": self.url})

@@ -31,9 +31,13 @@ class ModelStoreArgs:
 def tls_only(bucket_arn: str) -> dict:
     """Statement denying every request that does not use TLS."""
     return {
-        "Sid": "DenyPlainHttp", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
-        "Resource": [bucket_arn, f"{bucket_arn}/*"], "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-    }  # fmt: skip
+        "Sid": "DenyPlainHttp",
+        "Effect": "Deny",
+        "Principal": "*",
+        "Action": "s3:*",
+        "Resource": [bucket_arn, f"{bucket_arn}/*"],
+        "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+    }
 
 
 def log_delivery(bucket_arn: str, account: str, elb_account_arn: str) -> list[dict]:
@@ -41,11 +45,22 @@ def log_delivery(bucket_arn: str, account: str, elb_account_arn: str) -> list[di
     alb = f"{bucket_arn}/{ALB_LOG_PREFIX}/AWSLogs/{account}/*"
     return [
         # regions older than August 2022 deliver as the regional ELB account, newer ones as the service
-        {"Sid": "AlbLogs", "Effect": "Allow", "Action": "s3:PutObject", "Resource": alb,
-         "Principal": {"AWS": elb_account_arn, "Service": "logdelivery.elasticloadbalancing.amazonaws.com"}},
-        {"Sid": "S3AccessLogs", "Effect": "Allow", "Action": "s3:PutObject", "Resource": f"{bucket_arn}/{S3_LOG_PREFIX}*",
-         "Principal": {"Service": "logging.s3.amazonaws.com"}, "Condition": {"StringEquals": {"aws:SourceAccount": account}}},
-    ]  # fmt: skip
+        {
+            "Sid": "AlbLogs",
+            "Effect": "Allow",
+            "Action": "s3:PutObject",
+            "Resource": alb,
+            "Principal": {"AWS": elb_account_arn, "Service": "logdelivery.elasticloadbalancing.amazonaws.com"},
+        },
+        {
+            "Sid": "S3AccessLogs",
+            "Effect": "Allow",
+            "Action": "s3:PutObject",
+            "Resource": f"{bucket_arn}/{S3_LOG_PREFIX}*",
+            "Principal": {"Service": "logging.s3.amazonaws.com"},
+            "Condition": {"StringEquals": {"aws:SourceAccount": account}},
+        },
+    ]
 
 
 class ModelStore(pulumi.ComponentResource):
@@ -60,38 +75,60 @@ class ModelStore(pulumi.ComponentResource):
         account = aws.get_caller_identity_output(opts=invoke).account_id
         elb_account = aws.elb.get_service_account_output(opts=invoke).arn
         key = aws.kms.Key(
-            f"{name}-models", description="encryption of the fleet's models bucket", enable_key_rotation=True,
-            deletion_window_in_days=30, tags=args.tags, opts=pulumi.ResourceOptions(parent=self),
-        )  # fmt: skip
-        aws.kms.Alias(f"{name}-models", name=f"alias/{name}-models", target_key_id=key.key_id, opts=pulumi.ResourceOptions(parent=self))
+            f"{name}-models",
+            description="encryption of the fleet's models bucket",
+            enable_key_rotation=True,
+            deletion_window_in_days=30,
+            tags=args.tags,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        aws.kms.Alias(
+            f"{name}-models",
+            name=f"alias/{name}-models",
+            target_key_id=key.key_id,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
 
         logs, logs_policy = self._bucket(
-            f"{name}-logs", args.tags,
+            f"{name}-logs",
+            args.tags,
             encryption={"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}},
-            lifecycle=[{
-                "id": "expire-logs", "status": "Enabled", "filter": {},
-                "expiration": {"days": args.log_days},
-                "noncurrent_version_expiration": {"noncurrent_days": 1},
-                "abort_incomplete_multipart_upload": {"days_after_initiation": 1},
-            }],
+            lifecycle=[
+                {
+                    "id": "expire-logs",
+                    "status": "Enabled",
+                    "filter": {},
+                    "expiration": {"days": args.log_days},
+                    "noncurrent_version_expiration": {"noncurrent_days": 1},
+                    "abort_incomplete_multipart_upload": {"days_after_initiation": 1},
+                }
+            ],
             delivery=lambda arn: pulumi.Output.all(arn, account, elb_account).apply(lambda v: log_delivery(*v)),
-        )  # fmt: skip
+        )
         models, _ = self._bucket(
-            f"{name}-models", args.tags,
+            f"{name}-models",
+            args.tags,
             encryption={
                 "apply_server_side_encryption_by_default": {"sse_algorithm": "aws:kms", "kms_master_key_id": key.arn},
                 "bucket_key_enabled": True,  # one data key per bucket and period, not per object: fewer KMS calls
             },
-            lifecycle=[{
-                "id": "expire-noncurrent", "status": "Enabled", "filter": {},
-                "noncurrent_version_expiration": {"noncurrent_days": args.noncurrent_days},
-                "abort_incomplete_multipart_upload": {"days_after_initiation": 7},
-            }],
-        )  # fmt: skip
+            lifecycle=[
+                {
+                    "id": "expire-noncurrent",
+                    "status": "Enabled",
+                    "filter": {},
+                    "noncurrent_version_expiration": {"noncurrent_days": args.noncurrent_days},
+                    "abort_incomplete_multipart_upload": {"days_after_initiation": 7},
+                }
+            ],
+        )
         aws.s3.BucketLogging(
-            f"{name}-models", bucket=models.id, target_bucket=logs.id, target_prefix=S3_LOG_PREFIX,
+            f"{name}-models",
+            bucket=models.id,
+            target_bucket=logs.id,
+            target_prefix=S3_LOG_PREFIX,
             opts=pulumi.ResourceOptions(parent=self),
-        )  # fmt: skip
+        )
         self.models_bucket, self.models_bucket_arn = models.bucket, models.arn
         self.logs_bucket, self.logs_bucket_arn = logs.bucket, logs.arn
         # what writes logs into the bucket (the load balancer) must wait for this: AWS checks
@@ -100,16 +137,29 @@ class ModelStore(pulumi.ComponentResource):
         self.key_arn = key.arn
         self.register_outputs({"models_bucket": models.bucket, "logs_bucket": logs.bucket, "key_arn": key.arn})
 
-    def _bucket(self, name: str, tags: dict[str, str], *, encryption: dict, lifecycle: list[dict],
-                delivery: Callable[[pulumi.Output[str]], pulumi.Output[list]] | None = None,
-                ) -> tuple[aws.s3.Bucket, aws.s3.BucketPolicy]:  # fmt: skip
+    def _bucket(
+        self,
+        name: str,
+        tags: dict[str, str],
+        *,
+        encryption: dict,
+        lifecycle: list[dict],
+        delivery: Callable[[pulumi.Output[str]], pulumi.Output[list]] | None = None,
+    ) -> tuple[aws.s3.Bucket, aws.s3.BucketPolicy]:
         child = pulumi.ResourceOptions(parent=self)
         bucket = aws.s3.Bucket(name, tags=tags, opts=child)
-        aws.s3.BucketOwnershipControls(name, bucket=bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=child)
+        aws.s3.BucketOwnershipControls(
+            name, bucket=bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=child
+        )
         blocked = aws.s3.BucketPublicAccessBlock(
-            name, bucket=bucket.id, block_public_acls=True, block_public_policy=True,
-            ignore_public_acls=True, restrict_public_buckets=True, opts=child,
-        )  # fmt: skip
+            name,
+            bucket=bucket.id,
+            block_public_acls=True,
+            block_public_policy=True,
+            ignore_public_acls=True,
+            restrict_public_buckets=True,
+            opts=child,
+        )
         aws.s3.BucketVersioning(name, bucket=bucket.id, versioning_configuration={"status": "Enabled"}, opts=child)
         aws.s3.BucketServerSideEncryptionConfiguration(name, bucket=bucket.id, rules=[encryption], opts=child)
         aws.s3.BucketLifecycleConfiguration(name, bucket=bucket.id, rules=lifecycle, opts=child)
@@ -119,7 +169,11 @@ class ModelStore(pulumi.ComponentResource):
             return json.dumps({"Version": "2012-10-17", "Statement": [tls_only(arn), *more]})
 
         bucket_policy = aws.s3.BucketPolicy(
-            name, bucket=bucket.id, policy=pulumi.Output.all(bucket.arn, allowed).apply(lambda v: policy(v[0], v[1])),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[blocked]),  # a policy put before the block could be public
-        )  # fmt: skip
+            name,
+            bucket=bucket.id,
+            policy=pulumi.Output.all(bucket.arn, allowed).apply(lambda v: policy(v[0], v[1])),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[blocked]
+            ),  # a policy put before the block could be public
+        )
         return bucket, bucket_policy

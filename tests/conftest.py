@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
+import uvloop
 
 from fleet.store import FileStore, MemoryStore
 from fleet.types import ObjectStore
@@ -23,6 +25,8 @@ os.environ.update(
     AWS_SHARED_CREDENTIALS_FILE=os.devnull,
 )
 os.environ.pop("FLEET_STORE", None)
+
+WITHIN_S = 10.0  # the most any test waits for something that should take milliseconds
 
 
 @pytest.fixture(scope="session")
@@ -123,3 +127,19 @@ def router(store: ObjectStore, tmp_path):  # noqa: ANN201 - a fleet.router.Route
     for v in ("1.0.0", "1.1.0", "1.2.0"):
         reg.register("demo", v, tmp_path / "a", META)
     return Router(store, reg)
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Callable[[Callable[[], Awaitable[None]]], None]:
+    """Run a test's coroutine on a fresh event loop of the parametrized kind."""
+
+    def run(scenario: Callable[[], Awaitable[None]]) -> None:
+        async def bounded() -> None:
+            async with asyncio.timeout(WITHIN_S * 3):
+                await scenario()
+
+        factory = uvloop.new_event_loop if request.param == "uvloop" else asyncio.new_event_loop
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(bounded())
+
+    return run

@@ -33,19 +33,24 @@ PROFILE = {"features": {"income": {}, "debt_ratio": {}, "age": {}, "tenure": {}}
 
 def model_policy(**overrides: Any) -> dict[str, Any]:
     spec = {
-        "family": "tabular-mlp", "size_class": "small", "params_millions": 0.01,
+        "family": "tabular-mlp",
+        "size_class": "small",
+        "params_millions": 0.01,
         "autoscaling": {"max_replicas": 1, "target_qps_per_replica": 100, "target_p99_ms": 100},
-        "slo": {"p99_ms": 250, "error_rate": 0.01}, "timeout_ms": 2000, "concurrency": 32,
+        "slo": {"p99_ms": 250, "error_rate": 0.01},
+        "timeout_ms": 2000,
+        "concurrency": 32,
         "inference_log": {"sample_rate": 0.0},
-    }  # fmt: skip
+    }
     for key, value in overrides.items():
         spec[key] = {**spec[key], **value} if isinstance(value, dict) and isinstance(spec.get(key), dict) else value
     return spec
 
 
 class GatewayEnv:
-    def __init__(self, root: Path, store_url: str | None = None, *, limits: dict[str, float] | None = None,
-                 **policy: Any) -> None:  # fmt: skip
+    def __init__(
+        self, root: Path, store_url: str | None = None, *, limits: dict[str, float] | None = None, **policy: Any
+    ) -> None:
         """``policy``: overrides of the model's policy; ``limits``: the policies' ``gateway:`` section."""
         self.root = root
         self.store_url = store_url or f"file://{root / 'store'}"
@@ -67,10 +72,11 @@ class GatewayEnv:
         artifact.mkdir(exist_ok=True)
         (artifact / "model.txt").write_text("stub weights\n")
         meta = VersionMetadata(
-            framework="torch", baseline_profile=PROFILE,
+            framework="torch",
+            baseline_profile=PROFILE,
             inputs=[TensorSpec(name="features", datatype="FP32", shape=[-1, 4])],
             outputs=[TensorSpec(name="probabilities", datatype="FP32", shape=[-1, 2])],
-        )  # fmt: skip
+        )
         for version in versions:
             Registry(self.store).register(MODEL, version, artifact, meta)
 
@@ -92,8 +98,11 @@ class GatewayEnv:
         port = free_port()
         log = self.root / f"stub-{port}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "stub_model.py"), "--port", str(port), *args],
-                                    stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+            proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "tests" / "stub_model.py"), "--port", str(port), *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         self.procs.append(proc)
         url = f"http://127.0.0.1:{port}"
         wait_ready(f"{url}/readyz", proc, log)
@@ -113,17 +122,27 @@ class GatewayEnv:
 
     def env(self, **extra: str) -> dict[str, str]:
         return {
-            **os.environ, "FLEET_STORE": self.store_url, "FLEET_RUNTIME": "static",
-            "FLEET_STATIC_ENDPOINTS": str(self.endpoints_file), "FLEET_POLICIES": str(self.root / "policies"),
-            "FLEET_ADMIN_TOKEN": ADMIN_TOKEN, "FLEET_ACTOR": "gateway-test", **extra,
-        }  # fmt: skip
+            **os.environ,
+            "FLEET_STORE": self.store_url,
+            "FLEET_RUNTIME": "static",
+            "FLEET_STATIC_ENDPOINTS": str(self.endpoints_file),
+            "FLEET_POLICIES": str(self.root / "policies"),
+            "FLEET_ADMIN_TOKEN": ADMIN_TOKEN,
+            "FLEET_ACTOR": "gateway-test",
+            **extra,
+        }
 
     def gateway(self, *args: str, **extra: str) -> tuple[str, subprocess.Popen[bytes]]:
         port = free_port()
         log = self.root / f"gateway-{port}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen([FLEET, "gateway", "--port", str(port), *args], env=self.env(**extra), cwd=self.root,
-                                    stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+            proc = subprocess.Popen(
+                [FLEET, "gateway", "--port", str(port), *args],
+                env=self.env(**extra),
+                cwd=self.root,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         self.procs.append(proc)
         url = f"http://127.0.0.1:{port}"
         wait_ready(f"{url}/v2/health/ready", proc, log)
@@ -146,7 +165,9 @@ def admin(url: str) -> httpx.Client:
 
 
 def infer(client: httpx.Client, key: str, body: dict | None = None, **headers: str) -> httpx.Response:
-    return client.post(f"/v2/models/{MODEL}/infer", json=body or BODY, headers={"Authorization": f"Bearer {key}", **headers})
+    return client.post(
+        f"/v2/models/{MODEL}/infer", json=body or BODY, headers={"Authorization": f"Bearer {key}", **headers}
+    )
 
 
 def wait_for(condition, timeout: float = 10.0, what: str = "condition") -> None:  # noqa: ANN001

@@ -130,20 +130,30 @@ def _state(typ: str, name: str, inputs: dict) -> tuple[str, dict]:
 
 # What each AZ of the mocked region offers: p4d.24xlarge not in us-east-1a, as in some real
 # regions; every other type everywhere. Tests may change it.
-OFFERINGS: dict[str, set[str]] = {f"{REGION}{z}": {"*"} for z in "bcdef"} | {f"{REGION}a": {"m6i.2xlarge", "g5.xlarge",
-                                                                                              "g5.12xlarge"}}
+OFFERINGS: dict[str, set[str]] = {f"{REGION}{z}": {"*"} for z in "bcdef"} | {
+    f"{REGION}a": {"m6i.2xlarge", "g5.xlarge", "g5.12xlarge"}
+}
 
 
 def _call(token: str, args: dict) -> dict:
     if token == "aws:index/getAvailabilityZones:getAvailabilityZones":
-        return {"names": [f"{REGION}{z}" for z in "abcdef"], "zoneIds": [f"use1-az{i}" for i in range(1, 7)], "id": REGION}
+        return {
+            "names": [f"{REGION}{z}" for z in "abcdef"],
+            "zoneIds": [f"use1-az{i}" for i in range(1, 7)],
+            "id": REGION,
+        }
     if token == "aws:index/getCallerIdentity:getCallerIdentity":
         return {"accountId": ACCOUNT, "arn": f"arn:aws:iam::{ACCOUNT}:user/ci", "userId": "AIDA", "id": ACCOUNT}
     if token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
         (wanted,) = [f["values"][0] for f in args["filters"] if f["name"] == "instance-type"]
         zones = [z for z, types in OFFERINGS.items() if wanted in types or "*" in types]
-        return {**args, "locations": zones, "locationTypes": ["availability-zone"] * len(zones),
-                "instanceTypes": [wanted] * len(zones), "id": REGION}  # fmt: skip
+        return {
+            **args,
+            "locations": zones,
+            "locationTypes": ["availability-zone"] * len(zones),
+            "instanceTypes": [wanted] * len(zones),
+            "id": REGION,
+        }
     if token == "aws:eks/getAddonVersion:getAddonVersion":  # EKS's default version for that Kubernetes version
         version = f"v{args['kubernetesVersion']}.0-{args['addonName']}-eksbuild.1"
         return {**args, "version": version, "id": args["addonName"]}
@@ -200,14 +210,21 @@ def _build(stack: str, config: dict[str, str] | None) -> Build:
                 registration = self.resources.get(response.urn)
                 inputs = pulumi.runtime.rpc.deserialize_properties(request.object)
                 secret = {k for k, v in inputs.items() if pulumi.runtime.rpc.is_rpc_secret(v)}
-                resources.append(Registered(
-                    type=request.type, name=request.name, urn=response.urn, parent=request.parent, custom=request.custom,
-                    inputs={k: pulumi.runtime.rpc.unwrap_rpc_secret(v) for k, v in inputs.items()},
-                    state=registration.state if registration else {}, id=registration.id if registration else "",
-                    dependencies=list(request.dependencies),
-                    property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
-                    secret_inputs=secret,
-                ))  # fmt: skip
+                resources.append(
+                    Registered(
+                        type=request.type,
+                        name=request.name,
+                        urn=response.urn,
+                        parent=request.parent,
+                        custom=request.custom,
+                        inputs={k: pulumi.runtime.rpc.unwrap_rpc_secret(v) for k, v in inputs.items()},
+                        state=registration.state if registration else {},
+                        id=registration.id if registration else "",
+                        dependencies=list(request.dependencies),
+                        property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
+                        secret_inputs=secret,
+                    )
+                )
             return response
 
     pulumi.runtime.set_all_config(config if config is not None else stack_config(stack), list(SECRET_CONFIG))

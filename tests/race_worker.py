@@ -23,9 +23,11 @@ def main(url: str, key: str, times: int, name: str) -> None:
     store = open_store(url)
     for _ in range(times):
         records.update(
-            store, key, Counter,
+            store,
+            key,
+            Counter,
             lambda c: Counter(value=(c.value if c else 0) + 1, writers=[*(c.writers if c else []), name]),
-        )  # fmt: skip
+        )
 
 
 def weights(url: str, model: str, times: int, name: str) -> None:

@@ -26,8 +26,22 @@ class RedisServer:
         log = self.root / f"redis-{self.port}.log"
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
-                [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", str(self.root)], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+                [
+                    self.exe,
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(self.root),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         client = redis.Redis.from_url(self.url, socket_timeout=1)
         deadline = time.monotonic() + 10
         while True:

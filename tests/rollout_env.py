@@ -20,10 +20,15 @@ from tests.serving_env import FleetEnv
 MODEL = "demo-classifier"
 # Small, fast steps for tests: every knob the policy has, scaled to seconds.
 FAST = {
-    "steps": [20, 50, 100], "analysis_window_s": 2, "min_samples": 40, "hold_deadline_s": 90,
-    "rollback_window_s": 1, "shadow_percent": 0, "shadow_duration_s": 0,
+    "steps": [20, 50, 100],
+    "analysis_window_s": 2,
+    "min_samples": 40,
+    "hold_deadline_s": 90,
+    "rollback_window_s": 1,
+    "shadow_percent": 0,
+    "shadow_duration_s": 0,
     "gates": {"max_error_rate_increase": 0.03, "confidence": 0.95, "max_p99_ratio": 3.0, "max_prediction_psi": 0.2},
-}  # fmt: skip
+}
 
 
 @dataclass
@@ -69,14 +74,20 @@ class Load:
                 started = time.monotonic()
                 if self.generative:
                     word = "".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), size=int(rng.integers(3, 5))))
-                    body = {"model": self.model + (f":{self.version}" if self.version else ""),
-                            "prompt": f"reverse {word}>", "max_tokens": self.max_tokens}  # fmt: skip
+                    body = {
+                        "model": self.model + (f":{self.version}" if self.version else ""),
+                        "prompt": f"reverse {word}>",
+                        "max_tokens": self.max_tokens,
+                    }
                 else:
                     data = rng.normal(size=4).round(3).tolist()
                     body = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": data}]}
                 try:
-                    r = client.post(path, json=body, headers={
-                        "Authorization": f"Bearer {self.key}", "X-Fleet-Routing-Key": f"user-{worker}-{i}"})  # fmt: skip
+                    r = client.post(
+                        path,
+                        json=body,
+                        headers={"Authorization": f"Bearer {self.key}", "X-Fleet-Routing-Key": f"user-{worker}-{i}"},
+                    )
                     outcome = None if r.status_code == 200 else f"{r.status_code} {r.text[:120]}"
                     version = r.headers.get("x-fleet-model-version", "none")
                 except httpx.HTTPError as exc:
@@ -119,8 +130,9 @@ def environment(env: FleetEnv) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def serving_fleet(env: FleetEnv, model: str = MODEL,
-                  training: tuple[str, ...] = ("--rows", "20000", "--epochs", "15")) -> Iterator[dict]:  # fmt: skip
+def serving_fleet(
+    env: FleetEnv, model: str = MODEL, training: tuple[str, ...] = ("--rows", "20000", "--epochs", "15")
+) -> Iterator[dict]:
     """Version 1.0.0 of ``model`` trained (with ``training``'s options), stable and served, a
     tenant, a gateway; this process in its environment."""
     from fleet.store import open_store

@@ -41,7 +41,9 @@ class FleetEnv:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def fleet(self, *args: str, timeout: float = 300) -> str:
-        proc = subprocess.run([FLEET, *args], env=self.env, capture_output=True, text=True, timeout=timeout, cwd=self.root)
+        proc = subprocess.run(
+            [FLEET, *args], env=self.env, capture_output=True, text=True, timeout=timeout, cwd=self.root
+        )
         assert proc.returncode == 0, f"fleet {' '.join(args)} failed: {proc.stderr}"
         return proc.stdout
 

@@ -75,8 +75,18 @@ def make_app(delay_ms: float, fail_rate: float, flip: bool, json_only: bool = Fa
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    state = {"delay_ms": delay_ms, "fail_rate": fail_rate, "flip": flip, "shed_next": 0, "reject_next": 0, "nan": False,
-             "truncate": False, "requests": 0, "failed": 0, "routes": {}}  # fmt: skip
+    state = {
+        "delay_ms": delay_ms,
+        "fail_rate": fail_rate,
+        "flip": flip,
+        "shed_next": 0,
+        "reject_next": 0,
+        "nan": False,
+        "truncate": False,
+        "requests": 0,
+        "failed": 0,
+        "routes": {},
+    }
     rng = random.Random(0)
 
     async def faults() -> JSONResponse | None:
@@ -137,8 +147,12 @@ def make_app(delay_ms: float, fail_rate: float, flip: bool, json_only: bool = Fa
     async def stats(_: Request) -> JSONResponse:
         return JSONResponse(state)
 
-    routes = [Route("/predict", predict, methods=["POST"]), Route("/readyz", readyz),
-              Route("/_control", control, methods=["POST"]), Route("/_stats", stats)]  # fmt: skip
+    routes = [
+        Route("/predict", predict, methods=["POST"]),
+        Route("/readyz", readyz),
+        Route("/_control", control, methods=["POST"]),
+        Route("/_stats", stats),
+    ]
     if not json_only:
         routes.append(Route("/predict_tensor", predict_tensor, methods=["POST"]))
     app = Starlette(routes=routes)
@@ -160,8 +174,9 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=0.0)
     parser.add_argument("--fail-rate", type=float, default=0.0)
     parser.add_argument("--flip", action="store_true")
-    parser.add_argument("--json-only", action="store_true",
-                        help="no /predict_tensor: a service from before the tensor contract")  # fmt: skip
+    parser.add_argument(
+        "--json-only", action="store_true", help="no /predict_tensor: a service from before the tensor contract"
+    )
     args = parser.parse_args()
     app = make_app(args.delay_ms, args.fail_rate, args.flip, args.json_only)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)

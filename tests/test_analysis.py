@@ -23,12 +23,26 @@ T0 = 1_764_590_000.0
 def policy(**changes) -> RolloutPolicy:
     gates = {"max_error_rate_increase": 0.005, "confidence": 0.95, "max_p99_ratio": 1.2, "max_prediction_psi": 0.2}
     gates.update(changes.pop("gates", {}))
-    raw = {"steps": [10, 50, 100], "analysis_window_s": 10.0, "min_samples": 50, "hold_deadline_s": 900.0, "gates": gates}
+    raw = {
+        "steps": [10, 50, 100],
+        "analysis_window_s": 10.0,
+        "min_samples": 50,
+        "hold_deadline_s": 900.0,
+        "gates": gates,
+    }
     return RolloutPolicy.model_validate({**raw, **changes})
 
 
-def served(rng: np.random.Generator, n: int, *, errors: float = 0.001, median_ms: float = 10.0, sigma: float = 0.4,
-           scores: tuple[float, float] = (2.0, 5.0), slow_share: float = 0.0) -> dict:  # fmt: skip
+def served(
+    rng: np.random.Generator,
+    n: int,
+    *,
+    errors: float = 0.001,
+    median_ms: float = 10.0,
+    sigma: float = 0.4,
+    scores: tuple[float, float] = (2.0, 5.0),
+    slow_share: float = 0.0,
+) -> dict:
     """n requests as the gateway counts them: Bernoulli errors, lognormal latency, Beta scores."""
     failed = rng.random(n) < errors
     ok = int(n - failed.sum())
@@ -43,10 +57,15 @@ def window(version: str, traffic: dict, start: float = T0, end: float = T0 + 60)
     errors = dict.fromkeys(ERROR_CLASSES, 0)
     errors["5xx"] = traffic["errors"]
     return ArmWindow(
-        model=MODEL, version=version, start=start, end=end, requests=traffic["requests"], errors=errors,
+        model=MODEL,
+        version=version,
+        start=start,
+        end=end,
+        requests=traffic["requests"],
+        errors=errors,
         latency_ms=tuple(np.bincount(traffic["buckets"], minlength=len(LATENCY_BUCKETS_MS) + 1).tolist()),
         predictions=tuple(np.bincount(traffic["bins"], minlength=PREDICTION_BINS).tolist()),
-    )  # fmt: skip
+    )
 
 
 def record(metrics: MemoryMetrics, version: str, at: float, traffic: dict) -> None:
@@ -231,8 +250,13 @@ def test_shadow_gate_applies_in_the_shadow_phase_only() -> None:
     stable, shadow = window(STABLE, served(rng, 2000)), window(CANARY, served(rng, 2000))
 
     def gate(agreed: int, pairs: int, phase: str = "shadow"):
-        v = judge(stable, dataclasses.replace(shadow, shadow_pairs=pairs, shadow_agreed=agreed), p,
-                  step_started=T0, phase=phase)  # fmt: skip
+        v = judge(
+            stable,
+            dataclasses.replace(shadow, shadow_pairs=pairs, shadow_agreed=agreed),
+            p,
+            step_started=T0,
+            phase=phase,
+        )
         return next((g for g in v.gates if g.gate == "shadow_agreement"), None)
 
     assert gate(170, 200).status == "breach"  # 85 % < 95 %
@@ -240,7 +264,9 @@ def test_shadow_gate_applies_in_the_shadow_phase_only() -> None:
     assert gate(191, 200).status == "pending"  # 95.5 %: not yet distinguishable from 95 %
     assert gate(10, 10).status == "pending" and gate(10, 10).more_canary == 40
     assert gate(170, 200, phase="canary") is None
-    assert all(g.gate != "shadow_agreement" for g in judge(stable, shadow, policy(), step_started=T0, phase="shadow").gates)
+    assert all(
+        g.gate != "shadow_agreement" for g in judge(stable, shadow, policy(), step_started=T0, phase="shadow").gates
+    )
 
 
 def test_verdict_is_frozen_and_tabulates_observed_vs_allowed() -> None:
@@ -254,8 +280,13 @@ def test_verdict_is_frozen_and_tabulates_observed_vs_allowed() -> None:
     rows = {row["gate"]: row for row in v.table()}
     assert set(rows) == {"samples", "error_rate", "latency_p99", "predictions"}
     assert rows["latency_p99"]["status"] == "breach" and rows["latency_p99"]["allowed"] == "<= 1.2 x"
-    assert rows["samples"] == {"gate": "samples", "status": "pass", "observed": "1000 requests",
-                               "allowed": ">= 50 requests", "explanation": rows["samples"]["explanation"]}  # fmt: skip
+    assert rows["samples"] == {
+        "gate": "samples",
+        "status": "pass",
+        "observed": "1000 requests",
+        "allowed": ">= 50 requests",
+        "explanation": rows["samples"]["explanation"],
+    }
     assert rows["error_rate"]["allowed"] == "<= +0.50 pp" and rows["error_rate"]["observed"].endswith("pp")
     # pure: time is the window's end, never the clock, so the same inputs give the same verdict
     assert judge(*arms(14), policy(), step_started=T0) == v
@@ -305,15 +336,26 @@ def test_the_psi_gate_breaches_rarely_at_its_limit_and_mostly_at_three_times_it(
     stable_p, canary_p = _scores_at_psi(population_psi)
 
     def arm(version: str, bins: np.ndarray) -> ArmWindow:
-        return window(version, {"requests": 200, "errors": 0, "buckets": np.full(200, 5),
-                                "bins": rng.choice(PREDICTION_BINS, 200, p=bins)})  # fmt: skip
+        return window(
+            version,
+            {
+                "requests": 200,
+                "errors": 0,
+                "buckets": np.full(200, 5),
+                "bins": rng.choice(PREDICTION_BINS, 200, p=bins),
+            },
+        )
 
     draws = 300
     breaches = sum(
-        next(g for g in judge(arm(STABLE, stable_p), arm(CANARY, canary_p), policy(), step_started=T0).gates
-             if g.gate == "predictions").status == "breach"
+        next(
+            g
+            for g in judge(arm(STABLE, stable_p), arm(CANARY, canary_p), policy(), step_started=T0).gates
+            if g.gate == "predictions"
+        ).status
+        == "breach"
         for _ in range(draws)
-    )  # fmt: skip
+    )
     assert breaching[0] <= breaches / draws <= breaching[1]
 
 
@@ -325,8 +367,14 @@ def test_identical_arms_never_roll_back() -> None:
     for _ in range(200):
         n = int(rng.integers(0, 5000))
         scores = (float(rng.uniform(0.5, 5)), float(rng.uniform(0.5, 5)))
-        traffic = served(rng, n, errors=float(rng.uniform(0, 0.05)), median_ms=float(rng.uniform(1, 500)),
-                         sigma=float(rng.uniform(0.1, 1.0)), scores=scores)  # fmt: skip
+        traffic = served(
+            rng,
+            n,
+            errors=float(rng.uniform(0, 0.05)),
+            median_ms=float(rng.uniform(1, 500)),
+            sigma=float(rng.uniform(0.1, 1.0)),
+            scores=scores,
+        )
         w = window(CANARY, traffic)
         v = judge(dataclasses.replace(w, version=STABLE), w, policy(), step_started=T0)
         assert v.outcome != "rollback", v.summary
@@ -359,8 +407,9 @@ def test_more_canary_errors_never_turn_a_rollback_into_an_advance() -> None:
     rng = np.random.default_rng(18)
     stable = window(STABLE, served(rng, 5000))
     base = served(rng, 1000, errors=0.0)
-    outcomes = [judge(stable, window(CANARY, {**base, "errors": k}), policy(), step_started=T0).outcome
-                for k in range(0, 60, 3)]  # fmt: skip
+    outcomes = [
+        judge(stable, window(CANARY, {**base, "errors": k}), policy(), step_started=T0).outcome for k in range(0, 60, 3)
+    ]
     first_rollback = outcomes.index("rollback")
     assert "advance" not in outcomes[first_rollback:] and outcomes[0] == "advance"
 
@@ -377,11 +426,26 @@ def test_a_baseline_from_another_time_judges_errors_and_latency_but_not_predicti
 
 
 # -- generations: TTFT is the latency; time per output token and output lengths have gates of their own
-def generations(metrics: MemoryMetrics, version: str, at: float, rng: np.random.Generator, n: int, *,
-                ttft_ms: float = 40.0, tpot_ms: float = 5.0, tokens: tuple[int, int] = (8, 24)) -> None:  # fmt: skip
+def generations(
+    metrics: MemoryMetrics,
+    version: str,
+    at: float,
+    rng: np.random.Generator,
+    n: int,
+    *,
+    ttft_ms: float = 40.0,
+    tpot_ms: float = 5.0,
+    tokens: tuple[int, int] = (8, 24),
+) -> None:
     for _ in range(n):
-        metrics.generated(MODEL, version, at, ttft_ms * math.exp(rng.normal(0, 0.2)), tpot_ms * math.exp(rng.normal(0, 0.2)),
-                          int(rng.integers(*tokens)))  # fmt: skip
+        metrics.generated(
+            MODEL,
+            version,
+            at,
+            ttft_ms * math.exp(rng.normal(0, 0.2)),
+            tpot_ms * math.exp(rng.normal(0, 0.2)),
+            int(rng.integers(*tokens)),
+        )
 
 
 GEN = {"max_tpot_p99_ratio": 1.5, "max_output_length_psi": 0.25}
@@ -408,9 +472,11 @@ def test_a_good_generative_canary_advances_with_every_generation_gate_judged() -
 
 @pytest.mark.parametrize(
     ("canary", "gate"),
-    [({"ttft_ms": 200.0}, "latency_p99"),  # a slow first token: the latency gate reads TTFT
-     ({"tpot_ms": 20.0}, "tpot_p99"),  # slow tokens
-     ({"tokens": (1, 3)}, "output_length")],  # answers cut short (or garbage that ends at once)
+    [
+        ({"ttft_ms": 200.0}, "latency_p99"),  # a slow first token: the latency gate reads TTFT
+        ({"tpot_ms": 20.0}, "tpot_p99"),  # slow tokens
+        ({"tokens": (1, 3)}, "output_length"),
+    ],  # answers cut short (or garbage that ends at once)
 )
 def test_a_bad_generative_canary_is_rolled_back_by_its_own_gate_within_a_few_ticks(canary: dict, gate: str) -> None:
     verdicts = judge_ticks(canary)
@@ -466,8 +532,9 @@ def test_exact_match_never_holds_a_step_without_labels_and_passes_an_equal_canar
     assert unlabelled.outcome == "advance" and gate.status == "pass" and "not judged: 0 canary" in gate.explanation
     equal = labelled_ticks(0.9, 0.9, labels_per_tick=20)[-1]
     assert equal.outcome == "advance" and {g.gate: g.status for g in equal.gates}["exact_match"] == "pass"
-    assert "exact_match" not in {g.gate for g in judge(*(labelled_window(v) for v in (STABLE, CANARY)), policy(gates=GEN),
-                                                        step_started=T0).gates}  # no gate unless the policy sets one
+    assert "exact_match" not in {
+        g.gate for g in judge(*(labelled_window(v) for v in (STABLE, CANARY)), policy(gates=GEN), step_started=T0).gates
+    }  # no gate unless the policy sets one
 
 
 def labelled_window(version: str):  # noqa: ANN201 - an ArmWindow

@@ -24,7 +24,6 @@ from fleet.routing import Shadow
 from fleet.store import MemoryStore
 from fleet.tenants import Quota, Tenants
 from fleet.types import Deployment
-
 from tests.gateway_env import ADMIN_TOKEN, MODEL, GatewayEnv, infer, metric, wait_for
 from tests.serving_env import FLEET
 from tests.test_registry import META
@@ -46,8 +45,9 @@ def corrupt(env: GatewayEnv) -> bytes:
 
 
 def fleet(env: GatewayEnv, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FLEET, *args], env=env.env(COLUMNS="200"), cwd=env.root, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    return subprocess.run(
+        [FLEET, *args], env=env.env(COLUMNS="200"), cwd=env.root, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_a_gateway_starts_on_a_store_with_bad_records_serves_the_good_ones_and_reports_them(tmp_path: Path) -> None:
@@ -81,8 +81,11 @@ def test_a_gateway_starts_on_a_store_with_bad_records_serves_the_good_ones_and_r
             wait_for(lambda: infer(c, late).status_code == 200, timeout=20, what="a new tenant's key to work")
             # a fixed manifest is picked up again without a restart
             env.store.put(MANIFEST, good_manifest)
-            wait_for(lambda: "ModelVersion" not in c.get("/v2/health/ready").json()["bad_records"],
-                     timeout=20, what="the fixed manifest to leave the bad records")  # fmt: skip
+            wait_for(
+                lambda: "ModelVersion" not in c.get("/v2/health/ready").json()["bad_records"],
+                timeout=20,
+                what="the fixed manifest to leave the bad records",
+            )
         log = next(tmp_path.glob("gateway-*.log")).read_text()
         assert log.count("skipping a bad record") >= 3 and ROUTE in log and TENANT in log
     finally:
@@ -179,8 +182,9 @@ def test_a_copied_tenant_file_cannot_keep_a_revoked_key_working(tmp_path: Path) 
     tenants.revoke("acme")
     found, bad = tenants.scan()
     assert [t.name for t in found] == ["acme"] and {b.key for b in bad} == {
-        "tenants/acme.backup.json", "tenants/old/acme.json",
-    }  # fmt: skip
+        "tenants/acme.backup.json",
+        "tenants/old/acme.json",
+    }
     with pytest.raises(FleetError, match="unknown, revoked or expired"):
         tenants.authenticate(key)
     view = FleetView(store, _NoRuntime())  # type: ignore[arg-type]
@@ -222,7 +226,9 @@ def test_a_new_route_is_seen_only_together_with_its_replicas(tmp_path: Path) -> 
     for version in ("1.0.0", "1.1.0"):
         Registry(store).register("demo", version, tmp_path / "a", META)
     Router(store).set("demo", stable="1.0.0", why="first")
-    runtime = _ListedRuntime([Deployment("demo", v, (f"http://127.0.0.1:{i + 1}",)) for i, v in enumerate(("1.0.0", "1.1.0"))])
+    runtime = _ListedRuntime(
+        [Deployment("demo", v, (f"http://127.0.0.1:{i + 1}",)) for i, v in enumerate(("1.0.0", "1.1.0"))]
+    )
     view = FleetView(store, runtime, interval=0.005)  # type: ignore[arg-type]
 
     def canary(snapshot) -> str | None:  # noqa: ANN001

@@ -106,53 +106,152 @@ NAN = struct.pack("<4f", 1.0, float("nan"), 0.0, 0.0)
 INF = struct.pack("<4f", 1.0, 0.0, float("inf"), 0.0)
 HOSTILE_BINARY = [
     # (name, body, header_length, error, status, message)
-    ("header length larger than the body", *framed({"inputs": [tensor()]}, ROW)[:1], 10_000, MalformedBody, 400,
-     "Inference-Header-Content-Length is 10000, but the body has only"),
-    ("header length cutting the JSON", framed({"inputs": [tensor()]}, ROW)[0], 20, MalformedBody, 400,
-     "the JSON part of the body (the first 20 bytes"),
-    ("binary_data_size missing", *framed({"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32"}]}, ROW),
-     MalformedBody, 400, "16 bytes after the JSON part, but no input has binary_data_size (input 'features': none)"),
-    ("binary_data_size and no data at all", *framed({"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32"}]}),
-     MalformedBody, 400, "input 'features' has no data; expected data (a list of FP32 values) or"),
-    ("binary_data_size a string", *framed({"inputs": [tensor("16")]}, ROW), MalformedBody, 400,
-     "input 'features' has binary_data_size '16'; expected a non-negative integer"),
-    ("binary_data_size negative", *framed({"inputs": [tensor(-16)]}, ROW), MalformedBody, 400,
-     "input 'features' has binary_data_size -16; expected a non-negative integer"),
-    ("binary_data_size wrong for the shape", *framed({"inputs": [tensor(12)]}, ROW[:12]), InvalidInput, 422,
-     "input 'features' has 12 bytes; shape [1, 4] of FP32 needs 16"),
-    ("a shape the bytes do not fill", *framed({"inputs": [tensor(16, shape=(2, 4))]}, ROW), InvalidInput, 422,
-     "input 'features' has 16 bytes; shape [2, 4] of FP32 needs 32"),
-    ("extra trailing bytes", *framed({"inputs": [tensor()]}, ROW, b"\0\0\0\0"), MalformedBody, 400,
-     "4 bytes after the JSON part beyond the inputs' binary_data_size ('features': 16 bytes); expected exactly 16"),
-    ("too few bytes", *framed({"inputs": [tensor()]}, ROW[:10]), MalformedBody, 400,
-     "input 'features' has binary_data_size 16, but only 10 bytes of tensor data are left"),
-    ("both data and binary_data_size", *framed({"inputs": [tensor(data=[1, 0, 0, 0])]}, ROW), MalformedBody, 400,
-     "input 'features' has both data and binary_data_size"),
-    ("NaN in FP32 bytes", *framed({"inputs": [tensor()]}, NAN), InvalidInput, 422,
-     "input 'features' holds nan; expected finite FP32 values"),
-    ("inf in FP32 bytes", *framed({"inputs": [tensor()]}, INF), InvalidInput, 422,
-     "input 'features' holds inf; expected finite FP32 values"),
-    ("more rows than max_rows", *framed({"inputs": [tensor(16 * 10_001, shape=(10_001, 4))]}, bytes(16 * 10_001)),
-     TooManyRows, 413, "input 'features' has 10001 rows; this model takes at most 10000"),
-    ("BOOL bytes for an FP32 input", *framed({"inputs": [tensor(4, datatype="BOOL")]}, b"\x00\x01\x02\x00"),
-     InvalidInput, 422, "has datatype 'BOOL'; expected FP32"),
-    ("shared memory", *framed({"inputs": [tensor(16, parameters={"shared_memory_region": "r"})]}, ROW), MalformedBody, 400,
-     "input 'features' asks for shared memory (shared_memory_region)"),
-    ("binary_data_output not a boolean", *framed({"inputs": [tensor()], "parameters": {"binary_data_output": "yes"}}, ROW),
-     MalformedBody, 400, "parameters.binary_data_output is 'yes'; expected true or false"),
-    ("an output's binary_data not a boolean",
-     *framed({"inputs": [tensor()], "outputs": [{"name": "probabilities", "parameters": {"binary_data": 1}}]}, ROW),
-     MalformedBody, 400, "output 'probabilities' has binary_data 1; expected true or false"),
-    ("an output asked for classification",
-     *framed({"inputs": [tensor()], "outputs": [{"name": "probabilities", "parameters": {"classification": 2}}]}, ROW),
-     MalformedBody, 400, "output 'probabilities' asks for classification, which this gateway does not support"),
-]  # fmt: skip
+    (
+        "header length larger than the body",
+        *framed({"inputs": [tensor()]}, ROW)[:1],
+        10_000,
+        MalformedBody,
+        400,
+        "Inference-Header-Content-Length is 10000, but the body has only",
+    ),
+    (
+        "header length cutting the JSON",
+        framed({"inputs": [tensor()]}, ROW)[0],
+        20,
+        MalformedBody,
+        400,
+        "the JSON part of the body (the first 20 bytes",
+    ),
+    (
+        "binary_data_size missing",
+        *framed({"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32"}]}, ROW),
+        MalformedBody,
+        400,
+        "16 bytes after the JSON part, but no input has binary_data_size (input 'features': none)",
+    ),
+    (
+        "binary_data_size and no data at all",
+        *framed({"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32"}]}),
+        MalformedBody,
+        400,
+        "input 'features' has no data; expected data (a list of FP32 values) or",
+    ),
+    (
+        "binary_data_size a string",
+        *framed({"inputs": [tensor("16")]}, ROW),
+        MalformedBody,
+        400,
+        "input 'features' has binary_data_size '16'; expected a non-negative integer",
+    ),
+    (
+        "binary_data_size negative",
+        *framed({"inputs": [tensor(-16)]}, ROW),
+        MalformedBody,
+        400,
+        "input 'features' has binary_data_size -16; expected a non-negative integer",
+    ),
+    (
+        "binary_data_size wrong for the shape",
+        *framed({"inputs": [tensor(12)]}, ROW[:12]),
+        InvalidInput,
+        422,
+        "input 'features' has 12 bytes; shape [1, 4] of FP32 needs 16",
+    ),
+    (
+        "a shape the bytes do not fill",
+        *framed({"inputs": [tensor(16, shape=(2, 4))]}, ROW),
+        InvalidInput,
+        422,
+        "input 'features' has 16 bytes; shape [2, 4] of FP32 needs 32",
+    ),
+    (
+        "extra trailing bytes",
+        *framed({"inputs": [tensor()]}, ROW, b"\0\0\0\0"),
+        MalformedBody,
+        400,
+        "4 bytes after the JSON part beyond the inputs' binary_data_size ('features': 16 bytes); expected exactly 16",
+    ),
+    (
+        "too few bytes",
+        *framed({"inputs": [tensor()]}, ROW[:10]),
+        MalformedBody,
+        400,
+        "input 'features' has binary_data_size 16, but only 10 bytes of tensor data are left",
+    ),
+    (
+        "both data and binary_data_size",
+        *framed({"inputs": [tensor(data=[1, 0, 0, 0])]}, ROW),
+        MalformedBody,
+        400,
+        "input 'features' has both data and binary_data_size",
+    ),
+    (
+        "NaN in FP32 bytes",
+        *framed({"inputs": [tensor()]}, NAN),
+        InvalidInput,
+        422,
+        "input 'features' holds nan; expected finite FP32 values",
+    ),
+    (
+        "inf in FP32 bytes",
+        *framed({"inputs": [tensor()]}, INF),
+        InvalidInput,
+        422,
+        "input 'features' holds inf; expected finite FP32 values",
+    ),
+    (
+        "more rows than max_rows",
+        *framed({"inputs": [tensor(16 * 10_001, shape=(10_001, 4))]}, bytes(16 * 10_001)),
+        TooManyRows,
+        413,
+        "input 'features' has 10001 rows; this model takes at most 10000",
+    ),
+    (
+        "BOOL bytes for an FP32 input",
+        *framed({"inputs": [tensor(4, datatype="BOOL")]}, b"\x00\x01\x02\x00"),
+        InvalidInput,
+        422,
+        "has datatype 'BOOL'; expected FP32",
+    ),
+    (
+        "shared memory",
+        *framed({"inputs": [tensor(16, parameters={"shared_memory_region": "r"})]}, ROW),
+        MalformedBody,
+        400,
+        "input 'features' asks for shared memory (shared_memory_region)",
+    ),
+    (
+        "binary_data_output not a boolean",
+        *framed({"inputs": [tensor()], "parameters": {"binary_data_output": "yes"}}, ROW),
+        MalformedBody,
+        400,
+        "parameters.binary_data_output is 'yes'; expected true or false",
+    ),
+    (
+        "an output's binary_data not a boolean",
+        *framed({"inputs": [tensor()], "outputs": [{"name": "probabilities", "parameters": {"binary_data": 1}}]}, ROW),
+        MalformedBody,
+        400,
+        "output 'probabilities' has binary_data 1; expected true or false",
+    ),
+    (
+        "an output asked for classification",
+        *framed(
+            {"inputs": [tensor()], "outputs": [{"name": "probabilities", "parameters": {"classification": 2}}]}, ROW
+        ),
+        MalformedBody,
+        400,
+        "output 'probabilities' asks for classification, which this gateway does not support",
+    ),
+]
 
 
-@pytest.mark.parametrize(("name", "body", "length", "error", "status", "message"), HOSTILE_BINARY,
-                         ids=[case[0] for case in HOSTILE_BINARY])  # fmt: skip
-def test_a_hostile_binary_body_is_refused_naming_what_was_wrong(name: str, body: bytes, length: int, error: type,
-                                                                status: int, message: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "body", "length", "error", "status", "message"), HOSTILE_BINARY, ids=[case[0] for case in HOSTILE_BINARY]
+)
+def test_a_hostile_binary_body_is_refused_naming_what_was_wrong(
+    name: str, body: bytes, length: int, error: type, status: int, message: str
+) -> None:
     with pytest.raises(error) as info:
         decode_v2_binary(body, FEATURES, 10_000, header_length=length)
     assert message in str(info.value) and info.value.status == status
@@ -168,8 +267,10 @@ def test_a_bool_byte_other_than_0_or_1_is_refused() -> None:
 
 
 def test_binary_data_size_without_the_header_is_refused_on_the_json_path() -> None:
-    with pytest.raises(MalformedBody, match="input 'features' has binary_data_size 16, but the request has no "
-                                            "Inference-Header-Content-Length header"):  # fmt: skip
+    with pytest.raises(
+        MalformedBody,
+        match="input 'features' has binary_data_size 16, but the request has no Inference-Header-Content-Length header",
+    ):
         decode_v2(json.dumps({"inputs": [tensor()]}).encode(), FEATURES, 10)
 
 
@@ -178,9 +279,17 @@ def test_the_header_length_is_one_non_negative_integer(given: list[str], expecte
     assert binary_header_length(given) == expected
 
 
-@pytest.mark.parametrize(("given", "message"), [(["-1"], "is '-1'; expected the length"), (["abc"], "is 'abc'"),
-                                                (["1e3"], "is '1e3'"), (["²"], "is '²'"), (["9" * 40], "is '999"),
-                                                (["1", "2"], "given 2 times; expected it once")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (["-1"], "is '-1'; expected the length"),
+        (["abc"], "is 'abc'"),
+        (["1e3"], "is '1e3'"),
+        (["²"], "is '²'"),
+        (["9" * 40], "is '999"),
+        (["1", "2"], "given 2 times; expected it once"),
+    ],
+)
 def test_a_header_length_that_is_not_a_byte_count_is_refused(given: list[str], message: str) -> None:
     with pytest.raises(MalformedBody, match=message):
         binary_header_length(given)
@@ -229,27 +338,43 @@ def test_a_binary_answer_is_what_the_triton_client_reads() -> None:
     body, length = answer(wants, result)
     assert length is not None and len(body) == length + result.nbytes
     header = json.loads(body[:length])
-    assert header["outputs"] == [{"name": "probabilities", "datatype": "FP32", "shape": [256, 2],
-                                  "parameters": {"binary_data_size": result.nbytes}}]  # fmt: skip
+    assert header["outputs"] == [
+        {
+            "name": "probabilities",
+            "datatype": "FP32",
+            "shape": [256, 2],
+            "parameters": {"binary_data_size": result.nbytes},
+        }
+    ]
     read = InferResult.from_response_body(body, header_length=length).as_numpy("probabilities")
     assert read.dtype == np.float32 and np.array_equal(read, result)
     # the request's binary_data_output covers outputs it does not name; a named output's own setting wins
     assert answer(Decoded(None, {}, result, (), True), result)[1] is not None
     body, length = answer(Decoded(None, {}, result, (Output("probabilities", False),), True), result)
-    assert length is None and np.array_equal(np.array(json.loads(body)["outputs"][0]["data"], np.float32), result.ravel())
+    assert length is None and np.array_equal(
+        np.array(json.loads(body)["outputs"][0]["data"], np.float32), result.ravel()
+    )
     assert answer(Decoded(None, {}, result), result)[1] is None  # nothing asked: plain JSON, as before
 
 
 def test_an_output_declared_as_fp64_is_sent_as_fp64_bytes() -> None:
     result = np.array([[0.25, 0.75]], np.float32)
-    body, length = v2_reply(MODEL, "1", "r", [TensorSpec(name="p", datatype="FP64", shape=[-1, 2])], result,
-                            Decoded(None, {}, result, (), True))  # fmt: skip
+    body, length = v2_reply(
+        MODEL,
+        "1",
+        "r",
+        [TensorSpec(name="p", datatype="FP64", shape=[-1, 2])],
+        result,
+        Decoded(None, {}, result, (), True),
+    )
     read = InferResult.from_response_body(body, header_length=length).as_numpy("p")
     assert read.dtype == np.float64 and read.tolist() == [[0.25, 0.75]]
 
 
 def test_requested_outputs_the_model_does_not_have_are_named() -> None:
-    with pytest.raises(InvalidInput, match="requested output 'scores' is not an output of this model; expected 'probabilities'"):
+    with pytest.raises(
+        InvalidInput, match="requested output 'scores' is not an output of this model; expected 'probabilities'"
+    ):
         check_outputs((Output("scores", True),), OUTPUTS)
     two = [*OUTPUTS, TensorSpec(name="logits", datatype="FP32", shape=[-1, 2])]
     with pytest.raises(InvalidInput, match="'logits', 'x' are not an output of this model \\(the gateway answers with"):
@@ -285,7 +410,9 @@ def auth(gw: dict, tenant: str = "apps") -> dict[str, str]:
 
 
 def json_answer(gw: dict, array: np.ndarray) -> np.ndarray:
-    body = {"inputs": [{"name": "features", "shape": list(array.shape), "datatype": "FP32", "data": array.ravel().tolist()}]}
+    body = {
+        "inputs": [{"name": "features", "shape": list(array.shape), "datatype": "FP32", "data": array.ravel().tolist()}]
+    }
     r = httpx.post(gw["url"] + INFER, json=body, headers=auth(gw), timeout=30)
     assert r.status_code == 200, r.text
     out = r.json()["outputs"][0]
@@ -302,10 +429,13 @@ def test_the_triton_client_with_its_defaults_gets_the_json_paths_answer(gw: dict
     as_json = triton.InferInput("features", [rows, 4], "FP32")
     as_json.set_data_from_numpy(array, binary_data=False)  # a plain JSON body may still ask for binary outputs
     for inputs, outputs, version, binary in [  # binary: whether the answer's output comes as raw bytes
-        ([x], None, "", True), ([x], [triton.InferRequestedOutput("probabilities")], "", True),
-        ([x], [triton.InferRequestedOutput("probabilities", binary_data=False)], "", False), ([x], None, "1.0.0", True),
-        ([as_json], None, "", True), ([as_json], [triton.InferRequestedOutput("probabilities")], "1.0.0", True),
-    ]:  # fmt: skip
+        ([x], None, "", True),
+        ([x], [triton.InferRequestedOutput("probabilities")], "", True),
+        ([x], [triton.InferRequestedOutput("probabilities", binary_data=False)], "", False),
+        ([x], None, "1.0.0", True),
+        ([as_json], None, "", True),
+        ([as_json], [triton.InferRequestedOutput("probabilities")], "1.0.0", True),
+    ]:
         result = client.infer(MODEL, inputs, model_version=version, outputs=outputs, headers=auth(gw))
         got = result.as_numpy("probabilities")
         assert got.dtype == np.float32 and got.shape == (rows, 2)
@@ -317,7 +447,9 @@ def test_the_triton_client_with_its_defaults_gets_the_json_paths_answer(gw: dict
 
 def test_a_binary_answer_carries_the_headers_tritons_client_reads(gw: dict) -> None:
     body, length = client_body(features(2))
-    r = httpx.post(gw["url"] + INFER, content=body, headers={**auth(gw), "Inference-Header-Content-Length": str(length)})
+    r = httpx.post(
+        gw["url"] + INFER, content=body, headers={**auth(gw), "Inference-Header-Content-Length": str(length)}
+    )
     assert r.status_code == 200, r.text
     assert r.headers["content-type"] == "application/octet-stream"
     header = int(r.headers["inference-header-content-length"])
@@ -328,29 +460,51 @@ def test_a_binary_answer_carries_the_headers_tritons_client_reads(gw: dict) -> N
 def test_a_large_binary_body_is_decoded_in_the_worker_within_the_same_limits(gw: dict) -> None:
     array = features(5_000, seed=5)  # 80 KB of tensor bytes: past the inline limit, decoded in a worker
     body, length = client_body(array)
-    r = httpx.post(gw["url"] + INFER, content=body, headers={**auth(gw), "Inference-Header-Content-Length": str(length)},
-                   timeout=30)  # fmt: skip
+    r = httpx.post(
+        gw["url"] + INFER,
+        content=body,
+        headers={**auth(gw), "Inference-Header-Content-Length": str(length)},
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
     n = int(r.headers["inference-header-content-length"])
     got = InferResult.from_response_body(r.content, header_length=n).as_numpy("probabilities")
     assert np.array_equal(got, json_answer(gw, array))
     too_many, length = client_body(np.zeros((10_001, 4), np.float32))
-    r = httpx.post(gw["url"] + INFER, content=too_many, headers={**auth(gw), "Inference-Header-Content-Length": str(length)},
-                   timeout=30)  # fmt: skip
+    r = httpx.post(
+        gw["url"] + INFER,
+        content=too_many,
+        headers={**auth(gw), "Inference-Header-Content-Length": str(length)},
+        timeout=30,
+    )
     assert r.status_code == 413 and "input 'features' has 10001 rows" in r.json()["error"], r.text
 
 
 LIVE_HOSTILE = [
     # (name, body, header value, status, message)
-    ("a header length that is not a number", framed({"inputs": [tensor()]}, ROW)[0], "12a", 400,
-     "Inference-Header-Content-Length is '12a'; expected the length"),
+    (
+        "a header length that is not a number",
+        framed({"inputs": [tensor()]}, ROW)[0],
+        "12a",
+        400,
+        "Inference-Header-Content-Length is '12a'; expected the length",
+    ),
     ("a negative header length", framed({"inputs": [tensor()]}, ROW)[0], "-5", 400, "is '-5'; expected the length"),
-    ("a header length larger than the body", framed({"inputs": [tensor()]}, ROW)[0], "99999", 400,
-     "is 99999, but the body has only"),
+    (
+        "a header length larger than the body",
+        framed({"inputs": [tensor()]}, ROW)[0],
+        "99999",
+        400,
+        "is 99999, but the body has only",
+    ),
     *[(name, body, length, status, message) for name, body, length, _, status, message in HOSTILE_BINARY],
-    ("an output the model does not have", *framed({"inputs": [tensor()], "outputs": [{"name": "scores"}]}, ROW), 422,
-     "requested output 'scores' is not an output of this model; expected 'probabilities'"),
-]  # fmt: skip
+    (
+        "an output the model does not have",
+        *framed({"inputs": [tensor()], "outputs": [{"name": "scores"}]}, ROW),
+        422,
+        "requested output 'scores' is not an output of this model; expected 'probabilities'",
+    ),
+]
 
 
 def test_hostile_binary_bodies_get_a_4xx_naming_the_input_and_never_reach_the_model(gw: dict) -> None:
@@ -392,8 +546,12 @@ def test_a_compressed_body_is_refused_with_415_not_misread(tmp_path) -> None:  #
     try:
         url, key, _ = env.one_version()
         body = gzip.compress(json.dumps(BODY).encode())
-        r = httpx.post(f"{url}/v2/models/{MODEL}/infer", content=body, timeout=10,
-                       headers={"Authorization": f"Bearer {key}", "Content-Encoding": "gzip"})  # fmt: skip
+        r = httpx.post(
+            f"{url}/v2/models/{MODEL}/infer",
+            content=body,
+            timeout=10,
+            headers={"Authorization": f"Bearer {key}", "Content-Encoding": "gzip"},
+        )
         assert r.status_code == 415 and "identity" in r.json()["error"], r.text
     finally:
         env.stop()

@@ -63,7 +63,9 @@ def merged(defaults: Any, ours: Any) -> Any:
 FREE_FORM = {"cluster-autoscaler": {".extraArgs"}}  # rendered as --key=value flags of the binary
 
 
-def unknown_keys(defaults: Any, ours: Any, path: str = "", free: frozenset[str] = frozenset(), text: str = "") -> list[str]:
+def unknown_keys(
+    defaults: Any, ours: Any, path: str = "", free: frozenset[str] = frozenset(), text: str = ""
+) -> list[str]:
     """Keys of ``ours`` the chart's defaults do not have; a map the chart leaves empty (or a
     list, or a commented-out ``null``) is free-form and not looked into; under a ``free`` path
     a key must be named somewhere in the chart's values.yaml ``text``."""
@@ -87,7 +89,9 @@ def test_every_release_is_pinned_to_a_version_whose_chart_files_are_vendored(sta
         repo, version = CHARTS[chart]
         assert inputs.get("version") == version, f"{chart} floats: no exact version"
         assert inputs["repositoryOpts"]["repo"] == repo == SOURCES[chart]["repo"]
-        assert SOURCES[chart]["version"] == version, f"{chart} {version}: the vendored files are of {SOURCES[chart]['version']}"
+        assert SOURCES[chart]["version"] == version, (
+            f"{chart} {version}: the vendored files are of {SOURCES[chart]['version']}"
+        )
         meta = yaml.safe_load((chart_files(chart) / "Chart.yaml").read_text())
         assert meta["name"] == chart
         assert inputs["atomic"] is True  # a release that fails rolls back instead of half-installing
@@ -122,17 +126,22 @@ def test_the_schema_check_has_teeth() -> None:
     assert any("'server' is not one of" in m for m in messages), messages
     assert any("'serverApiConfig' was unexpected" in m for m in messages), messages
     kps = chart_defaults("kube-prometheus-stack")
-    assert unknown_keys(kps, {"grafana": {"adminPasswort": "x"}}) == [".grafana.adminPasswort"]  # the subchart's keys too
+    assert unknown_keys(kps, {"grafana": {"adminPasswort": "x"}}) == [
+        ".grafana.adminPasswort"
+    ]  # the subchart's keys too
     autoscaler = (chart_files("cluster-autoscaler") / "values.yaml").read_text()
     flags = {"extraArgs": {"balance-similar-node-groups": True, "balance-similar-nodegroups": True}}
     assert unknown_keys(yaml.safe_load(autoscaler), flags, free=frozenset({".extraArgs"}), text=autoscaler) == [
-        ".extraArgs.balance-similar-nodegroups"]
+        ".extraArgs.balance-similar-nodegroups"
+    ]
 
 
 def test_the_worker_reaches_the_server_and_flow_runs_start_in_the_flows_namespace(stack: Build) -> None:
     worker = releases(stack)["prefect-worker"]["values"]["worker"]
     assert worker["apiConfig"] == "selfHostedServer"
-    assert worker["selfHostedServerApiConfig"]["apiUrl"] == f"http://prefect-server.{FLOWS_NS}.svc.cluster.local:4200/api"
+    assert (
+        worker["selfHostedServerApiConfig"]["apiUrl"] == f"http://prefect-server.{FLOWS_NS}.svc.cluster.local:4200/api"
+    )
     assert worker["config"]["workPool"] == WORK_POOL and worker["config"]["type"] == "kubernetes"
     template = json.loads(worker["config"]["baseJobTemplate"]["configuration"])
     variables = template["variables"]["properties"]

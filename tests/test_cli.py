@@ -28,7 +28,16 @@ def run_json(store_url: str, *args: str) -> object:
 
 
 def register(store_url: str, version: str) -> None:
-    run(store_url, "models", "register", "demo-classifier", version, str(EXAMPLE / "artifact"), "--meta", str(EXAMPLE / "meta.yaml"))
+    run(
+        store_url,
+        "models",
+        "register",
+        "demo-classifier",
+        version,
+        str(EXAMPLE / "artifact"),
+        "--meta",
+        str(EXAMPLE / "meta.yaml"),
+    )
 
 
 def test_a_new_user_registers_creates_a_tenant_sets_a_canary_and_reads_history(store_url: str, tmp_path: Path) -> None:
@@ -37,20 +46,26 @@ def test_a_new_user_registers_creates_a_tenant_sets_a_canary_and_reads_history(s
     versions = run_json(store_url, "models", "list")
     assert [(v["version"], v["state"]) for v in versions] == [("1.0.0", "registered"), ("1.1.0", "registered")]
 
-    created = run_json(store_url, "tenants", "create", "acme", "--model", "demo-classifier", "--rps", "5", "--burst", "10")
+    created = run_json(
+        store_url, "tenants", "create", "acme", "--model", "demo-classifier", "--rps", "5", "--burst", "10"
+    )
     key = created["api_key"]
     assert key.startswith("sfk_") and key not in json.dumps(run_json(store_url, "tenants", "list"))
 
     run(store_url, "route", "set", "demo-classifier", "--stable", "1.0.0", "--reason", "first rollout")
-    route = run_json(store_url, "route", "set", "demo-classifier", "--canary", "1.1.0", "--weight", "25", "-r", "canary 25%")
+    route = run_json(
+        store_url, "route", "set", "demo-classifier", "--canary", "1.1.0", "--weight", "25", "-r", "canary 25%"
+    )
     assert route["canary"] == {"version": "1.1.0", "weight": 25.0} and route["revision"] == 2
     run(store_url, "route", "pin", "demo-classifier", "acme", "1.0.0", "-r", "acme stays")
 
     history = run_json(store_url, "route", "history", "demo-classifier")
     routes = [e for e in history if e["kind"] == "route"]
     assert [(e["revision"], e["who"], e["why"]) for e in routes] == [
-        (1, "cli-test", "first rollout"), (2, "cli-test", "canary 25%"), (3, "cli-test", "acme stays"),
-    ]  # fmt: skip
+        (1, "cli-test", "first rollout"),
+        (2, "cli-test", "canary 25%"),
+        (3, "cli-test", "acme stays"),
+    ]
     states = [(e["version"], e["after"]) for e in history if e["kind"] == "state"]
     assert ("1.0.0", "stable") in states and ("1.1.0", "canary") in states
 
@@ -72,8 +87,22 @@ def test_a_new_user_registers_creates_a_tenant_sets_a_canary_and_reads_history(s
     ("args", "message"),
     [
         (["models", "show", "demo-classifier", "9.9.9"], "demo-classifier:9.9.9 is not registered"),
-        (["models", "register", "demo-classifier", "1.0", str(EXAMPLE / "artifact"), "--meta", str(EXAMPLE / "meta.yaml")], "not a semantic version"),
-        (["route", "set", "demo-classifier", "--canary", "1.0.0", "--weight", "5", "-r", "x"], "a canary needs a stable"),
+        (
+            [
+                "models",
+                "register",
+                "demo-classifier",
+                "1.0",
+                str(EXAMPLE / "artifact"),
+                "--meta",
+                str(EXAMPLE / "meta.yaml"),
+            ],
+            "not a semantic version",
+        ),
+        (
+            ["route", "set", "demo-classifier", "--canary", "1.0.0", "--weight", "5", "-r", "x"],
+            "a canary needs a stable",
+        ),
         (["route", "set", "nobody", "--stable", "1.0.0", "-r", "x"], "'nobody' has no registered versions"),
         (["tenants", "create", "acme", "--model", "demo-classifier:latest"], "not a semantic version"),
         (["route", "history", "demo-classifier", "--at", "yesterday"], "expected ISO 8601"),
@@ -94,7 +123,17 @@ def test_errors_are_one_line_on_stderr_with_a_nonzero_exit(store_url: str, args:
 def test_duplicate_registration_keeps_the_original(store_url: str) -> None:
     register(store_url, "1.0.0")
     before = run_json(store_url, "models", "show", "demo-classifier", "1.0.0")
-    proc = run(store_url, "models", "register", "demo-classifier", "1.0.0", str(EXAMPLE / "artifact"), "--meta", str(EXAMPLE / "meta.yaml"), ok=False)
+    proc = run(
+        store_url,
+        "models",
+        "register",
+        "demo-classifier",
+        "1.0.0",
+        str(EXAMPLE / "artifact"),
+        "--meta",
+        str(EXAMPLE / "meta.yaml"),
+        ok=False,
+    )
     assert proc.returncode == 1 and "already registered" in proc.stderr
     assert run_json(store_url, "models", "show", "demo-classifier", "1.0.0") == before
 
@@ -102,7 +141,17 @@ def test_duplicate_registration_keeps_the_original(store_url: str) -> None:
 def test_bad_metadata_file_names_the_key_and_value(tmp_path: Path) -> None:
     meta = tmp_path / "meta.yaml"
     meta.write_text("framework: torch\ninputs: [{name: x, datatype: FP33, shape: [-1, 4]}]\noutputs: []\n")
-    proc = run(f"file://{tmp_path / 's'}", "models", "register", "m", "1.0.0", str(EXAMPLE / "artifact"), "--meta", str(meta), ok=False)
+    proc = run(
+        f"file://{tmp_path / 's'}",
+        "models",
+        "register",
+        "m",
+        "1.0.0",
+        str(EXAMPLE / "artifact"),
+        "--meta",
+        str(meta),
+        ok=False,
+    )
     assert proc.returncode == 1
     assert "inputs[0].datatype: got 'FP33' — expected one of 'BOOL'" in proc.stderr
     assert "outputs: got [] — expected a non-empty list" in proc.stderr
@@ -138,8 +187,10 @@ def test_a_tampered_artifact_is_refused_by_name(tmp_path: Path) -> None:
     url = f"file://{tmp_path / 'store'}"
     register(url, "1.0.0")
     (tmp_path / "store" / "models" / "demo-classifier" / "1.0.0" / "artifact" / "config.json").write_text("{}")
-    for args in (["models", "fetch", "demo-classifier", "1.0.0", str(tmp_path / "out")],
-                 ["models", "show", "demo-classifier", "1.0.0", "--verify"]):
+    for args in (
+        ["models", "fetch", "demo-classifier", "1.0.0", str(tmp_path / "out")],
+        ["models", "show", "demo-classifier", "1.0.0", "--verify"],
+    ):
         proc = run(url, *args, ok=False)
         assert proc.returncode == 1 and "'config.json' of demo-classifier:1.0.0 fails its checksum" in proc.stderr
     assert not (tmp_path / "out").exists()

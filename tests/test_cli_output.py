@@ -65,8 +65,10 @@ def assert_readable(text: str, whole: list[str], prose: list[str] = ()) -> None:
 
 
 def test_a_history_with_long_names_and_a_long_reason_keeps_every_name_whole(monkeypatch: pytest.MonkeyPatch) -> None:
-    rows = [[when(AT), "route", f"r2: stable={VERSIONS[0]} canary={VERSIONS[1]}@25%", ACTOR, REASON],
-            [when(AT), "state", f"{VERSIONS[1]}: registered → canary", ACTOR, "route r2: " + REASON]]  # fmt: skip
+    rows = [
+        [when(AT), "route", f"r2: stable={VERSIONS[0]} canary={VERSIONS[1]}@25%", ACTOR, REASON],
+        [when(AT), "state", f"{VERSIONS[1]}: registered → canary", ACTOR, "route r2: " + REASON],
+    ]
     text = render(monkeypatch, f"history of {MODEL}", ["when", "kind", "change", "who", "why"], rows)
     assert_readable(text, [MODEL, VERSIONS[1], f"canary={VERSIONS[1]}@25%", ACTOR], [REASON])
 
@@ -88,7 +90,9 @@ def test_a_models_list_too_wide_for_80_columns_prints_records_with_names_whole(m
 
 
 def test_a_sha256_and_a_url_are_never_split(monkeypatch: pytest.MonkeyPatch) -> None:
-    text = render(monkeypatch, None, ["file", "bytes", "sha256", "source"], [["weights/model.safetensors", 1234, SHA, URL]])
+    text = render(
+        monkeypatch, None, ["file", "bytes", "sha256", "source"], [["weights/model.safetensors", 1234, SHA, URL]]
+    )
     assert_readable(text, [SHA, URL, "weights/model.safetensors"])
 
 
@@ -111,14 +115,27 @@ def test_a_table_without_title_or_rows_still_prints_its_header(monkeypatch: pyte
 def test_the_demo_summary_reads_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     from fleet.demo import StepResult, summary_table
 
-    outcome = ("roll back: error rate canary 12/300 = 4.00 %, stable 1/900 = 0.11 %: +3.89 pp vs allowed "
-               "+3.00 pp, above the margin at 95 % (p=0.001)")  # fmt: skip
+    outcome = (
+        "roll back: error rate canary 12/300 = 4.00 %, stable 1/900 = 0.11 %: +3.89 pp vs allowed "
+        "+3.00 pp, above the margin at 95 % (p=0.001)"
+    )
     results = [
-        StepResult("roll out a good 1.1.0", "promoted through every step", "promoted through 20 %, 50 %, 100 %",
-                   True, 63.2, URL),
-        StepResult("roll out a bad 1.2.0 (20 % of requests fail)", "rolled back on the error-rate gate", outcome * 3,
-                   True, 41.0),
-    ]  # fmt: skip
+        StepResult(
+            "roll out a good 1.1.0",
+            "promoted through every step",
+            "promoted through 20 %, 50 %, 100 %",
+            True,
+            63.2,
+            URL,
+        ),
+        StepResult(
+            "roll out a bad 1.2.0 (20 % of requests fail)",
+            "rolled back on the error-rate gate",
+            outcome * 3,
+            True,
+            41.0,
+        ),
+    ]
     text = render(monkeypatch, "fleet demo", *summary_table(results))
     assert_readable(text, [URL, "(p=0.001)", "error-rate"], [results[1].step, results[1].expected])
     assert "…" in text, "a long outcome is cut, at a word"
@@ -148,12 +165,21 @@ def test_a_holding_verdict_says_when_it_fails_as_a_clock_time() -> None:
 
     start = AT.timestamp()
     gates = {"max_error_rate_increase": 0.005, "confidence": 0.95, "max_p99_ratio": 1.2, "max_prediction_psi": 0.2}
-    policy = RolloutPolicy.model_validate({"steps": [10, 100], "analysis_window_s": 10, "min_samples": 50,
-                                           "hold_deadline_s": 129, "gates": gates})  # fmt: skip
+    policy = RolloutPolicy.model_validate(
+        {"steps": [10, 100], "analysis_window_s": 10, "min_samples": 50, "hold_deadline_s": 129, "gates": gates}
+    )
 
     def empty(version: str) -> ArmWindow:
-        return ArmWindow("demo", version, start, start + 60, 0, dict.fromkeys(ERROR_CLASSES, 0),
-                         (0,) * (len(LATENCY_BUCKETS_MS) + 1), (0,) * PREDICTION_BINS)  # fmt: skip
+        return ArmWindow(
+            "demo",
+            version,
+            start,
+            start + 60,
+            0,
+            dict.fromkeys(ERROR_CLASSES, 0),
+            (0,) * (len(LATENCY_BUCKETS_MS) + 1),
+            (0,) * PREDICTION_BINS,
+        )
 
     v = judge(empty("1.0.0"), empty("1.1.0"), policy, step_started=start)
     assert v.outcome == "hold"
@@ -181,7 +207,9 @@ def seeded(tmp_path: Path) -> tuple[str, str]:
     router = Router(store)
     router.set(MODEL, stable=VERSIONS[0], why="first rollout after the quarterly retraining", who=ACTOR)
     router.set(MODEL, canary=VERSIONS[1], weight=25, why=REASON, who="alice")
-    tenant, _ = Tenants(store).create("acme-payments-europe", {MODEL: list(VERSIONS)}, Quota(rps=50, burst=100), who=ACTOR)
+    tenant, _ = Tenants(store).create(
+        "acme-payments-europe", {MODEL: list(VERSIONS)}, Quota(rps=50, burst=100), who=ACTOR
+    )
     return url, tenant.keys[0].id
 
 

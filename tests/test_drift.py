@@ -124,7 +124,8 @@ def test_psi_matches_scipy_as_the_symmetrised_kl_of_the_smoothed_proportions() -
 def test_psi_empty_bins_cost_half_a_count_not_an_epsilon() -> None:
     # one row in 50 that the other side lacks: a fixed 1e-4 stand-in would read 0.105 here
     assert psi(np.array([50, 0]), np.array([49, 1])) == pytest.approx(
-        (0.5 / 51 - 1.5 / 51) * math.log(1 / 3) + (50.5 / 51 - 49.5 / 51) * math.log(50.5 / 49.5))
+        (0.5 / 51 - 1.5 / 51) * math.log(1 / 3) + (50.5 / 51 - 49.5 / 51) * math.log(50.5 / 49.5)
+    )
     assert psi(np.array([50, 0]), np.array([49, 1])) < 0.025
     # bins neither side has change nothing, so the layout's unused bins do not matter
     assert psi(np.array([10, 10, 0, 0]), np.array([10, 5, 5, 0])) == psi(np.array([10, 10, 0]), np.array([10, 5, 5]))
@@ -196,8 +197,11 @@ def test_nulls_are_left_out_and_reported_not_binned(small_baseline) -> None:
     b = feature_drift(prof, pd.DataFrame({"a": clean, "b": 0.0}), T)[0]
     assert a.rows == 1000 and a.null_rate == pytest.approx(4 / 1004)
     assert (a.psi.value, a.js.value, a.wasserstein.value, a.ks_statistic) == (
-        b.psi.value, b.js.value, b.wasserstein.value, b.ks_statistic,
-    )  # fmt: skip
+        b.psi.value,
+        b.js.value,
+        b.wasserstein.value,
+        b.ks_statistic,
+    )
 
 
 def test_all_null_or_missing_column_has_no_data_and_does_not_drift(small_baseline) -> None:
@@ -243,13 +247,31 @@ def test_format_1_profiles_still_give_psi_and_js() -> None:
     old = {
         "rows": 4,
         "features": {
-            "x": {"count": 4, "null_rate": 0.0, "mean": 0.5, "std": 0.5, "min": 0.0, "max": 1.0,
-                  "quantiles": {}, "bin_edges": [0.0, 0.5, 1.0], "histogram": [2, 2]},
-            "c": {"count": 4, "null_rate": 0.0, "mean": 1.0, "std": 0.0, "min": 1.0, "max": 1.0,
-                  "quantiles": {}, "bin_edges": [0.5, 1.5], "histogram": [4]},
+            "x": {
+                "count": 4,
+                "null_rate": 0.0,
+                "mean": 0.5,
+                "std": 0.5,
+                "min": 0.0,
+                "max": 1.0,
+                "quantiles": {},
+                "bin_edges": [0.0, 0.5, 1.0],
+                "histogram": [2, 2],
+            },
+            "c": {
+                "count": 4,
+                "null_rate": 0.0,
+                "mean": 1.0,
+                "std": 0.0,
+                "min": 1.0,
+                "max": 1.0,
+                "quantiles": {},
+                "bin_edges": [0.5, 1.5],
+                "histogram": [4],
+            },
             "gone": {"null_rate": 1.0, "count": 4},
         },
-    }  # fmt: skip
+    }
     x, c, gone = feature_drift(old, pd.DataFrame({"x": [0.1, 0.2, 0.3, 0.9], "c": 1.0, "gone": 1.0}), T)
     # [2, 2] vs [3, 1], half a count each: (2.5, 2.5) vs (3.5, 1.5) over 5 → 0.2·ln(7/3)
     assert x.psi.value == pytest.approx(0.2 * math.log(7 / 3)) and x.wasserstein.value is None

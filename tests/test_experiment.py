@@ -13,14 +13,30 @@ import numpy as np
 import pytest
 
 from fleet.experiment import (
-    MAX_TICKS_KEPT, MIN_PER_ARM, Tick, arm_stats, decide, duration_of, effect_svg, interval, split_of, thinned,
+    MAX_TICKS_KEPT,
+    MIN_PER_ARM,
+    Tick,
+    arm_stats,
+    decide,
+    duration_of,
+    effect_svg,
+    interval,
+    split_of,
+    thinned,
 )
 from tests.rollout_env import MODEL, serving_fleet
 from tests.serving_env import ROOT, FleetEnv
 
 
-def looks(rng: np.random.Generator, p_a: float, p_b: float, min_effect: float, alpha: float = 0.05,
-          per_tick: int = 20, ticks: int = 150):  # noqa: ANN201
+def looks(
+    rng: np.random.Generator,
+    p_a: float,
+    p_b: float,
+    min_effect: float,
+    alpha: float = 0.05,
+    per_tick: int = 20,
+    ticks: int = 150,
+):  # noqa: ANN201
     """An experiment looked at after every tick of ``per_tick`` outcomes per arm: the first
     decision and when (or ('running', ticks))."""
     a = rng.random(per_tick * ticks) < p_a
@@ -88,8 +104,10 @@ def test_split_and_duration_are_checked() -> None:
 
 
 def test_the_history_for_the_plot_is_bounded_and_the_plot_is_svg() -> None:
-    ticks = [Tick(at=float(i), n=(i, i), mean=(0.2, 0.3), diff=0.1, lo=0.1 - 1 / (i + 1), hi=0.1 + 1 / (i + 1))
-             for i in range(MAX_TICKS_KEPT + 1)]  # fmt: skip
+    ticks = [
+        Tick(at=float(i), n=(i, i), mean=(0.2, 0.3), diff=0.1, lo=0.1 - 1 / (i + 1), hi=0.1 + 1 / (i + 1))
+        for i in range(MAX_TICKS_KEPT + 1)
+    ]
     kept = thinned(ticks)
     assert len(kept) < len(ticks) and kept[-1] == ticks[-1]
     svg = effect_svg(kept, ("1.0.0", "1.1.0"), "clicked", 0.01)
@@ -115,9 +133,18 @@ def test_a_guardrail_stops_an_experiment_whose_b_fails_more_and_a_stop_request_i
         metrics, store = MemoryMetrics(), MemoryStore()
         ctx = FleetContext(store, load_policies(ROOT / "policies"), None, metrics)  # type: ignore[arg-type]
         start = 1_000_000.0
-        state = ExperimentState(model=MODEL, arms=("1.0.0", "1.1.0"), split=(50, 50), metric="clicked", min_effect=0.01,
-                                alpha=0.05, max_duration_s=3600, run_id="r", started_at=datetime.fromtimestamp(start, UTC),
-                                ticked_at=start)  # fmt: skip
+        state = ExperimentState(
+            model=MODEL,
+            arms=("1.0.0", "1.1.0"),
+            split=(50, 50),
+            metric="clicked",
+            min_effect=0.01,
+            alpha=0.05,
+            max_duration_s=3600,
+            run_id="r",
+            started_at=datetime.fromtimestamp(start, UTC),
+            ticked_at=start,
+        )
         if stop:
             store.put(stop_key(MODEL), b"someone (enough)")
         for second in range(60):
@@ -142,7 +169,6 @@ def test_a_guardrail_stops_an_experiment_whose_b_fails_more_and_a_stop_request_i
 
 
 # -- on the running fleet ---------------------------------------------------------------------
-
 
 
 @pytest.fixture(scope="module")
@@ -186,8 +212,14 @@ class Users:
                 version = r.headers["x-fleet-model-version"]
                 self.events.append((time.time(), user, version))
                 click = float(self.rng.random() < self.clicked[version])
-                client.post("/v1/feedback", headers=auth, json={"model": MODEL, "feedback": [
-                    {"request_id": r.headers["x-request-id"], "outcomes": {"clicked": click}}]})  # fmt: skip
+                client.post(
+                    "/v1/feedback",
+                    headers=auth,
+                    json={
+                        "model": MODEL,
+                        "feedback": [{"request_id": r.headers["x-request-id"], "outcomes": {"clicked": click}}],
+                    },
+                )
 
 
 def run_experiment(**params):  # noqa: ANN003, ANN201 - a Prefect State

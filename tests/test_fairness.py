@@ -37,8 +37,9 @@ def saturated(tmp_path: Path):
         env.stop()
 
 
-async def _closed_loop(url: str, key: str, concurrency: int, until: float, window: tuple[float, float],
-                       out: dict[str, list]) -> None:  # fmt: skip
+async def _closed_loop(
+    url: str, key: str, concurrency: int, until: float, window: tuple[float, float], out: dict[str, list]
+) -> None:
     """``concurrency`` callers, each sending its next request as soon as the last is answered,
     until ``until``; answers finished inside ``window`` (monotonic) are kept in ``out``."""
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=concurrency)) as client:
@@ -46,7 +47,9 @@ async def _closed_loop(url: str, key: str, concurrency: int, until: float, windo
         async def caller() -> None:
             while time.monotonic() < until:
                 sent = time.monotonic()
-                r = await client.post(f"/v2/models/{MODEL}/infer", json=BODY, headers={"Authorization": f"Bearer {key}"})
+                r = await client.post(
+                    f"/v2/models/{MODEL}/infer", json=BODY, headers={"Authorization": f"Bearer {key}"}
+                )
                 done = time.monotonic()
                 if window[0] <= done < window[1]:
                     out.setdefault(r.status_code, []).append((done - sent, r))
@@ -62,8 +65,10 @@ def test_two_tenants_weighted_1_to_3_share_a_saturated_version_1_to_3(saturated)
         window = (start + 1.0, start + 5.0)  # after both queues filled; before either stops sending
         light: dict[int, list] = {}
         heavy: dict[int, list] = {}
-        await asyncio.gather(_closed_loop(url, keys["light"], 8, start + 5.5, window, light),
-                             _closed_loop(url, keys["heavy"], 8, start + 5.5, window, heavy))  # fmt: skip
+        await asyncio.gather(
+            _closed_loop(url, keys["light"], 8, start + 5.5, window, light),
+            _closed_loop(url, keys["heavy"], 8, start + 5.5, window, heavy),
+        )
         return light, heavy
 
     light, heavy = asyncio.run(run())
@@ -82,8 +87,10 @@ def test_a_flooding_tenant_sheds_its_own_requests_not_the_others(saturated) -> N
         window = (start + 0.5, start + 4.0)
         flood: dict[int, list] = {}
         steady: dict[int, list] = {}
-        await asyncio.gather(_closed_loop(url, keys["heavy"], 60, start + 4.0, window, flood),
-                             _closed_loop(url, keys["light"], 2, start + 4.0, window, steady))  # fmt: skip
+        await asyncio.gather(
+            _closed_loop(url, keys["heavy"], 60, start + 4.0, window, flood),
+            _closed_loop(url, keys["light"], 2, start + 4.0, window, steady),
+        )
         return flood, steady
 
     flood, steady = asyncio.run(run())

@@ -140,7 +140,9 @@ def test_a_full_queue_sheds_the_newest_of_the_longest_tenant_never_another_tenan
     assert (q.waiting("a"), q.waiting("b"), len(q)) == (2, 2, 4)
     assert q.push("b2", "b", "batch", 1.0, now=0.0) == "b2"  # b would have 3 to a's 2: b sheds
     assert q.push("c0", "c", "interactive", 1.0, now=0.0) == "a1"  # a newcomer: the longest (a, first of a tie) sheds
-    assert q.push("c1", "c", "interactive", 1.0, now=0.0) == "c1"  # c would have 2, as many as b: a tie sheds the pusher
+    assert (
+        q.push("c1", "c", "interactive", 1.0, now=0.0) == "c1"
+    )  # c would have 2, as many as b: a tie sheds the pusher
     assert (q.waiting("a"), q.waiting("b"), q.waiting("c")) == (1, 2, 1)
     assert drain(q) == ["a0", "b0", "c0", "b1"]
 
@@ -190,7 +192,9 @@ def test_resize_bounds_later_pushes_and_keeps_what_waits() -> None:
     assert len(q) == 6
 
 
-_push = st.tuples(st.just("push"), st.sampled_from("aaabc"), st.sampled_from(PRIORITIES), st.sampled_from([0.5, 1.0, 3.0]))
+_push = st.tuples(
+    st.just("push"), st.sampled_from("aaabc"), st.sampled_from(PRIORITIES), st.sampled_from([0.5, 1.0, 3.0])
+)
 _ops = st.lists(
     st.one_of(
         _push,
@@ -208,7 +212,9 @@ _ops = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(ops=_ops, max_per_tenant=st.integers(0, 6), max_total=st.integers(0, 12))
-def test_no_item_is_lost_or_duplicated_and_the_bounds_hold(ops: list[tuple], max_per_tenant: int, max_total: int) -> None:
+def test_no_item_is_lost_or_duplicated_and_the_bounds_hold(
+    ops: list[tuple], max_per_tenant: int, max_total: int
+) -> None:
     q: FairQueue[int] = FairQueue(max_per_tenant, max_total, aging_s=1.0)
     now, pushed = 0.0, 0
     queued: dict[int, tuple[str, str]] = {}  # item → (tenant, priority)

@@ -23,28 +23,48 @@ def test_labels_join_the_logged_requests_of_the_same_tenant_and_the_rest_are_rep
         key, other = e.tenant("apps"), e.tenant("others")
         a, _ = e.gateway()
         b, _ = e.gateway()  # a second gateway that never served these requests
-        two_rows = {"inputs": [{"name": "features", "shape": [2, 4], "datatype": "FP32", "data": [1, 0, 0, 0, -1, 1, 0, 0]}]}
+        two_rows = {
+            "inputs": [{"name": "features", "shape": [2, 4], "datatype": "FP32", "data": [1, 0, 0, 0, -1, 1, 0, 0]}]
+        }
         with httpx.Client(base_url=a, timeout=30) as client:
             ids = [infer(client, key, two_rows).headers["x-request-id"] for _ in range(3)]
             theirs = infer(client, other).headers["x-request-id"]
-            r = client.post("/v1/feedback", headers={"Authorization": f"Bearer {key}"}, json={"model": MODEL, "feedback": [
-                {"request_id": ids[0], "label": 1}, {"request_id": ids[0], "row": 1, "label": 0},
-                {"request_id": "never-served", "label": 1}, {"request_id": theirs, "label": 0},
-            ]})  # fmt: skip
+            r = client.post(
+                "/v1/feedback",
+                headers={"Authorization": f"Bearer {key}"},
+                json={
+                    "model": MODEL,
+                    "feedback": [
+                        {"request_id": ids[0], "label": 1},
+                        {"request_id": ids[0], "row": 1, "label": 0},
+                        {"request_id": "never-served", "label": 1},
+                        {"request_id": theirs, "label": 0},
+                    ],
+                },
+            )
             assert r.status_code == 200, r.text
             assert r.json()["accepted"] == 2
             assert r.json()["unknown"] == [{"request_id": "never-served", "row": 0}, {"request_id": theirs, "row": 0}]
-            bad = client.post("/v1/feedback", headers={"Authorization": f"Bearer {key}"},
-                              json={"model": MODEL, "feedback": [{"request_id": ids[1], "label": "yes"}]})  # fmt: skip
+            bad = client.post(
+                "/v1/feedback",
+                headers={"Authorization": f"Bearer {key}"},
+                json={"model": MODEL, "feedback": [{"request_id": ids[1], "label": "yes"}]},
+            )
             assert bad.status_code == 422 and "expected the true class as an integer" in bad.json()["error"]
         # gateway b learns of a's requests from the log in the store (after a flushed it)
         wait_for(lambda: any(True for _ in e.store.list(f"logs/inference/{MODEL}/")), timeout=10, what="a flush")
         with httpx.Client(base_url=b, timeout=30) as client:
-            r = client.post("/v1/feedback", headers={"Authorization": f"Bearer {key}"},
-                            json={"model": MODEL, "feedback": [{"request_id": ids[1], "label": 1}]})  # fmt: skip
+            r = client.post(
+                "/v1/feedback",
+                headers={"Authorization": f"Bearer {key}"},
+                json={"model": MODEL, "feedback": [{"request_id": ids[1], "label": 1}]},
+            )
             assert r.status_code == 200 and r.json() == {**r.json(), "accepted": 1, "unknown": []}
-            none = client.post("/v1/feedback", headers={"Authorization": f"Bearer {key}"},
-                               json={"model": MODEL, "feedback": [{"request_id": "nope", "label": 1}]})  # fmt: skip
+            none = client.post(
+                "/v1/feedback",
+                headers={"Authorization": f"Bearer {key}"},
+                json={"model": MODEL, "feedback": [{"request_id": "nope", "label": 1}]},
+            )
             assert none.status_code == 404 and none.json()["unknown"] == [{"request_id": "nope", "row": 0}]
             assert "none of the 1 label(s) matched" in none.json()["error"]  # an error body like any other
         now = datetime.now(UTC)
@@ -70,7 +90,10 @@ def test_labels_join_the_logged_requests_of_the_same_tenant_and_the_rest_are_rep
         ({"model": "m", "feedback": [{"request_id": "a", "outcomes": {"Clicked!": 1}}]}, "lowercase letters"),
         ({"model": "m", "feedback": [{"request_id": "a", "outcomes": {"clicked": "yes"}}]}, "expected a finite number"),
         ({"model": "m", "feedback": [{"request_id": "a", "outcomes": {"clicked": True}}]}, "expected a finite number"),
-        ({"model": "m", "feedback": [{"request_id": "a", "outcomes": {"x": float("nan")}}]}, "expected a finite number"),
+        (
+            {"model": "m", "feedback": [{"request_id": "a", "outcomes": {"x": float("nan")}}]},
+            "expected a finite number",
+        ),
     ],
 )
 def test_malformed_feedback_says_what_was_expected(body: dict, message: str) -> None:
@@ -88,7 +111,10 @@ def test_the_index_of_logged_requests_is_per_tenant_and_bounded_in_bytes() -> No
     logged = LoggedRequests(MemoryStore(), max_bytes=64 * 1024)
     logged.remember("m", "apps", "same-id", 3)
     logged.remember("m", "rivals", "same-id", 1)
-    assert logged.owned("m", "apps", {("same-id", 0), ("same-id", 2), ("same-id", 3)}) == {("same-id", 0), ("same-id", 2)}
+    assert logged.owned("m", "apps", {("same-id", 0), ("same-id", 2), ("same-id", 3)}) == {
+        ("same-id", 0),
+        ("same-id", 2),
+    }
     assert logged.owned("m", "rivals", {("same-id", 0), ("same-id", 1)}) == {("same-id", 0)}
     assert logged.owned("m", "third", {("same-id", 0)}) == set()
     for i in range(100_000):  # far past the budget: the oldest go, one at a time
@@ -116,15 +142,34 @@ def test_a_generations_answer_is_found_in_memory_and_in_its_log_file_within_its_
 
     store = MemoryStore()
     log = InferenceLog(store, "gw-a")
-    log.record(GenSample(datetime.now(UTC).timestamp(), "from-file", "lm", "1.1.0", "apps", 80.0, 12.0, 14, 5, "stop",
-                         digest("dcba"), prompt=None, output=None))  # fmt: skip
+    log.record(
+        GenSample(
+            datetime.now(UTC).timestamp(),
+            "from-file",
+            "lm",
+            "1.1.0",
+            "apps",
+            80.0,
+            12.0,
+            14,
+            5,
+            "stop",
+            digest("dcba"),
+            prompt=None,
+            output=None,
+        )
+    )
     assert log.flush() == 1
     here = LoggedRequests(store)
     here.remember("lm", "apps", "in-memory", 1, ("1.0.0", digest("cba")))
     assert here.answers("lm", "apps", {"in-memory", "from-file", "unknown"}) == {
-        "in-memory": ("1.0.0", digest("cba")), "from-file": ("1.1.0", digest("dcba"))}  # fmt: skip
+        "in-memory": ("1.0.0", digest("cba")),
+        "from-file": ("1.1.0", digest("dcba")),
+    }
     assert here.answers("lm", "rivals", {"in-memory", "from-file"}) == {}
-    assert here.owned("lm", "apps", {("from-file", 0), ("from-file", 1)}) == {("from-file", 0)}  # one row per generation
+    assert here.owned("lm", "apps", {("from-file", 0), ("from-file", 1)}) == {
+        ("from-file", 0)
+    }  # one row per generation
     assert here.bytes > 0
 
 
@@ -148,7 +193,9 @@ def test_a_generative_models_labels_are_texts_of_single_answers_and_bounded() ->
 def test_a_feedback_request_carries_a_bounded_number_of_outcomes() -> None:
     from fleet.feedback import MAX_OUTCOME_ROWS, TooManyLabels
 
-    items = [{"request_id": f"r{i}", "outcomes": {f"o{k}": 1 for k in range(20)}} for i in range(MAX_OUTCOME_ROWS // 20 + 1)]
+    items = [
+        {"request_id": f"r{i}", "outcomes": {f"o{k}": 1 for k in range(20)}} for i in range(MAX_OUTCOME_ROWS // 20 + 1)
+    ]
     with pytest.raises(TooManyLabels, match=f"more than {MAX_OUTCOME_ROWS} outcomes"):
         parse({"model": "m", "feedback": items})
 
@@ -158,9 +205,11 @@ def test_outcomes_must_be_declared_by_the_models_policy_and_within_their_bounds(
     _, items = parse({"model": "m", "feedback": [{"request_id": "a", "outcomes": {"clicked": 1, "revenue": 3.5}}]})
     assert items[0].label is None and items[0].outcomes == (("clicked", 1.0), ("revenue", 3.5))
     check_outcomes(items, "m", declared)
-    for given, message in [({"bought": 1}, "not an outcome of m; expected one of: clicked, revenue"),
-                           ({"clicked": 2}, "clicked is 2; expected 0 to 1"),
-                           ({"revenue": -1}, "revenue is -1; expected 0 to inf")]:  # fmt: skip
+    for given, message in [
+        ({"bought": 1}, "not an outcome of m; expected one of: clicked, revenue"),
+        ({"clicked": 2}, "clicked is 2; expected 0 to 1"),
+        ({"revenue": -1}, "revenue is -1; expected 0 to inf"),
+    ]:
         _, items = parse({"model": "m", "feedback": [{"request_id": "a", "outcomes": given}]})
         with pytest.raises(InvalidInput, match=message):
             check_outcomes(items, "m", declared)
@@ -174,8 +223,9 @@ def test_outcomes_must_be_declared_by_the_models_policy_and_within_their_bounds(
 def test_outcomes_join_the_logged_requests_of_the_same_tenant_by_version(tmp_path: Path) -> None:
     """Outcomes beside labels or alone, through a real gateway: stored apart from labels, joined
     per tenant to the logged requests, each with the version that answered."""
-    e = GatewayEnv(tmp_path, inference_log={"sample_rate": 1.0}, outcomes={"clicked": {"min": 0, "max": 1},
-                                                                            "revenue": {"min": 0}})  # fmt: skip
+    e = GatewayEnv(
+        tmp_path, inference_log={"sample_rate": 1.0}, outcomes={"clicked": {"min": 0, "max": 1}, "revenue": {"min": 0}}
+    )
     try:
         e.register("1.0.0", "1.1.0")
         e.stub("1.0.0")
@@ -187,31 +237,56 @@ def test_outcomes_join_the_logged_requests_of_the_same_tenant_by_version(tmp_pat
         auth = {"Authorization": f"Bearer {key}"}
         with httpx.Client(base_url=url, timeout=30) as client:
             ids = [infer(client, key).headers["x-request-id"] for _ in range(2)]
-            pinned = client.post(f"/v2/models/{MODEL}/versions/1.1.0/infer", headers=auth, json={"inputs": [
-                {"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [1, 0, 0, 0]}]})  # fmt: skip
+            pinned = client.post(
+                f"/v2/models/{MODEL}/versions/1.1.0/infer",
+                headers=auth,
+                json={"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [1, 0, 0, 0]}]},
+            )
             assert pinned.status_code == 200, pinned.text
             theirs = infer(client, other).headers["x-request-id"]
-            r = client.post("/v1/feedback", headers=auth, json={"model": MODEL, "feedback": [
-                {"request_id": ids[0], "label": 1, "outcomes": {"clicked": 1, "revenue": 12.5}},
-                {"request_id": ids[1], "outcomes": {"clicked": 0}},
-                {"request_id": pinned.headers["x-request-id"], "outcomes": {"clicked": 1}},
-                {"request_id": theirs, "outcomes": {"clicked": 1}},
-            ]})  # fmt: skip
+            r = client.post(
+                "/v1/feedback",
+                headers=auth,
+                json={
+                    "model": MODEL,
+                    "feedback": [
+                        {"request_id": ids[0], "label": 1, "outcomes": {"clicked": 1, "revenue": 12.5}},
+                        {"request_id": ids[1], "outcomes": {"clicked": 0}},
+                        {"request_id": pinned.headers["x-request-id"], "outcomes": {"clicked": 1}},
+                        {"request_id": theirs, "outcomes": {"clicked": 1}},
+                    ],
+                },
+            )
             assert r.status_code == 200, r.text
             assert r.json()["accepted"] == 3 and r.json()["unknown"] == [{"request_id": theirs, "row": 0}]
-            refused = client.post("/v1/feedback", headers=auth, json={"model": MODEL, "feedback": [
-                {"request_id": ids[1], "outcomes": {"clicked": 1}}, {"request_id": ids[0], "outcomes": {"bought": 1}}]})
+            refused = client.post(
+                "/v1/feedback",
+                headers=auth,
+                json={
+                    "model": MODEL,
+                    "feedback": [
+                        {"request_id": ids[1], "outcomes": {"clicked": 1}},
+                        {"request_id": ids[0], "outcomes": {"bought": 1}},
+                    ],
+                },
+            )
             assert refused.status_code == 422 and "bought is not an outcome of" in refused.json()["error"]
         now = datetime.now(UTC)
 
         def joined():  # noqa: ANN202
-            return with_outcomes(e.store, MODEL, now - timedelta(hours=1), now + timedelta(minutes=1), ["clicked", "revenue"])
+            return with_outcomes(
+                e.store, MODEL, now - timedelta(hours=1), now + timedelta(minutes=1), ["clicked", "revenue"]
+            )
 
         wait_for(lambda: len(joined()) == 4, timeout=10, what="the gateway's log of 4 requests flushed")
         frame = joined()
-        got = {(rid, version): (clicked, revenue) for rid, version, clicked, revenue in zip(
-            frame["request_id"], frame["version"], frame["outcome:clicked"], frame["outcome:revenue"], strict=True)
-            if clicked == clicked}  # fmt: skip
+        got = {
+            (rid, version): (clicked, revenue)
+            for rid, version, clicked, revenue in zip(
+                frame["request_id"], frame["version"], frame["outcome:clicked"], frame["outcome:revenue"], strict=True
+            )
+            if clicked == clicked
+        }
         assert got.keys() == {(ids[0], "1.0.0"), (ids[1], "1.0.0"), (pinned.headers["x-request-id"], "1.1.0")}
         assert got[ids[0], "1.0.0"] == (1.0, 12.5) and got[ids[1], "1.0.0"][0] == 0.0
         assert len(frame) == 4  # every logged request, the other tenant's too, with or without outcomes

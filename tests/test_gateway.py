@@ -33,8 +33,14 @@ def env(tmp_path: Path):
 
 def rows(n: int, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
-    return [{"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32",
-                         "data": rng.normal(size=4).round(3).tolist()}]} for _ in range(n)]  # fmt: skip
+    return [
+        {
+            "inputs": [
+                {"name": "features", "shape": [1, 4], "datatype": "FP32", "data": rng.normal(size=4).round(3).tolist()}
+            ]
+        }
+        for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("shadow", ["slow", "dead"])
@@ -70,8 +76,10 @@ def test_a_slow_or_dead_shadow_leaves_callers_answers_and_latency_unchanged(env,
     assert slowest < 1.0  # a caller waiting on a 3 s shadow would take >= 3 s
     outcome = "error" if shadow == "dead" else None
     if outcome:
-        wait_for(lambda: metric(url, "fleet_shadow_requests_total", version="2.0.0", outcome="error") == 60,
-                 what="every mirrored request counted as a shadow error")  # fmt: skip
+        wait_for(
+            lambda: metric(url, "fleet_shadow_requests_total", version="2.0.0", outcome="error") == 60,
+            what="every mirrored request counted as a shadow error",
+        )
     else:
         assert httpx.get(f"{shadow_url}/_stats").json()["requests"] > 0  # it was mirrored to
 
@@ -89,14 +97,21 @@ def test_a_working_shadow_records_agreement(env) -> None:
     with httpx.Client(base_url=url, timeout=30) as client, admin(url) as adm:
         for body in rows(40):
             assert infer(client, key, body).status_code == 200
-        wait_for(lambda: adm.get(f"/admin/stats/{MODEL}").json()["versions"]["2.0.0"]["shadow_pairs"] == 40,
-                 what="40 shadow pairs")  # fmt: skip
+        wait_for(
+            lambda: adm.get(f"/admin/stats/{MODEL}").json()["versions"]["2.0.0"]["shadow_pairs"] == 40,
+            what="40 shadow pairs",
+        )
         assert adm.get(f"/admin/stats/{MODEL}").json()["versions"]["2.0.0"]["shadow_agreed"] == 40
-        assert adm.post(f"/admin/routes/{MODEL}", json={"shadow": "3.0.0", "reason": "a disagreeing shadow"}).status_code == 200
+        assert (
+            adm.post(f"/admin/routes/{MODEL}", json={"shadow": "3.0.0", "reason": "a disagreeing shadow"}).status_code
+            == 200
+        )
         for body in rows(40, seed=1):
             assert infer(client, key, body).status_code == 200
-        wait_for(lambda: metric(url, "fleet_shadow_requests_total", version="3.0.0", outcome="disagree") == 40,
-                 what="40 disagreements")  # fmt: skip
+        wait_for(
+            lambda: metric(url, "fleet_shadow_requests_total", version="3.0.0", outcome="disagree") == 40,
+            what="40 disagreements",
+        )
 
 
 def test_quota_exhaustion_and_recovery(env) -> None:
@@ -183,7 +198,11 @@ def test_cache_hit_and_miss_and_never_for_shadow(env) -> None:
         first = infer(client, key, **{"X-Fleet-Routing-Key": "u1"})
         second = infer(client, key, **{"X-Fleet-Routing-Key": "u1"})
         other = infer(client, key, rows(1, seed=5)[0], **{"X-Fleet-Routing-Key": "u1"})
-    assert (first.headers["x-fleet-cache"], second.headers["x-fleet-cache"], other.headers["x-fleet-cache"]) == ("miss", "hit", "miss")
+    assert (first.headers["x-fleet-cache"], second.headers["x-fleet-cache"], other.headers["x-fleet-cache"]) == (
+        "miss",
+        "hit",
+        "miss",
+    )
     assert first.json()["outputs"] == second.json()["outputs"]
     assert httpx.get(f"{stable}/_stats").json()["requests"] == 2  # the hit never reached the model
     wait_for(lambda: httpx.get(f"{shadow}/_stats").json()["requests"] == 3, what="every request mirrored, hit or not")
@@ -211,8 +230,11 @@ def test_a_failing_canary_is_retried_on_stable_counted_and_ejected_then_probed_b
         assert 3 <= hits < 20 and canary_errors["5xx"] == hits  # ejected after 3 failures in a row
         assert canary_errors["unreachable"] == 20 - hits  # ... so the rest went straight to stable
         httpx.post(f"{canary}/_control", json={"fail_rate": 0})  # the canary recovers
-        wait_for(lambda: infer(client, key).headers["x-fleet-model-version"] == "1.1.0", timeout=20,
-                 what="the recovered canary probed back into service")  # fmt: skip
+        wait_for(
+            lambda: infer(client, key).headers["x-fleet-model-version"] == "1.1.0",
+            timeout=20,
+            what="the recovered canary probed back into service",
+        )
 
 
 def test_a_version_shedding_load_is_asked_again_while_the_deadline_allows(env) -> None:
@@ -257,8 +279,12 @@ def test_a_route_change_reaches_two_gateway_processes_within_a_second(env) -> No
     (a, _), (b, _) = e.gateway(), e.gateway()
     with httpx.Client(timeout=10) as client, admin(a) as adm:
         for url in (a, b):
-            assert client.post(f"{url}/v2/models/{MODEL}/infer", json=BODY,
-                               headers={"Authorization": f"Bearer {key}"}).headers["x-fleet-model-version"] == "1.0.0"  # fmt: skip
+            assert (
+                client.post(
+                    f"{url}/v2/models/{MODEL}/infer", json=BODY, headers={"Authorization": f"Bearer {key}"}
+                ).headers["x-fleet-model-version"]
+                == "1.0.0"
+            )
         from fleet.router import Router
 
         Router(e.store).set(MODEL, canary="1.1.0", weight=100, why="canary for everyone")  # a CLI-style change: no push
@@ -267,7 +293,9 @@ def test_a_route_change_reaches_two_gateway_processes_within_a_second(env) -> No
         while len(seen) < 2 and time.monotonic() - changed < 5:
             for url in (a, b):
                 if url not in seen:
-                    r = client.post(f"{url}/v2/models/{MODEL}/infer", json=BODY, headers={"Authorization": f"Bearer {key}"})
+                    r = client.post(
+                        f"{url}/v2/models/{MODEL}/infer", json=BODY, headers={"Authorization": f"Bearer {key}"}
+                    )
                     if r.headers["x-fleet-model-version"] == "1.1.0":
                         seen[url] = time.monotonic() - changed
         assert set(seen) == {a, b} and max(seen.values()) < 1.0, seen  # by polling alone
@@ -277,9 +305,16 @@ def test_a_route_change_reaches_two_gateway_processes_within_a_second(env) -> No
         assert sorted(r.json()["gateways_notified"].values()) == [True, True]
         pushed = time.monotonic()
         for url in (a, b):
-            wait_for(lambda url=url: client.post(f"{url}/v2/models/{MODEL}/infer", json=BODY, headers={
-                "Authorization": f"Bearer {key}"}).headers["x-fleet-model-version"] == "1.0.0", timeout=1.0,
-                what=f"rollback seen by {url}")  # fmt: skip
+            wait_for(
+                lambda url=url: (
+                    client.post(
+                        f"{url}/v2/models/{MODEL}/infer", json=BODY, headers={"Authorization": f"Bearer {key}"}
+                    ).headers["x-fleet-model-version"]
+                    == "1.0.0"
+                ),
+                timeout=1.0,
+                what=f"rollback seen by {url}",
+            )
         assert time.monotonic() - pushed < 1.0
 
 
@@ -290,8 +325,10 @@ def test_the_inference_log_holds_what_was_served_and_a_clean_shutdown_flushes_it
     e.route(stable="1.0.0")
     key = e.tenant("apps")
     url, proc = e.gateway()
-    bodies = [{"inputs": [{"name": "features", "shape": [2, 4], "datatype": "FP32", "data": list(range(i, i + 8))}]}
-              for i in range(25)]  # fmt: skip
+    bodies = [
+        {"inputs": [{"name": "features", "shape": [2, 4], "datatype": "FP32", "data": list(range(i, i + 8))}]}
+        for i in range(25)
+    ]
     with httpx.Client(base_url=url, timeout=30) as client:
         ids = [infer(client, key, b).headers["x-request-id"] for b in bodies]
     proc.send_signal(signal.SIGTERM)  # before the 2 s flush interval is up: all of it is buffered
@@ -311,9 +348,8 @@ def test_the_inference_log_holds_what_was_served_and_a_clean_shutdown_flushes_it
 
 
 def test_the_store_going_down_leaves_the_gateway_serving_from_the_last_good_state(env, monkeypatch) -> None:
-    from moto.server import ThreadedMotoServer
-
     import boto3
+    from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -331,8 +367,11 @@ def test_the_store_going_down_leaves_the_gateway_serving_from_the_last_good_stat
         with httpx.Client(base_url=url, timeout=30) as client:
             assert infer(client, key).status_code == 200
             server.stop()  # the store is gone
-            wait_for(lambda: client.get("/v2/health/ready").json()["routing_state"] == "stale", timeout=30,
-                     what="the gateway to notice the store is down")  # fmt: skip
+            wait_for(
+                lambda: client.get("/v2/health/ready").json()["routing_state"] == "stale",
+                timeout=30,
+                what="the gateway to notice the store is down",
+            )
             ready = client.get("/v2/health/ready")
             assert ready.status_code == 200 and ready.json()["store_reachable"] is False
             assert all(infer(client, key).status_code == 200 for _ in range(20))
@@ -359,15 +398,22 @@ def test_admin_api_needs_the_token_and_runs_the_cli_operations(env) -> None:
         assert r.status_code == 422 and "reason" in r.json()["error"]
         r = adm.post(f"/admin/routes/{MODEL}", json={"canary": "1.1.0", "weight": 25, "reason": "try 1.1"})
         assert r.status_code == 200 and r.json()["canary"] == {"version": "1.1.0", "weight": 25.0}
-        assert adm.put(f"/admin/routes/{MODEL}/pins/newco", json={"version": "1.1.0", "reason": "early"}).status_code == 200
-        wait_for(lambda: infer(httpx.Client(base_url=url), key).headers.get("x-fleet-model-version") == "1.1.0",
-                 what="the pinned new tenant served 1.1.0")  # fmt: skip
+        assert (
+            adm.put(f"/admin/routes/{MODEL}/pins/newco", json={"version": "1.1.0", "reason": "early"}).status_code
+            == 200
+        )
+        wait_for(
+            lambda: infer(httpx.Client(base_url=url), key).headers.get("x-fleet-model-version") == "1.1.0",
+            what="the pinned new tenant served 1.1.0",
+        )
         history = adm.get(f"/admin/routes/{MODEL}/history").json()
         assert [h["why"] for h in history if h["kind"] == "route"][-2:] == ["try 1.1", "early"]
         assert {h["who"] for h in history if h["why"] in ("try 1.1", "early")} == {"gateway-test"}
         assert adm.post("/admin/tenants/newco/revoke", json={}).status_code == 200
         wait_for(lambda: infer(httpx.Client(base_url=url), key).status_code == 401, what="the revoked key refused")
-        assert adm.post(f"/admin/routes/{MODEL}/rollback", json={"reason": "x", "to_version": "9.9.9"}).status_code == 422
+        assert (
+            adm.post(f"/admin/routes/{MODEL}/rollback", json={"reason": "x", "to_version": "9.9.9"}).status_code == 422
+        )
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
@@ -383,5 +429,8 @@ def test_a_gateway_leaves_no_decode_worker_behind(env, stop: signal.Signals) -> 
     assert workers and all(alive(p, b"multiprocessing") for p in workers)
     gateway.send_signal(stop)
     gateway.wait(timeout=30)
-    wait_for(lambda: not any(alive(p, b"multiprocessing") for p in workers), timeout=10,
-             what=f"the decode workers gone after {stop.name}")  # fmt: skip
+    wait_for(
+        lambda: not any(alive(p, b"multiprocessing") for p in workers),
+        timeout=10,
+        what=f"the decode workers gone after {stop.name}",
+    )

@@ -26,8 +26,12 @@ ROW = [1.0, 0.0, 0.0, 0.0]
 
 
 def v2(data: object, shape: object = (1, 4), datatype: object = "FP32", **extra: object) -> dict:
-    tensor = {"name": "features", "shape": list(shape) if isinstance(shape, tuple) else shape, "datatype": datatype,
-              "data": data}  # fmt: skip
+    tensor = {
+        "name": "features",
+        "shape": list(shape) if isinstance(shape, tuple) else shape,
+        "datatype": datatype,
+        "data": data,
+    }
     return {"inputs": [tensor], **extra}
 
 
@@ -65,15 +69,23 @@ def post(gw: dict, path: str, body: object, tenant: str | None = "apps", **heade
     if tenant is not None:
         headers["Authorization"] = f"Bearer {gw['keys'][tenant]}"
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(gw["url"] + path, content=content, headers={"Content-Type": "application/json", **headers}, timeout=30)
+    return httpx.post(
+        gw["url"] + path, content=content, headers={"Content-Type": "application/json", **headers}, timeout=30
+    )
 
 
 INFER = f"/v2/models/{MODEL}/infer"
 HOSTILE = [
     # (name, path, body, headers, status, message)
     ("nulls", INFER, v2([None] * 4), {}, 422, "holds null at data[0]; expected FP32 values"),
-    ("a NaN literal", INFER, b'{"inputs":[{"name":"features","shape":[1,4],"datatype":"FP32","data":[NaN,1,1,1]}]}', {},
-     400, "not valid JSON"),
+    (
+        "a NaN literal",
+        INFER,
+        b'{"inputs":[{"name":"features","shape":[1,4],"datatype":"FP32","data":[NaN,1,1,1]}]}',
+        {},
+        400,
+        "not valid JSON",
+    ),
     ("1e39 for FP32", INFER, v2([1e39, 0, 0, 0]), {}, 422, "holds 1e+39, out of range for FP32"),
     ("-1e39 as FP64 for FP32", INFER, v2([0, -1e39, 0, 0], datatype="FP64"), {}, 422, "out of range for FP32"),
     ("strings", INFER, v2(["1", "2", "3", "4"]), {}, 422, "holds '1' at data[0]"),
@@ -94,18 +106,31 @@ HOSTILE = [
     ("an id that is not a string", INFER, v2(ROW, id={"a": 1}), {}, 400, '"id" is a JSON object'),
     ("parameters that are not an object", INFER, v2(ROW, parameters=[1]), {}, 400, '"parameters" is a JSON list'),
     ("a routing key of 1000 characters", INFER, v2(ROW), {"X-Fleet-Routing-Key": "k" * 1000}, 400, "at most 256"),
-    ("a routing key object in parameters", INFER, v2(ROW, parameters={"routing_key": {"x": 1}}), {}, 400,
-     "parameters.routing_key is a JSON dict"),
+    (
+        "a routing key object in parameters",
+        INFER,
+        v2(ROW, parameters={"routing_key": {"x": 1}}),
+        {},
+        400,
+        "parameters.routing_key is a JSON dict",
+    ),
     ("an unknown priority", INFER, v2(ROW), {"X-Fleet-Priority": "urgent"}, 400, "priority 'urgent' is not known"),
     ("a timeout that is not a number", INFER, v2(ROW), {"X-Fleet-Timeout-Ms": "soon"}, 400, "not a number"),
     ("a NaN timeout", INFER, v2(ROW), {"X-Fleet-Timeout-Ms": "nan"}, 400, "expected a positive number of milliseconds"),
     ("a negative timeout", INFER, v2(ROW), {"X-Fleet-Timeout-Ms": "-1"}, 400, "expected a positive number"),
     ("a JSON list body", INFER, [1, 2], {}, 400, "is a JSON list; expected a JSON object"),
     ("a body over 4 MiB", INFER, b" " * (4 * 1024 * 1024 + 1), {}, 413, "over the limit of 4194304 bytes"),
-    ("v1 nulls", f"/v1/models/{MODEL}:predict", {"instances": [[None, 1, 1, 1]]}, {}, 422, "holds null at instances[0][0]"),
+    (
+        "v1 nulls",
+        f"/v1/models/{MODEL}:predict",
+        {"instances": [[None, 1, 1, 1]]},
+        {},
+        422,
+        "holds null at instances[0][0]",
+    ),
     ("v1 too many rows", f"/v1/models/{MODEL}:predict", {"instances": [ROW] * 10_001}, {}, 413, "at most 10000"),
     ("v1 strings", f"/v1/models/{MODEL}:predict", {"instances": ["abcd"]}, {}, 422, "holds 'abcd' at instances[0]"),
-]  # fmt: skip
+]
 
 
 def test_hostile_bodies_get_a_4xx_that_says_what_was_wrong_and_never_reach_the_model(gw: dict) -> None:
@@ -126,9 +151,13 @@ def test_hostile_bodies_get_a_4xx_that_says_what_was_wrong_and_never_reach_the_m
 
 def test_feedback_refuses_labels_outside_the_models_classes_and_integer_range(gw: dict) -> None:
     rid = post(gw, INFER, v2(ROW)).headers["x-request-id"]
-    for label, row, message in [(7, 0, "label is 7; expected a class of this model, 0 to 1"),
-                                (-5, 0, "label is -5; expected a class"), (2**63, 0, "label is 9223372036854775808"),
-                                (1, 2**40, "row is 1099511627776"), ("1", 0, "expected the true class as an integer")]:  # fmt: skip
+    for label, row, message in [
+        (7, 0, "label is 7; expected a class of this model, 0 to 1"),
+        (-5, 0, "label is -5; expected a class"),
+        (2**63, 0, "label is 9223372036854775808"),
+        (1, 2**40, "row is 1099511627776"),
+        ("1", 0, "expected the true class as an integer"),
+    ]:
         r = post(gw, "/v1/feedback", {"model": MODEL, "feedback": [{"request_id": rid, "label": label, "row": row}]})
         assert r.status_code == 422 and message in r.json()["error"], r.text
     r = post(gw, "/v1/feedback", {"model": MODEL, "feedback": [{"request_id": "a b/../c", "label": 1}]})
@@ -148,13 +177,18 @@ def test_a_model_the_tenant_may_not_use_looks_exactly_like_one_that_does_not_exi
 
     e = gw["env"]
     _, key = Tenants(e.store).create("elsewhere", {"other-model": ["*"]})
-    wait_for(lambda: httpx.get(f"{gw['url']}/v2/models/nope", headers={"Authorization": f"Bearer {key}"}).status_code == 404,
-             what="the new tenant known")  # fmt: skip
+    wait_for(
+        lambda: httpx.get(f"{gw['url']}/v2/models/nope", headers={"Authorization": f"Bearer {key}"}).status_code == 404,
+        what="the new tenant known",
+    )
     answers = []
     for model in (MODEL, "no-such-model"):
-        for method, path, body in [("GET", f"/v2/models/{model}", None), ("GET", f"/v2/models/{model}/ready", None),
-                                   ("POST", f"/v2/models/{model}/infer", v2(ROW)),
-                                   ("POST", "/v1/feedback", {"model": model, "feedback": [{"request_id": "r", "label": 1}]})]:  # fmt: skip
+        for method, path, body in [
+            ("GET", f"/v2/models/{model}", None),
+            ("GET", f"/v2/models/{model}/ready", None),
+            ("POST", f"/v2/models/{model}/infer", v2(ROW)),
+            ("POST", "/v1/feedback", {"model": model, "feedback": [{"request_id": "r", "label": 1}]}),
+        ]:
             r = httpx.request(method, gw["url"] + path, json=body, headers={"Authorization": f"Bearer {key}"})
             answers.append((r.status_code, r.json()["error"].replace(model, "<m>")))
     assert answers[:4] == answers[4:] and {s for s, _ in answers} == {404}
@@ -166,7 +200,9 @@ def test_unauthenticated_requests_to_made_up_names_leave_metrics_the_same_size(g
 
     def series() -> set[tuple]:
         text = httpx.get(f"{gw['url']}/metrics").text
-        return {(s.name, tuple(sorted(s.labels.items()))) for f in text_string_to_metric_families(text) for s in f.samples}
+        return {
+            (s.name, tuple(sorted(s.labels.items()))) for f in text_string_to_metric_families(text) for s in f.samples
+        }
 
     rng = random.Random(7)
     names = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz-", k=rng.randint(1, 40))) for _ in range(1000)]
@@ -175,14 +211,20 @@ def test_unauthenticated_requests_to_made_up_names_leave_metrics_the_same_size(g
             client.post(f"/v2/models/{name}/infer", json=v2(ROW))
             client.post(f"/v2/models/{name}/infer", json=v2(ROW), headers={"Authorization": "Bearer sfk_bogus_key"})
             client.get(f"/v2/models/{name}", headers={"Authorization": f"Bearer {gw['keys']['apps']}"})
-        wait_for(lambda: metric(gw["url"], "fleet_buffer_bytes", buffer="inference_log") == 0, timeout=15,
-                 what="earlier tests' log rows written (their series made)")  # fmt: skip
+        wait_for(
+            lambda: metric(gw["url"], "fleet_buffer_bytes", buffer="inference_log") == 0,
+            timeout=15,
+            what="earlier tests' log rows written (their series made)",
+        )
         before = series()
         size = len(client.get("/metrics").content)
         for name in names[5:]:
             assert client.post(f"/v2/models/{name}/infer", json=v2(ROW)).status_code == 401
             client.post(f"/v1/models/{name}:predict", json={"instances": [ROW]}, headers={"Authorization": "Bearer x"})
-            client.get(f"/v2/models/{name}/versions/9.9.{rng.randint(0, 99)}", headers={"Authorization": f"Bearer {gw['keys']['apps']}"})
+            client.get(
+                f"/v2/models/{name}/versions/9.9.{rng.randint(0, 99)}",
+                headers={"Authorization": f"Bearer {gw['keys']['apps']}"},
+            )
     assert series() == before
     assert len(httpx.get(f"{gw['url']}/metrics").content) < size + 2000  # only counters' digits grew
     assert metric(gw["url"], "fleet_auth_failures_total", surface="inference") >= 2 * 995
@@ -277,21 +319,45 @@ def test_the_admin_api_refuses_hostile_input_and_counts_failed_logins(gw: dict) 
         cases = [
             (adm.post(f"/admin/routes/{'m' * 5000}", json={"stable": "1.0.0", "reason": "x"}), 422, "model name 'mmmm"),
             (adm.get(f"/admin/models/{MODEL}/versions/{'9' * 3000}"), 422, "not a semantic version"),
-            (adm.post(f"/admin/routes/{MODEL}", json={"clear_canary": "false", "reason": "x"}), 422, "clear_canary: got 'false'"),
+            (
+                adm.post(f"/admin/routes/{MODEL}", json={"clear_canary": "false", "reason": "x"}),
+                422,
+                "clear_canary: got 'false'",
+            ),
             (adm.post(f"/admin/routes/{MODEL}", json={"weight": "50", "reason": "x"}), 422, "weight: got '50'"),
-            (adm.post(f"/admin/routes/{MODEL}", json={"weight": 50, "reason": "x", "why": "y"}), 422, "unknown key 'why'"),
+            (
+                adm.post(f"/admin/routes/{MODEL}", json={"weight": 50, "reason": "x", "why": "y"}),
+                422,
+                "unknown key 'why'",
+            ),
             (adm.post(f"/admin/routes/{MODEL}", json={"weight": 50, "reason": "   "}), 422, "reason: got '   '"),
-            (adm.post(f"/admin/routes/{MODEL}", content=b'{"reason": "' + b"x" * 70_000 + b'"}'), 413, "over the limit"),
-            (adm.post("/admin/tenants", content=b'{"name": "t", "models": ["stub-model"], "rps": 1e309}'), 400, "not valid JSON"),
-            (adm.post("/admin/tenants", content=b'{"name": "t", "models": ["stub-model"], "rps": "inf"}'), 422, "rps: got 'inf'"),
+            (
+                adm.post(f"/admin/routes/{MODEL}", content=b'{"reason": "' + b"x" * 70_000 + b'"}'),
+                413,
+                "over the limit",
+            ),
+            (
+                adm.post("/admin/tenants", content=b'{"name": "t", "models": ["stub-model"], "rps": 1e309}'),
+                400,
+                "not valid JSON",
+            ),
+            (
+                adm.post("/admin/tenants", content=b'{"name": "t", "models": ["stub-model"], "rps": "inf"}'),
+                422,
+                "rps: got 'inf'",
+            ),
             (adm.post("/admin/tenants", json={"name": "t", "models": [MODEL], "burst": 2**70, "rps": 1}), 422, "burst"),
             (adm.post("/admin/tenants", json={"name": "t", "models": [MODEL], "weight": 0}), 422, "weight"),
             (adm.post("/admin/tenants", json={"name": "t", "models": [MODEL], "weight": "inf"}), 422, "weight"),
             (adm.post("/admin/tenants", json={"name": "t", "models": [MODEL], "weight": 1e6}), 422, "weight"),
-            (adm.post("/admin/tenants", json={"name": "t", "models": [MODEL], "rps": 1, "concurrency": 0}), 422, "concurrency"),
+            (
+                adm.post("/admin/tenants", json={"name": "t", "models": [MODEL], "rps": 1, "concurrency": 0}),
+                422,
+                "concurrency",
+            ),
             (adm.post("/admin/tenants", json={"name": "t", "models": [MODEL], "concurrency": 4}), 422, "without rps"),
             (adm.get(f"/admin/stats/{MODEL}", params={"window_s": "-5"}), 400, "whole number of seconds"),
-        ]  # fmt: skip
+        ]
         for r, status, message in cases:
             assert r.status_code == status and message in r.json()["error"], r.text
 
@@ -348,9 +414,15 @@ def test_large_requests_never_hold_the_event_loop(env) -> None:
     # machine too busy to schedule it, wall-clock lateness is the machine's, not the loop's) ...
     from prometheus_client.parser import text_string_to_metric_families
 
-    held = {s.labels.get("le", s.name): s.value for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
-            for s in f.samples if s.name.startswith("fleet_event_loop_held_seconds")}  # one scrape  # fmt: skip
-    assert held["fleet_event_loop_held_seconds_count"] > 100 and held["0.1"] == held["fleet_event_loop_held_seconds_count"]
+    held = {
+        s.labels.get("le", s.name): s.value
+        for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+        for s in f.samples
+        if s.name.startswith("fleet_event_loop_held_seconds")
+    }  # one scrape
+    assert (
+        held["fleet_event_loop_held_seconds_count"] > 100 and held["0.1"] == held["fleet_event_loop_held_seconds_count"]
+    )
     # ... so the probe always answered, and far inside a kubelet's 1 s probe timeout
     assert max(probes) < 1.0 and sorted(probes)[len(probes) // 2] < 0.1, f"liveness answers: {sorted(probes)[-5:]}"
     assert {code for code, _ in victims} == {200}
@@ -367,9 +439,13 @@ def test_a_client_that_leaves_mid_body_is_counted_499_not_as_the_gateway_s_500(g
     before_500 = metric(gw["url"], "fleet_requests_total", tenant="third", code="500")
     for _ in range(3):
         with socket.create_connection((host, int(port)), timeout=5) as s:
-            s.sendall(f"POST {INFER} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-                      "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"inputs\":".encode())  # fmt: skip
-    wait_for(lambda: metric(gw["url"], "fleet_requests_total", tenant="third", code="499") == 3,
-             what="three requests counted as the client's leaving (499)")  # fmt: skip
+            s.sendall(
+                f"POST {INFER} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"inputs":'.encode()
+            )
+    wait_for(
+        lambda: metric(gw["url"], "fleet_requests_total", tenant="third", code="499") == 3,
+        what="three requests counted as the client's leaving (499)",
+    )
     assert metric(gw["url"], "fleet_requests_total", tenant="third", code="500") == before_500
     assert post(gw, INFER, v2([1.0, 0.0, 0.0, 0.0]), tenant="third").status_code == 200

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import typer
-from typer._click.exceptions import UsageError  # typer vendors click: its own exception classes
 from infra_harness import ROOT, example
+from typer._click.exceptions import UsageError  # typer vendors click: its own exception classes
 
 from infra.gateway import POLICY_DIR
 
@@ -73,7 +73,9 @@ def test_entry_point_and_pod_args_are_a_command_line_fleet_gateway_accepts() -> 
     command = typer.main.get_command(app)
     gateway = command.commands["gateway"]  # type: ignore[attr-defined]
     for args in (container["args"], exec_form(steps["CMD"])):
-        ctx = gateway.make_context("gateway", [a.replace("$(POD_IP)", "10.0.0.1") for a in args], resilient_parsing=False)
+        ctx = gateway.make_context(
+            "gateway", [a.replace("$(POD_IP)", "10.0.0.1") for a in args], resilient_parsing=False
+        )
         assert ctx.params["host"] == "0.0.0.0" and ctx.params["grpc_port"] == 8001
     with pytest.raises(UsageError, match="unexpected extra argument"):  # the mistake this guards against
         gateway.make_context("gateway", ["fleet", "gateway", *container["args"]])

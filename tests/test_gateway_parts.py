@@ -11,9 +11,9 @@ import pytest
 from fleet.gateway.cache import ENTRY_OVERHEAD, PredictionCache
 from fleet.gateway.quota import TokenBuckets
 from fleet.gateway.slots import QueueFull, Slots
-from fleet.gateway.stats import WindowedStats, score_bins
+from fleet.gateway.stats import WindowedStats
 from fleet.gateway.upstream import EJECT_AFTER, Replica
-from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, latency_bucket
+from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, latency_bucket, score_bins
 
 
 class Clock:
@@ -71,7 +71,9 @@ def test_slots_hand_freed_slots_to_interactive_first_and_shed_past_the_bound() -
         tasks.append(asyncio.create_task(wait("i1", "interactive")))
         await asyncio.sleep(0)
         assert (slots.waiting("batch"), slots.waiting("interactive")) == (2, 1)
-        with pytest.raises(QueueFull, match="m:1 is saturated and tenant '' already has 3 requests waiting \\(its limit\\)"):
+        with pytest.raises(
+            QueueFull, match="m:1 is saturated and tenant '' already has 3 requests waiting \\(its limit\\)"
+        ):
             await asyncio.wait_for(asyncio.gather(slots.acquire("batch", "m:1"), wait("x", "batch")), 1)
         slots.release()
         await asyncio.gather(*tasks)
@@ -172,7 +174,9 @@ def test_a_flooding_tenant_sheds_its_own_requests_and_the_other_tenants_are_admi
         await asyncio.sleep(0)
         assert (slots.waiting_for("flood"), slots.waiting_for("calm")) == (3, 2)
         for task in flood[3:]:
-            with pytest.raises(QueueFull, match="tenant 'flood' already has 3 requests waiting \\(its limit\\); retry later"):
+            with pytest.raises(
+                QueueFull, match="tenant 'flood' already has 3 requests waiting \\(its limit\\); retry later"
+            ):
                 await task
         slots.release()
         await asyncio.gather(*flood[:3], *calm)
@@ -197,10 +201,15 @@ def test_a_full_line_pushes_out_the_newest_waiter_of_the_tenant_with_the_most() 
         await asyncio.sleep(0)
         calm = asyncio.create_task(wait("c0", "calm"))
         await asyncio.sleep(0)
-        with pytest.raises(QueueFull, match="tenant 'flood' had the most requests waiting \\(4\\), so its newest was shed"):
+        with pytest.raises(
+            QueueFull, match="tenant 'flood' had the most requests waiting \\(4\\), so its newest was shed"
+        ):
             await flood[3]
         assert (slots.waiting_for("flood"), slots.waiting_for("calm")) == (3, 1)
-        with pytest.raises(QueueFull, match="1 requests in flight and 4 waiting \\(the limit\\).*tenant 'flood' would with this one \\(4\\)"):
+        with pytest.raises(
+            QueueFull,
+            match="1 requests in flight and 4 waiting \\(the limit\\).*tenant 'flood' would with this one \\(4\\)",
+        ):
             await slots.acquire("interactive", "m:1", "flood")  # under its own bound, but the longest
         slots.release()
         await asyncio.gather(*flood[:3], calm)
@@ -280,9 +289,14 @@ def test_windowed_stats_sum_the_last_seconds_by_version() -> None:
     start, end, recent = stats.window("m", 10)
     assert (start, end) == (5021.0, 5030.2)
     assert recent["1"]["requests"] == 1 and recent["1"]["latency_ms"][-1] == 1
-    assert recent["2"] == {"requests": 1, "errors": {"5xx": 1, "timeout": 0, "unreachable": 0},
-                           "latency_ms": [0] * (len(LATENCY_BUCKETS_MS) + 1), "predictions": [0] * PREDICTION_BINS,
-                           "shadow_pairs": 2, "shadow_agreed": 1}  # fmt: skip
+    assert recent["2"] == {
+        "requests": 1,
+        "errors": {"5xx": 1, "timeout": 0, "unreachable": 0},
+        "latency_ms": [0] * (len(LATENCY_BUCKETS_MS) + 1),
+        "predictions": [0] * PREDICTION_BINS,
+        "shadow_pairs": 2,
+        "shadow_agreed": 1,
+    }
     _, _, everything = stats.window("m", 60)
     first = everything["1"]
     assert first["requests"] == 3 and first["errors"]["timeout"] == 1
@@ -366,11 +380,14 @@ def test_a_mirrored_generation_is_compared_by_its_text_and_counted_in_its_bytes(
             return Generated("dcba", 12.0, 3.0, 14, 4)
 
         seen: list[tuple[str, object]] = []
-        mirror = ShadowMirror(lambda *_, **__: None, lambda j, outcome, ms, result, kind: seen.append((outcome, kind)),
-                              generate=generate)  # fmt: skip
+        mirror = ShadowMirror(
+            lambda *_, **__: None, lambda j, outcome, ms, result, kind: seen.append((outcome, kind)), generate=generate
+        )
         mirror.start(workers=1)
-        jobs = [GenShadowJob("lm", "2.0.0", "1.0.0", b'{"prompt": "reverse abcd>"}', served, 10.0, 5.0)
-                for served in ("dcba", "dcbx", "boom")]  # fmt: skip
+        jobs = [
+            GenShadowJob("lm", "2.0.0", "1.0.0", b'{"prompt": "reverse abcd>"}', served, 10.0, 5.0)
+            for served in ("dcba", "dcbx", "boom")
+        ]
         assert all(mirror.offer(job) for job in jobs) and mirror.bytes == sum(j.nbytes for j in jobs)
         for _ in range(100):
             await asyncio.sleep(0.01)
@@ -407,7 +424,12 @@ def test_only_gateways_on_trusted_networks_are_pushed_to(monkeypatch) -> None:
     monkeypatch.delenv("FLEET_GATEWAY_NETWORKS", raising=False)
     assert gateways.trusted(record("http://127.0.0.1:8000")) and gateways.trusted(record("http://[::1]:8000"))
     assert gateways.trusted(record("http://localhost:8000"))
-    for url in ("http://10.0.3.4:8000", "https://evil.example.com", "http://10.0.3.4.nip.io:8000", "file:///etc/passwd"):
+    for url in (
+        "http://10.0.3.4:8000",
+        "https://evil.example.com",
+        "http://10.0.3.4.nip.io:8000",
+        "file:///etc/passwd",
+    ):
         assert not gateways.trusted(record(url)), url
     monkeypatch.setenv("FLEET_GATEWAY_NETWORKS", "10.0.0.0/16, fd00::/8")
     assert gateways.trusted(record("http://10.0.3.4:8000")) and not gateways.trusted(record("http://10.1.0.1:8000"))
@@ -439,7 +461,10 @@ def test_notify_sends_a_scoped_credential_never_the_token_and_skips_untrusted_re
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         store, now, token = MemoryStore(), audit.now(), "admin-token-" + "x" * 30
-        for gid, url in (("real", f"http://127.0.0.1:{server.server_address[1]}"), ("planted", "http://203.0.113.9:8000")):
+        for gid, url in (
+            ("real", f"http://127.0.0.1:{server.server_address[1]}"),
+            ("planted", "http://203.0.113.9:8000"),
+        ):
             record = gateways.GatewayRecord(id=gid, url=url, host="h", pid=1, started_at=now, heartbeat_at=now)
             store.put(gateways.key(gid), records.dump(record))
         monkeypatch.delenv("FLEET_GATEWAY_NETWORKS", raising=False)

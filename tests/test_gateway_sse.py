@@ -13,13 +13,18 @@ import pytest
 from fleet.gateway.answers import UpstreamError
 from fleet.gateway.generate import MAX_EVENT_BYTES, EventParser, Events
 from fleet.gateway.h1 import STREAM_HIGH_WATER, ConnectionPool, IncompleteResponse, StreamedResponse
-from tests.test_h1 import JSON, Peer, Scripted, pooled, run, until, waited  # noqa: F401 - run is a fixture
+from tests.test_h1 import JSON, Peer, Scripted, pooled, until, waited
 
-EVENTS = [{"text": "a", "completion_tokens": 1}, {"text": "é\n", "completion_tokens": 2},
-          {"text": "", "finish_reason": "length", "prompt_tokens": 3, "completion_tokens": 2}]  # fmt: skip
+EVENTS = [
+    {"text": "a", "completion_tokens": 1},
+    {"text": "é\n", "completion_tokens": 2},
+    {"text": "", "finish_reason": "length", "prompt_tokens": 3, "completion_tokens": 2},
+]
 # one data line each, a comment, a keep-alive, and an event split over two data lines
-BODY = (b"data: " + orjson.dumps(EVENTS[0]) + b"\n\n: a comment\n\n\n\ndata:" + orjson.dumps(EVENTS[1]) + b"\n\n"
-        b'data: {"text": "", "finish_reason": "length",\ndata: "prompt_tokens": 3, "completion_tokens": 2}\n\n')  # fmt: skip
+BODY = (
+    b"data: " + orjson.dumps(EVENTS[0]) + b"\n\n: a comment\n\n\n\ndata:" + orjson.dumps(EVENTS[1]) + b"\n\n"
+    b'data: {"text": "", "finish_reason": "length",\ndata: "prompt_tokens": 3, "completion_tokens": 2}\n\n'
+)
 
 
 def chunked(body: bytes, pieces: list[int]) -> bytes:
@@ -138,7 +143,9 @@ def test_a_reader_that_leaves_early_closes_the_connection_so_the_server_sees_it(
 def test_a_stream_cut_off_mid_body_is_an_incomplete_answer_and_not_reused(run) -> None:  # noqa: ANN001
     async def script(peer: Peer) -> None:
         await peer.request()
-        await peer.send(SSE_HEAD + chunked(b'data: {"text": "a"}\n\n', []).removesuffix(b"0\r\n\r\n") + b"20\r\ndata: {")
+        await peer.send(
+            SSE_HEAD + chunked(b'data: {"text": "a"}\n\n', []).removesuffix(b"0\r\n\r\n") + b"20\r\ndata: {"
+        )
 
     async def scenario() -> None:
         async with Scripted(script) as srv, pooled(srv) as pool:

@@ -30,7 +30,9 @@ FEATURES = [TensorSpec(name="features", datatype="FP32", shape=[-1, 4])]
 def body(data: object, shape: list = (1, 4), datatype: str = "FP32") -> bytes:
     import json
 
-    return json.dumps({"inputs": [{"name": "features", "shape": list(shape), "datatype": datatype, "data": data}]}).encode()
+    return json.dumps(
+        {"inputs": [{"name": "features", "shape": list(shape), "datatype": datatype, "data": data}]}
+    ).encode()
 
 
 # -- protocol ---------------------------------------------------------------------------------
@@ -67,8 +69,11 @@ def test_decode_refuses_what_the_schema_does_not_allow(raw: bytes, error: type |
 def test_integer_inputs_are_range_checked_for_their_own_datatype() -> None:
     spec = [TensorSpec(name="features", datatype="UINT8", shape=[-1, 4])]
     assert decode_v2(body([0, 1, 2, 255], [1, 4], "UINT8"), spec, 10).features.dtype == np.uint8
-    for values, message in (([0, 1, 2, 256], "256, out of range for UINT8"), ([0, 1, 2, -1], "-1, out of range"),
-                            ([0, 1, 2, 0.5], "holds 0.5 at data\\[3\\]")):  # fmt: skip
+    for values, message in (
+        ([0, 1, 2, 256], "256, out of range for UINT8"),
+        ([0, 1, 2, -1], "-1, out of range"),
+        ([0, 1, 2, 0.5], "holds 0.5 at data\\[3\\]"),
+    ):
         with pytest.raises(InvalidInput, match=message):
             decode_v2(body(values, [1, 4], "UINT8"), spec, 10)
     wide = [TensorSpec(name="features", datatype="INT64", shape=[-1, 4])]
@@ -89,8 +94,13 @@ def test_an_input_decoded_for_one_schema_is_checked_against_another() -> None:
 def test_an_answer_must_be_one_finite_row_per_input_row() -> None:
     assert decode_answer(b"[[0.25, 0.75]]", "m:1", 1).tolist() == [[0.25, 0.75]]
     assert decode_answer(b"[0.5, 0.5]", "m:1", 2).shape == (2, 1)
-    for raw, message in ((b"[[NaN, 1]]", "non-finite"), (b"[[0.5, null]]", "non-finite"), (b"<html>", "not a JSON list"),
-                         (b'[["a", "b"]]', "not a JSON list"), (b"[[0.5, 0.5], [0.5, 0.5]]", "shape \\[2, 2\\] for 1")):  # fmt: skip
+    for raw, message in (
+        (b"[[NaN, 1]]", "non-finite"),
+        (b"[[0.5, null]]", "non-finite"),
+        (b"<html>", "not a JSON list"),
+        (b'[["a", "b"]]', "not a JSON list"),
+        (b"[[0.5, 0.5], [0.5, 0.5]]", "shape \\[2, 2\\] for 1"),
+    ):
         with pytest.raises(BadAnswer, match=message) as info:
             decode_answer(raw, "m:1", 1)
         assert info.value.status == 502 and info.value.kind == "5xx"
@@ -123,7 +133,9 @@ class FakeUpstreams:
 def dispatched(choice: Choice, **outcomes: object) -> tuple[list[str], object, dict]:
     upstreams, telemetry = FakeUpstreams(**outcomes), Telemetry(lambda: iter(()))
     try:
-        result = asyncio.run(Dispatcher(upstreams, telemetry)("m", TABLE, choice, np.zeros((1, 4)), 1000, "interactive"))  # type: ignore[arg-type]
+        result = asyncio.run(
+            Dispatcher(upstreams, telemetry)("m", TABLE, choice, np.zeros((1, 4)), 1000, "interactive")
+        )  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001 - the outcome under test
         result = exc
     _, _, versions = telemetry.stats.window("m", 60)
@@ -163,8 +175,13 @@ def test_the_quota_step_refuses_with_the_wait_and_counts_it() -> None:
 def test_a_concurrency_quota_holds_a_lease_until_the_request_is_answered() -> None:
     telemetry = Telemetry(lambda: iter(()))
     quotas = Quotas(TokenBuckets(lambda: 100.0), telemetry)
-    t = Tenant(name="t", entitlements={"m": ["*"]}, quota=Quota(rps=100, burst=100, concurrency=1),
-               created_at=audit.now(), created_by="x")  # fmt: skip
+    t = Tenant(
+        name="t",
+        entitlements={"m": ["*"]},
+        quota=Quota(rps=100, burst=100, concurrency=1),
+        created_at=audit.now(),
+        created_by="x",
+    )
     first: dict = {}
     asyncio.run(quotas.take(t, first))
     assert "quota_lease" in first
@@ -182,10 +199,17 @@ def manifest(version: str, inputs: list[TensorSpec] = FEATURES) -> ModelVersion:
     from fleet.registry import FileDigest
 
     now = audit.now()
-    return ModelVersion(model="m", version=version, framework="torch", inputs=inputs,
-                        outputs=[TensorSpec(name="p", datatype="FP32", shape=[-1, 2])],
-                        files={"w": FileDigest(sha256="0" * 64, size=1)}, created_at=now, created_by="x",
-                        state_changed_at=now)  # fmt: skip
+    return ModelVersion(
+        model="m",
+        version=version,
+        framework="torch",
+        inputs=inputs,
+        outputs=[TensorSpec(name="p", datatype="FP32", shape=[-1, 2])],
+        files={"w": FileDigest(sha256="0" * 64, size=1)},
+        created_at=now,
+        created_by="x",
+        state_changed_at=now,
+    )
 
 
 class View:
@@ -197,8 +221,13 @@ def pipeline_over(pins: dict[str, str] | None = None) -> tuple[Pipeline, dict[st
     keys, tenants = {}, {}
     for name, allowed in (("apps", ["*"]), ("limited", ["1.0.0"]), ("elsewhere", [])):
         plaintext, key = _new_key()
-        tenants[key.id] = Tenant(name=name, entitlements={"m": allowed} if allowed else {"other": ["*"]}, keys=[key],
-                                 created_at=audit.now(), created_by="x")  # fmt: skip
+        tenants[key.id] = Tenant(
+            name=name,
+            entitlements={"m": allowed} if allowed else {"other": ["*"]},
+            keys=[key],
+            created_at=audit.now(),
+            created_by="x",
+        )
         keys[name] = plaintext
     table = TABLE.model_copy(update={"pins": pins or {}})
     manifests = {("m", v): manifest(v) for v in ("1.0.0", "1.1.0", "0.9.0")}

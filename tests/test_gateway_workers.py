@@ -25,7 +25,6 @@ from tests.redis_env import RedisServer
 from tests.test_quota_redis import BURST, RPS, _flood, metered
 
 
-
 def _records(env: GatewayEnv) -> list[gateways.GatewayRecord]:
     return gateways.live(env.store)
 
@@ -88,24 +87,41 @@ def test_a_route_push_reaches_every_worker(workers) -> None:
     gateways.notify(env.store, ADMIN_TOKEN)
     for record in _records(env):  # every worker, not whichever one the kernel picks for us
         with httpx.Client(base_url=record.url, timeout=5) as client:
-            wait_for(lambda c=client: c.post(f"/v2/models/{MODEL}/infer", json=BODY,
-                                             headers={"Authorization": f"Bearer {key}"}).headers.get(
-                                                 "x-fleet-model-version") == "1.1.0",
-                     timeout=10, what=f"{record.url} to route to 1.1.0")  # fmt: skip
+            wait_for(
+                lambda c=client: (
+                    c.post(
+                        f"/v2/models/{MODEL}/infer", json=BODY, headers={"Authorization": f"Bearer {key}"}
+                    ).headers.get("x-fleet-model-version")
+                    == "1.1.0"
+                ),
+                timeout=10,
+                what=f"{record.url} to route to 1.1.0",
+            )
 
 
 def test_a_dead_worker_is_started_again_and_stopping_the_supervisor_stops_all(workers) -> None:
     env, url, proc, key = workers
     victim = _records(env)[0]
     os.kill(victim.pid, signal.SIGKILL)
-    wait_for(lambda: len(_records(env)) == 2 and victim.pid not in {r.pid for r in _records(env)}
-             and httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200,
-             timeout=60, what="the killed worker replaced")  # fmt: skip
+    wait_for(
+        lambda: (
+            len(_records(env)) == 2
+            and victim.pid not in {r.pid for r in _records(env)}
+            and httpx.get(f"{url}/v2/health/ready", timeout=5).status_code == 200
+        ),
+        timeout=60,
+        what="the killed worker replaced",
+    )
     pids = [r.pid for r in _records(env)]
     with httpx.Client(base_url=url, timeout=5) as client:
-        codes = {client.post(f"/v2/models/{MODEL}/infer", json=BODY, headers={"Authorization": f"Bearer {key}",
-                                                                             "Connection": "close"}).status_code
-                 for _ in range(4)}  # fmt: skip
+        codes = {
+            client.post(
+                f"/v2/models/{MODEL}/infer",
+                json=BODY,
+                headers={"Authorization": f"Bearer {key}", "Connection": "close"},
+            ).status_code
+            for _ in range(4)
+        }
     assert codes <= {200, 429} and 200 in codes
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
@@ -119,11 +135,15 @@ def test_worker_command_line_and_divided_limits() -> None:
 
 
 def test_merged_metrics_keep_each_worker_s_series_apart() -> None:
-    a = ('# HELP fleet_requests_total x\n# TYPE fleet_requests_total counter\nfleet_requests_total{code="200"} 3.0\n'
-         '# HELP fleet_routing_stale s\n# TYPE fleet_routing_stale gauge\nfleet_routing_stale 0.0\n')  # fmt: skip
-    b = ('# HELP fleet_requests_total x\n# TYPE fleet_requests_total counter\nfleet_requests_total{code="200"} 4.0\n'
-         'fleet_requests_total{code="429"} 1.0\n# HELP fleet_routing_stale s\n# TYPE fleet_routing_stale gauge\n'
-         'fleet_routing_stale 1.0\n')  # fmt: skip
+    a = (
+        '# HELP fleet_requests_total x\n# TYPE fleet_requests_total counter\nfleet_requests_total{code="200"} 3.0\n'
+        "# HELP fleet_routing_stale s\n# TYPE fleet_routing_stale gauge\nfleet_routing_stale 0.0\n"
+    )
+    b = (
+        '# HELP fleet_requests_total x\n# TYPE fleet_requests_total counter\nfleet_requests_total{code="200"} 4.0\n'
+        'fleet_requests_total{code="429"} 1.0\n# HELP fleet_routing_stale s\n# TYPE fleet_routing_stale gauge\n'
+        "fleet_routing_stale 1.0\n"
+    )
     text = merge_expositions([(0, a), (1, b)]).decode()
     assert 'fleet_requests_total{code="200",worker="0"} 3.0' in text
     assert 'fleet_requests_total{code="200",worker="1"} 4.0' in text
@@ -136,8 +156,9 @@ def test_a_worker_that_keeps_dying_at_once_stops_the_supervisor(monkeypatch: pyt
 
     monkeypatch.setattr(gw_workers, "RESTART_BACKOFF_S", (0.01,))
     lines: list[str] = []
-    sup = gw_workers.Supervisor(2, "127.0.0.1", 0, lambda i, a, b: [sys.executable, "-c", "raise SystemExit(3)"],
-                                dict(os.environ), lines.append)  # fmt: skip
+    sup = gw_workers.Supervisor(
+        2, "127.0.0.1", 0, lambda i, a, b: [sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ), lines.append
+    )
     try:
         sup.start_all()
         with pytest.raises(gw_workers.WorkersFailed, match="exited 5 times in a row"):

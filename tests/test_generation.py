@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import UTC, datetime, timedelta
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import openai
@@ -30,8 +30,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         env.fleet("models", "train", MODEL, "1.1.0", "--preset", "test", "--seed", "11", "--fault-token-ms", "40")
         env.fleet("models", "quantize", MODEL, "1.0.0", "1.2.0")
         env.fleet("route", "set", MODEL, "--stable", "1.0.0", "-r", "first")
-        keys = {name: env.fleet_json("tenants", "create", name, "--model", model)["api_key"]
-                for name, model in [("apps", MODEL), ("pinned", MODEL), ("int8", MODEL), ("outsider", "demo-classifier")]}  # fmt: skip
+        keys = {
+            name: env.fleet_json("tenants", "create", name, "--model", model)["api_key"]
+            for name, model in [("apps", MODEL), ("pinned", MODEL), ("int8", MODEL), ("outsider", "demo-classifier")]
+        }
         env.fleet("route", "pin", MODEL, "pinned", "1.1.0", "-r", "the slow version, for the cancel test")
         env.fleet("route", "pin", MODEL, "int8", "1.2.0", "-r", "the quantized version")
         urls = {v: env.fleet_json("deploy", MODEL, v)["endpoints"][0] for v in ("1.0.0", "1.1.0", "1.2.0")}
@@ -56,24 +58,33 @@ def test_a_completion_through_the_openai_client(fleet: dict) -> None:
     choice = done.choices[0]
     assert isinstance(choice.text, str) and choice.finish_reason in ("stop", "length")
     assert done.usage.prompt_tokens == len(PROMPT) + 1  # characters and the BOS token
-    assert 1 <= done.usage.completion_tokens <= 8 and done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+    assert (
+        1 <= done.usage.completion_tokens <= 8
+        and done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+    )
 
 
 def test_streamed_text_is_the_same_text_as_the_whole_answer(fleet: dict) -> None:
     whole = client(fleet).completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, extra_body={"min_tokens": 12})
-    chunks = list(client(fleet).completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, stream=True,
-                                                   extra_body={"min_tokens": 12}))  # fmt: skip
+    chunks = list(
+        client(fleet).completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=12, stream=True, extra_body={"min_tokens": 12}
+        )
+    )
     assert len(chunks) >= 3  # one event per step that produced text, not one at the end
     assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
-    assert chunks[-1].choices[0].finish_reason == "length" and all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    assert chunks[-1].choices[0].finish_reason == "length" and all(
+        c.choices[0].finish_reason is None for c in chunks[:-1]
+    )
 
 
 def test_chat_whole_and_streamed_with_usage(fleet: dict) -> None:
     messages = [{"role": "system", "content": "answer exactly"}, {"role": "user", "content": PROMPT}]
     whole = client(fleet).chat.completions.create(model=MODEL, messages=messages, max_tokens=8)
     assert whole.choices[0].message.role == "assistant" and whole.object == "chat.completion"
-    stream = client(fleet).chat.completions.create(model=MODEL, messages=messages, max_tokens=8, stream=True,
-                                                   stream_options={"include_usage": True})  # fmt: skip
+    stream = client(fleet).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=8, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
@@ -83,7 +94,9 @@ def test_chat_whole_and_streamed_with_usage(fleet: dict) -> None:
 def test_a_quantized_version_serves_int8_weights_through_the_same_api(fleet: dict) -> None:
     meta = httpx.post(fleet["replicas"]["1.2.0"] + "/metadata", json={}, timeout=10).json()
     assert meta["quantization"] == {"library": "torchao", "method": "int8-weight-only"}
-    done = client(fleet, "int8").completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, extra_body={"min_tokens": 6})
+    done = client(fleet, "int8").completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=6, extra_body={"min_tokens": 6}
+    )
     assert done.system_fingerprint == f"{MODEL}:1.2.0" and done.usage.completion_tokens == 6
 
 
@@ -94,17 +107,23 @@ def test_oip_generate_and_generate_stream(fleet: dict) -> None:
     assert r.status_code == 200, r.text
     whole = r.json()
     assert whole["model_name"] == MODEL and whole["model_version"] == "1.0.0" and whole["completion_tokens"] == 6
-    with httpx.stream("POST", f"{fleet['url']}/v2/models/{MODEL}/versions/1.0.0/generate_stream", json=body,
-                      headers=headers, timeout=30) as s:  # fmt: skip
+    with httpx.stream(
+        "POST",
+        f"{fleet['url']}/v2/models/{MODEL}/versions/1.0.0/generate_stream",
+        json=body,
+        headers=headers,
+        timeout=30,
+    ) as s:
         assert s.status_code == 200 and s.headers["content-type"].startswith("text/event-stream")
-        events = [json.loads(line[len("data: "):]) for line in s.iter_lines() if line.startswith("data: ")]
+        events = [json.loads(line[len("data: ") :]) for line in s.iter_lines() if line.startswith("data: ")]
     assert "".join(e["text_output"] for e in events) == whole["text_output"] and events[-1]["finish_reason"] == "length"
 
 
 def test_a_caller_that_leaves_mid_stream_cancels_its_generation(fleet: dict) -> None:
     before = engine(fleet, "1.1.0").get("finished_cancelled", 0)
-    stream = client(fleet, "pinned").completions.create(model=f"{MODEL}:1.1.0", prompt=PROMPT, max_tokens=44, stream=True,
-                                              extra_body={"min_tokens": 44})  # 40 ms a token: 1.8 s if nobody leaves
+    stream = client(fleet, "pinned").completions.create(
+        model=f"{MODEL}:1.1.0", prompt=PROMPT, max_tokens=44, stream=True, extra_body={"min_tokens": 44}
+    )  # 40 ms a token: 1.8 s if nobody leaves
     first = next(iter(stream))
     assert first.system_fingerprint == f"{MODEL}:1.1.0"
     stream.close()
@@ -129,14 +148,20 @@ def test_a_caller_that_leaves_mid_stream_cancels_its_generation(fleet: dict) -> 
     ],
 )
 def test_bad_requests_get_a_clear_error(fleet: dict, body: dict, status: int, says: str) -> None:
-    r = httpx.post(f"{fleet['url']}/v1/completions", json=body, headers={"Authorization": f"Bearer {fleet['keys']['apps']}"},
-                   timeout=30)  # fmt: skip
+    r = httpx.post(
+        f"{fleet['url']}/v1/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {fleet['keys']['apps']}"},
+        timeout=30,
+    )
     assert r.status_code == status and says in r.json()["error"], r.text
 
 
 def test_unknown_keys_and_other_tenants_models(fleet: dict) -> None:
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=fleet["url"] + "/v1", api_key="nope", max_retries=0).completions.create(model=MODEL, prompt="x")
+        openai.OpenAI(base_url=fleet["url"] + "/v1", api_key="nope", max_retries=0).completions.create(
+            model=MODEL, prompt="x"
+        )
     with pytest.raises(openai.NotFoundError):
         client(fleet, "outsider").completions.create(model=MODEL, prompt=PROMPT)
 
@@ -144,19 +169,36 @@ def test_unknown_keys_and_other_tenants_models(fleet: dict) -> None:
 def test_generation_is_measured_per_version(fleet: dict) -> None:
     client(fleet).completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, extra_body={"min_tokens": 4})
     text = httpx.get(fleet["url"] + "/metrics", timeout=10).text
-    ttft = [line for line in text.splitlines() if line.startswith("fleet_time_to_first_token_seconds_count")
-            and f'model="{MODEL}"' in line and 'version="1.0.0"' in line]  # fmt: skip
+    ttft = [
+        line
+        for line in text.splitlines()
+        if line.startswith("fleet_time_to_first_token_seconds_count")
+        and f'model="{MODEL}"' in line
+        and 'version="1.0.0"' in line
+    ]
     assert ttft and float(ttft[0].split()[-1]) >= 1
-    completion = [line for line in text.splitlines() if line.startswith("fleet_generated_tokens_total")
-                  and 'kind="completion"' in line and 'version="1.0.0"' in line]  # fmt: skip
+    completion = [
+        line
+        for line in text.splitlines()
+        if line.startswith("fleet_generated_tokens_total") and 'kind="completion"' in line and 'version="1.0.0"' in line
+    ]
     assert completion and float(completion[0].split()[-1]) >= 4
     # what canary analysis reads: the time to first token as latency, time per token, output lengths
-    window = httpx.get(f"{fleet['url']}/admin/stats/{MODEL}", params={"window_s": 900}, timeout=10,
-                       headers={"Authorization": "Bearer e2e-admin-token"}).json()["versions"]["1.0.0"]  # fmt: skip
-    assert sum(window["latency_ms"]) == sum(window["output_tokens"]) >= sum(window["tpot_ms"]) >= 1  # one token: no TPOT
+    window = httpx.get(
+        f"{fleet['url']}/admin/stats/{MODEL}",
+        params={"window_s": 900},
+        timeout=10,
+        headers={"Authorization": "Bearer e2e-admin-token"},
+    ).json()["versions"]["1.0.0"]
+    assert (
+        sum(window["latency_ms"]) == sum(window["output_tokens"]) >= sum(window["tpot_ms"]) >= 1
+    )  # one token: no TPOT
     assert window["output_tokens"][output_bucket(4)] >= 1 and sum(window["predictions"]) == 0
-    queued = [line for line in text.splitlines() if line.startswith("fleet_generation_queue_seconds_count")
-              and 'version="1.0.0"' in line]  # fmt: skip
+    queued = [
+        line
+        for line in text.splitlines()
+        if line.startswith("fleet_generation_queue_seconds_count") and 'version="1.0.0"' in line
+    ]
     assert queued and float(queued[0].split()[-1]) >= 1  # the replica's own wait, as it reported it
 
 
@@ -167,14 +209,21 @@ def test_the_replicas_metrics_show_its_running_batch_waiting_sequences_and_kv_ca
     deadline, samples = time.monotonic() + 30, {}
     while time.monotonic() < deadline:  # the gauges are sampled every half second
         text = httpx.get(replica + "/metrics", timeout=10).text
-        samples = {line.split()[0].split("{")[0]: float(line.split()[-1]) for line in text.splitlines()
-                   if line.startswith("fleet_engine_")}  # fmt: skip
+        samples = {
+            line.split()[0].split("{")[0]: float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("fleet_engine_")
+        }
         if samples.get("fleet_engine_kv_budget_tokens") == budget:
             break
         time.sleep(0.1)
     assert samples.get("fleet_engine_kv_budget_tokens") == budget, samples
-    assert {"fleet_engine_running", "fleet_engine_waiting", "fleet_engine_kv_used_tokens",
-            "fleet_engine_kv_reserved_tokens"} <= set(samples)  # fmt: skip
+    assert {
+        "fleet_engine_running",
+        "fleet_engine_waiting",
+        "fleet_engine_kv_used_tokens",
+        "fleet_engine_kv_reserved_tokens",
+    } <= set(samples)
 
 
 def test_a_token_quota_is_one_budget_across_two_gateways_and_refused_with_retry_after(fleet: dict, tmp_path) -> None:  # noqa: ANN001
@@ -182,18 +231,36 @@ def test_a_token_quota_is_one_budget_across_two_gateways_and_refused_with_retry_
     server = RedisServer(tmp_path).start()
     started = len(env.procs)
     try:
-        key = env.fleet_json("tenants", "create", "metered", "--model", MODEL, "--rps", "100", "--burst", "100",
-                             "--tokens-per-minute", "60")["api_key"]  # fmt: skip
+        key = env.fleet_json(
+            "tenants",
+            "create",
+            "metered",
+            "--model",
+            MODEL,
+            "--rps",
+            "100",
+            "--burst",
+            "100",
+            "--tokens-per-minute",
+            "60",
+        )["api_key"]
         saved = dict(env.env)
         env.env["FLEET_REDIS_URL"] = server.url
         try:
             a, b = env.start_gateway(), env.start_gateway()
         finally:
             env.env = saved
-        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 40, "min_tokens": 40}  # 14 prompt + 40 completion tokens
+        body = {
+            "model": MODEL,
+            "prompt": PROMPT,
+            "max_tokens": 40,
+            "min_tokens": 40,
+        }  # 14 prompt + 40 completion tokens
 
         def ask(url: str) -> httpx.Response:
-            return httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+            return httpx.post(
+                f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60
+            )
 
         first = ask(a)
         assert first.status_code == 200 and first.json()["usage"]["total_tokens"] == 54
@@ -217,11 +284,18 @@ def test_exact_match_feedback_is_compared_with_the_logged_answer_and_counted_for
     other = client(fleet).completions.with_raw_response.create(model=MODEL, prompt="reverse xyz>", max_tokens=6)
 
     def feedback(labels: list[dict], key: str = fleet["keys"]["apps"]) -> httpx.Response:
-        return httpx.post(fleet["url"] + "/v1/feedback", json={"model": MODEL, "feedback": labels},
-                          headers={"Authorization": f"Bearer {key}"}, timeout=30)  # fmt: skip
+        return httpx.post(
+            fleet["url"] + "/v1/feedback",
+            json={"model": MODEL, "feedback": labels},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        )
 
-    given = [{"request_id": rid, "label": text}, {"request_id": other.headers["x-request-id"], "label": text + "#"},
-             {"request_id": "never-asked", "label": "abc"}]  # fmt: skip
+    given = [
+        {"request_id": rid, "label": text},
+        {"request_id": other.headers["x-request-id"], "label": text + "#"},
+        {"request_id": "never-asked", "label": "abc"},
+    ]
     answer = feedback(given)
     assert answer.status_code == 200, answer.text
     assert answer.json()["accepted"] == 2 and answer.json()["matched"] == 1
@@ -231,8 +305,12 @@ def test_exact_match_feedback_is_compared_with_the_logged_answer_and_counted_for
     assert wrong.status_code == 422 and "demo-lm is generative: expected the text" in wrong.json()["error"]
     assert feedback([{"request_id": rid, "label": text}], fleet["keys"]["int8"]).status_code == 404
     # what canary analysis reads, and Prometheus
-    window = httpx.get(f"{fleet['url']}/admin/stats/{MODEL}", params={"window_s": 900}, timeout=10,
-                       headers={"Authorization": "Bearer e2e-admin-token"}).json()["versions"]["1.0.0"]  # fmt: skip
+    window = httpx.get(
+        f"{fleet['url']}/admin/stats/{MODEL}",
+        params={"window_s": 900},
+        timeout=10,
+        headers={"Authorization": "Bearer e2e-admin-token"},
+    ).json()["versions"]["1.0.0"]
     assert (window["labelled"], window["matched"]) == (2, 1)
     metrics = httpx.get(fleet["url"] + "/metrics", timeout=10).text
     assert f'fleet_feedback_labels_total{{model="{MODEL}",outcome="match",version="1.0.0"}} 1.0' in metrics
@@ -244,7 +322,9 @@ def test_exact_match_feedback_is_compared_with_the_logged_answer_and_counted_for
     deadline = time.monotonic() + 30
     frame = None
     while time.monotonic() < deadline:
-        frame = read_window(store, MODEL, datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC) + timedelta(minutes=1))
+        frame = read_window(
+            store, MODEL, datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC) + timedelta(minutes=1)
+        )
         if rid in set(frame.get("request_id", [])):
             break
         time.sleep(0.2)
@@ -264,8 +344,9 @@ def test_generations_are_mirrored_to_a_shadow_and_compared_off_the_callers_path(
     env.fleet("route", "set", MODEL, "--shadow", "1.2.0", "--shadow-percent", "100", "-r", "mirror to the int8 version")
 
     def shadow_window() -> dict:
-        versions = httpx.get(f"{fleet['url']}/admin/stats/{MODEL}", params={"window_s": 900}, timeout=10,
-                             headers=admin).json()["versions"]  # fmt: skip
+        versions = httpx.get(
+            f"{fleet['url']}/admin/stats/{MODEL}", params={"window_s": 900}, timeout=10, headers=admin
+        ).json()["versions"]
         return versions.get("1.2.0", {"shadow_pairs": 0})
 
     try:
@@ -281,8 +362,13 @@ def test_generations_are_mirrored_to_a_shadow_and_compared_off_the_callers_path(
         assert served == {"1.0.0"}  # callers are answered by the stable only
         assert sum(window["output_tokens"]) >= 6 and sum(window["latency_ms"]) >= 6  # the shadow's own TTFT and lengths
         metrics = httpx.get(fleet["url"] + "/metrics", timeout=10).text
-        outcomes = [line for line in metrics.splitlines() if line.startswith("fleet_shadow_requests_total")
-                    and 'version="1.2.0"' in line and ('"agree"' in line or '"disagree"' in line)]  # fmt: skip
+        outcomes = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("fleet_shadow_requests_total")
+            and 'version="1.2.0"' in line
+            and ('"agree"' in line or '"disagree"' in line)
+        ]
         assert sum(float(line.split()[-1]) for line in outcomes) >= 6
     finally:
         env.fleet("route", "set", MODEL, "--no-shadow", "-r", "test over")

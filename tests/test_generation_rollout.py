@@ -25,11 +25,22 @@ from tests.serving_env import ROOT, FleetEnv
 MODEL = "demo-lm"
 # The generative policy's gates, with its steps and windows scaled to seconds.
 FAST = {
-    "steps": [20, 50, 100], "analysis_window_s": 2, "min_samples": 40, "hold_deadline_s": 120,
-    "rollback_window_s": 1, "shadow_percent": 0, "shadow_duration_s": 0, "offline_tolerance": 0.1,
-    "gates": {"max_error_rate_increase": 0.03, "confidence": 0.95, "max_p99_ratio": 3.0,
-              "max_tpot_p99_ratio": 3.0, "max_output_length_psi": 0.25},
-}  # fmt: skip
+    "steps": [20, 50, 100],
+    "analysis_window_s": 2,
+    "min_samples": 40,
+    "hold_deadline_s": 120,
+    "rollback_window_s": 1,
+    "shadow_percent": 0,
+    "shadow_duration_s": 0,
+    "offline_tolerance": 0.1,
+    "gates": {
+        "max_error_rate_increase": 0.03,
+        "confidence": 0.95,
+        "max_p99_ratio": 3.0,
+        "max_tpot_p99_ratio": 3.0,
+        "max_output_length_psi": 0.25,
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +65,14 @@ def stored(fleet: dict) -> RolloutState | None:
 
 def served(fleet: dict, n: int = 20) -> set[str]:
     with httpx.Client(base_url=fleet["url"], timeout=30) as client:
-        return {client.post("/v1/completions", headers={"Authorization": f"Bearer {fleet['key']}"},
-                            json={"model": MODEL, "prompt": "reverse abc>", "max_tokens": 2}).headers["x-fleet-model-version"]
-                for _ in range(n)}  # fmt: skip
+        return {
+            client.post(
+                "/v1/completions",
+                headers={"Authorization": f"Bearer {fleet['key']}"},
+                json={"model": MODEL, "prompt": "reverse abc>", "max_tokens": 2},
+            ).headers["x-fleet-model-version"]
+            for _ in range(n)
+        }
 
 
 def _ttft_slo_ms() -> float:
@@ -73,8 +89,9 @@ def test_a_version_with_a_slow_first_token_is_rolled_back_with_no_caller_failing
     # token stays well inside first_token_timeout_ms (5 s): nobody times out. Three more ask
     # the stable by name, for its share of the samples.
     slow_ms = _ttft_slo_ms()
-    fleet["env"].fleet("models", "train", MODEL, "2.0.0", "--preset", "test", "--seed", "21",
-                       "--fault-first-token-ms", f"{slow_ms:g}")  # fmt: skip
+    fleet["env"].fleet(
+        "models", "train", MODEL, "2.0.0", "--preset", "test", "--seed", "21", "--fault-first-token-ms", f"{slow_ms:g}"
+    )
     loads = [load(fleet, rps=20, threads=2), load(fleet, rps=30, threads=3, version=stable, seed=100)]
     for traffic in loads:
         traffic.start()

@@ -12,18 +12,50 @@ from fleet.gateway.protocol import MalformedBody, parse_json
 
 
 def test_a_completion_as_the_openai_client_sends_it() -> None:
-    req = genproto.completion({"model": "demo-lm", "prompt": ["reverse abc>"], "max_tokens": 8, "temperature": 0.5,
-                               "top_p": 0.9, "stop": "\n", "seed": 3, "stream": True,
-                               "stream_options": {"include_usage": True}, "user": "u1", "n": 1}, 64)  # fmt: skip
-    assert (req.model, req.version, req.prompt, req.max_tokens, req.temperature, req.top_p) == ("demo-lm", None, "reverse abc>", 8, 0.5, 0.9)
+    req = genproto.completion(
+        {
+            "model": "demo-lm",
+            "prompt": ["reverse abc>"],
+            "max_tokens": 8,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "stop": "\n",
+            "seed": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "user": "u1",
+            "n": 1,
+        },
+        64,
+    )
+    assert (req.model, req.version, req.prompt, req.max_tokens, req.temperature, req.top_p) == (
+        "demo-lm",
+        None,
+        "reverse abc>",
+        8,
+        0.5,
+        0.9,
+    )
     assert req.stop == ("\n",) and req.seed == 3 and req.stream and req.include_usage
 
 
 def test_model_may_name_a_version_and_chat_messages_are_kept_in_order() -> None:
-    req = genproto.chat({"model": "demo-lm:1.1.0", "messages": [{"role": "system", "content": "be brief"},
-                        {"role": "user", "content": [{"type": "text", "text": "reverse "}, {"type": "text", "text": "ab>"}]}],
-                         "max_completion_tokens": 4}, 64)  # fmt: skip
-    assert req.version == "1.1.0" and req.messages == (("system", "be brief"), ("user", "reverse ab>")) and req.max_tokens == 4
+    req = genproto.chat(
+        {
+            "model": "demo-lm:1.1.0",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "reverse "}, {"type": "text", "text": "ab>"}]},
+            ],
+            "max_completion_tokens": 4,
+        },
+        64,
+    )
+    assert (
+        req.version == "1.1.0"
+        and req.messages == (("system", "be brief"), ("user", "reverse ab>"))
+        and req.max_tokens == 4
+    )
 
 
 @pytest.mark.parametrize(
@@ -52,8 +84,14 @@ def test_hostile_or_malformed_completions_say_what_was_expected(body: dict, expe
 
 @pytest.mark.parametrize(
     "messages",
-    [[], "hi", [{"role": "tool", "content": "x"}], [{"role": "user"}], [{"role": "user", "content": [{"type": "image_url"}]}],
-     [{"role": "user", "content": "x"}] * 65],
+    [
+        [],
+        "hi",
+        [{"role": "tool", "content": "x"}],
+        [{"role": "user"}],
+        [{"role": "user", "content": [{"type": "image_url"}]}],
+        [{"role": "user", "content": "x"}] * 65,
+    ],
 )
 def test_bad_chat_messages_are_refused(messages: object) -> None:
     with pytest.raises(MalformedBody, match="messages"):
@@ -61,8 +99,16 @@ def test_bad_chat_messages_are_refused(messages: object) -> None:
 
 
 def test_oip_generate_takes_parameters_and_keeps_routing_controls_apart() -> None:
-    req = genproto.oip({"text_input": "reverse ab>", "parameters": {"max_tokens": 3, "temperature": 0, "priority": "batch",
-                                                                     "routing_key": "user-1"}}, "demo-lm", "1.0.0", 64, True)  # fmt: skip
+    req = genproto.oip(
+        {
+            "text_input": "reverse ab>",
+            "parameters": {"max_tokens": 3, "temperature": 0, "priority": "batch", "routing_key": "user-1"},
+        },
+        "demo-lm",
+        "1.0.0",
+        64,
+        True,
+    )
     assert req.prompt == "reverse ab>" and req.max_tokens == 3 and req.stream and req.version == "1.0.0"
     assert req.parameters == {"priority": "batch", "routing_key": "user-1"}
     with pytest.raises(MalformedBody, match="text_input is missing"):
@@ -76,7 +122,7 @@ def events(raw: bytes) -> list[object]:
     for block in raw.decode().split("\n\n"):
         if block:
             assert block.startswith("data: ")
-            data = block[len("data: "):]
+            data = block[len("data: ") :]
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
 
@@ -88,14 +134,22 @@ def test_openai_stream_chunks_carry_the_role_first_then_text_then_the_reason_and
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "cb"}
     end = events(answer.chunk({"text": "", "completion_tokens": 3, "finish_reason": "stop", "prompt_tokens": 5}, False))
     assert end[0]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
-    assert end[1]["choices"] == [] and end[1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert end[1]["choices"] == [] and end[1]["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 3,
+        "total_tokens": 8,
+    }
     assert events(answer.done()) == ["[DONE]"]
 
 
 def test_whole_answers_in_each_protocol() -> None:
     final = {"finish_reason": "length", "prompt_tokens": 4, "completion_tokens": 2}
     done = genproto.Answer("completion", "r", "m", "1.0.0").whole("ab", final)
-    assert done["choices"][0]["text"] == "ab" and done["usage"]["total_tokens"] == 6 and done["object"] == "text_completion"
+    assert (
+        done["choices"][0]["text"] == "ab"
+        and done["usage"]["total_tokens"] == 6
+        and done["object"] == "text_completion"
+    )
     oip = genproto.Answer("oip", "r", "m", "1.0.0").whole("ab", final)
     assert oip["text_output"] == "ab" and oip["model_version"] == "1.0.0" and oip["finish_reason"] == "length"
     assert genproto.Answer("oip", "r", "m", "1.0.0").done() == b""

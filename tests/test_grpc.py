@@ -20,14 +20,16 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from fleet.gateway.grpc_server import SERVICE, grpc_code, pb, pb_grpc  # first: loads tritonclient's protos (see _load_service)
+# first: loads tritonclient's protos (see _load_service)
+from fleet.gateway.grpc_server import SERVICE, grpc_code, pb, pb_grpc
 from fleet.gateway.pipeline import Call, DeadlinePassed, Pipeline
 from fleet.tenants import Quota, Tenants
 from tests.gateway_env import MODEL, GatewayEnv, metric, wait_for
 from tests.serving_env import FLEET, free_port, wait_ready
 
-import tritonclient.grpc as triton  # noqa: E402,I001 - after the protos are loaded
-from tritonclient.utils import InferenceServerException  # noqa: E402
+# isort: split
+import tritonclient.grpc as triton  # after the protos are loaded
+from tritonclient.utils import InferenceServerException
 
 MAX_BODY_MIB = 1
 
@@ -61,8 +63,13 @@ def start_gateway(env: GatewayEnv, *args: str) -> tuple[str, str, subprocess.Pop
     http_port = free_port()
     out = env.root / "gateway.out"
     with open(out, "wb") as stdout:
-        proc = subprocess.Popen([FLEET, "gateway", "--port", str(http_port), "--grpc-port", "0", *args], env=env.env(),
-                                cwd=env.root, stdout=stdout, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [FLEET, "gateway", "--port", str(http_port), "--grpc-port", "0", *args],
+            env=env.env(),
+            cwd=env.root,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+        )
     env.procs.append(proc)
     url = f"http://127.0.0.1:{http_port}"
     wait_ready(f"{url}/v2/health/ready", proc, out)
@@ -92,7 +99,9 @@ def sample(n: int, seed: int) -> np.ndarray:
 
 
 def http_answer(fleet: dict, rows: np.ndarray, tenant: str = "apps") -> np.ndarray:
-    body = {"inputs": [{"name": "features", "shape": list(rows.shape), "datatype": "FP32", "data": rows.ravel().tolist()}]}
+    body = {
+        "inputs": [{"name": "features", "shape": list(rows.shape), "datatype": "FP32", "data": rows.ravel().tolist()}]
+    }
     r = httpx.post(f"{fleet['url']}/v2/models/{MODEL}/infer", json=body, headers=auth(fleet, tenant), timeout=30)
     assert r.status_code == 200, r.text
     out = r.json()["outputs"][0]
@@ -132,7 +141,9 @@ def client(fleet: dict) -> Iterator[triton.InferenceServerClient]:
 def test_health_and_metadata_through_tritons_client(fleet: dict, client: triton.InferenceServerClient) -> None:
     assert client.is_server_live() and client.is_server_ready()
     assert client.get_server_metadata().name == "serving-fleet"
-    assert client.is_model_ready(MODEL, headers=auth(fleet)) and client.is_model_ready(MODEL, "1.1.0", headers=auth(fleet))
+    assert client.is_model_ready(MODEL, headers=auth(fleet)) and client.is_model_ready(
+        MODEL, "1.1.0", headers=auth(fleet)
+    )
     meta = client.get_model_metadata(MODEL, headers=auth(fleet), as_json=True)
     assert meta["inputs"] == [{"name": "features", "datatype": "FP32", "shape": ["-1", "4"]}]
     assert meta["outputs"][0]["name"] == "probabilities" and meta["versions"] == ["1.0.0", "1.1.0"]
@@ -198,22 +209,41 @@ def test_grpc_and_http_share_one_prediction_cache(fleet: dict) -> None:
 @pytest.mark.parametrize(
     ("change", "code", "message"),
     [
-        (lambda m: m.inputs[0].ClearField("shape") or m.inputs[0].shape.extend([1, 3]), "INVALID_ARGUMENT",
-         "input 'features' has shape [1, 3]; expected [-1, 4]"),
-        (lambda m: setattr(m.inputs[0], "datatype", "BYTES"), "INVALID_ARGUMENT",
-         "input 'features' has datatype 'BYTES'; expected FP32"),
-        (lambda m: setattr(m.inputs[0], "name", "feature"), "INVALID_ARGUMENT",
-         "input 'feature' is not an input of this model; expected 'features'"),
-        (lambda m: m.raw_input_contents.__setitem__(0, b"\0" * 12), "INVALID_ARGUMENT",
-         "input 'features' has 12 bytes; shape [1, 4] of FP32 needs 16"),
-        (lambda m: (m.raw_input_contents.pop(), m.inputs[0].contents.int64_contents.extend([1, 2, 3, 4])),
-         "INVALID_ARGUMENT", "input 'features' is FP32 but has contents.int64_contents; expected contents.fp32_contents"),
-        (lambda m: setattr(m, "model_version", "9.9.9"), "NOT_FOUND",
-         "version '9.9.9' of stub-model is not served; versions you may use: 1.0.0, 1.1.0"),
+        (
+            lambda m: m.inputs[0].ClearField("shape") or m.inputs[0].shape.extend([1, 3]),
+            "INVALID_ARGUMENT",
+            "input 'features' has shape [1, 3]; expected [-1, 4]",
+        ),
+        (
+            lambda m: setattr(m.inputs[0], "datatype", "BYTES"),
+            "INVALID_ARGUMENT",
+            "input 'features' has datatype 'BYTES'; expected FP32",
+        ),
+        (
+            lambda m: setattr(m.inputs[0], "name", "feature"),
+            "INVALID_ARGUMENT",
+            "input 'feature' is not an input of this model; expected 'features'",
+        ),
+        (
+            lambda m: m.raw_input_contents.__setitem__(0, b"\0" * 12),
+            "INVALID_ARGUMENT",
+            "input 'features' has 12 bytes; shape [1, 4] of FP32 needs 16",
+        ),
+        (
+            lambda m: (m.raw_input_contents.pop(), m.inputs[0].contents.int64_contents.extend([1, 2, 3, 4])),
+            "INVALID_ARGUMENT",
+            "input 'features' is FP32 but has contents.int64_contents; expected contents.fp32_contents",
+        ),
+        (
+            lambda m: setattr(m, "model_version", "9.9.9"),
+            "NOT_FOUND",
+            "version '9.9.9' of stub-model is not served; versions you may use: 1.0.0, 1.1.0",
+        ),
     ],
-)  # fmt: skip
-def test_each_bad_request_is_refused_with_its_code_and_what_was_expected(fleet: dict, change, code: str,
-                                                                         message: str) -> None:  # noqa: ANN001
+)
+def test_each_bad_request_is_refused_with_its_code_and_what_was_expected(
+    fleet: dict, change, code: str, message: str
+) -> None:  # noqa: ANN001
     bad = request(sample(1, seed=5))
     bad.raw_input_contents.append(b"\0" * 16)
     change(bad)
@@ -235,7 +265,9 @@ def test_routing_controls_come_from_metadata_or_parameters_as_over_http(fleet: d
     assert error.details() == "routing_key is 300 characters long; expected at most 256"
 
 
-def test_shape_and_datatype_mismatches_through_tritons_client(fleet: dict, client: triton.InferenceServerClient) -> None:
+def test_shape_and_datatype_mismatches_through_tritons_client(
+    fleet: dict, client: triton.InferenceServerClient
+) -> None:
     error = refused(lambda: client.infer(MODEL, [features(np.zeros((2, 3), np.float32))], headers=auth(fleet)))
     assert error.status() == "StatusCode.INVALID_ARGUMENT" and "input 'features' has shape [2, 3]" in error.message()
     words = np.array([[b"a", b"b", b"c", b"d"]], dtype=np.object_)
@@ -247,7 +279,10 @@ def test_keys_and_entitlements(fleet: dict, client: triton.InferenceServerClient
     x = features(sample(1, seed=9))
     for headers in ({}, {"authorization": "Bearer sfk_00000000_nope"}):
         error = refused(lambda: client.infer(MODEL, [x], headers=headers))  # noqa: B023
-        assert error.status() == "StatusCode.UNAUTHENTICATED" and "expected 'Authorization: Bearer <key>'" in error.message()
+        assert (
+            error.status() == "StatusCode.UNAUTHENTICATED"
+            and "expected 'Authorization: Bearer <key>'" in error.message()
+        )
     error = refused(lambda: client.infer(MODEL, [x], model_version="1.1.0", headers=auth(fleet, "limited")))
     assert error.status() == "StatusCode.NOT_FOUND"
     assert "version '1.1.0' of stub-model is not served; versions you may use: 1.0.0" in error.message()
@@ -275,24 +310,36 @@ def test_a_message_over_the_byte_budget_is_refused_by_grpc(fleet: dict) -> None:
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in error.details()
 
 
-def test_the_deadline_caps_the_wait_and_the_policy_caps_the_deadline(fleet: dict,
-                                                                     client: triton.InferenceServerClient) -> None:
+def test_the_deadline_caps_the_wait_and_the_policy_caps_the_deadline(
+    fleet: dict, client: triton.InferenceServerClient
+) -> None:
     slow = fleet["slow"]
     x = features(sample(1, seed=17))
 
     def counted() -> dict[str, float]:
-        return {code: metric(fleet["url"], "fleet_requests_total", model=MODEL, version="1.1.0", code=code)
-                for code in ("499", "504")}  # fmt: skip
+        return {
+            code: metric(fleet["url"], "fleet_requests_total", model=MODEL, version="1.1.0", code=code)
+            for code in ("499", "504")
+        }
 
     before = counted()
     httpx.post(f"{slow}/_control", json={"delay_ms": 4000}, timeout=5)
     try:
         started = time.monotonic()
-        error = refused(lambda: client.infer(MODEL, [x], model_version="1.1.0", headers=auth(fleet), client_timeout=0.3))
+        error = refused(
+            lambda: client.infer(MODEL, [x], model_version="1.1.0", headers=auth(fleet), client_timeout=0.3)
+        )
         # ended by the client's 0.3 s deadline, not by the model's 4 s
         assert error.status() == "StatusCode.DEADLINE_EXCEEDED" and time.monotonic() - started < 3.5, error
-        error = refused(lambda: client.infer(MODEL, [x], model_version="1.1.0", client_timeout=30,
-                                             headers={**auth(fleet), "x-fleet-timeout-ms": "200"}))  # fmt: skip
+        error = refused(
+            lambda: client.infer(
+                MODEL,
+                [x],
+                model_version="1.1.0",
+                client_timeout=30,
+                headers={**auth(fleet), "x-fleet-timeout-ms": "200"},
+            )
+        )
         assert error.status() == "StatusCode.DEADLINE_EXCEEDED" and "did not answer within 200 ms" in error.message()
         started = time.monotonic()  # a generous deadline: the policy's timeout_ms (2000) ends the wait
         error = refused(lambda: client.infer(MODEL, [x], model_version="1.1.0", headers=auth(fleet), client_timeout=30))
@@ -302,7 +349,9 @@ def test_the_deadline_caps_the_wait_and_the_policy_caps_the_deadline(fleet: dict
         message.raw_input_contents.append(sample(1, seed=17).tobytes())
         with grpc.insecure_channel(fleet["grpc"]) as channel:  # a client that gives up: 499, as nginx counts it
             asked = stub_requests(slow)
-            call = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer.future(message, metadata=tuple(auth(fleet).items()))
+            call = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer.future(
+                message, metadata=tuple(auth(fleet).items())
+            )
             wait_for(lambda: stub_requests(slow) > asked, what="the call to reach the slow model")
             call.cancel()
             wait_for(lambda: counted()["499"] == before["499"] + 1, what="the cancelled call counted as 499")
@@ -313,19 +362,28 @@ def test_the_deadline_caps_the_wait_and_the_policy_caps_the_deadline(fleet: dict
 
 def test_grpc_requests_are_counted_like_http_ones(fleet: dict, client: triton.InferenceServerClient) -> None:
     labels = {"model": MODEL, "version": "1.0.0", "tenant": "counted"}
-    ok, not_found = metric(fleet["url"], "fleet_requests_total", **labels, code="200"), metric(
-        fleet["url"], "fleet_requests_total", model=MODEL, tenant="counted", code="404")
+    ok, not_found = (
+        metric(fleet["url"], "fleet_requests_total", **labels, code="200"),
+        metric(fleet["url"], "fleet_requests_total", model=MODEL, tenant="counted", code="404"),
+    )
     durations = metric(fleet["url"], "fleet_request_duration_seconds_count", **labels)
     for seed in range(3):
         client.infer(MODEL, [features(sample(1, seed=100 + seed))], headers=auth(fleet, "counted"))
     http_answer(fleet, sample(1, seed=200), "counted")
-    refused(lambda: client.infer(MODEL, [features(sample(1, seed=1))], model_version="9.9.9", headers=auth(fleet, "counted")))
+    refused(
+        lambda: client.infer(
+            MODEL, [features(sample(1, seed=1))], model_version="9.9.9", headers=auth(fleet, "counted")
+        )
+    )
     assert metric(fleet["url"], "fleet_requests_total", **labels, code="200") == ok + 4
     assert metric(fleet["url"], "fleet_request_duration_seconds_count", **labels) == durations + 4
     assert metric(fleet["url"], "fleet_requests_total", model=MODEL, tenant="counted", code="404") == not_found + 1
     log = (fleet["env"].root / "gateway.out").read_text()  # and logged like HTTP ones (--access-log)
-    assert re.search(r"127\.0\.0\.1 gRPC /inference\.GRPCInferenceService/ModelInfer 200 [\d.]+ms tenant=counted "
-                     rf"model={MODEL} version=1\.0\.0 id=\w+", log), log[-2000:]  # fmt: skip
+    assert re.search(
+        r"127\.0\.0\.1 gRPC /inference\.GRPCInferenceService/ModelInfer 200 [\d.]+ms tenant=counted "
+        rf"model={MODEL} version=1\.0\.0 id=\w+",
+        log,
+    ), log[-2000:]
 
 
 def test_a_grpc_port_in_use_stops_the_gateway_with_a_clear_error(tmp_path: Path) -> None:
@@ -334,8 +392,14 @@ def test_a_grpc_port_in_use_stops_the_gateway_with_a_clear_error(tmp_path: Path)
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        proc = subprocess.run([FLEET, "gateway", "--port", str(free_port()), "--grpc-port", str(port)], env=env.env(),
-                              cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+        proc = subprocess.run(
+            [FLEET, "gateway", "--port", str(free_port()), "--grpc-port", str(port)],
+            env=env.env(),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     expected = f"port {port} for the gateway's gRPC endpoint is in use on 127.0.0.1; free it or pass --grpc-port"
     assert proc.stderr == f"error: {expected}\n"
@@ -365,12 +429,22 @@ def test_sigterm_lets_a_grpc_call_in_flight_finish(tmp_path: Path) -> None:
 # -- hostile messages ---------------------------------------------------------------------
 INT64 = st.integers(-(2**63), 2**63 - 1)
 TYPED = {
-    "fp32_contents": st.floats(width=32), "fp64_contents": st.floats(), "int_contents": st.integers(-(2**31), 2**31 - 1),
-    "int64_contents": INT64, "uint_contents": st.integers(0, 2**32 - 1), "uint64_contents": st.integers(0, 2**64 - 1),
-    "bool_contents": st.booleans(), "bytes_contents": st.binary(max_size=8),
-}  # fmt: skip
-PARAMETERS = {"string_param": st.text(max_size=300), "int64_param": INT64, "double_param": st.floats(),
-              "bool_param": st.booleans(), "uint64_param": st.integers(0, 2**64 - 1)}  # fmt: skip
+    "fp32_contents": st.floats(width=32),
+    "fp64_contents": st.floats(),
+    "int_contents": st.integers(-(2**31), 2**31 - 1),
+    "int64_contents": INT64,
+    "uint_contents": st.integers(0, 2**32 - 1),
+    "uint64_contents": st.integers(0, 2**64 - 1),
+    "bool_contents": st.booleans(),
+    "bytes_contents": st.binary(max_size=8),
+}
+PARAMETERS = {
+    "string_param": st.text(max_size=300),
+    "int64_param": INT64,
+    "double_param": st.floats(),
+    "bool_param": st.booleans(),
+    "uint64_param": st.integers(0, 2**64 - 1),
+}
 
 
 @st.composite
@@ -390,8 +464,9 @@ def infer_requests(draw: st.DrawFn) -> pb.ModelInferRequest:
     for _ in range(draw(st.sampled_from([1, 1, 1, 0, 2]))):
         rows = draw(st.integers(0, 6))
         other_types = st.one_of(st.sampled_from(["FP64", "INT32", "INT64", "BOOL", "BYTES", "FP16", "BF16"]), text)
-        tensor = message.inputs.add(name=draw(mostly(st.just("features"), text)),
-                                    datatype=draw(mostly(st.just("FP32"), other_types)))  # fmt: skip
+        tensor = message.inputs.add(
+            name=draw(mostly(st.just("features"), text)), datatype=draw(mostly(st.just("FP32"), other_types))
+        )
         tensor.shape.extend(draw(mostly(st.just([rows, 4]), st.lists(INT64, max_size=9))))
         if draw(st.booleans()):
             size = draw(mostly(st.just(rows * 16), st.integers(0, 200)))
@@ -400,8 +475,13 @@ def infer_requests(draw: st.DrawFn) -> pb.ModelInferRequest:
             field = draw(mostly(st.just("fp32_contents"), st.sampled_from(sorted(TYPED))))
             count = draw(mostly(st.just(rows * 4), st.integers(0, 40)))
             getattr(tensor.contents, field).extend(draw(st.lists(TYPED[field], min_size=count, max_size=count)))
-    for name in draw(st.lists(st.sampled_from(["routing_key", "priority", "timeout_ms", "binary_data_output", "x"]),
-                              max_size=2, unique=True)):  # fmt: skip
+    for name in draw(
+        st.lists(
+            st.sampled_from(["routing_key", "priority", "timeout_ms", "binary_data_output", "x"]),
+            max_size=2,
+            unique=True,
+        )
+    ):
         kind = draw(st.sampled_from(sorted(PARAMETERS)))
         setattr(message.parameters[name], kind, draw(PARAMETERS[kind]))
     for _ in range(draw(st.sampled_from([0, 0, 0, 1, 2]))):
@@ -412,10 +492,16 @@ def infer_requests(draw: st.DrawFn) -> pb.ModelInferRequest:
 HOSTILE_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
-@settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                                    HealthCheck.too_slow])  # fmt: skip
+@settings(
+    max_examples=300,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(message=infer_requests())
-def test_no_message_gets_an_internal_error_or_an_unexplained_refusal(fleet: dict, message: pb.ModelInferRequest) -> None:
+def test_no_message_gets_an_internal_error_or_an_unexplained_refusal(
+    fleet: dict, message: pb.ModelInferRequest
+) -> None:
     response, trailers, error = raw_call(fleet, message)
     event(error.code().name if error else "OK")
     if error is None:
@@ -437,11 +523,24 @@ def test_bytes_that_are_not_a_message_are_invalid_argument(fleet: dict) -> None:
 
 
 # -- the parts ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("status", "code"), [
-    (400, "INVALID_ARGUMENT"), (413, "INVALID_ARGUMENT"), (422, "INVALID_ARGUMENT"), (401, "UNAUTHENTICATED"),
-    (403, "PERMISSION_DENIED"), (404, "NOT_FOUND"), (429, "RESOURCE_EXHAUSTED"), (502, "INTERNAL"),
-    (503, "UNAVAILABLE"), (504, "DEADLINE_EXCEEDED"), (500, "INTERNAL"), (418, "INVALID_ARGUMENT"), (599, "INTERNAL"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (400, "INVALID_ARGUMENT"),
+        (413, "INVALID_ARGUMENT"),
+        (422, "INVALID_ARGUMENT"),
+        (401, "UNAUTHENTICATED"),
+        (403, "PERMISSION_DENIED"),
+        (404, "NOT_FOUND"),
+        (429, "RESOURCE_EXHAUSTED"),
+        (502, "INTERNAL"),
+        (503, "UNAVAILABLE"),
+        (504, "DEADLINE_EXCEEDED"),
+        (500, "INTERNAL"),
+        (418, "INVALID_ARGUMENT"),
+        (599, "INTERNAL"),
+    ],
+)
 def test_each_http_status_has_its_grpc_code(status: int, code: str) -> None:
     assert grpc_code(status).name == code
 
@@ -472,8 +571,11 @@ def test_out_of_order_fields_are_parsed_only_for_a_known_caller(fleet: dict) -> 
     message.raw_input_contents.append(sample(1, seed=6).tobytes())
     body = pb.ModelInferRequest(id="late").SerializeToString() + message.SerializeToString()
     with grpc.insecure_channel(fleet["grpc"]) as channel:
-        raw = channel.unary_unary(f"/{SERVICE}/ModelInfer", request_serializer=lambda b: b,
-                                  response_deserializer=pb.ModelInferResponse.FromString)  # fmt: skip
+        raw = channel.unary_unary(
+            f"/{SERVICE}/ModelInfer",
+            request_serializer=lambda b: b,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
         with pytest.raises(grpc.RpcError) as caught:
             raw(body, metadata=(("authorization", "Bearer sfk_0badc0de_nope"),))
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED

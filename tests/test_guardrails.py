@@ -41,13 +41,19 @@ def _options(parent: str | None = None) -> PolicyResourceOptions:
 
 def _stack_resources(resources: list[Registered]) -> list[PolicyResource]:
     """PolicyResources as the engine builds them for stack policies: outputs, parents, dependencies."""
-    made = {r.urn: PolicyResource(r.type, {**r.inputs, **r.state}, r.urn, r.name, _options(r.parent or None),
-                                  None, None, [], {}) for r in resources}  # fmt: skip
+    made = {
+        r.urn: PolicyResource(
+            r.type, {**r.inputs, **r.state}, r.urn, r.name, _options(r.parent or None), None, None, [], {}
+        )
+        for r in resources
+    }
     for r in resources:
         p = made[r.urn]
         p.parent = made.get(r.parent)
         p.dependencies = [made[d] for d in r.dependencies if d in made]
-        p.property_dependencies = {k: [made[u] for u in urns if u in made] for k, urns in r.property_dependencies.items()}
+        p.property_dependencies = {
+            k: [made[u] for u in urns if u in made] for k, urns in r.property_dependencies.items()
+        }
     return list(made.values())
 
 
@@ -56,6 +62,7 @@ def run_pack(resources: list[Registered], config: dict) -> list[Violation]:
     found: list[Violation] = []
     stack_resources = _stack_resources(resources)
     for policy in guard.POLICIES:
+
         def report(message: str, urn: str | None = None, name: str = policy.name) -> None:
             found.append((name, message))
 
@@ -63,7 +70,9 @@ def run_pack(resources: list[Registered], config: dict) -> list[Violation]:
         if isinstance(policy, ResourceValidationPolicy):
             for r in resources:
                 if r.custom:
-                    policy.validate(ResourceValidationArgs(r.type, r.inputs, r.urn, r.name, _options(), None, settings), report)
+                    policy.validate(
+                        ResourceValidationArgs(r.type, r.inputs, r.urn, r.name, _options(), None, settings), report
+                    )
         else:
             policy.validate(StackValidationArgs(stack_resources, settings), report)
     return found
@@ -91,12 +100,18 @@ def _untaint(rs: list[Registered]) -> None:
 
 
 def _suspend_versioning(rs: list[Registered]) -> None:
-    _find(rs, "aws:s3/bucketVersioning:BucketVersioning", "models").inputs["versioningConfiguration"]["status"] = "Suspended"
-    _find(rs, "aws:s3/bucketVersioning:BucketVersioning", "models").state["versioningConfiguration"]["status"] = "Suspended"
+    _find(rs, "aws:s3/bucketVersioning:BucketVersioning", "models").inputs["versioningConfiguration"]["status"] = (
+        "Suspended"
+    )
+    _find(rs, "aws:s3/bucketVersioning:BucketVersioning", "models").state["versioningConfiguration"]["status"] = (
+        "Suspended"
+    )
 
 
 def _drop_encryption(rs: list[Registered]) -> None:
-    rs.remove(_find(rs, "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", "logs"))
+    rs.remove(
+        _find(rs, "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", "logs")
+    )
 
 
 def _unblock(rs: list[Registered]) -> None:
@@ -107,8 +122,9 @@ def _unblock(rs: list[Registered]) -> None:
 def _public_policy(rs: list[Registered]) -> None:
     policy = _find(rs, "aws:s3/bucketPolicy:BucketPolicy", "models")
     document = json.loads(policy.state["policy"])
-    document["Statement"].append({"Sid": "Oops", "Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
-                                  "Resource": "arn:aws:s3:::x/*"})  # fmt: skip
+    document["Statement"].append(
+        {"Sid": "Oops", "Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::x/*"}
+    )
     policy.inputs["policy"] = policy.state["policy"] = json.dumps(document)
 
 
@@ -142,11 +158,15 @@ def _open_api(rs: list[Registered]) -> None:
 
 
 def _hop_limit_2(rs: list[Registered]) -> None:
-    _find(rs, "aws:ec2/launchTemplate:LaunchTemplate", "a100-8").inputs["metadataOptions"]["httpPutResponseHopLimit"] = 2
+    _find(rs, "aws:ec2/launchTemplate:LaunchTemplate", "a100-8").inputs["metadataOptions"][
+        "httpPutResponseHopLimit"
+    ] = 2
 
 
 def _ssh_from_anywhere(rs: list[Registered]) -> None:
-    rule = _find(rs, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule", "prod-https-0")  # the edge's, from 0.0.0.0/0
+    rule = _find(
+        rs, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule", "prod-https-0"
+    )  # the edge's, from 0.0.0.0/0
     rule.inputs.update(fromPort=22, toPort=22)
 
 
@@ -169,7 +189,12 @@ def _cache_tls_only_preferred(rs: list[Registered]) -> None:
 def _standalone_redis(rs: list[Registered]) -> None:
     cluster = copy.deepcopy(_quota_store(rs))
     cluster.type, cluster.urn = "aws:elasticache/cluster:Cluster", cluster.urn.replace("replicationGroup", "cluster")
-    cluster.inputs = {"engine": "redis", "nodeType": "cache.t4g.small", "numCacheNodes": 1, "tags": cluster.inputs["tags"]}
+    cluster.inputs = {
+        "engine": "redis",
+        "nodeType": "cache.t4g.small",
+        "numCacheNodes": 1,
+        "tags": cluster.inputs["tags"],
+    }
     rs.append(cluster)
 
 
@@ -246,8 +271,10 @@ def test_the_kubernetes_runtimes_deployments_pass_the_pod_policy() -> None:
 
 def _resource(policy: ResourceValidationPolicy, type_: str, props: dict, config: dict | None = None) -> list[str]:
     found: list[str] = []
-    policy.validate(ResourceValidationArgs(type_, props, f"urn:{type_}::r", "r", _options(), None, config or {}),
-                    lambda message, urn=None: found.append(message))  # fmt: skip
+    policy.validate(
+        ResourceValidationArgs(type_, props, f"urn:{type_}::r", "r", _options(), None, config or {}),
+        lambda message, urn=None: found.append(message),
+    )
     return found
 
 
@@ -258,7 +285,9 @@ def _stack(policy, resources: list[PolicyResource], config: dict | None = None) 
 
 
 def _pr(type_: str, name: str, props: dict, deps: dict | None = None) -> PolicyResource:
-    return PolicyResource(type_, props, f"urn:pulumi:s::p::{type_}::{name}", name, _options(), None, None, [], deps or {})
+    return PolicyResource(
+        type_, props, f"urn:pulumi:s::p::{type_}::{name}", name, _options(), None, None, [], deps or {}
+    )
 
 
 NG = "aws:eks/nodeGroup:NodeGroup"
@@ -269,8 +298,15 @@ def test_gpu_node_groups_tainted() -> None:
     policy = guard.gpu_node_groups_tainted
     assert _resource(policy, NG, {"instanceTypes": ["m6i.large"], "amiType": "AL2023_x86_64_STANDARD"}) == []
     assert _resource(policy, NG, {"instanceTypes": ["g5.xlarge"], "taints": [TAINT]}) == []
-    (message,) = _resource(policy, NG, {"nodeGroupName": "gpu", "amiType": "AL2023_x86_64_NVIDIA",
-                                        "taints": [{**TAINT, "effect": "PREFER_NO_SCHEDULE"}]})  # fmt: skip
+    (message,) = _resource(
+        policy,
+        NG,
+        {
+            "nodeGroupName": "gpu",
+            "amiType": "AL2023_x86_64_NVIDIA",
+            "taints": [{**TAINT, "effect": "PREFER_NO_SCHEDULE"}],
+        },
+    )
     assert "GPU node group gpu must carry the taint nvidia.com/gpu=present:NO_SCHEDULE" in message
     assert "got nvidia.com/gpu=present:PREFER_NO_SCHEDULE" in message
 
@@ -280,20 +316,39 @@ def test_gpu_pods_admission() -> None:
 
     policy, deploy = guard.gpu_pods_admission, "kubernetes:apps/v1:Deployment"
     spec, binding = gpu_pod_policy()
-    vap = _pr("kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy", "p", {"metadata": {"name": NAME}, "spec": spec})
-    bound = _pr("kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding", "b",
-                {"metadata": {"name": NAME}, "spec": binding})  # fmt: skip
+    vap = _pr(
+        "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy",
+        "p",
+        {"metadata": {"name": NAME}, "spec": spec},
+    )
+    bound = _pr(
+        "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding",
+        "b",
+        {"metadata": {"name": NAME}, "spec": binding},
+    )
     assert _stack(policy, [vap, bound]) == []
     (missing,) = _stack(policy, [vap])
     assert "no ValidatingAdmissionPolicy bound with Deny" in missing
     warn_only = _pr(bound.resource_type, "b", {"spec": {**binding, "validationActions": ["Warn", "Audit"]}})
     assert _stack(policy, [vap, warn_only])
-    toothless = _pr(vap.resource_type, "p", {"metadata": {"name": NAME}, "spec": {**spec, "validations": []}})  # no rule
+    toothless = _pr(
+        vap.resource_type, "p", {"metadata": {"name": NAME}, "spec": {**spec, "validations": []}}
+    )  # no rule
     assert _stack(policy, [toothless, bound])
 
     def workload(resources: dict, tolerations: list) -> PolicyResource:
-        return _pr(deploy, "w", {"metadata": {"name": "w"}, "spec": {"template": {"spec": {
-            "containers": [{"name": "c", "resources": resources}], "tolerations": tolerations}}}})
+        return _pr(
+            deploy,
+            "w",
+            {
+                "metadata": {"name": "w"},
+                "spec": {
+                    "template": {
+                        "spec": {"containers": [{"name": "c", "resources": resources}], "tolerations": tolerations}
+                    }
+                },
+            },
+        )
 
     exists = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert _stack(policy, [vap, bound, workload({"limits": {"cpu": "1"}}, [])]) == []  # no GPUs, no demands
@@ -301,7 +356,9 @@ def test_gpu_pods_admission() -> None:
     assert _stack(policy, [vap, bound, workload({"limits": {"nvidia.com/gpu": 1}}, [{"operator": "Exists"}])]) == []
     (no_limit,) = _stack(policy, [vap, bound, workload({"requests": {"nvidia.com/gpu": "1"}}, exists)])
     assert "Deployment w: container c requests nvidia.com/gpu without a limit" in no_limit
-    (unequal,) = _stack(policy, [vap, bound, workload({"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2"}}, exists)])
+    (unequal,) = _stack(
+        policy, [vap, bound, workload({"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2"}}, exists)]
+    )
     assert "requests 1 GPUs but limits 2" in unequal
     wrong_value = [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}]
     (untolerated,) = _stack(policy, [vap, bound, workload({"limits": {"nvidia.com/gpu": "1"}}, wrong_value)])
@@ -320,7 +377,9 @@ def test_the_admission_policys_cel_states_the_python_rule() -> None:
     assert "variables." not in condition["expression"] and "nvidia.com/gpu" in condition["expression"]
     assert "limits" in condition["expression"] and "requests" in condition["expression"]
     (rule,) = spec["validations"]
-    assert "tolerations" in rule["expression"] and "'present'" in rule["expression"] and "NoSchedule" in rule["expression"]
+    assert (
+        "tolerations" in rule["expression"] and "'present'" in rule["expression"] and "NoSchedule" in rule["expression"]
+    )
     assert rule["message"]
 
 
@@ -336,7 +395,9 @@ def test_eks_api_cidrs() -> None:
 
 def test_imds_hop_limit() -> None:
     policy, template = guard.imds_hop_limit, "aws:ec2/launchTemplate:LaunchTemplate"
-    assert _resource(policy, template, {"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 1}}) == []
+    assert (
+        _resource(policy, template, {"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 1}}) == []
+    )
     (hops,) = _resource(policy, template, {"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 2}})
     assert "hop limit 2; expected 1" in hops
     assert len(_resource(policy, template, {})) == 2  # IMDSv1 allowed and AWS's default hop limit
@@ -379,10 +440,18 @@ def test_cache_encrypted() -> None:
 
 def test_no_open_ingress_covers_the_redis_port() -> None:
     rule = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
-    (redis,) = _resource(guard.no_open_ingress, rule, {"ipProtocol": "tcp", "fromPort": 6379, "toPort": 6379, "cidrIpv4": "0.0.0.0/0"})
+    (redis,) = _resource(
+        guard.no_open_ingress, rule, {"ipProtocol": "tcp", "fromPort": 6379, "toPort": 6379, "cidrIpv4": "0.0.0.0/0"}
+    )
     assert "inbound tcp 6379-6379 from the whole internet" in redis
-    assert _resource(guard.no_open_ingress, rule, {"ipProtocol": "tcp", "fromPort": 6379, "toPort": 6379,
-                                                   "referencedSecurityGroupId": "sg-nodes"}) == []  # fmt: skip
+    assert (
+        _resource(
+            guard.no_open_ingress,
+            rule,
+            {"ipProtocol": "tcp", "fromPort": 6379, "toPort": 6379, "referencedSecurityGroupId": "sg-nodes"},
+        )
+        == []
+    )
 
 
 def test_https_only_listeners() -> None:
@@ -418,14 +487,33 @@ def _bucket_set(**overrides: dict | None) -> list[PolicyResource]:
     """A bucket and its companions, linked by property dependencies with no values (a preview)."""
     bucket = _pr(f"{S3}bucket:Bucket", "b", {"bucket": "b-123"})
     parts = {
-        "sse": (f"{S3}bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
-                {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "aws:kms"}}]}),
+        "sse": (
+            f"{S3}bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+            {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "aws:kms"}}]},
+        ),
         "versioning": (f"{S3}bucketVersioning:BucketVersioning", {"versioningConfiguration": {"status": "Enabled"}}),
-        "block": (f"{S3}bucketPublicAccessBlock:BucketPublicAccessBlock",
-                  {k: True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")}),
-        "policy": (f"{S3}bucketPolicy:BucketPolicy", {"policy": json.dumps({"Statement": [
-            {"Effect": "Deny", "Principal": "*", "Action": "s3:*", "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]})}),
-    }  # fmt: skip
+        "block": (
+            f"{S3}bucketPublicAccessBlock:BucketPublicAccessBlock",
+            {k: True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")},
+        ),
+        "policy": (
+            f"{S3}bucketPolicy:BucketPolicy",
+            {
+                "policy": json.dumps(
+                    {
+                        "Statement": [
+                            {
+                                "Effect": "Deny",
+                                "Principal": "*",
+                                "Action": "s3:*",
+                                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                            }
+                        ]
+                    }
+                )
+            },
+        ),
+    }
     out = [bucket]
     for key, (type_, props) in parts.items():
         props = overrides.get(key, props)
@@ -442,8 +530,11 @@ def test_bucket_encrypted() -> None:
     assert message.startswith("bucket b-123 has no default encryption")
     # linked by value when the engine recorded no property dependencies
     bucket = _pr(f"{S3}bucket:Bucket", "c", {"bucket": "c-1"})
-    sse = _pr(f"{S3}bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", "c-sse",
-              {"bucket": "c-1", **sse_s3})  # fmt: skip
+    sse = _pr(
+        f"{S3}bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+        "c-sse",
+        {"bucket": "c-1", **sse_s3},
+    )
     assert _stack(guard.bucket_encrypted, [bucket, sse]) == []
     other = _pr(f"{S3}bucket:Bucket", "d", {"bucket": "d-1"})
     assert len(_stack(guard.bucket_encrypted, [bucket, sse, other])) == 1  # one config does not cover two buckets
@@ -451,7 +542,9 @@ def test_bucket_encrypted() -> None:
 
 def test_bucket_versioned() -> None:
     assert _stack(guard.bucket_versioned, _bucket_set()) == []
-    (suspended,) = _stack(guard.bucket_versioned, _bucket_set(versioning={"versioningConfiguration": {"status": "Suspended"}}))
+    (suspended,) = _stack(
+        guard.bucket_versioned, _bucket_set(versioning={"versioningConfiguration": {"status": "Suspended"}})
+    )
     assert "bucket b-123 is not versioned (got Suspended)" in suspended
     (none,) = _stack(guard.bucket_versioned, _bucket_set(versioning=None))
     assert "got no BucketVersioning" in none
@@ -463,8 +556,11 @@ def test_bucket_never_public() -> None:
     assert _stack(guard.bucket_never_public, _bucket_set()) == []
     loose = {k: True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls")}
     assert "lacks a BucketPublicAccessBlock" in _stack(guard.bucket_never_public, _bucket_set(block=loose))[0]
-    open_policy = {"policy": json.dumps({"Statement": [{"Sid": "All", "Effect": "Allow", "Principal": {"AWS": "*"},
-                                                         "Action": "s3:GetObject"}]})}  # fmt: skip
+    open_policy = {
+        "policy": json.dumps(
+            {"Statement": [{"Sid": "All", "Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "s3:GetObject"}]}
+        )
+    }
     (message,) = _stack(guard.bucket_never_public, _bucket_set(policy=open_policy))
     assert "allows s3:GetObject to everyone (statement All)" in message
     resources = _bucket_set()
@@ -520,11 +616,15 @@ def test_the_gateway_may_only_raise_a_lazy_scaledobjects_floor_from_0_to_1() -> 
     policies = load_policies(ROOT / "policies")
     lazy_spec = policies.models["embed-small"].model_copy(update={"loading": "lazy", "idle_unload_s": 600.0})
     policies = policies.model_copy(update={"models": {**policies.models, "embed-small": lazy_spec}})
-    placed = {p.model: p for p in plan(policies, *placement_inputs(read_stack_file(ROOT / "Pulumi.prod.yaml"), "prod", policies)).models}
+    placed = {
+        p.model: p
+        for p in plan(policies, *placement_inputs(read_stack_file(ROOT / "Pulumi.prod.yaml"), "prod", policies)).models
+    }
 
     def scaler_of(model: str, floor: int) -> dict:
-        obj = manifests(model, "1.0.0", "x@sha256:" + "0" * 64, placed[model], floor=floor,
-                        prometheus_url="http://prometheus:9090")[-1]  # fmt: skip
+        obj = manifests(
+            model, "1.0.0", "x@sha256:" + "0" * 64, placed[model], floor=floor, prometheus_url="http://prometheus:9090"
+        )[-1]
         obj["metadata"] |= {"resourceVersion": "41", "generation": 3, "managedFields": [{"manager": "serving-fleet"}]}
         return obj
 
@@ -547,8 +647,11 @@ def test_the_gateway_may_only_raise_a_lazy_scaledobjects_floor_from_0_to_1() -> 
     def changed(old: dict, **spec_changes: object) -> dict:
         new = copy.deepcopy(old)
         new["spec"].update(spec_changes)
-        new["metadata"] |= {"resourceVersion": "42", "generation": 4,
-                            "managedFields": [{"manager": "serving-fleet"}, {"manager": "fleet-gateway"}]}  # fmt: skip
+        new["metadata"] |= {
+            "resourceVersion": "42",
+            "generation": 4,
+            "managedFields": [{"manager": "serving-fleet"}, {"manager": "fleet-gateway"}],
+        }
         return new
 
     assert refused(lazy, changed(lazy, minReplicaCount=1)) == []  # the wake: 0 → 1, the server's fields moving
@@ -556,15 +659,19 @@ def test_the_gateway_may_only_raise_a_lazy_scaledobjects_floor_from_0_to_1() -> 
     woken = changed(lazy, minReplicaCount=1)
     assert any("from 0 to 1" in m for m in refused(woken, changed(woken, minReplicaCount=0)))  # unloading is the flow's
     assert any("lazy model" in m for m in refused(eager, changed(eager, minReplicaCount=0)))  # an eager floor: never
-    assert any("only spec.minReplicaCount" in m for m in refused(lazy, changed(lazy, minReplicaCount=1, maxReplicaCount=500)))
+    assert any(
+        "only spec.minReplicaCount" in m for m in refused(lazy, changed(lazy, minReplicaCount=1, maxReplicaCount=500))
+    )
     triggers = copy.deepcopy(lazy["spec"]["triggers"])
     triggers[0]["metadata"]["serverAddress"] = "http://attacker:9090"
     assert refused(lazy, changed(lazy, minReplicaCount=1, triggers=triggers))
     dropped = changed(lazy, minReplicaCount=1)
     del dropped["spec"]["cooldownPeriod"]
     assert refused(lazy, dropped)  # removing a field is a change too
-    for key, value in (("ownerReferences", [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u"}]),
-                       ("finalizers", ["example.com/hold"])):  # fmt: skip
+    for key, value in (
+        ("ownerReferences", [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u"}]),
+        ("finalizers", ["example.com/hold"]),
+    ):
         owned = changed(lazy, minReplicaCount=1)
         owned["metadata"][key] = value
         assert any("metadata" in m for m in refused(lazy, owned)), key

@@ -16,32 +16,24 @@ import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-import uvloop
 
 from fleet.gateway.h1 import (
-    BodyTooLarge, ConnectError, ConnectionPool, ConnectTimeout, Disconnected, IncompleteResponse, PoolClosed,
-    PoolTimeout, ProtocolError, Response, Unreachable,
-)  # fmt: skip
+    BodyTooLarge,
+    ConnectError,
+    ConnectionPool,
+    ConnectTimeout,
+    Disconnected,
+    IncompleteResponse,
+    PoolClosed,
+    PoolTimeout,
+    ProtocolError,
+    Response,
+    Unreachable,
+)
+from tests.conftest import WITHIN_S
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 JSON = {"Content-Type": "application/json"}
-WITHIN_S = 10.0  # the most any test waits for something that should take milliseconds
-
-
-@pytest.fixture(params=["asyncio", "uvloop"])
-def run(request: pytest.FixtureRequest) -> Callable[[Callable[[], Awaitable[None]]], None]:
-    """Run a test's coroutine on a fresh event loop of the parametrized kind."""
-
-    def run(scenario: Callable[[], Awaitable[None]]) -> None:
-        async def bounded() -> None:
-            async with asyncio.timeout(WITHIN_S * 3):
-                await scenario()
-
-        factory = uvloop.new_event_loop if request.param == "uvloop" else asyncio.new_event_loop
-        with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(bounded())
-
-    return run
 
 
 async def until(condition: Callable[[], bool], what: str) -> None:
@@ -61,7 +53,9 @@ async def waited(event: asyncio.Event) -> None:
 class Peer:
     """The server's end of one accepted connection."""
 
-    def __init__(self, server: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+    def __init__(
+        self, server: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int
+    ) -> None:
         self.server, self.reader, self.writer, self.index = server, reader, writer, index
 
     async def request(self) -> bytes | None:
@@ -70,7 +64,9 @@ class Peer:
             head = await self.reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError:
             return None
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+        length = next(
+            int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+        )
         body = await self.reader.readexactly(length)
         self.server.heads.append(head)
         self.server.seen.append((self.index, body))
@@ -169,10 +165,14 @@ def test_keep_alive_reuses_one_connection_for_well_formed_requests(run) -> None:
         async with Scripted(answer_all) as srv, pooled(srv) as pool:
             bodies = [b'{"n": %d}' % i for i in range(3)]
             answers = [await post(pool, b) for b in bodies]
-            assert [(a.status, a.body, a.header(b"content-type")) for a in answers] == [(200, b"{}", b"application/json")] * 3
+            assert [(a.status, a.body, a.header(b"content-type")) for a in answers] == [
+                (200, b"{}", b"application/json")
+            ] * 3
             assert srv.accepted == 1 and [b for _, b in srv.seen] == bodies
-            assert srv.heads[0] == (b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
-                                    b"Content-Length: 8\r\n\r\n" % srv.port)  # fmt: skip
+            assert srv.heads[0] == (
+                b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 8\r\n\r\n" % srv.port
+            )
             assert pool.stats() == {"open": 1, "idle": 1, "waiting": 0}
 
     run(scenario)
@@ -181,7 +181,9 @@ def test_keep_alive_reuses_one_connection_for_well_formed_requests(run) -> None:
 def test_a_slow_chunked_answer_is_read_whole_and_the_connection_reused(run) -> None:  # noqa: ANN001
     async def script(peer: Peer) -> None:
         while await peer.request() is not None:
-            await peer.trickle(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+            await peer.trickle(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+            )
 
     async def scenario() -> None:
         async with Scripted(script) as srv, pooled(srv) as pool:
@@ -191,10 +193,13 @@ def test_a_slow_chunked_answer_is_read_whole_and_the_connection_reused(run) -> N
     run(scenario)
 
 
-@pytest.mark.parametrize("answer", [
-    b"HTTP/1.0 200 OK\r\n\r\nuntil the end",  # HTTP/1.0: the body ends with the connection
-    b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.0 200 OK\r\n\r\nuntil the end",  # HTTP/1.0: the body ends with the connection
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end",
+    ],
+)
 def test_a_close_delimited_answer_ends_with_the_connection_and_is_not_reused(run, answer: bytes) -> None:  # noqa: ANN001
     async def script(peer: Peer) -> None:
         await peer.request()
@@ -224,10 +229,12 @@ def test_connection_close_with_a_length_is_closed_by_the_client(run) -> None:  #
 
 
 def test_error_statuses_and_interim_answers_are_answers_on_a_kept_connection(run) -> None:  # noqa: ANN001
-    answers = [b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\noops",
-               b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n",
-               b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
-               b"HTTP/1.1 204 No Content\r\n\r\n"]  # fmt: skip
+    answers = [
+        b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\noops",
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+    ]
 
     async def script(peer: Peer) -> None:
         for answer in answers:
@@ -253,7 +260,7 @@ def test_a_body_over_max_body_is_refused_and_its_connection_closed(run, framing:
         "declared": b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n",  # refused before the body is sent
         "chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks,
         "close-delimited": b"HTTP/1.0 200 OK\r\n\r\n" + big,
-    }[framing]  # fmt: skip
+    }[framing]
 
     async def script(peer: Peer) -> None:
         if peer.index == 1:
@@ -292,10 +299,13 @@ def test_an_answer_that_is_not_http_is_a_protocol_error_and_drops_the_connection
     run(scenario)
 
 
-@pytest.mark.parametrize("head", [
-    b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 16384,  # an endless header, sent in pieces
-    b"HTTP/1.1 100 Continue\r\n\r\n" * 12,  # interim answers without end
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 16384,  # an endless header, sent in pieces
+        b"HTTP/1.1 100 Continue\r\n\r\n" * 12,  # interim answers without end
+    ],
+)
 def test_an_answer_head_without_end_is_refused_before_it_costs_the_loop(run, head: bytes) -> None:  # noqa: ANN001
     async def script(peer: Peer) -> None:
         await peer.request()
@@ -455,8 +465,9 @@ def test_a_server_that_does_not_accept_in_time_is_a_connect_timeout(run) -> None
 
 
 # -- the cap, the line, cancellation, idle timeout, close ---------------------------------------
-def held_server(record_close: bool = False, answer: bytes = OK) -> tuple[Callable[[Peer], Awaitable[None]], asyncio.Event,
-                                                                         asyncio.Event]:  # fmt: skip
+def held_server(
+    record_close: bool = False, answer: bytes = OK
+) -> tuple[Callable[[Peer], Awaitable[None]], asyncio.Event, asyncio.Event]:
     """A script whose connections answer ``answer`` only after ``release`` is set; ``arrived``
     is set when the first request is in; ``record_close``: a connection the client closes is
     noted in ``closed_by_client``."""
@@ -566,8 +577,10 @@ def test_idle_connections_are_reused_newest_first_and_closed_after_the_idle_time
             assert srv.seen[-1] == (2, b"c")  # the connection idle the shortest time
         async with Scripted(answer_all) as srv, pooled(srv, limit=2, idle_timeout=0.05) as pool:
             await asyncio.gather(post(pool), post(pool))
-            await until(lambda: sorted(srv.closed_by_client) == list(range(1, srv.accepted + 1)),
-                        "every idle connection closed by the idle timer")  # fmt: skip
+            await until(
+                lambda: sorted(srv.closed_by_client) == list(range(1, srv.accepted + 1)),
+                "every idle connection closed by the idle timer",
+            )
             assert pool.stats() == {"open": 0, "idle": 0, "waiting": 0}
             assert (await post(pool)).status == 200
 
@@ -719,7 +732,7 @@ def test_headers_that_would_break_the_request_are_refused_before_connecting(run)
                 ("POST", "/predict", [(b"Content-Length", b"1")]),
                 ("POST", "/pre dict", {}),
                 ("HEAD", "/", {}),
-            ]:  # fmt: skip
+            ]:
                 with pytest.raises(ValueError):
                     await pool.request(method, path, b"{}", headers, max_body=10, connect_timeout=1)
             assert srv.accepted == 0
@@ -740,7 +753,9 @@ async def uvicorn_server(app: object) -> AsyncIterator[int]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http="httptools"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", http="httptools")
+    )
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         yield sock.getsockname()[1]
@@ -799,18 +814,22 @@ def status(code: int, body: bytes = b"{}") -> bytes:
     return b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n\r\n%s" % (code, len(body), body)
 
 
-@pytest.mark.parametrize("answer, error, kind, blamed", [
-    (ANSWER, None, None, 0),
-    (status(500, b"boom"), "UpstreamError", "5xx", 1),
-    (status(503, b"overloaded"), "UpstreamError", "5xx", 0),  # shed: asked again, never blamed
-    (status(400, b"bad input"), "Rejected", None, 0),
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 33554433\r\n\r\n", "BadAnswer", "5xx", 0),
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n[[0.3", "UpstreamError", "5xx", 1),  # cut short
-    (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "UpstreamError", "5xx", 1),
-    (b"", "UpstreamError", "unreachable", 1),  # closed without a byte of an answer
-])  # fmt: skip
-def test_upstreams_turn_each_client_outcome_into_the_gateways_error_class(run, answer: bytes, error: str | None,
-                                                                          kind: str | None, blamed: int) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(
+    "answer, error, kind, blamed",
+    [
+        (ANSWER, None, None, 0),
+        (status(500, b"boom"), "UpstreamError", "5xx", 1),
+        (status(503, b"overloaded"), "UpstreamError", "5xx", 0),  # shed: asked again, never blamed
+        (status(400, b"bad input"), "Rejected", None, 0),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 33554433\r\n\r\n", "BadAnswer", "5xx", 0),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n[[0.3", "UpstreamError", "5xx", 1),  # cut short
+        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "UpstreamError", "5xx", 1),
+        (b"", "UpstreamError", "unreachable", 1),  # closed without a byte of an answer
+    ],
+)
+def test_upstreams_turn_each_client_outcome_into_the_gateways_error_class(
+    run, answer: bytes, error: str | None, kind: str | None, blamed: int
+) -> None:  # noqa: ANN001
     import time
 
     import numpy as np
@@ -872,7 +891,9 @@ def test_upstreams_skip_a_replica_that_refuses_for_the_next_one(run) -> None:  #
                         assert got.shape == (1, 2)
                     dead_replica, live = upstreams.pool("m", "1").replicas  # type: ignore[union-attr]
                     assert dead_replica.failures >= 1 and live.failures == 0 and srv.accepted == 1
-                    upstreams.sync({("m", "1"): urls[1:]}, {"m": (4, 16, 2.0)})  # the dead one leaves: its pool is closed
+                    upstreams.sync(
+                        {("m", "1"): urls[1:]}, {"m": (4, 16, 2.0)}
+                    )  # the dead one leaves: its pool is closed
                     assert dead_replica.session.closed and not live.session.closed
                 finally:
                     await upstreams.close()

@@ -45,8 +45,18 @@ def test_a_flush_writes_one_parquet_file_with_one_row_per_input_row() -> None:
     keys = list(store.list("logs/inference/demo/"))
     assert len(keys) == 1 and keys[0].endswith("-gw1-000001.parquet")
     frame = window(store)
-    assert list(frame.columns) == ["ts", "request_id", "row", "model", "version", "tenant", "latency_ms",
-                                   *NAMES, "prediction", "score"]  # fmt: skip
+    assert list(frame.columns) == [
+        "ts",
+        "request_id",
+        "row",
+        "model",
+        "version",
+        "tenant",
+        "latency_ms",
+        *NAMES,
+        "prediction",
+        "score",
+    ]
     assert frame["request_id"].tolist() == ["r0", "r0", "r1", "r1", "r2", "r2"]
     assert frame["row"].tolist() == [0, 1] * 3
     assert frame.loc[1, list(NAMES)].tolist() == [4.0, 5.0, 6.0, 7.0]

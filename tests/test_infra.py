@@ -9,8 +9,18 @@ import re
 
 import pulumi
 import pytest
-from infra_harness import (ADMIN_TOKEN, ADMIN_TOKEN_KEY, PROJECT, ROOT, SECRET_CONFIG, Build, build, example, stack_config,
-                           takes_tags)  # fmt: skip
+from infra_harness import (
+    ADMIN_TOKEN,
+    ADMIN_TOKEN_KEY,
+    PROJECT,
+    ROOT,
+    SECRET_CONFIG,
+    Build,
+    build,
+    example,
+    stack_config,
+    takes_tags,
+)
 from k8s_schemas import json_ints, validate
 
 from fleet.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, plan
@@ -47,7 +57,9 @@ def test_both_example_stacks_build_with_their_outputs(stack: Build) -> None:
     assert stack.outputs[cfg.OUT_CLUSTER_NAME] == f"serving-fleet-{stack.stack}"
     assert stack.outputs[cfg.OUT_STORE_URL] == f"s3://{stack.outputs[cfg.OUT_MODELS_BUCKET]}"
     assert stack.outputs[cfg.OUT_GATEWAY_URL].startswith("https://")
-    assert json_ints(json.loads(json.dumps(stack.outputs[cfg.OUT_PLACEMENT]))) == json.loads(json.dumps(expected_plan(stack.stack).to_dict()))
+    assert json_ints(json.loads(json.dumps(stack.outputs[cfg.OUT_PLACEMENT]))) == json.loads(
+        json.dumps(expected_plan(stack.stack).to_dict())
+    )
 
 
 def test_cost_per_hour_of_the_example_stacks() -> None:
@@ -72,7 +84,9 @@ def test_a_config_mistake_stops_the_program_with_one_clear_message() -> None:
     assert "Pulumi.dev.yaml: serving-fleet:nodePool: unknown key — expected one of" in message
     assert "did you mean 'nodePools'?" in message
     config.pop("serving-fleet:nodePool")
-    with pytest.raises(pulumi.RunError, match=r"Pulumi.dev.yaml: serving-fleet: nodePools\[1\].gpus: got 'one' — expected an integer"):
+    with pytest.raises(
+        pulumi.RunError, match=r"Pulumi.dev.yaml: serving-fleet: nodePools\[1\].gpus: got 'one' — expected an integer"
+    ):
         build("dev", config)
 
 
@@ -93,10 +107,15 @@ def test_node_groups_have_the_sizes_labels_and_taints_of_the_plan(stack: Build) 
         if group.gpus_per_node:
             assert (GPU_RESOURCE, "present", "NO_SCHEDULE") in taints and inputs["amiType"] == "AL2023_x86_64_NVIDIA"
             # the autoscaler waits for the device plugin on a node it knows has GPUs
-            assert inputs["labels"] == {**group.labels, "k8s.amazonaws.com/accelerator": inputs["labels"]["k8s.amazonaws.com/accelerator"]}
+            assert inputs["labels"] == {
+                **group.labels,
+                "k8s.amazonaws.com/accelerator": inputs["labels"]["k8s.amazonaws.com/accelerator"],
+            }
             assert inputs["labels"]["k8s.amazonaws.com/accelerator"].startswith("nvidia")
         else:
-            assert taints == set() and inputs["amiType"] == "AL2023_x86_64_STANDARD" and inputs["labels"] == group.labels
+            assert (
+                taints == set() and inputs["amiType"] == "AL2023_x86_64_STANDARD" and inputs["labels"] == group.labels
+            )
         if group.dedicated_to:
             assert (DEDICATED_KEY, group.dedicated_to, "NO_SCHEDULE") in taints
     system = groups["system"].inputs
@@ -141,16 +160,27 @@ def test_buckets_are_private_versioned_encrypted_and_tls_only(stack: Build) -> N
     assert len(buckets) == 2
     for bucket in buckets:
         block = _for_bucket(stack, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", bucket)
-        assert all(block[k] is True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"))
-        assert _for_bucket(stack, "aws:s3/bucketVersioning:BucketVersioning", bucket)["versioningConfiguration"] == {"status": "Enabled"}
+        assert all(
+            block[k] is True
+            for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
+        )
+        assert _for_bucket(stack, "aws:s3/bucketVersioning:BucketVersioning", bucket)["versioningConfiguration"] == {
+            "status": "Enabled"
+        }
         owner = _for_bucket(stack, "aws:s3/bucketOwnershipControls:BucketOwnershipControls", bucket)
         assert owner["rule"]["objectOwnership"] == "BucketOwnerEnforced"  # no ACLs at all
-        (rule,) = _for_bucket(stack, "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", bucket)["rules"]
+        (rule,) = _for_bucket(
+            stack, "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", bucket
+        )["rules"]
         deny = statements(_for_bucket(stack, "aws:s3/bucketPolicy:BucketPolicy", bucket)["policy"])[0]
         assert deny["Effect"] == "Deny" and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
         assert deny["Resource"] == [bucket["arn"], bucket["arn"] + "/*"]
-        lifecycle = _for_bucket(stack, "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration", bucket)["rules"]
-        assert all(r["status"] == "Enabled" and r["noncurrentVersionExpiration"]["noncurrentDays"] >= 1 for r in lifecycle)
+        lifecycle = _for_bucket(stack, "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration", bucket)[
+            "rules"
+        ]
+        assert all(
+            r["status"] == "Enabled" and r["noncurrentVersionExpiration"]["noncurrentDays"] >= 1 for r in lifecycle
+        )
         if "models" in bucket["bucket"]:
             sse = rule["applyServerSideEncryptionByDefault"]
             assert sse["sseAlgorithm"] == "aws:kms" and sse["kmsMasterKeyId"].startswith("arn:aws:kms:")
@@ -178,8 +208,11 @@ def test_the_load_balancer_listens_on_https_only(stack: Build) -> None:
     assert listener["certificateArn"] == stack_config(stack.stack)["serving-fleet:certificateArn"]
     assert listener["sslPolicy"].startswith("ELBSecurityPolicy-TLS13")
     (alb_sg,) = [r.urn for r in stack.of_type("aws:ec2/securityGroup:SecurityGroup") if r.name.endswith("-alb")]
-    ingress = [r.inputs for r in stack.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
-               if alb_sg in r.property_dependencies.get("securityGroupId", [])]  # fmt: skip
+    ingress = [
+        r.inputs
+        for r in stack.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+        if alb_sg in r.property_dependencies.get("securityGroupId", [])
+    ]
     assert ingress and all((r["fromPort"], r["toPort"]) == (443, 443) for r in ingress)
     (lb,) = stack.of_type("aws:lb/loadBalancer:LoadBalancer")
     assert lb.inputs["dropInvalidHeaderFields"] is True and lb.inputs["accessLogs"]["enabled"] is True
@@ -195,14 +228,22 @@ def _role(stack: Build, role: str) -> tuple[dict, list[dict]]:
 
 
 def test_each_irsa_role_trusts_exactly_one_service_account(stack: Build) -> None:
-    for role, subject in (("gateway", "fleet:fleet-gateway"), ("flows", "flows:prefect-worker"),
-                          ("cluster-autoscaler", "kube-system:cluster-autoscaler")):  # fmt: skip
+    for role, subject in (
+        ("gateway", "fleet:fleet-gateway"),
+        ("flows", "flows:prefect-worker"),
+        ("cluster-autoscaler", "kube-system:cluster-autoscaler"),
+    ):
         trust, _ = _role(stack, role)
         (oidc,) = stack.of_type("aws:iam/openIdConnectProvider:OpenIdConnectProvider")
-        assert trust["Principal"] == {"Federated": oidc.state["arn"]} and trust["Action"] == "sts:AssumeRoleWithWebIdentity"
+        assert (
+            trust["Principal"] == {"Federated": oidc.state["arn"]}
+            and trust["Action"] == "sts:AssumeRoleWithWebIdentity"
+        )
         issuer = oidc.inputs["url"].removeprefix("https://")
-        assert trust["Condition"]["StringEquals"] == {f"{issuer}:sub": f"system:serviceaccount:{subject}",
-                                                      f"{issuer}:aud": "sts.amazonaws.com"}  # fmt: skip
+        assert trust["Condition"]["StringEquals"] == {
+            f"{issuer}:sub": f"system:serviceaccount:{subject}",
+            f"{issuer}:aud": "sts.amazonaws.com",
+        }
 
 
 def _matches(pattern: str, value: str) -> bool:
@@ -212,8 +253,12 @@ def _matches(pattern: str, value: str) -> bool:
 
 def _allows(policy: list[dict], action: str, resource: str) -> bool:
     """IAM's evaluation within one policy: an explicit Deny wins, else any Allow, else denied."""
-    hits = [s["Effect"] for s in policy
-            if any(_matches(a, action) for a in _list(s["Action"])) and any(_matches(r, resource) for r in _list(s["Resource"]))]  # fmt: skip
+    hits = [
+        s["Effect"]
+        for s in policy
+        if any(_matches(a, action) for a in _list(s["Action"]))
+        and any(_matches(r, resource) for r in _list(s["Resource"]))
+    ]
     return "Deny" not in hits and "Allow" in hits
 
 
@@ -248,25 +293,36 @@ def test_the_gateway_writes_exactly_what_its_data_plane_and_admin_api_write_and_
     assert _allows(policy, "s3:ListBucket", bucket)
     other = "arn:aws:s3:::another-bucket"
     assert not any(_allows(policy, a, f"{other}/routes/x.json") for a in ("s3:GetObject", "s3:PutObject"))
-    assert {a for s in policy for a in _list(s["Action"])} == {"s3:ListBucket", "s3:GetObject", "s3:PutObject",
-                                                                "s3:DeleteObject", "kms:Decrypt", "kms:GenerateDataKey"}  # fmt: skip
+    assert {a for s in policy for a in _list(s["Action"])} == {
+        "s3:ListBucket",
+        "s3:GetObject",
+        "s3:PutObject",
+        "s3:DeleteObject",
+        "kms:Decrypt",
+        "kms:GenerateDataKey",
+    }
     key_arn = stack.one("aws:kms/key:Key", "models").state["arn"]
     (kms,) = [s for s in policy if s["Resource"] == key_arn]
-    assert kms["Condition"] == {"StringEquals": {"kms:ViaService": "s3.us-east-1.amazonaws.com"}}  # SSE-KMS, through S3 only
+    assert kms["Condition"] == {
+        "StringEquals": {"kms:ViaService": "s3.us-east-1.amazonaws.com"}
+    }  # SSE-KMS, through S3 only
 
 
 def test_the_flows_read_and_write_the_whole_store_and_no_role_has_a_wildcard_action(stack: Build) -> None:
     bucket = stack.one("aws:s3/bucket:Bucket", "models").state["arn"]
     _, flows = _role(stack, "flows")
     for key in GATEWAY_KEYS:
-        assert all(_allows(flows, a, f"{bucket}/{key}") for a in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")), key
+        assert all(_allows(flows, a, f"{bucket}/{key}") for a in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")), (
+            key
+        )
     for role in ("gateway", "flows", "cluster-autoscaler"):
         for s in _role(stack, role)[1]:
             assert not any(a.endswith(":*") or a == "*" for a in _list(s["Action"])), (role, s)
     _, scaler = _role(stack, "cluster-autoscaler")
     (resize,) = [s for s in scaler if "autoscaling:SetDesiredCapacity" in s["Action"]]
-    assert resize["Condition"] == {"StringEquals": {
-        f"aws:ResourceTag/k8s.io/cluster-autoscaler/serving-fleet-{stack.stack}": "owned"}}
+    assert resize["Condition"] == {
+        "StringEquals": {f"aws:ResourceTag/k8s.io/cluster-autoscaler/serving-fleet-{stack.stack}": "owned"}
+    }
 
 
 def _list(value: str | list[str]) -> list[str]:
@@ -284,7 +340,9 @@ def test_every_taggable_aws_resource_carries_the_cost_tags(stack: Build) -> None
         tags = r.inputs.get("tags") or {}
         assert all(tags.get(k) for k in COST_TAGS), f"{r.type} {r.name} lacks cost tags: {tags}"
         assert tags["env"] == stack.stack and tags["team"] == "ml-platform"
-    models = {r.inputs["nodeGroupName"]: r.inputs["tags"]["model"] for r in stack.of_type("aws:eks/nodeGroup:NodeGroup")}
+    models = {
+        r.inputs["nodeGroupName"]: r.inputs["tags"]["model"] for r in stack.of_type("aws:eks/nodeGroup:NodeGroup")
+    }
     if stack.stack == "prod":
         assert models["a100-8"] == "llm-70b" and models["system"] == "shared"
 
@@ -295,8 +353,11 @@ def test_every_taggable_aws_resource_carries_the_cost_tags(stack: Build) -> None
 def _manifests(stack: Build) -> list[dict]:
     """The Kubernetes objects as the provider sends them: inputs, with the names it auto-generated."""
     skip = ("pulumi:providers:kubernetes", "kubernetes:helm.sh/v3:Release")
-    return [{**r.inputs, "metadata": r.state["metadata"]} for r in stack.resources
-            if r.type.startswith("kubernetes:") and r.type not in skip]  # fmt: skip
+    return [
+        {**r.inputs, "metadata": r.state["metadata"]}
+        for r in stack.resources
+        if r.type.startswith("kubernetes:") and r.type not in skip
+    ]
 
 
 def _gateway(stack: Build) -> tuple[dict, dict]:
@@ -314,9 +375,21 @@ def _env(container: dict) -> dict[str, dict]:
 def test_every_kubernetes_object_is_valid_against_its_schema(stack: Build) -> None:
     objects = _manifests(stack)
     kinds = {o["kind"] for o in objects}
-    assert kinds >= {"Namespace", "ResourceQuota", "Deployment", "Service", "PodDisruptionBudget",
-                     "HorizontalPodAutoscaler", "ConfigMap", "Secret", "Role", "RoleBinding", "ServiceAccount",
-                     "PrometheusRule", "ServiceMonitor"}  # fmt: skip
+    assert kinds >= {
+        "Namespace",
+        "ResourceQuota",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "HorizontalPodAutoscaler",
+        "ConfigMap",
+        "Secret",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+        "PrometheusRule",
+        "ServiceMonitor",
+    }
     for obj in objects:
         validate(obj)
 
@@ -373,7 +446,11 @@ def test_the_gateway_admin_token_comes_from_a_secret_and_no_stack_secret_is_ever
 def test_grafana_and_prefects_database_use_the_stacks_passwords_and_keep_their_data(stack: Build) -> None:
     releases = {r.inputs["chart"]: r for r in stack.of_type("kubernetes:helm.sh/v3:Release")}
     grafana = releases["kube-prometheus-stack"].inputs["values"]["grafana"]["admin"]
-    (secret,) = [r for r in stack.of_type("kubernetes:core/v1:Secret") if r.inputs["metadata"].get("name") == grafana["existingSecret"]]
+    (secret,) = [
+        r
+        for r in stack.of_type("kubernetes:core/v1:Secret")
+        if r.inputs["metadata"].get("name") == grafana["existingSecret"]
+    ]
     assert secret.inputs["stringData"][grafana["passwordKey"]] == SECRET_CONFIG[f"{PROJECT}:grafanaAdminPassword"]
     assert secret.inputs["metadata"]["namespace"] == releases["kube-prometheus-stack"].inputs["namespace"]
     server = releases["prefect-server"]
@@ -381,19 +458,26 @@ def test_grafana_and_prefects_database_use_the_stacks_passwords_and_keep_their_d
     assert database["auth"]["password"] == SECRET_CONFIG[f"{PROJECT}:prefectDbPassword"] != "prefect-rocks"
     assert "values" in server.secret_inputs
     assert database["primary"]["persistence"]["enabled"] is True
-    storage = {r.inputs["metadata"]["name"]: r.inputs for r in stack.of_type("kubernetes:storage.k8s.io/v1:StorageClass")}
+    storage = {
+        r.inputs["metadata"]["name"]: r.inputs for r in stack.of_type("kubernetes:storage.k8s.io/v1:StorageClass")
+    }
     assert storage[database["primary"]["persistence"]["storageClass"]]["provisioner"] == "ebs.csi.aws.com"
     prometheus = releases["kube-prometheus-stack"].inputs["values"]["prometheus"]["prometheusSpec"]["storageSpec"]
     claim = prometheus["volumeClaimTemplate"]["spec"]
     assert claim["storageClassName"] in storage and claim["resources"]["requests"]["storage"]
-    (default,) = [n for n, sc in storage.items()
-                  if sc["metadata"].get("annotations", {}).get("storageclass.kubernetes.io/is-default-class") == "true"]
+    (default,) = [
+        n
+        for n, sc in storage.items()
+        if sc["metadata"].get("annotations", {}).get("storageclass.kubernetes.io/is-default-class") == "true"
+    ]
     assert storage[default]["parameters"] == {"type": "gp3", "encrypted": "true"}
 
 
 def test_every_namespace_with_a_quota_gives_pods_default_requests(stack: Build) -> None:
     quotas = {r.inputs["metadata"]["namespace"] for r in stack.of_type("kubernetes:core/v1:ResourceQuota")}
-    ranges = {r.inputs["metadata"]["namespace"]: r.inputs["spec"] for r in stack.of_type("kubernetes:core/v1:LimitRange")}
+    ranges = {
+        r.inputs["metadata"]["namespace"]: r.inputs["spec"] for r in stack.of_type("kubernetes:core/v1:LimitRange")
+    }
     assert quotas and quotas <= set(ranges)
     for ns in quotas:
         (limits,) = ranges[ns]["limits"]
@@ -406,7 +490,11 @@ def test_the_gateway_reads_the_stacks_policies_from_a_config_map(stack: Build, t
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == folder]
     assert mount["readOnly"] is True
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-    (cm,) = [o for o in _manifests(stack) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == volume["configMap"]["name"]]
+    (cm,) = [
+        o
+        for o in _manifests(stack)
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"] == volume["configMap"]["name"]
+    ]
     assert cm["data"] == {f.name: f.read_text() for f in sorted((ROOT / "policies").glob("*.yaml"))}
     for name, text in cm["data"].items():  # the folder the gateway sees
         (tmp_path / name).write_text(text)
@@ -422,9 +510,15 @@ def test_the_gateway_reads_the_plans_prices_from_a_config_map(stack: Build, tmp_
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/fleet/prices"]
     assert mount["readOnly"] is True
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-    (cm,) = [o for o in _manifests(stack) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == volume["configMap"]["name"]]
+    (cm,) = [
+        o
+        for o in _manifests(stack)
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"] == volume["configMap"]["name"]
+    ]
     cm_input = stack.one("kubernetes:core/v1:ConfigMap", "gateway-prices").inputs
-    assert "name" not in cm_input["metadata"] and cm_input["metadata"]["namespace"] == "fleet"  # auto-named: a new price rolls the pods
+    assert (
+        "name" not in cm_input["metadata"] and cm_input["metadata"]["namespace"] == "fleet"
+    )  # auto-named: a new price rolls the pods
     assert set(cm["data"]) == {"prices.json"}
     (tmp_path / "prices.json").write_text(cm["data"]["prices.json"])  # the file the gateway sees
     placed = expected_plan(stack.stack)
@@ -447,7 +541,15 @@ def test_the_gateway_sizes_its_decode_pools_from_the_pods_cpu_not_the_nodes(stac
     assert env["FLEET_DECODE_WORKERS"]["value"] == "1"  # one CPU per worker in both stacks: one decoder each
     assert (stack.stack, workers > 1) in {("dev", False), ("prod", True)}
     # spare whole CPUs after one per worker, shared among the workers; at least 1, at most 4
-    assert [decode_workers(cpu, w) for cpu, w in [(1, 1), (2, 2), (2.5, 2), (4, 1), (6, 2), (16, 1), (3, 2)]] == [1, 1, 1, 3, 2, 4, 1]
+    assert [decode_workers(cpu, w) for cpu, w in [(1, 1), (2, 2), (2.5, 2), (4, 1), (6, 2), (16, 1), (3, 2)]] == [
+        1,
+        1,
+        1,
+        3,
+        2,
+        4,
+        1,
+    ]
 
 
 def test_the_admin_token_must_be_set_and_long_and_is_never_shown() -> None:
@@ -455,17 +557,23 @@ def test_the_admin_token_must_be_set_and_long_and_is_never_shown() -> None:
     del config[ADMIN_TOKEN_KEY]
     with pytest.raises(pulumi.RunError) as err:
         build("dev", config)
-    assert ("Pulumi.dev.yaml: serving-fleet:gatewayAdminToken: not set — expected the gateway's admin token, as a "
-            'secret: `pulumi config set --secret gatewayAdminToken "$(openssl rand -hex 32)"`') in str(err.value)  # fmt: skip
+    assert (
+        "Pulumi.dev.yaml: serving-fleet:gatewayAdminToken: not set — expected the gateway's admin token, as a "
+        'secret: `pulumi config set --secret gatewayAdminToken "$(openssl rand -hex 32)"`'
+    ) in str(err.value)
     config[ADMIN_TOKEN_KEY] = "short-but-secret"
     with pytest.raises(pulumi.RunError) as err:
         build("dev", config)
-    assert "serving-fleet:gatewayAdminToken: got 16 characters (value not shown) — expected at least 32" in str(err.value)
+    assert "serving-fleet:gatewayAdminToken: got 16 characters (value not shown) — expected at least 32" in str(
+        err.value
+    )
     assert "short-but-secret" not in str(err.value)
     for key in ("grafanaAdminPassword", "prefectDbPassword"):
         config = stack_config("dev")
         del config[f"{PROJECT}:{key}"]
-        with pytest.raises(pulumi.RunError, match=f"serving-fleet:{key}: not set .* `pulumi config set --secret {key} "):
+        with pytest.raises(
+            pulumi.RunError, match=f"serving-fleet:{key}: not set .* `pulumi config set --secret {key} "
+        ):
             build("dev", config)
     config = stack_config("dev")
     config[f"{PROJECT}:prefectDbPassword"] = "p@ss/word:" * 4  # would break the chart's connection URL
@@ -477,7 +585,9 @@ def test_the_admin_token_must_be_set_and_long_and_is_never_shown() -> None:
 def test_a_prod_kubernetes_api_open_to_the_internet_is_refused() -> None:
     config = stack_config("prod")
     config["serving-fleet:apiAccessCidrs"] = json.dumps(["0.0.0.0/0"])
-    with pytest.raises(pulumi.RunError, match=r"serving-fleet:apiAccessCidrs: got \['0.0.0.0/0'\] — expected the CIDRs"):
+    with pytest.raises(
+        pulumi.RunError, match=r"serving-fleet:apiAccessCidrs: got \['0.0.0.0/0'\] — expected the CIDRs"
+    ):
         build("prod", config)
     del config["serving-fleet:apiAccessCidrs"]  # the default is open: prod must name its CIDRs
     with pytest.raises(pulumi.RunError, match="required for env prod"):
@@ -498,7 +608,10 @@ def test_the_runtime_config_map_carries_the_plan_and_quotas_follow_it(stack: Bui
     quotas = {o["metadata"]["namespace"]: o["spec"]["hard"] for o in _manifests(stack) if o["kind"] == "ResourceQuota"}
     assert quotas["models"] == model_quota(expected)
     gpu_units = sum(g.max_size * g.gpus_per_node * g.gpu_slices for g in expected.node_groups)
-    assert quotas["models"][f"requests.{GPU_RESOURCE}"] == str(gpu_units) and quotas["fleet"][f"requests.{GPU_RESOURCE}"] == "0"
+    assert (
+        quotas["models"][f"requests.{GPU_RESOURCE}"] == str(gpu_units)
+        and quotas["fleet"][f"requests.{GPU_RESOURCE}"] == "0"
+    )
 
 
 def test_the_engine_learns_its_gpu_type_and_tensor_parallel_degree_through_the_config_map() -> None:
@@ -507,8 +620,14 @@ def test_the_engine_learns_its_gpu_type_and_tensor_parallel_degree_through_the_c
 
     (cm,) = [o for o in _manifests(example("prod")) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == CONFIG_MAP]
     placed = {m["model"]: placement_from_dict(m) for m in json.loads(cm["data"]["placement.json"])["models"]}
-    deployment = manifests("llm-70b", "1.0.0", "repo@sha256:" + "0" * 64, placed["llm-70b"], floor=1,
-                           prometheus_url="http://prometheus:9090")[0]  # fmt: skip
+    deployment = manifests(
+        "llm-70b",
+        "1.0.0",
+        "repo@sha256:" + "0" * 64,
+        placed["llm-70b"],
+        floor=1,
+        prometheus_url="http://prometheus:9090",
+    )[0]
     validate(deployment)
     env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert (env["FLEET_TENSOR_PARALLEL"], env["FLEET_GPU_TYPE"], env["FLEET_KV_CACHE_GIB"]) == ("8", "A100-40GB", "40")
@@ -544,7 +663,9 @@ def _snake_keys(value: object, path: str = "") -> list[str]:
 def test_no_misspelt_aws_argument_survives(stack: Build) -> None:
     """The SDK turns every argument it knows into its camelCase wire name; a misspelt key in a
     dict argument would reach the provider as snake_case (and fail only at `pulumi up`)."""
-    problems = [f"{r.type} {r.name}{p}" for r in stack.resources if r.type.startswith("aws:") for p in _snake_keys(r.inputs)]
+    problems = [
+        f"{r.type} {r.name}{p}" for r in stack.resources if r.type.startswith("aws:") for p in _snake_keys(r.inputs)
+    ]
     assert problems == []
 
 
@@ -580,8 +701,11 @@ def test_cluster_addons_are_managed_by_eks_at_its_default_version_for_the_cluste
     from infra.addons import AFTER_NODES, BEFORE_NODES
 
     addons = {r.inputs["addonName"]: r for r in stack.of_type("aws:eks/addon:Addon")}
-    assert set(addons) == set(BEFORE_NODES + AFTER_NODES) >= {"vpc-cni", "coredns", "kube-proxy", "aws-ebs-csi-driver",
-                                                              "metrics-server"}  # fmt: skip
+    assert (
+        set(addons)
+        == set(BEFORE_NODES + AFTER_NODES)
+        >= {"vpc-cni", "coredns", "kube-proxy", "aws-ebs-csi-driver", "metrics-server"}
+    )
     (cluster,) = stack.of_type("aws:eks/cluster:Cluster")
     for name, addon in addons.items():
         # the mocks answer the lookup with the add-on and Kubernetes version they were asked for
@@ -592,8 +716,11 @@ def test_cluster_addons_are_managed_by_eks_at_its_default_version_for_the_cluste
     (role,) = [r for r in stack.of_type("aws:iam/role:Role") if r.state["arn"] == role_arn]
     (condition,) = [s["Condition"]["StringEquals"] for s in statements(role.inputs["assumeRolePolicy"])]
     assert "system:serviceaccount:kube-system:ebs-csi-controller-sa" in condition.values()
-    attached = [a.inputs["policyArn"] for a in stack.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
-                if a.inputs["role"] == role.state["name"]]  # fmt: skip
+    attached = [
+        a.inputs["policyArn"]
+        for a in stack.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+        if a.inputs["role"] == role.state["name"]
+    ]
     assert attached == ["arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"]
 
 
@@ -654,8 +781,11 @@ def test_expensive_gpu_groups_start_at_zero_and_only_in_zones_that_offer_their_t
 
     prod = example("prod")
     groups = {r.inputs["nodeGroupName"]: r.inputs for r in prod.of_type("aws:eks/nodeGroup:NodeGroup")}
-    subnets = {r.state.get("id") or r.id: r.inputs["availabilityZone"] for r in prod.of_type("aws:ec2/subnet:Subnet")
-               if "private" in r.name}  # fmt: skip
+    subnets = {
+        r.state.get("id") or r.id: r.inputs["availabilityZone"]
+        for r in prod.of_type("aws:ec2/subnet:Subnet")
+        if "private" in r.name
+    }
     planned = {g.name: g for g in expected_plan("prod").node_groups}
     p4d = [n for n, g in planned.items() if g.instance_type == "p4d.24xlarge"]
     assert p4d
@@ -714,7 +844,9 @@ def test_the_quota_store_is_an_encrypted_valkey_replication_group_sized_for_its_
     assert rg["authTokenUpdateStrategy"] == "ROTATE"
     assert rg["replicationGroupId"] == f"serving-fleet-{stack.stack}-quotas"
     subnets = stack.one("aws:elasticache/subnetGroup:SubnetGroup")
-    assert rg["subnetGroupName"] == subnets.state["name"] and subnets.urn in group.property_dependencies["subnetGroupName"]
+    assert (
+        rg["subnetGroupName"] == subnets.state["name"] and subnets.urn in group.property_dependencies["subnetGroupName"]
+    )
     assert rg["securityGroupIds"] == [_quota_sg(stack).id]
 
 
@@ -723,14 +855,19 @@ def test_the_quota_store_lives_in_the_private_subnets_only(stack: Build) -> None
     private = {r.id for r in stack.of_type("aws:ec2/subnet:Subnet") if "private" in r.name}
     public = {r.id for r in stack.of_type("aws:ec2/subnet:Subnet") if "public" in r.name}
     assert set(subnets) == private and not set(subnets) & public
-    assert len(subnets) == json.loads(stack_config(stack.stack)["serving-fleet:azCount"])  # one per AZ: Multi-AZ can place a replica
+    assert len(subnets) == json.loads(
+        stack_config(stack.stack)["serving-fleet:azCount"]
+    )  # one per AZ: Multi-AZ can place a replica
 
 
 def test_only_the_nodes_security_group_reaches_the_quota_store_on_6379(stack: Build) -> None:
     sg = _quota_sg(stack)
     assert not sg.inputs.get("ingress") and not sg.inputs.get("egress")  # no inline rules; stateful replies need none
-    rules = [r for r in stack.resources if r.type.startswith("aws:vpc/securityGroup")
-             and sg.urn in r.property_dependencies.get("securityGroupId", [])]  # fmt: skip
+    rules = [
+        r
+        for r in stack.resources
+        if r.type.startswith("aws:vpc/securityGroup") and sg.urn in r.property_dependencies.get("securityGroupId", [])
+    ]
     (rule,) = rules
     assert rule.type == "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
     assert (rule.inputs["ipProtocol"], rule.inputs["fromPort"], rule.inputs["toPort"]) == ("tcp", 6379, 6379)
@@ -752,14 +889,21 @@ def test_the_gateway_reads_its_redis_url_from_a_secret_and_runs_its_workers(stac
     group = stack.one("aws:elasticache/replicationGroup:ReplicationGroup")
     (secret,) = [r for r in stack.of_type("kubernetes:core/v1:Secret") if "url" in r.inputs["stringData"]]
     url = secret.inputs["stringData"]["url"]
-    assert url == f"rediss://:{REDIS_TOKEN}@{group.state['primaryEndpointAddress']}:6379/0" == redis_url(
-        REDIS_TOKEN, group.state["primaryEndpointAddress"])  # fmt: skip
+    assert (
+        url
+        == f"rediss://:{REDIS_TOKEN}@{group.state['primaryEndpointAddress']}:6379/0"
+        == redis_url(REDIS_TOKEN, group.state["primaryEndpointAddress"])
+    )
     assert "stringData" in secret.secret_inputs and secret.inputs["type"] == "Opaque"
-    assert secret.inputs["metadata"]["namespace"] == "fleet" and "name" not in secret.inputs["metadata"]  # auto-named: a new URL rolls the pods
+    assert (
+        secret.inputs["metadata"]["namespace"] == "fleet" and "name" not in secret.inputs["metadata"]
+    )  # auto-named: a new URL rolls the pods
     _, container = _gateway(stack)
     env = _env(container)
-    assert env["FLEET_REDIS_URL"] == {"name": "FLEET_REDIS_URL", "valueFrom": {"secretKeyRef": {
-        "name": secret.state["metadata"]["name"], "key": "url"}}}  # fmt: skip
+    assert env["FLEET_REDIS_URL"] == {
+        "name": "FLEET_REDIS_URL",
+        "valueFrom": {"secretKeyRef": {"name": secret.state["metadata"]["name"], "key": "url"}},
+    }
     assert "value" not in env["FLEET_REDIS_URL"]
     gateway = json.loads(stack_config(stack.stack)["serving-fleet:gateway"])
     assert env["FLEET_GATEWAY_WORKERS"]["value"] == str(gateway["workers"])
@@ -773,21 +917,29 @@ def test_the_gateway_reads_its_redis_url_from_a_secret_and_runs_its_workers(stac
 def test_the_quota_store_config_is_checked() -> None:
     config = stack_config("dev")
     del config[f"{PROJECT}:redisAuthToken"]
-    with pytest.raises(pulumi.RunError, match="serving-fleet:redisAuthToken: not set .* `pulumi config set --secret redisAuthToken "):
+    with pytest.raises(
+        pulumi.RunError, match="serving-fleet:redisAuthToken: not set .* `pulumi config set --secret redisAuthToken "
+    ):
         build("dev", config)
-    for bad, says in ((REDIS_TOKEN + "#$" * 10, "characters ElastiCache refuses or a URL would need escaped"),
-                      ("a" * 129, "got 129 characters (value not shown) — expected at most 128")):  # fmt: skip
+    for bad, says in (
+        (REDIS_TOKEN + "#$" * 10, "characters ElastiCache refuses or a URL would need escaped"),
+        ("a" * 129, "got 129 characters (value not shown) — expected at most 128"),
+    ):
         config[f"{PROJECT}:redisAuthToken"] = bad
         with pytest.raises(pulumi.RunError, match=re.escape(says)) as err:
             build("dev", config)
         assert bad not in str(err.value)
     prod = stack_config("prod")
     prod["serving-fleet:redis"] = json.dumps({"nodes": 1})
-    with pytest.raises(pulumi.RunError, match=r"serving-fleet:redis.nodes: got 1 — expected an integer >= 2 \(required for env prod"):
+    with pytest.raises(
+        pulumi.RunError, match=r"serving-fleet:redis.nodes: got 1 — expected an integer >= 2 \(required for env prod"
+    ):
         build("prod", prod)
     dev = stack_config("dev")
     dev["serving-fleet:redis"] = json.dumps({"node_type": "cache.r7g.large", "nodes": 1})
-    with pytest.raises(pulumi.RunError, match=r"redis.hourly_usd: .*expected the on-demand USD price of one cache.r7g.large"):
+    with pytest.raises(
+        pulumi.RunError, match=r"redis.hourly_usd: .*expected the on-demand USD price of one cache.r7g.large"
+    ):
         build("dev", dev)
     dev["serving-fleet:redis"] = json.dumps({"node_type": "cache.r7g.large", "nodes": 3, "hourly_usd": 0.2})
     built = build("dev", dev)
@@ -795,7 +947,10 @@ def test_the_quota_store_config_is_checked() -> None:
     assert (rg["nodeType"], rg["numCacheClusters"], rg["multiAzEnabled"]) == ("cache.r7g.large", 3, True)
     assert built.outputs["usdPerHour"] == {"min": 2.08, "max": 2.26}  # 1.4809-1.6601 without the store, + 3 × 0.2
     dev["serving-fleet:gateway"] = json.dumps({"workers": 3, "cpu": 2})
-    with pytest.raises(pulumi.RunError, match=r"serving-fleet:gateway.cpu: got 2.0 — expected a number >= workers \(3\): one CPU per worker"):
+    with pytest.raises(
+        pulumi.RunError,
+        match=r"serving-fleet:gateway.cpu: got 2.0 — expected a number >= workers \(3\): one CPU per worker",
+    ):
         build("dev", dev)
 
 

@@ -14,7 +14,15 @@ import pytest
 from typer.testing import CliRunner
 
 from bentos import integrity
-from bentos.integrity import ArtifactMismatch, Mismatch, check_folder, compare, file_digest, listing_sha256, verify_folder
+from bentos.integrity import (
+    ArtifactMismatch,
+    Mismatch,
+    check_folder,
+    compare,
+    file_digest,
+    listing_sha256,
+    verify_folder,
+)
 from fleet.errors import IntegrityError, InvalidInput, NotFound
 from fleet.registry import ModelVersion, Registry
 from fleet.runtime import images
@@ -92,7 +100,10 @@ def test_one_changed_byte_is_refused_naming_the_file_and_both_hashes(version, ar
     with pytest.raises(ArtifactMismatch) as caught:
         verify_folder(artifact, listing, mv.artifact_sha256, remedy="expected the registered files")
     message = str(caught.value)
-    assert f"weights/model.pt: expected sha256 {mv.files['weights/model.pt'].sha256} ({len(WEIGHTS)} bytes), got {actual}" in message
+    assert (
+        f"weights/model.pt: expected sha256 {mv.files['weights/model.pt'].sha256} ({len(WEIGHTS)} bytes), got {actual}"
+        in message
+    )
     assert message.startswith(f"model files in {artifact} do not match the manifest, refusing to load them")
     assert message.endswith("; expected the registered files") and "config.json" not in message
 
@@ -100,8 +111,13 @@ def test_one_changed_byte_is_refused_naming_the_file_and_both_hashes(version, ar
 def test_a_missing_file_and_a_listing_that_is_not_the_artifact_s_are_refused(version, artifact: Path) -> None:  # noqa: ANN001
     _, mv = version
     listing = manifest_listing(mv)
-    with pytest.raises(ArtifactMismatch, match=r"the file listing hashes to [0-9a-f]{64}, expected artifact sha256 " + mv.artifact_sha256):
-        verify_folder(artifact, {**listing, "weights/model.pt": {"sha256": "0" * 64, "size": len(WEIGHTS)}}, mv.artifact_sha256)
+    with pytest.raises(
+        ArtifactMismatch,
+        match=r"the file listing hashes to [0-9a-f]{64}, expected artifact sha256 " + mv.artifact_sha256,
+    ):
+        verify_folder(
+            artifact, {**listing, "weights/model.pt": {"sha256": "0" * 64, "size": len(WEIGHTS)}}, mv.artifact_sha256
+        )
     (artifact / "config.json").unlink()
     with pytest.raises(ArtifactMismatch, match=r"config.json: missing, expected sha256 [0-9a-f]{64} \(14 bytes\)"):
         verify_folder(artifact, listing)
@@ -132,17 +148,26 @@ def test_the_cache_re_verifies_and_replaces_a_changed_partial_or_padded_entry(ve
     inode = entry.stat().st_ino
     assert cache.path(registry, "demo", "1.0.0").stat().st_ino == inode  # intact: served as it is, not fetched again
 
-    for damage in (lambda: flip_a_byte(entry / "weights" / "model.pt"),
-                   lambda: (entry / "config.json").unlink(),
-                   lambda: (entry / "weights" / "model.pt").write_bytes(WEIGHTS[:100]),
-                   lambda: (entry / "stray.bin").write_bytes(b"x")):  # fmt: skip
+    for damage in (
+        lambda: flip_a_byte(entry / "weights" / "model.pt"),
+        lambda: (entry / "config.json").unlink(),
+        lambda: (entry / "weights" / "model.pt").write_bytes(WEIGHTS[:100]),
+        lambda: (entry / "stray.bin").write_bytes(b"x"),
+    ):
         damage()
         lines: list[str] = []
         assert cache.path(registry, "demo", "1.0.0", log=lines.append) == entry
-        assert check_folder(entry, manifest_listing(mv), exact=True) == [], "a damaged entry must be replaced, not served"
+        assert check_folder(entry, manifest_listing(mv), exact=True) == [], (
+            "a damaged entry must be replaced, not served"
+        )
         assert (entry / "weights" / "model.pt").read_bytes() == WEIGHTS
-        assert len(lines) == 1 and lines[0].startswith(f"cached artifact of demo:1.0.0 at {entry} does not match its manifest (")
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [".locks", mv.artifact_sha256]  # nothing left aside
+        assert len(lines) == 1 and lines[0].startswith(
+            f"cached artifact of demo:1.0.0 at {entry} does not match its manifest ("
+        )
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
+        ".locks",
+        mv.artifact_sha256,
+    ]  # nothing left aside
 
 
 def test_a_corrupt_store_is_never_cached(version, tmp_path: Path) -> None:  # noqa: ANN001
@@ -226,9 +251,14 @@ def test_an_entry_in_use_by_another_process_is_never_evicted(tmp_path: Path) -> 
         f"with cache.use(Registry(FileStore({str(tmp_path / 'store')!r})), 'demo', '1.0.0') as folder:\n"
         "    print('using', flush=True); sys.stdin.readline()\n"
         "    print((folder / 'model.pt').stat().st_size, flush=True)\n"
-    )  # fmt: skip
-    user = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    )
+    user = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     try:
         assert user.stdout.readline().strip() == "using"  # type: ignore[union-attr]
         for v in versions[1:]:
@@ -252,23 +282,43 @@ def test_an_entry_in_use_by_another_process_is_never_evicted(tmp_path: Path) -> 
 def test_prefetch_caches_and_verifies_ahead_of_the_first_use(version, tmp_path: Path) -> None:  # noqa: ANN001
     registry, mv = version
     folder, size, took = ArtifactCache(tmp_path / "cache").prefetch(registry, "demo", "1.0.0")
-    assert folder == tmp_path / "cache" / mv.artifact_sha256 and size == len(WEIGHTS) + len('{"hidden": 16}') and took >= 0
+    assert (
+        folder == tmp_path / "cache" / mv.artifact_sha256 and size == len(WEIGHTS) + len('{"hidden": 16}') and took >= 0
+    )
     assert check_folder(folder, manifest_listing(mv), exact=True) == []
 
 
 # --- image digests ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bad", ["", "sha256:" + "AB" * 32, "sha256:" + "ab" * 31, "ab" * 32, "sha512:" + "ab" * 64,
-                                 f"repo@{DIGEST}", DIGEST + "\n", DIGEST + "0", "sha256: " + "ab" * 32])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "sha256:" + "AB" * 32,
+        "sha256:" + "ab" * 31,
+        "ab" * 32,
+        "sha512:" + "ab" * 64,
+        f"repo@{DIGEST}",
+        DIGEST + "\n",
+        DIGEST + "0",
+        "sha256: " + "ab" * 32,
+    ],
+)
 def test_an_image_digest_must_be_sha256_and_64_lowercase_hex_digits(bad: str) -> None:
-    with pytest.raises(InvalidInput, match=r"image digest .* is not valid; expected 'sha256:' followed by 64 lowercase hex digits"):
+    with pytest.raises(
+        InvalidInput, match=r"image digest .* is not valid; expected 'sha256:' followed by 64 lowercase hex digits"
+    ):
         images.check_digest(bad)
     assert images.check_digest(DIGEST) == DIGEST
 
 
 def test_repositories_are_checked_as_image_references_name_them() -> None:
-    for good in ("123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/tabular-mlp", "localhost:5000/m", "m"):
+    for good in (
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/tabular-mlp",
+        "localhost:5000/m",
+        "m",
+    ):
         assert images.check_repository(good) == good
     for bad in ("repo:tag", f"repo@{DIGEST}", "Repo/Upper", "a//b", "-a/b"):
         with pytest.raises(InvalidInput, match="is not valid; expected a repository without tag or digest"):
@@ -279,10 +329,16 @@ def test_a_recorded_digest_is_what_deploys_and_another_artifact_s_record_is_refu
     store = MemoryStore()
     registry = Registry(store)
     mv = registry.register("demo", "1.0.0", artifact, META)
-    with pytest.raises(NotFound, match=r"no image digest is recorded for demo:1.0.0; .*fleet package demo 1.0.0 --image-digest sha256:"):
+    with pytest.raises(
+        NotFound, match=r"no image digest is recorded for demo:1.0.0; .*fleet package demo 1.0.0 --image-digest sha256:"
+    ):
         images.reference(store, mv, "ecr/tabular-mlp")
     before, after = images.record(store, mv, DIGEST, "demo:1.0.0", repository="ecr/tabular-mlp", who="ci")
-    assert before is None and (after.digest, after.artifact_sha256, after.recorded_by) == (DIGEST, mv.artifact_sha256, "ci")
+    assert before is None and (after.digest, after.artifact_sha256, after.recorded_by) == (
+        DIGEST,
+        mv.artifact_sha256,
+        "ci",
+    )
     assert images.get(store, "demo", "1.0.0") == after
     assert images.reference(store, mv, "ecr/tabular-mlp") == f"ecr/tabular-mlp@{DIGEST}"
     rebuilt = "sha256:" + "cd" * 32
@@ -291,7 +347,10 @@ def test_a_recorded_digest_is_what_deploys_and_another_artifact_s_record_is_refu
     with pytest.raises(InvalidInput):
         images.record(store, mv, "latest", "demo:1.0.0")
     other = mv.model_copy(update={"files": {"x": mv.files["config.json"]}})  # what a different artifact would hash to
-    with pytest.raises(IntegrityError, match=rf"the image recorded for demo:1.0.0 \({rebuilt}\) was built from artifact {mv.artifact_sha256}"):
+    with pytest.raises(
+        IntegrityError,
+        match=rf"the image recorded for demo:1.0.0 \({rebuilt}\) was built from artifact {mv.artifact_sha256}",
+    ):
         images.reference(store, other, "r")
 
 

@@ -113,7 +113,12 @@ def test_the_admin_api_refuses_bad_rotations_in_one_line(env: GatewayEnv) -> Non
         cases = [
             ("/admin/tenants/apps/rotate", {"grace_s": -1}, 422, "grace_s"),
             ("/admin/tenants/apps/rotate", {}, 422, "grace_s"),
-            ("/admin/tenants/apps/rotate", {"grace_s": 31 * 86400}, 422, "expected seconds from 0 (stop the old key at once) to 2592000 (30d)"),
+            (
+                "/admin/tenants/apps/rotate",
+                {"grace_s": 31 * 86400},
+                422,
+                "expected seconds from 0 (stop the old key at once) to 2592000 (30d)",
+            ),
             ("/admin/tenants/apps/rotate", {"grace_s": 1, "key_id": "nope"}, 404, "has no key 'nope'"),
             ("/admin/tenants/apps/rotate", {"grace_s": "60"}, 422, "grace_s"),
             ("/admin/tenants/ghost/rotate", {"grace_s": 1}, 404, "tenant 'ghost' does not exist"),
@@ -122,7 +127,9 @@ def test_the_admin_api_refuses_bad_rotations_in_one_line(env: GatewayEnv) -> Non
             ("/admin/tenants/ghost/keys", {}, 404, "tenant 'ghost' does not exist"),
         ]
         other_key = env.tenant("others")  # another tenant's key id is not this tenant's key
-        cases.append(("/admin/tenants/apps/rotate", {"grace_s": 1, "key_id": other_key.split("_")[1]}, 404, "has no key"))
+        cases.append(
+            ("/admin/tenants/apps/rotate", {"grace_s": 1, "key_id": other_key.split("_")[1]}, 404, "has no key")
+        )
         for path, body, status, said in cases:
             r = adm.post(path, json=body)
             assert r.status_code == status and said in r.json()["error"], (path, body, r.status_code, r.text)

@@ -38,9 +38,11 @@ from tests.test_registry import META
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = "http://kps-prometheus.monitoring.svc:9090"
-IMAGES = {"llm": "123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/llm",
-          "text-embed": "123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/text-embed",
-          "tabular-mlp": "123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/tabular-mlp"}  # fmt: skip
+IMAGES = {
+    "llm": "123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/llm",
+    "text-embed": "123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/text-embed",
+    "tabular-mlp": "123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/tabular-mlp",
+}
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +70,13 @@ class FakeKube:
         return copy.deepcopy(self.objects.get((kind, namespace, name)))
 
     def list(self, api_version: str, kind: str, namespace: str, selector: dict[str, str]) -> list[dict]:
-        return [copy.deepcopy(o) for (k, ns, _), o in sorted(self.objects.items()) if k == kind and ns == namespace
-                and all(o["metadata"].get("labels", {}).get(a) == b for a, b in selector.items())]  # fmt: skip
+        return [
+            copy.deepcopy(o)
+            for (k, ns, _), o in sorted(self.objects.items())
+            if k == kind
+            and ns == namespace
+            and all(o["metadata"].get("labels", {}).get(a) == b for a, b in selector.items())
+        ]
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         self.calls.append(("delete", kind, name))
@@ -98,15 +105,22 @@ class FakeKube:
             if ok:
                 status = {"podIP": f"10.0.{len(model)}.{i + 10}", "conditions": [{"type": "Ready", "status": "True"}]}
             else:
-                status = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": pending}]}
+                status = {
+                    "conditions": [
+                        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": pending}
+                    ]
+                }
             self.objects[("Pod", NAMESPACE, name)] = {
-                "apiVersion": "v1", "kind": "Pod", "spec": template["spec"], "status": status,
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "spec": template["spec"],
+                "status": status,
                 "metadata": {"name": name, "namespace": NAMESPACE, "labels": template["metadata"]["labels"]},
-            }  # fmt: skip
+            }
 
     def scale_up(self) -> None:
         """KEDA and the scheduler: every Deployment gets its ScaledObject's floor of ready pods."""
-        for (kind, _, name), scaler in list(self.objects.items()):
+        for (kind, _, _name), scaler in list(self.objects.items()):
             if kind == "ScaledObject":
                 labels = scaler["metadata"]["labels"]
                 version = scaler["metadata"]["annotations"]["fleet.io/version"]
@@ -120,16 +134,23 @@ def kube(prod_plan, fleet_store: ObjectStore) -> FakeKube:  # noqa: ANN001
     fake.store = fleet_store  # the fleet's store, beside the cluster: manifests and image digests
     timeouts = {m: policies.models[m].timeout_ms for m in policies.models}
     fake.objects[("ConfigMap", NAMESPACE, CONFIG_MAP)] = {
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIG_MAP, "namespace": NAMESPACE},
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": CONFIG_MAP, "namespace": NAMESPACE},
         "data": config_map_data(result, IMAGES, PROMETHEUS, timeouts),
-    }  # fmt: skip
+    }
     validate(fake.objects[("ConfigMap", NAMESPACE, CONFIG_MAP)])
     return fake
 
 
 # What the tests deploy, each registered with its image built, pushed and its digest recorded.
-VERSIONS = (("llm-70b", "1.0.0"), ("llm-7b", "1.0.0"), ("llm-7b", "2.0.0"), ("embed-small", "1.0.0"),
-            ("demo-classifier", "1.0.0"))  # fmt: skip
+VERSIONS = (
+    ("llm-70b", "1.0.0"),
+    ("llm-7b", "1.0.0"),
+    ("llm-7b", "2.0.0"),
+    ("embed-small", "1.0.0"),
+    ("demo-classifier", "1.0.0"),
+)
 
 
 def digest_of(model: str, version: str) -> str:
@@ -189,7 +210,10 @@ def test_deploy_writes_a_gpu_deployment_from_the_placement_and_waits_for_ready_p
     assert {"name": "FLEET_TENSOR_PARALLEL", "value": "8"} in bento["env"]
     assert pod["nodeSelector"] == {"fleet.io/node-group": "a100-8"}
     assert pod["tolerations"] == [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
-    assert bento["readinessProbe"]["httpGet"]["path"] == "/readyz" and bento["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert (
+        bento["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        and bento["livenessProbe"]["httpGet"]["path"] == "/livez"
+    )
     assert bento["startupProbe"]["failureThreshold"] * bento["startupProbe"]["periodSeconds"] == 900
     assert bento["lifecycle"]["preStop"] == {"sleep": {"seconds": 5}}
     assert pod["terminationGracePeriodSeconds"] == 60 + 15  # llm-70b's timeout_ms is 60000
@@ -209,7 +233,9 @@ def test_an_isolated_model_tolerates_its_dedicated_taint_and_a_shared_one_gets_a
     rt.deploy("embed-small", "1.0.0")
     llm = objects_of(kube, "llm-7b", "2.0.0")["Deployment"]["spec"]["template"]["spec"]
     assert llm["nodeSelector"] == {"fleet.io/node-group": "a10g-1-llm-7b"}
-    assert {"key": "fleet.io/dedicated", "operator": "Equal", "value": "llm-7b", "effect": "NoSchedule"} in llm["tolerations"]
+    assert {"key": "fleet.io/dedicated", "operator": "Equal", "value": "llm-7b", "effect": "NoSchedule"} in llm[
+        "tolerations"
+    ]
     embed = objects_of(kube, "embed-small", "1.0.0")["Deployment"]["spec"]["template"]["spec"]
     assert embed["containers"][0]["resources"]["limits"][GPU_RESOURCE] == "1"  # one time-sliced share
     assert embed["nodeSelector"] == {"fleet.io/node-group": "a10g-1"}
@@ -241,23 +267,34 @@ def test_deploy_is_idempotent(kube: FakeKube) -> None:
 def test_a_deploy_that_never_gets_ready_says_why(kube: FakeKube) -> None:
     why = "0/6 nodes are available: 6 Insufficient nvidia.com/gpu."
     rt = runtime(kube, on_sleep=lambda n: n == 1 and kube.pods("llm-70b", "1.0.0", ready=0, pending=why), timeout_s=30)
-    with pytest.raises(DeployFailed, match=r"llm-70b:1.0.0 has 0 of 1 replicas ready after 30 s; .*PodScheduled: 0/6 nodes"):
+    with pytest.raises(
+        DeployFailed, match=r"llm-70b:1.0.0 has 0 of 1 replicas ready after 30 s; .*PodScheduled: 0/6 nodes"
+    ):
         rt.deploy("llm-70b", "1.0.0")
 
 
-def test_a_version_without_a_recorded_image_digest_is_refused_before_anything_is_written(kube: FakeKube, artifact) -> None:  # noqa: ANN001
+def test_a_version_without_a_recorded_image_digest_is_refused_before_anything_is_written(
+    kube: FakeKube, artifact
+) -> None:  # noqa: ANN001
     mv = Registry(kube.store).register("embed-small", "3.0.0", artifact, META)
-    with pytest.raises(NotFound, match=r"no image digest is recorded for embed-small:3.0.0; Kubernetes deploys model images by "
-                                       r"digest only\. .*bentoml containerize embed-small:3.0.0 -t " + IMAGES["text-embed"]
-                                       + r":embed-small-3\.0\.0.*fleet package embed-small 3\.0\.0 --image-digest sha256:"):  # fmt: skip
+    with pytest.raises(
+        NotFound,
+        match=r"no image digest is recorded for embed-small:3.0.0; Kubernetes deploys model images by "
+        r"digest only\. .*bentoml containerize embed-small:3.0.0 -t "
+        + IMAGES["text-embed"]
+        + r":embed-small-3\.0\.0.*fleet package embed-small 3\.0\.0 --image-digest sha256:",
+    ):
         runtime(kube).deploy("embed-small", "3.0.0")
     assert not [c for c in kube.calls if c[0] == "apply"]
     with pytest.raises(NotFound, match="model version embed-small:9.9.9 is not registered"):
         runtime(kube).deploy("embed-small", "9.9.9")
     stale = mv.model_copy(update={"files": {"other.pt": mv.files["model.pt"]}})  # a record made for another artifact
     images.record(kube.store, stale, digest_of("embed-small", "3.0.0"), "embed-small:3.0.0")
-    with pytest.raises(IntegrityError, match=rf"image recorded for embed-small:3.0.0 .* was built from artifact {stale.artifact_sha256}, "
-                                             rf"but the manifest's artifact is {mv.artifact_sha256}"):  # fmt: skip
+    with pytest.raises(
+        IntegrityError,
+        match=rf"image recorded for embed-small:3.0.0 .* was built from artifact {stale.artifact_sha256}, "
+        rf"but the manifest's artifact is {mv.artifact_sha256}",
+    ):
         runtime(kube).deploy("embed-small", "3.0.0")
     assert not [c for c in kube.calls if c[0] == "apply"]
 
@@ -277,21 +314,41 @@ def test_a_recorded_digest_deploys_and_a_new_record_rolls_the_pods(kube: FakeKub
 
 
 def test_a_pod_whose_model_files_fail_their_check_never_turns_ready_and_the_deploy_says_why(kube: FakeKube) -> None:
-    refusal = ("integrity.ArtifactMismatch: model files in /home/bentoml/bento/models/embed-small/1.0.0 do not match the "
-               f"manifest, refusing to load them: model.pt: expected sha256 {'a' * 64} (7 bytes), got {'b' * 64} (7 bytes)")  # fmt: skip
+    refusal = (
+        "integrity.ArtifactMismatch: model files in /home/bentoml/bento/models/embed-small/1.0.0 do not match the "
+        f"manifest, refusing to load them: model.pt: expected sha256 {'a' * 64} (7 bytes), got {'b' * 64} (7 bytes)"
+    )
 
     def crash_loop(n: int) -> None:
         kube.pods("embed-small", "1.0.0", ready=0, pending="containers with unready status: [bento]")
-        (pod,) = [o for (k, _, name), o in kube.objects.items() if k == "Pod" and name.startswith(object_name("embed-small", "1.0.0"))]
-        pod["status"]["containerStatuses"] = [{
-            "name": "bento", "ready": False, "restartCount": n, "image": "x", "imageID": "", "started": False,
-            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}},
-            "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": f"Traceback ...\n{refusal}\n"}},
-        }]  # fmt: skip
+        (pod,) = [
+            o
+            for (k, _, name), o in kube.objects.items()
+            if k == "Pod" and name.startswith(object_name("embed-small", "1.0.0"))
+        ]
+        pod["status"]["containerStatuses"] = [
+            {
+                "name": "bento",
+                "ready": False,
+                "restartCount": n,
+                "image": "x",
+                "imageID": "",
+                "started": False,
+                "state": {
+                    "waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}
+                },
+                "lastState": {
+                    "terminated": {"exitCode": 1, "reason": "Error", "message": f"Traceback ...\n{refusal}\n"}
+                },
+            }
+        ]
 
-    with pytest.raises(DeployFailed, match=r"embed-small:1.0.0 has 0 of 1 replicas ready after 30 s; .*CrashLoopBackOff: back-off "
-                                           r"40s restarting failed container; exited 1: integrity.ArtifactMismatch: .*model.pt: "
-                                           rf"expected sha256 {'a' * 64} \(7 bytes\), got {'b' * 64}"):  # fmt: skip
+    with pytest.raises(
+        DeployFailed,
+        match=r"embed-small:1.0.0 has 0 of 1 replicas ready after 30 s; .*CrashLoopBackOff: back-off "
+        r"40s restarting failed container; exited 1: integrity.ArtifactMismatch: .*model.pt: "
+        rf"expected sha256 {'a' * 64} \(7 bytes\), got {'b' * 64}",
+    ):
         runtime(kube, on_sleep=crash_loop, timeout_s=30).deploy("embed-small", "1.0.0")
     container = objects_of(kube, "embed-small", "1.0.0")["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"  # the kubelet keeps the log's end
@@ -326,7 +383,9 @@ def test_undeploy_removes_the_scaler_first_and_tolerates_missing_objects(kube: F
     rt.undeploy("embed-small", "1.0.0")
     deletes = [c[1] for c in kube.calls if c[0] == "delete"]
     assert deletes[:4] == ["ScaledObject", "PodDisruptionBudget", "Deployment", "Service"]
-    assert not {"Deployment", "Service", "PodDisruptionBudget", "ScaledObject"} & set(objects_of(kube, "embed-small", "1.0.0"))
+    assert not {"Deployment", "Service", "PodDisruptionBudget", "ScaledObject"} & set(
+        objects_of(kube, "embed-small", "1.0.0")
+    )
 
 
 # --- names, schemas, factory ----------------------------------------------------------------
@@ -345,8 +404,12 @@ def test_the_schema_check_has_teeth() -> None:
     validate(good)
     with pytest.raises(kubernetes_validate.ValidationError):
         validate({**good, "spec": {"ports": [{"port": 80, "targetPrt": 8000}]}})
-    scaler = {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "x"},
-              "spec": {"scaleTargetRef": {"name": "x"}, "triggers": [{"type": "cpu", "metadata": {"value": "50"}}]}}  # fmt: skip
+    scaler = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": "x"},
+        "spec": {"scaleTargetRef": {"name": "x"}, "triggers": [{"type": "cpu", "metadata": {"value": "50"}}]},
+    }
     validate(scaler)
     with pytest.raises(jsonschema.ValidationError):
         validate({**scaler, "spec": {**scaler["spec"], "minReplicas": 1}})  # the field is minReplicaCount
@@ -374,7 +437,9 @@ def test_http_client_speaks_server_side_apply_and_maps_errors() -> None:
         if request.method == "DELETE":
             return httpx.Response(404, json={"kind": "Status"})
         if request.url.path.endswith("/scaledobjects/denied"):
-            return httpx.Response(403, json={"kind": "Status", "message": 'scaledobjects.keda.sh "denied" is forbidden'})
+            return httpx.Response(
+                403, json={"kind": "Status", "message": 'scaledobjects.keda.sh "denied" is forbidden'}
+            )
         if request.method == "GET":
             return httpx.Response(200, json={"items": [{"metadata": {"name": "p"}}]})
         return httpx.Response(200, json=json.loads(request.content))
@@ -391,8 +456,14 @@ def test_http_client_speaks_server_side_apply_and_maps_errors() -> None:
     assert client.list("v1", "Pod", "models", {"b": "2", "a": "1"}) == [{"metadata": {"name": "p"}}]
     assert seen[-1].url.path == "/api/v1/namespaces/models/pods" and seen[-1].url.params["labelSelector"] == "a=1,b=2"
     client.delete("v1", "Service", "models", "gone")  # 404: already gone, not an error
-    denied = {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "denied", "namespace": "models"}}
-    with pytest.raises(KubeApiError, match=r'PATCH .*/scaledobjects/denied: 403 Forbidden: scaledobjects.keda.sh "denied" is forbidden'):
+    denied = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": "denied", "namespace": "models"},
+    }
+    with pytest.raises(
+        KubeApiError, match=r'PATCH .*/scaledobjects/denied: 403 Forbidden: scaledobjects.keda.sh "denied" is forbidden'
+    ):
         client.apply(denied)
 
 
@@ -426,13 +497,19 @@ def test_gpu_utilization_on_a_cpu_model_and_repeated_triggers_are_refused() -> N
 
     policies = load_policies(ROOT / "policies")
     demo = policies.models["demo-classifier"]
-    cpu_gpu_util = demo.model_copy(update={"autoscaling": demo.autoscaling.model_copy(update={"triggers": ["gpu_utilization"]})})
+    cpu_gpu_util = demo.model_copy(
+        update={"autoscaling": demo.autoscaling.model_copy(update={"triggers": ["gpu_utilization"]})}
+    )
     broken = policies.model_copy(update={"models": {**policies.models, "demo-classifier": cpu_gpu_util}})
     stack = read_stack_file(ROOT / "Pulumi.prod.yaml")
-    with pytest.raises(FleetError, match="demo-classifier: autoscaling trigger gpu_utilization needs GPUs of its own.*no GPU"):
+    with pytest.raises(
+        FleetError, match="demo-classifier: autoscaling trigger gpu_utilization needs GPUs of its own.*no GPU"
+    ):
         plan(broken, *placement_inputs(stack, "prod", broken))
     embed = policies.models["embed-small"]  # on a time-sliced A10G: the GPU's utilisation is its neighbours' too
-    shared = embed.model_copy(update={"autoscaling": embed.autoscaling.model_copy(update={"triggers": ["gpu_utilization"]})})
+    shared = embed.model_copy(
+        update={"autoscaling": embed.autoscaling.model_copy(update={"triggers": ["gpu_utilization"]})}
+    )
     broken = policies.model_copy(update={"models": {**policies.models, "embed-small": shared}})
     with pytest.raises(FleetError, match="embed-small: .* time-sliced share of a GPU"):
         plan(broken, *placement_inputs(stack, "prod", broken))
@@ -456,13 +533,19 @@ def lazy_kube(prod_plan, fleet_store: ObjectStore) -> FakeKube:  # noqa: ANN001
     fake = FakeKube()
     fake.store = fleet_store
     fake.objects[("ConfigMap", NAMESPACE, CONFIG_MAP)] = {
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIG_MAP, "namespace": NAMESPACE},
-        "data": config_map_data(result, IMAGES, PROMETHEUS, {m: policies.models[m].timeout_ms for m in policies.models}),
-    }  # fmt: skip
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": CONFIG_MAP, "namespace": NAMESPACE},
+        "data": config_map_data(
+            result, IMAGES, PROMETHEUS, {m: policies.models[m].timeout_ms for m in policies.models}
+        ),
+    }
     return fake
 
 
-def test_a_lazy_models_scaler_cools_down_after_its_idle_time_and_stays_active_while_requests_wait(lazy_kube: FakeKube) -> None:
+def test_a_lazy_models_scaler_cools_down_after_its_idle_time_and_stays_active_while_requests_wait(
+    lazy_kube: FakeKube,
+) -> None:
     runtime(lazy_kube, on_sleep=lambda n: lazy_kube.scale_up()).deploy("embed-small", "1.0.0")
     scaler_object = objects_of(lazy_kube, "embed-small", "1.0.0")["ScaledObject"]
     scaler = scaler_object["spec"]
@@ -472,16 +555,23 @@ def test_a_lazy_models_scaler_cools_down_after_its_idle_time_and_stays_active_wh
     assert activity["name"] == "activity" and activity["metadata"]["activationThreshold"] == "0"
     assert float(activity["metadata"]["threshold"]) >= 1e9  # it only wakes and keeps; the policy's triggers scale
     query = activity["metadata"]["query"]
-    assert query == ('(sum(increase(fleet_version_requests_total{model="embed-small",version="1.0.0"}[600s])) or vector(0))'
-                     ' + (sum(fleet_requests_held{model="embed-small",version="1.0.0"}) or vector(0))')  # fmt: skip
+    assert query == (
+        '(sum(increase(fleet_version_requests_total{model="embed-small",version="1.0.0"}[600s])) or vector(0))'
+        ' + (sum(fleet_requests_held{model="embed-small",version="1.0.0"}) or vector(0))'
+    )
     eager = runtime(lazy_kube, on_sleep=lambda n: lazy_kube.scale_up())
     eager.deploy("demo-classifier", "1.0.0")
     eager_scaler = objects_of(lazy_kube, "demo-classifier", "1.0.0")["ScaledObject"]["spec"]
     assert eager_scaler["cooldownPeriod"] == 300 and all(t["name"] != "activity" for t in eager_scaler["triggers"])
-    assert objects_of(lazy_kube, "demo-classifier", "1.0.0")["ScaledObject"]["metadata"]["labels"]["fleet.io/loading"] == "eager"
+    assert (
+        objects_of(lazy_kube, "demo-classifier", "1.0.0")["ScaledObject"]["metadata"]["labels"]["fleet.io/loading"]
+        == "eager"
+    )
 
 
-def test_unload_lets_keda_scale_to_zero_and_activate_scales_back_with_one_patch_of_the_floor(lazy_kube: FakeKube) -> None:
+def test_unload_lets_keda_scale_to_zero_and_activate_scales_back_with_one_patch_of_the_floor(
+    lazy_kube: FakeKube,
+) -> None:
     rt = runtime(lazy_kube, on_sleep=lambda n: lazy_kube.scale_up())
     rt.deploy("embed-small", "1.0.0")
     told = []
@@ -492,8 +582,14 @@ def test_unload_lets_keda_scale_to_zero_and_activate_scales_back_with_one_patch_
     assert all(d.model != "embed-small" for d in rt.list())
     lazy_kube.calls.clear()
     deployment, started = runtime(lazy_kube, on_sleep=lambda n: lazy_kube.scale_up()).activate("embed-small", "1.0.0")
-    assert started and deployment.endpoints and objects_of(lazy_kube, "embed-small", "1.0.0")["ScaledObject"]["spec"]["minReplicaCount"] == 1
-    assert [c for c in lazy_kube.calls if c[0] != "apply"] == [("patch", "ScaledObject", object_name("embed-small", "1.0.0"))]
+    assert (
+        started
+        and deployment.endpoints
+        and objects_of(lazy_kube, "embed-small", "1.0.0")["ScaledObject"]["spec"]["minReplicaCount"] == 1
+    )
+    assert [c for c in lazy_kube.calls if c[0] != "apply"] == [
+        ("patch", "ScaledObject", object_name("embed-small", "1.0.0"))
+    ]
     assert not [c for c in lazy_kube.calls if c[0] == "apply"]  # nothing else written: all the gateway's Role allows
     lazy_kube.calls.clear()
     again, started = rt.activate("embed-small", "1.0.0")
@@ -514,13 +610,21 @@ def test_http_client_sends_merge_patches() -> None:
         return httpx.Response(404 if "missing" in request.url.path else 200, json={"kind": "ScaledObject"})
 
     api = HttpKubeApi("https://api", transport=httpx.MockTransport(handler))
-    assert api.patch("keda.sh/v1alpha1", "ScaledObject", "models", "x", {"spec": {"minReplicaCount": 1}}) == {"kind": "ScaledObject"}
+    assert api.patch("keda.sh/v1alpha1", "ScaledObject", "models", "x", {"spec": {"minReplicaCount": 1}}) == {
+        "kind": "ScaledObject"
+    }
     assert api.patch("keda.sh/v1alpha1", "ScaledObject", "models", "missing", {"spec": {}}) is None
-    assert seen[0] == ("PATCH", "/apis/keda.sh/v1alpha1/namespaces/models/scaledobjects/x", "application/merge-patch+json",
-                       {"spec": {"minReplicaCount": 1}})  # fmt: skip
+    assert seen[0] == (
+        "PATCH",
+        "/apis/keda.sh/v1alpha1/namespaces/models/scaledobjects/x",
+        "application/merge-patch+json",
+        {"spec": {"minReplicaCount": 1}},
+    )
 
 
-def test_the_idle_unload_controller_sets_an_idle_lazy_versions_floor_to_zero_and_leaves_eager_ones(lazy_kube: FakeKube, prod_plan) -> None:  # noqa: ANN001
+def test_the_idle_unload_controller_sets_an_idle_lazy_versions_floor_to_zero_and_leaves_eager_ones(
+    lazy_kube: FakeKube, prod_plan
+) -> None:  # noqa: ANN001
     from fleet.loading import LoadController
 
     _, policies = prod_plan

@@ -23,7 +23,6 @@ import yaml
 from fleet.registry import Registry, VersionMetadata
 from fleet.runtime.local import LocalRuntime
 from fleet.store import open_store
-
 from tests.gateway_env import metric, wait_for
 from tests.serving_env import ROOT, FleetEnv
 
@@ -35,10 +34,19 @@ IDLE_S = 2
 
 def write_policies(folder: Path, memory_gib: float = 1.0, budget_mib: float | None = None) -> Path:
     base = yaml.safe_load((ROOT / "policies" / "fleet.yaml").read_text())
-    spec = dict(base["models"]["demo-classifier"], cache={"enabled": False}, inference_log={"sample_rate": 0.0},
-                timeout_ms=MAX_HOLD_MS + 5000)  # fmt: skip
-    lazy = dict(spec, loading="lazy", idle_unload_s=IDLE_S, max_hold_ms=MAX_HOLD_MS,
-                resources=dict(spec["resources"], memory_gib=memory_gib))  # fmt: skip
+    spec = dict(
+        base["models"]["demo-classifier"],
+        cache={"enabled": False},
+        inference_log={"sample_rate": 0.0},
+        timeout_ms=MAX_HOLD_MS + 5000,
+    )
+    lazy = dict(
+        spec,
+        loading="lazy",
+        idle_unload_s=IDLE_S,
+        max_hold_ms=MAX_HOLD_MS,
+        resources=dict(spec["resources"], memory_gib=memory_gib),
+    )
     doc = {"models": {LAZY: lazy, EAGER: spec}, "rollout": base["rollout"], "monitoring": base["monitoring"]}
     if budget_mib is not None:
         doc["runtime"] = {"memory_budget_mib": budget_mib}
@@ -118,7 +126,12 @@ def test_a_lazy_version_starts_on_its_first_request_and_is_unloaded_after_idle_t
     assert f"{LAZY}:1.0.0" not in running(fleet) and f"{EAGER}:1.0.0" in running(fleet)
     rows = {(r["model"], r["version"]): r for r in fleet["env"].fleet_json("status")}
     lazy, eager = rows[(LAZY, "1.0.0")], rows[(EAGER, "1.0.0")]
-    assert (lazy["loading"], lazy["load_state"], eager["loading"], eager["load_state"]) == ("lazy", "unloaded", "eager", "loaded")
+    assert (lazy["loading"], lazy["load_state"], eager["loading"], eager["load_state"]) == (
+        "lazy",
+        "unloaded",
+        "eager",
+        "loaded",
+    )
     assert lazy["last_request_ago_s"] >= IDLE_S and rows[(LAZY, "1.3.0")]["last_request_at"] is None
 
     again = infer(url, key)
@@ -196,7 +209,9 @@ def test_the_memory_budget_stops_the_least_recently_used_idle_version_never_eage
     asked = time.time()
     assert infer(url, keys["apps"], "1.0.0").status_code == 200
     wait_for(lambda: (_last_request(env, "1.0.0") or 0) >= asked, timeout=30, what="this gateway's activity record")
-    wait_for(lambda: _all_idle(env, policies), timeout=30, what=f"every lazy version idle past idle_unload_s ({IDLE_S} s)")
+    wait_for(
+        lambda: _all_idle(env, policies), timeout=30, what=f"every lazy version idle past idle_unload_s ({IDLE_S} s)"
+    )
     resp = infer(url, keys["p3"])  # pinned to 1.3.0, which runs nowhere
     assert resp.status_code == 200, resp.text
     assert resp.headers["X-Fleet-Model-Version"] == "1.3.0"
@@ -209,8 +224,9 @@ def _all_idle(env: FleetEnv, policies: Path) -> bool:
     from fleet.loading import LoadController
     from fleet.spec import load_policies
 
-    controller = LoadController(open_store(env.env["FLEET_STORE"]), load_policies(policies),
-                                LocalRuntime(env.root / "run"))  # fmt: skip
+    controller = LoadController(
+        open_store(env.env["FLEET_STORE"]), load_policies(policies), LocalRuntime(env.root / "run")
+    )
     return all(time.time() - c.last_used >= IDLE_S for c in controller.candidates() if c.model == LAZY)
 
 
@@ -223,13 +239,16 @@ def _last_request(env: FleetEnv, version: str) -> float | None:
 def test_a_replica_is_listed_only_once_ready_so_no_request_reaches_one_still_starting(tmp_path: Path) -> None:
     from fleet.runtime.local import DeployFailed
 
-    runtime = LocalRuntime(tmp_path / "run", bento_for=lambda m, v: "no-such-bento:1.0.0",
-                           env={"BENTOML_HOME": str(tmp_path / "bentoml")})  # fmt: skip
+    runtime = LocalRuntime(
+        tmp_path / "run", bento_for=lambda m, v: "no-such-bento:1.0.0", env={"BENTOML_HOME": str(tmp_path / "bentoml")}
+    )
     errors: list[BaseException] = []
     starting = threading.Thread(target=lambda: _catch(errors, lambda: runtime.deploy(LAZY, "1.0.0")))
     starting.start()
     folder = tmp_path / "run" / LAZY / "1.0.0"
-    wait_for(lambda: any(folder.glob("starting-*.json")) or not starting.is_alive(), timeout=60, what="the replica's start")
+    wait_for(
+        lambda: any(folder.glob("starting-*.json")) or not starting.is_alive(), timeout=60, what="the replica's start"
+    )
     observed = any(folder.glob("starting-*.json"))
     seen_while_starting = runtime.list()
     starting.join(120)

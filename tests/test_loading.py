@@ -22,14 +22,19 @@ from fleet.rollout import RolloutState
 from fleet.routing import Canary, RouteTable, Shadow
 from fleet.spec import ModelSpec, load_policies
 from fleet.types import Deployment
-
 from tests.serving_env import ROOT
 
 NOW = 1_800_000_000.0
 
 
-def lazy(version: str, idle_s: float, memory: float = 100.0, protected: str = "", idle_after: float | None = 60.0,
-         model: str = "m") -> Candidate:  # fmt: skip
+def lazy(
+    version: str,
+    idle_s: float,
+    memory: float = 100.0,
+    protected: str = "",
+    idle_after: float | None = 60.0,
+    model: str = "m",
+) -> Candidate:
     return Candidate(model, version, idle_after, NOW - idle_s, memory, protected)
 
 
@@ -51,7 +56,13 @@ def test_only_lazy_unprotected_versions_idle_past_their_time_are_unloaded() -> N
 
 
 def test_the_budget_stops_the_least_recently_used_idle_version_first_and_only_as_many_as_needed() -> None:
-    running = [eager("1.0.0", 300), lazy("1.0.0", 40), lazy("1.1.0", 500), lazy("1.2.0", 100), lazy("1.3.0", 900, protected="canary")]
+    running = [
+        eager("1.0.0", 300),
+        lazy("1.0.0", 40),
+        lazy("1.1.0", 500),
+        lazy("1.2.0", 100),
+        lazy("1.3.0", 900, protected="canary"),
+    ]
     # used 700; +100 needs 800 within 750: one of 100 MiB frees enough; the oldest unprotected is 1.1.0
     out = make_room(running, 100, 750, NOW, "m:2.0.0")
     assert [u.version for u in out] == ["1.1.0"] and "least recently used" in out[0].reason
@@ -67,7 +78,9 @@ def test_a_start_the_budget_cannot_hold_is_refused_naming_what_holds_it_and_stop
         make_room(running, 200, 800, NOW, "m:2.0.0")
     text = str(info.value)
     assert "m:2.0.0 needs about 200 MiB" in text and "memory_budget_mib is 800" in text
-    assert "e:1.0.0 600 MiB (eager)" in text and "m:1.1.0 100 MiB (canary)" in text and "m:1.0.0 100 MiB (in use)" in text
+    assert (
+        "e:1.0.0 600 MiB (eager)" in text and "m:1.1.0 100 MiB (canary)" in text and "m:1.0.0 100 MiB (in use)" in text
+    )
     assert "e:1.0.0" not in info.value.summary and "memory budget" in info.value.summary  # what a tenant is told
 
 
@@ -82,15 +95,28 @@ def test_a_version_asked_within_its_idle_time_is_in_use_even_below_busy_within()
 
 def _state(phase: str, version: str, champion: str, updated: float) -> RolloutState:
     at = datetime.fromtimestamp(updated, UTC)
-    return RolloutState(model="demo-classifier", version=version, champion=champion, run_id="r", phase=phase,
-                        started_at=at, updated_at=at)  # fmt: skip
+    return RolloutState(
+        model="demo-classifier",
+        version=version,
+        champion=champion,
+        run_id="r",
+        phase=phase,
+        started_at=at,
+        updated_at=at,
+    )
 
 
 def test_protections_cover_canary_shadow_running_rollouts_and_the_rollback_window() -> None:
     policies = load_policies(ROOT / "policies")
     window = policies.rollout_for("demo-classifier").rollback_window_s
-    tables = {"demo-classifier": RouteTable(model="demo-classifier", stable="1.0.0", canary=Canary(version="1.1.0", weight=10),
-                                            shadow=Shadow(version="1.2.0", percent=5))}  # fmt: skip
+    tables = {
+        "demo-classifier": RouteTable(
+            model="demo-classifier",
+            stable="1.0.0",
+            canary=Canary(version="1.1.0", weight=10),
+            shadow=Shadow(version="1.2.0", percent=5),
+        )
+    }
     out = protections(tables, {}, policies, NOW)
     assert out == {("demo-classifier", "1.1.0"): "canary", ("demo-classifier", "1.2.0"): "shadow"}
     running = {"demo-classifier": _state("step", "2.0.0", "1.0.0", NOW)}
@@ -120,16 +146,25 @@ class SlowRuntime:
         if self.fail:
             from fleet.runtime.local import DeployFailed
 
-            raise DeployFailed(f"{model}:{version} exited while starting; last log lines of /x/replica-0.log:\n"
-                               f"Traceback ...\n{self.fail}", summary="its replica exited while starting")  # fmt: skip
+            raise DeployFailed(
+                f"{model}:{version} exited while starting; last log lines of /x/replica-0.log:\n"
+                f"Traceback ...\n{self.fail}",
+                summary="its replica exited while starting",
+            )
         self.started.append((model, version))
         return Deployment(model, version, ("http://127.0.0.1:9",)), True
 
 
 def _activator(runtime: object, make_room=None, **policy: object) -> tuple[Activator, Upstreams, Telemetry]:  # noqa: ANN001
-    spec = {"family": "tabular-mlp", "size_class": "small", "params_millions": 0.01, "loading": "lazy",
-            "autoscaling": {"max_replicas": 1, "target_qps_per_replica": 10, "target_p99_ms": 100},
-            "slo": {"p99_ms": 100, "error_rate": 0.01}, **policy}  # fmt: skip
+    spec = {
+        "family": "tabular-mlp",
+        "size_class": "small",
+        "params_millions": 0.01,
+        "loading": "lazy",
+        "autoscaling": {"max_replicas": 1, "target_qps_per_replica": 10, "target_p99_ms": 100},
+        "slo": {"p99_ms": 100, "error_rate": 0.01},
+        **policy,
+    }
     specs = {"m": ModelSpec.model_validate(spec), "e": ModelSpec.model_validate({**spec, "loading": "eager"})}
     upstreams = Upstreams()
     telemetry = Telemetry(lambda: iter(()), lambda: iter(()), lambda: iter(()), lambda: iter(()))
@@ -254,7 +289,12 @@ def test_policy_keys_parse_and_idle_unload_s_needs_lazy(tmp_path) -> None:  # no
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(base))
     policies = load_policies(tmp_path / "fleet.yaml")
     spec = policies.model("demo-classifier")
-    assert (spec.loading, spec.idle_unload_s, spec.max_hold_ms, policies.runtime.memory_budget_mib) == ("lazy", 30, 4000, 2048)
+    assert (spec.loading, spec.idle_unload_s, spec.max_hold_ms, policies.runtime.memory_budget_mib) == (
+        "lazy",
+        30,
+        4000,
+        2048,
+    )
     base["models"]["demo-classifier"]["loading"] = "eager"
     base["runtime"] = {"memory_budget_mib": -1}
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(base))

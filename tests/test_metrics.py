@@ -145,12 +145,28 @@ def test_prometheus_window_from_stored_answers(serve) -> None:
 
 
 def test_prometheus_window_of_a_generative_version_has_time_per_token_and_output_lengths(serve) -> None:
-    lengths = {"+Inf": 100, **{str(float(b)): c for b, c in zip(OUTPUT_TOKEN_BUCKETS, [0, 0, 5, 20, 60, 90, 100, 100, 100,
-                                                                                     100, 100, 100, 100], strict=True)}}  # fmt: skip
-    body = {"status": "success", "data": {"resultType": "vector", "result": [
-        {"metric": {"le": le}, "value": [END, str(v)]} for le, v in lengths.items()]}}  # fmt: skip
-    server = serve(prometheus({"fleet_time_per_output_token_seconds_bucket": (200, fixture("prom_latency.json")),
-                               "fleet_generation_output_tokens_bucket": (200, json.dumps(body).encode())}))  # fmt: skip
+    lengths = {
+        "+Inf": 100,
+        **{
+            str(float(b)): c
+            for b, c in zip(OUTPUT_TOKEN_BUCKETS, [0, 0, 5, 20, 60, 90, 100, 100, 100, 100, 100, 100, 100], strict=True)
+        },
+    }
+    body = {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [{"metric": {"le": le}, "value": [END, str(v)]} for le, v in lengths.items()],
+        },
+    }
+    server = serve(
+        prometheus(
+            {
+                "fleet_time_per_output_token_seconds_bucket": (200, fixture("prom_latency.json")),
+                "fleet_generation_output_tokens_bucket": (200, json.dumps(body).encode()),
+            }
+        )
+    )
     w = PrometheusMetrics(server.url).window(MODEL, "1.1.0", END - 60, END)
     assert w.tpot_ms == w.latency_ms  # the same bucket layout, read the same way
     assert w.output_tokens == (0, 0, 5, 15, 40, 30, 10, 0, 0, 0, 0, 0, 0, 0)
@@ -158,9 +174,16 @@ def test_prometheus_window_of_a_generative_version_has_time_per_token_and_output
 
 
 def test_prometheus_window_counts_exact_match_labels_by_outcome(serve) -> None:
-    body = {"status": "success", "data": {"resultType": "vector", "result": [
-        {"metric": {"outcome": "match"}, "value": [END, "40.4"]},
-        {"metric": {"outcome": "mismatch"}, "value": [END, "9.7"]}]}}  # fmt: skip
+    body = {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [
+                {"metric": {"outcome": "match"}, "value": [END, "40.4"]},
+                {"metric": {"outcome": "mismatch"}, "value": [END, "9.7"]},
+            ],
+        },
+    }
     server = serve(prometheus({"fleet_feedback_labels_total": (200, json.dumps(body).encode())}))
     w = PrometheusMetrics(server.url).window(MODEL, "1.1.0", END - 60, END)
     assert (w.labelled, w.matched) == (50, 40)  # extrapolated counts rounded, as every other counter
@@ -266,7 +289,9 @@ def test_gateway_source_sums_every_live_gateway(serve) -> None:
     canary = source.window(MODEL, "1.1.0", END - 59.5, END)  # only gateway a saw the canary
     assert (canary.requests, canary.errors["5xx"], canary.errors["unreachable"]) == (95, 4, 1)
     for server in (a, b):
-        assert [(p, q) for p, q, _ in server.seen] == [(f"/admin/stats/{MODEL}", {"window_s": "61"})] * 2  # start's second included
+        assert [(p, q) for p, q, _ in server.seen] == [
+            (f"/admin/stats/{MODEL}", {"window_s": "61"})
+        ] * 2  # start's second included
 
 
 def test_gateway_refusing_the_token_is_a_config_error(serve) -> None:
@@ -301,7 +326,9 @@ def test_a_gateway_announcing_an_untrusted_url_fails_the_read_and_gets_nothing(s
     announce(store, server.url, "gw-a")
     announce(store, "http://203.0.113.7:8000", "gw-planted")  # written by whoever can write gateways/
     monkeypatch.delenv("FLEET_GATEWAY_NETWORKS", raising=False)
-    with pytest.raises(MetricsUnavailable, match="gw-planted announces http://203.0.113.7:8000, which is not on loopback"):
+    with pytest.raises(
+        MetricsUnavailable, match="gw-planted announces http://203.0.113.7:8000, which is not on loopback"
+    ):
         GatewayMetrics(store, TOKEN, clock=lambda: END).window(MODEL, "1.0.0", END - 60, END)
     assert server.seen == []  # refused before anyone was asked
     monkeypatch.setenv("FLEET_GATEWAY_NETWORKS", "203.0.113.0/24")

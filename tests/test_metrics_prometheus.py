@@ -27,18 +27,30 @@ def prometheus_for(tmp_path: Path):
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(gateway_url: str) -> str:
-        assert Path(PROMETHEUS).exists(), "Prometheus is not installed; `make test` installs it (apt-get install prometheus)"
+        assert Path(PROMETHEUS).exists(), (
+            "Prometheus is not installed; `make test` installs it (apt-get install prometheus)"
+        )
         port = free_port()
         config = tmp_path / "prometheus.yml"
         config.write_text(f"""
 global: {{scrape_interval: 1s, evaluation_interval: 1s}}
 scrape_configs:
   - job_name: fleet-gateway
-    static_configs: [{{targets: ["{gateway_url.removeprefix('http://')}"]}}]
+    static_configs: [{{targets: ["{gateway_url.removeprefix("http://")}"]}}]
 """)
         log = open(tmp_path / "prometheus.log", "wb")
-        procs.append(subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                       f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [
+                    PROMETHEUS,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: _ready(url), timeout=30, what="Prometheus ready")
         return url
@@ -75,10 +87,19 @@ def test_prometheus_and_the_gateway_agree_on_what_each_version_served(tmp_path: 
         prom = prometheus_for(url)
         rng = np.random.default_rng(3)
         with httpx.Client(base_url=url, timeout=30) as client:
+
             def send(n: int, prefix: str) -> None:
                 for i in range(n):
-                    body = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32",
-                                        "data": rng.normal(size=4).round(3).tolist()}]}  # fmt: skip
+                    body = {
+                        "inputs": [
+                            {
+                                "name": "features",
+                                "shape": [1, 4],
+                                "datatype": "FP32",
+                                "data": rng.normal(size=4).round(3).tolist(),
+                            }
+                        ]
+                    }
                     assert infer(client, key, body, **{"X-Fleet-Routing-Key": f"{prefix}-{i}"}).status_code == 200
 
             send(20, "warm")  # Prometheus counts increases of series it has seen: create them first
@@ -89,19 +110,26 @@ def test_prometheus_and_the_gateway_agree_on_what_each_version_served(tmp_path: 
             sent = time.time()
             # a window of >= 12 s: increase() scales what it saw by range / sampled span, which
             # errs by up to about two scrape intervals (1 s each here) over the range
-            wait_for(lambda: _scraped_after(prom, max(sent + 0.5, start + 12)), timeout=30,
-                     what="a scrape after the load")  # fmt: skip
+            wait_for(
+                lambda: _scraped_after(prom, max(sent + 0.5, start + 12)), timeout=30, what="a scrape after the load"
+            )
         end = time.time()
         gateway = GatewayMetrics(e.store, ADMIN_TOKEN)
         prometheus = PrometheusMetrics(prom)
         for version in ("1.0.0", "1.1.0"):
             g = gateway.window(MODEL, version, start, end)
             p = prometheus.window(MODEL, version, start, end)
-            print(f"{version}: gateway requests {g.requests} errors {g.errors}; prometheus requests {p.requests} errors {p.errors}")
+            print(
+                f"{version}: gateway requests {g.requests} errors {g.errors}; prometheus requests {p.requests} errors {p.errors}"
+            )
             assert g.requests > 50
             bias = 2 * 1.0 / (end - start)  # two scrape intervals over the range: increase()'s extrapolation
-            for mine, theirs in ((p.requests, g.requests), (p.error_count, g.error_count),
-                                 (sum(p.latency_ms), sum(g.latency_ms)), (sum(p.predictions), sum(g.predictions))):
+            for mine, theirs in (
+                (p.requests, g.requests),
+                (p.error_count, g.error_count),
+                (sum(p.latency_ms), sum(g.latency_ms)),
+                (sum(p.predictions), sum(g.predictions)),
+            ):
                 assert abs(mine - theirs) <= 5 + bias * theirs, (mine, theirs, round(bias, 3))
         slow = prometheus.window(MODEL, "1.1.0", start, end)
         assert slow.errors["5xx"] > 0  # the canary's injected 500s

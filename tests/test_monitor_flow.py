@@ -27,7 +27,9 @@ from tests.serving_env import ROOT, FleetEnv
 def fleet(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("monitor")
     policies = yaml.safe_load((ROOT / "policies" / "fleet.yaml").read_text())
-    policies["models"][MODEL]["inference_log"]["sample_rate"] = 1.0  # every request logged, so every one can be labelled
+    policies["models"][MODEL]["inference_log"]["sample_rate"] = (
+        1.0  # every request logged, so every one can be labelled
+    )
     policies["models"][MODEL]["cache"]["enabled"] = False
     policies["monitoring"]["default"].update(window_hours=1, min_rows=300)
     policies["monitoring"]["default"]["retrain"].update(min_feedback_rows=300, cooldown_hours=0)
@@ -46,7 +48,9 @@ def send(fleet: dict, rows: np.ndarray, label: bool) -> int:
     with httpx.Client(base_url=fleet["url"], timeout=30, headers=headers) as client:
         for i, row in enumerate(rows):
             body = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": row.tolist()}]}
-            r = client.post(f"/v2/models/{MODEL}/infer", json=body, headers={"X-Fleet-Routing-Key": f"m-{time.time_ns()}-{i}"})
+            r = client.post(
+                f"/v2/models/{MODEL}/infer", json=body, headers={"X-Fleet-Routing-Key": f"m-{time.time_ns()}-{i}"}
+            )
             assert r.status_code == 200, r.text
             if label:
                 true = int(data.rule(row[None, :].astype(np.float32))[0] > data.THRESHOLD)
@@ -90,7 +94,9 @@ def test_a_corrupted_batch_raises_an_alert_and_never_retrains(fleet: dict) -> No
     send(fleet, rows, label=True)
     versions = Registry(fleet["store"]).versions(MODEL)
     state = monitor(MODEL, return_state=True)
-    assert state.is_failed() and "data quality failed, retraining blocked" in state.message and "income" in state.message
+    assert (
+        state.is_failed() and "data quality failed, retraining blocked" in state.message and "income" in state.message
+    )
     assert Registry(fleet["store"]).versions(MODEL) == versions  # nothing trained
     reports = [k for k in fleet["store"].list(f"reports/{MODEL}/monitor/") if k.endswith(".json") and "state" not in k]
     assert reports
@@ -146,7 +152,9 @@ def test_a_retrain_that_regresses_is_never_rolled_out(fleet: dict) -> None:
     before = Registry(fleet["store"]).versions(MODEL)
     stable = Router(fleet["store"]).get(MODEL).stable
     state = retrain(MODEL, reason="test", hyperparameters={"epochs": 1, "lr": 1e-6}, return_state=True)
-    assert state.is_failed() and "the candidate regresses" in state.message and "nothing was registered" in state.message
+    assert (
+        state.is_failed() and "the candidate regresses" in state.message and "nothing was registered" in state.message
+    )
     assert Registry(fleet["store"]).versions(MODEL) == before
     assert Router(fleet["store"]).get(MODEL).stable == stable and Router(fleet["store"]).get(MODEL).canary is None
 
@@ -160,5 +168,9 @@ def test_a_retrain_on_corrupted_feedback_is_refused_before_training(fleet: dict)
     send(fleet, rows, label=True)
     before = Registry(fleet["store"]).versions(MODEL)
     state = retrain(MODEL, reason="test", return_state=True)
-    assert state.is_failed() and "failed its quality checks, nothing was trained" in state.message and "age" in state.message
+    assert (
+        state.is_failed()
+        and "failed its quality checks, nothing was trained" in state.message
+        and "age" in state.message
+    )
     assert Registry(fleet["store"]).versions(MODEL) == before

@@ -38,11 +38,23 @@ def setup() -> dict:
 
 
 def passed(ok: bool) -> QualityResult:
-    outcome = ExpectationOutcome(expectation="expect_column_values_to_be_between", column="income", passed=ok,
-                                 expected="within the baseline range", observed="12 % out of range",
-                                 unexpected_fraction=None if ok else 0.12)  # fmt: skip
-    return QualityResult(name="w", passed=ok, rows=2000, evaluated=1, failed=0 if ok else 1,
-                         failing_rows_fraction=0.0 if ok else 0.12, expectations=(outcome,))  # fmt: skip
+    outcome = ExpectationOutcome(
+        expectation="expect_column_values_to_be_between",
+        column="income",
+        passed=ok,
+        expected="within the baseline range",
+        observed="12 % out of range",
+        unexpected_fraction=None if ok else 0.12,
+    )
+    return QualityResult(
+        name="w",
+        passed=ok,
+        rows=2000,
+        evaluated=1,
+        failed=0 if ok else 1,
+        failing_rows_fraction=0.0 if ok else 0.12,
+        expectations=(outcome,),
+    )
 
 
 def test_bad_data_alerts_and_blocks_retraining_even_when_it_drifts(setup: dict) -> None:
@@ -70,7 +82,9 @@ def test_a_retrain_waits_for_the_cooldown(setup: dict) -> None:
     recent = NOW - timedelta(hours=2)
     d = decide(passed(True), report, None, setup["policy"], rows=2000, last_retrain_at=recent, now=NOW)
     assert d.action == "cooldown" and "next one allowed in 22.0 h" in d.summary
-    later = decide(passed(True), report, None, setup["policy"], rows=2000, last_retrain_at=NOW - timedelta(hours=25), now=NOW)
+    later = decide(
+        passed(True), report, None, setup["policy"], rows=2000, last_retrain_at=NOW - timedelta(hours=25), now=NOW
+    )
     assert later.action == "retrain"
 
 

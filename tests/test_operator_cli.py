@@ -14,14 +14,14 @@ import pytest
 import typer.main
 
 from fleet.cli import app, hoist_global_options
-
 from tests.gateway_env import BODY, MODEL, GatewayEnv, wait_for
 from tests.serving_env import FLEET, free_port, wait_ready
 
 
 def run(env: GatewayEnv, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FLEET, *args], env=env.env(COLUMNS="80"), cwd=env.root, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    return subprocess.run(
+        [FLEET, *args], env=env.env(COLUMNS="80"), cwd=env.root, capture_output=True, text=True, timeout=60
+    )
 
 
 def _commands(cmd, path):  # noqa: ANN001, ANN202
@@ -61,11 +61,20 @@ def test_usage_mistakes_are_one_line_with_exit_2(tmp_path: Path) -> None:
 
 def test_global_options_are_taken_after_the_subcommand(tmp_path: Path) -> None:
     assert hoist_global_options(["models", "list", "--store", "s3://b/p", "--json"]) == [
-        "--store", "s3://b/p", "models", "list", "--json",
-    ]  # fmt: skip
+        "--store",
+        "s3://b/p",
+        "models",
+        "list",
+        "--json",
+    ]
     assert hoist_global_options(["route", "set", "m", "--store=file:///x", "--", "--store"]) == [
-        "--store=file:///x", "route", "set", "m", "--", "--store",
-    ]  # fmt: skip
+        "--store=file:///x",
+        "route",
+        "set",
+        "m",
+        "--",
+        "--store",
+    ]
     env = GatewayEnv(tmp_path)
     env.register("1.0.0")
     other = f"file://{tmp_path / 'elsewhere'}"
@@ -101,15 +110,23 @@ def test_fleet_gateway_prints_its_addresses_and_an_access_log(tmp_path: Path) ->
     port = free_port()
     out_file = tmp_path / "gateway.out"
     with open(out_file, "wb") as out:
-        proc = subprocess.Popen([FLEET, "gateway", "--port", str(port), "--access-log"], env=env.env(), cwd=env.root,
-                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [FLEET, "gateway", "--port", str(port), "--access-log"],
+            env=env.env(),
+            cwd=env.root,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_ready(f"{url}/v2/health/ready", proc, out_file)
         wait_for(lambda: "listening on" in out_file.read_text(), what="the start-up lines")
         with httpx.Client(base_url=url, timeout=10) as c:
-            r = c.post(f"/v2/models/{MODEL}/infer", json=BODY,
-                       headers={"Authorization": f"Bearer {key}", "x-request-id": "req-42"})  # fmt: skip
+            r = c.post(
+                f"/v2/models/{MODEL}/infer",
+                json=BODY,
+                headers={"Authorization": f"Bearer {key}", "x-request-id": "req-42"},
+            )
             assert r.status_code == 200, r.text
             c.get("/v2/models/%0Aforged%20line/ready")  # a tenant cannot break the log's lines
         wait_for(lambda: "id=req-42" in out_file.read_text(), what="the access-log line")
@@ -128,15 +145,20 @@ def test_fleet_gateway_prints_its_addresses_and_an_access_log(tmp_path: Path) ->
         env.stop()
 
 
-@pytest.mark.parametrize("args", [["tenants", "create", "x", "--model", "m", "--rps", "inf", "--burst", "5"],
-                                  ["tenants", "create", "x", "--model", "m", "--rps", "nan", "--burst", "5"],
-                                  ["tenants", "create", "x", "--model", "m:"],
-                                  ["tenants", "create", "x", "--model", "m", "--weight", "inf"],
-                                  ["tenants", "create", "x", "--model", "m", "--weight", "nan"],
-                                  ["tenants", "create", "x", "--model", "m", "--weight", "0"],
-                                  ["tenants", "create", "x", "--model", "m", "--weight", "1e12"],
-                                  ["tenants", "create", "x", "--model", "m", "--rps", "1", "--burst", "1", "--concurrency", "0"],
-                                  ["tenants", "create", "x", "--model", "m", "--concurrency", "4"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["tenants", "create", "x", "--model", "m", "--rps", "inf", "--burst", "5"],
+        ["tenants", "create", "x", "--model", "m", "--rps", "nan", "--burst", "5"],
+        ["tenants", "create", "x", "--model", "m:"],
+        ["tenants", "create", "x", "--model", "m", "--weight", "inf"],
+        ["tenants", "create", "x", "--model", "m", "--weight", "nan"],
+        ["tenants", "create", "x", "--model", "m", "--weight", "0"],
+        ["tenants", "create", "x", "--model", "m", "--weight", "1e12"],
+        ["tenants", "create", "x", "--model", "m", "--rps", "1", "--burst", "1", "--concurrency", "0"],
+        ["tenants", "create", "x", "--model", "m", "--concurrency", "4"],
+    ],
+)
 def test_values_that_cannot_be_stored_are_refused_and_nothing_is_written(tmp_path: Path, args: list[str]) -> None:
     env = GatewayEnv(tmp_path)
     env.register("1.0.0")
@@ -152,16 +174,34 @@ def test_tenants_limits_changes_a_quota_and_weight_and_refuses_what_cannot_be_st
     env.register("1.0.0")
     env.tenant("acme", rps=5, burst=5)
     before = env.store.get("tenants/acme.json").data
-    for args, says in [(["--weight", "inf"], "weight inf is not valid"), (["--weight", "-1"], "weight -1 is not valid"),
-                       (["--rps", "2"], "needs both --rps and --burst"), ([], "nothing to change"),
-                       (["--rps", "1", "--burst", "1", "--no-quota"], "contradict"),
-                       (["--rps", "1", "--burst", "1", "--concurrency", "0"], "concurrency 0 is not valid")]:  # fmt: skip
+    for args, says in [
+        (["--weight", "inf"], "weight inf is not valid"),
+        (["--weight", "-1"], "weight -1 is not valid"),
+        (["--rps", "2"], "needs both --rps and --burst"),
+        ([], "nothing to change"),
+        (["--rps", "1", "--burst", "1", "--no-quota"], "contradict"),
+        (["--rps", "1", "--burst", "1", "--concurrency", "0"], "concurrency 0 is not valid"),
+    ]:
         out = run(env, "tenants", "limits", "acme", *args)
         assert out.returncode == 1 and says in out.stderr and out.stderr.count("\n") == 1, (args, out.stderr)
     assert env.store.get("tenants/acme.json").data == before  # nothing refused was written
     out = run(env, "tenants", "limits", "nobody", "--weight", "2")
     assert out.returncode == 1 and "nobody" in out.stderr
-    out = run(env, "tenants", "limits", "acme", "--rps", "50", "--burst", "100", "--concurrency", "8", "--weight", "3", "--json")
+    out = run(
+        env,
+        "tenants",
+        "limits",
+        "acme",
+        "--rps",
+        "50",
+        "--burst",
+        "100",
+        "--concurrency",
+        "8",
+        "--weight",
+        "3",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["quota"] == {"rps": 50.0, "burst": 100, "concurrency": 8}
     tenant = Tenants(env.store).get("acme")

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 import pytest
 
 from bentos.tabular_mlp.train import TrainConfig, train_and_register
@@ -28,7 +27,9 @@ from tests.serving_env import FLEET, FleetEnv, free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_bento_of_another_artifact_under_the_same_tag_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bento_of_another_artifact_under_the_same_tag_is_rebuilt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from fleet.runtime.bento import bentoml_home, package
 
     if "bentoml" not in __import__("sys").modules:
@@ -55,7 +56,12 @@ def test_a_bento_of_another_artifact_under_the_same_tag_is_rebuilt(tmp_path: Pat
     lines.clear()
     again = package(Registry(second), model, "1.0.0", changed, ArtifactCache(tmp_path / "cache"), log=lines.append)
     assert again.built and any("built from another policy" in line for line in lines)
-    assert json.loads((Path(bentoml.bentos.get(again.bento).path) / "src" / "fleet_build.json").read_text())["traffic"]["concurrency"] == changed.concurrency
+    assert (
+        json.loads((Path(bentoml.bentos.get(again.bento).path) / "src" / "fleet_build.json").read_text())["traffic"][
+            "concurrency"
+        ]
+        == changed.concurrency
+    )
     assert not package(Registry(second), model, "1.0.0", changed, ArtifactCache(tmp_path / "cache")).built
 
 
@@ -75,13 +81,17 @@ def test_a_changed_byte_in_the_model_store_stops_the_service_before_it_is_ready(
         weights.write_bytes(bytes(data))
 
         started = time.monotonic()
-        failed = subprocess.run([FLEET, "deploy", model, "1.0.0"], env=env.env, cwd=tmp_path, capture_output=True,
-                                text=True, timeout=300)  # fmt: skip
+        failed = subprocess.run(
+            [FLEET, "deploy", model, "1.0.0"], env=env.env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
         refused_after = time.monotonic() - started
         assert failed.returncode == 1, failed.stderr
         assert f"{model}:1.0.0 exited while starting" in failed.stderr  # exited: no wait for a readiness timeout
         expected, actual = mv.files["model.pt"].sha256, hashlib.sha256(data).hexdigest()
-        assert f"model.pt: expected sha256 {expected} ({len(data)} bytes), got {actual} ({len(data)} bytes)" in failed.stderr
+        assert (
+            f"model.pt: expected sha256 {expected} ({len(data)} bytes), got {actual} ({len(data)} bytes)"
+            in failed.stderr
+        )
         assert f"fleet package {model} 1.0.0 --force" in failed.stderr
         assert refused_after < 60, f"refused only after {refused_after:.0f} s"
         assert not env.fleet_json("status")[0]["replicas"]
@@ -91,8 +101,14 @@ def test_a_changed_byte_in_the_model_store_stops_the_service_before_it_is_ready(
         assert code == 1 and f"{tmp_path}/image/models/{model}/1.0.0 do not match the manifest" in output
         assert f"model.pt: expected sha256 {expected} ({len(data)} bytes), got {actual}" in output
 
-        repaired = subprocess.run([FLEET, "package", model, "1.0.0", "--force"], env=env.env, cwd=tmp_path,
-                                  capture_output=True, text=True, timeout=300)  # fmt: skip
+        repaired = subprocess.run(
+            [FLEET, "package", model, "1.0.0", "--force"],
+            env=env.env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert repaired.returncode == 0 and "no longer matches the manifest" in repaired.stderr, repaired.stderr
         (url,) = env.fleet_json("deploy", model, "1.0.0")["endpoints"]
         answer = httpx.post(f"{url}/metadata", json={}, timeout=10).json()
@@ -103,8 +119,13 @@ def test_a_changed_byte_in_the_model_store_stops_the_service_before_it_is_ready(
         packaged = env.fleet_json("package", model, "1.0.0", "--image-digest", digest, "--repository", repo)
         assert packaged["built"] is False and packaged["image"]["digest"] == digest
         record = json.loads((tmp_path / "store" / "images" / model / "1.0.0.json").read_text())
-        assert (record["digest"], record["repository"], record["bento"], record["artifact_sha256"], record["recorded_by"]) == (
-            digest, repo, f"{model}:1.0.0", mv.artifact_sha256, "e2e")  # fmt: skip
+        assert (
+            record["digest"],
+            record["repository"],
+            record["bento"],
+            record["artifact_sha256"],
+            record["recorded_by"],
+        ) == (digest, repo, f"{model}:1.0.0", mv.artifact_sha256, "e2e")
     finally:
         env.stop()
 
@@ -117,14 +138,35 @@ def _serve_as_its_image(env: FleetEnv, bento: str, folder: Path) -> tuple[int, s
 
     from fleet.processes import stop_group
 
-    subprocess.run([str(Path(FLEET).with_name("bentoml")), "export", bento, str(folder.with_suffix(".bento"))],
-                   env=env.env, check=True, capture_output=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        [str(Path(FLEET).with_name("bentoml")), "export", bento, str(folder.with_suffix(".bento"))],
+        env=env.env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     with tarfile.open(folder.with_suffix(".bento")) as archive:
         archive.extractall(folder, filter="data")
     container = {**env.env, "BENTOML_HOME": str(folder.parent / "empty-home"), "BENTOML_CONTAINERIZED": "true"}
-    proc = subprocess.Popen([str(Path(FLEET).with_name("python")), "-m", "bentoml", "serve", str(folder), "--host",
-                             "127.0.0.1", "--port", str(free_port())], env=container, cwd=folder, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            str(Path(FLEET).with_name("python")),
+            "-m",
+            "bentoml",
+            "serve",
+            str(folder),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+        ],
+        env=container,
+        cwd=folder,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -141,8 +183,9 @@ def _dockerfile_user(dockerfile: str) -> tuple[str, dict[str, str]]:
     return users[-1], args
 
 
-def test_model_pods_run_as_the_numeric_user_of_the_image_bentoml_builds(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_model_pods_run_as_the_numeric_user_of_the_image_bentoml_builds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`bentoml containerize` images end in ``USER bentoml`` (a name): with runAsNonRoot alone the
     kubelet refuses them (non-numeric user). The runtime's pods must name that user's numbers."""
     from fleet.placement import ModelPlacement
@@ -162,9 +205,23 @@ def test_model_pods_run_as_the_numeric_user_of_the_image_bentoml_builds(tmp_path
     dockerfile = (Path(bentoml.bentos.get(built.bento).path) / "env" / "docker" / "Dockerfile").read_text()
     user, args = _dockerfile_user(dockerfile)
     assert user == args["BENTO_USER"] and not user.isdigit()  # a name: the kubelet cannot check it
-    placement = ModelPlacement(model=model, family="tabular-mlp", node_group="cpu", pool="cpu", instance_type="m7i.large",
-                               gpus=0, tensor_parallel=0, shared_gpu=False, gpu_memory_gib=0, cpu=1, memory_gib=1,
-                               min_replicas=1, max_replicas=1, target_qps_per_replica=10, target_p99_ms=100)  # fmt: skip
+    placement = ModelPlacement(
+        model=model,
+        family="tabular-mlp",
+        node_group="cpu",
+        pool="cpu",
+        instance_type="m7i.large",
+        gpus=0,
+        tensor_parallel=0,
+        shared_gpu=False,
+        gpu_memory_gib=0,
+        cpu=1,
+        memory_gib=1,
+        min_replicas=1,
+        max_replicas=1,
+        target_qps_per_replica=10,
+        target_p99_ms=100,
+    )
     deployment = manifests(model, "1.0.0", "repo@sha256:" + "0" * 64, placement, floor=1, prometheus_url="http://p")[0]
     pod = deployment["spec"]["template"]["spec"]
     context = pod["securityContext"]
@@ -193,12 +250,15 @@ def test_a_gpu_models_bento_installs_vllm_and_a_cpu_models_does_not() -> None:
         assert "vllm" not in (ROOT / locked).read_text().lower(), f"vllm must never be in {locked}"
 
 
-def test_bentos_of_two_families_build_one_after_the_other_in_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bentos_of_two_families_build_one_after_the_other_in_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A flow packages in-process: after a tiny-lm Bento was built, the next tabular build was
     handed tiny-lm's ``service`` module by the import cache and failed; and a service that
     registered metrics at import failed its second build (and left the process in the deleted
     build folder)."""
-    from bentos.tiny_lm.train import PRESETS, train_and_register as train_lm
+    from bentos.tiny_lm.train import PRESETS
+    from bentos.tiny_lm.train import train_and_register as train_lm
     from fleet.runtime.bento import bentoml_home, package
 
     if "bentoml" not in __import__("sys").modules:

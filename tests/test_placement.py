@@ -22,34 +22,81 @@ from fleet.spec import Policies
 from fleet.stack import NodePool, models_from_config, placement_inputs, pools_from_config, read_stack_file
 
 CPU = {"name": "cpu", "instance_type": "m6i.xlarge", "vcpu": 4, "memory_gib": 16, "hourly_usd": 0.192}
-A10G_SLICED = {"name": "a10g-1", "instance_type": "g5.xlarge", "gpus": 1, "gpu_memory_gib": 24, "vcpu": 4,
-               "memory_gib": 16, "hourly_usd": 1.006, "gpu_slices": 4}  # fmt: skip
-A10G_4 = {"name": "a10g-4", "instance_type": "g5.12xlarge", "gpus": 4, "gpu_memory_gib": 24, "vcpu": 48,
-          "memory_gib": 192, "hourly_usd": 5.672}  # fmt: skip
-A100_8 = {"name": "a100-8", "instance_type": "p4d.24xlarge", "gpus": 8, "gpu_memory_gib": 40, "vcpu": 96,
-          "memory_gib": 1152, "hourly_usd": 21.96}  # fmt: skip
+A10G_SLICED = {
+    "name": "a10g-1",
+    "instance_type": "g5.xlarge",
+    "gpus": 1,
+    "gpu_memory_gib": 24,
+    "vcpu": 4,
+    "memory_gib": 16,
+    "hourly_usd": 1.006,
+    "gpu_slices": 4,
+}
+A10G_4 = {
+    "name": "a10g-4",
+    "instance_type": "g5.12xlarge",
+    "gpus": 4,
+    "gpu_memory_gib": 24,
+    "vcpu": 48,
+    "memory_gib": 192,
+    "hourly_usd": 5.672,
+}
+A100_8 = {
+    "name": "a100-8",
+    "instance_type": "p4d.24xlarge",
+    "gpus": 8,
+    "gpu_memory_gib": 40,
+    "vcpu": 96,
+    "memory_gib": 1152,
+    "hourly_usd": 21.96,
+}
 
 
 def pools(*raw: dict) -> tuple[NodePool, ...]:
     return pools_from_config(list(raw), "test")
 
 
-def model(params: float, *, gpu: int = 1, gpu_mem: float = 0.5, dtype: str = "fp16", generative: bool = False,
-          replicas: tuple[int, int] = (1, 2), cpu: float = 1, mem: float = 2, **extra) -> dict:  # fmt: skip
+def model(
+    params: float,
+    *,
+    gpu: int = 1,
+    gpu_mem: float = 0.5,
+    dtype: str = "fp16",
+    generative: bool = False,
+    replicas: tuple[int, int] = (1, 2),
+    cpu: float = 1,
+    mem: float = 2,
+    **extra,
+) -> dict:
     resources = {"gpu": gpu, "gpu_memory_gib": gpu_mem if gpu else 0.0, "cpu": cpu, "memory_gib": mem}
     return {
-        "family": "f", "size_class": "small", "params_millions": params, "dtype": dtype, "generative": generative,
-        "resources": resources, "slo": {"p99_ms": 100, "error_rate": 0.01},
-        "autoscaling": {"min_replicas": replicas[0], "max_replicas": replicas[1], "target_qps_per_replica": 10,
-                        "target_p99_ms": 50},
+        "family": "f",
+        "size_class": "small",
+        "params_millions": params,
+        "dtype": dtype,
+        "generative": generative,
+        "resources": resources,
+        "slo": {"p99_ms": 100, "error_rate": 0.01},
+        "autoscaling": {
+            "min_replicas": replicas[0],
+            "max_replicas": replicas[1],
+            "target_qps_per_replica": 10,
+            "target_p99_ms": 50,
+        },
         **extra,
-    }  # fmt: skip
+    }
 
 
 def policies(models: dict, tenants: dict | None = None) -> Policies:
-    rollout = {"default": {"steps": [100], "analysis_window_s": 1, "min_samples": 1, "hold_deadline_s": 1,
-                           "gates": {"max_error_rate_increase": 0, "confidence": 0.9,
-                                     "max_p99_ratio": 1, "max_prediction_psi": 1}}}  # fmt: skip
+    rollout = {
+        "default": {
+            "steps": [100],
+            "analysis_window_s": 1,
+            "min_samples": 1,
+            "hold_deadline_s": 1,
+            "gates": {"max_error_rate_increase": 0, "confidence": 0.9, "max_p99_ratio": 1, "max_prediction_psi": 1},
+        }
+    }
     monitoring = {"default": {"schedule": "* * * * *", "window_hours": 1, "min_rows": 1}}
     return Policies.model_validate(
         {"models": models, "tenants": tenants or {}, "rollout": rollout, "monitoring": monitoring}
@@ -64,16 +111,20 @@ def gib(params_millions: float, dtype: str) -> float:
 
 
 def test_memory_is_weights_plus_kv_cache_plus_overhead() -> None:
-    p = policies({
-        "plain": model(1000, dtype="int8"),
-        "chat": model(1000, generative=True),
-        "chat-kv": model(1000, generative=True, kv_cache_gib=5.0),
-        "declared": model(10, gpu=2, gpu_mem=3.0),
-    })  # fmt: skip
+    p = policies(
+        {
+            "plain": model(1000, dtype="int8"),
+            "chat": model(1000, generative=True),
+            "chat-kv": model(1000, generative=True, kv_cache_gib=5.0),
+            "declared": model(10, gpu=2, gpu_mem=3.0),
+        }
+    )
     assert replica_gpu_memory_gib(p.models["plain"]) == pytest.approx(gib(1000, "int8") * (1 + RUNTIME_OVERHEAD))
     chat = gib(1000, "fp16") * (1 + KV_DEFAULT_SHARE) * (1 + RUNTIME_OVERHEAD)
     assert replica_gpu_memory_gib(p.models["chat"]) == pytest.approx(chat)
-    assert replica_gpu_memory_gib(p.models["chat-kv"]) == pytest.approx((gib(1000, "fp16") + 5) * (1 + RUNTIME_OVERHEAD))
+    assert replica_gpu_memory_gib(p.models["chat-kv"]) == pytest.approx(
+        (gib(1000, "fp16") + 5) * (1 + RUNTIME_OVERHEAD)
+    )
     # the policy's own figure (2 GPUs × 3 GiB) is larger than the estimate for 10M params, so it wins
     assert replica_gpu_memory_gib(p.models["declared"]) == 6.0
 
@@ -87,7 +138,12 @@ def test_cpu_model_goes_to_a_cpu_pool_and_gpu_nodes_stay_free() -> None:
     assert (tiny.node_group, tiny.gpus, tiny.tensor_parallel, tiny.tolerations) == ("cpu", 0, 0, [])
     assert tiny.node_selector == {POOL_LABEL: "cpu"}
     (group,) = result.node_groups
-    assert (group.name, group.taints, group.min_size, group.max_size) == ("cpu", (), 1, 1)  # 2 replicas of 1 vCPU fit one node
+    assert (group.name, group.taints, group.min_size, group.max_size) == (
+        "cpu",
+        (),
+        1,
+        1,
+    )  # 2 replicas of 1 vCPU fit one node
     assert result.unused_pools == ("a10g-1",) and result.max_gpus == 0
 
 
@@ -125,7 +181,9 @@ def test_cheapest_replica_wins_and_config_order_breaks_ties() -> None:
 
 
 def test_a_model_larger_than_one_gpu_gets_the_smallest_tensor_parallel_degree() -> None:
-    p = policies({"llm-70b": model(70000, dtype="bf16", generative=True, kv_cache_gib=40, cpu=16, mem=200, replicas=(1, 2))})
+    p = policies(
+        {"llm-70b": model(70000, dtype="bf16", generative=True, kv_cache_gib=40, cpu=16, mem=200, replicas=(1, 2))}
+    )
     result = plan(p, pools(A10G_4, A100_8))
     llm = result.placement("llm-70b")
     need = (gib(70000, "bf16") + 40) * (1 + RUNTIME_OVERHEAD)  # ~204 GiB: 4 × 36 usable is too little
@@ -178,7 +236,12 @@ def test_tenant_isolation_gives_the_model_a_dedicated_tainted_node_group() -> No
     assert private.isolated_for == ("tenant initech",) and public.isolated_for == ()
     assert private.node_group == "a10g-1-private" and public.node_group == "a10g-1"
     assert (private.shared_gpu, public.shared_gpu) == (False, True)  # isolation never time-slices
-    assert {"key": DEDICATED_KEY, "operator": "Equal", "value": "private", "effect": "NoSchedule"} in private.tolerations
+    assert {
+        "key": DEDICATED_KEY,
+        "operator": "Equal",
+        "value": "private",
+        "effect": "NoSchedule",
+    } in private.tolerations
     groups = {g.name: g for g in result.node_groups}
     dedicated = groups["a10g-1-private"]
     assert dedicated.dedicated_to == "private" and dedicated.gpu_slices == 1
@@ -197,7 +260,9 @@ def test_model_policy_isolation_counts_too() -> None:
 
 def test_peak_qps_beyond_max_replicas_is_refused() -> None:
     p = policies({"busy": model(100, replicas=(1, 2), peak_qps=35.0)})  # 35 / 10 per replica = 4 replicas
-    with pytest.raises(PlacementError, match=r"busy: peak_qps 35 .* needs 4 replicas; expected autoscaling.max_replicas >= 4, got 2"):
+    with pytest.raises(
+        PlacementError, match=r"busy: peak_qps 35 .* needs 4 replicas; expected autoscaling.max_replicas >= 4, got 2"
+    ):
         plan(p, pools(A10G_SLICED))
 
 
@@ -274,8 +339,10 @@ def test_a_stack_file_gives_the_planner_its_pools_and_models(tmp_path) -> None: 
     import fleet.placement
 
     stack = tmp_path / "Pulumi.t.yaml"
-    stack.write_text("config:\n  aws:region: us-east-1\n  serving-fleet:models: [a]\n"
-                     "  serving-fleet:nodePools:\n    - {name: cpu, instance_type: m6i.xlarge, vcpu: 4, memory_gib: 16, hourly_usd: 0.2}\n")  # fmt: skip
+    stack.write_text(
+        "config:\n  aws:region: us-east-1\n  serving-fleet:models: [a]\n"
+        "  serving-fleet:nodePools:\n    - {name: cpu, instance_type: m6i.xlarge, vcpu: 4, memory_gib: 16, hourly_usd: 0.2}\n"
+    )
     p = policies({"a": model(10, gpu=0), "b": model(10)})
     found, models = placement_inputs(read_stack_file(stack), str(stack), p)
     assert [pool.name for pool in found] == ["cpu"] and models == ("a",)
@@ -284,7 +351,9 @@ def test_a_stack_file_gives_the_planner_its_pools_and_models(tmp_path) -> None: 
     with pytest.raises(ConfigError, match=r"Pulumi.t.yaml: config: got \[1\] — expected a mapping of config keys"):
         read_stack_file(stack)
     stack.write_text("config:\n  serving-fleet:nodePools: {}\n")
-    with pytest.raises(ConfigError, match=r"Pulumi.t.yaml: serving-fleet: nodePools: got \{\} — expected a non-empty list"):
+    with pytest.raises(
+        ConfigError, match=r"Pulumi.t.yaml: serving-fleet: nodePools: got \{\} — expected a non-empty list"
+    ):
         placement_inputs(read_stack_file(stack), str(stack), p)
     # the planner's inputs still import from fleet.placement, as before fleet.stack existed
     assert fleet.placement.NodePool is NodePool and fleet.placement.pools_from_config is pools_from_config

@@ -32,8 +32,16 @@ LLAMA_70B = {"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8}
 LLAMA_7B = {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 32}
 
 
-def llm(params: float, arch: dict | None, *, running: int = 32, context: int = 4096, dtype: str = "fp16",
-        budget: int = 8192, **extra) -> dict:  # fmt: skip
+def llm(
+    params: float,
+    arch: dict | None,
+    *,
+    running: int = 32,
+    context: int = 4096,
+    dtype: str = "fp16",
+    budget: int = 8192,
+    **extra,
+) -> dict:
     spec = model(params, dtype=dtype, generative=True, cpu=8, mem=64, replicas=(1, 1), **extra)
     spec["generation"] = {"max_running": running, "kv_budget_tokens": budget}
     if arch is not None:
@@ -66,10 +74,17 @@ def test_kv_cache_of_a_7b_model_without_gqa_uses_the_whole_hidden_width() -> Non
     assert kv_cache_bytes(no_heads) == 4 * GiB
 
 
-@pytest.mark.parametrize(("dtype", "stated", "kv", "nbytes"), [
-    ("fp32", None, "fp32", 4), ("bf16", None, "bf16", 2), ("int8", None, "fp16", 2), ("int4", None, "fp16", 2),
-    ("fp16", "fp8", "fp8", 1), ("int4", "int8", "int8", 1),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("dtype", "stated", "kv", "nbytes"),
+    [
+        ("fp32", None, "fp32", 4),
+        ("bf16", None, "bf16", 2),
+        ("int8", None, "fp16", 2),
+        ("int4", None, "fp16", 2),
+        ("fp16", "fp8", "fp8", 1),
+        ("int4", "int8", "int8", 1),
+    ],
+)
 def test_kv_dtype_follows_the_model_but_quantized_weights_keep_a_16_bit_cache(dtype, stated, kv, nbytes) -> None:  # noqa: ANN001
     arch = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2} | ({"kv_dtype": stated} if stated else {})
     spec = one(llm(100, arch, running=4, context=512, dtype=dtype, budget=2048))
@@ -81,17 +96,21 @@ def test_kv_dtype_follows_the_model_but_quantized_weights_keep_a_16_bit_cache(dt
 
 
 def test_stated_kv_cache_gib_wins_then_the_architecture_then_the_default_share() -> None:
-    p = policies({
-        "stated": llm(7000, LLAMA_7B, running=8, context=1024, kv_cache_gib=6.5),
-        "arch": llm(7000, LLAMA_7B, running=8, context=1024),
-        "share": llm(7000, None),
-        "plain": model(7000),
-    })  # fmt: skip
+    p = policies(
+        {
+            "stated": llm(7000, LLAMA_7B, running=8, context=1024, kv_cache_gib=6.5),
+            "arch": llm(7000, LLAMA_7B, running=8, context=1024),
+            "share": llm(7000, None),
+            "plain": model(7000),
+        }
+    )
     weights = gib(7000, "fp16")
     got = {name: memory(spec) for name, spec in p.models.items()}
     assert (got["stated"].kv_source, got["stated"].kv_cache_gib, got["stated"].kv_tokens) == ("kv_cache_gib", 6.5, None)
     assert (got["arch"].kv_source, got["arch"].kv_cache_gib) == ("architecture", 4.0)
-    assert got["share"].kv_source == "default share" and got["share"].kv_cache_gib == pytest.approx(KV_DEFAULT_SHARE * weights)
+    assert got["share"].kv_source == "default share" and got["share"].kv_cache_gib == pytest.approx(
+        KV_DEFAULT_SHARE * weights
+    )
     assert (got["plain"].kv_source, got["plain"].kv_cache_gib) == ("none", 0.0)
     result = plan(p, pools(A10G_4, A100_8))
     placed = {m.model: m for m in result.models}
@@ -114,22 +133,40 @@ def _load(tmp_path: Path, change) -> str:  # noqa: ANN001
 
 
 PROBLEMS = {
-    "kv_heads without heads": (lambda s: s["architecture"].pop("heads"),
-        "architecture.heads: got None — expected the number of query heads when kv_heads is set (kv_heads 8)"),
-    "heads not dividing hidden": (lambda s: s["architecture"].update(heads=60),
-        "architecture.heads: got 60 — expected a number of heads that divides hidden (8192)"),
-    "kv_heads not dividing heads": (lambda s: s["architecture"].update(kv_heads=6),
-        "architecture.kv_heads: got 6 — expected a number of key/value heads that divides heads (64)"),
-    "no layers": (lambda s: s["architecture"].update(layers=0), "architecture.layers: got 0 — expected an integer >= 1"),
-    "int4 KV": (lambda s: s["architecture"].update(kv_dtype="int4"), "architecture.kv_dtype: got 'int4' — expected one of"),
-    "context below max_tokens": (lambda s: s["architecture"].update(context_tokens=200),
-        "architecture.context_tokens: got 200 — expected more than generation.max_tokens (256)"),
-    "budget above the reservation": (lambda s: s["generation"].update(kv_budget_tokens=200000),
+    "kv_heads without heads": (
+        lambda s: s["architecture"].pop("heads"),
+        "architecture.heads: got None — expected the number of query heads when kv_heads is set (kv_heads 8)",
+    ),
+    "heads not dividing hidden": (
+        lambda s: s["architecture"].update(heads=60),
+        "architecture.heads: got 60 — expected a number of heads that divides hidden (8192)",
+    ),
+    "kv_heads not dividing heads": (
+        lambda s: s["architecture"].update(kv_heads=6),
+        "architecture.kv_heads: got 6 — expected a number of key/value heads that divides heads (64)",
+    ),
+    "no layers": (
+        lambda s: s["architecture"].update(layers=0),
+        "architecture.layers: got 0 — expected an integer >= 1",
+    ),
+    "int4 KV": (
+        lambda s: s["architecture"].update(kv_dtype="int4"),
+        "architecture.kv_dtype: got 'int4' — expected one of",
+    ),
+    "context below max_tokens": (
+        lambda s: s["architecture"].update(context_tokens=200),
+        "architecture.context_tokens: got 200 — expected more than generation.max_tokens (256)",
+    ),
+    "budget above the reservation": (
+        lambda s: s["generation"].update(kv_budget_tokens=200000),
         "generation.kv_budget_tokens: got 200000 — expected at most generation.max_running × "
-        "architecture.context_tokens = 8 × 16384 = 131072"),
-    "not generative": (lambda s: (s.update(generative=False), s.pop("generation")),
-        "generative: got False — expected true when architecture: is set"),
-}  # fmt: skip
+        "architecture.context_tokens = 8 × 16384 = 131072",
+    ),
+    "not generative": (
+        lambda s: (s.update(generative=False), s.pop("generation")),
+        "generative: got False — expected true when architecture: is set",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", PROBLEMS)
@@ -153,7 +190,9 @@ def test_the_degree_is_the_smallest_power_of_two_whose_gpus_hold_weights_and_kv(
     assert (placed.tensor_parallel, placed.gpus, placed.gpu_type) == (2, 2, "A100-40GB")
     assert placed.gpu_memory_gib == pytest.approx(need, abs=0.01)
     # a longer context needs more: 4 × 16384 tokens = 15 GiB of KV, (55.9 + 15) × 1.2 = 85 GiB → 4 GPUs
-    longer = plan(policies({"m": llm(30000, arch, running=4, context=16384, budget=8192)}), pools(A100_8)).placement("m")
+    longer = plan(policies({"m": llm(30000, arch, running=4, context=16384, budget=8192)}), pools(A100_8)).placement(
+        "m"
+    )
     assert (longer.tensor_parallel, longer.kv_cache_gib) == (4, 15.0)
 
 
@@ -171,9 +210,13 @@ def test_the_degree_divides_the_heads_or_the_model_does_not_fit() -> None:
     arch = {"layers": 24, "hidden": 768, "heads": 6, "kv_heads": 6}
     spec = one(llm(22000, arch, running=1, context=512, budget=512))
     assert [tp for tp in (1, 2, 4, 8) if tensor_parallel_ok(spec, tp)] == [1, 2]
-    with pytest.raises(PlacementError, match=r"tensor parallelism stays within one node and divides architecture.heads \(6\)"):
+    with pytest.raises(
+        PlacementError, match=r"tensor parallelism stays within one node and divides architecture.heads \(6\)"
+    ):
         plan(policies({"m": llm(22000, arch, running=1, context=512, budget=512)}), pools(A10G_4))
-    placed = plan(policies({"m": llm(22000, arch, running=1, context=512, budget=512)}), pools(A10G_4, A100_8)).placement("m")
+    placed = plan(
+        policies({"m": llm(22000, arch, running=1, context=512, budget=512)}), pools(A10G_4, A100_8)
+    ).placement("m")
     assert (placed.pool, placed.tensor_parallel) == ("a100-8", 2)
     gqa = one(llm(100, {"layers": 2, "hidden": 64, "heads": 8, "kv_heads": 2}, running=1, context=512, budget=512))
     assert [tp for tp in (1, 2, 4, 8) if tensor_parallel_ok(gqa, tp)] == [1, 2, 4, 8]  # 4, 8: kv heads replicate
@@ -188,7 +231,9 @@ def test_kv_heads_replicate_when_the_degree_exceeds_them() -> None:
     base = kv_cache_bytes(spec) / GiB  # 16 × 8192 × 40 × 256 × 2 × 2 = 5 GiB
     assert base == 5.0
     # (55.9 + 5) × 1.2 = 73.1 GiB is more than 2 × 36; at 4 GPUs the cache is 10 GiB: 79.1 GiB
-    placed = plan(policies({"m": llm(30000, arch, running=16, context=8192, budget=8192)}), pools(A100_8)).placement("m")
+    placed = plan(policies({"m": llm(30000, arch, running=16, context=8192, budget=8192)}), pools(A100_8)).placement(
+        "m"
+    )
     assert (placed.tensor_parallel, placed.kv_cache_gib) == (4, 10.0)
     assert placed.gpu_memory_gib == pytest.approx((gib(30000, "fp16") + 10) * 1.2, abs=0.01)
 
@@ -204,7 +249,9 @@ def test_a_pool_s_gpu_type_comes_from_its_instance_family_or_the_stack_file() ->
         pools_from_config([{**CPU, "gpu_type": "A10G"}, {**A100_8, "instance_type": "x9.large"}], "Pulumi.t.yaml")
     lines = str(err.value).splitlines()
     assert "Pulumi.t.yaml: nodePools[0].gpu_type: got 'A10G' — expected no gpu_type for a pool without GPUs" in lines
-    assert lines[1].startswith("Pulumi.t.yaml: nodePools[1].gpu_type: got None — expected the GPU model of x9.large, e.g. A10G")
+    assert lines[1].startswith(
+        "Pulumi.t.yaml: nodePools[1].gpu_type: got None — expected the GPU model of x9.large, e.g. A10G"
+    )
 
 
 def test_every_placed_gpu_replica_carries_its_pool_s_gpu_type() -> None:
@@ -218,14 +265,25 @@ def test_every_placed_gpu_replica_carries_its_pool_s_gpu_type() -> None:
 
 
 def test_small_generative_models_place_on_cpu_and_large_ones_on_cpu_are_refused() -> None:
-    tiny = {**llm(4, {"layers": 4, "hidden": 256, "heads": 8, "kv_heads": 4}, running=32, context=512, budget=4096),
-            "resources": {"gpu": 0, "cpu": 2, "memory_gib": 2}}  # fmt: skip
+    tiny = {
+        **llm(4, {"layers": 4, "hidden": 256, "heads": 8, "kv_heads": 4}, running=32, context=512, budget=4096),
+        "resources": {"gpu": 0, "cpu": 2, "memory_gib": 2},
+    }
     placed = plan(policies({"tiny": tiny}), pools(A10G_SLICED, CPU)).placement("tiny")
-    assert (placed.pool, placed.gpus, placed.tensor_parallel, placed.gpu_type, placed.gpu_memory_from) == ("cpu", 0, 0, None, "cpu")
+    assert (placed.pool, placed.gpus, placed.tensor_parallel, placed.gpu_type, placed.gpu_memory_from) == (
+        "cpu",
+        0,
+        0,
+        None,
+        "cpu",
+    )
     assert placed.kv_cache_gib == 32 * 512 * 4 * 128 * 2 * 2 / GiB  # fp16 model: a 16-bit cache, in RAM
     big = {**llm(7000, LLAMA_7B, running=8, context=1024), "resources": {"gpu": 0, "cpu": 2, "memory_gib": 8}}
-    with pytest.raises(PlacementError, match=r"model big runs on CPU \(resources.gpu 0\) and needs 20\.4 GiB of RAM .*"
-                                             r"expected resources.memory_gib >= 20\.5, got 8, or resources.gpu >= 1"):
+    with pytest.raises(
+        PlacementError,
+        match=r"model big runs on CPU \(resources.gpu 0\) and needs 20\.4 GiB of RAM .*"
+        r"expected resources.memory_gib >= 20\.5, got 8, or resources.gpu >= 1",
+    ):
         plan(policies({"big": big}), pools(CPU))
 
 
@@ -235,9 +293,20 @@ def test_demo_lm_of_the_repo_places_on_cpu_in_prod() -> None:
     result = plan(loaded, found, models)
     lm = result.placement("demo-lm")
     assert loaded.models["demo-lm"].generative and loaded.models["demo-lm"].resources.gpu == 0
-    assert (lm.node_group, lm.gpus, lm.tensor_parallel, lm.gpu_type, lm.kv_source) == ("cpu", 0, 0, None, "default share")
+    assert (lm.node_group, lm.gpus, lm.tensor_parallel, lm.gpu_type, lm.kv_source) == (
+        "cpu",
+        0,
+        0,
+        None,
+        "default share",
+    )
     big = result.placement("llm-70b")
-    assert (big.node_group, big.tensor_parallel, big.gpu_type, big.kv_source) == ("a100-8", 8, "A100-40GB", "architecture")
+    assert (big.node_group, big.tensor_parallel, big.gpu_type, big.kv_source) == (
+        "a100-8",
+        8,
+        "A100-40GB",
+        "architecture",
+    )
     assert (big.kv_cache_gib, big.kv_tokens, big.context_tokens) == (40.0, 8 * 16384, 16384)
     small = result.placement("llm-7b")
     assert (small.tensor_parallel, small.gpu_type, small.kv_cache_gib, small.gpu_memory_gib) == (1, "A10G", 4.0, 20.45)
@@ -265,15 +334,22 @@ def test_the_engine_is_told_its_degree_gpu_type_and_kv_budget(prod) -> None:  # 
         validate(obj)  # kubernetes-validate, strict, or the CRD's schema
     deployment = next(o for o in objs if o["kind"] == "Deployment")
     assert env_of(deployment) == {
-        "FLEET_MODEL": "llm-70b", "FLEET_VERSION": "1.0.0", "FLEET_TENSOR_PARALLEL": "8", "FLEET_GPU_TYPE": "A100-40GB",
-        "FLEET_GPU_MEMORY_UTILIZATION": "0.639", "FLEET_KV_CACHE_GIB": "40", "FLEET_KV_CACHE_TOKENS": "131072",
+        "FLEET_MODEL": "llm-70b",
+        "FLEET_VERSION": "1.0.0",
+        "FLEET_TENSOR_PARALLEL": "8",
+        "FLEET_GPU_TYPE": "A100-40GB",
+        "FLEET_GPU_MEMORY_UTILIZATION": "0.639",
+        "FLEET_KV_CACHE_GIB": "40",
+        "FLEET_KV_CACHE_TOKENS": "131072",
         "FLEET_CONTEXT_TOKENS": "16384",
-    }  # fmt: skip
+    }
     resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == "8"  # the degree is also what the pod asks for
     small = env_of(manifests("llm-7b", "1.0.0", image, prod.placement("llm-7b"), floor=1, prometheus_url="http://p")[0])
     assert (small["FLEET_TENSOR_PARALLEL"], small["FLEET_GPU_TYPE"], small["FLEET_KV_CACHE_GIB"]) == ("1", "A10G", "4")
-    shared = env_of(manifests("embed-small", "1.0.0", image, prod.placement("embed-small"), floor=1, prometheus_url="http://p")[0])
+    shared = env_of(
+        manifests("embed-small", "1.0.0", image, prod.placement("embed-small"), floor=1, prometheus_url="http://p")[0]
+    )
     assert shared["FLEET_GPU_TYPE"] == "A10G" and "FLEET_KV_CACHE_GIB" not in shared  # not generative
     assert shared["FLEET_GPU_MEMORY_UTILIZATION"] == "0.0834"  # 2 GiB of a 24 GiB A10G that four replicas share
     lm = env_of(manifests("demo-lm", "1.0.0", image, prod.placement("demo-lm"), floor=1, prometheus_url="http://p")[0])
@@ -282,14 +358,19 @@ def test_the_engine_is_told_its_degree_gpu_type_and_kv_budget(prod) -> None:  # 
 
 
 def test_the_gpu_memory_share_the_engine_may_fill_is_what_placement_reserved(prod) -> None:  # noqa: ANN001
-    pools_by_name = {p.name: p for p in placement_inputs(read_stack_file(ROOT / "Pulumi.prod.yaml"), "p", load_policies(ROOT / "policies"))[0]}
+    pools_by_name = {
+        p.name: p
+        for p in placement_inputs(read_stack_file(ROOT / "Pulumi.prod.yaml"), "p", load_policies(ROOT / "policies"))[0]
+    }
     groups = {g.name: g for g in prod.node_groups}
     for m in prod.models:
         if not m.gpus:
             assert m.gpu_memory_utilization is None
             continue
         pool = pools_by_name[m.pool]
-        assert m.gpu_memory_utilization * m.tensor_parallel * pool.gpu_memory_gib >= m.gpu_memory_gib - 0.005  # (rounded)
+        assert (
+            m.gpu_memory_utilization * m.tensor_parallel * pool.gpu_memory_gib >= m.gpu_memory_gib - 0.005
+        )  # (rounded)
         assert m.gpu_memory_utilization <= 0.9 / groups[m.node_group].gpu_slices + 1e-4  # GPU_HEADROOM, and the slice
     assert prod.placement("llm-70b").gpu_memory_utilization == 0.639  # 204.46 GiB over 8 × 40 GiB
 
@@ -298,8 +379,20 @@ def test_the_placement_the_runtime_reads_back_keeps_the_new_fields_and_old_plans
     data = config_map_data(prod, {"llm": "repo"}, "http://prom", {"llm-70b": 60000})
     back = {m["model"]: placement_from_dict(m) for m in json.loads(data["placement.json"])["models"]}
     assert back["llm-70b"] == prod.placement("llm-70b")
-    old = {k: v for k, v in json.loads(data["placement.json"])["models"][0].items()
-           if k not in ("gpu_type", "weights_gib", "kv_cache_gib", "kv_source", "kv_tokens", "context_tokens", "gpu_memory_from")}  # fmt: skip
+    old = {
+        k: v
+        for k, v in json.loads(data["placement.json"])["models"][0].items()
+        if k
+        not in (
+            "gpu_type",
+            "weights_gib",
+            "kv_cache_gib",
+            "kv_source",
+            "kv_tokens",
+            "context_tokens",
+            "gpu_memory_from",
+        )
+    }
     legacy = placement_from_dict(old)  # a ConfigMap written before these fields: the engine gets the degree only
     assert [e["name"] for e in engine_env(legacy)][:1] == ["FLEET_TENSOR_PARALLEL"]
 

@@ -78,10 +78,13 @@ def test_plan_fits_80_columns_and_keeps_every_name_whole(stack: str) -> None:
             found = sum(len(whole(name).findall(line)) for line in lines)
             assert found >= tables, f"{name} is whole on {found} lines, expected {tables}: {lines}"
     fragments = [
-        (token, line) for line in lines for token in re.split(r"[\s,;()]+", line)
-        if len(token) >= 3 and token not in models + groups
+        (token, line)
+        for line in lines
+        for token in re.split(r"[\s,;()]+", line)
+        if len(token) >= 3
+        and token not in models + groups
         and any(n != token and (n.startswith(token) or n.endswith(token)) for n in models + groups)
-    ]  # fmt: skip
+    ]
     assert not fragments, f"names cut mid-word: {fragments}"
     assert "GPU GiB" in "\n".join(lines)  # the memory column says it is GPU memory
 
@@ -93,7 +96,9 @@ def test_cost_rows_name_their_source_and_add_up_to_the_total(stack: str) -> None
     *parts, total = rows
     assert total["part"].strip() == "total" and len(parts) >= 6
     for row in parts:
-        assert re.fullmatch(r"AWS us-east-1|systemNodes|nodePools \S+", row["source"]), f"no price source: {row.string!r}"
+        assert re.fullmatch(r"AWS us-east-1|systemNodes|nodePools \S+", row["source"]), (
+            f"no price source: {row.string!r}"
+        )
     for side in ("min", "max"):
         assert sum(float(r[side]) for r in parts) == pytest.approx(float(total[side]), abs=1e-9 + 5e-5 * len(parts))
     text = "\n".join(lines)
@@ -113,12 +118,17 @@ def test_json_has_the_cost_parts_their_sources_and_the_gpu_ceiling(stack: str) -
     for g in data["node_groups"]:
         assert by_part[f"node group {g['name']}"]["source"] == f"Pulumi.{stack}.yaml: nodePools[{g['pool']}].hourly_usd"
         assert tuple(by_part[f"node group {g['name']}"]["usd_per_hour"]) == pytest.approx(tuple(g["usd_per_hour"]))
-    assert all(by_part[p]["source"].startswith("AWS list price") for p in ("EKS control plane", "NAT gateways", "load balancer"))
+    assert all(
+        by_part[p]["source"].startswith("AWS list price")
+        for p in ("EKS control plane", "NAT gateways", "load balancer")
+    )
     assert "data transfer" in cost["left_out"]
     ceiling = json.loads((ROOT / "policies" / "guardrails" / f"{stack}.json").read_text())["gpu-ceiling"]["maxGpus"]
     assert data["gpu_ceiling"] == {
-        "max_gpus": ceiling, "source": f"policies/guardrails/{stack}.json: gpu-ceiling.maxGpus", "within": True,
-    }  # fmt: skip
+        "max_gpus": ceiling,
+        "source": f"policies/guardrails/{stack}.json: gpu-ceiling.maxGpus",
+        "within": True,
+    }
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -147,7 +157,7 @@ def test_the_dev_stack_costs_what_its_parts_cost() -> None:
         "load balancer": [ALB_USD] * 2,
         "VPC interface endpoints": [4 * VPC_ENDPOINT_USD] * 2,
         "quota store (Valkey)": [VALKEY_NODE_USD["cache.t4g.small"]] * 2,  # one node in dev
-    }  # fmt: skip
+    }
 
 
 def test_over_the_ceiling_is_said_and_a_named_guardrail_file_must_exist(tmp_path: Path) -> None:
@@ -155,7 +165,10 @@ def test_over_the_ceiling_is_said_and_a_named_guardrail_file_must_exist(tmp_path
     config.write_text(json.dumps({"gpu-ceiling": {"maxGpus": 0}}))
     out = " ".join(fleet_plan("-s", "dev", "--guardrails", str(config)).stdout.split())
     assert "of the guardrail's 0" in out and "OVER the ceiling" in out
-    assert json.loads(fleet_plan("-s", "dev", "--guardrails", str(config), "--json").stdout)["gpu_ceiling"]["within"] is False
+    assert (
+        json.loads(fleet_plan("-s", "dev", "--guardrails", str(config), "--json").stdout)["gpu_ceiling"]["within"]
+        is False
+    )
     missing = fleet_plan("-s", "dev", "--guardrails", str(tmp_path / "nope.json"), ok=False)
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "nope.json: not found" in missing.stderr
     config.write_text(json.dumps({"gpu-ceiling": {"maxGpus": "many"}}))
@@ -173,11 +186,15 @@ def test_stack_values_as_pulumi_config_set_writes_them() -> None:
     system = {"instance_type": "t3.large", "hourly_usd": 0.0832}
     build = build_inputs({"serving-fleet:systemNodes": system, "serving-fleet:azCount": "3"}, "Pulumi.x.yaml")
     assert (build.nat_gateways, build.systemNodes.min_size) == (3, 2)  # one NAT per AZ by default
-    single = build_inputs({"serving-fleet:systemNodes": json.dumps(system), "serving-fleet:singleNatGateway": "true"}, "s")
+    single = build_inputs(
+        {"serving-fleet:systemNodes": json.dumps(system), "serving-fleet:singleNatGateway": "true"}, "s"
+    )
     assert single.nat_gateways == 1
     with pytest.raises(ConfigError, match=r"Pulumi.x.yaml: serving-fleet:systemNodes: missing required key"):
         build_inputs({}, "Pulumi.x.yaml")
-    with pytest.raises(ConfigError, match=r"serving-fleet:systemNodes.min_size: got 5 — expected an integer <= max_size"):
+    with pytest.raises(
+        ConfigError, match=r"serving-fleet:systemNodes.min_size: got 5 — expected an integer <= max_size"
+    ):
         build_inputs({"serving-fleet:systemNodes": {**system, "min_size": 5, "max_size": 3}}, "Pulumi.x.yaml")
 
 
@@ -217,11 +234,16 @@ def test_the_plan_says_what_scales_each_model_and_what_an_inference_costs() -> N
     for c in data["per_inference"]:
         m = models[c["model"]]
         group, pool = groups[m["node_group"]], pools[m["pool"]]
-        shares = [m["cpu"] / (pool["vcpu"] * 0.9), m["memory_gib"] / (pool["memory_gib"] * 0.9)]  # 10 % kept by the node
+        shares = [
+            m["cpu"] / (pool["vcpu"] * 0.9),
+            m["memory_gib"] / (pool["memory_gib"] * 0.9),
+        ]  # 10 % kept by the node
         if m["gpus"]:
             shares.append(m["gpus"] / (pool["gpus"] * group["gpu_slices"]))
         assert c["replica_usd_per_hour"] == pytest.approx(max(shares) * pool["hourly_usd"], rel=1e-4)
-        assert c["usd_per_1k_inferences"] == pytest.approx(c["replica_usd_per_hour"] / (m["target_qps_per_replica"] * 3.6))
+        assert c["usd_per_1k_inferences"] == pytest.approx(
+            c["replica_usd_per_hour"] / (m["target_qps_per_replica"] * 3.6)
+        )
     assert models["llm-7b"]["triggers"] == ["queue_depth", "gpu_utilization", "p99_ms"]  # policies/models-gpu.yaml
     assert models["demo-classifier"]["triggers"] == ["qps", "p99_ms"]  # the default
     text = fleet_plan("--stack", "prod").stdout
@@ -236,7 +258,11 @@ def test_the_plan_shows_each_replica_s_gpu_type_degree_and_memory_breakdown() ->
     models = {m["model"]: m for m in plan_json("prod")["models"]}
     big = models["llm-70b"]
     assert (big["gpu_type"], big["tensor_parallel"], big["kv_source"]) == ("A100-40GB", 8, "architecture")
-    assert (big["weights_gib"], big["kv_cache_gib"], big["gpu_memory_gib"]) == (pytest.approx(130.385, abs=1e-3), 40.0, 204.46)
+    assert (big["weights_gib"], big["kv_cache_gib"], big["gpu_memory_gib"]) == (
+        pytest.approx(130.385, abs=1e-3),
+        40.0,
+        204.46,
+    )
     assert (big["kv_tokens"], big["context_tokens"], big["gpu_memory_from"]) == (8 * 16384, 16384, "estimate")
     assert big["gpu_memory_utilization"] == 0.639  # 204.46 GiB over 8 × 40 GiB: vLLM's share of each GPU
     assert (models["llm-7b"]["gpu_type"], models["llm-7b"]["kv_cache_gib"]) == ("A10G", 4.0)

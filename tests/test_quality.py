@@ -39,9 +39,16 @@ def _window(rows: int = 2000, seed: int = 8, shift: float = 0.0) -> pd.DataFrame
     x, _ = data.generate(rows, seed=seed, shift=shift)
     frame = pd.DataFrame(x.astype(np.float64), columns=list(data.FEATURES))
     return frame.assign(
-        ts=pd.Timestamp("2026-01-01", tz="UTC"), request_id=[f"r{i}" for i in range(rows)], row=0,
-        model="demo", version="1.0.0", tenant="t", latency_ms=1.5, prediction=0, score=0.3,
-    )  # fmt: skip
+        ts=pd.Timestamp("2026-01-01", tz="UTC"),
+        request_id=[f"r{i}" for i in range(rows)],
+        row=0,
+        model="demo",
+        version="1.0.0",
+        tenant="t",
+        latency_ms=1.5,
+        prediction=0,
+        score=0.3,
+    )
 
 
 # -- building the suite (no GX) ---------------------------------------------------------------
@@ -49,9 +56,15 @@ def test_columns_take_the_profiles_feature_names(demo) -> None:
     prof, _ = demo
     cols = quality.feature_columns(DEMO_INPUTS, prof)
     assert [c.name for c in cols] == list(data.FEATURES) and {c.datatype for c in cols} == {"FP32"}
-    unnamed = quality.feature_columns([TensorSpec(name="x", datatype="INT64", shape=[-1, 2]),
-                                       TensorSpec(name="y", datatype="BYTES", shape=[-1])], None)  # fmt: skip
-    assert [(c.name, c.datatype, c.tensor) for c in unnamed] == [("f0", "INT64", "x"), ("f1", "INT64", "x"), ("f2", "BYTES", "y")]
+    unnamed = quality.feature_columns(
+        [TensorSpec(name="x", datatype="INT64", shape=[-1, 2]), TensorSpec(name="y", datatype="BYTES", shape=[-1])],
+        None,
+    )
+    assert [(c.name, c.datatype, c.tensor) for c in unnamed] == [
+        ("f0", "INT64", "x"),
+        ("f1", "INT64", "x"),
+        ("f2", "BYTES", "y"),
+    ]
 
 
 def test_schema_and_profile_that_disagree_are_refused(demo) -> None:
@@ -64,17 +77,24 @@ def test_schema_and_profile_that_disagree_are_refused(demo) -> None:
 
 def test_suite_has_schema_null_and_range_checks_per_feature(demo) -> None:
     prof, _ = demo
-    suite = quality.build_expectations(DEMO_INPUTS, prof, QualityThresholds(max_null_rate=0.02, max_out_of_range_rate=0.05))
+    suite = quality.build_expectations(
+        DEMO_INPUTS, prof, QualityThresholds(max_null_rate=0.02, max_out_of_range_rate=0.05)
+    )
     income = [e for e in suite if e.column == "income"]
     assert [e.expectation for e in income] == [
-        "expect_column_to_exist", "expect_column_values_to_be_in_type_list",
-        "expect_column_values_to_not_be_null", "expect_column_values_to_be_between",
-    ]  # fmt: skip
+        "expect_column_to_exist",
+        "expect_column_values_to_be_in_type_list",
+        "expect_column_values_to_not_be_null",
+        "expect_column_values_to_be_between",
+    ]
     base = prof["features"]["income"]
     pad = 0.1 * (base["max"] - base["min"])
     assert income[2].kwargs == {"mostly": pytest.approx(0.98)}
-    assert income[3].kwargs == {"min_value": pytest.approx(base["min"] - pad),
-                                "max_value": pytest.approx(base["max"] + pad), "mostly": pytest.approx(0.95)}  # fmt: skip
+    assert income[3].kwargs == {
+        "min_value": pytest.approx(base["min"] - pad),
+        "max_value": pytest.approx(base["max"] + pad),
+        "mostly": pytest.approx(0.95),
+    }
     assert len(suite) == 16
 
 
@@ -88,10 +108,15 @@ def test_null_allowance_is_the_baselines_rate_plus_the_policys() -> None:
 
 def test_categories_become_a_value_set_of_the_tensors_datatype() -> None:
     prof = profile.baseline_profile(
-        np.zeros((6, 0)), [], np.full((6, 2), 0.5),
+        np.zeros((6, 0)),
+        [],
+        np.full((6, 2), 0.5),
         categorical={"colour": list("rrgbbb"), "code": [3, 1, 3, 3, 1, 2]},
-    )  # fmt: skip
-    inputs = [TensorSpec(name="colour", datatype="BYTES", shape=[-1]), TensorSpec(name="code", datatype="INT64", shape=[-1])]
+    )
+    inputs = [
+        TensorSpec(name="colour", datatype="BYTES", shape=[-1]),
+        TensorSpec(name="code", datatype="INT64", shape=[-1]),
+    ]
     suite = quality.build_expectations(inputs, prof, Q)
     sets = {e.column: e.kwargs["value_set"] for e in suite if e.expectation == "expect_column_values_to_be_in_set"}
     assert sets == {"colour": ["b", "r", "g"], "code": [3.0, 1.0, 2.0]}
@@ -100,8 +125,10 @@ def test_categories_become_a_value_set_of_the_tensors_datatype() -> None:
 def test_without_a_profile_only_the_schema_is_checked() -> None:
     suite = quality.build_expectations(DEMO_INPUTS, None, Q)
     assert {e.expectation for e in suite} == {
-        "expect_column_to_exist", "expect_column_values_to_be_in_type_list", "expect_column_values_to_not_be_null",
-    }  # fmt: skip
+        "expect_column_to_exist",
+        "expect_column_values_to_be_in_type_list",
+        "expect_column_values_to_not_be_null",
+    }
     assert [e.column for e in suite][::3] == ["f0", "f1", "f2", "f3"]
 
 
@@ -171,7 +198,7 @@ def test_categorical_columns_check_type_and_categories() -> None:
     rng = np.random.default_rng(9)
     prof = profile.baseline_profile(
         np.zeros((1000, 0)), [], np.full((1000, 2), 0.5), categorical={"colour": rng.choice(list("rgb"), 1000)}
-    )  # fmt: skip
+    )
     suite = quality.build_expectations([TensorSpec(name="colour", datatype="BYTES", shape=[-1])], prof, Q)
     known = pd.DataFrame({"colour": rng.choice(list("rgb"), 500)})  # pandas 3: the "str" dtype
     assert str(known["colour"].dtype) == "str"
@@ -180,7 +207,9 @@ def test_categorical_columns_check_type_and_categories() -> None:
     as_objects.loc[:9, "colour"] = "pink"  # 2 % unknown
     result = quality.validate(as_objects, suite)
     (failure,) = result.failures
-    assert failure.expectation == "expect_column_values_to_be_in_set" and failure.unexpected_fraction == pytest.approx(0.02)
+    assert failure.expectation == "expect_column_values_to_be_in_set" and failure.unexpected_fraction == pytest.approx(
+        0.02
+    )
     numbers = quality.validate(pd.DataFrame({"colour": np.arange(500.0)}), suite)
     assert {o.expectation for o in numbers.failures} >= {"expect_column_values_to_be_in_type_list"}
 

@@ -49,8 +49,9 @@ def pair(tmp_path: Path, redis_server: RedisServer):
         env.stop()
 
 
-async def _flood(urls: list[str], key: str, rate: float, seconds: float, *,
-                 new_connections: bool = False) -> tuple[int, int, float]:  # fmt: skip
+async def _flood(
+    urls: list[str], key: str, rate: float, seconds: float, *, new_connections: bool = False
+) -> tuple[int, int, float]:
     """Send ``rate`` requests/s for ``seconds``, alternating between ``urls``, each request on
     its own task (an open loop: the rate does not depend on the answers). Returns (answered
     200, answered 429, the seconds from the first send to the last). ``new_connections``:
@@ -60,8 +61,9 @@ async def _flood(urls: list[str], key: str, rate: float, seconds: float, *,
     clients = [httpx.AsyncClient(base_url=u, timeout=10, limits=limits) for u in urls]
 
     async def one(i: int) -> None:
-        r = await clients[i % len(clients)].post(f"/v2/models/{MODEL}/infer", json=BODY,
-                                                  headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+        r = await clients[i % len(clients)].post(
+            f"/v2/models/{MODEL}/infer", json=BODY, headers={"Authorization": f"Bearer {key}"}
+        )
         codes.append(r.status_code)
 
     tasks = []
@@ -102,8 +104,11 @@ def test_redis_down_each_gateway_enforces_its_share_and_says_so_then_shares_agai
     # the next request finds Redis gone; the gateways count each other (2) from the store
     asyncio.run(_flood(urls, key, rate=20, seconds=0.2))
     for u in urls:
-        wait_for(lambda u=u: not _ready(u)["quotas"]["shared"] and _ready(u)["quotas"]["share_divisor"] == 2,
-                 timeout=15, what=f"{u} to report its local share of 1/2")  # fmt: skip
+        wait_for(
+            lambda u=u: not _ready(u)["quotas"]["shared"] and _ready(u)["quotas"]["share_divisor"] == 2,
+            timeout=15,
+            what=f"{u} to report its local share of 1/2",
+        )
         health = _ready(u)["quotas"]
         assert health["error"] and "note" in health
         assert metric(u, "fleet_quota_backend", state="shared") == 0
@@ -137,9 +142,14 @@ def test_a_concurrency_quota_holds_across_gateways_and_its_leases_are_given_back
         async def burst_of(n: int) -> list[httpx.Response]:
             clients = [httpx.AsyncClient(base_url=u, timeout=10) for u in urls]
             try:
-                return await asyncio.gather(*(clients[i % 2].post(f"/v2/models/{MODEL}/infer", json=BODY,
-                                                                  headers={"Authorization": f"Bearer {key}"})
-                                              for i in range(n)))  # fmt: skip
+                return await asyncio.gather(
+                    *(
+                        clients[i % 2].post(
+                            f"/v2/models/{MODEL}/infer", json=BODY, headers={"Authorization": f"Bearer {key}"}
+                        )
+                        for i in range(n)
+                    )
+                )
             finally:
                 for c in clients:
                     await c.aclose()

@@ -31,9 +31,7 @@ def artifact(tmp_path: Path) -> Path:
     return root
 
 
-def test_register_records_sha256_of_every_file_and_commits_a_manifest(
-    store: ObjectStore, artifact: Path
-) -> None:
+def test_register_records_sha256_of_every_file_and_commits_a_manifest(store: ObjectStore, artifact: Path) -> None:
     reg = Registry(store)
     seen: list[str] = []
     mv = reg.register("demo", "1.0.0", artifact, META, who="ann", progress=lambda rel, _: seen.append(rel))
@@ -41,7 +39,9 @@ def test_register_records_sha256_of_every_file_and_commits_a_manifest(
     assert seen == ["config.json", "weights/model.pt"]
     import hashlib
 
-    assert mv.files["weights/model.pt"].sha256 == hashlib.sha256((artifact / "weights/model.pt").read_bytes()).hexdigest()
+    assert (
+        mv.files["weights/model.pt"].sha256 == hashlib.sha256((artifact / "weights/model.pt").read_bytes()).hexdigest()
+    )
     assert mv.files["config.json"].size == len('{"hidden": 16}')
     assert (mv.state, mv.created_by) == (State.REGISTERED, "ann")
     assert reg.get("demo", "1.0.0") == mv
@@ -105,9 +105,7 @@ def test_duplicate_version_is_refused_and_the_original_kept(artifact: Path) -> N
 
 
 def _lease(who: str, at: str) -> bytes:
-    return (
-        f'{{"id": "x", "who": "{who}", "acquired_at": "{at}", "renewed_at": "{at}"}}'
-    ).encode()
+    return (f'{{"id": "x", "who": "{who}", "acquired_at": "{at}", "renewed_at": "{at}"}}').encode()
 
 
 def test_a_registration_in_progress_blocks_a_second_one(artifact: Path) -> None:
@@ -195,8 +193,11 @@ def test_lifecycle_allows_the_documented_path_and_audits_it(artifact: Path) -> N
         assert reg.transition("demo", "1.0.0", to, why=f"to {to}", who="ann").state == to
     events = audit.events(reg.store, "demo")
     assert [(e.before, e.after) for e in events] == [
-        (None, "registered"), ("registered", "canary"), ("canary", "stable"), ("stable", "retired"),
-    ]  # fmt: skip
+        (None, "registered"),
+        ("registered", "canary"),
+        ("canary", "stable"),
+        ("stable", "retired"),
+    ]
     assert reg.get("demo", "1.0.0").state_reason == "to retired"
 
 

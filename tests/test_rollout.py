@@ -61,9 +61,12 @@ class FakeRuntime:
 
 
 def meta(accuracy: float = 0.95, inputs: int = 4) -> VersionMetadata:
-    return VersionMetadata(framework="torch", metrics={"accuracy": accuracy},
-                           inputs=[TensorSpec(name="features", datatype="FP32", shape=[-1, inputs])],
-                           outputs=[TensorSpec(name="probabilities", datatype="FP32", shape=[-1, 2])])  # fmt: skip
+    return VersionMetadata(
+        framework="torch",
+        metrics={"accuracy": accuracy},
+        inputs=[TensorSpec(name="features", datatype="FP32", shape=[-1, inputs])],
+        outputs=[TensorSpec(name="probabilities", datatype="FP32", shape=[-1, 2])],
+    )
 
 
 @pytest.fixture
@@ -77,16 +80,39 @@ def world(tmp_path: Path) -> dict:
     reg.register(MODEL, "1.2.0", tmp_path / "a", meta(0.80))  # worse offline
     reg.register(MODEL, "2.0.0", tmp_path / "a", meta(inputs=5))  # another input shape
     Router(store).set(MODEL, stable="1.0.0", why="first")
-    policy = apply_overrides(load_policies(ROOT / "policies").rollout["default"],
-                             {"steps": [10, 50, 100], "analysis_window_s": 60, "min_samples": 100, "hold_deadline_s": 600,
-                              "gates": {"max_error_rate_increase": 0.02},
-                              "method": "fixed"})  # the sequential method's own tests set it  # fmt: skip
+    policy = apply_overrides(
+        load_policies(ROOT / "policies").rollout["default"],
+        {
+            "steps": [10, 50, 100],
+            "analysis_window_s": 60,
+            "min_samples": 100,
+            "hold_deadline_s": 600,
+            "gates": {"max_error_rate_increase": 0.02},
+            "method": "fixed",
+        },
+    )  # the sequential method's own tests set it
     clock, metrics, events = Clock(), MemoryMetrics(), []
     runtime = FakeRuntime(store)
-    rollout = Rollout(store, runtime, metrics, policy, clock=clock, notify=lambda s: None,
-                      emit=lambda e, p: events.append(e), who="test")  # fmt: skip
-    return {"store": store, "rollout": rollout, "clock": clock, "metrics": metrics, "events": events,
-            "runtime": runtime, "router": Router(store), "registry": reg}  # fmt: skip
+    rollout = Rollout(
+        store,
+        runtime,
+        metrics,
+        policy,
+        clock=clock,
+        notify=lambda s: None,
+        emit=lambda e, p: events.append(e),
+        who="test",
+    )
+    return {
+        "store": store,
+        "rollout": rollout,
+        "clock": clock,
+        "metrics": metrics,
+        "events": events,
+        "runtime": runtime,
+        "router": Router(store),
+        "registry": reg,
+    }
 
 
 def traffic(w: dict, version_rates: dict[str, tuple[int, float, float]], seconds: int = 60) -> None:
@@ -303,8 +329,15 @@ def test_a_run_whose_guard_refuses_routes_and_writes_nothing_more(world: dict) -
 def test_a_second_run_that_wrote_the_state_stops_the_first_before_it_routes(world: dict) -> None:
     r, router = world["rollout"], world["router"]
     state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
-    second = Rollout(world["store"], world["runtime"], world["metrics"], r.policy, clock=world["clock"],
-                     notify=lambda s: None, who="test")  # fmt: skip
+    second = Rollout(
+        world["store"],
+        world["runtime"],
+        world["metrics"],
+        r.policy,
+        clock=world["clock"],
+        notify=lambda s: None,
+        who="test",
+    )
     second.begin(MODEL, "1.1.0", "run-2")  # took the rollout over (resumed it)
     revision = router.get(MODEL).revision
     traffic(world, {"1.0.0": (20, 0, 10), "1.1.0": (20, 0, 10)})
@@ -333,8 +366,16 @@ def test_a_route_changed_during_a_long_deploy_is_not_overwritten(world: dict) ->
 
 def sequential(world: dict, **overrides: object) -> Rollout:
     r = world["rollout"]
-    r.policy = apply_overrides(r.policy, {"method": "sequential", "analysis_window_s": 5, "min_samples": 20,
-                                          "gates": {"max_error_rate_increase": 0.005}, **overrides})  # fmt: skip
+    r.policy = apply_overrides(
+        r.policy,
+        {
+            "method": "sequential",
+            "analysis_window_s": 5,
+            "min_samples": 20,
+            "gates": {"max_error_rate_increase": 0.005},
+            **overrides,
+        },
+    )
     return r
 
 

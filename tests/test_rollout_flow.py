@@ -53,9 +53,14 @@ def stored(fleet: dict) -> RolloutState | None:
 
 def served(fleet: dict, n: int = 30) -> set[str]:
     with httpx.Client(base_url=fleet["url"], timeout=10) as client:
-        return {client.post(f"/v2/models/{MODEL}/infer", headers={"Authorization": f"Bearer {fleet['key']}",
-                "X-Fleet-Routing-Key": f"probe-{i}"}, json={"inputs": [{"name": "features", "shape": [1, 4],
-                "datatype": "FP32", "data": [1, 0, 0, 0]}]}).headers["x-fleet-model-version"] for i in range(n)}  # fmt: skip
+        return {
+            client.post(
+                f"/v2/models/{MODEL}/infer",
+                headers={"Authorization": f"Bearer {fleet['key']}", "X-Fleet-Routing-Key": f"probe-{i}"},
+                json={"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [1, 0, 0, 0]}]},
+            ).headers["x-fleet-model-version"]
+            for i in range(n)
+        }
 
 
 def run_rollout(version: str, **overrides):  # noqa: ANN003, ANN201 - a Prefect State
@@ -104,8 +109,10 @@ def test_a_bad_version_is_rolled_back_automatically(
         # second request waiting behind it past the batching budget would be shed (HTTP 503)
         # and fail the version on errors before its latency could be judged. So one caller
         # goes through the split; three more ask the stable by name, for its 299 requests.
-        loads = [Load(fleet["url"], fleet["key"], rps=60, threads=1),
-                 Load(fleet["url"], fleet["key"], rps=45, threads=3, version=stable, seed=100)]  # fmt: skip
+        loads = [
+            Load(fleet["url"], fleet["key"], rps=60, threads=1),
+            Load(fleet["url"], fleet["key"], rps=45, threads=3, version=stable, seed=100),
+        ]
     else:
         loads = [Load(fleet["url"], fleet["key"], rps=60)]
     for load in loads:
@@ -194,8 +201,13 @@ def test_a_flow_killed_mid_rollout_and_run_again_ends_consistent(fleet: dict) ->
     train(fleet, "1.3.0", "--seed", "13")
     load = Load(fleet["url"], fleet["key"], rps=60).start()
     code = f"from flows.rollout import canary_rollout; canary_rollout({MODEL!r}, '1.3.0', **{FAST!r})"
-    child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=os.environ.copy(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -237,11 +249,15 @@ def test_a_concurrent_rollout_is_refused_and_a_rollback_reaches_the_gateway_with
     load = Load(fleet["url"], fleet["key"], rps=30).start()
     result: dict = {}
     # min_samples out of reach: the first rollout holds at 20 % until it is rolled back
-    runner = threading.Thread(target=lambda: result.update(state=run_rollout("2.1.0", min_samples=10**6, hold_deadline_s=600)))
+    runner = threading.Thread(
+        target=lambda: result.update(state=run_rollout("2.1.0", min_samples=10**6, hold_deadline_s=600))
+    )
     runner.start()
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (stored(fleet) and stored(fleet).version == "2.1.0" and stored(fleet).phase == "step"):
+        while time.monotonic() < deadline and not (
+            stored(fleet) and stored(fleet).version == "2.1.0" and stored(fleet).phase == "step"
+        ):
             time.sleep(0.2)
         second = run_rollout("2.2.0")
         assert second.is_failed() and "the rollout of demo-classifier is in progress" in second.message
@@ -251,10 +267,18 @@ def test_a_concurrent_rollout_is_refused_and_a_rollback_reaches_the_gateway_with
         def watch() -> None:  # when does the gateway first answer the canary's keys from stable?
             with httpx.Client(base_url=fleet["url"], timeout=10) as client:
                 while not first_stable:
-                    versions = {client.post(f"/v2/models/{MODEL}/infer", json={"inputs": [{"name": "features",
-                                "shape": [1, 4], "datatype": "FP32", "data": [1, 0, 0, 0]}]}, headers={
-                                "Authorization": f"Bearer {fleet['key']}", "X-Fleet-Routing-Key": k}
-                                ).headers["x-fleet-model-version"] for k in keys}  # fmt: skip
+                    versions = {
+                        client.post(
+                            f"/v2/models/{MODEL}/infer",
+                            json={
+                                "inputs": [
+                                    {"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [1, 0, 0, 0]}
+                                ]
+                            },
+                            headers={"Authorization": f"Bearer {fleet['key']}", "X-Fleet-Routing-Key": k},
+                        ).headers["x-fleet-model-version"]
+                        for k in keys
+                    }
                     if versions == {stable}:
                         first_stable.append(time.time())
 
@@ -269,8 +293,10 @@ def test_a_concurrent_rollout_is_refused_and_a_rollback_reaches_the_gateway_with
         runner.join(timeout=60)
         load.stop()
     seen = first_stable[0] - written
-    print(f"rollback: flow run took {returned - called:.2f} s; the gateway served stable {seen * 1000:.0f} ms after "
-          f"the route write; {load.report()}")  # fmt: skip
+    print(
+        f"rollback: flow run took {returned - called:.2f} s; the gateway served stable {seen * 1000:.0f} ms after "
+        f"the route write; {load.report()}"
+    )
     assert seen < 1.0
     assert result["state"].is_failed() and "route changed outside the rollout" in result["state"].message
     assert load.failures == []
@@ -280,8 +306,14 @@ def test_deployments_and_the_cli_start_and_follow_the_flows(fleet: dict) -> None
     env = fleet["env"]
     train(fleet, "1.4.0", "--seed", "14")
     log = open(env.root / "flows-serve.log", "wb")
-    server = subprocess.Popen([FLEET, "flows", "serve"], env={**env.env, **os.environ}, cwd=env.root,
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    server = subprocess.Popen(
+        [FLEET, "flows", "serve"],
+        env={**env.env, **os.environ},
+        cwd=env.root,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     load = Load(fleet["url"], fleet["key"], rps=60).start()
     try:
         from prefect.client.orchestration import get_client
@@ -296,12 +328,24 @@ def test_deployments_and_the_cli_start_and_follow_the_flows(fleet: dict) -> None
             time.sleep(0.5)
         sets = [a for k, v in FAST.items() if k != "gates" for a in ("--set", f"{k}={v}")]
         sets += [a for k, v in FAST["gates"].items() for a in ("--set", f"gates.{k}={v}")]
-        out = subprocess.run([FLEET, "rollout", MODEL, "1.4.0", *sets], env={**env.env, **os.environ}, cwd=env.root,
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        out = subprocess.run(
+            [FLEET, "rollout", MODEL, "1.4.0", *sets],
+            env={**env.env, **os.environ},
+            cwd=env.root,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr + (env.root / "flows-serve.log").read_text()[-3000:]
         assert "/runs/flow-run/" in out.stderr and "step 50%" in out.stderr and "promoted" in out.stdout
-        back = subprocess.run([FLEET, "rollback", MODEL, "--reason", "rehearsal", "--json"], env={**env.env, **os.environ},
-                              cwd=env.root, capture_output=True, text=True, timeout=180)  # fmt: skip
+        back = subprocess.run(
+            [FLEET, "rollback", MODEL, "--reason", "rehearsal", "--json"],
+            env={**env.env, **os.environ},
+            cwd=env.root,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert back.returncode == 0, back.stderr
         assert Router(fleet["store"]).get(MODEL).stable != "1.4.0"  # back on the previous stable
     finally:
@@ -371,8 +415,9 @@ def test_a_second_rollout_while_the_first_deploys_past_the_lease_ttl_is_refused(
     monkeypatch.setattr(flows.rollout, "LEASE_TTL", ttl)
     policy = {**FAST, "analysis_window_s": 0.2, "rollback_window_s": 0}
     first: dict = {}
-    runner = threading.Thread(target=lambda: first.update(
-        state=flows.rollout.canary_rollout(MODEL, "1.1.0", **policy, return_state=True)))  # fmt: skip
+    runner = threading.Thread(
+        target=lambda: first.update(state=flows.rollout.canary_rollout(MODEL, "1.1.0", **policy, return_state=True))
+    )
     runner.start()
     try:
         assert runtime.deploying.wait(timeout=120), "the first rollout never began its deploy"

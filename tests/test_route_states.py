@@ -22,7 +22,6 @@ from fleet.router import Router
 from fleet.routing import Canary
 from fleet.store import MemoryStore
 from fleet.tenants import Tenants, parse_entitlements
-
 from tests.test_registry import META
 
 VERSIONS = ("1.0.0", "1.1.0", "1.2.0", "1.3.0")
@@ -139,7 +138,9 @@ def test_a_replaced_or_cleared_canary_is_registered_again(router: Router) -> Non
 def test_a_new_canary_never_silently_takes_or_drops_the_old_ones_traffic(router: Router) -> None:
     router.set("demo", stable="1.0.0", why="first")
     router.set("demo", canary="1.1.0", weight=30, why="canary")
-    with pytest.raises(InvalidInput, match=r"canary 1.1.0 of demo takes 30% of traffic; replacing it with 1.2.0 needs --weight"):
+    with pytest.raises(
+        InvalidInput, match=r"canary 1.1.0 of demo takes 30% of traffic; replacing it with 1.2.0 needs --weight"
+    ):
         router.set("demo", canary="1.2.0", why="replace")
     assert router.get("demo").canary == Canary(version="1.1.0", weight=30)
     router.set("demo", canary="1.2.0", weight=10, why="replace, at 10 %")

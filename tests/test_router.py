@@ -17,7 +17,6 @@ from fleet.router import Router
 from fleet.routing import Canary, RouteTable, Shadow
 from fleet.store import MemoryStore, open_store
 from fleet.tenants import Tenants
-
 from tests.test_registry import META
 
 WORKER = Path(__file__).with_name("race_worker.py")

@@ -8,7 +8,15 @@ from fleet import audit
 from fleet.errors import InvalidInput, NotFound
 from fleet.registry import State
 from fleet.routing import (
-    BUCKETS, Canary, RouteTable, Shadow, bucket, choose_version, should_shadow, usable_versions, validate_states,
+    BUCKETS,
+    Canary,
+    RouteTable,
+    Shadow,
+    bucket,
+    choose_version,
+    should_shadow,
+    usable_versions,
+    validate_states,
 )
 from fleet.tenants import Tenant
 
@@ -18,9 +26,7 @@ GOLDEN_BUCKETS = [5861, 6431, 403, 8118]
 
 
 def tenant(name: str = "acme", versions: list[str] | None = None) -> Tenant:
-    return Tenant(
-        name=name, entitlements={"demo": versions or ["*"]}, created_at=audit.now(), created_by="t"
-    )  # fmt: skip
+    return Tenant(name=name, entitlements={"demo": versions or ["*"]}, created_at=audit.now(), created_by="t")
 
 
 def table(weight: float, **kw) -> RouteTable:

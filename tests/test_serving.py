@@ -19,7 +19,6 @@ from fleet import audit
 from fleet.errors import FleetError
 from fleet.routing import Canary, RouteTable, choose_version
 from fleet.tenants import Tenant
-
 from tests.serving_env import FleetEnv
 
 MODEL = "demo-classifier"
@@ -36,8 +35,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         env.fleet("route", "set", MODEL, "--stable", "1.0.0", "-r", "first")
         env.fleet("route", "set", MODEL, "--canary", "1.1.0", "--weight", "30", "-r", "canary")
         keys = {}
-        for name, models in [("apps", [MODEL]), ("partner", [MODEL]), ("limited", [f"{MODEL}:1.0.0"]),
-                             ("outsider", ["other-model"]), ("orphan", [MODEL])]:  # fmt: skip
+        for name, models in [
+            ("apps", [MODEL]),
+            ("partner", [MODEL]),
+            ("limited", [f"{MODEL}:1.0.0"]),
+            ("outsider", ["other-model"]),
+            ("orphan", [MODEL]),
+        ]:
             args = [a for m in models for a in ("--model", m)]
             keys[name] = env.fleet_json("tenants", "create", name, *args)["api_key"]
         env.fleet("route", "pin", MODEL, "partner", "1.0.0", "-r", "partner stays on 1.0")
@@ -72,7 +76,12 @@ def test_oip_v2_infer_answers_probabilities_with_fleet_headers(fleet: dict) -> N
 def test_versioned_infer_and_v1_predict(fleet: dict) -> None:
     r = post(fleet, f"/v2/models/{MODEL}/versions/1.1.0/infer", V2_BODY)
     assert r.status_code == 200 and r.headers["x-fleet-model-version"] == "1.1.0"
-    r = post(fleet, f"/v1/models/{MODEL}:predict", {"instances": [[1, 0, 0, 0], [-1, 1, 0, 0]]}, **{"X-Fleet-Routing-Key": "k"})
+    r = post(
+        fleet,
+        f"/v1/models/{MODEL}:predict",
+        {"instances": [[1, 0, 0, 0], [-1, 1, 0, 0]]},
+        **{"X-Fleet-Routing-Key": "k"},
+    )
     assert r.status_code == 200, r.text
     preds = np.array(r.json()["predictions"])
     assert preds.shape == (2, 2) and preds[0].argmax() == 1 and preds[1].argmax() == 0
@@ -89,8 +98,13 @@ def test_tritons_own_http_client_works_against_v2(fleet: dict) -> None:
     assert meta["inputs"] == [{"name": "features", "datatype": "FP32", "shape": [-1, 4]}]
     features = triton.InferInput("features", [3, 4], "FP32")
     features.set_data_from_numpy(np.array([[1, 0, 0, 0], [-1, 1, 0, 0], [0, 0, 0, 0]], np.float32), binary_data=False)
-    result = client.infer(MODEL, [features], model_version="1.0.0", headers=auth,
-                          outputs=[triton.InferRequestedOutput("probabilities", binary_data=False)])  # fmt: skip
+    result = client.infer(
+        MODEL,
+        [features],
+        model_version="1.0.0",
+        headers=auth,
+        outputs=[triton.InferRequestedOutput("probabilities", binary_data=False)],
+    )
     probs = result.as_numpy("probabilities")
     assert probs.shape == (3, 2) and probs[0].argmax() == 1 and probs[1].argmax() == 0
     assert result.get_response()["model_version"] == "1.0.0"
@@ -105,26 +119,67 @@ def test_tritons_own_http_client_works_against_v2(fleet: dict) -> None:
         (f"/v2/models/{MODEL}/infer", V2_BODY, None, {"Authorization": "Bearer sfk_00000000_nope"}, 401, "unknown"),
         # a model or version the tenant may not use is answered exactly like one that does not exist
         (f"/v2/models/{MODEL}/infer", V2_BODY, "outsider", {}, 404, "model 'demo-classifier' is not served here"),
-        (f"/v2/models/{MODEL}/versions/1.1.0/infer", V2_BODY, "limited", {}, 404,
-         "version '1.1.0' of demo-classifier is not served; versions you may use: 1.0.0"),
+        (
+            f"/v2/models/{MODEL}/versions/1.1.0/infer",
+            V2_BODY,
+            "limited",
+            {},
+            404,
+            "version '1.1.0' of demo-classifier is not served; versions you may use: 1.0.0",
+        ),
         ("/v2/models/nope/infer", V2_BODY, "apps", {}, 404, "model 'nope' is not served here"),
-        (f"/v2/models/{MODEL}/versions/9.9.9/infer", V2_BODY, "apps", {}, 404,
-         "version '9.9.9' of demo-classifier is not served; versions you may use: 1.0.0, 1.1.0"),
+        (
+            f"/v2/models/{MODEL}/versions/9.9.9/infer",
+            V2_BODY,
+            "apps",
+            {},
+            404,
+            "version '9.9.9' of demo-classifier is not served; versions you may use: 1.0.0, 1.1.0",
+        ),
         (f"/v2/models/{MODEL}/infer", b"x" * (5 * 1024 * 1024), "apps", {}, 413, "over the limit"),
-        (f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "features", "shape": [2, 3], "datatype": "FP32", "data": [0] * 6}]},
-         "apps", {}, 422, "expected [-1, 4]"),
-        (f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "BYTES", "data": ["a"] * 4}]},
-         "apps", {}, 422, "expected FP32"),
-        (f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [None] * 4}]},
-         "apps", {}, 422, "holds null at data[0]; expected FP32 values"),
-        (f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [1e39, 0, 0, 0]}]},
-         "apps", {}, 422, "holds 1e+39, out of range for FP32"),
+        (
+            f"/v2/models/{MODEL}/infer",
+            {"inputs": [{"name": "features", "shape": [2, 3], "datatype": "FP32", "data": [0] * 6}]},
+            "apps",
+            {},
+            422,
+            "expected [-1, 4]",
+        ),
+        (
+            f"/v2/models/{MODEL}/infer",
+            {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "BYTES", "data": ["a"] * 4}]},
+            "apps",
+            {},
+            422,
+            "expected FP32",
+        ),
+        (
+            f"/v2/models/{MODEL}/infer",
+            {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [None] * 4}]},
+            "apps",
+            {},
+            422,
+            "holds null at data[0]; expected FP32 values",
+        ),
+        (
+            f"/v2/models/{MODEL}/infer",
+            {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [1e39, 0, 0, 0]}]},
+            "apps",
+            {},
+            422,
+            "holds 1e+39, out of range for FP32",
+        ),
         (f"/v2/models/{MODEL}/infer", V2_BODY, "orphan", {}, 503, "no running replica"),
-        (f"/v2/models/{MODEL}/versions/1.0.0/infer",
-         {"inputs": [{"name": "features", "shape": [4000, 4], "datatype": "FP32", "data": [0.5] * 16000}]},
-         "apps", {"X-Fleet-Timeout-Ms": "1"}, 504, "did not answer within 1 ms"),
+        (
+            f"/v2/models/{MODEL}/versions/1.0.0/infer",
+            {"inputs": [{"name": "features", "shape": [4000, 4], "datatype": "FP32", "data": [0.5] * 16000}]},
+            "apps",
+            {"X-Fleet-Timeout-Ms": "1"},
+            504,
+            "did not answer within 1 ms",
+        ),
     ],
-)  # fmt: skip
+)
 def test_each_error_status_from_a_real_request(fleet, path, body, tenant, headers, status, message) -> None:
     r = post(fleet, path, body, tenant, **headers)
     assert r.status_code == status, r.text
@@ -138,8 +193,11 @@ def test_weighted_split_over_1000_requests_matches_the_routing_function(fleet: d
     served = {}
     with httpx.Client(base_url=fleet["url"], timeout=30) as client:
         for i in range(1000):
-            r = client.post(f"/v2/models/{MODEL}/infer", json=V2_BODY, headers={
-                "Authorization": f"Bearer {fleet['keys']['apps']}", "X-Fleet-Routing-Key": f"user-{i}"})  # fmt: skip
+            r = client.post(
+                f"/v2/models/{MODEL}/infer",
+                json=V2_BODY,
+                headers={"Authorization": f"Bearer {fleet['keys']['apps']}", "X-Fleet-Routing-Key": f"user-{i}"},
+            )
             assert r.status_code == 200
             served[f"user-{i}"] = r.headers["x-fleet-model-version"]
     expected = {k: choose_version(table, apps, k).version for k in served}
@@ -151,11 +209,13 @@ def test_weighted_split_over_1000_requests_matches_the_routing_function(fleet: d
 def test_a_pinned_tenant_always_gets_its_version(fleet: dict) -> None:
     with httpx.Client(base_url=fleet["url"], timeout=30) as client:
         versions = {
-            client.post(f"/v2/models/{MODEL}/infer", json=V2_BODY, headers={
-                "Authorization": f"Bearer {fleet['keys']['partner']}", "X-Fleet-Routing-Key": f"g-{i}"}
+            client.post(
+                f"/v2/models/{MODEL}/infer",
+                json=V2_BODY,
+                headers={"Authorization": f"Bearer {fleet['keys']['partner']}", "X-Fleet-Routing-Key": f"g-{i}"},
             ).headers["x-fleet-model-version"]
             for i in range(200)
-        }  # fmt: skip
+        }
     assert versions == {"1.0.0"}
 
 
@@ -172,8 +232,9 @@ def test_model_ready_and_metadata_follow_the_tenant(fleet: dict) -> None:
 def test_a_version_that_fails_to_start_reports_why(tmp_path: Path) -> None:
     from fleet.runtime.local import DeployFailed, LocalRuntime
 
-    runtime = LocalRuntime(tmp_path / "run", bento_for=lambda m, v: "no-such-bento:1.0.0",
-                           env={"BENTOML_HOME": str(tmp_path / "bentoml")})  # fmt: skip
+    runtime = LocalRuntime(
+        tmp_path / "run", bento_for=lambda m, v: "no-such-bento:1.0.0", env={"BENTOML_HOME": str(tmp_path / "bentoml")}
+    )
     with pytest.raises(DeployFailed) as info:
         runtime.deploy(MODEL, "1.0.0")
     message = str(info.value)
@@ -214,11 +275,20 @@ def test_a_canary_killed_under_load_costs_callers_nothing(fleet: dict) -> None:
     def worker(n: int) -> None:
         with httpx.Client(base_url=fleet["url"], timeout=30) as client:
             for i in range(n):
-                body = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32",
-                                    "data": [n / 10, i / 100, 0.5, -0.5]}]}  # distinct: no cache hit hides the kill
+                body = {
+                    "inputs": [
+                        {"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [n / 10, i / 100, 0.5, -0.5]}
+                    ]
+                }  # distinct: no cache hit hides the kill
                 started = time.monotonic()
-                r = client.post(f"/v2/models/{MODEL}/infer", json=body, headers={
-                    "Authorization": f"Bearer {fleet['keys']['apps']}", "X-Fleet-Routing-Key": f"load-{n}-{i}"})  # fmt: skip
+                r = client.post(
+                    f"/v2/models/{MODEL}/infer",
+                    json=body,
+                    headers={
+                        "Authorization": f"Bearer {fleet['keys']['apps']}",
+                        "X-Fleet-Routing-Key": f"load-{n}-{i}",
+                    },
+                )
                 with lock:
                     if r.status_code != 200:
                         failures.append(f"{r.status_code} {r.text[:100]}")
@@ -244,8 +314,10 @@ def test_a_canary_killed_under_load_costs_callers_nothing(fleet: dict) -> None:
     before = count([a for a in answers if a[1] < kill_began])  # answered before the kill began
     after = count([a for a in answers if a[0] >= killed])  # started after every canary process was dead
     in_flight = count([a for a in answers if a[1] >= kill_began and a[0] < killed])
-    print(f"caller-visible failures: {len(failures)} of {len(answers)}; answered before the kill {before}, "
-          f"in flight during it {in_flight}, started after it {after} (kill took {(killed - kill_began) * 1000:.0f} ms)")
+    print(
+        f"caller-visible failures: {len(failures)} of {len(answers)}; answered before the kill {before}, "
+        f"in flight during it {in_flight}, started after it {after} (kill took {(killed - kill_began) * 1000:.0f} ms)"
+    )
     assert failures == []
     assert before.get("1.1.0", 0) > 0 and after.get("1.1.0", 0) == 0 and after.get("1.0.0", 0) > 100
     fleet["env"].fleet("deploy", MODEL, "1.1.0")  # leave the fleet as it was

@@ -127,19 +127,14 @@ def test_negative_max_batch_size(tmp_path):
     data = base()
     data["models"]["m"]["batching"] = {"max_batch_size": -1}
     path = write(tmp_path, "fleet.yaml", data)
-    assert (
-        f"{path}: models.m.batching.max_batch_size: got -1 — expected an integer >= 1"
-        in problems(path)
-    )
+    assert f"{path}: models.m.batching.max_batch_size: got -1 — expected an integer >= 1" in problems(path)
 
 
 def test_error_rate_above_one(tmp_path):
     data = base()
     data["models"]["m"]["slo"]["error_rate"] = 1.5
     path = write(tmp_path, "fleet.yaml", data)
-    assert f"{path}: models.m.slo.error_rate: got 1.5 — expected a finite number >= 0 and <= 1" in (
-        problems(path)
-    )
+    assert f"{path}: models.m.slo.error_rate: got 1.5 — expected a finite number >= 0 and <= 1" in (problems(path))
 
 
 def test_unknown_key_lists_the_accepted_keys(tmp_path):
@@ -181,8 +176,15 @@ def test_good_cron_schedules_load(tmp_path, schedule):
 @pytest.mark.parametrize(
     "schedule",
     [
-        "*/15 * * *", "every 15 minutes", "*/15 * * * MON", "61 * * * *",
-        "- - - - -", "5-1 * * * *", "5,,6 * * * *", "*/0 * * * *", "0 0 0 * *",
+        "*/15 * * *",
+        "every 15 minutes",
+        "*/15 * * * MON",
+        "61 * * * *",
+        "- - - - -",
+        "5-1 * * * *",
+        "5,,6 * * * *",
+        "*/0 * * * *",
+        "0 0 0 * *",
     ],
 )
 def test_bad_cron_schedule(tmp_path, schedule):
@@ -205,10 +207,7 @@ def test_gpu_needs_gpu_memory(tmp_path):
     data = base()
     data["models"]["m"]["resources"] = {"gpu": 1, "gpu_memory_gib": 0}
     path = write(tmp_path, "fleet.yaml", data)
-    assert (
-        f"{path}: models.m.resources.gpu_memory_gib: got 0.0 — expected a number > 0 when gpu > 0"
-        in problems(path)
-    )
+    assert f"{path}: models.m.resources.gpu_memory_gib: got 0.0 — expected a number > 0 when gpu > 0" in problems(path)
 
 
 def test_strings_are_not_coerced_into_numbers_or_booleans(tmp_path):
@@ -231,10 +230,7 @@ def test_unknown_rollout_policy_reference(tmp_path):
     data = base()
     data["models"]["m"]["rollout"] = "fast"
     path = write(tmp_path, "fleet.yaml", data)
-    assert (
-        f"{path}: models.m.rollout: got 'fast' — expected a rollout policy name (default)"
-        in problems(path)
-    )
+    assert f"{path}: models.m.rollout: got 'fast' — expected a rollout policy name (default)" in problems(path)
 
 
 def test_missing_default_policy_when_a_model_names_none(tmp_path):
@@ -261,11 +257,16 @@ def test_tenant_entitled_to_unknown_model(tmp_path):
         # pins are routing state (`fleet route pin`), read by the router from the route table only
         ("tenants", "t", "pins", {"m": "1.0.0"}, "entitlements, quota, weight, isolation"),
         # the 100 % step's analysis and rollback_window_s are the bake; nothing read this
-        ("rollout", "default", "bake_time_s", 300,
-         "steps, analysis_window_s, min_samples, gates, shadow_percent, shadow_duration_s, manual_approval, "
-         "rollback_window_s, hold_deadline_s, offline_tolerance"),
+        (
+            "rollout",
+            "default",
+            "bake_time_s",
+            300,
+            "steps, analysis_window_s, min_samples, gates, shadow_percent, shadow_duration_s, manual_approval, "
+            "rollback_window_s, hold_deadline_s, offline_tolerance",
+        ),
     ],
-)  # fmt: skip
+)
 def test_keys_that_nothing_reads_are_refused(tmp_path, section, name, key, value, accepted):
     data = base()
     data[section][name][key] = value
@@ -295,9 +296,7 @@ def test_same_name_in_two_files_names_both(tmp_path):
     first = write(tmp_path, "a.yaml", base())
     second = write(tmp_path, "b.yaml", {"models": base()["models"]})
     expected = "each name defined in one file only"
-    assert f"{second}: models.m: already defined in {first} — expected {expected}" in (
-        problems(tmp_path)
-    )
+    assert f"{second}: models.m: already defined in {first} — expected {expected}" in (problems(tmp_path))
 
 
 def test_same_name_twice_in_one_file(tmp_path):
@@ -388,7 +387,7 @@ def test_policies_built_in_code_are_cross_checked_too():
 # Keys nothing reads yet, and why each may stay. Remove an entry when its reader lands.
 NOT_READ_YET = {
     "ModelSpec.size_class": "required by the shared design's schema; placement sizes from params_millions and dtype",
-}  # fmt: skip
+}
 CODE = ("fleet", "flows", "infra", "bentos", "policies/guardrails")
 
 
@@ -409,8 +408,12 @@ def test_every_policy_key_is_read_somewhere():
     Read means an attribute, subscript or ``.get`` of the key's name in the code outside
     fleet/spec.py. A name that other objects share passes on their reads: tenant ``pins``
     would have, on the route table's. So this catches keys with no reader at all, not all."""
-    code = "\n".join(p.read_text(encoding="utf-8") for root in CODE for p in (ROOT / root).rglob("*.py")
-                     if p != ROOT / "fleet" / "spec.py")  # fmt: skip
+    code = "\n".join(
+        p.read_text(encoding="utf-8")
+        for root in CODE
+        for p in (ROOT / root).rglob("*.py")
+        if p != ROOT / "fleet" / "spec.py"
+    )
     unread = []
     for model in _policy_models(Policies, []):
         if model is Policies:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
-import shutil
 from pathlib import Path
 
 import pytest
@@ -60,8 +60,11 @@ def test_list_is_sorted_and_filtered_by_prefix(store: ObjectStore) -> None:
     assert list(store.list("models/")) == ["models/a/1/x", "models/a/2/x", "models/b/1/manifest.json"]
     assert list(store.list("models/a")) == ["models/a/1/x", "models/a/2/x"]
     assert list(store.list("models")) == [
-        "models/a/1/x", "models/a/2/x", "models/b/1/manifest.json", "models2/z",
-    ]  # fmt: skip
+        "models/a/1/x",
+        "models/a/2/x",
+        "models/b/1/manifest.json",
+        "models2/z",
+    ]
     assert list(store.list("nothing/")) == []
     assert len(list(store.list())) == 5
 

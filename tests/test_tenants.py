@@ -92,7 +92,9 @@ def test_a_quota_refuses_inf_and_nan(rps: float) -> None:
     with pytest.raises(InvalidInput, match="burst 0 is not valid; expected a whole number >= 1"):
         make_quota(5, 0)
     for tokens in (0, -5):
-        with pytest.raises(InvalidInput, match=f"tokens per minute {tokens} is not valid; expected a whole number >= 1"):
+        with pytest.raises(
+            InvalidInput, match=f"tokens per minute {tokens} is not valid; expected a whole number >= 1"
+        ):
             make_quota(5, 5, tokens_per_minute=tokens)
     with pytest.raises(ValidationError):
         Quota(rps=5, burst=5, tokens_per_minute=0)
@@ -129,8 +131,14 @@ def test_the_duplicate_tenant_error_names_the_command_that_adds_a_key(store: Obj
 # -- one bad record is skipped, not fatal ---------------------------------------------------
 
 # what `--rps inf` used to store: every reader of it failed
-_NULL_RPS = {"name": "nulls", "entitlements": {"m": ["*"]}, "quota": {"rps": None, "burst": 5}, "keys": [],
-             "created_at": "2026-01-01T00:00:00Z", "created_by": "old-cli"}  # fmt: skip
+_NULL_RPS = {
+    "name": "nulls",
+    "entitlements": {"m": ["*"]},
+    "quota": {"rps": None, "burst": 5},
+    "keys": [],
+    "created_at": "2026-01-01T00:00:00Z",
+    "created_by": "old-cli",
+}
 
 
 def corrupt(store: ObjectStore) -> None:
@@ -228,8 +236,14 @@ def expire_all_but(store: ObjectStore, name: str, keep: str | None = None) -> No
     """Move every key's expiry (but ``keep``'s) into the past, as if a grace period had run out:
     explicit times instead of sleeping through one."""
     past = datetime.now(UTC) - timedelta(seconds=1)
-    records.update(store, f"tenants/{name}.json", Tenant, lambda t: t.model_copy(update={"keys": [
-        k if k.id == keep else k.model_copy(update={"expires_at": past}) for k in t.keys]}))  # fmt: skip
+    records.update(
+        store,
+        f"tenants/{name}.json",
+        Tenant,
+        lambda t: t.model_copy(
+            update={"keys": [k if k.id == keep else k.model_copy(update={"expires_at": past}) for k in t.keys]}
+        ),
+    )
 
 
 def test_add_key_works_for_a_tenant_whose_keys_are_all_revoked_or_expired(store: ObjectStore) -> None:
@@ -299,11 +313,15 @@ def test_a_rotation_never_lengthens_a_key_s_life(store: ObjectStore) -> None:
 
 
 @pytest.mark.parametrize(("grace", "said"), [(timedelta(seconds=-1), "-1s"), (timedelta(days=31), "31d")])
-def test_rotate_refuses_a_negative_or_absurd_grace_and_writes_nothing(store: ObjectStore, grace: timedelta, said: str) -> None:
+def test_rotate_refuses_a_negative_or_absurd_grace_and_writes_nothing(
+    store: ObjectStore, grace: timedelta, said: str
+) -> None:
     tenants = Tenants(store)
     tenants.create("acme", {"demo": ["*"]})
     etag = store.get("tenants/acme.json").etag
-    with pytest.raises(InvalidInput, match=f"^grace {said} is not valid; expected 0 \\(stop the old key at once\\) up to 30d$"):
+    with pytest.raises(
+        InvalidInput, match=f"^grace {said} is not valid; expected 0 \\(stop the old key at once\\) up to 30d$"
+    ):
         tenants.rotate("acme", grace=grace)
     assert store.get("tenants/acme.json").etag == etag
 

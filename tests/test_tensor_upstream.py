@@ -25,9 +25,9 @@ import numpy as np
 import orjson
 import pytest
 
-from fleet.gateway.grpc_server import pb, pb_grpc  # first: loads tritonclient's protos (see _load_service)
 from fleet.gateway.answers import BadAnswer, TensorAnswer, decode_answer
 from fleet.gateway.body import Decoder
+from fleet.gateway.grpc_server import pb, pb_grpc  # first: loads tritonclient's protos (see _load_service)
 from fleet.gateway.upstream import Upstreams
 from fleet.router import Router
 from fleet.store import open_store
@@ -51,8 +51,10 @@ def tensor_answer(array: np.ndarray, datatype: str = "FP32", shape: str | None =
 # -- tensor answers, pure -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype, datatype", [(np.float32, "FP32"), (np.float64, "FP64"), (np.float16, "FP16"),
-                                             (np.int64, "INT64"), (np.uint8, "UINT8")])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtype, datatype",
+    [(np.float32, "FP32"), (np.float64, "FP64"), (np.float16, "FP16"), (np.int64, "INT64"), (np.uint8, "UINT8")],
+)
 def test_a_tensor_answer_decodes_to_what_its_json_twin_does(dtype: type, datatype: str) -> None:
     values = (np.random.default_rng(1).uniform(0, 100, size=(3, 2))).astype(dtype)
     got = decode_answer(tensor_answer(values, datatype), REF, 3)
@@ -71,25 +73,44 @@ GOOD = np.array([[0.2, 0.8], [0.6, 0.4], [0.5, 0.5]], np.float32)
 RAW = GOOD.astype("<f4").tobytes()
 
 
-@pytest.mark.parametrize("answer, message", [
-    (TensorAnswer(RAW, None, b"3,2"), "answered application/octet-stream without X-Fleet-Datatype; expected both"),
-    (TensorAnswer(RAW, b"FP32", None), "without X-Fleet-Shape; expected both (e.g. X-Fleet-Datatype: FP32, X-Fleet-Shape: 3,2)"),
-    (TensorAnswer(RAW, None, None), "without X-Fleet-Datatype and X-Fleet-Shape"),
-    (TensorAnswer(RAW[:6], b"BOOL", b"3,2"), "answered X-Fleet-Datatype: 'BOOL'; expected a numeric OIP datatype (UINT8"),
-    (TensorAnswer(RAW, b"BYTES", b"3,2"), "answered X-Fleet-Datatype: 'BYTES'; expected a numeric OIP datatype"),
-    (TensorAnswer(RAW, b"FP32", b"3,2,1"), "answered X-Fleet-Shape: '3,2,1'; expected [rows] or [rows, columns]"),
-    (TensorAnswer(RAW, b"FP32", b"3x2"), "answered X-Fleet-Shape: '3x2'; expected [rows] or [rows, columns]"),
-    (TensorAnswer(RAW, b"FP32", b"-3,2"), "answered X-Fleet-Shape: '-3,2'"),
-    (TensorAnswer(RAW, b"FP32", b""), "answered X-Fleet-Shape: ''"),
-    (TensorAnswer(RAW[:-4], b"FP32", b"3,2"), "answered 20 bytes; its shape [3, 2] of FP32 needs 24 (6 values × 4 bytes"),
-    (TensorAnswer(RAW, b"FP32", b"999999999999999999,999999999999999999"), "answered 24 bytes; its shape [999999999999999999"),
-    (TensorAnswer(RAW[:16], b"FP32", b"2,2"), "answered shape [2, 2] for 3 input rows; expected one row per input row"),
-    (TensorAnswer(RAW, b"FP32", b"6"), "answered shape [6] for 3 input rows"),
-    (tensor_answer(np.array([[0.5, np.nan], [0.5, 0.5], [0.5, 0.5]], np.float32)), "answered non-finite values"),
-    (tensor_answer(np.array([[1e39, 0.0]] * 3, np.float64), "FP64"), "answered non-finite values"),  # not an FP32
-])  # fmt: skip
-def test_a_malformed_tensor_answer_is_the_versions_failure_saying_what_was_wrong(answer: TensorAnswer,
-                                                                                message: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        (TensorAnswer(RAW, None, b"3,2"), "answered application/octet-stream without X-Fleet-Datatype; expected both"),
+        (
+            TensorAnswer(RAW, b"FP32", None),
+            "without X-Fleet-Shape; expected both (e.g. X-Fleet-Datatype: FP32, X-Fleet-Shape: 3,2)",
+        ),
+        (TensorAnswer(RAW, None, None), "without X-Fleet-Datatype and X-Fleet-Shape"),
+        (
+            TensorAnswer(RAW[:6], b"BOOL", b"3,2"),
+            "answered X-Fleet-Datatype: 'BOOL'; expected a numeric OIP datatype (UINT8",
+        ),
+        (TensorAnswer(RAW, b"BYTES", b"3,2"), "answered X-Fleet-Datatype: 'BYTES'; expected a numeric OIP datatype"),
+        (TensorAnswer(RAW, b"FP32", b"3,2,1"), "answered X-Fleet-Shape: '3,2,1'; expected [rows] or [rows, columns]"),
+        (TensorAnswer(RAW, b"FP32", b"3x2"), "answered X-Fleet-Shape: '3x2'; expected [rows] or [rows, columns]"),
+        (TensorAnswer(RAW, b"FP32", b"-3,2"), "answered X-Fleet-Shape: '-3,2'"),
+        (TensorAnswer(RAW, b"FP32", b""), "answered X-Fleet-Shape: ''"),
+        (
+            TensorAnswer(RAW[:-4], b"FP32", b"3,2"),
+            "answered 20 bytes; its shape [3, 2] of FP32 needs 24 (6 values × 4 bytes",
+        ),
+        (
+            TensorAnswer(RAW, b"FP32", b"999999999999999999,999999999999999999"),
+            "answered 24 bytes; its shape [999999999999999999",
+        ),
+        (
+            TensorAnswer(RAW[:16], b"FP32", b"2,2"),
+            "answered shape [2, 2] for 3 input rows; expected one row per input row",
+        ),
+        (TensorAnswer(RAW, b"FP32", b"6"), "answered shape [6] for 3 input rows"),
+        (tensor_answer(np.array([[0.5, np.nan], [0.5, 0.5], [0.5, 0.5]], np.float32)), "answered non-finite values"),
+        (tensor_answer(np.array([[1e39, 0.0]] * 3, np.float64), "FP64"), "answered non-finite values"),  # not an FP32
+    ],
+)
+def test_a_malformed_tensor_answer_is_the_versions_failure_saying_what_was_wrong(
+    answer: TensorAnswer, message: str
+) -> None:
     with pytest.raises(BadAnswer, match=re.escape(message)) as info:
         decode_answer(answer, REF, 3)
     assert str(info.value).startswith(f"{REF} answered") and info.value.status == 502 and info.value.kind == "5xx"
@@ -146,17 +167,25 @@ def infer_path(gw: dict, version: str | None) -> str:
 
 def via_json(gw: dict, x: np.ndarray, version: str | None = None) -> httpx.Response:
     body = {"inputs": [{"name": "features", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
-    return httpx.post(infer_path(gw, version), json=body, headers={"Authorization": f"Bearer {gw['key']}"},
-                      timeout=30)  # fmt: skip
+    return httpx.post(infer_path(gw, version), json=body, headers={"Authorization": f"Bearer {gw['key']}"}, timeout=30)
 
 
 def via_binary(gw: dict, x: np.ndarray, version: str | None = None) -> httpx.Response:
     """Triton's binary extension: a JSON header, then the input's raw bytes."""
-    header = json.dumps({"inputs": [{"name": "features", "shape": list(x.shape), "datatype": "FP32",
-                                     "parameters": {"binary_data_size": x.nbytes}}]}).encode()  # fmt: skip
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "features",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ]
+        }
+    ).encode()
     headers = {"Authorization": f"Bearer {gw['key']}", "Inference-Header-Content-Length": str(len(header))}
-    return httpx.post(infer_path(gw, version), content=header + x.astype("<f4").tobytes(), headers=headers,
-                      timeout=30)  # fmt: skip
+    return httpx.post(infer_path(gw, version), content=header + x.astype("<f4").tobytes(), headers=headers, timeout=30)
 
 
 def via_grpc(gw: dict, x: np.ndarray) -> np.ndarray:
@@ -164,7 +193,8 @@ def via_grpc(gw: dict, x: np.ndarray) -> np.ndarray:
     message = pb.ModelInferRequest(model_name=MODEL, inputs=[tensor], raw_input_contents=[x.astype("<f4").tobytes()])
     with grpc.insecure_channel(gw["grpc"]) as channel:
         response = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
-            message, metadata=(("authorization", f"Bearer {gw['key']}"),), timeout=30)  # fmt: skip
+            message, metadata=(("authorization", f"Bearer {gw['key']}"),), timeout=30
+        )
     out = response.outputs[0]
     return np.frombuffer(response.raw_output_contents[0], dtype="<f4").reshape(list(out.shape))
 
@@ -251,12 +281,15 @@ FAULTS = [
 
 
 @pytest.mark.parametrize("change, status, message, kind", FAULTS, ids=[next(iter(f[0])) for f in FAULTS])
-def test_a_fault_on_the_tensor_route_is_the_same_gateway_error_as_on_json(gw: dict, change: dict, status: int,
-                                                                          message: str, kind: str | None) -> None:  # fmt: skip
+def test_a_fault_on_the_tensor_route_is_the_same_gateway_error_as_on_json(
+    gw: dict, change: dict, status: int, message: str, kind: str | None
+) -> None:
     x = sample(2, seed=6)
     for version, stub in (("1.0.0", gw["tensor"]), ("1.1.0", gw["legacy"])):
-        counted = {c: metric(gw["url"], "fleet_version_errors_total", version=version, **{"class": c})
-                   for c in ("5xx", "unreachable", "timeout")}  # fmt: skip
+        counted = {
+            c: metric(gw["url"], "fleet_version_errors_total", version=version, **{"class": c})
+            for c in ("5xx", "unreachable", "timeout")
+        }
         rejected = metric(gw["url"], "fleet_upstream_rejections_total", version=version)
         before = routes(stub)
         httpx.post(f"{stub}/_control", json=change)
@@ -271,7 +304,8 @@ def test_a_fault_on_the_tensor_route_is_the_same_gateway_error_as_on_json(gw: di
         if version == "1.0.0":  # the fault was met on the tensor route
             after = routes(stub)
             assert after.get("/predict", 0) == before.get("/predict", 0) and after["/predict_tensor"] > before.get(
-                "/predict_tensor", 0)  # fmt: skip
+                "/predict_tensor", 0
+            )
         assert via_json(gw, x, version).status_code == 200  # and it recovers
 
 
@@ -354,14 +388,17 @@ def bento_gw(bento: dict) -> dict:
 def test_the_bentos_tensor_route_answers_what_its_json_route_does(bento: dict) -> None:
     url = bento["served"]["1.0.0"]
     x = sample(256, seed=8)
-    r = httpx.post(f"{url}/predict_tensor", content=x.tobytes(), headers={**TENSOR_HEADERS, "X-Fleet-Shape": "256,4"},
-                   timeout=30)  # fmt: skip
+    r = httpx.post(
+        f"{url}/predict_tensor", content=x.tobytes(), headers={**TENSOR_HEADERS, "X-Fleet-Shape": "256,4"}, timeout=30
+    )
     assert r.status_code == 200, r.text
     assert r.headers["content-type"] == "application/octet-stream"
     assert (r.headers["x-fleet-datatype"], r.headers["x-fleet-shape"]) == ("FP32", "256,2")
     tensor = decode_answer(TensorAnswer(r.content, b"FP32", b"256,2"), DEMO, 256)
     model = httpx.post(f"{url}/predict", json={"features": x.tolist()}, timeout=30).json()
-    np.testing.assert_allclose(tensor, np.asarray(model, np.float32), rtol=0, atol=1e-6)  # batched apart: near, not bitwise
+    np.testing.assert_allclose(
+        tensor, np.asarray(model, np.float32), rtol=0, atol=1e-6
+    )  # batched apart: near, not bitwise
 
 
 def test_the_bento_refuses_a_tensor_body_that_does_not_match_its_headers(bento: dict) -> None:
@@ -369,10 +406,20 @@ def test_the_bento_refuses_a_tensor_body_that_does_not_match_its_headers(bento: 
     x = sample(2).tobytes()
     cases = [
         (x[:-4], {"X-Fleet-Shape": "2,4"}, 400, "body has 28 bytes; shape 2,4 of FP32 needs 32"),
-        (x, {"X-Fleet-Shape": "2,4", "X-Fleet-Datatype": "INT64"}, 400, "X-Fleet-Datatype is 'INT64'; this model takes FP32"),
+        (
+            x,
+            {"X-Fleet-Shape": "2,4", "X-Fleet-Datatype": "INT64"},
+            400,
+            "X-Fleet-Datatype is 'INT64'; this model takes FP32",
+        ),
         (x, {"X-Fleet-Shape": "4,2"}, 400, "X-Fleet-Shape is '4,2'; expected rows,4"),
         (x, {"X-Fleet-Shape": "0,4"}, 400, "expected at least one row"),
-        (x, {"X-Fleet-Shape": "2,4", "Content-Type": "text/plain"}, 415, "/predict_tensor takes application/octet-stream"),
+        (
+            x,
+            {"X-Fleet-Shape": "2,4", "Content-Type": "text/plain"},
+            415,
+            "/predict_tensor takes application/octet-stream",
+        ),
     ]
     for body, change, status, message in cases:
         r = httpx.post(f"{url}/predict_tensor", content=body, headers={**TENSOR_HEADERS, **change}, timeout=30)
@@ -385,8 +432,11 @@ def test_the_gateway_sends_the_bento_tensors_and_answers_as_over_json(bento: dic
     before = bento_posts(bento, "1.0.0")
     got = {"json": answered(via_json(bento_gw(bento), x)), "binary": answered(via_binary(bento_gw(bento), y))}
     expected = {**before, "/predict_tensor": before.get("/predict_tensor", 0) + 2}
-    wait_for(lambda: bento_posts(bento, "1.0.0") == expected, timeout=5, what=f"two tensor POSTs logged, nothing else: "
-             f"{before} → {expected}")  # fmt: skip
+    wait_for(
+        lambda: bento_posts(bento, "1.0.0") == expected,
+        timeout=5,
+        what=f"two tensor POSTs logged, nothing else: {before} → {expected}",
+    )
     for protocol, features in (("json", x), ("binary", y)):
         model = httpx.post(f"{url}/predict", json={"features": features.tolist()}, timeout=30).json()
         np.testing.assert_allclose(got[protocol], np.asarray(model, np.float32), rtol=0, atol=1e-6, err_msg=protocol)
@@ -396,8 +446,9 @@ def test_a_rehearsal_fault_fails_both_routes_of_the_bento(bento: dict) -> None:
     url = bento["served"]["1.1.0"]
     x = sample(2, seed=10)
     assert httpx.post(f"{url}/predict", json={"features": x.tolist()}, timeout=30).status_code == 500
-    r = httpx.post(f"{url}/predict_tensor", content=x.tobytes(), headers={**TENSOR_HEADERS, "X-Fleet-Shape": "2,4"},
-                   timeout=30)  # fmt: skip
+    r = httpx.post(
+        f"{url}/predict_tensor", content=x.tobytes(), headers={**TENSOR_HEADERS, "X-Fleet-Shape": "2,4"}, timeout=30
+    )
     assert r.status_code == 500
     r = via_json(bento_gw(bento), x, "1.1.0")
     assert r.status_code == 503 and "answered HTTP 500" in r.json()["error"], r.text

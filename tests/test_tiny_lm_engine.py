@@ -113,15 +113,26 @@ def lm() -> tuple[object, object]:
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                        unk_token="<unk>")  # fmt: skip
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=96, pad_token_id=0,
-                         bos_token_id=1, eos_token_id=2)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=96,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return LlamaForCausalLM(config).eval(), tokenizer
 
 
+TWELVE = Params(max_tokens=12)  # frozen: one shared default
 PROMPTS = ["reverse abc>", "reverse hello world>", "q", "reverse xyzzyabcdefgh>", "m n o p"]
 
 
@@ -145,8 +156,14 @@ class Collected:
         return self.events[-1]
 
 
-def run(lm: tuple, prompts: list[str], params: Params = Params(max_tokens=12), *, scheduler: Scheduler | None = None,
-        steps_between: int = 0) -> tuple[Engine, list[Collected]]:  # fmt: skip
+def run(
+    lm: tuple,
+    prompts: list[str],
+    params: Params = TWELVE,
+    *,
+    scheduler: Scheduler | None = None,
+    steps_between: int = 0,
+) -> tuple[Engine, list[Collected]]:
     engine = Engine(*lm, scheduler or Scheduler())
     sinks = []
     for prompt in prompts:
@@ -159,7 +176,7 @@ def run(lm: tuple, prompts: list[str], params: Params = Params(max_tokens=12), *
     return engine, sinks
 
 
-def solo(lm: tuple, prompt: str, params: Params = Params(max_tokens=12)) -> str:
+def solo(lm: tuple, prompt: str, params: Params = TWELVE) -> str:
     return run(lm, [prompt], params)[1][0].text
 
 
@@ -168,7 +185,7 @@ def test_batched_and_staggered_joins_give_each_sequence_the_tokens_it_gets_alone
     model, tokenizer = lm
     ids = tokenizer(PROMPTS[1], return_tensors="pt").input_ids  # and what transformers' generate gives
     ref = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=2, pad_token_id=0)
-    assert tokenizer.decode(ref[0, ids.shape[1]:], skip_special_tokens=True) == alone[1]
+    assert tokenizer.decode(ref[0, ids.shape[1] :], skip_special_tokens=True) == alone[1]
     _, together = run(lm, PROMPTS, scheduler=Scheduler(max_running=8))
     assert [s.text for s in together] == alone
     engine, staggered = run(lm, PROMPTS, scheduler=Scheduler(max_running=3), steps_between=2)
@@ -259,7 +276,9 @@ def test_min_tokens_holds_end_of_sequence_back(lm: tuple) -> None:
     assert held.final.finish_reason == "length" and held.final.completion_tokens == 30
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (bench/generation_gpu.py serves it there)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (bench/generation_gpu.py serves it there)"
+)
 def test_on_cuda_the_engine_keeps_its_cache_on_the_gpu_and_gives_the_cpus_tokens(lm: tuple) -> None:
     import copy
 

@@ -14,9 +14,17 @@ import pytest
 from bentos.tiny_lm import data
 from bentos.tiny_lm.tokenizer import BOS, EOS, PAD, UNK, train_tokenizer
 from bentos.tiny_lm.train import (
-    PRESETS, TrainConfig, collate, encode, evaluate, generate, generated_training_set, lr_factor, train,
+    PRESETS,
+    TrainConfig,
+    collate,
+    encode,
+    evaluate,
+    generate,
+    generated_training_set,
+    lr_factor,
+    train,
     train_and_register,
-)  # fmt: skip
+)
 from fleet.registry import Registry
 from fleet.store import open_store
 
@@ -162,12 +170,15 @@ def test_the_folder_loads_offline_and_evaluates_to_the_recorded_metric(trained) 
     assert model.config.vocab_size == len(tok) and model.config.max_position_embeddings == 64
     gen = json.loads((out / "generation_config.json").read_text())
     assert (gen["eos_token_id"], gen["pad_token_id"], gen["bos_token_id"]) == (
-        tok.eos_token_id, tok.pad_token_id, tok.bos_token_id,
-    )  # fmt: skip
+        tok.eos_token_id,
+        tok.pad_token_id,
+        tok.bos_token_id,
+    )
     holdout = data.examples(TEST.holdout_examples, TEST.seed, split="holdout", letters=TEST.letters)
     assert evaluate(out, holdout) == {
-        "exact_match": meta.metrics["exact_match"], "holdout_examples": TEST.holdout_examples,
-    }  # fmt: skip
+        "exact_match": meta.metrics["exact_match"],
+        "holdout_examples": TEST.holdout_examples,
+    }
     # batched with left padding, or one at a time: the same greedy answers
     prompts = [p for p, _ in holdout[:6]]
     batched = generate(model, tok, prompts, max_new_tokens=10)
@@ -216,13 +227,27 @@ def test_a_distilled_student_learns_the_teachers_answers_and_names_its_lineage(t
     store = open_store(f"file://{tmp_path / 'store'}")
     Registry(store).register("tiny-lm-test", "1.0.0", out, meta)
     lines: list[str] = []
-    student = distill_and_register(store, "tiny-lm-test", "1.0.0", "1.0.0-student", PRESETS["student-test"], log=lines.append)
-    assert student.parent_version == "1.0.0" and student.hyperparameters["lineage"] == {"method": "distill",
-                                                                                           "teacher": "tiny-lm-test:1.0.0"}
+    student = distill_and_register(
+        store, "tiny-lm-test", "1.0.0", "1.0.0-student", PRESETS["student-test"], log=lines.append
+    )
+    assert student.parent_version == "1.0.0" and student.hyperparameters["lineage"] == {
+        "method": "distill",
+        "teacher": "tiny-lm-test:1.0.0",
+    }
     assert student.hyperparameters["letters"] == list(TEST.letters)  # the teacher's word lengths, not the preset's
-    assert student.metrics["params_millions"] < student.metrics["teacher_params_millions"] == meta.metrics["params_millions"]
-    assert student.metrics["teacher_exact_match"] == meta.metrics["exact_match"] and 0 <= student.metrics["exact_match"] <= 1
-    assert "teacher=tiny-lm-test:1.0.0" in student.training_data.uri and "distilled from tiny-lm-test:1.0.0" in student.description
+    assert (
+        student.metrics["params_millions"]
+        < student.metrics["teacher_params_millions"]
+        == meta.metrics["params_millions"]
+    )
+    assert (
+        student.metrics["teacher_exact_match"] == meta.metrics["exact_match"]
+        and 0 <= student.metrics["exact_match"] <= 1
+    )
+    assert (
+        "teacher=tiny-lm-test:1.0.0" in student.training_data.uri
+        and "distilled from tiny-lm-test:1.0.0" in student.description
+    )
     assert any(line.startswith("teacher exact match on the training prompts") for line in lines)
     fetched = Registry(store).fetch("tiny-lm-test", "1.0.0-student", tmp_path / "student")
     assert AutoModelForCausalLM.from_pretrained(fetched, local_files_only=True).num_parameters() < 20_000
@@ -235,14 +260,23 @@ def test_fleet_models_distill_registers_a_student_and_refuses_a_family_without_d
 
     env = FleetEnv(tmp_path)
     env.fleet("models", "train", "demo-lm", "1.0.0", "--preset", "test", "--steps", "20")
-    student = env.fleet_json("models", "distill", "demo-lm", "1.0.0", "1.0.1", "--preset", "student-test", "--steps", "10")
+    student = env.fleet_json(
+        "models", "distill", "demo-lm", "1.0.0", "1.0.1", "--preset", "student-test", "--steps", "10"
+    )
     assert student["parent_version"] == "1.0.0" and student["hyperparameters"]["lineage"]["method"] == "distill"
-    refused = subprocess.run([FLEET, "models", "distill", "demo-classifier", "1.0.0", "1.0.1"], env=env.env,
-                             capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    refused = subprocess.run(
+        [FLEET, "models", "distill", "demo-classifier", "1.0.0", "1.0.1"],
+        env=env.env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert refused.returncode != 0 and "has no distillation" in refused.stderr
 
 
-def test_a_quantized_version_keeps_the_parents_files_names_its_lineage_and_measures_itself(trained, tmp_path: Path) -> None:
+def test_a_quantized_version_keeps_the_parents_files_names_its_lineage_and_measures_itself(
+    trained, tmp_path: Path
+) -> None:
     from bentos.tiny_lm.train import QUANTIZATION, quantize_and_register
 
     out, meta, _ = trained
@@ -251,9 +285,14 @@ def test_a_quantized_version_keeps_the_parents_files_names_its_lineage_and_measu
     q = quantize_and_register(store, "tiny-lm-test", "1.0.0", "1.0.0-int8", log=lambda _: None)
     assert q.parent_version == "1.0.0" and q.hyperparameters["lineage"]["method"] == "quantize"
     assert q.hyperparameters["lineage"]["settings"] == {"library": "torchao", "method": "int8-weight-only"}
-    assert {k: v for k, v in q.files.items() if k != QUANTIZATION} == parent.files  # the same weights, quantized at load
+    assert {
+        k: v for k, v in q.files.items() if k != QUANTIZATION
+    } == parent.files  # the same weights, quantized at load
     assert q.metrics["weight_mib"] < 0.5 * q.metrics["parent_weight_mib"]
-    assert abs(q.metrics["exact_match"] - meta.metrics["exact_match"]) <= 0.1 and q.metrics["parent_exact_match"] == meta.metrics["exact_match"]
+    assert (
+        abs(q.metrics["exact_match"] - meta.metrics["exact_match"]) <= 0.1
+        and q.metrics["parent_exact_match"] == meta.metrics["exact_match"]
+    )
     with pytest.raises(ValueError, match="quantized already"):
         quantize_and_register(store, "tiny-lm-test", "1.0.0-int8", "1.0.0-int8-int8", log=lambda _: None)
     with pytest.raises(ValueError, match="expected one of int8-weight-only"):

@@ -14,14 +14,16 @@ import httpx
 import numpy as np
 import pytest
 
-from fleet.gateway.grpc_server import pb  # noqa: F401 - first: loads tritonclient's protos (see _load_service)
+# first: loads tritonclient's protos (see _load_service)
+from fleet.gateway.grpc_server import pb  # noqa: F401
 from fleet.tenants import Quota, Tenants
 from tests.gateway_env import MODEL, GatewayEnv
 from tests.test_grpc import start_gateway
 
-import tritonclient.grpc as triton_grpc  # noqa: E402,I001 - after the protos are loaded
-import tritonclient.http as triton_http  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
+# isort: split
+import tritonclient.grpc as triton_grpc  # after the protos are loaded
+import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
 
 CLIENTS = ("http-binary", "http-json", "grpc")
 
@@ -36,8 +38,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         env.route(stable="1.0.0")
         env.route(canary="1.1.0", weight=0)  # reachable by version path only
         tenants = Tenants(env.store)
-        keys = {"apps": env.tenant("apps"), "limited": tenants.create("limited", {MODEL: ["1.0.0"]})[1],
-                "tight": tenants.create("tight", {MODEL: ["*"]}, Quota(rps=0.05, burst=1))[1]}  # fmt: skip
+        keys = {
+            "apps": env.tenant("apps"),
+            "limited": tenants.create("limited", {MODEL: ["1.0.0"]})[1],
+            "tight": tenants.create("tight", {MODEL: ["*"]}, Quota(rps=0.05, burst=1))[1],
+        }
         url, address, _ = start_gateway(env)
         yield {"url": url, "grpc": address, "keys": keys, "stub": stub}
     finally:
@@ -51,8 +56,11 @@ class Client:
         self.mode, self.fleet = mode, fleet
         grpc = mode == "grpc"
         self.lib = triton_grpc if grpc else triton_http
-        self.client = (triton_grpc.InferenceServerClient(fleet["grpc"]) if grpc
-                       else triton_http.InferenceServerClient(fleet["url"].removeprefix("http://")))  # fmt: skip
+        self.client = (
+            triton_grpc.InferenceServerClient(fleet["grpc"])
+            if grpc
+            else triton_http.InferenceServerClient(fleet["url"].removeprefix("http://"))
+        )
 
     def headers(self, tenant: str = "apps", key: str | None = None) -> dict[str, str]:
         return {"authorization": f"Bearer {key or self.fleet['keys'][tenant]}"}
@@ -99,8 +107,14 @@ def test_live_ready_and_server_metadata(client: Client) -> None:
 def test_model_ready_and_metadata_list_only_usable_versions(client: Client) -> None:
     assert client.client.is_model_ready(MODEL, headers=client.headers())
     meta = client.client.get_model_metadata(MODEL, headers=client.headers("limited"))
-    as_dict = meta if isinstance(meta, dict) else {"versions": list(meta.versions), "inputs": [
-        {"name": i.name, "datatype": i.datatype, "shape": list(i.shape)} for i in meta.inputs]}  # fmt: skip
+    as_dict = (
+        meta
+        if isinstance(meta, dict)
+        else {
+            "versions": list(meta.versions),
+            "inputs": [{"name": i.name, "datatype": i.datatype, "shape": list(i.shape)} for i in meta.inputs],
+        }
+    )
     assert as_dict["versions"] == ["1.0.0"]  # 1.1.0 is served, but not to this tenant
     assert as_dict["inputs"][0]["name"] == "features" and as_dict["inputs"][0]["datatype"] == "FP32"
 

@@ -41,14 +41,18 @@ def kill_marked(marker: str) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def start_up(cwd: Path, env: dict[str, str], port: int, prefect_port: int,
-             *args: str) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
+def start_up(
+    cwd: Path, env: dict[str, str], port: int, prefect_port: int, *args: str
+) -> tuple[subprocess.Popen[bytes], str]:
     out = cwd / f"up-{time.monotonic_ns()}.out"
     with open(out, "wb") as stdout:
         proc = subprocess.Popen(
             [FLEET, "up", "--port", str(port), "--prefect-port", str(prefect_port), *(args or ("--grpc-port", "0"))],
-            cwd=cwd, env=env, stdout=stdout, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=cwd,
+            env=env,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         text = out.read_text()
@@ -61,8 +65,12 @@ def start_up(cwd: Path, env: dict[str, str], port: int, prefect_port: int,
 
 
 def predict(port: int, key: str) -> httpx.Response:
-    return httpx.post(f"http://127.0.0.1:{port}/v2/models/demo-classifier/infer", json=BODY,
-                      headers={"Authorization": f"Bearer {key}"}, timeout=30)  # fmt: skip
+    return httpx.post(
+        f"http://127.0.0.1:{port}/v2/models/demo-classifier/infer",
+        json=BODY,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
 
 
 def test_fleet_up_serves_recovers_from_a_crash_and_stops_cleanly_on_sigint(tmp_path: Path) -> None:
@@ -104,8 +112,19 @@ def test_fleet_up_with_two_gateways_shares_quotas_through_its_redis_and_stops_it
     env = {**os.environ, "FLEET_POLICIES": str(ROOT / "policies"), marker.split("=")[0]: marker.split("=")[1]}
     port, redis_port, grpc_port = free_port(), free_port(), free_port()
     try:
-        proc, key = start_up(tmp_path, env, port, free_port(), "--no-prefect", "--gateways", "2",
-                             "--redis-port", str(redis_port), "--grpc-port", str(grpc_port))  # fmt: skip
+        proc, key = start_up(
+            tmp_path,
+            env,
+            port,
+            free_port(),
+            "--no-prefect",
+            "--gateways",
+            "2",
+            "--redis-port",
+            str(redis_port),
+            "--grpc-port",
+            str(grpc_port),
+        )
         assert predict(port, key).status_code == 200
         health = httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5).json()
         assert health["workers"] == 2

@@ -34,7 +34,9 @@ from fleet.usage import (
 ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2026, 12, 1, 14, 0, tzinfo=UTC).timestamp()  # the start of a UTC hour
 H14 = datetime(2026, 12, 1, 14, 0, tzinfo=UTC)
-PRICE = Price(2.0, "g5.xlarge", "placement: 1 of a g5.xlarge node per replica at Pulumi.test.yaml: nodePools[a10g].hourly_usd 2")
+PRICE = Price(
+    2.0, "g5.xlarge", "placement: 1 of a g5.xlarge node per replica at Pulumi.test.yaml: nodePools[a10g].hourly_usd 2"
+)
 DEMO = ("demo", "1.0.0")
 
 
@@ -110,7 +112,9 @@ def test_an_hour_boundary_splits_requests_and_replica_seconds_between_hour_files
     m.served("acme", "demo", "1.0.0", 2, 0.2)
     assert m.flush() == 2
     h14, h15 = stored(store, H14), stored(store, H14 + timedelta(hours=1))
-    assert [(t.requests, t.rows) for t in h14.traffic] == [(1, 1)] and [(t.requests, t.rows) for t in h15.traffic] == [(1, 2)]
+    assert [(t.requests, t.rows) for t in h14.traffic] == [(1, 1)] and [(t.requests, t.rows) for t in h15.traffic] == [
+        (1, 2)
+    ]
     [v14], [v15] = h14.versions, h15.versions
     assert v14.replica_s_by_minute[59] == 10.0 and sum(v14.replica_s_by_minute) == 10.0
     assert v15.replica_s_by_minute[0] == 10.0 and sum(v15.replica_s_by_minute) == 10.0
@@ -136,7 +140,9 @@ def test_flush_rewrites_the_hour_with_cumulative_counts_and_loses_nothing_betwee
     assert [t.requests for t in stored(store, H14 + timedelta(hours=2)).traffic] == [1]
 
 
-def test_a_store_that_is_down_keeps_the_counts_until_a_flush_gets_through(store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_store_that_is_down_keeps_the_counts_until_a_flush_gets_through(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     m, clock = meter(store)
     m.served("acme", "demo", "1.0.0", 2, 0.5)
     real = store.put
@@ -182,8 +188,21 @@ def test_records_refuse_nan_and_a_price_without_source(store: ObjectStore) -> No
     with pytest.raises(ValidationError):
         TrafficRecord(tenant="a", model="m", version="1", requests=1, rows=1, upstream_s=math.nan)
     with pytest.raises(ValidationError, match="a price has a number and a source"):
-        UsageHour.model_validate({"hour": H14, "gateway": "g", "traffic": [], "versions": [
-            {"model": "m", "version": "1", "replica_s_by_minute": None, "price": {"usd_per_replica_hour": 1.0, "source": "none"}}]})
+        UsageHour.model_validate(
+            {
+                "hour": H14,
+                "gateway": "g",
+                "traffic": [],
+                "versions": [
+                    {
+                        "model": "m",
+                        "version": "1",
+                        "replica_s_by_minute": None,
+                        "price": {"usd_per_replica_hour": 1.0, "source": "none"},
+                    }
+                ],
+            }
+        )
     with pytest.raises(InvalidInput, match="gateway id"):
         UsageMeter(store, "a/b", priced)
 
@@ -236,7 +255,11 @@ def test_cost_per_version_and_per_tenant_by_share_of_upstream_seconds(store: Obj
     assert (v.price.usd_per_replica_hour, v.price.instance, v.price.source) == (2.0, "g5.xlarge", PRICE.source)
     tenants = {t.tenant: t for t in report.tenants}
     assert (tenants["acme"].share, tenants["acme"].usd, tenants["acme"].usd_per_1k_inferences) == (0.75, 0.75, 2.5)
-    assert (tenants["globex"].share, tenants["globex"].usd, tenants["globex"].usd_per_1k_inferences) == (0.25, 0.25, 1.25)
+    assert (tenants["globex"].share, tenants["globex"].usd, tenants["globex"].usd_per_1k_inferences) == (
+        0.25,
+        0.25,
+        1.25,
+    )
     assert tenants["acme"].replica_s == 1350.0
 
 
@@ -293,7 +316,10 @@ def test_rollup_filters_by_tenant_model_and_window_and_skips_unreadable_files(st
     assert report.version(*DEMO).requests == 2  # the version's totals stay every tenant's
     [acme] = report.tenants
     assert (acme.tenant, acme.requests, acme.share) == ("acme", 1, 0.25)
-    assert sorted(b.key for b in report.skipped) == ["usage/2026-12-01T14/gw-broken.json", "usage/2026-12-01T14/gw-elsewhere.json"]
+    assert sorted(b.key for b in report.skipped) == [
+        "usage/2026-12-01T14/gw-broken.json",
+        "usage/2026-12-01T14/gw-elsewhere.json",
+    ]
 
     by_model = rollup(store, H14, H14 + timedelta(hours=1), model="other")
     assert [(v.model, v.version) for v in by_model.versions] == [("other", "2.0.0")]
@@ -386,7 +412,9 @@ def test_fleet_usage_json(recent: ObjectStore) -> None:
     assert demo["usd_per_1k_inferences"] == pytest.approx(120 / 3600 * 2.0 / 400 * 1000)
     assert versions["other", "2.0.0"]["usd"] is None and versions["other", "2.0.0"]["price"]["source"] == "none"
     tenants = {(t["tenant"], t["model"]): t for t in data["tenants"]}
-    assert tenants["acme", "demo"]["share"] == 0.75 and tenants["globex", "demo"]["usd"] == pytest.approx(demo["usd"] / 4)
+    assert tenants["acme", "demo"]["share"] == 0.75 and tenants["globex", "demo"]["usd"] == pytest.approx(
+        demo["usd"] / 4
+    )
     assert "row" in data["inference"]
 
     only = json.loads(_fleet("--tenant", "globex", "--since", "90m", "--json").stdout)
@@ -407,7 +435,9 @@ def test_fleet_usage_table(recent: ObjectStore) -> None:
     assert "nothing served" in _fleet("--tenant", "nobody").stdout
 
 
-def test_fleet_usage_refuses_a_bad_since(recent: ObjectStore, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_fleet_usage_refuses_a_bad_since(
+    recent: ObjectStore, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(InvalidInput, match=r"--since 'abc' is not a duration; expected like 90m, 24h, 7d"):
         _fleet("--since", "abc")
     for bad in ("0h", "24", "1w", "999d"):
@@ -420,7 +450,6 @@ def test_fleet_usage_refuses_a_bad_since(recent: ObjectStore, monkeypatch: pytes
         main()
     assert exit_.value.code == 1
     assert capsys.readouterr().err.startswith("error: --since 'abc' is not a duration; expected like 90m, 24h, 7d")
-
 
 
 # -- end to end: a real gateway meters, `fleet usage` reads ------------------------------------
@@ -452,13 +481,17 @@ def test_a_gateway_meters_what_it_served_and_fleet_usage_prices_it(tmp_path: Pat
                 assert r.status_code == 200
         assert metric(url, "fleet_usage_rows_total", tenant="apps", model=MODEL, version="1.0.0") == 10
         assert metric(url, "fleet_version_price_usd_per_replica_hour", model=MODEL, version="1.0.0") == 0.36
-        wait_for(lambda: metric(url, "fleet_version_replica_seconds_total", model=MODEL, version="1.0.0") > 0,
-                 what="a replica sample after the first (about 1 s)")  # fmt: skip
+        wait_for(
+            lambda: metric(url, "fleet_version_replica_seconds_total", model=MODEL, version="1.0.0") > 0,
+            what="a replica sample after the first (about 1 s)",
+        )
         proc.terminate()  # a clean stop flushes the hour file
         assert proc.wait(timeout=30) == 0
     finally:
         env.stop()
-    out = subprocess.run([FLEET, "usage", "--json"], env=env.env(), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [FLEET, "usage", "--json"], env=env.env(), cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     report = json_.loads(out.stdout)
     (version,) = [v for v in report["versions"] if v["model"] == MODEL]
@@ -466,4 +499,6 @@ def test_a_gateway_meters_what_it_served_and_fleet_usage_prices_it(tmp_path: Pat
     assert version["replica_s"] > 0 and version["price"]["source"] == "test price file"
     assert version["usd"] == pytest.approx(version["replica_s"] / 3600 * 0.36)
     (tenant,) = [t for t in report["tenants"] if t["tenant"] == "apps"]
-    assert tenant["share"] == pytest.approx(1.0) and tenant["usd_per_1k_inferences"] == pytest.approx(version["usd"] / 10 * 1000)
+    assert tenant["share"] == pytest.approx(1.0) and tenant["usd_per_1k_inferences"] == pytest.approx(
+        version["usd"] / 10 * 1000
+    )

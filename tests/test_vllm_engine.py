@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bentos.tiny_lm.engine import Event, Params
-from tests.test_tiny_lm_engine import Collected
+from bentos.tiny_lm.engine import Params
 from bentos.tiny_lm.scheduler import QueueFull, TooLong
 from bentos.tiny_lm.vllm_engine import (
     EngineUnavailable,
@@ -23,6 +22,7 @@ from bentos.tiny_lm.vllm_engine import (
     resolve_device,
     sampling_kwargs,
 )
+from tests.test_tiny_lm_engine import Collected
 
 
 # -- which device, which engine ------------------------------------------------------------------------
@@ -48,7 +48,15 @@ def _never() -> str | None:
         ("auto", "cuda", None, False, False, "vllm", "CUDA, and vllm imports"),
         ("vllm", "cuda", None, False, False, "vllm", "FLEET_ENGINE=vllm"),
         ("auto", "cpu", _never, False, False, "native", "CUDA-only"),
-        ("auto", "cuda", "ModuleNotFoundError: No module named 'vllm'", False, False, "native", "No module named 'vllm'"),
+        (
+            "auto",
+            "cuda",
+            "ModuleNotFoundError: No module named 'vllm'",
+            False,
+            False,
+            "native",
+            "No module named 'vllm'",
+        ),
         ("auto", "cuda", _never, True, False, "native", "int8 weights"),
         ("auto", "cuda", _never, False, True, "native", "rehearsal faults"),
         ("native", "cuda", _never, False, False, "native", "FLEET_ENGINE=native"),
@@ -57,7 +65,7 @@ def _never() -> str | None:
 )
 def test_vllm_on_cuda_when_it_imports_and_the_version_needs_nothing_native(
     requested: str | None, device: str, vllm: object, quantized: bool, faults: bool, engine: str, says: str
-) -> None:  # fmt: skip
+) -> None:
     probe = vllm if callable(vllm) else (lambda: vllm)
     choice = choose_engine(requested, device=device, vllm_import=probe, quantized=quantized, faults=faults)
     assert choice.engine == engine and says in choice.reason
@@ -76,36 +84,77 @@ def test_asking_for_vllm_where_it_cannot_run_fails_saying_why() -> None:
 
 # -- ours → vLLM's ---------------------------------------------------------------------------------------
 def test_params_map_to_sampling_params_field_by_field() -> None:
-    params = Params(max_tokens=24, min_tokens=4, temperature=0.7, top_p=0.9, stop=("\n", "END"), seed=42,
-                    priority="batch", timeout_s=3.0)  # fmt: skip
+    params = Params(
+        max_tokens=24,
+        min_tokens=4,
+        temperature=0.7,
+        top_p=0.9,
+        stop=("\n", "END"),
+        seed=42,
+        priority="batch",
+        timeout_s=3.0,
+    )
     assert sampling_kwargs(params) == {
-        "n": 1, "max_tokens": 24, "min_tokens": 4, "temperature": 0.7, "top_p": 0.9, "stop": ["\n", "END"],
-        "seed": 42, "skip_special_tokens": True, "include_stop_str_in_output": False,
-    }  # fmt: skip
+        "n": 1,
+        "max_tokens": 24,
+        "min_tokens": 4,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "stop": ["\n", "END"],
+        "seed": 42,
+        "skip_special_tokens": True,
+        "include_stop_str_in_output": False,
+    }
     greedy = sampling_kwargs(Params())
-    assert greedy["temperature"] == 0.0 and greedy["seed"] is None and greedy["stop"] == [] and greedy["max_tokens"] == 16
+    assert (
+        greedy["temperature"] == 0.0 and greedy["seed"] is None and greedy["stop"] == [] and greedy["max_tokens"] == 16
+    )
 
 
 def test_engine_args_follow_the_policy_placement_and_environment() -> None:
     generation = {"max_running": 48, "kv_budget_tokens": 4096, "max_waiting": 256}
-    args = engine_args("/models/demo-lm", generation=generation, context=64, env={"FLEET_TENSOR_PARALLEL": "2"},
-                       gpu_memory_gib=14.0, gpu_total_bytes=140 * 2**30)  # fmt: skip
+    args = engine_args(
+        "/models/demo-lm",
+        generation=generation,
+        context=64,
+        env={"FLEET_TENSOR_PARALLEL": "2"},
+        gpu_memory_gib=14.0,
+        gpu_total_bytes=140 * 2**30,
+    )
     assert args == {
-        "model": "/models/demo-lm", "tokenizer": "/models/demo-lm", "dtype": "bfloat16", "max_model_len": 64,
-        "max_num_seqs": 48, "tensor_parallel_size": 2, "gpu_memory_utilization": 0.1, "enforce_eager": False,
-        "scheduling_policy": "priority", "seed": 0, "disable_log_stats": False,
-    }  # fmt: skip
+        "model": "/models/demo-lm",
+        "tokenizer": "/models/demo-lm",
+        "dtype": "bfloat16",
+        "max_model_len": 64,
+        "max_num_seqs": 48,
+        "tensor_parallel_size": 2,
+        "gpu_memory_utilization": 0.1,
+        "enforce_eager": False,
+        "scheduling_policy": "priority",
+        "seed": 0,
+        "disable_log_stats": False,
+    }
     env = {"FLEET_GPU_MEMORY_UTILIZATION": "0.3", "FLEET_VLLM_ENFORCE_EAGER": "1", "FLEET_VLLM_DTYPE": "float16"}
     args = engine_args("/m", generation={}, context=2048, env=env, gpu_memory_gib=14.0, gpu_total_bytes=140 * 2**30)
-    assert (args["gpu_memory_utilization"], args["enforce_eager"], args["dtype"], args["tensor_parallel_size"],
-            args["max_num_seqs"]) == (0.3, True, "float16", 1, 32)  # fmt: skip
+    assert (
+        args["gpu_memory_utilization"],
+        args["enforce_eager"],
+        args["dtype"],
+        args["tensor_parallel_size"],
+        args["max_num_seqs"],
+    ) == (0.3, True, "float16", 1, 32)
     with pytest.raises(ValueError, match="FLEET_TENSOR_PARALLEL is '0'"):
         engine_args("/m", generation={}, context=64, env={"FLEET_TENSOR_PARALLEL": "0"})
     with pytest.raises(ValueError, match="FLEET_TENSOR_PARALLEL is 'two'"):
         engine_args("/m", generation={}, context=64, env={"FLEET_TENSOR_PARALLEL": "two"})
     # placement sized the KV cache for 16,384 tokens: a model that could take 131,072 is held to it
-    assert engine_args("/m", generation={}, context=131_072, env={"FLEET_CONTEXT_TOKENS": "16384"})["max_model_len"] == 16_384
-    assert engine_args("/m", generation={}, context=2048, env={"FLEET_CONTEXT_TOKENS": "16384"})["max_model_len"] == 2048
+    assert (
+        engine_args("/m", generation={}, context=131_072, env={"FLEET_CONTEXT_TOKENS": "16384"})["max_model_len"]
+        == 16_384
+    )
+    assert (
+        engine_args("/m", generation={}, context=2048, env={"FLEET_CONTEXT_TOKENS": "16384"})["max_model_len"] == 2048
+    )
     with pytest.raises(ValueError, match="FLEET_CONTEXT_TOKENS is '-5'"):
         engine_args("/m", generation={}, context=64, env={"FLEET_CONTEXT_TOKENS": "-5"})
 
@@ -173,8 +222,12 @@ class FakeLLM:
                 await asyncio.sleep(self.delay)
                 last = i == len(self.chunks) - 1
                 tokens = [20 + ord(c) % 50 for c in chunk] + ([EOS] if last and self.finish == "stop" else [])
-                yield Output(request_id, [Completion(chunk, tokens, self.finish if last else None)], last,
-                             Metrics() if last else None)  # fmt: skip
+                yield Output(
+                    request_id,
+                    [Completion(chunk, tokens, self.finish if last else None)],
+                    last,
+                    Metrics() if last else None,
+                )
         except asyncio.CancelledError:
             self.aborted.append(request_id)
             raise
@@ -183,15 +236,18 @@ class FakeLLM:
         self.shut = True
 
 
-
-
 @pytest.fixture
 def started() -> object:
     engines: list[VLLMEngine] = []
 
     def make(llm: FakeLLM, *, max_running: int = 8, max_waiting: int = 8, context: int = 64) -> VLLMEngine:
-        engine = VLLMEngine(Tokenizer(), {"max_model_len": context, "max_num_seqs": max_running}, max_waiting=max_waiting,
-                            llm_factory=lambda: llm, sampling_factory=lambda kwargs: kwargs)  # fmt: skip
+        engine = VLLMEngine(
+            Tokenizer(),
+            {"max_model_len": context, "max_num_seqs": max_running},
+            max_waiting=max_waiting,
+            llm_factory=lambda: llm,
+            sampling_factory=lambda kwargs: kwargs,
+        )
         engine.start()
         engines.append(engine)
         return engine
@@ -212,7 +268,7 @@ def test_text_streams_as_deltas_and_the_final_event_counts_as_the_native_engine_
     assert final.finish_reason == "stop" and final.text == "" and final.error is None
     assert final.prompt_tokens == len("reverse abc>") + 1 and final.completion_tokens == 5
     assert final.queue_s == pytest.approx(0.25) and final.ttft_s >= 0 and final.tpot_s >= 0
-    (prompt, sampling, request_id, priority), = llm.calls
+    ((prompt, sampling, request_id, priority),) = llm.calls
     assert prompt == {"prompt_token_ids": seq.prompt} and priority == 1 and request_id.startswith(f"fleet-{seq.id}-")
     assert sampling["seed"] == 7 and sampling["temperature"] == 0.5 and sampling["max_tokens"] == 10
     assert seq.done and seq.finish_reason == "stop"

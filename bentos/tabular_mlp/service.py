@@ -50,17 +50,18 @@ from pathlib import Path
 import bentoml
 import numpy as np
 from bentoml.exceptions import BadInput, BentoMLException
+from integrity import verify_folder  # noqa: I001 - the Bento holds these files at its root
 from starlette.requests import Request
 from starlette.responses import Response
-
-from integrity import verify_folder  # noqa: I001 - the Bento holds these files at its root
 
 mark("imported")
 
 BUILD = json.loads((Path(__file__).with_name("fleet_build.json")).read_text())
 MODEL = bentoml.models.BentoModel(BUILD["bento_model"])
-REMEDY = (f"expected the files of {BUILD['model']}:{BUILD['version']} as registered; on a fleet machine "
-          f"`fleet package {BUILD['model']} {BUILD['version']} --force` imports them again from the registry")  # fmt: skip
+REMEDY = (
+    f"expected the files of {BUILD['model']}:{BUILD['version']} as registered; on a fleet machine "
+    f"`fleet package {BUILD['model']} {BUILD['version']} --force` imports them again from the registry"
+)
 BATCHING = {
     "batchable": BUILD["batching"]["batchable"],
     "batch_dim": 0,
@@ -86,8 +87,10 @@ def read_tensor(body: bytes, content_type: str, datatype: str, shape: str) -> np
     refused (415 for another content type, 400 otherwise) saying what was expected."""
     media = content_type.split(";")[0].strip().lower()
     if media != TENSOR_TYPE:
-        raise BentoMLException(f"Content-Type is {media!r}; /predict_tensor takes {TENSOR_TYPE} (JSON goes to /predict)",
-                               error_code=HTTPStatus.UNSUPPORTED_MEDIA_TYPE)  # fmt: skip
+        raise BentoMLException(
+            f"Content-Type is {media!r}; /predict_tensor takes {TENSOR_TYPE} (JSON goes to /predict)",
+            error_code=HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+        )
     if datatype.strip() != "FP32":
         raise BadInput(f"X-Fleet-Datatype is {datatype[:40]!r}; this model takes FP32")
     dims = [d.strip() for d in shape.split(",")]
@@ -111,8 +114,9 @@ class TensorFeatures(bentoml.IODescriptor):
     @classmethod
     async def from_http_request(cls, request: Request, serde: object) -> TensorFeatures:
         h = request.headers
-        features = read_tensor(await request.body(), h.get("content-type", ""), h.get("x-fleet-datatype", ""),
-                               h.get("x-fleet-shape", ""))  # fmt: skip
+        features = read_tensor(
+            await request.body(), h.get("content-type", ""), h.get("x-fleet-datatype", ""), h.get("x-fleet-shape", "")
+        )
         return cls(features=features)
 
 
@@ -173,5 +177,6 @@ class TabularClassifier:
     @bentoml.api
     def metadata(self) -> dict:
         return {k: BUILD[k] for k in ("model", "version", "artifact_sha256", "quantize")} | {
-            "device": str(self.predictor.device), "faults": self.faults,
+            "device": str(self.predictor.device),
+            "faults": self.faults,
         }

@@ -46,7 +46,8 @@ def train(config: TrainConfig, out: Path) -> VersionMetadata:
     x, y = data.generate(config.rows, config.seed, config.data_shift, config.label_threshold)
     split = int(len(x) * (1 - config.holdout))
     uri = f"generated://tabular-mlp?rows={config.rows}&seed={config.seed}&shift={config.data_shift}" + (
-        f"&threshold={config.label_threshold}" if config.label_threshold != data.THRESHOLD else "")  # fmt: skip
+        f"&threshold={config.label_threshold}" if config.label_threshold != data.THRESHOLD else ""
+    )
     return fit(x[:split], y[:split], x[split:], y[split:], config, out, TrainingData(uri=uri, sha256=data.digest(x, y)))
 
 
@@ -58,13 +59,20 @@ def generated_training_set(uri: str) -> tuple[np.ndarray, np.ndarray]:
     if parts.scheme != "generated" or parts.netloc != "tabular-mlp":
         raise ValueError(f"training data {uri!r} is not generated://tabular-mlp?rows=..&seed=..; cannot regenerate it")
     q = {k: v[0] for k, v in parse_qs(parts.query).items()}
-    return data.generate(int(q["rows"]), int(q["seed"]), float(q.get("shift", 0.0)), float(q.get("threshold", data.THRESHOLD)))
+    return data.generate(
+        int(q["rows"]), int(q["seed"]), float(q.get("shift", 0.0)), float(q.get("threshold", data.THRESHOLD))
+    )
 
 
 def fit(
-    x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
-    config: TrainConfig, out: Path, training_data: TrainingData,
-) -> VersionMetadata:  # fmt: skip
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    config: TrainConfig,
+    out: Path,
+    training_data: TrainingData,
+) -> VersionMetadata:
     """Train on the given rows (seeded: the same rows give the same bytes), judge on the holdout."""
     torch.manual_seed(config.seed)
     torch.use_deterministic_algorithms(True)
@@ -87,9 +95,14 @@ def fit(
                 loss_fn(net(xt[idx]), yt[idx]).backward()
                 opt.step()
         model_config = {
-            "architecture": "mlp", "inputs": x_train.shape[1], "hidden": list(config.hidden), "classes": 2,
-            "features": list(data.FEATURES), "mean": mean.tolist(), "std": std.tolist(),
-        }  # fmt: skip
+            "architecture": "mlp",
+            "inputs": x_train.shape[1],
+            "hidden": list(config.hidden),
+            "classes": 2,
+            "features": list(data.FEATURES),
+            "mean": mean.tolist(),
+            "std": std.tolist(),
+        }
         if config.fault_error_rate or config.fault_latency_ms:
             model_config["faults"] = {"error_rate": config.fault_error_rate, "latency_ms": config.fault_latency_ms}
         save(out, net, model_config)

@@ -38,9 +38,13 @@ def split_of(text: str) -> Split:
 
 
 def examples(
-    n: int, seed: int, tasks: Sequence[str] = ("reverse",), *,
-    split: Split = "train", letters: tuple[int, int] = LETTERS,
-) -> list[tuple[str, str]]:  # fmt: skip
+    n: int,
+    seed: int,
+    tasks: Sequence[str] = ("reverse",),
+    *,
+    split: Split = "train",
+    letters: tuple[int, int] = LETTERS,
+) -> list[tuple[str, str]]:
     """``n`` (prompt, answer) pairs of ``split``, tasks drawn in turn; the same for the same arguments.
 
     Train pairs may repeat a prompt (it is sampled); holdout pairs are distinct prompts.

@@ -50,14 +50,32 @@ import torch
 
 try:  # in the repo, a package; in a Bento, files at its root
     from .scheduler import (  # noqa: F401 - re-exported: what a request asks and hears lives beside the scheduler
-        Event, Params, Plan, QueueFull, Scheduler, Sequence, Sink, TooLong, check_params, prompt_ids)
+        Event,
+        Params,
+        Plan,
+        QueueFull,
+        Scheduler,
+        Sequence,
+        Sink,
+        TooLong,
+        check_params,
+        prompt_ids,
+    )
 except ImportError:
     from scheduler import (  # type: ignore[no-redef]  # noqa: F401
-        Event, Params, Plan, QueueFull, Scheduler, Sequence, Sink, TooLong, check_params, prompt_ids)
+        Event,
+        Params,
+        Plan,
+        QueueFull,
+        Scheduler,
+        Sequence,
+        Sink,
+        TooLong,
+        check_params,
+        prompt_ids,
+    )
 
 REPLACEMENT = "\ufffd"  # what a tokenizer decodes half a UTF-8 character to
-
-
 
 
 @dataclass(eq=False)
@@ -113,9 +131,16 @@ class Stats:
 class Engine:
     name = "native"  # what /engine and /metadata report (vllm_engine.VLLMEngine: "vllm")
 
-    def __init__(self, model: Any, tokenizer: Any, scheduler: Scheduler | None = None, *,  # noqa: ANN401
-                 clock: Callable[[], float] = time.monotonic, prefill_delay_s: float = 0.0,
-                 step_delay_s: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        scheduler: Scheduler | None = None,
+        *,  # noqa: ANN401
+        clock: Callable[[], float] = time.monotonic,
+        prefill_delay_s: float = 0.0,
+        step_delay_s: float = 0.0,
+    ) -> None:
         """``prefill_delay_s`` / ``step_delay_s``: a fault built into a version on purpose (a
         slow first token, slow tokens), to rehearse a rollback; 0 otherwise."""
         self.model, self.tokenizer = model.eval(), tokenizer
@@ -145,9 +170,14 @@ class Engine:
         ``ValueError`` (bad parameters). Events go to ``sink`` from the engine's thread."""
         ids = prompt_ids(self.encode, prompt, params, self.context)
         now = self.clock()
-        seq = Sequence(id=next(self._ids), prompt=ids, max_tokens=params.max_tokens, arrived=now,
-                       priority=params.priority,
-                       deadline=None if params.timeout_s is None else now + params.timeout_s)  # fmt: skip
+        seq = Sequence(
+            id=next(self._ids),
+            prompt=ids,
+            max_tokens=params.max_tokens,
+            arrived=now,
+            priority=params.priority,
+            deadline=None if params.timeout_s is None else now + params.timeout_s,
+        )
         generator = None
         if params.temperature > 0:
             generator = torch.Generator(device="cpu")
@@ -169,12 +199,17 @@ class Engine:
         sched, batch = self.scheduler, self._batch
         used = int(batch.mask.sum()) if batch is not None else 0
         return {
-            "running": len(sched.running), "waiting": len(sched.waiting),
-            "kv_reserved_tokens": sched.reserved, "kv_used_tokens": used, "kv_budget_tokens": sched.kv_budget,
-            "steps": self.stats.steps, "prefills": self.stats.prefills,
-            "tokens_out": self.stats.tokens_out, "tokens_in": self.stats.tokens_in,
+            "running": len(sched.running),
+            "waiting": len(sched.waiting),
+            "kv_reserved_tokens": sched.reserved,
+            "kv_used_tokens": used,
+            "kv_budget_tokens": sched.kv_budget,
+            "steps": self.stats.steps,
+            "prefills": self.stats.prefills,
+            "tokens_out": self.stats.tokens_out,
+            "tokens_in": self.stats.tokens_in,
             **{f"finished_{reason}": n for reason, n in self.stats.finished.items()},
-        }  # fmt: skip
+        }
 
     # -- the loop ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -253,8 +288,13 @@ class Engine:
         for layer in _layers(batch.cache):
             layer.keys = layer.keys.index_select(0, index)[:, :, cut:]
             layer.values = layer.values.index_select(0, index)[:, :, cut:]
-        self._batch = _Batch([batch.seqs[i] for i in keep], batch.cache, mask[:, cut:].contiguous(),
-                             batch.pos.index_select(0, index), batch.last.index_select(0, index))  # fmt: skip
+        self._batch = _Batch(
+            [batch.seqs[i] for i in keep],
+            batch.cache,
+            mask[:, cut:].contiguous(),
+            batch.pos.index_select(0, index),
+            batch.last.index_select(0, index),
+        )
 
     def _join(self, seqs: list[Sequence]) -> None:
         from transformers import DynamicCache
@@ -263,15 +303,16 @@ class Engine:
         ids = torch.full((len(seqs), width), self.pad, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
         for i, s in enumerate(seqs):
-            ids[i, width - len(s.prompt):] = torch.tensor(s.prompt)
-            mask[i, width - len(s.prompt):] = 1
+            ids[i, width - len(s.prompt) :] = torch.tensor(s.prompt)
+            mask[i, width - len(s.prompt) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         if self.prefill_delay_s:
             time.sleep(self.prefill_delay_s)
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-                         logits_to_keep=1)  # fmt: skip
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
+        )
         self.stats.prefills += 1
         self.stats.tokens_in += sum(len(s.prompt) for s in seqs)
         pos = mask.sum(-1)
@@ -293,22 +334,33 @@ class Engine:
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((batch.mask.shape[0], 1))], dim=1)
-        out = self.model(input_ids=batch.last[:, None], attention_mask=batch.mask, position_ids=batch.pos[:, None],
-                         cache=batch.cache, use_cache=True, logits_to_keep=1)  # fmt: skip
+        out = self.model(
+            input_ids=batch.last[:, None],
+            attention_mask=batch.mask,
+            position_ids=batch.pos[:, None],
+            cache=batch.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         batch.cache = out.cache
         batch.pos = batch.pos + 1
         return out.logits[:, -1, :]
 
     # -- tokens → text → callers ------------------------------------------------------------------
-    def _sampled(self, seqs: list[Sequence], logits: torch.Tensor, busy: list[bool], batch: _Batch | None = None) -> None:
+    def _sampled(
+        self, seqs: list[Sequence], logits: torch.Tensor, busy: list[bool], batch: _Batch | None = None
+    ) -> None:
         batch = batch or self._batch
         assert batch is not None
         tokens = self._sample(seqs, logits, busy)
         batch.last = torch.tensor(tokens, dtype=torch.long, device=self.device)
         now = self.clock()
         with self._lock:
-            self.scheduler.sampled([s for s, b in zip(seqs, busy, strict=True) if b],
-                                   [t for t, b in zip(tokens, busy, strict=True) if b], self.eos)  # fmt: skip
+            self.scheduler.sampled(
+                [s for s, b in zip(seqs, busy, strict=True) if b],
+                [t for t, b in zip(tokens, busy, strict=True) if b],
+                self.eos,
+            )
         for seq, is_busy in zip(seqs, busy, strict=True):
             if not is_busy:
                 continue
@@ -323,7 +375,11 @@ class Engine:
                 self._end(seq)
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, busy: list[bool]) -> list[int]:
-        early = [i for i, s in enumerate(seqs) if (live := self._live.get(s.id)) and len(s.generated) < live.params.min_tokens]
+        early = [
+            i
+            for i, s in enumerate(seqs)
+            if (live := self._live.get(s.id)) and len(s.generated) < live.params.min_tokens
+        ]
         if early and self.eos:
             logits = logits.clone()
             rows = torch.tensor(early, device=logits.device)[:, None]
@@ -360,12 +416,12 @@ class Engine:
                     if text.endswith(stop[:k]):
                         hold = max(hold, k)
                         break
-            while hold < len(text) and text[len(text) - hold - 1:len(text) - hold] == REPLACEMENT:
+            while hold < len(text) and text[len(text) - hold - 1 : len(text) - hold] == REPLACEMENT:
                 hold += 1
         live.text = text
         upto = len(text) - hold
         if upto > live.sent:
-            delta, live.sent = text[live.sent:upto], upto
+            delta, live.sent = text[live.sent : upto], upto
             live.sink(Event(delta, len(seq.generated), prompt_tokens=len(seq.prompt)))
 
     def _end(self, seq: Sequence) -> None:
@@ -374,7 +430,7 @@ class Engine:
             return
         live.ended = True
         if live.sent < len(live.text) and seq.finish_reason in ("stop", "length"):
-            live.sink(Event(live.text[live.sent:], len(seq.generated), prompt_tokens=len(seq.prompt)))
+            live.sink(Event(live.text[live.sent :], len(seq.generated), prompt_tokens=len(seq.prompt)))
             live.sent = len(live.text)
         now = self.clock()
         reason = seq.finish_reason or "error"

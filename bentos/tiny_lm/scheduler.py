@@ -69,8 +69,10 @@ def prompt_ids(encode: Callable[[str], list[int]], prompt: str | list[int], para
     if not ids:
         raise ValueError("the prompt encodes to no tokens; expected some text")
     if len(ids) + params.max_tokens > context:
-        raise TooLong(f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) is "
-                      f"{len(ids) + params.max_tokens} tokens; this model's context is {context}")  # fmt: skip
+        raise TooLong(
+            f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) is "
+            f"{len(ids) + params.max_tokens} tokens; this model's context is {context}"
+        )
     check_params(params)
     return ids
 
@@ -126,8 +128,15 @@ class Plan:
 
 
 class Scheduler:
-    def __init__(self, *, max_running: int = 32, kv_budget: int = 8192, max_waiting: int = 256,
-                 max_prefill: int = 2048, aging_s: float = 2.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        max_running: int = 32,
+        kv_budget: int = 8192,
+        max_waiting: int = 256,
+        max_prefill: int = 2048,
+        aging_s: float = 2.0,
+    ) -> None:
         if min(max_running, kv_budget, max_waiting, max_prefill) < 1:
             raise ValueError("max_running, kv_budget, max_waiting and max_prefill must be at least 1")
         self.max_running, self.kv_budget, self.max_waiting = max_running, kv_budget, max_waiting
@@ -142,10 +151,14 @@ class Scheduler:
         if seq.max_tokens < 1:
             raise ValueError(f"max_tokens is {seq.max_tokens}; expected at least 1")
         if seq.reserve > self.kv_budget:
-            raise TooLong(f"the prompt ({len(seq.prompt)} tokens) plus max_tokens ({seq.max_tokens}) is "
-                          f"{seq.reserve} tokens; this replica's KV cache holds at most {self.kv_budget} per sequence")  # fmt: skip
+            raise TooLong(
+                f"the prompt ({len(seq.prompt)} tokens) plus max_tokens ({seq.max_tokens}) is "
+                f"{seq.reserve} tokens; this replica's KV cache holds at most {self.kv_budget} per sequence"
+            )
         if len(self.waiting) >= self.max_waiting:
-            raise QueueFull(f"{len(self.waiting)} sequences are waiting, the most this replica holds; try again shortly")
+            raise QueueFull(
+                f"{len(self.waiting)} sequences are waiting, the most this replica holds; try again shortly"
+            )
         self.waiting.append(seq)
 
     def cancel(self, seq: Sequence) -> None:

@@ -47,9 +47,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported:
 
 import bentoml
 from bentoml.exceptions import BadInput, ServiceUnavailable
-from pydantic import BaseModel, Field
-
 from integrity import verify_folder  # noqa: I001 - the Bento holds these files at its root
+from pydantic import BaseModel, Field
 from scheduler import Event, Params, QueueFull, Scheduler, TooLong
 from vllm_engine import VLLMEngine, choose_engine, engine_args, gpu_total_bytes, resolve_device, try_import_vllm
 
@@ -57,10 +56,18 @@ mark("imported")
 
 BUILD = json.loads((Path(__file__).with_name("fleet_build.json")).read_text())
 MODEL = bentoml.models.BentoModel(BUILD["bento_model"])
-REMEDY = (f"expected the files of {BUILD['model']}:{BUILD['version']} as registered; on a fleet machine "
-          f"`fleet package {BUILD['model']} {BUILD['version']} --force` imports them again from the registry")  # fmt: skip
-GENERATION = {"max_running": 32, "kv_budget_tokens": 8192, "max_waiting": 256, "max_prefill_tokens": 2048,
-              "max_tokens": 256, **BUILD.get("generation", {})}  # fmt: skip
+REMEDY = (
+    f"expected the files of {BUILD['model']}:{BUILD['version']} as registered; on a fleet machine "
+    f"`fleet package {BUILD['model']} {BUILD['version']} --force` imports them again from the registry"
+)
+GENERATION = {
+    "max_running": 32,
+    "kv_budget_tokens": 8192,
+    "max_waiting": 256,
+    "max_prefill_tokens": 2048,
+    "max_tokens": 256,
+    **BUILD.get("generation", {}),
+}
 QUANTIZATION = "fleet_quantization.json"  # {"library": "torchao", "method": "int8-weight-only"}
 FAULTS = "fleet_faults.json"  # {"first_token_ms", "token_ms"}: a rehearsal's slow version
 ACCELERATOR = BUILD.get("accelerator", {})  # {"gpus", "gpu_memory_gib"} of a policy with resources.gpu > 0
@@ -97,8 +104,12 @@ ENGINE_GAUGES = {
 def _event(e: Event) -> dict:
     out: dict = {"text": e.text, "completion_tokens": e.completion_tokens, "prompt_tokens": e.prompt_tokens}
     if e.finish_reason is not None:
-        out |= {"finish_reason": e.finish_reason, "queue_s": round(e.queue_s, 6),
-                "ttft_s": round(e.ttft_s, 6), "tpot_s": round(e.tpot_s, 6)}  # fmt: skip
+        out |= {
+            "finish_reason": e.finish_reason,
+            "queue_s": round(e.queue_s, 6),
+            "ttft_s": round(e.ttft_s, 6),
+            "tpot_s": round(e.tpot_s, 6),
+        }
         if e.error:
             out["error"] = e.error
     return out
@@ -125,33 +136,53 @@ class TextGenerator:
         # faults built into a version on purpose (fleet models train --fault-*), to rehearse a rollback
         faults_file = Path(path) / FAULTS
         self.faults = json.loads(faults_file.read_text()) if faults_file.exists() else {}
-        choice = choose_engine(os.environ.get("FLEET_ENGINE"), device=device,
-                               vllm_import=try_import_vllm, quantized=self.quantization is not None,
-                               faults=any(self.faults.values()))  # fmt: skip
+        choice = choose_engine(
+            os.environ.get("FLEET_ENGINE"),
+            device=device,
+            vllm_import=try_import_vllm,
+            quantized=self.quantization is not None,
+            faults=any(self.faults.values()),
+        )
         self.device, self.engine_reason = device, choice.reason
         if choice.engine == "vllm":
             context = int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or 2048)
-            args = engine_args(path, generation=GENERATION, context=context, env=os.environ,
-                               gpu_memory_gib=float(ACCELERATOR.get("gpu_memory_gib", 0.0)),
-                               gpu_total_bytes=gpu_total_bytes())  # fmt: skip
+            args = engine_args(
+                path,
+                generation=GENERATION,
+                context=context,
+                env=os.environ,
+                gpu_memory_gib=float(ACCELERATOR.get("gpu_memory_gib", 0.0)),
+                gpu_total_bytes=gpu_total_bytes(),
+            )
             self.engine = VLLMEngine(tokenizer, args, max_waiting=GENERATION["max_waiting"])
         else:
-            self.engine = Engine(self._native_model(path, device), tokenizer, Scheduler(
-                max_running=GENERATION["max_running"], kv_budget=GENERATION["kv_budget_tokens"],
-                max_waiting=GENERATION["max_waiting"], max_prefill=GENERATION["max_prefill_tokens"]),
+            self.engine = Engine(
+                self._native_model(path, device),
+                tokenizer,
+                Scheduler(
+                    max_running=GENERATION["max_running"],
+                    kv_budget=GENERATION["kv_budget_tokens"],
+                    max_waiting=GENERATION["max_waiting"],
+                    max_prefill=GENERATION["max_prefill_tokens"],
+                ),
                 prefill_delay_s=self.faults.get("first_token_ms", 0.0) / 1000,
-                step_delay_s=self.faults.get("token_ms", 0.0) / 1000)  # fmt: skip
+                step_delay_s=self.faults.get("token_ms", 0.0) / 1000,
+            )
         self.engine.start()
         mark("loaded")
         threading.Thread(target=self._sample_engine, name="engine-gauges", daemon=True).start()
-        print(f"{BUILD['model']}:{BUILD['version']}: the {self.engine.name} engine on {device} ({choice.reason})",
-              flush=True)  # fmt: skip
+        print(
+            f"{BUILD['model']}:{BUILD['version']}: the {self.engine.name} engine on {device} ({choice.reason})",
+            flush=True,
+        )
 
     def _sample_engine(self) -> None:
         # made here, in the serving process: at import they would be registered again by every
         # build that imports this module (a second one in a process: DuplicateTimeseries)
-        gauges = {key: bentoml.metrics.Gauge(f"fleet_engine_{key}", doc, multiprocess_mode="livesum")
-                  for key, doc in ENGINE_GAUGES.items()}  # fmt: skip
+        gauges = {
+            key: bentoml.metrics.Gauge(f"fleet_engine_{key}", doc, multiprocess_mode="livesum")
+            for key, doc in ENGINE_GAUGES.items()
+        }
         while True:
             snapshot = self.engine.snapshot()
             for key, gauge in gauges.items():
@@ -168,8 +199,9 @@ class TextGenerator:
             from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
             if self.quantization.get("method") != "int8-weight-only":
-                raise RuntimeError(f"{QUANTIZATION} asks for {self.quantization.get('method')!r}; this service "
-                                   "knows int8-weight-only")  # fmt: skip
+                raise RuntimeError(
+                    f"{QUANTIZATION} asks for {self.quantization.get('method')!r}; this service knows int8-weight-only"
+                )
             quantize_(model, Int8WeightOnlyConfig())
         return model
 
@@ -219,7 +251,9 @@ class TextGenerator:
         min_tokens: Annotated[int, Field(ge=0, le=GENERATION["max_tokens"])] = 0,
         temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 0.0,
         top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0,
-        stop: Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOP)] = [],  # noqa: B006
+        stop: Annotated[
+            list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOP)
+        ] = [],  # noqa: B006
         seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None,
         priority: Annotated[str, Field(pattern="^(interactive|batch)$")] = "interactive",
         timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] | None = None,
@@ -244,7 +278,9 @@ class TextGenerator:
         min_tokens: Annotated[int, Field(ge=0, le=GENERATION["max_tokens"])] = 0,
         temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 0.0,
         top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0,
-        stop: Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOP)] = [],  # noqa: B006
+        stop: Annotated[
+            list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOP)
+        ] = [],  # noqa: B006
         seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None,
         priority: Annotated[str, Field(pattern="^(interactive|batch)$")] = "interactive",
         timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] | None = None,
@@ -256,11 +292,21 @@ class TextGenerator:
 
     @bentoml.api(route="/engine")
     def engine_stats(self) -> dict:
-        return {**self.engine.snapshot(), "engine": self.engine.name, "device": self.device, "model": BUILD["model"],
-                "version": BUILD["version"]}  # fmt: skip
+        return {
+            **self.engine.snapshot(),
+            "engine": self.engine.name,
+            "device": self.device,
+            "model": BUILD["model"],
+            "version": BUILD["version"],
+        }
 
     @bentoml.api
     def metadata(self) -> dict:
         return {k: BUILD[k] for k in ("model", "version", "artifact_sha256")} | {
-            "device": self.device, "engine": self.engine.name, "engine_reason": self.engine_reason,
-            "generation": GENERATION, "faults": self.faults, "quantization": self.quantization}
+            "device": self.device,
+            "engine": self.engine.name,
+            "engine_reason": self.engine_reason,
+            "generation": GENERATION,
+            "faults": self.faults,
+            "quantization": self.quantization,
+        }

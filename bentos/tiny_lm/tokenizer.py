@@ -38,7 +38,10 @@ def train_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
         raise RuntimeError(f"tokenizer training dropped characters {missing!r}")
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
         clean_up_tokenization_spaces=False,
         model_input_names=["input_ids", "attention_mask"],
-    )  # fmt: skip
+    )

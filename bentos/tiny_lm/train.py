@@ -96,15 +96,35 @@ class TrainConfig:
 PRESETS: dict[str, TrainConfig] = {
     "demo": TrainConfig(),
     "test": TrainConfig(
-        letters=(3, 4), hidden=64, layers=2, heads=2, intermediate=128, steps=300, batch_size=32, lr=5e-3,
-        warmup_steps=20, train_examples=4_000, holdout_examples=64, log_every=100,
-    ),  # fmt: skip
+        letters=(3, 4),
+        hidden=64,
+        layers=2,
+        heads=2,
+        intermediate=128,
+        steps=300,
+        batch_size=32,
+        lr=5e-3,
+        warmup_steps=20,
+        train_examples=4_000,
+        holdout_examples=64,
+        log_every=100,
+    ),
     # students (fleet models distill): the task and word lengths are the teacher's
     "student": TrainConfig(hidden=128, layers=2, heads=2, intermediate=512, steps=350, train_examples=20_000),
     "student-test": TrainConfig(
-        letters=(3, 4), hidden=32, layers=1, heads=2, intermediate=64, steps=150, batch_size=32, lr=5e-3,
-        warmup_steps=10, train_examples=1_000, holdout_examples=64, log_every=50,
-    ),  # fmt: skip
+        letters=(3, 4),
+        hidden=32,
+        layers=1,
+        heads=2,
+        intermediate=64,
+        steps=150,
+        batch_size=32,
+        lr=5e-3,
+        warmup_steps=10,
+        train_examples=1_000,
+        holdout_examples=64,
+        log_every=50,
+    ),
 }
 
 
@@ -130,11 +150,18 @@ def model_config(config: TrainConfig, tokenizer: Any) -> Any:
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=config.hidden, intermediate_size=config.intermediate,
-        num_hidden_layers=config.layers, num_attention_heads=config.heads, num_key_value_heads=config.heads,
-        max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden,
+        intermediate_size=config.intermediate,
+        num_hidden_layers=config.layers,
+        num_attention_heads=config.heads,
+        num_key_value_heads=config.heads,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
 
 
 def encode(pairs: Sequence[tuple[str, str]], tokenizer: Any) -> list[tuple[list[int], list[int]]]:
@@ -174,7 +201,9 @@ def lr_factor(step: int, config: TrainConfig) -> float:
     return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def teacher_pairs(teacher: Path, prompts: Sequence[str], max_new_tokens: int, log: Log = _stderr) -> list[tuple[str, str]]:
+def teacher_pairs(
+    teacher: Path, prompts: Sequence[str], max_new_tokens: int, log: Log = _stderr
+) -> list[tuple[str, str]]:
     """(prompt, the teacher's greedy answer) for each prompt: what a student learns from."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -187,8 +216,9 @@ def teacher_pairs(teacher: Path, prompts: Sequence[str], max_new_tokens: int, lo
     return list(zip(prompts, answers, strict=True))
 
 
-def train(config: TrainConfig, out: Path, *, log: Log = _stderr, teacher: Path | None = None,
-          teacher_ref: str = "") -> VersionMetadata:  # fmt: skip
+def train(
+    config: TrainConfig, out: Path, *, log: Log = _stderr, teacher: Path | None = None, teacher_ref: str = ""
+) -> VersionMetadata:
     """Train into ``out`` (a save_pretrained folder) on generated data; return the version's metadata.
 
     With ``teacher`` (a model folder), distil: the training prompts are answered by the teacher,
@@ -204,7 +234,9 @@ def train(config: TrainConfig, out: Path, *, log: Log = _stderr, teacher: Path |
         agree = data.exact_match([a for _, a in taught], [a for _, a in train_pairs])
         # an answer too long to train on (a teacher that rambles) is left out, not truncated
         fits = [(p, a) for p, a in taught if len(tokenizer(p)["input_ids"]) + len(a) + 1 <= MAX_POSITIONS]
-        log(f"teacher exact match on the training prompts {agree:.3f}; {len(taught) - len(fits)} answers too long, left out")
+        log(
+            f"teacher exact match on the training prompts {agree:.3f}; {len(taught) - len(fits)} answers too long, left out"
+        )
         train_pairs = fits
     else:
         tokenizer = train_tokenizer(data.corpus(config.tasks))
@@ -228,8 +260,9 @@ def train(config: TrainConfig, out: Path, *, log: Log = _stderr, teacher: Path |
         no_decay = [p for p in model.parameters() if p.ndim < 2]
         opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=config.lr, betas=(0.9, 0.98),
-        )  # fmt: skip
+            lr=config.lr,
+            betas=(0.9, 0.98),
+        )
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, config))
         gen = torch.Generator().manual_seed(config.seed)
         order = torch.randperm(len(encoded), generator=gen)
@@ -248,15 +281,20 @@ def train(config: TrainConfig, out: Path, *, log: Log = _stderr, teacher: Path |
             sched.step()
             window.append(loss.item())
             if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
-                log(f"step {step + 1}/{config.steps}  loss {sum(window) / len(window):.4f}  "
-                    f"lr {sched.get_last_lr()[0]:.2e}  {time.perf_counter() - started:.0f}s")  # fmt: skip
+                log(
+                    f"step {step + 1}/{config.steps}  loss {sum(window) / len(window):.4f}  "
+                    f"lr {sched.get_last_lr()[0]:.2e}  {time.perf_counter() - started:.0f}s"
+                )
                 train_loss, window = sum(window) / len(window), []
         train_seconds = time.perf_counter() - started
         model.eval()
         model.generation_config = GenerationConfig(
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, do_sample=False, max_new_tokens=config.letters[1] + 2,
-        )  # fmt: skip
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            do_sample=False,
+            max_new_tokens=config.letters[1] + 2,
+        )
         out.mkdir(parents=True, exist_ok=True)
         with quiet():
             model.save_pretrained(out, safe_serialization=True)
@@ -276,15 +314,22 @@ def train(config: TrainConfig, out: Path, *, log: Log = _stderr, teacher: Path |
         f"(prompt '{data.prompt(config.tasks[0], 'abc')}' → answer '{data.TASKS[config.tasks[0]]('abc')}')",
         inputs=[TensorSpec(name="text_input", datatype="BYTES", shape=[-1])],
         outputs=[TensorSpec(name="text_output", datatype="BYTES", shape=[-1])],
-        hyperparameters={**hyper, "params_millions": params_millions,
-                         **({"lineage": {"method": "distill", "teacher": teacher_ref}} if teacher is not None else {})},
-        training_data=TrainingData(uri=training_uri(config) + (f"&teacher={teacher_ref}" if teacher is not None else ""),
-                                   sha256=data.digest(train_pairs)),  # fmt: skip
+        hyperparameters={
+            **hyper,
+            "params_millions": params_millions,
+            **({"lineage": {"method": "distill", "teacher": teacher_ref}} if teacher is not None else {}),
+        },
+        training_data=TrainingData(
+            uri=training_uri(config) + (f"&teacher={teacher_ref}" if teacher is not None else ""),
+            sha256=data.digest(train_pairs),
+        ),
         metrics={
-            "exact_match": quality["exact_match"], "holdout_examples": float(quality["holdout_examples"]),
-            "params_millions": params_millions, "train_seconds": round(train_seconds, 1),
+            "exact_match": quality["exact_match"],
+            "holdout_examples": float(quality["holdout_examples"]),
+            "params_millions": params_millions,
+            "train_seconds": round(train_seconds, 1),
             "train_loss": round(train_loss, 4),
-        },  # fmt: skip
+        },
     )
 
 
@@ -316,9 +361,12 @@ def generate(
         for i in range(0, len(prompts), batch_size):
             batch = tokenizer(list(prompts[i : i + batch_size]), return_tensors="pt", padding=True)
             ids = model.generate(
-                **batch, max_new_tokens=max_new_tokens, do_sample=False,
-                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-            )  # fmt: skip
+                **batch,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
             for row in ids[:, batch["input_ids"].shape[1] :].tolist():
                 if tokenizer.eos_token_id in row:
                     row = row[: row.index(tokenizer.eos_token_id)]
@@ -343,9 +391,14 @@ def evaluate(model_dir: Path, examples: Sequence[tuple[str, str]]) -> dict[str, 
 
 
 def train_and_register(
-    store: ObjectStore, model: str, version: str, config: TrainConfig = PRESETS["demo"], *,
-    parent: str | None = None, log: Log = _stderr,
-) -> ModelVersion:  # fmt: skip
+    store: ObjectStore,
+    model: str,
+    version: str,
+    config: TrainConfig = PRESETS["demo"],
+    *,
+    parent: str | None = None,
+    log: Log = _stderr,
+) -> ModelVersion:
     with tempfile.TemporaryDirectory(prefix="fleet-train-") as tmp:
         meta = train(config, Path(tmp) / "artifact", log=log)
         if parent is not None:
@@ -371,19 +424,25 @@ def weight_bytes(model: Any) -> int:  # noqa: ANN401
     """Bytes the weights hold in memory (an int8 tensor counts its int8 data and its scales)."""
     total = 0
     for p in model.parameters():
-        inner = [getattr(p, n) for n in ("qdata", "scale", "zero_point") if isinstance(getattr(p, n, None), torch.Tensor)]
+        inner = [
+            getattr(p, n) for n in ("qdata", "scale", "zero_point") if isinstance(getattr(p, n, None), torch.Tensor)
+        ]
         total += sum(t.numel() * t.element_size() for t in inner) if inner else p.numel() * p.element_size()
     return total
 
 
 def quantize_and_register(
-    store: ObjectStore, model: str, parent_version: str, version: str, method: str = "int8-weight-only", *,
+    store: ObjectStore,
+    model: str,
+    parent_version: str,
+    version: str,
+    method: str = "int8-weight-only",
+    *,
     log: Log = _stderr,
-) -> ModelVersion:  # fmt: skip
+) -> ModelVersion:
     """``model:parent_version``'s weights, quantized when they load (``fleet_quantization.json``
     beside them, which the service reads), registered as ``version`` with its lineage and its
     quality and weight memory measured on the parent's holdout."""
-    import shutil
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -395,8 +454,13 @@ def quantize_and_register(
         raise ValueError(f"{parent.ref} is quantized already; expected a full-precision parent")
     hyper = parent.hyperparameters
     letters = tuple(hyper.get("letters", data.LETTERS))
-    holdout = data.examples(int(hyper.get("holdout_examples", 500)), int(hyper.get("seed", 7)),
-                            tuple(str(hyper.get("task", "reverse")).split(",")), split="holdout", letters=letters)  # fmt: skip
+    holdout = data.examples(
+        int(hyper.get("holdout_examples", 500)),
+        int(hyper.get("seed", 7)),
+        tuple(str(hyper.get("task", "reverse")).split(",")),
+        split="holdout",
+        letters=letters,
+    )
     with tempfile.TemporaryDirectory(prefix="fleet-quantize-") as tmp:
         folder = registry.fetch(model, parent_version, Path(tmp) / "artifact")
         settings = {"library": "torchao", "method": method}
@@ -408,24 +472,41 @@ def quantize_and_register(
         prompts, answers = zip(*holdout, strict=True)
         exact = data.exact_match(generate(quantized, tokenizer, prompts, max(len(a) for a in answers) + 2), answers)
         before, after = weight_bytes(full), weight_bytes(quantized)
-        log(f"{method}: exact match {exact:.3f} (parent {parent.metrics.get('exact_match', float('nan')):.3f}), "
-            f"weights {before / 2**20:.2f} → {after / 2**20:.2f} MiB")  # fmt: skip
-        metrics = {**{k: v for k, v in parent.metrics.items() if k in ("params_millions",)},
-                   "exact_match": exact, "holdout_examples": float(len(holdout)), "weight_mib": after / 2**20,
-                   "parent_weight_mib": before / 2**20, "parent_exact_match": parent.metrics.get("exact_match", exact)}  # fmt: skip
+        log(
+            f"{method}: exact match {exact:.3f} (parent {parent.metrics.get('exact_match', float('nan')):.3f}), "
+            f"weights {before / 2**20:.2f} → {after / 2**20:.2f} MiB"
+        )
+        metrics = {
+            **{k: v for k, v in parent.metrics.items() if k in ("params_millions",)},
+            "exact_match": exact,
+            "holdout_examples": float(len(holdout)),
+            "weight_mib": after / 2**20,
+            "parent_weight_mib": before / 2**20,
+            "parent_exact_match": parent.metrics.get("exact_match", exact),
+        }
         meta = VersionMetadata(
-            framework=parent.framework, inputs=parent.inputs, outputs=parent.outputs,
+            framework=parent.framework,
+            inputs=parent.inputs,
+            outputs=parent.outputs,
             hyperparameters={**hyper, "lineage": {"method": "quantize", "parent": parent.ref, "settings": settings}},
-            training_data=parent.training_data, metrics=metrics, baseline_profile=parent.baseline_profile,
-            parent_version=parent_version, description=f"{parent.description}; {method} (torchao) of {parent.ref}",
-        )  # fmt: skip
+            training_data=parent.training_data,
+            metrics=metrics,
+            baseline_profile=parent.baseline_profile,
+            parent_version=parent_version,
+            description=f"{parent.description}; {method} (torchao) of {parent.ref}",
+        )
         return registry.register(model, version, folder, meta)
 
 
 def distill_and_register(
-    store: ObjectStore, model: str, teacher_version: str, version: str, config: TrainConfig | None = None, *,
+    store: ObjectStore,
+    model: str,
+    teacher_version: str,
+    version: str,
+    config: TrainConfig | None = None,
+    *,
     log: Log = _stderr,
-) -> ModelVersion:  # fmt: skip
+) -> ModelVersion:
     """A smaller student of ``model:teacher_version`` (the verified artifact), registered as
     ``version`` with its lineage: parent, method and settings, and its measured quality."""
     config = config or PRESETS["student"]
@@ -433,15 +514,25 @@ def distill_and_register(
     teacher = registry.get(model, teacher_version)
     taught = teacher.hyperparameters  # the student learns the teacher's task, on its word lengths
     if "task" in taught and "letters" in taught:
-        config = replace(config, task=str(taught["task"]), letters=(int(taught["letters"][0]), int(taught["letters"][1])))
+        config = replace(
+            config, task=str(taught["task"]), letters=(int(taught["letters"][0]), int(taught["letters"][1]))
+        )
     with tempfile.TemporaryDirectory(prefix="fleet-distill-") as tmp:
         folder = registry.fetch(model, teacher_version, Path(tmp) / "teacher")
         meta = train(config, Path(tmp) / "artifact", log=log, teacher=folder, teacher_ref=teacher.ref)
-        metrics = {**meta.metrics, "teacher_exact_match": teacher.metrics.get("exact_match", float("nan")),
-                   "teacher_params_millions": teacher.metrics.get("params_millions", float("nan"))}  # fmt: skip
+        metrics = {
+            **meta.metrics,
+            "teacher_exact_match": teacher.metrics.get("exact_match", float("nan")),
+            "teacher_params_millions": teacher.metrics.get("params_millions", float("nan")),
+        }
         metrics = {k: v for k, v in metrics.items() if v == v}  # no NaN in a manifest
-        meta = meta.model_copy(update={"parent_version": teacher_version, "metrics": metrics,
-                                       "description": f"{meta.description}; distilled from {teacher.ref}"})  # fmt: skip
+        meta = meta.model_copy(
+            update={
+                "parent_version": teacher_version,
+                "metrics": metrics,
+                "description": f"{meta.description}; distilled from {teacher.ref}",
+            }
+        )
         return registry.register(model, version, Path(tmp) / "artifact", meta)
 
 

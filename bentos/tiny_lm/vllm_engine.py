@@ -82,8 +82,10 @@ def resolve_device(requested: str | None, cuda_available: bool) -> str:
     if want not in DEVICES:
         raise ValueError(f"FLEET_DEVICE is {requested!r}; expected one of {', '.join(DEVICES)}")
     if want == "cuda" and not cuda_available:
-        raise EngineUnavailable("FLEET_DEVICE=cuda, but torch sees no CUDA device (a CPU build of torch, no driver, or "
-                                "CUDA_VISIBLE_DEVICES hides it); set FLEET_DEVICE=cpu or auto")  # fmt: skip
+        raise EngineUnavailable(
+            "FLEET_DEVICE=cuda, but torch sees no CUDA device (a CPU build of torch, no driver, or "
+            "CUDA_VISIBLE_DEVICES hides it); set FLEET_DEVICE=cpu or auto"
+        )
     if want == "auto":
         return "cuda" if cuda_available else "cpu"
     return want
@@ -95,8 +97,14 @@ class EngineChoice:
     reason: str  # why, for the replica's log and /metadata
 
 
-def choose_engine(requested: str | None, *, device: str, vllm_import: Callable[[], str | None],
-                  quantized: bool = False, faults: bool = False) -> EngineChoice:  # fmt: skip
+def choose_engine(
+    requested: str | None,
+    *,
+    device: str,
+    vllm_import: Callable[[], str | None],
+    quantized: bool = False,
+    faults: bool = False,
+) -> EngineChoice:
     """``FLEET_ENGINE`` (``auto``, ``vllm``, ``native``; unset is ``auto``) → the engine.
 
     ``vllm_import()`` returns None when ``vllm`` imports, else why not; it is called only
@@ -161,8 +169,15 @@ def gpu_memory_utilization(override: str | None, gpu_memory_gib: float, gpu_tota
     return DEFAULT_GPU_MEMORY_UTILIZATION
 
 
-def engine_args(model_path: str, *, generation: Mapping[str, Any], context: int, env: Mapping[str, str],
-                gpu_memory_gib: float = 0.0, gpu_total_bytes: int = 0) -> dict[str, Any]:  # fmt: skip
+def engine_args(
+    model_path: str,
+    *,
+    generation: Mapping[str, Any],
+    context: int,
+    env: Mapping[str, str],
+    gpu_memory_gib: float = 0.0,
+    gpu_total_bytes: int = 0,
+) -> dict[str, Any]:
     """``AsyncEngineArgs`` keyword arguments for a version's folder and its policy.
 
     ``context``: the model's own (its config's ``max_position_embeddings``); placement's
@@ -176,8 +191,9 @@ def engine_args(model_path: str, *, generation: Mapping[str, Any], context: int,
         "max_model_len": min(int(context), sized_for),
         "max_num_seqs": int(generation.get("max_running", 32)),
         "tensor_parallel_size": tensor_parallel,
-        "gpu_memory_utilization": gpu_memory_utilization(env.get("FLEET_GPU_MEMORY_UTILIZATION"), gpu_memory_gib,
-                                                         gpu_total_bytes),  # fmt: skip
+        "gpu_memory_utilization": gpu_memory_utilization(
+            env.get("FLEET_GPU_MEMORY_UTILIZATION"), gpu_memory_gib, gpu_total_bytes
+        ),
         "enforce_eager": (env.get("FLEET_VLLM_ENFORCE_EAGER") or "0").strip().lower() in ("1", "true", "yes"),
         "scheduling_policy": "priority",
         "seed": 0,
@@ -261,10 +277,18 @@ class VLLMEngine:
 
     name = "vllm"
 
-    def __init__(self, tokenizer: Any, args: Mapping[str, Any], *, max_waiting: int = 256,  # noqa: ANN401
-                 eos: Iterable[int] | None = None, clock: Callable[[], float] = time.monotonic,
-                 llm_factory: Callable[[], Any] | None = None, sampling_factory: Callable[[dict], Any] | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tokenizer: Any,
+        args: Mapping[str, Any],
+        *,
+        max_waiting: int = 256,  # noqa: ANN401
+        eos: Iterable[int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        llm_factory: Callable[[], Any] | None = None,
+        sampling_factory: Callable[[dict], Any] | None = None,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
         self.tokenizer = tokenizer
         self.args = dict(args)
         self.context = int(self.args["max_model_len"])
@@ -346,14 +370,21 @@ class VLLMEngine:
         ids = prompt_ids(self.encode, prompt, params, self.context)
         sampling = self._sampling_factory(sampling_kwargs(params))
         now = self.clock()
-        seq = Sequence(id=next(self._ids), prompt=ids, max_tokens=params.max_tokens, arrived=now,
-                       priority=params.priority,
-                       deadline=None if params.timeout_s is None else now + params.timeout_s)  # fmt: skip
+        seq = Sequence(
+            id=next(self._ids),
+            prompt=ids,
+            max_tokens=params.max_tokens,
+            arrived=now,
+            priority=params.priority,
+            deadline=None if params.timeout_s is None else now + params.timeout_s,
+        )
         req = _Request(seq, params, sink, f"fleet-{seq.id}-{secrets.token_hex(4)}")
         with self._lock:
             if len(self._live) >= self.max_running + self.max_waiting:
-                raise QueueFull(f"{len(self._live)} sequences are in flight; this replica holds at most "
-                                f"max_running + max_waiting = {self.max_running + self.max_waiting}")  # fmt: skip
+                raise QueueFull(
+                    f"{len(self._live)} sequences are in flight; this replica holds at most "
+                    f"max_running + max_waiting = {self.max_running + self.max_waiting}"
+                )
             self._live[seq.id] = req
             self.stats.tokens_in += len(ids)
         asyncio.run_coroutine_threadsafe(self._drive(req, sampling), loop)
@@ -376,13 +407,15 @@ class VLLMEngine:
         config = getattr(getattr(self._llm, "vllm_config", None), "cache_config", None)
         blocks, block_size = getattr(config, "num_gpu_blocks", None), getattr(config, "block_size", None)
         return {
-            "running": len(running), "waiting": len(live) - len(running),
+            "running": len(running),
+            "waiting": len(live) - len(running),
             "kv_reserved_tokens": sum(s.reserve for s in running),
             "kv_used_tokens": sum(len(s.prompt) + len(s.generated) for s in running),
             "kv_budget_tokens": int(blocks * block_size) if blocks and block_size else 0,
-            "tokens_out": self.stats.tokens_out, "tokens_in": self.stats.tokens_in,
+            "tokens_out": self.stats.tokens_out,
+            "tokens_in": self.stats.tokens_in,
             **{f"finished_{reason}": n for reason, n in self.stats.finished.items()},
-        }  # fmt: skip
+        }
 
     # -- on the engine's loop ------------------------------------------------------------------------------
     def _abort(self, req: _Request, reason: str) -> None:
@@ -407,8 +440,9 @@ class VLLMEngine:
         reason: str | None = None
         error: str | None = None
         try:
-            outputs = self._llm.generate({"prompt_token_ids": list(seq.prompt)}, sampling, req.request_id,
-                                         priority=PRIORITY.get(seq.priority, 0))  # fmt: skip
+            outputs = self._llm.generate(
+                {"prompt_token_ids": list(seq.prompt)}, sampling, req.request_id, priority=PRIORITY.get(seq.priority, 0)
+            )
             async for out in outputs:
                 finished = self._output(req, out)
                 if finished is not None:
@@ -423,7 +457,10 @@ class VLLMEngine:
             if req.timer is not None:
                 req.timer.cancel()
         if reason is None:  # the stream ended without a finished output
-            reason, error = seq.finish_reason or "error", None if seq.finish_reason else "vLLM's stream ended unfinished"
+            reason, error = (
+                seq.finish_reason or "error",
+                None if seq.finish_reason else "vLLM's stream ended unfinished",
+            )
         self._finish(req, reason, error)
 
     def _output(self, req: _Request, out: Any) -> tuple[str, str | None] | None:  # noqa: ANN401

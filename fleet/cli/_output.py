@@ -29,7 +29,9 @@ Reason = Annotated[str, typer.Option("--reason", "-r", help="Why: recorded in th
 
 def fail(message: str, code: int = 1) -> NoReturn:
     # one line, so scripts and logs keep each error whole; several problems join with "; "
-    sys.stderr.write("error: " + "; ".join(" ".join(line.split()) for line in message.splitlines() if line.strip()) + "\n")
+    sys.stderr.write(
+        "error: " + "; ".join(" ".join(line.split()) for line in message.splitlines() if line.strip()) + "\n"
+    )
     raise SystemExit(code)
 
 

@@ -18,8 +18,9 @@ if TYPE_CHECKING:  # fleet.doctor imports the rollout machinery: not at every co
 def skipped(bad: Iterable[BadRecord | Finding]) -> None:
     """One stderr line per record a listing left out, so a table never hides one silently."""
     for b in bad:
-        err_console.print(f"skipped {b.key}: {b.reason}; run `fleet doctor`", markup=False, highlight=False,
-                          soft_wrap=True)  # fmt: skip
+        err_console.print(
+            f"skipped {b.key}: {b.reason}; run `fleet doctor`", markup=False, highlight=False, soft_wrap=True
+        )
 
 
 def doctor_cmd(
@@ -28,7 +29,9 @@ def doctor_cmd(
     ] = None,
     restore_route: Annotated[
         str | None,
-        typer.Option("--restore-route", metavar="KEY", help="Rewrite this bad routes/MODEL.json from its last audited revision."),
+        typer.Option(
+            "--restore-route", metavar="KEY", help="Rewrite this bad routes/MODEL.json from its last audited revision."
+        ),
     ] = None,
     json: JsonFlag = False,
 ) -> None:
@@ -47,8 +50,11 @@ def doctor_cmd(
         return
     if restore_route:
         t = doctor.restore_route(store, restore_route)
-        _done(json, {"restored": restore_route, "revision": t.revision},
-              f"restored {restore_route} to revision {t.revision}")  # fmt: skip
+        _done(
+            json,
+            {"restored": restore_route, "revision": t.revision},
+            f"restored {restore_route} to revision {t.revision}",
+        )
         return
     found = doctor.scan(store)
     if json:
@@ -56,8 +62,11 @@ def doctor_cmd(
     elif not found:
         console.print(f"no bad records in {store.url}")
     else:
-        table(f"bad records in {store.url}", ["key", "problem", "what to do"],
-              [[f.key, f.reason, f.advice] for f in found])  # fmt: skip
+        table(
+            f"bad records in {store.url}",
+            ["key", "problem", "what to do"],
+            [[f.key, f.reason, f.advice] for f in found],
+        )
     if found:
         raise typer.Exit(1)
 

@@ -11,21 +11,46 @@ import typer
 from fleet.cli._output import JsonFlag, clock, console, emit_json, err_console, table
 from fleet.errors import InvalidInput, NotFound
 
-app = typer.Typer(help="A/B experiments: two versions compared on accuracy or a business outcome.",
-                  no_args_is_help=True)  # fmt: skip
+app = typer.Typer(
+    help="A/B experiments: two versions compared on accuracy or a business outcome.", no_args_is_help=True
+)
 
 
 @app.command("start")
 def start_cmd(
     model: str,
     arms: Annotated[str, typer.Option("--arms", help="The stable, then the version to compare: 1.0.0,1.1.0.")],
-    split: Annotated[str, typer.Option("--split", help="Percent of traffic per arm, sticky by X-Fleet-Routing-Key.")] = "50/50",
-    metric: Annotated[str, typer.Option("--metric", help="accuracy (labels), or an outcome the model's policy declares.")] = "accuracy",
-    min_effect: Annotated[float, typer.Option("--min-effect", min=0.0, help="The smallest difference worth knowing, in the metric's units: within it is 'no difference'.")] = 0.01,
-    max_duration: Annotated[str, typer.Option("--max-duration", help="Undecided after this long (7d, 12h, 30m): out of time.")] = "7d",
-    promote: Annotated[bool, typer.Option("--promote", help="When B wins, roll it out through the canary rollout (from its preflight on).")] = False,
-    alpha: Annotated[float, typer.Option("--alpha", help="Chance the always-valid interval misses the true difference (requests counted as independent).")] = 0.05,
-    tick_s: Annotated[float, typer.Option("--tick-s", min=0.1, help="Seconds between looks (any number of looks is allowed).")] = 30.0,
+    split: Annotated[
+        str, typer.Option("--split", help="Percent of traffic per arm, sticky by X-Fleet-Routing-Key.")
+    ] = "50/50",
+    metric: Annotated[
+        str, typer.Option("--metric", help="accuracy (labels), or an outcome the model's policy declares.")
+    ] = "accuracy",
+    min_effect: Annotated[
+        float,
+        typer.Option(
+            "--min-effect",
+            min=0.0,
+            help="The smallest difference worth knowing, in the metric's units: within it is 'no difference'.",
+        ),
+    ] = 0.01,
+    max_duration: Annotated[
+        str, typer.Option("--max-duration", help="Undecided after this long (7d, 12h, 30m): out of time.")
+    ] = "7d",
+    promote: Annotated[
+        bool,
+        typer.Option("--promote", help="When B wins, roll it out through the canary rollout (from its preflight on)."),
+    ] = False,
+    alpha: Annotated[
+        float,
+        typer.Option(
+            "--alpha",
+            help="Chance the always-valid interval misses the true difference (requests counted as independent).",
+        ),
+    ] = 0.05,
+    tick_s: Annotated[
+        float, typer.Option("--tick-s", min=0.1, help="Seconds between looks (any number of looks is allowed).")
+    ] = 30.0,
     follow: Annotated[bool, typer.Option(help="Follow progress until the run ends.")] = True,
     json: JsonFlag = False,
 ) -> None:
@@ -43,9 +68,20 @@ def start_cmd(
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
     if min_effect <= 0 or not 0 < alpha < 0.5:
-        raise InvalidInput(f"--min-effect {min_effect:g} and --alpha {alpha:g}; expected min-effect > 0 and 0 < alpha < 0.5")
-    params = {"model": model, "arms": versions, "split": split, "metric": metric, "min_effect": min_effect,
-              "max_duration": max_duration, "promote": promote, "alpha": alpha, "tick_s": tick_s}  # fmt: skip
+        raise InvalidInput(
+            f"--min-effect {min_effect:g} and --alpha {alpha:g}; expected min-effect > 0 and 0 < alpha < 0.5"
+        )
+    params = {
+        "model": model,
+        "arms": versions,
+        "split": split,
+        "metric": metric,
+        "min_effect": min_effect,
+        "max_duration": max_duration,
+        "promote": promote,
+        "alpha": alpha,
+        "tick_s": tick_s,
+    }
     run = _start(EXPERIMENT, params)
     link = _ui_link(str(run.id))
     if not json:
@@ -82,8 +118,15 @@ def status_cmd(model: str, json: JsonFlag = False) -> None:
         emit_json(state.model_dump(mode="json", exclude={"served", "evidence"}))
         return
     last = state.ticks[-1] if state.ticks else None
-    rows = [[f"{v} ({'AB'[i]})", f"{state.split[i]:g} %", str(last.n[i]) if last else "0",
-             f"{last.mean[i]:.4g}" if last and last.n[i] else "-"] for i, v in enumerate(state.arms)]  # fmt: skip
+    rows = [
+        [
+            f"{v} ({'AB'[i]})",
+            f"{state.split[i]:g} %",
+            str(last.n[i]) if last else "0",
+            f"{last.mean[i]:.4g}" if last and last.n[i] else "-",
+        ]
+        for i, v in enumerate(state.arms)
+    ]
     table(f"{model}: {state.metric}, {state.status}", ["arm", "traffic", "outcomes", "mean"], rows)
     console.print(state.summary)
     if last is not None:
@@ -91,8 +134,11 @@ def status_cmd(model: str, json: JsonFlag = False) -> None:
 
 
 @app.command("stop")
-def stop_cmd(model: str, reason: Annotated[str, typer.Option("--reason", "-r", help="Why, for the record.")] = "",
-             json: JsonFlag = False) -> None:  # fmt: skip
+def stop_cmd(
+    model: str,
+    reason: Annotated[str, typer.Option("--reason", "-r", help="Why, for the record.")] = "",
+    json: JsonFlag = False,
+) -> None:
     """Ask MODEL's running experiment to end at its next look (traffic goes back to A)."""
     from fleet import audit
     from fleet.store import open_store
@@ -100,7 +146,9 @@ def stop_cmd(model: str, reason: Annotated[str, typer.Option("--reason", "-r", h
 
     state = _load(model)
     if state is None or state.status != "running":
-        raise InvalidInput(f"{model} has no running experiment" + (f" (the last one is {state.status})" if state else ""))
+        raise InvalidInput(
+            f"{model} has no running experiment" + (f" (the last one is {state.status})" if state else "")
+        )
     asked = audit.actor() + (f" ({reason})" if reason else "")
     open_store().put(stop_key(model), asked.encode())
     if json:

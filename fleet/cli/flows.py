@@ -92,14 +92,29 @@ def _parse_overrides(values: list[str]) -> dict[str, Any]:
 def rollout_cmd(
     model: str,
     version: str,
-    set_: Annotated[list[str], typer.Option("--set", help="Override a rollout-policy key, e.g. --set steps=[10,100].")] = [],  # noqa: B006
+    set_: Annotated[
+        list[str], typer.Option("--set", help="Override a rollout-policy key, e.g. --set steps=[10,100].")
+    ] = [],  # noqa: B006
     follow: Annotated[bool, typer.Option(help="Follow progress until the run ends.")] = True,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Start nothing: print how long the policy would take to "
-                                          "promote a good canary and to catch bad ones, from simulated rollouts at "
-                                          "the model's traffic.")] = False,  # fmt: skip
-    rps: Annotated[float | None, typer.Option("--rps", min=0.001, help="With --dry-run: the traffic to simulate, in "
-                                              "requests/s (default: the stable's last 5 minutes, else the policy's "
-                                              "expected_rps).")] = None,  # fmt: skip
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Start nothing: print how long the policy would take to "
+            "promote a good canary and to catch bad ones, from simulated rollouts at "
+            "the model's traffic.",
+        ),
+    ] = False,
+    rps: Annotated[
+        float | None,
+        typer.Option(
+            "--rps",
+            min=0.001,
+            help="With --dry-run: the traffic to simulate, in "
+            "requests/s (default: the stable's last 5 minutes, else the policy's "
+            "expected_rps).",
+        ),
+    ] = None,
     json: JsonFlag = False,
 ) -> None:
     """Start a canary rollout of VERSION and follow it: weights, verdicts, the run in the UI.
@@ -145,22 +160,44 @@ def _dry_run(model: str, version: str, policy: Any, rps: float | None, json: boo
     rate, seen_errors, source = _traffic(model, policy, rps)
     base_errors = BASE_ERR if seen_errors is None else seen_errors
     if not json:
-        err_console.print(f"simulating rollouts of {model}:{version} at {rate:.3g} req/s ({source}), stable errors "
-                          f"{base_errors:.2%}{'' if seen_errors is not None else ' (assumed)'}, method "
-                          f"{policy.method}...")  # fmt: skip
+        err_console.print(
+            f"simulating rollouts of {model}:{version} at {rate:.3g} req/s ({source}), stable errors "
+            f"{base_errors:.2%}{'' if seen_errors is not None else ' (assumed)'}, method "
+            f"{policy.method}..."
+        )
     found = estimate(policy, rate, base_errors)
     if json:
-        emit_json({"model": model, "version": version, "rps": rate, "traffic_from": source, "stable_errors": base_errors,
-                   "method": policy.method, "estimates": [e.__dict__ for e in found], "not_simulated": NOT_SIMULATED})  # fmt: skip
+        emit_json(
+            {
+                "model": model,
+                "version": version,
+                "rps": rate,
+                "traffic_from": source,
+                "stable_errors": base_errors,
+                "method": policy.method,
+                "estimates": [e.__dict__ for e in found],
+                "not_simulated": NOT_SIMULATED,
+            }
+        )
         return
     rows = []
     for e in found:
         share = e.rolled_back if e.bad else e.promoted
         when = "-" if e.median_s is None else f"{e.median_s:.0f} s (p90 {e.p90_s:.0f} s)"
-        rows.append([e.canary, f"{'caught' if e.bad else 'promoted'} {share:.0%}", when, f"{e.canary_requests:.0f}",
-                     f"{e.canary_failures:.1f}"])  # fmt: skip
-    table(f"{model}: {policy.method} method, steps {policy.steps} %, {found[0].runs} simulated rollouts each",
-          ["canary", "ends as it should", "median time", "canary requests", "of them failed"], rows)  # fmt: skip
+        rows.append(
+            [
+                e.canary,
+                f"{'caught' if e.bad else 'promoted'} {share:.0%}",
+                when,
+                f"{e.canary_requests:.0f}",
+                f"{e.canary_failures:.1f}",
+            ]
+        )
+    table(
+        f"{model}: {policy.method} method, steps {policy.steps} %, {found[0].runs} simulated rollouts each",
+        ["canary", "ends as it should", "median time", "canary requests", "of them failed"],
+        rows,
+    )
     err_console.print(f"[dim]{NOT_SIMULATED}[/]")
 
 
@@ -186,12 +223,17 @@ def _traffic(model: str, policy: Any, rps: float | None) -> tuple[float, float |
             err_console.print(f"[dim]the stable's traffic could not be read ({exc})[/]")
             seen = None
     if seen is not None and seen.requests > 0:
-        return (seen.requests / DRY_RUN_WINDOW_S, seen.error_count / seen.requests,
-                f"{model}:{stable}'s last {DRY_RUN_WINDOW_S // 60} minutes")  # fmt: skip
+        return (
+            seen.requests / DRY_RUN_WINDOW_S,
+            seen.error_count / seen.requests,
+            f"{model}:{stable}'s last {DRY_RUN_WINDOW_S // 60} minutes",
+        )
     if policy.expected_rps is not None:
         return policy.expected_rps, None, "the rollout policy's expected_rps: no traffic seen in the last 5 minutes"
-    raise InvalidInput(f"{model} served no traffic in the last {DRY_RUN_WINDOW_S // 60} minutes and its rollout policy "
-                       "sets no expected_rps; expected --rps N (requests/s) to simulate")  # fmt: skip
+    raise InvalidInput(
+        f"{model} served no traffic in the last {DRY_RUN_WINDOW_S // 60} minutes and its rollout policy "
+        "sets no expected_rps; expected --rps N (requests/s) to simulate"
+    )
 
 
 def _follow(model: str, version: str, flow_run_id: Any, *, quiet: bool) -> tuple[str, str]:  # noqa: ANN401
@@ -245,8 +287,13 @@ def approve_cmd(
 def rollback_cmd(
     model: str,
     reason: Annotated[str, typer.Option("--reason", "-r", help="Why: recorded in the audit log.")],
-    to: Annotated[str | None, typer.Option("--to", help="Version to go back to (default: end the canary, else the previous stable).")] = None,
-    direct: Annotated[bool, typer.Option("--direct", help="Do it here, without Prefect (when its server is down).")] = False,
+    to: Annotated[
+        str | None,
+        typer.Option("--to", help="Version to go back to (default: end the canary, else the previous stable)."),
+    ] = None,
+    direct: Annotated[
+        bool, typer.Option("--direct", help="Do it here, without Prefect (when its server is down).")
+    ] = False,
     json: JsonFlag = False,
 ) -> None:
     """Put MODEL's traffic back on a good version now, through the rollback flow."""
@@ -254,14 +301,18 @@ def rollback_cmd(
         from fleet import gateways
         from fleet.cli._output import router
         from fleet.rollback import rollback
-
         from fleet.runtime.packaged import packaged_runtime
 
         r = router()
         result = rollback(r, model, to, why=reason, runtime=packaged_runtime())
         pushed = gateways.notify(r.store)
-        out = {"from_version": result.from_version, "to_version": result.to_version, "rejected": result.rejected,
-               "revision": result.table.revision, "gateways_notified": pushed}  # fmt: skip
+        out = {
+            "from_version": result.from_version,
+            "to_version": result.to_version,
+            "rejected": result.rejected,
+            "revision": result.table.revision,
+            "gateways_notified": pushed,
+        }
     else:
         from flows.serve import ROLLBACK
 
@@ -272,18 +323,27 @@ def rollback_cmd(
             time.sleep(0.5)
             state, message = _run_state(run.id)
         if state != "COMPLETED":
-            raise FlowFailed(f"rollback of {model} ended {state.lower()}: {message} ({_ui_link(str(run.id))}); "
-                             "`fleet rollback --direct` does it without Prefect")  # fmt: skip
+            raise FlowFailed(
+                f"rollback of {model} ended {state.lower()}: {message} ({_ui_link(str(run.id))}); "
+                "`fleet rollback --direct` does it without Prefect"
+            )
         from fleet.cli._output import router
 
         table = router().get(model)
-        out = {"flow_run_id": str(run.id), "url": _ui_link(str(run.id)), "to_version": table.stable,
-               "revision": table.revision, "message": message}  # fmt: skip
+        out = {
+            "flow_run_id": str(run.id),
+            "url": _ui_link(str(run.id)),
+            "to_version": table.stable,
+            "revision": table.revision,
+            "message": message,
+        }
     if json:
         emit_json(out)
     else:
-        console.print(f"{model}: traffic moved to {out.get('to_version')}"
-                      + (f", {out['rejected']} rejected" if out.get("rejected") else ""))  # fmt: skip
+        console.print(
+            f"{model}: traffic moved to {out.get('to_version')}"
+            + (f", {out['rejected']} rejected" if out.get("rejected") else "")
+        )
 
 
 def demo_cmd(

@@ -26,7 +26,8 @@ def register(
     meta: Annotated[
         Path,
         typer.Option(
-            "--meta", "-m",
+            "--meta",
+            "-m",
             help="YAML/JSON file: framework, inputs, outputs (name, datatype, shape), "
             "hyperparameters, training_data {uri, sha256}, metrics, parent_version.",
         ),
@@ -37,14 +38,21 @@ def register(
     metadata = load_yaml_file(meta, VersionMetadata)
     total = sum(p.stat().st_size for p in artifact_dir.rglob("*") if p.is_file()) if artifact_dir.is_dir() else 0
     with Progress(
-        TextColumn("uploading {task.description}"), BarColumn(), DownloadColumn(),
-        console=err_console, transient=True, disable=json or not err_console.is_terminal,
-    ) as progress:  # fmt: skip
+        TextColumn("uploading {task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        console=err_console,
+        transient=True,
+        disable=json or not err_console.is_terminal,
+    ) as progress:
         task = progress.add_task(f"{model}:{version}", total=total)
         mv = registry().register(
-            model, version, artifact_dir, metadata,
+            model,
+            version,
+            artifact_dir,
+            metadata,
             progress=lambda _rel, size: progress.advance(task, size),
-        )  # fmt: skip
+        )
     if json:
         emit_json(mv)
     else:
@@ -105,12 +113,20 @@ def fetch(
     try:
         path = registry().fetch(model, version, dest)
     except OSError as exc:  # name the folder asked for, not the temporary one beside it
-        raise InvalidInput(f"cannot download {model}:{version} into {dest}: {exc.strerror or exc}; "
-                           "nothing was left there") from None  # fmt: skip
+        raise InvalidInput(
+            f"cannot download {model}:{version} into {dest}: {exc.strerror or exc}; nothing was left there"
+        ) from None
     mv = registry().get(model, version)
     if json:
-        emit_json({"model": model, "version": version, "path": str(path), "files": len(mv.files),
-                   "artifact_sha256": mv.artifact_sha256})  # fmt: skip
+        emit_json(
+            {
+                "model": model,
+                "version": version,
+                "path": str(path),
+                "files": len(mv.files),
+                "artifact_sha256": mv.artifact_sha256,
+            }
+        )
     else:
         console.print(f"fetched {model}:{version} into {path} ({len(mv.files)} files, checksums verified)")
 
@@ -129,27 +145,45 @@ def train(
     model: str,
     version: str,
     seed: Annotated[int | None, typer.Option(help="Seed for data, initialisation and shuffling (default 7).")] = None,
-    preset: Annotated[str | None, typer.Option(help="A family's named settings (tiny-lm: demo, the default, or test: seconds).")] = None,
-    rows: Annotated[int | None, typer.Option(min=100, help="tabular-mlp: generated training rows (default 20000).")] = None,
-    epochs: Annotated[int | None, typer.Option(min=1, help="tabular-mlp: passes over the training rows (default 25).")] = None,
-    steps: Annotated[int | None, typer.Option(min=1, help="tiny-lm: optimizer steps (the preset's by default).")] = None,
+    preset: Annotated[
+        str | None, typer.Option(help="A family's named settings (tiny-lm: demo, the default, or test: seconds).")
+    ] = None,
+    rows: Annotated[
+        int | None, typer.Option(min=100, help="tabular-mlp: generated training rows (default 20000).")
+    ] = None,
+    epochs: Annotated[
+        int | None, typer.Option(min=1, help="tabular-mlp: passes over the training rows (default 25).")
+    ] = None,
+    steps: Annotated[
+        int | None, typer.Option(min=1, help="tiny-lm: optimizer steps (the preset's by default).")
+    ] = None,
     parent: Annotated[str | None, typer.Option(help="Version this one derives from.")] = None,
     label_threshold: Annotated[
-        float | None, typer.Option(help="tabular-mlp: label by rule > this (0.25 is the true rule; other values make a model that predicts a shifted distribution).")
+        float | None,
+        typer.Option(
+            help="tabular-mlp: label by rule > this (0.25 is the true rule; other values make a model that predicts a shifted distribution)."
+        ),
     ] = None,
     fault_error_rate: Annotated[
-        float | None, typer.Option(min=0, max=1, help="Rehearsal: this share of the version's requests fail with HTTP 500.")
+        float | None,
+        typer.Option(min=0, max=1, help="Rehearsal: this share of the version's requests fail with HTTP 500."),
     ] = None,
     fault_latency_ms: Annotated[
         float | None, typer.Option(min=0, help="Rehearsal: every answer of the version waits this much longer.")
     ] = None,
     fault_first_token_ms: Annotated[
-        float | None, typer.Option(min=0, help="Rehearsal (tiny-lm): the version's first token of every answer waits this much longer.")
+        float | None,
+        typer.Option(
+            min=0, help="Rehearsal (tiny-lm): the version's first token of every answer waits this much longer."
+        ),
     ] = None,
     fault_token_ms: Annotated[
         float | None, typer.Option(min=0, help="Rehearsal (tiny-lm): every later token waits this much longer.")
     ] = None,
-    policies: Annotated[Path, typer.Option("--policies", envvar="FLEET_POLICIES", help="Policy folder or file (names the model's family).")] = Path("policies"),
+    policies: Annotated[
+        Path,
+        typer.Option("--policies", envvar="FLEET_POLICIES", help="Policy folder or file (names the model's family)."),
+    ] = Path("policies"),
     json: JsonFlag = False,
 ) -> None:
     """Train a version of MODEL's family on generated data and register it.
@@ -160,10 +194,21 @@ def train(
     import dataclasses
 
     family_name, trainer = _trainer(model, policies)
-    given = {k: v for k, v in {"seed": seed, "rows": rows, "epochs": epochs, "steps": steps, "label_threshold": label_threshold,
-                               "fault_error_rate": fault_error_rate, "fault_latency_ms": fault_latency_ms,
-                               "fault_first_token_ms": fault_first_token_ms, "fault_token_ms": fault_token_ms}.items()
-             if v is not None}  # fmt: skip
+    given = {
+        k: v
+        for k, v in {
+            "seed": seed,
+            "rows": rows,
+            "epochs": epochs,
+            "steps": steps,
+            "label_threshold": label_threshold,
+            "fault_error_rate": fault_error_rate,
+            "fault_latency_ms": fault_latency_ms,
+            "fault_first_token_ms": fault_first_token_ms,
+            "fault_token_ms": fault_token_ms,
+        }.items()
+        if v is not None
+    }
     known = {f.name for f in dataclasses.fields(trainer.TrainConfig)}
     if unknown := sorted(set(given) - known):
         shown = ", ".join("--" + k.replace("_", "-") for k in unknown)
@@ -174,7 +219,9 @@ def train(
         raise InvalidInput(f"preset {preset!r} is not one of {family_name}'s: {offered}")
     base = presets[preset or "demo"] if presets else trainer.TrainConfig()
     with err_console.status(f"training {model}:{version} ..."):
-        mv = trainer.train_and_register(registry().store, model, version, dataclasses.replace(base, **given), parent=parent)
+        mv = trainer.train_and_register(
+            registry().store, model, version, dataclasses.replace(base, **given), parent=parent
+        )
     if json:
         emit_json(mv)
     else:
@@ -186,8 +233,13 @@ def quantize(
     model: str,
     parent: Annotated[str, typer.Argument(help="The full-precision version to quantize.")],
     version: Annotated[str, typer.Argument(help="The new, quantized version.")],
-    method: Annotated[str, typer.Option(help="int8-weight-only (torchao): weights in int8, computed in float.")] = "int8-weight-only",
-    policies: Annotated[Path, typer.Option("--policies", envvar="FLEET_POLICIES", help="Policy folder or file (names the model's family).")] = Path("policies"),
+    method: Annotated[
+        str, typer.Option(help="int8-weight-only (torchao): weights in int8, computed in float.")
+    ] = "int8-weight-only",
+    policies: Annotated[
+        Path,
+        typer.Option("--policies", envvar="FLEET_POLICIES", help="Policy folder or file (names the model's family)."),
+    ] = Path("policies"),
     json: JsonFlag = False,
 ) -> None:
     """Register VERSION of MODEL: PARENT's weights quantized when they load, with its lineage.
@@ -198,8 +250,10 @@ def quantize(
     """
     family_name, trainer = _trainer(model, policies)
     if not hasattr(trainer, "quantize_and_register"):
-        raise InvalidInput(f"{model}'s family {family_name} has no weight quantization here; expected a generative "
-                           "family (tiny-lm) — a tabular-mlp version is quantized when packaged (fleet package --int8)")  # fmt: skip
+        raise InvalidInput(
+            f"{model}'s family {family_name} has no weight quantization here; expected a generative "
+            "family (tiny-lm) — a tabular-mlp version is quantized when packaged (fleet package --int8)"
+        )
     if method not in trainer.QUANT_METHODS:
         raise InvalidInput(f"method {method!r} is not one of {', '.join(trainer.QUANT_METHODS)}")
     with err_console.status(f"quantizing {model}:{parent} into {model}:{version} ..."):
@@ -207,8 +261,10 @@ def quantize(
     if json:
         emit_json(mv)
     else:
-        console.print(f"registered [bold]{mv.ref}[/] ({method} of {model}:{parent}): "
-                      + ", ".join(f"{k}={v:.4g}" for k, v in mv.metrics.items()))
+        console.print(
+            f"registered [bold]{mv.ref}[/] ({method} of {model}:{parent}): "
+            + ", ".join(f"{k}={v:.4g}" for k, v in mv.metrics.items())
+        )
 
 
 @app.command()
@@ -216,9 +272,14 @@ def distill(
     model: str,
     teacher: Annotated[str, typer.Argument(help="The version to learn from (its verified artifact).")],
     version: Annotated[str, typer.Argument(help="The new version (the student).")],
-    preset: Annotated[str, typer.Option(help="The student's size (tiny-lm: student, or student-test: seconds).")] = "student",
+    preset: Annotated[
+        str, typer.Option(help="The student's size (tiny-lm: student, or student-test: seconds).")
+    ] = "student",
     steps: Annotated[int | None, typer.Option(min=1, help="Optimizer steps (the preset's by default).")] = None,
-    policies: Annotated[Path, typer.Option("--policies", envvar="FLEET_POLICIES", help="Policy folder or file (names the model's family).")] = Path("policies"),
+    policies: Annotated[
+        Path,
+        typer.Option("--policies", envvar="FLEET_POLICIES", help="Policy folder or file (names the model's family)."),
+    ] = Path("policies"),
     json: JsonFlag = False,
 ) -> None:
     """Distil TEACHER into a smaller VERSION of MODEL and register it with its lineage.
@@ -231,7 +292,9 @@ def distill(
 
     family_name, trainer = _trainer(model, policies)
     if not hasattr(trainer, "distill_and_register"):
-        raise InvalidInput(f"{model}'s family {family_name} has no distillation; expected a generative family (tiny-lm)")
+        raise InvalidInput(
+            f"{model}'s family {family_name} has no distillation; expected a generative family (tiny-lm)"
+        )
     if preset not in trainer.PRESETS:
         raise InvalidInput(f"preset {preset!r} is not one of {family_name}'s: {', '.join(trainer.PRESETS)}")
     config = trainer.PRESETS[preset]
@@ -242,5 +305,7 @@ def distill(
     if json:
         emit_json(mv)
     else:
-        console.print(f"registered [bold]{mv.ref}[/] (distilled from {model}:{teacher}): "
-                      + ", ".join(f"{k}={v:.4g}" for k, v in mv.metrics.items()))
+        console.print(
+            f"registered [bold]{mv.ref}[/] (distilled from {model}:{teacher}): "
+            + ", ".join(f"{k}={v:.4g}" for k, v in mv.metrics.items())
+        )

@@ -58,8 +58,15 @@ def plan_cmd(
     stack's cost per hour and the GPU ceiling."""
     from fleet.placement import inference_costs, plan
     from fleet.spec import load_policies
-    from fleet.stack import build_inputs, gpu_ceiling, guardrail_config_file, placement_inputs, read_stack_file
-    from fleet.stack import stack_cost, stack_file
+    from fleet.stack import (
+        build_inputs,
+        gpu_ceiling,
+        guardrail_config_file,
+        placement_inputs,
+        read_stack_file,
+        stack_cost,
+        stack_file,
+    )
 
     path = stack_file(stack)
     config = read_stack_file(path)
@@ -68,14 +75,27 @@ def plan_cmd(
     result = plan(loaded, pools, models)
     per_inference = inference_costs(result, pools)
     cost = stack_cost(result, build_inputs(config, str(path)), path.name)
-    ceiling = gpu_ceiling(guardrails, required=True) if guardrails else gpu_ceiling(guardrail_config_file(path, policies))
+    ceiling = (
+        gpu_ceiling(guardrails, required=True) if guardrails else gpu_ceiling(guardrail_config_file(path, policies))
+    )
     if json:
         within = None if ceiling.max_gpus is None else result.max_gpus <= ceiling.max_gpus
-        emit_json({**result.to_dict(), "cost": cost.to_dict(), "gpu_ceiling": {**ceiling.to_dict(), "within": within},
-                   "per_inference": [c.to_dict() for c in per_inference]})  # fmt: skip
+        emit_json(
+            {
+                **result.to_dict(),
+                "cost": cost.to_dict(),
+                "gpu_ceiling": {**ceiling.to_dict(), "within": within},
+                "per_inference": [c.to_dict() for c in per_inference],
+            }
+        )
         return
-    tables = (_placement_table(result, path), _memory_table(result), _scaling_table(result, per_inference),
-              _node_group_table(result), _cost_table(cost, path))  # fmt: skip
+    tables = (
+        _placement_table(result, path),
+        _memory_table(result),
+        _scaling_table(result, per_inference),
+        _node_group_table(result),
+        _cost_table(cost, path),
+    )
     for table in tables:
         console.print(table)
         console.print()
@@ -113,7 +133,15 @@ def _placement_table(result: Plan, path: Path) -> Table:
     _text_column(t, "isolated for")
     for m in result.models:
         gib = f"{m.gpu_memory_gib:g}" if m.gpus else "-"
-        _row(t, m.model, m.node_group, _gpus(m), gib, f"{m.min_replicas}-{m.max_replicas}", "\n".join(m.isolated_for) or "-")
+        _row(
+            t,
+            m.model,
+            m.node_group,
+            _gpus(m),
+            gib,
+            f"{m.min_replicas}-{m.max_replicas}",
+            "\n".join(m.isolated_for) or "-",
+        )
     return t
 
 
@@ -121,8 +149,10 @@ def _memory_table(result: Plan) -> Table:
     from fleet.placement import KV_DEFAULT_SHARE, RUNTIME_OVERHEAD
 
     t = _table(f"memory per replica, GiB: (weights + KV cache) × {1 + RUNTIME_OVERHEAD:g}")
-    t.caption = Text("* resources.gpu × gpu_memory_gib of the policy, above the estimate; "
-                     "CPU models hold weights and KV cache in RAM")  # fmt: skip
+    t.caption = Text(
+        "* resources.gpu × gpu_memory_gib of the policy, above the estimate; "
+        "CPU models hold weights and KV cache in RAM"
+    )
     t.caption_justify = "left"
     _name_column(t, "model")
     _name_column(t, "GPU")
@@ -173,7 +203,9 @@ def _node_group_table(result: Plan) -> Table:
     _text_column(t, "max GPUs", right=True)
     _name_column(t, "models")  # one per line
     for g in result.node_groups:
-        _row(t, g.name, g.instance_type, _per_node(g), f"{g.min_size}-{g.max_size}", str(g.max_gpus), "\n".join(g.models))
+        _row(
+            t, g.name, g.instance_type, _per_node(g), f"{g.min_size}-{g.max_size}", str(g.max_gpus), "\n".join(g.models)
+        )
     return t
 
 
@@ -187,7 +219,15 @@ def _cost_table(cost: StackCost, path: Path) -> Table:
     _text_column(t, "max", right=True)
     _text_column(t, "price source")
     for p in cost.parts:
-        _row(t, p.part, p.count, _usd(p.usd_per_hour[0]), _usd(p.usd_per_hour[1]), p.label, end_section=p is cost.parts[-1])
+        _row(
+            t,
+            p.part,
+            p.count,
+            _usd(p.usd_per_hour[0]),
+            _usd(p.usd_per_hour[1]),
+            p.label,
+            end_section=p is cost.parts[-1],
+        )
     low, high = cost.usd_per_hour
     _row(t, "total", "", _usd(low), _usd(high), "sum of the parts")
     return t
@@ -202,7 +242,9 @@ def _summary(result: Plan, cost: StackCost, ceiling: GpuCeiling) -> list[str]:
     if ceiling.max_gpus is None:
         lines.append(f"GPU ceiling: at most {gpus}; none known ({ceiling.source})")
     else:
-        over = " — OVER the ceiling: the guardrails will refuse `pulumi up`" if result.max_gpus > ceiling.max_gpus else ""
+        over = (
+            " — OVER the ceiling: the guardrails will refuse `pulumi up`" if result.max_gpus > ceiling.max_gpus else ""
+        )
         lines.append(f"GPU ceiling: at most {gpus} of the guardrail's {ceiling.max_gpus} ({ceiling.source}){over}")
     low, high = cost.usd_per_hour
     lines.append(f"whole stack: {low:.2f}-{high:.2f} USD/hour on demand; left out: {cost.left_out}")

@@ -28,8 +28,11 @@ def _print(t: RouteTable) -> None:
 
 def _done(t: RouteTable, json: bool, unchanged: bool = False) -> None:
     if unchanged:  # on stderr: --json still prints the (current) table
-        err_console.print(f"nothing changed: the route of {t.model} already is this (revision {t.revision} kept, "
-                          "nothing written)", markup=False, highlight=False)  # fmt: skip
+        err_console.print(
+            f"nothing changed: the route of {t.model} already is this (revision {t.revision} kept, nothing written)",
+            markup=False,
+            highlight=False,
+        )
     if json:
         emit_json(t)
     else:
@@ -49,8 +52,10 @@ def set_(
     stable: Annotated[str | None, typer.Option(help="Version that takes the traffic not sent to the canary.")] = None,
     canary: Annotated[
         str | None,
-        typer.Option(help="Canary version (keeps the current one if omitted). Replacing a canary that takes "
-                     "traffic needs --weight too; a first canary starts at 0 % unless --weight is given."),
+        typer.Option(
+            help="Canary version (keeps the current one if omitted). Replacing a canary that takes "
+            "traffic needs --weight too; a first canary starts at 0 % unless --weight is given."
+        ),
     ] = None,
     weight: Annotated[float | None, typer.Option(min=0, max=100, help="Canary weight, percent 0-100.")] = None,
     shadow: Annotated[str | None, typer.Option(help="Version that receives mirrored traffic.")] = None,
@@ -71,9 +76,16 @@ def set_(
         raise InvalidInput("nothing to change; expected --stable, --canary, --weight, --shadow, --no-canary ...")
     r = router()
     t = r.set(
-        model, stable=stable, canary=canary, weight=weight, shadow=shadow, shadow_percent=shadow_percent,
-        clear_canary=no_canary, clear_shadow=no_shadow, why=reason,
-    )  # fmt: skip
+        model,
+        stable=stable,
+        canary=canary,
+        weight=weight,
+        shadow=shadow,
+        shadow_percent=shadow_percent,
+        clear_canary=no_canary,
+        clear_shadow=no_shadow,
+        why=reason,
+    )
     _done(t, json, r.unchanged)
 
 

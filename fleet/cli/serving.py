@@ -28,8 +28,14 @@ def _runtime(policies_path: Path):  # noqa: ANN202
 def _package(model: str, version: str, policies_path: Path, quantize: bool = False, force: bool = False):  # noqa: ANN202
     from fleet.runtime.packaged import package_version
 
-    return package_version(model, version, policies=policies_path, quantize=quantize, force=force,
-                           log=lambda line: err_console.print(f"[dim]{line}[/]"))  # fmt: skip
+    return package_version(
+        model,
+        version,
+        policies=policies_path,
+        quantize=quantize,
+        force=force,
+        log=lambda line: err_console.print(f"[dim]{line}[/]"),
+    )
 
 
 def _digest_option(value: str | None) -> str | None:
@@ -56,15 +62,28 @@ def package_cmd(
     model: str,
     version: str,
     quantize: Annotated[bool, typer.Option("--int8", help="Build the int8 dynamic-quantized CPU variant.")] = False,
-    force: Annotated[bool, typer.Option(
-        help="Rebuild even if the Bento exists; model files in BentoML's store that differ from the manifest are "
-             "imported again.")] = False,
-    image_digest: Annotated[str | None, typer.Option(
-        help="Record the digest (sha256:<64 hex>) of the image pushed from this Bento: Kubernetes deploys the version "
-             "by it.", callback=_digest_option)] = None,
-    repository: Annotated[str | None, typer.Option(
-        help="With --image-digest: the repository the image was pushed to (recorded for reference).",
-        callback=_repository_option)] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            help="Rebuild even if the Bento exists; model files in BentoML's store that differ from the manifest are "
+            "imported again."
+        ),
+    ] = False,
+    image_digest: Annotated[
+        str | None,
+        typer.Option(
+            help="Record the digest (sha256:<64 hex>) of the image pushed from this Bento: Kubernetes deploys the version "
+            "by it.",
+            callback=_digest_option,
+        ),
+    ] = None,
+    repository: Annotated[
+        str | None,
+        typer.Option(
+            help="With --image-digest: the repository the image was pushed to (recorded for reference).",
+            callback=_repository_option,
+        ),
+    ] = None,
     policies: PoliciesOpt = DEFAULT_POLICIES,
     json: JsonFlag = False,
 ) -> None:
@@ -73,8 +92,9 @@ def package_cmd(
     Kubernetes deploys a version only by the image digest recorded for it.
     """
     if repository and not image_digest:
-        raise typer.BadParameter("--repository is recorded with an image digest; expected --image-digest too",
-                                 param_hint="'--repository'")  # fmt: skip
+        raise typer.BadParameter(
+            "--repository is recorded with an image digest; expected --image-digest too", param_hint="'--repository'"
+        )
     result = _package(model, version, policies, quantize, force)
     recorded = None
     if image_digest:
@@ -86,9 +106,13 @@ def package_cmd(
     if json:
         emit_json({**result.__dict__, "image": recorded.model_dump(mode="json") if recorded else None})
         return
-    console.print(f"{'built' if result.built else 'found'} Bento [bold]{result.bento}[/] (artifact {result.artifact_sha256[:12]})")
+    console.print(
+        f"{'built' if result.built else 'found'} Bento [bold]{result.bento}[/] (artifact {result.artifact_sha256[:12]})"
+    )
     if recorded:
-        console.print(f"recorded image [bold]{recorded.digest}[/] for {model}:{version}: Kubernetes deploys it by this digest")
+        console.print(
+            f"recorded image [bold]{recorded.digest}[/] for {model}:{version}: Kubernetes deploys it by this digest"
+        )
 
 
 def deploy_cmd(
@@ -118,7 +142,10 @@ def unload_idle_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = F
     from fleet.spec import load_policies
 
     stopped = LoadController(registry().store, load_policies(policies), _runtime(policies)).unload_idle()
-    rows = [{"model": u.model, "version": u.version, "reason": u.reason, "memory_mib": round(u.memory_mib, 1)} for u in stopped]
+    rows = [
+        {"model": u.model, "version": u.version, "reason": u.reason, "memory_mib": round(u.memory_mib, 1)}
+        for u in stopped
+    ]
     if json:
         emit_json(rows)
         return
@@ -145,23 +172,42 @@ def gateway_cmd(
     ] = None,
     policies: PoliciesOpt = DEFAULT_POLICIES,
     access_log: Annotated[
-        bool, typer.Option("--access-log", help="Print one line per request: client, method, path, status, "
-                           "time, tenant, model, version, request id.")
+        bool,
+        typer.Option(
+            "--access-log",
+            help="Print one line per request: client, method, path, status, time, tenant, model, version, request id.",
+        ),
     ] = False,
     grpc_port: Annotated[
-        int | None, typer.Option("--grpc-port", min=0, max=65535,
-                                 help="Also serve the Open Inference Protocol over gRPC (inference.GRPCInferenceService, "
-                                      "Triton's) on this port of --host; 0 picks a free port. Off when not given.")
+        int | None,
+        typer.Option(
+            "--grpc-port",
+            min=0,
+            max=65535,
+            help="Also serve the Open Inference Protocol over gRPC (inference.GRPCInferenceService, "
+            "Triton's) on this port of --host; 0 picks a free port. Off when not given.",
+        ),
     ] = None,
     workers: Annotated[
-        int, typer.Option("--workers", min=1, max=64, envvar="FLEET_GATEWAY_WORKERS",
-                          help="Gateway processes answering on the same port (SO_REUSEPORT), one per core: each is a "
-                               "gateway of its own, slots are divided between them, /metrics adds them up. Quotas "
-                               "are exact across them with FLEET_REDIS_URL; without it each enforces its share.")
+        int,
+        typer.Option(
+            "--workers",
+            min=1,
+            max=64,
+            envvar="FLEET_GATEWAY_WORKERS",
+            help="Gateway processes answering on the same port (SO_REUSEPORT), one per core: each is a "
+            "gateway of its own, slots are divided between them, /metrics adds them up. Quotas "
+            "are exact across them with FLEET_REDIS_URL; without it each enforces its share.",
+        ),
     ] = 1,
-    worker_fds: Annotated[str | None, typer.Option(
-        "--worker-fds", hidden=True,
-        help="Internal: SHARED,PRIVATE listening socket descriptors a --workers supervisor hands a worker.")] = None,
+    worker_fds: Annotated[
+        str | None,
+        typer.Option(
+            "--worker-fds",
+            hidden=True,
+            help="Internal: SHARED,PRIVATE listening socket descriptors a --workers supervisor hands a worker.",
+        ),
+    ] = None,
 ) -> None:
     """Run the gateway alone, in front of the runtime's deployments.
 
@@ -186,8 +232,9 @@ def gateway_cmd(
         from fleet.errors import InvalidInput
 
         if grpc_port == 0:
-            raise InvalidInput("--grpc-port 0 with --workers: every worker would pick its own port; "
-                               "expected a fixed --grpc-port")  # fmt: skip
+            raise InvalidInput(
+                "--grpc-port 0 with --workers: every worker would pick its own port; expected a fixed --grpc-port"
+            )
         load_policies(policies)  # one clear error here, rather than one from every worker
         if grpc_port:
             check_port_free(grpc_port, "gateway's gRPC endpoint", "--grpc-port", host)
@@ -201,8 +248,13 @@ def gateway_cmd(
         sockets = [gw_workers.from_fd(shared_fd), gw_workers.from_fd(private_fd)]
         # announced (and reached by the control plane) at its own port
         public_url = gw_workers.with_port(public_url or f"http://{shown}:{port}", sockets[1].getsockname()[1])
-    settings = dataclasses.replace(Settings.from_env(public_url=public_url or f"http://{shown}:{port}"),
-                                   access_log=access_log, grpc_port=grpc_port, grpc_host=host, workers=workers)  # fmt: skip
+    settings = dataclasses.replace(
+        Settings.from_env(public_url=public_url or f"http://{shown}:{port}"),
+        access_log=access_log,
+        grpc_port=grpc_port,
+        grpc_host=host,
+        workers=workers,
+    )
     if workers > 1 and settings.decode_workers is None:  # one decode process per worker, not one per core each
         settings = dataclasses.replace(settings, decode_workers=1)
     store = open_store()
@@ -221,8 +273,10 @@ def gateway_cmd(
             f"  health     {url}/v2/health/ready\n"
             f"  metrics    {url}/metrics\n  admin API  {admin}\n"
             f"  access log {'on' if access_log else 'off (--access-log)'}; Ctrl-C stops",
-            markup=False, highlight=False, soft_wrap=True,
-        )  # fmt: skip
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
     serve_gateway(app, port, ready, host=host, sockets=sockets)
 
@@ -234,8 +288,14 @@ def _supervise(n: int, host: str, port: int, argv: list[str], on_ready: Callable
 
     from fleet.gateway import workers as gw_workers
 
-    supervisor = gw_workers.Supervisor(n, host, port, lambda i, a, b: gw_workers.worker_argv(argv, i, a, b),
-                                       dict(os.environ), lambda line: err_console.print(line, markup=False))  # fmt: skip
+    supervisor = gw_workers.Supervisor(
+        n,
+        host,
+        port,
+        lambda i, a, b: gw_workers.worker_argv(argv, i, a, b),
+        dict(os.environ),
+        lambda line: err_console.print(line, markup=False),
+    )
 
     asked = []
 
@@ -263,8 +323,11 @@ def _supervise(n: int, host: str, port: int, argv: list[str], on_ready: Callable
 def _workers_banner(n: int, host: str, shown: str, grpc_port: int | None) -> Callable[[Any], None]:
     def ready(supervisor: Any) -> None:  # noqa: ANN401
         url = f"http://{shown}:{supervisor.port}"
-        quotas = ("shared through Redis (FLEET_REDIS_URL)" if os.environ.get("FLEET_REDIS_URL") else
-                  f"each worker enforces 1/{n} of every quota (set FLEET_REDIS_URL to share one budget)")  # fmt: skip
+        quotas = (
+            "shared through Redis (FLEET_REDIS_URL)"
+            if os.environ.get("FLEET_REDIS_URL")
+            else f"each worker enforces 1/{n} of every quota (set FLEET_REDIS_URL to share one budget)"
+        )
         console.print(
             f"gateway: {n} workers listening on http://{f'[{host}]' if ':' in host else host}:{supervisor.port} "
             f"(pids {', '.join(str(p.pid) for p in supervisor.procs if p)})\n"
@@ -272,8 +335,10 @@ def _workers_banner(n: int, host: str, shown: str, grpc_port: int | None) -> Cal
             f"  gRPC       {f'{shown}:{grpc_port}' if grpc_port else 'off (--grpc-port N)'}\n"
             f"  health     {url}/v2/health/ready\n  metrics    {url}/metrics (all workers added up)\n"
             f"  workers    {', '.join(supervisor.private_urls)}\n  quotas     {quotas}\n  Ctrl-C stops",
-            markup=False, highlight=False, soft_wrap=True,
-        )  # fmt: skip
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
     return ready
 
@@ -321,13 +386,11 @@ def _ago(seconds: float) -> str:
 def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False) -> None:
     """Models, versions, weights, replicas and their health; each version's loading mode (eager or
     lazy), whether it is loaded, starting or unloaded, and when a gateway last sent it a request."""
-    from fleet.router import Router
-
     from fleet.cli.doctor import skipped
     from fleet.doctor import scan
-    from fleet.routing import RouteTable
-
     from fleet.loading import last_requests
+    from fleet.router import Router
+    from fleet.routing import RouteTable
     from fleet.spec import load_policies
 
     reg = registry()
@@ -359,22 +422,44 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
         health = runtime.health(mv.model, mv.version) if (mv.model, mv.version) in running else {}
         spec = specs.get(mv.model)
         last = asked.get((mv.model, mv.version))
-        rows.append({
-            "model": mv.model, "version": mv.version, "state": mv.state.value, "traffic": ", ".join(role),
-            "replicas": len(health), "healthy": sum(health.values()), "endpoints": sorted(health),
-            "loading": spec.loading if spec else None,
-            # loaded: a replica answers; starting: replicas run, none ready yet; unloaded: none runs
-            "load_state": "loaded" if any(health.values()) else "starting" if health else "unloaded",
-            "last_request_at": last, "last_request_ago_s": None if last is None else round(now - last, 1),
-        })  # fmt: skip
+        rows.append(
+            {
+                "model": mv.model,
+                "version": mv.version,
+                "state": mv.state.value,
+                "traffic": ", ".join(role),
+                "replicas": len(health),
+                "healthy": sum(health.values()),
+                "endpoints": sorted(health),
+                "loading": spec.loading if spec else None,
+                # loaded: a replica answers; starting: replicas run, none ready yet; unloaded: none runs
+                "load_state": "loaded" if any(health.values()) else "starting" if health else "unloaded",
+                "last_request_at": last,
+                "last_request_ago_s": None if last is None else round(now - last, 1),
+            }
+        )
     skipped(bad)  # on stderr: --json's list of versions stays what scripts expect
     if json:
         emit_json(rows)
         return
-    table(None, ["model", "version", "state", "traffic", "replicas", "healthy", "loading", "loaded", "last request"],
-          [[r["model"], r["version"], r["state"], r["traffic"] or "-", r["replicas"], r["healthy"], r["loading"] or "-",
-            r["load_state"], "-" if r["last_request_ago_s"] is None else f"{_ago(r['last_request_ago_s'])} ago"]
-           for r in rows])  # fmt: skip
+    table(
+        None,
+        ["model", "version", "state", "traffic", "replicas", "healthy", "loading", "loaded", "last request"],
+        [
+            [
+                r["model"],
+                r["version"],
+                r["state"],
+                r["traffic"] or "-",
+                r["replicas"],
+                r["healthy"],
+                r["loading"] or "-",
+                r["load_state"],
+                "-" if r["last_request_ago_s"] is None else f"{_ago(r['last_request_ago_s'])} ago",
+            ]
+            for r in rows
+        ],
+    )
     from fleet import audit, gateways
 
     now = audit.now()
@@ -384,17 +469,31 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
 
 def up_cmd(
     port: Annotated[int, typer.Option(help="Gateway port on 127.0.0.1.")] = 8000,
-    grpc_port: Annotated[int, typer.Option(
-        min=0, max=65535, help="The gateway's gRPC port on 127.0.0.1 (Open Inference Protocol, Triton's "
-                               "inference.GRPCInferenceService; 8001 as Triton's); 0 picks a free port.")] = 8001,
+    grpc_port: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="The gateway's gRPC port on 127.0.0.1 (Open Inference Protocol, Triton's "
+            "inference.GRPCInferenceService; 8001 as Triton's); 0 picks a free port.",
+        ),
+    ] = 8001,
     prefect_port: Annotated[int, typer.Option(help="Prefect server (UI and API) port on 127.0.0.1.")] = 4200,
     model: Annotated[str, typer.Option(help="The demo model (trained on first run).")] = "demo-classifier",
     no_prefect: Annotated[bool, typer.Option("--no-prefect", help="Do not start the Prefect server.")] = False,
-    gateways: Annotated[int, typer.Option(
-        "--gateways", min=1, max=16,
-        help="Gateway processes on the gateway port (SO_REUSEPORT). With 2 or more, a Redis "
-             "(redis-server, on --redis-port) shares every tenant's quota between them.")] = 1,
-    redis_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the Redis started for --gateways N.")] = 6390,
+    gateways: Annotated[
+        int,
+        typer.Option(
+            "--gateways",
+            min=1,
+            max=16,
+            help="Gateway processes on the gateway port (SO_REUSEPORT). With 2 or more, a Redis "
+            "(redis-server, on --redis-port) shares every tenant's quota between them.",
+        ),
+    ] = 1,
+    redis_port: Annotated[
+        int, typer.Option(min=1, max=65535, help="Port of the Redis started for --gateways N.")
+    ] = 6390,
     policies: PoliciesOpt = DEFAULT_POLICIES,
 ) -> None:
     """Start the local fleet: store, Prefect server and deployments, the demo model's services, the gateway.
@@ -415,9 +514,16 @@ def up_cmd(
         from fleet.errors import InvalidInput
 
         raise InvalidInput("--grpc-port 0 with --gateways: every gateway would pick its own port; expected a fixed one")
-    settings = Settings(home=Path(".fleet"), port=port, prefect_port=prefect_port, model=model,
-                        with_prefect=not no_prefect, grpc_port=grpc_port, gateways=gateways,
-                        redis_port=redis_port)  # fmt: skip
+    settings = Settings(
+        home=Path(".fleet"),
+        port=port,
+        prefect_port=prefect_port,
+        model=model,
+        with_prefect=not no_prefect,
+        grpc_port=grpc_port,
+        gateways=gateways,
+        redis_port=redis_port,
+    )
     loaded = load_policies(policies)
     loaded.model(model)  # a clear error before anything starts
     store = open_store()
@@ -432,20 +538,35 @@ def up_cmd(
             if gateways > 1:
                 step(f"starting {gateways} gateways (quotas shared through Redis on 127.0.0.1:{redis_port})")
                 argv = ["gateway", "--port", str(port), "--grpc-port", str(grpc_port), "--policies", str(policies)]
-                _supervise(gateways, "127.0.0.1", port, argv,
-                           lambda sup: _summary(settings, info, time.monotonic() - started, f"127.0.0.1:{grpc_port}  "
-                                                "(inference.GRPCInferenceService)", sup.private_urls))  # fmt: skip
+                _supervise(
+                    gateways,
+                    "127.0.0.1",
+                    port,
+                    argv,
+                    lambda sup: _summary(
+                        settings,
+                        info,
+                        time.monotonic() - started,
+                        f"127.0.0.1:{grpc_port}  (inference.GRPCInferenceService)",
+                        sup.private_urls,
+                    ),
+                )
             else:
-                settings_ = dataclasses.replace(GatewaySettings.from_env(public_url=f"http://127.0.0.1:{port}"),
-                                                grpc_port=grpc_port)  # fmt: skip
+                settings_ = dataclasses.replace(
+                    GatewaySettings.from_env(public_url=f"http://127.0.0.1:{port}"), grpc_port=grpc_port
+                )
                 prices, _ = gateway_prices(policies)
                 app = create_app(FleetView(store, runtime), loaded, settings_, prices=prices)
-                serve_gateway(app, port, lambda: _summary(settings, info, time.monotonic() - started,
-                                                          _grpc_line(app, "127.0.0.1")))  # fmt: skip
+                serve_gateway(
+                    app,
+                    port,
+                    lambda: _summary(settings, info, time.monotonic() - started, _grpc_line(app, "127.0.0.1")),
+                )
     except KeyboardInterrupt:
         pass
-    err_console.print("stopped: gateway, model services, flow deployments, Prefect server"
-                      + (" and Redis" if gateways > 1 else ""))
+    err_console.print(
+        "stopped: gateway, model services, flow deployments, Prefect server" + (" and Redis" if gateways > 1 else "")
+    )
 
 
 def _summary(settings, info: dict[str, str], seconds: float, grpc: str, workers: list[str] | None = None) -> None:  # noqa: ANN001

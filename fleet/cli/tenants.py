@@ -59,9 +59,13 @@ def create(
     rps: Annotated[float | None, typer.Option(help="Quota: sustained requests per second.")] = None,
     burst: Annotated[int | None, typer.Option(help="Quota: burst size (requests).")] = None,
     concurrency: Annotated[int | None, typer.Option(help="Quota: requests in flight at once (with --rps).")] = None,
-    tokens_per_minute: Annotated[int | None, typer.Option(help="Quota: generated and prompt tokens a minute (with --rps).")] = None,
-    weight: Annotated[float | None, typer.Option(help="Share of a saturated version against other waiting "
-                                                 "tenants (fair queuing); default 1.")] = None,  # fmt: skip
+    tokens_per_minute: Annotated[
+        int | None, typer.Option(help="Quota: generated and prompt tokens a minute (with --rps).")
+    ] = None,
+    weight: Annotated[
+        float | None,
+        typer.Option(help="Share of a saturated version against other waiting tenants (fair queuing); default 1."),
+    ] = None,
     json: JsonFlag = False,
 ) -> None:
     """Create a tenant and print its API key once (only its SHA-256 is stored)."""
@@ -74,7 +78,9 @@ def create(
     _show_key(key)
 
 
-def _quota(rps: float | None, burst: int | None, concurrency: int | None, tokens_per_minute: int | None = None) -> Quota | None:
+def _quota(
+    rps: float | None, burst: int | None, concurrency: int | None, tokens_per_minute: int | None = None
+) -> Quota | None:
     if (rps is None) != (burst is None):
         raise InvalidInput("a quota needs both --rps and --burst")
     for flag, value in (("--concurrency", concurrency), ("--tokens-per-minute", tokens_per_minute)):
@@ -89,8 +95,12 @@ def limits(
     rps: Annotated[float | None, typer.Option(help="Quota: sustained requests per second.")] = None,
     burst: Annotated[int | None, typer.Option(help="Quota: burst size (requests).")] = None,
     concurrency: Annotated[int | None, typer.Option(help="Quota: requests in flight at once (with --rps).")] = None,
-    tokens_per_minute: Annotated[int | None, typer.Option(help="Quota: generated and prompt tokens a minute (with --rps).")] = None,
-    no_quota: Annotated[bool, typer.Option("--no-quota", help="Remove the quota (the policy's applies, if any).")] = False,
+    tokens_per_minute: Annotated[
+        int | None, typer.Option(help="Quota: generated and prompt tokens a minute (with --rps).")
+    ] = None,
+    no_quota: Annotated[
+        bool, typer.Option("--no-quota", help="Remove the quota (the policy's applies, if any).")
+    ] = False,
     weight: Annotated[float | None, typer.Option(help="Fair-queuing share against other tenants (default 1).")] = None,
     json: JsonFlag = False,
 ) -> None:
@@ -108,8 +118,11 @@ def limits(
 def _shown_quota(q: Quota | None) -> str:
     if q is None:
         return "-"
-    return (f"{q.rps:g} rps / {q.burst}" + (f" / {q.concurrency} in flight" if q.concurrency else "")
-            + (f" / {q.tokens_per_minute} tokens/min" if q.tokens_per_minute else ""))
+    return (
+        f"{q.rps:g} rps / {q.burst}"
+        + (f" / {q.concurrency} in flight" if q.concurrency else "")
+        + (f" / {q.tokens_per_minute} tokens/min" if q.tokens_per_minute else "")
+    )
 
 
 @app.command("list")
@@ -159,8 +172,14 @@ def rotate(
     new_id = tenant.keys[-1].id
     retired = tenant.replaced(new_id)
     if json:
-        emit_json({"tenant": public(tenant), "key_id": new_id, "api_key": key,
-                   "retired": [{"id": k.id, "stops_at": k.ends_at.isoformat()} for k in retired]})  # fmt: skip
+        emit_json(
+            {
+                "tenant": public(tenant),
+                "key_id": new_id,
+                "api_key": key,
+                "retired": [{"id": k.id, "stops_at": k.ends_at.isoformat()} for k in retired],
+            }
+        )
         return
     console.print(f"rotated tenant [bold]{tenant.name}[/]: new key [bold]{new_id}[/]")
     _show_key(key)

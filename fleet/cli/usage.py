@@ -18,8 +18,18 @@ if TYPE_CHECKING:  # fleet.usage imports prometheus_client: not at every command
 _SINCE = re.compile(r"(\d{1,6})([mhd])")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days"}
 MAX_SINCE = timedelta(days=366)
-COLUMNS = ["tenant", "model", "version", "requests", "rows", "upstream s", "replica h", "USD", "USD/1k inferences",
-           "price source"]  # fmt: skip
+COLUMNS = [
+    "tenant",
+    "model",
+    "version",
+    "requests",
+    "rows",
+    "upstream s",
+    "replica h",
+    "USD",
+    "USD/1k inferences",
+    "price source",
+]
 ALL = "(all)"
 
 
@@ -36,10 +46,16 @@ def parse_since(raw: str) -> timedelta:
 
 
 def usage_cmd(
-    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's rows and the versions it used ((all) rows stay every tenant's totals).")] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            "--tenant", help="Only this tenant's rows and the versions it used ((all) rows stay every tenant's totals)."
+        ),
+    ] = None,
     model: Annotated[str | None, typer.Option("--model", help="Only this model's versions.")] = None,
     since: Annotated[
-        str, typer.Option("--since", help="How far back: 90m, 24h, 7d. Whole UTC hours, from the one that holds that time.")
+        str,
+        typer.Option("--since", help="How far back: 90m, 24h, 7d. Whole UTC hours, from the one that holds that time."),
     ] = "24h",
     json: JsonFlag = False,
 ) -> None:
@@ -58,8 +74,9 @@ def usage_cmd(
     until = audit.now()
     report = rollup(open_store(), until - window, until, tenant=tenant, model=model)
     for b in report.skipped:
-        err_console.print(f"skipped {b.key}: {b.reason}; its counts are left out", markup=False, highlight=False,
-                          soft_wrap=True)  # fmt: skip
+        err_console.print(
+            f"skipped {b.key}: {b.reason}; its counts are left out", markup=False, highlight=False, soft_wrap=True
+        )
     if json:
         emit_json(report.to_dict())
         return
@@ -73,7 +90,8 @@ def usage_cmd(
     console.print(
         f"an inference is one input row; {ALL}: the version's totals, idle replica time included; a tenant's "
         "replica h and USD are its share of the version's by upstream seconds; USD - : price or replica time unknown",
-        markup=False, highlight=False,
+        markup=False,
+        highlight=False,
     )
 
 
@@ -87,12 +105,36 @@ def _rows(report: Report) -> list[list[str]]:
         source = v.price.source
         for t in report.tenants:
             if (t.model, t.version) == (v.model, v.version):
-                rows.append([t.tenant, t.model, t.version, str(t.requests), str(t.rows), _num(t.upstream_s, 3),
-                             _hours(t.replica_s), _usd(t.usd), _usd(t.usd_per_1k_inferences, 6), source]
-                            + ([str(t.tokens), _usd(t.usd_per_1k_tokens, 6)] if tokens else []))  # fmt: skip
-        rows.append([ALL, v.model, v.version, str(v.requests), str(v.rows), _num(v.upstream_s, 3), _hours(v.replica_s),
-                     _usd(v.usd), _usd(v.usd_per_1k_inferences, 6), source]
-                    + ([str(v.tokens), _usd(v.usd_per_1k_tokens, 6)] if tokens else []))  # fmt: skip
+                rows.append(
+                    [
+                        t.tenant,
+                        t.model,
+                        t.version,
+                        str(t.requests),
+                        str(t.rows),
+                        _num(t.upstream_s, 3),
+                        _hours(t.replica_s),
+                        _usd(t.usd),
+                        _usd(t.usd_per_1k_inferences, 6),
+                        source,
+                    ]
+                    + ([str(t.tokens), _usd(t.usd_per_1k_tokens, 6)] if tokens else [])
+                )
+        rows.append(
+            [
+                ALL,
+                v.model,
+                v.version,
+                str(v.requests),
+                str(v.rows),
+                _num(v.upstream_s, 3),
+                _hours(v.replica_s),
+                _usd(v.usd),
+                _usd(v.usd_per_1k_inferences, 6),
+                source,
+            ]
+            + ([str(v.tokens), _usd(v.usd_per_1k_tokens, 6)] if tokens else [])
+        )
     return rows
 
 

@@ -27,7 +27,21 @@ from fleet.drift.report import (
 from fleet.drift.stats import js_distance, ks, psi, wasserstein
 
 __all__ = [
-    "ConceptDrift", "DistributionDrift", "DriftReport", "FeatureDrift", "PredictionDrift", "Statistic",
-    "concept_drift", "drift_markdown", "drift_report", "drift_svg", "feature_drift", "js_distance", "ks",
-    "prediction_drift", "psi", "svg_data_uri", "wasserstein",
-]  # fmt: skip
+    "ConceptDrift",
+    "DistributionDrift",
+    "DriftReport",
+    "FeatureDrift",
+    "PredictionDrift",
+    "Statistic",
+    "concept_drift",
+    "drift_markdown",
+    "drift_report",
+    "drift_svg",
+    "feature_drift",
+    "js_distance",
+    "ks",
+    "prediction_drift",
+    "psi",
+    "svg_data_uri",
+    "wasserstein",
+]

@@ -45,8 +45,17 @@ def drift_markdown(report: DriftReport, concept: ConceptDrift | None = None) -> 
     for f in sorted(report.features, key=lambda f: not f.drifting):
         nulls = f"{_num(f.null_rate, 3)} ({_num(f.baseline_null_rate, 3)})"
         status = f"**{f.status}**" if f.drifting else f.status
-        cells = [f.feature, status, _stat(f.psi), _stat(f.js), _stat(f.wasserstein), _num(f.wasserstein_norm),
-                 _num(f.ks_statistic), _stat(f.ks_pvalue), nulls]  # fmt: skip
+        cells = [
+            f.feature,
+            status,
+            _stat(f.psi),
+            _stat(f.js),
+            _stat(f.wasserstein),
+            _num(f.wasserstein_norm),
+            _num(f.ks_statistic),
+            _stat(f.ks_pvalue),
+            nulls,
+        ]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     p = report.prediction
     if p is not None:
@@ -60,14 +69,18 @@ def drift_markdown(report: DriftReport, concept: ConceptDrift | None = None) -> 
     return "\n".join(lines) + "\n"
 
 
-def _panel(x0: float, y0: float, title: str, bins: Sequence[str], ref: Sequence[float], cur: Sequence[float]) -> list[str]:
+def _panel(
+    x0: float, y0: float, title: str, bins: Sequence[str], ref: Sequence[float], cur: Sequence[float]
+) -> list[str]:
     top = max([*ref, *cur, 1e-12])
     plot_w, plot_h = _W - 2 * _PAD, _H - 2 * _PAD
     slot = plot_w / max(len(bins), 1)
     bar = slot * 0.4
     base_y = y0 + _H - _PAD
-    out = [f'<text x="{x0 + _PAD}" y="{y0 + 18}" font-size="13" font-weight="bold">{escape(title)}</text>',
-           f'<line x1="{x0 + _PAD}" y1="{base_y}" x2="{x0 + _W - _PAD}" y2="{base_y}" stroke="#444"/>']  # fmt: skip
+    out = [
+        f'<text x="{x0 + _PAD}" y="{y0 + 18}" font-size="13" font-weight="bold">{escape(title)}</text>',
+        f'<line x1="{x0 + _PAD}" y1="{base_y}" x2="{x0 + _W - _PAD}" y2="{base_y}" stroke="#444"/>',
+    ]
     for i, (label, r, c) in enumerate(zip(bins, ref, cur)):
         left = x0 + _PAD + i * slot + slot * 0.1
         for j, (value, colour) in enumerate(((r, _REFERENCE), (c, _CURRENT))):
@@ -79,7 +92,9 @@ def _panel(x0: float, y0: float, title: str, bins: Sequence[str], ref: Sequence[
         if i in (0, len(bins) - 1) or len(bins) <= 6:
             anchor = "start" if i == 0 else "end" if i == len(bins) - 1 else "middle"
             x = left if anchor == "start" else left + 2 * bar if anchor == "end" else left + bar
-            out.append(f'<text x="{x:.1f}" y="{base_y + 14}" font-size="10" text-anchor="{anchor}">{escape(label)}</text>')
+            out.append(
+                f'<text x="{x:.1f}" y="{base_y + 14}" font-size="10" text-anchor="{anchor}">{escape(label)}</text>'
+            )
     return out
 
 
@@ -90,15 +105,19 @@ def drift_svg(report: DriftReport, features: Sequence[str] | None = None, *, col
     """
     names = list(report.drifting_features if features is None else features)
     panels: list[tuple[str, FeatureDrift | DistributionDrift]] = [(n, report.feature(n)) for n in names]
-    if report.prediction is not None and report.prediction.score is not None and (
-        features is None and report.prediction.drifting
+    if (
+        report.prediction is not None
+        and report.prediction.score is not None
+        and (features is None and report.prediction.drifting)
     ):
         panels.append(("prediction score", report.prediction.score))
     panels = [(n, d) for n, d in panels if d.bins]
     rows = max(1, -(-len(panels) // columns))
     width, height = _W * min(columns, max(len(panels), 1)), _H * rows + 24
-    body = [f'<text x="8" y="16" font-size="12"><tspan fill="{_REFERENCE}">■ reference (baseline)</tspan> '
-            f'<tspan fill="{_CURRENT}">■ current window</tspan></text>']  # fmt: skip
+    body = [
+        f'<text x="8" y="16" font-size="12"><tspan fill="{_REFERENCE}">■ reference (baseline)</tspan> '
+        f'<tspan fill="{_CURRENT}">■ current window</tspan></text>'
+    ]
     if not panels:
         body.append('<text x="8" y="60" font-size="13">no drifting features</text>')
     for k, (name, d) in enumerate(panels):

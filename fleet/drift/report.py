@@ -149,11 +149,22 @@ def _none(threshold: float | None) -> Statistic:
 
 def _missing(name: str, kind: str, base: Mapping[str, Any], rows: int, t: DriftThresholds, status: str) -> FeatureDrift:
     return FeatureDrift(
-        feature=name, kind=kind, status=status, rows=0, null_rate=1.0 if rows else None,
-        baseline_null_rate=float(base.get("null_rate", 0.0)), psi=_none(t.psi), js=_none(t.js),
-        wasserstein=_none(t.wasserstein), wasserstein_norm=None, ks_statistic=None,
-        ks_pvalue=_none(t.ks_pvalue), bins=(), reference=(), current=(),
-    )  # fmt: skip
+        feature=name,
+        kind=kind,
+        status=status,
+        rows=0,
+        null_rate=1.0 if rows else None,
+        baseline_null_rate=float(base.get("null_rate", 0.0)),
+        psi=_none(t.psi),
+        js=_none(t.js),
+        wasserstein=_none(t.wasserstein),
+        wasserstein_norm=None,
+        ks_statistic=None,
+        ks_pvalue=_none(t.ks_pvalue),
+        bins=(),
+        reference=(),
+        current=(),
+    )
 
 
 def _matrix(window: Any, columns: list[str]) -> np.ndarray:
@@ -164,7 +175,9 @@ def _matrix(window: Any, columns: list[str]) -> np.ndarray:
     except (TypeError, ValueError):  # text in a numeric column: the quality suite reports it
         import pandas as pd
 
-        return np.stack([pd.to_numeric(window[c], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan) for c in columns])
+        return np.stack(
+            [pd.to_numeric(window[c], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan) for c in columns]
+        )
 
 
 def _numeric(window: Any, names: list[str], profiles: Mapping[str, Any], t: DriftThresholds) -> list[FeatureDrift]:
@@ -201,12 +214,25 @@ def _numeric(window: Any, names: list[str], profiles: Mapping[str, Any], t: Drif
         w_s = _judge(w, t.wasserstein)
         ks_s = Statistic(value=p, threshold=t.ks_pvalue, exceeded=p is not None and p < t.ks_pvalue)
         drifting = psi_s.exceeded or js_s.exceeded or w_s.exceeded
-        out.append(FeatureDrift(
-            feature=name, kind="numeric", status="drift" if drifting else "ok", rows=int(v.size),
-            null_rate=1.0 - v.size / rows, baseline_null_rate=float(base.get("null_rate", 0.0)),
-            psi=psi_s, js=js_s, wasserstein=w_s, wasserstein_norm=w_norm, ks_statistic=d, ks_pvalue=ks_s,
-            bins=_labels(inner), reference=tuple(ref.tolist()), current=tuple(cur.tolist()),
-        ))  # fmt: skip
+        out.append(
+            FeatureDrift(
+                feature=name,
+                kind="numeric",
+                status="drift" if drifting else "ok",
+                rows=int(v.size),
+                null_rate=1.0 - v.size / rows,
+                baseline_null_rate=float(base.get("null_rate", 0.0)),
+                psi=psi_s,
+                js=js_s,
+                wasserstein=w_s,
+                wasserstein_norm=w_norm,
+                ks_statistic=d,
+                ks_pvalue=ks_s,
+                bins=_labels(inner),
+                reference=tuple(ref.tolist()),
+                current=tuple(cur.tolist()),
+            )
+        )
     return out
 
 
@@ -234,11 +260,22 @@ def _categorical(window: Any, name: str, base: Mapping[str, Any], t: DriftThresh
     cur /= keys.size
     js_s = _judge(float(js_distance(ref, cur)), t.js)
     return FeatureDrift(
-        feature=name, kind="categorical", status="drift" if psi_s.exceeded or js_s.exceeded else "ok",
-        rows=int(keys.size), null_rate=float(null.mean()), baseline_null_rate=float(base.get("null_rate", 0.0)),
-        psi=psi_s, js=js_s, wasserstein=_none(t.wasserstein), wasserstein_norm=None, ks_statistic=None,
-        ks_pvalue=_none(t.ks_pvalue), bins=(*known, OTHER), reference=tuple(ref.tolist()), current=tuple(cur.tolist()),
-    )  # fmt: skip
+        feature=name,
+        kind="categorical",
+        status="drift" if psi_s.exceeded or js_s.exceeded else "ok",
+        rows=int(keys.size),
+        null_rate=float(null.mean()),
+        baseline_null_rate=float(base.get("null_rate", 0.0)),
+        psi=psi_s,
+        js=js_s,
+        wasserstein=_none(t.wasserstein),
+        wasserstein_norm=None,
+        ks_statistic=None,
+        ks_pvalue=_none(t.ks_pvalue),
+        bins=(*known, OTHER),
+        reference=tuple(ref.tolist()),
+        current=tuple(cur.tolist()),
+    )
 
 
 def feature_drift(profile: Mapping[str, Any], window: Any, thresholds: DriftThresholds) -> tuple[FeatureDrift, ...]:
@@ -257,9 +294,12 @@ def _distribution(ref: np.ndarray, cur: np.ndarray, bins: tuple[str, ...], t: Dr
     value = float(psi(ref, cur))
     ref, cur = ref / ref.sum(), cur / cur.sum()
     return DistributionDrift(
-        psi=_judge(value, t.psi), js=_judge(float(js_distance(ref, cur)), t.js),
-        bins=bins, reference=tuple(ref.tolist()), current=tuple(cur.tolist()),
-    )  # fmt: skip
+        psi=_judge(value, t.psi),
+        js=_judge(float(js_distance(ref, cur)), t.js),
+        bins=bins,
+        reference=tuple(ref.tolist()),
+        current=tuple(cur.tolist()),
+    )
 
 
 def prediction_drift(profile: Mapping[str, Any], window: Any, thresholds: DriftThresholds) -> PredictionDrift | None:
@@ -315,10 +355,17 @@ def drift_report(profile: Mapping[str, Any], window: Any, policy: MonitoringPoli
         verdict = "ok"
         reason = f"{len(drifting)} of {len(features)} features drift, alert at {t.features_drifting_to_alert}"
     return DriftReport(
-        verdict=verdict, reason=reason, rows=rows, min_rows=policy.min_rows, features=features,
-        drifting_features=drifting, features_drifting_to_alert=t.features_drifting_to_alert,
-        dataset_drift=dataset, prediction=prediction, thresholds=t,
-    )  # fmt: skip
+        verdict=verdict,
+        reason=reason,
+        rows=rows,
+        min_rows=policy.min_rows,
+        features=features,
+        drifting_features=drifting,
+        features_drifting_to_alert=t.features_drifting_to_alert,
+        dataset_drift=dataset,
+        prediction=prediction,
+        thresholds=t,
+    )
 
 
 # -- concept drift ----------------------------------------------------------------------------
@@ -363,7 +410,15 @@ def concept_drift(
         verdict = "ok"
         reason = f"accuracy {acc:.4f} vs baseline {base_acc:.4f} (drop {acc_drop:.4f} < {trigger.min_accuracy_drop})"
     return ConceptDrift(
-        verdict=verdict, reason=reason, rows=rows, min_rows=need, accuracy=acc, baseline_accuracy=base_acc,
-        accuracy_drop=acc_drop, f1=f1, baseline_f1=base_f1, f1_drop=f1_drop,
+        verdict=verdict,
+        reason=reason,
+        rows=rows,
+        min_rows=need,
+        accuracy=acc,
+        baseline_accuracy=base_acc,
+        accuracy_drop=acc_drop,
+        f1=f1,
+        baseline_f1=base_f1,
+        f1_drop=f1_drop,
         min_accuracy_drop=trigger.min_accuracy_drop,
-    )  # fmt: skip
+    )

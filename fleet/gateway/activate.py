@@ -69,9 +69,15 @@ class StartFailed(NoReplica):
 
 
 class Activator:
-    def __init__(self, runtime: Any, upstreams: Upstreams, spec_for: Callable[[str], ModelSpec],  # noqa: ANN401
-                 telemetry: Telemetry, read_runtime: Callable[[], None],
-                 make_room: Callable[[str, str], object] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        runtime: Any,
+        upstreams: Upstreams,
+        spec_for: Callable[[str], ModelSpec],  # noqa: ANN401
+        telemetry: Telemetry,
+        read_runtime: Callable[[], None],
+        make_room: Callable[[str, str], object] | None = None,
+    ) -> None:
         """``read_runtime()``: ask the gateway's view to re-read the runtime now (from the loop);
         ``make_room(model, version)``: runs in the start's thread before a replica starts."""
         self.runtime, self.upstreams, self.spec_for, self.telemetry = runtime, upstreams, spec_for, telemetry
@@ -101,8 +107,11 @@ class Activator:
         if spec.loading != "lazy":
             raise NoReplica(f"{model}:{version} has no running replica; expected it to be deployed")
         if not self.can_start:
-            raise StartFailed(f"{model}:{version} is lazy and runs no replica, and this gateway's runtime cannot start one "
-                              "(FLEET_RUNTIME=static); expected it started by whoever runs the services", 30.0)  # fmt: skip
+            raise StartFailed(
+                f"{model}:{version} is lazy and runs no replica, and this gateway's runtime cannot start one "
+                "(FLEET_RUNTIME=static); expected it started by whoever runs the services",
+                30.0,
+            )
         key = (model, version)
         now = time.monotonic()
         failed = self._failed.get(key)
@@ -122,8 +131,11 @@ class Activator:
         except TimeoutError:
             expected = self._started_s.get(key, EXPECTED_START_S)
             left = max(1.0, expected - (time.monotonic() - self._began.get(key, now)))
-            raise Starting(f"{model}:{version} is starting (a cold start; this request waited {(time.monotonic() - now) * 1e3:.0f} ms, "
-                           f"max_hold_ms {spec.max_hold_ms} or the request's timeout); retry after {left:.0f} s", left) from None  # fmt: skip
+            raise Starting(
+                f"{model}:{version} is starting (a cold start; this request waited {(time.monotonic() - now) * 1e3:.0f} ms, "
+                f"max_hold_ms {spec.max_hold_ms} or the request's timeout); retry after {left:.0f} s",
+                left,
+            ) from None
         finally:
             held.dec()
             self.telemetry.hold.labels(model, version).observe(time.monotonic() - now)
@@ -156,12 +168,20 @@ class Activator:
             # the tenant hears why in a few words (``summary``); paths, log lines and other
             # models' names stay in the gateway's log
             cause = getattr(exc, "summary", None) if isinstance(exc, FleetError) else None
-            message = (f"{model}:{version} could not be started: {cause or 'the runtime failed to start it'}; "
-                       f"not tried again for {backoff:.0f} s")  # fmt: skip
+            message = (
+                f"{model}:{version} could not be started: {cause or 'the runtime failed to start it'}; "
+                f"not tried again for {backoff:.0f} s"
+            )
             self._failed[key] = (time.monotonic() + backoff, message, failures)
             self.telemetry.cold_starts.labels(model, version, "failed").inc()
-            log.warning("cold start of %s:%s failed (retried in %.0f s): %s", model, version, backoff, exc,
-                        exc_info=not isinstance(exc, FleetError))  # fmt: skip
+            log.warning(
+                "cold start of %s:%s failed (retried in %.0f s): %s",
+                model,
+                version,
+                backoff,
+                exc,
+                exc_info=not isinstance(exc, FleetError),
+            )
             raise StartFailed(message, backoff) from None
         self._failed.pop(key, None)
         if started:  # another gateway, worker or deploy may have started it: then nothing is counted

@@ -113,14 +113,17 @@ class Rotate(_Body):
     key_id: str | None = Field(None, min_length=1, max_length=64)
     # bounded here, not only in Tenants.rotate: a huge number would overflow timedelta first
     grace_s: checked(
-        float, f"seconds from 0 (stop the old key at once) to {_MAX_GRACE_S} ({span(MAX_GRACE)})",
+        float,
+        f"seconds from 0 (stop the old key at once) to {_MAX_GRACE_S} ({span(MAX_GRACE)})",
         lambda v: 0 <= v <= _MAX_GRACE_S,
-    ) = Field(allow_inf_nan=False)  # fmt: skip
+    ) = Field(allow_inf_nan=False)
 
 
-
-_PATH_CHECKS = {"model": lambda v: check_name("model", v), "tenant": lambda v: check_name("tenant", v),
-                "version": check_version}  # fmt: skip
+_PATH_CHECKS = {
+    "model": lambda v: check_name("model", v),
+    "tenant": lambda v: check_name("tenant", v),
+    "version": check_version,
+}
 
 
 def admin_routes(
@@ -148,7 +151,9 @@ def admin_routes(
                 ok = gateways.verify(given, token, scoped, gateway_id)
             if not ok:
                 telemetry.auth_failures.labels("admin").inc()
-                raise Unauthorized("admin API: missing or wrong admin token; expected 'Authorization: Bearer <FLEET_ADMIN_TOKEN>'")
+                raise Unauthorized(
+                    "admin API: missing or wrong admin token; expected 'Authorization: Bearer <FLEET_ADMIN_TOKEN>'"
+                )
             for name, value in request.path_params.items():
                 _PATH_CHECKS[name](value)
             return await handler(request)
@@ -198,8 +203,9 @@ def admin_routes(
 
     async def do_rollback(request: Request) -> Response:
         change, model = await body(request, RollbackRequest), request.path_params["model"]
-        result = await asyncio.to_thread(rollback, router, model, change.to_version, why=change.reason, runtime=runtime,
-                                         start_missing=False)  # fmt: skip
+        result = await asyncio.to_thread(
+            rollback, router, model, change.to_version, why=change.reason, runtime=runtime, start_missing=False
+        )
         on_change()
         pushed = await asyncio.to_thread(gateways.notify, store, token)
         return json_response({**result.__dict__, "gateways_notified": pushed})
@@ -217,10 +223,13 @@ def admin_routes(
         if new.rps is not None:
             quota = make_quota(new.rps, new.burst or max(1, int(new.rps)), new.concurrency, new.tokens_per_minute)
         elif new.burst is not None or new.concurrency is not None or new.tokens_per_minute is not None:
-            raise InvalidInput("burst, concurrency or tokens_per_minute without rps; expected rps (requests/s) with "
-                               "an optional burst, concurrency and tokens_per_minute")  # fmt: skip
-        tenant, key = await asyncio.to_thread(functools.partial(tenants.create, new.name, parse_entitlements(new.models),
-                                                                quota, weight=new.weight))  # fmt: skip
+            raise InvalidInput(
+                "burst, concurrency or tokens_per_minute without rps; expected rps (requests/s) with "
+                "an optional burst, concurrency and tokens_per_minute"
+            )
+        tenant, key = await asyncio.to_thread(
+            functools.partial(tenants.create, new.name, parse_entitlements(new.models), quota, weight=new.weight)
+        )
         on_change()
         return json_response({"tenant": tenant.name, "key_id": tenant.keys[0].id, "api_key": key}, status=201)
 

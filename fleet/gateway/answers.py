@@ -93,9 +93,13 @@ def decode_answer(body: bytes | TensorAnswer, ref: str, rows: int) -> np.ndarray
 def _checked(result: np.ndarray, ref: str, rows: int) -> np.ndarray:
     """The checks every answer gets, whatever its encoding: one row per input row, finite."""
     if result.ndim != 2 or len(result) != rows:
-        raise BadAnswer(f"{ref} answered shape {list(result.shape)} for {rows} input rows; expected one row per input row")
+        raise BadAnswer(
+            f"{ref} answered shape {list(result.shape)} for {rows} input rows; expected one row per input row"
+        )
     if not np.isfinite(result).all():
-        raise BadAnswer(f"{ref} answered non-finite values (NaN or infinity) for {rows} input rows; the model failed on them")
+        raise BadAnswer(
+            f"{ref} answered non-finite values (NaN or infinity) for {rows} input rows; the model failed on them"
+        )
     return result
 
 
@@ -103,19 +107,27 @@ def _tensor(answer: TensorAnswer, ref: str, rows: int) -> np.ndarray:
     """A ``TensorAnswer``'s bytes as float32 of the shape its headers claim; a [rows] answer
     is one column, as a flat JSON list of ``rows`` numbers is."""
     if answer.datatype is None or answer.shape is None:
-        missing = " and ".join(h for h, v in ((DATATYPE_HEADER, answer.datatype), (SHAPE_HEADER, answer.shape)) if v is None)
-        raise BadAnswer(f"{ref} answered {TENSOR_TYPE} without {missing}; expected both "
-                        f"(e.g. {DATATYPE_HEADER}: FP32, {SHAPE_HEADER}: {rows},2)")  # fmt: skip
+        missing = " and ".join(
+            h for h, v in ((DATATYPE_HEADER, answer.datatype), (SHAPE_HEADER, answer.shape)) if v is None
+        )
+        raise BadAnswer(
+            f"{ref} answered {TENSOR_TYPE} without {missing}; expected both "
+            f"(e.g. {DATATYPE_HEADER}: FP32, {SHAPE_HEADER}: {rows},2)"
+        )
     datatype = answer.datatype.decode("latin-1").strip()
     dtype = ANSWER_DTYPES.get(datatype)
     if dtype is None:
-        raise BadAnswer(f"{ref} answered {DATATYPE_HEADER}: {datatype[:40]!r}; expected a numeric OIP datatype "
-                        f"({', '.join(ANSWER_DTYPES)})")  # fmt: skip
+        raise BadAnswer(
+            f"{ref} answered {DATATYPE_HEADER}: {datatype[:40]!r}; expected a numeric OIP datatype "
+            f"({', '.join(ANSWER_DTYPES)})"
+        )
     shape = _shape(answer.shape, ref)
     needed = math.prod(shape) * dtype.itemsize  # Python ints: no overflow for absurd shapes
     if len(answer.raw) != needed:
-        raise BadAnswer(f"{ref} answered {len(answer.raw)} bytes; its shape {list(shape)} of {datatype} needs {needed} "
-                        f"({math.prod(shape)} values × {dtype.itemsize} bytes, little-endian)")  # fmt: skip
+        raise BadAnswer(
+            f"{ref} answered {len(answer.raw)} bytes; its shape {list(shape)} of {datatype} needs {needed} "
+            f"({math.prod(shape)} values × {dtype.itemsize} bytes, little-endian)"
+        )
     array = np.frombuffer(answer.raw, dtype=dtype).reshape(shape)
     with np.errstate(over="ignore", invalid="ignore"):  # out of FP32's range → inf, refused by the finite check
         result = array.astype(np.float32)  # a native-order copy: the answer's bytes are not kept alive
@@ -127,6 +139,8 @@ def _shape(value: bytes, ref: str) -> tuple[int, ...]:
     text = value.decode("latin-1").strip()
     parts = [p.strip() for p in text.split(",")]
     if len(parts) > MAX_ANSWER_DIMS or not all(p.isascii() and p.isdigit() and len(p) <= 18 for p in parts):
-        raise BadAnswer(f"{ref} answered {SHAPE_HEADER}: {text[:40]!r}; expected [rows] or [rows, columns] as "
-                        "comma-separated non-negative integers, e.g. 256,2")  # fmt: skip
+        raise BadAnswer(
+            f"{ref} answered {SHAPE_HEADER}: {text[:40]!r}; expected [rows] or [rows, columns] as "
+            "comma-separated non-negative integers, e.g. 256,2"
+        )
     return tuple(int(p) for p in parts)

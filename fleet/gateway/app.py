@@ -34,6 +34,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from fleet import __version__, audit, gateways, loading
 from fleet.errors import FleetError
 from fleet.feedback import LoggedRequests
+from fleet.gateway import quota as quotas_
+from fleet.gateway import workers
 from fleet.gateway.activate import Activator
 from fleet.gateway.admin import admin_routes, json_response
 from fleet.gateway.body import BodyBudget, Decoder
@@ -41,8 +43,6 @@ from fleet.gateway.dispatch import Dispatcher
 from fleet.gateway.generate import Generation
 from fleet.gateway.http import Headers, Settings, internal_error, retry_after
 from fleet.gateway.pipeline import DEFAULT_SPEC, Pipeline
-from fleet.gateway import quota as quotas_
-from fleet.gateway import workers
 from fleet.gateway.quota import Quotas, TokenBuckets
 from fleet.gateway.record import Recorder
 from fleet.gateway.rest import Rest
@@ -100,26 +100,42 @@ def create_app(
         yield ("shared",), 1.0 if health["shared"] else 0.0
         yield ("share_divisor",), float(health["share_divisor"])
 
-    telemetry = Telemetry(lambda: _queue_depths(upstreams), buffers,
-                          lambda: (((m, v), p.slots.in_use) for (m, v), p in list(upstreams.pools().items())),
-                          quota_state)  # fmt: skip
+    telemetry = Telemetry(
+        lambda: _queue_depths(upstreams),
+        buffers,
+        lambda: (((m, v), p.slots.in_use) for (m, v), p in list(upstreams.pools().items())),
+        quota_state,
+    )
     inference_log = InferenceLog(
-        view.store, settings.gateway_id, flush_s=settings.log_flush_s, max_bytes=limits.mib(limits.inference_log_buffer_mib),
+        view.store,
+        settings.gateway_id,
+        flush_s=settings.log_flush_s,
+        max_bytes=limits.mib(limits.inference_log_buffer_mib),
         on_written=lambda m, n: telemetry.log_rows.labels(m, "written").inc(n),
         on_dropped=lambda m, n: telemetry.log_rows.labels(m, "dropped").inc(n),
-    )  # fmt: skip
+    )
     logged = LoggedRequests(view.store, limits.mib(limits.feedback_index_mib))
     if policies:
-        view.use_policies({name: Quota(rps=t.quota.rps, burst=t.quota.burst, concurrency=t.quota.concurrency,
-                                                  tokens_per_minute=t.quota.tokens_per_minute)
-                           for name, t in policies.tenants.items()},
-                          {name: t.weight for name, t in policies.tenants.items()})  # fmt: skip
+        view.use_policies(
+            {
+                name: Quota(
+                    rps=t.quota.rps,
+                    burst=t.quota.burst,
+                    concurrency=t.quota.concurrency,
+                    tokens_per_minute=t.quota.tokens_per_minute,
+                )
+                for name, t in policies.tenants.items()
+            },
+            {name: t.weight for name, t in policies.tenants.items()},
+        )
 
     def on_snapshot(snap: Snapshot) -> None:
         # with workers, each process holds its part of a replica's slots and of the wait queue
         n = settings.workers
-        limits_ = {m: (quotas_.divide(s.concurrency, n), quotas_.divide(s.max_queue, n), s.batch_aging_ms / 1000)
-                   for m, s in (policies.models.items() if policies else [])}  # fmt: skip
+        limits_ = {
+            m: (quotas_.divide(s.concurrency, n), quotas_.divide(s.max_queue, n), s.batch_aging_ms / 1000)
+            for m, s in (policies.models.items() if policies else [])
+        }
         upstreams.sync(snap.endpoints, limits_)
         activator.synced()
 
@@ -129,11 +145,17 @@ def create_app(
     make_room = None
     from fleet.runtime.local import LocalRuntime
 
-    if policies is not None and policies.runtime.memory_budget_mib is not None and isinstance(view.runtime, LocalRuntime):
+    if (
+        policies is not None
+        and policies.runtime.memory_budget_mib is not None
+        and isinstance(view.runtime, LocalRuntime)
+    ):
         from fleet.loading import LoadController  # the local runtime's memory budget, kept by whoever starts
 
         make_room = LoadController(view.store, policies, view.runtime).make_room
-    activator = upstreams.activator = Activator(view.runtime, upstreams, spec_for, telemetry, view.read_runtime, make_room)
+    activator = upstreams.activator = Activator(
+        view.runtime, upstreams, spec_for, telemetry, view.read_runtime, make_room
+    )
 
     async def write_activity() -> None:
         """When this gateway last asked each version (fleet.loading's idle clock), at start (so the
@@ -148,17 +170,31 @@ def create_app(
                     written, failing = now, False
                 except (FleetError, OSError) as exc:
                     if not failing:  # said once per outage: idle unloads wait for this gateway meanwhile
-                        activity_log.warning("cannot write %s (lazy versions are not unloaded while it is "
-                                             "missing): %s", loading.activity_key(settings.gateway_id), exc)  # fmt: skip
+                        activity_log.warning(
+                            "cannot write %s (lazy versions are not unloaded while it is missing): %s",
+                            loading.activity_key(settings.gateway_id),
+                            exc,
+                        )
                     failing = True
             await asyncio.sleep(gateways.HEARTBEAT_S)
 
-    def on_shadow(job: ShadowJob | GenShadowJob, outcome: str, shadow_ms: float | None, result: Any,  # noqa: ANN401
-                  kind: str | None) -> None:  # fmt: skip
+    def on_shadow(
+        job: ShadowJob | GenShadowJob,
+        outcome: str,
+        shadow_ms: float | None,
+        result: Any,  # noqa: ANN401
+        kind: str | None,
+    ) -> None:
         if isinstance(result, Generated):  # the shadow's time to first token beside the caller's
             telemetry.shadow_result(job.model, job.version, outcome, result.ttft_ms, job.served_ms)
-            telemetry.generated(job.model, job.version, ttft_ms=result.ttft_ms, tpot_ms=result.tpot_ms,
-                                prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens)  # fmt: skip
+            telemetry.generated(
+                job.model,
+                job.version,
+                ttft_ms=result.ttft_ms,
+                tpot_ms=result.tpot_ms,
+                prompt_tokens=result.prompt_tokens,
+                completion_tokens=result.completion_tokens,
+            )
             return
         telemetry.shadow_result(job.model, job.version, outcome, shadow_ms, job.served_ms)
         if result is not None and shadow_ms is not None:
@@ -174,8 +210,16 @@ def create_app(
         while True:  # replica-seconds: each routed version's replicas, about once a second
             usage.replicas({k: len(urls) for k, urls in view.snapshot.endpoints.items()})
             await asyncio.sleep(REPLICA_SAMPLE_S)
-    pipeline = Pipeline(view, policies, telemetry, Quotas(backend, telemetry), decoder,
-                        Dispatcher(upstreams, telemetry), Recorder(mirror, inference_log, logged, usage))  # fmt: skip
+
+    pipeline = Pipeline(
+        view,
+        policies,
+        telemetry,
+        Quotas(backend, telemetry),
+        decoder,
+        Dispatcher(upstreams, telemetry),
+        Recorder(mirror, inference_log, logged, usage),
+    )
     in_flight = BodyBudget(limits.mib(limits.inflight_body_mib))
     rest = Rest(pipeline, view.store, settings.gateway_id, limits.mib(limits.max_body_mib), logged, in_flight)
     generation = Generation(pipeline, upstreams, telemetry, usage, in_flight, limits.mib(limits.max_body_mib))
@@ -185,10 +229,16 @@ def create_app(
     if settings.grpc_port is not None:  # imported only when asked for: grpcio and the OIP protos load in ~70 ms
         from fleet.gateway.grpc_server import GrpcEndpoint, InferenceService
 
-        service = InferenceService(pipeline, lambda: view.snapshot.loaded_at > 0, server_info, in_flight,
-                                   access=settings.access_log)  # fmt: skip
-        grpc = GrpcEndpoint(service, settings.grpc_host, settings.grpc_port, limits.mib(limits.max_body_mib),
-                            reuse_port=settings.workers > 1)  # fmt: skip
+        service = InferenceService(
+            pipeline, lambda: view.snapshot.loaded_at > 0, server_info, in_flight, access=settings.access_log
+        )
+        grpc = GrpcEndpoint(
+            service,
+            settings.grpc_host,
+            settings.grpc_port,
+            limits.mib(limits.max_body_mib),
+            reuse_port=settings.workers > 1,
+        )
 
     async def heartbeat(record: gateways.GatewayRecord) -> None:
         beats = 0
@@ -206,14 +256,24 @@ def create_app(
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         await asyncio.to_thread(view.refresh, True)  # serve nothing until routing state is loaded
         on_snapshot(view.snapshot)
-        tasks = [asyncio.create_task(view.run(on_snapshot)), asyncio.create_task(telemetry.watch_loop()),
-                 asyncio.create_task(sample_replicas()), asyncio.create_task(write_activity())]  # fmt: skip
+        tasks = [
+            asyncio.create_task(view.run(on_snapshot)),
+            asyncio.create_task(telemetry.watch_loop()),
+            asyncio.create_task(sample_replicas()),
+            asyncio.create_task(write_activity()),
+        ]
         usage.start()
         record = None
         if settings.public_url:
             now = audit.now()
-            record = gateways.GatewayRecord(id=settings.gateway_id, url=settings.public_url, host=socket.gethostname(),
-                                            pid=os.getpid(), started_at=now, heartbeat_at=now)  # fmt: skip
+            record = gateways.GatewayRecord(
+                id=settings.gateway_id,
+                url=settings.public_url,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                started_at=now,
+                heartbeat_at=now,
+            )
             await asyncio.to_thread(gateways.announce, view.store, record)
             tasks.append(asyncio.create_task(heartbeat(record)))
         decoder.start()
@@ -243,7 +303,9 @@ def create_app(
                     await asyncio.to_thread(gateways.withdraw, view.store, record.id)
             if upstreams.last_used:  # the last word on what it served, for the idle clock
                 with contextlib.suppress(FleetError, OSError):
-                    await asyncio.to_thread(loading.write_activity, view.store, settings.gateway_id, dict(upstreams.last_used))
+                    await asyncio.to_thread(
+                        loading.write_activity, view.store, settings.gateway_id, dict(upstreams.last_used)
+                    )
             await upstreams.close()
             await generation.close()
             activator.close()
@@ -264,7 +326,9 @@ def create_app(
     def admin(request: Request) -> bool:
         scheme, _, value = request.headers.get("authorization", "").partition(" ")
         token = settings.admin_token
-        return bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())  # type: ignore[union-attr]
+        return (
+            bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
+        )  # type: ignore[union-attr]
 
     async def ready(request: Request) -> Response:
         # Ready once a snapshot is loaded: bad records are reported, not a reason to refuse
@@ -275,12 +339,20 @@ def create_app(
         shown: object = {kind: sum(b.kind == kind for b in bad) for kind in sorted({b.kind for b in bad})}
         if admin(request):
             shown = [{"key": b.key, "kind": b.kind, "reason": b.reason} for b in bad]
-        return json_response({
-            "ready": ok, "routing_state": "stale" if view.stale else "current",
-            "store_reachable": view.healthy, "last_refresh_age_s": round(time.time() - view.last_success, 3),
-            "store_error": view.last_error or None, "bad_records": shown, "gateway": settings.gateway_id,
-            "quotas": backend.health(), "workers": settings.workers,
-        }, 200 if ok else 503)  # fmt: skip
+        return json_response(
+            {
+                "ready": ok,
+                "routing_state": "stale" if view.stale else "current",
+                "store_reachable": view.healthy,
+                "last_refresh_age_s": round(time.time() - view.last_success, 3),
+                "store_error": view.last_error or None,
+                "bad_records": shown,
+                "gateway": settings.gateway_id,
+                "quotas": backend.health(),
+                "workers": settings.workers,
+            },
+            200 if ok else 503,
+        )
 
     async def server_metadata(_: Request) -> Response:
         return json_response(server_info)
@@ -300,17 +372,30 @@ def create_app(
             for a in answers:
                 a.raise_for_status()
         except httpx.HTTPError as exc:
-            return json_response({"error": f"a sibling worker did not answer its metrics ({exc}); the sum would "
-                                           "read as a counter reset, so none is given"}, 503)  # fmt: skip
-        merged = await asyncio.to_thread(workers.merge_expositions,
-                                         [(me or 0, own.decode()), *((i, a.text) for (i, _), a in zip(others, answers, strict=True))])  # fmt: skip
+            return json_response(
+                {
+                    "error": f"a sibling worker did not answer its metrics ({exc}); the sum would "
+                    "read as a counter reset, so none is given"
+                },
+                503,
+            )
+        merged = await asyncio.to_thread(
+            workers.merge_expositions,
+            [(me or 0, own.decode()), *((i, a.text) for (i, _), a in zip(others, answers, strict=True))],
+        )
         return Response(merged, media_type="text/plain; version=0.0.4")
 
     def stats(model: str, window_s: int) -> dict[str, Any]:
         start, end, versions = telemetry.stats.window(model, window_s)
-        return {"model": model, "gateway": settings.gateway_id, "start": start, "end": end,
-                "latency_buckets_ms": list(LATENCY_BUCKETS_MS), "prediction_bins": PREDICTION_BINS,
-                "versions": versions}  # fmt: skip
+        return {
+            "model": model,
+            "gateway": settings.gateway_id,
+            "start": start,
+            "end": end,
+            "latency_buckets_ms": list(LATENCY_BUCKETS_MS),
+            "prediction_bins": PREDICTION_BINS,
+            "versions": versions,
+        }
 
     async def fleet_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, FleetError)
@@ -337,7 +422,11 @@ def create_app(
             Route("/v2/models/{model}/generate", generation.oip_generate, methods=["POST"]),
             Route("/v2/models/{model}/generate_stream", generation.oip_generate_stream, methods=["POST"]),
             Route("/v2/models/{model}/versions/{version}/generate", generation.oip_generate, methods=["POST"]),
-            Route("/v2/models/{model}/versions/{version}/generate_stream", generation.oip_generate_stream, methods=["POST"]),
+            Route(
+                "/v2/models/{model}/versions/{version}/generate_stream",
+                generation.oip_generate_stream,
+                methods=["POST"],
+            ),
             Route("/v1/feedback", rest.feedback, methods=["POST"]),
             Route("/v2", server_metadata),
             Route("/v2/health/live", live),
@@ -347,9 +436,16 @@ def create_app(
             Route("/v2/models/{model}/versions/{version}", rest.model_metadata),
             Route("/v2/models/{model}/versions/{version}/ready", rest.model_ready),
             Route("/metrics", metrics),
-            *admin_routes(view.store, settings.admin_token, on_change=view.wake, stats=stats, telemetry=telemetry,
-                          gateway_id=settings.gateway_id, runtime=view.runtime,
-                          max_body_bytes=int(limits.admin_max_body_kib * 1024)),  # fmt: skip
+            *admin_routes(
+                view.store,
+                settings.admin_token,
+                on_change=view.wake,
+                stats=stats,
+                telemetry=telemetry,
+                gateway_id=settings.gateway_id,
+                runtime=view.runtime,
+                max_body_bytes=int(limits.admin_max_body_kib * 1024),
+            ),
         ],
         exception_handlers={FleetError: fleet_error, HTTPException: http_error, Exception: unexpected},
         lifespan=lifespan,
@@ -358,15 +454,26 @@ def create_app(
     app.state.telemetry = telemetry
     app.state.pipeline = pipeline
     app.state.grpc = grpc
-    fast = InferRoutes(app, {"infer": rest.infer_v2, "generate": generation.oip_generate,
-                             "generate_stream": generation.oip_generate_stream, "completions": generation.completions,
-                             "chat/completions": generation.chat}, fleet_error, unexpected)  # fmt: skip
+    fast = InferRoutes(
+        app,
+        {
+            "infer": rest.infer_v2,
+            "generate": generation.oip_generate,
+            "generate_stream": generation.oip_generate_stream,
+            "completions": generation.completions,
+            "chat/completions": generation.chat,
+        },
+        fleet_error,
+        unexpected,
+    )
     return Headers(fast, telemetry, access=settings.access_log)
 
 
 # The POST routes answered before Starlette's router: OIP infer and generate, OpenAI's completions.
-_INFER = re.compile(r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/(?P<route>infer|generate|generate_stream)"
-                    r"|/v1/(?P<openai>completions|chat/completions)")  # fmt: skip
+_INFER = re.compile(
+    r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/(?P<route>infer|generate|generate_stream)"
+    r"|/v1/(?P<openai>completions|chat/completions)"
+)
 
 
 class InferRoutes:
@@ -382,9 +489,13 @@ class InferRoutes:
     ``completions``, ``chat/completions``) → its handler; a route without one goes to ``app``.
     """
 
-    def __init__(self, app: ASGIApp, handlers: Mapping[str, Callable[[Request], Awaitable[Response]]],
-                 on_error: Callable[[Request, Exception], Awaitable[Response]],
-                 on_unexpected: Callable[[Request, Exception], Awaitable[Response]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        app: ASGIApp,
+        handlers: Mapping[str, Callable[[Request], Awaitable[Response]]],
+        on_error: Callable[[Request, Exception], Awaitable[Response]],
+        on_unexpected: Callable[[Request, Exception], Awaitable[Response]],
+    ) -> None:
         self.app, self.handlers, self.on_error, self.on_unexpected = app, dict(handlers), on_error, on_unexpected
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -394,7 +505,9 @@ class InferRoutes:
             return await self.app(scope, receive, send)
         scope["app"] = self.app  # what Starlette's Request expects to find
         model, version = found["model"], found["version"]  # type: ignore[index]
-        scope["path_params"] = {} if model is None else {"model": model} if version is None else {"model": model, "version": version}
+        scope["path_params"] = (
+            {} if model is None else {"model": model} if version is None else {"model": model, "version": version}
+        )
         request = Request(scope, receive)
         try:
             response = await handler(request)

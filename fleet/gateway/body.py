@@ -83,11 +83,17 @@ class BodyBudget:
     def _take(self, tenant: str, n: int) -> None:
         mine = self._tenants.get(tenant, 0)
         if mine + n > self.per_tenant:
-            raise DecodeBusy(f"tenant {tenant!r} has {(mine + n) / 2**20:.1f} MiB of request bodies in flight, over its "
-                             f"share of {self.per_tenant / 2**20:.0f} MiB; send large batches one after another", 429)  # fmt: skip
+            raise DecodeBusy(
+                f"tenant {tenant!r} has {(mine + n) / 2**20:.1f} MiB of request bodies in flight, over its "
+                f"share of {self.per_tenant / 2**20:.0f} MiB; send large batches one after another",
+                429,
+            )
         if self.held + n > self.max_bytes:
-            raise DecodeBusy(f"the gateway holds {self.held / 2**20:.1f} MiB of request bodies, its budget is "
-                             f"{self.max_bytes / 2**20:.0f} MiB (gateway.inflight_body_mib); retry later", 503)  # fmt: skip
+            raise DecodeBusy(
+                f"the gateway holds {self.held / 2**20:.1f} MiB of request bodies, its budget is "
+                f"{self.max_bytes / 2**20:.0f} MiB (gateway.inflight_body_mib); retry later",
+                503,
+            )
         self._tenants[tenant] = mine + n
         self.held += n
 
@@ -142,6 +148,7 @@ def _worker_init(gateway_pid: int) -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
+
         def watch() -> None:
             while os.getppid() == gateway_pid:
                 time.sleep(1.0)
@@ -155,8 +162,14 @@ def _worker_init(gateway_pid: int) -> None:
 class Decoder:
     """Runs ``decode(body, *args)`` inline or in a worker process, fairly across tenants."""
 
-    def __init__(self, workers: int | None = None, *, inline_bytes: int = INLINE_BYTES, per_tenant: int = PER_TENANT,
-                 max_waiting: int = MAX_WAITING) -> None:  # fmt: skip
+    def __init__(
+        self,
+        workers: int | None = None,
+        *,
+        inline_bytes: int = INLINE_BYTES,
+        per_tenant: int = PER_TENANT,
+        max_waiting: int = MAX_WAITING,
+    ) -> None:
         self.workers = workers if workers is not None else max(1, min(4, (os.cpu_count() or 2) - 1))
         self.inline_bytes, self.per_tenant, self.max_waiting = inline_bytes, per_tenant, max_waiting
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
@@ -167,8 +180,9 @@ class Decoder:
         """Start the worker processes (spawned: forking a running event loop with threads is unsafe)."""
         if self.workers > 0 and self._pool is None:
             ctx = multiprocessing.get_context("spawn")
-            self._pool = concurrent.futures.ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_worker_init,
-                                                                initargs=(os.getpid(),))  # fmt: skip
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                self.workers, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),)
+            )
             for _ in range(self.workers):  # pay the workers' imports now, not on the first large request
                 self._pool.submit(_warm)
 
@@ -182,8 +196,11 @@ class Decoder:
         if len(body) <= self.inline_bytes or self._pool is None:
             return decode(body, *args)
         if self._busy.get(tenant, 0) >= self.per_tenant:
-            raise DecodeBusy(f"tenant {tenant!r} already has {self.per_tenant} large requests being decoded; "
-                             "send large batches one after another", 429)  # fmt: skip
+            raise DecodeBusy(
+                f"tenant {tenant!r} already has {self.per_tenant} large requests being decoded; "
+                "send large batches one after another",
+                429,
+            )
         if self._total >= self.max_waiting:
             raise DecodeBusy(f"the gateway is decoding {self._total} large requests (its limit); retry later", 503)
         self._busy[tenant] = self._busy.get(tenant, 0) + 1

@@ -37,8 +37,17 @@ class Dispatcher:
     def __init__(self, upstreams: Upstreams, telemetry: Telemetry) -> None:
         self.upstreams, self.telemetry = upstreams, telemetry
 
-    async def __call__(self, model: str, table: RouteTable, choice: Choice, features: np.ndarray, timeout_ms: float,
-                       priority: str, tenant: str = "", weight: float = 1.0) -> tuple[str, np.ndarray, float]:  # fmt: skip
+    async def __call__(
+        self,
+        model: str,
+        table: RouteTable,
+        choice: Choice,
+        features: np.ndarray,
+        timeout_ms: float,
+        priority: str,
+        tenant: str = "",
+        weight: float = 1.0,
+    ) -> tuple[str, np.ndarray, float]:
         """(the version that answered, its answer, the seconds it took), or the error the caller gets."""
         deadline = time.monotonic() + timeout_ms / 1000
         second = fallback(table, choice)
@@ -49,12 +58,15 @@ class Dispatcher:
             timing: list[float] = []
             held: list[float] = []  # a cold version's start: the request's wait, not the version's latency
             try:
-                result = await self.upstreams.predict(model, version, features, deadline, priority, i == len(order) - 1,
-                                                     tenant, weight, timing, held)  # fmt: skip
+                result = await self.upstreams.predict(
+                    model, version, features, deadline, priority, i == len(order) - 1, tenant, weight, timing, held
+                )
             except UpstreamTimeout:
                 self.telemetry.failed(model, version, "timeout")
-                raise UpstreamTimeout(f"{model}:{version} did not answer within {timeout_ms:.0f} ms "
-                                      "(X-Fleet-Timeout-Ms, capped by the model's timeout_ms)") from None  # fmt: skip
+                raise UpstreamTimeout(
+                    f"{model}:{version} did not answer within {timeout_ms:.0f} ms "
+                    "(X-Fleet-Timeout-Ms, capped by the model's timeout_ms)"
+                ) from None
             except Rejected:
                 self.telemetry.rejections.labels(model, version).inc()
                 raise
@@ -62,7 +74,9 @@ class Dispatcher:
                 self.telemetry.failed(model, version, exc.kind)
                 failure = exc
                 continue
-            except Starting as exc:  # a cold version still starting: not its failure; stable may answer a canary's request
+            except (
+                Starting
+            ) as exc:  # a cold version still starting: not its failure; stable may answer a canary's request
                 failure = exc
                 continue
             except NoReplica as exc:  # nothing runs, or a cold version could not start

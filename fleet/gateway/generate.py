@@ -60,10 +60,9 @@ from fleet.gateway.admin import json_response
 from fleet.gateway.dispatch import fallback
 from fleet.gateway.pipeline import Call, Pipeline
 from fleet.gateway.protocol import MalformedBody, parse_json
-from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.shadow import Generated, GenShadowJob
+from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.telemetry import Telemetry
-from fleet.inference_log import GenSample, digest
 from fleet.gateway.upstream import (
     CONNECT_TIMEOUT_S,
     NoReplica,
@@ -74,6 +73,7 @@ from fleet.gateway.upstream import (
     Upstreams,
     UpstreamTimeout,
 )
+from fleet.inference_log import GenSample, digest
 from fleet.routing import choose_version, should_shadow
 from fleet.spec import Generation as GenerationSpec
 from fleet.usage import UsageMeter
@@ -166,7 +166,7 @@ class EventParser:
         except orjson.JSONDecodeError:
             raise UpstreamError(f"{self.ref} sent an event that is not JSON: {data[:80]!r}", "5xx") from None
         if not isinstance(event, dict) or not isinstance(event.get("text", ""), str):
-            raise UpstreamError(f"{self.ref} sent an event that is not {{\"text\": ...}}: {data[:80]!r}", "5xx")
+            raise UpstreamError(f'{self.ref} sent an event that is not {{"text": ...}}: {data[:80]!r}', "5xx")
         return event
 
 
@@ -247,9 +247,13 @@ class Stream:
                     async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
                         event = await anext(self.opened.events)
                 except StopAsyncIteration:
-                    raise self._failed(UpstreamError(f"{self.ref} ended its stream before it finished", "5xx")) from None
+                    raise self._failed(
+                        UpstreamError(f"{self.ref} ended its stream before it finished", "5xx")
+                    ) from None
                 except TimeoutError:
-                    raise self._failed(UpstreamTimeout(f"{self.ref} did not finish within the request's timeout")) from None
+                    raise self._failed(
+                        UpstreamTimeout(f"{self.ref} did not finish within the request's timeout")
+                    ) from None
                 except UpstreamError as exc:
                     raise self._failed(exc) from None
                 except h1.HTTPClientError as exc:
@@ -288,19 +292,28 @@ class Stream:
         now = time.monotonic()
         completion = _count(final, "completion_tokens")
         tpot_ms = (now - self.first_at) * 1e3 / (completion - 1) if completion > 1 else None
-        self.telemetry.generated(self.model, self.version, ttft_ms=(self.first_at - self.asked) * 1e3, tpot_ms=tpot_ms,
-                                 prompt_tokens=_count(final, "prompt_tokens"),
-                                 completion_tokens=completion, queue_s=_seconds(final, "queue_s"))  # fmt: skip
+        self.telemetry.generated(
+            self.model,
+            self.version,
+            ttft_ms=(self.first_at - self.asked) * 1e3,
+            tpot_ms=tpot_ms,
+            prompt_tokens=_count(final, "prompt_tokens"),
+            completion_tokens=completion,
+            queue_s=_seconds(final, "queue_s"),
+        )
         self.opened.replica.succeeded()
         if self.usage is not None:
-            self.usage.served(self.tenant, self.model, self.version, 1, now - self.asked,
-                              _count(final, "prompt_tokens") + completion)
+            self.usage.served(
+                self.tenant, self.model, self.version, 1, now - self.asked, _count(final, "prompt_tokens") + completion
+            )
 
 
 def _seconds(event: dict[str, Any], key: str) -> float | None:
     """A duration the service reported, if it is one (a broken replica's garbage is left out)."""
     value = event.get(key)
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 86_400 else None
+    return (
+        float(value) if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 86_400 else None
+    )
 
 
 def _count(event: dict[str, Any], key: str) -> int:
@@ -324,8 +337,15 @@ class _Kept:
 
 
 class Generation:
-    def __init__(self, pipeline: Pipeline, upstreams: Upstreams, telemetry: Telemetry, usage: UsageMeter | None,
-                 in_flight: bodies.BodyBudget, max_body_bytes: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        upstreams: Upstreams,
+        telemetry: Telemetry,
+        usage: UsageMeter | None,
+        in_flight: bodies.BodyBudget,
+        max_body_bytes: int,
+    ) -> None:
         self.pipeline, self.upstreams, self.telemetry, self.usage = pipeline, upstreams, telemetry, usage
         self.in_flight, self.max_body_bytes = in_flight, min(max_body_bytes, MAX_BODY_BYTES)
 
@@ -359,12 +379,18 @@ class Generation:
         return await self._serve(call, req, gen, kind)
 
     async def _oip(self, request: Request, stream: bool) -> Response:
-        call = Call(model=request.path_params["model"], requested=request.path_params.get("version"),
-                    headers=request.headers, state=request.scope["state"])  # fmt: skip
+        call = Call(
+            model=request.path_params["model"],
+            requested=request.path_params.get("version"),
+            headers=request.headers,
+            state=request.scope["state"],
+        )
         await self.pipeline.admit(self.pipeline.begin(call))  # all before the body, as for tensors
         await self.pipeline.quotas.check_tokens(call.tenant)  # type: ignore[arg-type]
         gen = self._generation(call)
-        req = genproto.oip(parse_json(await self._read(request, call)), call.model, call.requested, gen.max_tokens, stream)
+        req = genproto.oip(
+            parse_json(await self._read(request, call)), call.model, call.requested, gen.max_tokens, stream
+        )
         return await self._serve(call, req, gen, "oip")
 
     async def _read(self, request: Request, call: Call) -> bytes:
@@ -377,8 +403,10 @@ class Generation:
     def _generation(self, call: Call) -> GenerationSpec:
         gen = call.spec.generation
         if gen is None:
-            raise NotGenerative(f"model {call.model} is not generative (its policy does not say generative: true); "
-                                f"expected tensors at /v2/models/{call.model}/infer")  # fmt: skip
+            raise NotGenerative(
+                f"model {call.model} is not generative (its policy does not say generative: true); "
+                f"expected tensors at /v2/models/{call.model}/infer"
+            )
         return gen
 
     # -- one generation ------------------------------------------------------------------------------
@@ -387,10 +415,16 @@ class Generation:
         answer = genproto.Answer(kind, call.request_id, call.model, stream.version, req.include_usage)
         rate = call.spec.inference_log.sample_rate
         table = call.table
-        kept = _Kept(call, req, stream,
-                     sampled=bool(rate) and random.random() < rate,
-                     shadow=table is not None and table.shadow is not None and table.shadow.version != stream.version
-                     and should_shadow(table, call.routing_key))  # fmt: skip
+        kept = _Kept(
+            call,
+            req,
+            stream,
+            sampled=bool(rate) and random.random() < rate,
+            shadow=table is not None
+            and table.shadow is not None
+            and table.shadow.version != stream.version
+            and should_shadow(table, call.routing_key),
+        )
         if not req.stream:
             text, final = await stream.collect()
             self._kept(kept, text)
@@ -420,9 +454,17 @@ class Generation:
             self._log(kept.call, kept.req, kept.stream, text)
         if kept.shadow:
             call, stream = kept.call, kept.stream
-            self.pipeline.recorder.mirror.offer(GenShadowJob(
-                call.model, call.table.shadow.version, stream.version, stream.payload, text,  # type: ignore[union-attr]
-                (stream.first_at - stream.asked) * 1e3, call.spec.timeout_ms / 1000))  # fmt: skip
+            self.pipeline.recorder.mirror.offer(
+                GenShadowJob(
+                    call.model,
+                    call.table.shadow.version,
+                    stream.version,
+                    stream.payload,
+                    text,  # type: ignore[union-attr]
+                    (stream.first_at - stream.asked) * 1e3,
+                    call.spec.timeout_ms / 1000,
+                )
+            )
 
     async def shadow(self, job: GenShadowJob, deadline: float) -> Generated:
         """The shadow version's whole answer to a mirrored generation (``fleet.gateway.shadow``):
@@ -448,34 +490,59 @@ class Generation:
         if reason in (None, "error", "timeout"):
             kind = "timeout" if reason == "timeout" else "5xx"
             raise (UpstreamTimeout if kind == "timeout" else UpstreamError)(
-                f"{pool.ref} failed a mirrored generation: {reason or 'its stream ended early'}", kind)  # fmt: skip
+                f"{pool.ref} failed a mirrored generation: {reason or 'its stream ended early'}", kind
+            )
         completion = _count(event, "completion_tokens")
         now = time.monotonic()
-        return Generated("".join(parts), (first_at - asked) * 1e3,
-                         (now - first_at) * 1e3 / (completion - 1) if completion > 1 else None,
-                         _count(event, "prompt_tokens"), completion)  # fmt: skip
+        return Generated(
+            "".join(parts),
+            (first_at - asked) * 1e3,
+            (now - first_at) * 1e3 / (completion - 1) if completion > 1 else None,
+            _count(event, "prompt_tokens"),
+            completion,
+        )
 
     def _log(self, call: Call, req: genproto.GenRequest, stream: Stream, text: str) -> None:
         """A finished, sampled generation into the inference log (lengths, times, the output's
         digest; its texts where the policy allows), and its id for exact-match feedback."""
         spec, final = call.spec, stream.final
         texts = spec.inference_log.texts  # type: ignore[union-attr]
-        prompt = req.prompt if req.prompt is not None else orjson.dumps([[r, c] for r, c in req.messages or ()]).decode()
-        sample = GenSample(time.time(), call.request_id, stream.model, stream.version, stream.tenant,
-                           (time.monotonic() - stream.asked) * 1e3, (stream.first_at - stream.asked) * 1e3,
-                           _count(final, "prompt_tokens"), _count(final, "completion_tokens"),
-                           str(final.get("finish_reason"))[:16], digest(text),
-                           prompt if texts else None, text if texts else None)  # fmt: skip
+        prompt = (
+            req.prompt if req.prompt is not None else orjson.dumps([[r, c] for r, c in req.messages or ()]).decode()
+        )
+        sample = GenSample(
+            time.time(),
+            call.request_id,
+            stream.model,
+            stream.version,
+            stream.tenant,
+            (time.monotonic() - stream.asked) * 1e3,
+            (stream.first_at - stream.asked) * 1e3,
+            _count(final, "prompt_tokens"),
+            _count(final, "completion_tokens"),
+            str(final.get("finish_reason"))[:16],
+            digest(text),
+            prompt if texts else None,
+            text if texts else None,
+        )
         recorder = self.pipeline.recorder
         recorder.log.record(sample)
-        recorder.logged.remember(stream.model, stream.tenant, call.request_id, 1, (stream.version, sample.output_digest))
+        recorder.logged.remember(
+            stream.model, stream.tenant, call.request_id, 1, (stream.version, sample.output_digest)
+        )
 
     def _payload(self, req: genproto.GenRequest, gen: GenerationSpec, priority: str, timeout_ms: float) -> bytes:
         max_tokens = req.max_tokens or gen.default_max_tokens
         payload: dict[str, Any] = {
-            "max_tokens": max_tokens, "min_tokens": min(req.min_tokens, max_tokens), "temperature": req.temperature, "top_p": req.top_p,
-            "stop": list(req.stop), "seed": req.seed, "priority": priority, "timeout_s": round(timeout_ms / 1000, 3),
-        }  # fmt: skip
+            "max_tokens": max_tokens,
+            "min_tokens": min(req.min_tokens, max_tokens),
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "stop": list(req.stop),
+            "seed": req.seed,
+            "priority": priority,
+            "timeout_s": round(timeout_ms / 1000, 3),
+        }
         if req.prompt is not None:
             payload["prompt"] = req.prompt
         else:
@@ -530,8 +597,10 @@ class Generation:
                         raise
             except TimeoutError:
                 self.telemetry.failed(call.model, version, "timeout")
-                raise UpstreamTimeout(f"{call.model}:{version} sent no first token within {first_ms:.0f} ms (the policy's "
-                                      "first_token_timeout_ms, capped by the request's timeout)") from None  # fmt: skip
+                raise UpstreamTimeout(
+                    f"{call.model}:{version} sent no first token within {first_ms:.0f} ms (the policy's "
+                    "first_token_timeout_ms, capped by the request's timeout)"
+                ) from None
             except Rejected:
                 self.telemetry.rejections.labels(call.model, version).inc()
                 raise
@@ -544,9 +613,20 @@ class Generation:
                 failure = exc
                 continue
             call.state["model_version"] = version
-            stream = Stream(call.model, version, tenant.name, opened, first, asked, time.monotonic(),  # type: ignore[union-attr]
-                            started + timeout_ms / 1000, self.telemetry, self.usage,
-                            functools.partial(self.pipeline.quotas.charge, tenant), payload)  # fmt: skip
+            stream = Stream(
+                call.model,
+                version,
+                tenant.name,
+                opened,
+                first,
+                asked,
+                time.monotonic(),  # type: ignore[union-attr]
+                started + timeout_ms / 1000,
+                self.telemetry,
+                self.usage,
+                functools.partial(self.pipeline.quotas.charge, tenant),
+                payload,
+            )
             if first.get("finish_reason") in ("error", "timeout"):  # nothing reached the caller yet: say so now
                 await stream.collect()
             return stream
@@ -563,8 +643,9 @@ class Generation:
         for replica in replicas:
             replica.in_flight += 1
             try:
-                response = await replica.session.stream("POST", STREAM_PATH, payload, _STREAM_HEADERS,
-                                                        connect_timeout=CONNECT_TIMEOUT_S)  # fmt: skip
+                response = await replica.session.stream(
+                    "POST", STREAM_PATH, payload, _STREAM_HEADERS, connect_timeout=CONNECT_TIMEOUT_S
+                )
             except h1.Unreachable as exc:  # refused, connect timeout, closed before answering: not asked
                 replica.in_flight -= 1
                 replica.failed(time.monotonic())
@@ -575,7 +656,9 @@ class Generation:
                 pool.slots.release()
                 if isinstance(exc, h1.HTTPClientError):
                     replica.failed(time.monotonic())
-                    raise UpstreamError(f"{pool.ref} at {replica.url} failed: {type(exc).__name__}: {exc}", "5xx") from None
+                    raise UpstreamError(
+                        f"{pool.ref} at {replica.url} failed: {type(exc).__name__}: {exc}", "5xx"
+                    ) from None
                 raise
             if response.status == 200:
                 return _Open(pool, replica, response, Events(response, pool.ref))

@@ -61,15 +61,19 @@ def model_name(body: dict[str, Any]) -> tuple[str, str | None]:
     """(model, version or None) from OpenAI's ``model``: ``name`` or ``name:version``."""
     raw = body.get("model")
     if not isinstance(raw, str) or not raw or len(raw) > 200:
-        raise MalformedBody("model is missing or not a string of 1-200 characters; expected a served model's name, "
-                            "optionally name:version")  # fmt: skip
+        raise MalformedBody(
+            "model is missing or not a string of 1-200 characters; expected a served model's name, "
+            "optionally name:version"
+        )
     name, sep, version = raw.partition(":")
     if sep and not version:
         raise MalformedBody(f"model {raw[:64]!r} ends with ':'; expected name or name:version")
     return name, version or None
 
 
-def _number(body: dict[str, Any], key: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
+def _number(
+    body: dict[str, Any], key: str, default: float, low: float, high: float, *, low_open: bool = False
+) -> float:
     value = body.get(key)
     if value is None:
         return default
@@ -93,7 +97,11 @@ def _integer(body: dict[str, Any], key: str, low: int, high: int) -> int | None:
 
 
 def _shown(value: object) -> str:
-    text = orjson.dumps(value).decode() if isinstance(value, (str, int, float, bool, type(None))) else f"a JSON {type(value).__name__}"
+    text = (
+        orjson.dumps(value).decode()
+        if isinstance(value, (str, int, float, bool, type(None)))
+        else f"a JSON {type(value).__name__}"
+    )
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -102,9 +110,15 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     if value is None:
         return ()
     items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or len(items) > MAX_STOP or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in items):
-        raise MalformedBody(f"stop is {_shown(value)}; expected a string or a list of at most {MAX_STOP} strings "
-                            f"of 1-{MAX_STOP_CHARS} characters")  # fmt: skip
+    if (
+        not isinstance(items, list)
+        or len(items) > MAX_STOP
+        or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in items)
+    ):
+        raise MalformedBody(
+            f"stop is {_shown(value)}; expected a string or a list of at most {MAX_STOP} strings "
+            f"of 1-{MAX_STOP_CHARS} characters"
+        )
     return tuple(items)
 
 
@@ -128,11 +142,16 @@ def _common(body: dict[str, Any], max_tokens_limit: int) -> dict[str, Any]:
     if parameters is not None and not isinstance(parameters, dict):
         raise MalformedBody(f"parameters is {_shown(parameters)}; expected a JSON object")
     return {
-        "max_tokens": max_tokens, "min_tokens": min_tokens, "temperature": _number(body, "temperature", 0.0, 0.0, 2.0),
-        "top_p": _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True), "stop": _stop(body),
-        "seed": _integer(body, "seed", 0, 2**63 - 1), "stream": stream, "include_usage": include_usage,
+        "max_tokens": max_tokens,
+        "min_tokens": min_tokens,
+        "temperature": _number(body, "temperature", 0.0, 0.0, 2.0),
+        "top_p": _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
+        "stop": _stop(body),
+        "seed": _integer(body, "seed", 0, 2**63 - 1),
+        "stream": stream,
+        "include_usage": include_usage,
         "parameters": parameters,
-    }  # fmt: skip
+    }
 
 
 def _prompt(value: object) -> str:
@@ -160,11 +179,13 @@ def chat(body: dict[str, Any], max_tokens_limit: int) -> GenRequest:
         role = m.get("role") if isinstance(m, dict) else None
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, list):  # [{"type": "text", "text": "..."}]: text parts only
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            ):
                 raise MalformedBody(f"messages[{i}].content has a part that is not text; expected text parts only")
             content = "".join(p["text"] for p in content)
         if role not in ROLES or not isinstance(content, str):
-            raise MalformedBody(f"messages[{i}] is not {{\"role\": {'|'.join(ROLES)}, \"content\": string}}")
+            raise MalformedBody(f'messages[{i}] is not {{"role": {"|".join(ROLES)}, "content": string}}')
         total += len(content)
         messages.append((role, content))
     if total > MAX_PROMPT_CHARS:
@@ -222,7 +243,12 @@ class Answer:
             if reason is not None:
                 out |= {"finish_reason": reason, **self._usage(event)}
             return sse(out)
-        base = {"id": self.id, "created": self.created, "model": self.model, "system_fingerprint": f"{self.model}:{self.version}"}
+        base = {
+            "id": self.id,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": f"{self.model}:{self.version}",
+        }
         if self.kind == "chat":
             delta: dict[str, Any] = {"content": text} if text or not reason else {}
             if first:
@@ -243,19 +269,42 @@ class Answer:
 
     def error(self, message: str, status: int) -> bytes:
         """An error after the stream began (its status is already sent): one event, then the end."""
-        return sse({"error": {"message": message, "type": "server_error" if status >= 500 else "invalid_request_error",
-                              "code": status}})  # fmt: skip
+        return sse(
+            {
+                "error": {
+                    "message": message,
+                    "type": "server_error" if status >= 500 else "invalid_request_error",
+                    "code": status,
+                }
+            }
+        )
 
     def whole(self, text: str, final: dict[str, Any]) -> dict[str, Any]:
         reason = final.get("finish_reason")
         if self.kind == "oip":
-            return {"model_name": self.model, "model_version": self.version, "text_output": text, "finish_reason": reason,
-                    **self._usage(final)}  # fmt: skip
-        base = {"id": self.id, "created": self.created, "model": self.model, "system_fingerprint": f"{self.model}:{self.version}",
-                "usage": self._usage(final)}  # fmt: skip
+            return {
+                "model_name": self.model,
+                "model_version": self.version,
+                "text_output": text,
+                "finish_reason": reason,
+                **self._usage(final),
+            }
+        base = {
+            "id": self.id,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": f"{self.model}:{self.version}",
+            "usage": self._usage(final),
+        }
         if self.kind == "chat":
             message = {"role": "assistant", "content": text}
-            return {**base, "object": "chat.completion",
-                    "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": reason}]}  # fmt: skip
-        return {**base, "object": "text_completion",
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}  # fmt: skip
+            return {
+                **base,
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": reason}],
+            }
+        return {
+            **base,
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
+        }

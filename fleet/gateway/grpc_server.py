@@ -43,7 +43,6 @@ from fleet.gateway.pipeline import Call, Pipeline
 from fleet.gateway.protocol import (
     MAX_NAME,
     NUMPY_DTYPES,
-    requested_outputs,
     Decoded,
     MalformedBody,
     Output,
@@ -51,6 +50,7 @@ from fleet.gateway.protocol import (
     check_outputs,
     from_raw,
     from_values,
+    requested_outputs,
 )
 from fleet.registry import TensorSpec
 
@@ -113,15 +113,23 @@ SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name  # in
 
 # -- errors ---------------------------------------------------------------------------------
 _CODES = {
-    400: grpc.StatusCode.INVALID_ARGUMENT, 413: grpc.StatusCode.INVALID_ARGUMENT, 422: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED, 403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
-    409: grpc.StatusCode.ABORTED, 412: grpc.StatusCode.FAILED_PRECONDITION, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    499: grpc.StatusCode.CANCELLED, 500: grpc.StatusCode.INTERNAL,
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.ABORTED,
+    412: grpc.StatusCode.FAILED_PRECONDITION,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED,
+    500: grpc.StatusCode.INTERNAL,
     # 502 is a model's broken answer (not JSON, NaN, the wrong rows): retrying the same input
     # gets the same answer, so not UNAVAILABLE, which clients and retry policies retry
     502: grpc.StatusCode.INTERNAL,
-    503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}  # fmt: skip
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
 
 
 def grpc_code(status: int) -> grpc.StatusCode:
@@ -131,17 +139,28 @@ def grpc_code(status: int) -> grpc.StatusCode:
 
 # -- ModelInferRequest → Decoded (pure: runs in the decode worker for large messages) ---------
 _TYPED = {
-    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
-    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
-}  # fmt: skip  (FP16 and BF16 have no typed field: raw_input_contents only)
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}  # FP16 and BF16 have no typed field: raw_input_contents only
 
 
 def parse_infer(body: bytes) -> Any:  # noqa: ANN401 - a pb.ModelInferRequest
     try:
         return pb.ModelInferRequest.FromString(body)
     except DecodeError as exc:
-        raise MalformedBody(f"the message is not a ModelInferRequest ({exc}); expected inference.ModelInferRequest") from None
+        raise MalformedBody(
+            f"the message is not a ModelInferRequest ({exc}); expected inference.ModelInferRequest"
+        ) from None
 
 
 def decode_infer(body: bytes, inputs: list[TensorSpec], max_rows: int) -> Decoded:
@@ -156,8 +175,12 @@ def decode_infer(body: bytes, inputs: list[TensorSpec], max_rows: int) -> Decode
     # shared memory); over gRPC every output is answered as raw bytes
     named = [{"name": o.name, "parameters": _parameters(o.parameters)} for o in request.outputs]
     outputs, _ = requested_outputs({"outputs": named} if named else {}, {})
-    return Decoded(request.id or None, _parameters(request.parameters), _features(request, inputs[0], max_rows),
-                   tuple(Output(o.name, True) for o in outputs))  # fmt: skip
+    return Decoded(
+        request.id or None,
+        _parameters(request.parameters),
+        _features(request, inputs[0], max_rows),
+        tuple(Output(o.name, True) for o in outputs),
+    )
 
 
 def leading_target(body: bytes) -> tuple[str, str] | None:
@@ -199,23 +222,30 @@ def _varint(body: bytes, i: int) -> tuple[int, int]:
 def _features(request: Any, spec: TensorSpec, max_rows: int) -> np.ndarray:  # noqa: ANN401
     tensors, raw = request.inputs, request.raw_input_contents
     if not tensors:
-        raise MalformedBody(f"the request has no inputs; expected one input {spec.name!r} ({spec.datatype} {spec.shape})")
+        raise MalformedBody(
+            f"the request has no inputs; expected one input {spec.name!r} ({spec.datatype} {spec.shape})"
+        )
     for tensor in tensors:
         if tensor.name != spec.name:
-            raise InvalidInput(f"input {tensor.name[:MAX_NAME]!r} is not an input of this model; expected {spec.name!r} "
-                               f"({spec.datatype} {spec.shape})")  # fmt: skip
+            raise InvalidInput(
+                f"input {tensor.name[:MAX_NAME]!r} is not an input of this model; expected {spec.name!r} "
+                f"({spec.datatype} {spec.shape})"
+            )
     if len(tensors) > 1:
         raise InvalidInput(f"input {spec.name!r} is given {len(tensors)} times; expected it once")
     if raw and len(raw) != len(tensors):
-        raise MalformedBody(f"the request has {len(raw)} raw_input_contents for {len(tensors)} input; expected one "
-                            "per input, in input order")  # fmt: skip
+        raise MalformedBody(
+            f"the request has {len(raw)} raw_input_contents for {len(tensors)} input; expected one "
+            "per input, in input order"
+        )
     tensor = tensors[0]
     shape = check_header(spec, list(tensor.shape), tensor.datatype, max_rows)
     typed = tensor.contents.ListFields()
     if raw:
         if typed:
-            raise MalformedBody(f"input {spec.name!r} has both raw_input_contents and contents.{typed[0][0].name}; "
-                                "expected one of them")  # fmt: skip
+            raise MalformedBody(
+                f"input {spec.name!r} has both raw_input_contents and contents.{typed[0][0].name}; expected one of them"
+            )
         return from_raw(spec, shape, tensor.datatype, raw[0])
     return from_values(spec, shape, _typed_values(spec.name, tensor.datatype, typed))
 
@@ -228,7 +258,9 @@ def _typed_values(name: str, datatype: str, typed: list) -> list:
         raise MalformedBody(f"input {name!r} has no data; expected {expected}")
     given = [f.name for f, _ in typed]
     if given != [field]:
-        raise InvalidInput(f"input {name!r} is {datatype} but has contents.{', contents.'.join(given)}; expected {expected}")
+        raise InvalidInput(
+            f"input {name!r} is {datatype} but has contents.{', contents.'.join(given)}; expected {expected}"
+        )
     return list(typed[0][1])
 
 
@@ -249,8 +281,9 @@ def infer_response(model: str, version: str, request_id: str, spec: TensorSpec, 
     datatype = spec.datatype if spec.datatype in NUMPY_DTYPES else "FP32"
     data = np.ascontiguousarray(result, dtype=np.dtype(NUMPY_DTYPES[datatype]).newbyteorder("<"))
     tensor = pb.ModelInferResponse.InferOutputTensor(name=spec.name, datatype=datatype, shape=result.shape)
-    return pb.ModelInferResponse(model_name=model, model_version=version, id=request_id, outputs=[tensor],
-                                 raw_output_contents=[data.tobytes()])  # fmt: skip
+    return pb.ModelInferResponse(
+        model_name=model, model_version=version, id=request_id, outputs=[tensor], raw_output_contents=[data.tobytes()]
+    )
 
 
 def _tensor_metadata(spec: TensorSpec) -> Any:  # noqa: ANN401
@@ -262,26 +295,45 @@ class InferenceService:
     """The RPCs. Each model RPC only builds a ``Call`` and runs the pipeline's steps in
     ``_serve``, which answers errors with status codes and counts the call like HTTP's."""
 
-    def __init__(self, pipeline: Pipeline, ready: Callable[[], bool], server_info: dict[str, Any],
-                 bodies_in_flight: BodyBudget, *, access: bool = False) -> None:  # fmt: skip
-        self.pipeline, self.ready, self.info, self.in_flight, self.access = pipeline, ready, server_info, bodies_in_flight, access
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        ready: Callable[[], bool],
+        server_info: dict[str, Any],
+        bodies_in_flight: BodyBudget,
+        *,
+        access: bool = False,
+    ) -> None:
+        self.pipeline, self.ready, self.info, self.in_flight, self.access = (
+            pipeline,
+            ready,
+            server_info,
+            bodies_in_flight,
+            access,
+        )
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The service's method handlers; ModelInfer takes its message as bytes, so that a
         large one is parsed and decoded in the decode worker rather than on the loop."""
 
         def unary(behavior: Callable, request: Any, response: Any) -> grpc.RpcMethodHandler:  # noqa: ANN401
-            return grpc.unary_unary_rpc_method_handler(behavior, request_deserializer=request and request.FromString,
-                                                       response_serializer=response.SerializeToString)  # fmt: skip
+            return grpc.unary_unary_rpc_method_handler(
+                behavior,
+                request_deserializer=request and request.FromString,
+                response_serializer=response.SerializeToString,
+            )
 
-        return grpc.method_handlers_generic_handler(SERVICE, {
-            "ServerLive": unary(self.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
-            "ServerReady": unary(self.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
-            "ServerMetadata": unary(self.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse),
-            "ModelReady": unary(self.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
-            "ModelMetadata": unary(self.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse),
-            "ModelInfer": unary(self.model_infer, None, pb.ModelInferResponse),
-        })  # fmt: skip
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "ServerLive": unary(self.server_live, pb.ServerLiveRequest, pb.ServerLiveResponse),
+                "ServerReady": unary(self.server_ready, pb.ServerReadyRequest, pb.ServerReadyResponse),
+                "ServerMetadata": unary(self.server_metadata, pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+                "ModelReady": unary(self.model_ready, pb.ModelReadyRequest, pb.ModelReadyResponse),
+                "ModelMetadata": unary(self.model_metadata, pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+                "ModelInfer": unary(self.model_infer, None, pb.ModelInferResponse),
+            },
+        )
 
     async def server_live(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: ANN401
         self._seen(context, "ServerLive")
@@ -313,9 +365,13 @@ class InferenceService:
     async def model_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:  # noqa: ANN401
         async def metadata(call: Call) -> Any:  # noqa: ANN401
             info = self.pipeline.metadata(self.pipeline.begin(call))
-            return pb.ModelMetadataResponse(name=info.name, versions=info.versions, platform=info.platform,
-                                            inputs=[_tensor_metadata(s) for s in info.inputs],
-                                            outputs=[_tensor_metadata(s) for s in info.outputs])  # fmt: skip
+            return pb.ModelMetadataResponse(
+                name=info.name,
+                versions=info.versions,
+                platform=info.platform,
+                inputs=[_tensor_metadata(s) for s in info.inputs],
+                outputs=[_tensor_metadata(s) for s in info.outputs],
+            )
 
         return await self._serve(context, "ModelMetadata", lambda: (request.name, request.version), metadata)
 
@@ -340,8 +396,13 @@ class InferenceService:
 
         return await self._serve(context, "ModelInfer", target, infer)
 
-    async def _serve(self, context: grpc.aio.ServicerContext, method: str, target: Callable[[], tuple[str, str]],
-                     step: Callable[[Call], Awaitable[T]]) -> T:  # fmt: skip
+    async def _serve(
+        self,
+        context: grpc.aio.ServicerContext,
+        method: str,
+        target: Callable[[], tuple[str, str]],
+        step: Callable[[Call], Awaitable[T]],
+    ) -> T:
         """Run ``step`` on the call to ``target()`` = (model, version or ""); its error as a
         status code with the FleetError's message; the call counted and logged either way."""
         started = time.monotonic()
@@ -353,8 +414,9 @@ class InferenceService:
         status = 500
         try:
             model, version = target()
-            answer = await step(Call(model=model, requested=version or None, headers=headers, state=state,
-                                     deadline=deadline))  # fmt: skip
+            answer = await step(
+                Call(model=model, requested=version or None, headers=headers, state=state, deadline=deadline)
+            )
             status = 200
             context.set_trailing_metadata(_trailers(state))
             return answer
@@ -403,8 +465,9 @@ def _peer(peer: str) -> str:
 class GrpcEndpoint:
     """A ``grpc.aio`` server for the service, on the event loop that ``start`` runs on."""
 
-    def __init__(self, service: InferenceService, host: str, port: int, max_message_bytes: int,
-                 reuse_port: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, service: InferenceService, host: str, port: int, max_message_bytes: int, reuse_port: bool = False
+    ) -> None:
         self.service, self.host, self.port, self.max_message_bytes = service, host, port, max_message_bytes
         self.reuse_port = reuse_port  # gateway workers share the port (the supervisor checked it was free)
         self._server: grpc.aio.Server | None = None
@@ -418,17 +481,22 @@ class GrpcEndpoint:
         (RESOURCE_EXHAUSTED) before the gateway reads it. Without SO_REUSEPORT (grpc's
         default is to set it) a port another process holds is an error here, not a second
         server silently sharing that port."""
-        server = grpc.aio.server(maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS, options=[
-            ("grpc.max_receive_message_length", self.max_message_bytes),
-            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
-            ("grpc.so_reuseport", 1 if self.reuse_port else 0),
-        ])  # fmt: skip
+        server = grpc.aio.server(
+            maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS,
+            options=[
+                ("grpc.max_receive_message_length", self.max_message_bytes),
+                ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+                ("grpc.so_reuseport", 1 if self.reuse_port else 0),
+            ],
+        )
         server.add_generic_rpc_handlers((self.service.handler(),))
         try:
             self.port = server.add_insecure_port(self.address)
         except RuntimeError:
-            raise ConfigError(f"cannot listen for gRPC on {self.address}: the port is in use or the address is not "
-                              "this machine's; expected a free port (--grpc-port, 0 for any)") from None  # fmt: skip
+            raise ConfigError(
+                f"cannot listen for gRPC on {self.address}: the port is in use or the address is not "
+                "this machine's; expected a free port (--grpc-port, 0 for any)"
+            ) from None
         await server.start()
         self._server = server
 

@@ -54,10 +54,21 @@ from urllib.parse import urlsplit
 import httptools
 
 __all__ = [
-    "BodyTooLarge", "ConnectError", "ConnectTimeout", "ConnectionPool", "Disconnected", "HTTPClientError",
-    "IncompleteResponse", "PoolClosed", "PoolTimeout", "ProtocolError", "Response", "ResponseError", "StreamedResponse",
+    "BodyTooLarge",
+    "ConnectError",
+    "ConnectTimeout",
+    "ConnectionPool",
+    "Disconnected",
+    "HTTPClientError",
+    "IncompleteResponse",
+    "PoolClosed",
+    "PoolTimeout",
+    "ProtocolError",
+    "Response",
+    "ResponseError",
+    "StreamedResponse",
     "Unreachable",
-]  # fmt: skip
+]
 
 Headers = Mapping[str | bytes, str | bytes] | Iterable[tuple[str | bytes, str | bytes]]
 
@@ -316,10 +327,15 @@ class _Connection(asyncio.Protocol):
             self._keep_alive = False  # bytes after the answer: not reusable
         if not self._headers_done:  # still in the head after this read: count it (one read is bounded)
             self._head_bytes += len(data)
-        if self._error is None and not self._headers_done and (self._head_bytes > MAX_HEAD_BYTES
-                                                                or self._interim > MAX_INTERIM):  # fmt: skip
-            self._error = ProtocolError(f"{self._pool.origin} sent more than {MAX_HEAD_BYTES} bytes of headers or "
-                                        f"{MAX_INTERIM} interim answers; expected an answer")  # fmt: skip
+        if (
+            self._error is None
+            and not self._headers_done
+            and (self._head_bytes > MAX_HEAD_BYTES or self._interim > MAX_INTERIM)
+        ):
+            self._error = ProtocolError(
+                f"{self._pool.origin} sent more than {MAX_HEAD_BYTES} bytes of headers or "
+                f"{MAX_INTERIM} interim answers; expected an answer"
+            )
         if self._error is not None:
             self._resolve(None, self._error)
             self._wake()
@@ -355,7 +371,9 @@ class _Connection(asyncio.Protocol):
             self._wake()
         elif self._waiter is not None and not self._complete:
             if not self._answered:
-                self._resolve(None, _NoAnswer(f"closed before answering: {exc!r}" if exc else "closed before answering"))
+                self._resolve(
+                    None, _NoAnswer(f"closed before answering: {exc!r}" if exc else "closed before answering")
+                )
             elif self._headers_done and self._until_eof and exc is None:
                 self._keep_alive = False  # the end of the connection is the end of the body
                 self._resolve(Response(self._status, self._headers, b"".join(self._chunks)), None)
@@ -400,15 +418,18 @@ class _Connection(asyncio.Protocol):
         if self._length is not None and self._length > self._max_body and self._error is None:
             self._error = BodyTooLarge(
                 f"{self._pool.origin} announced {self._length} bytes; at most {self._max_body} are read",
-                self._length, self._max_body,
-            )  # fmt: skip
+                self._length,
+                self._max_body,
+            )
 
     def on_body(self, chunk: bytes) -> None:
         if self._error is not None or self._complete:
             return
         self._size += len(chunk)
         if self._size > self._max_body:
-            self._error = BodyTooLarge(f"{self._pool.origin} sent more than {self._max_body} bytes", None, self._max_body)
+            self._error = BodyTooLarge(
+                f"{self._pool.origin} sent more than {self._max_body} bytes", None, self._max_body
+            )
             return
         self._chunks.append(chunk)
         self._size_unread += len(chunk)
@@ -432,8 +453,9 @@ class ConnectionPool:
     waiter in line before anyone else, so the line is FIFO and nobody overtakes it.
     """
 
-    def __init__(self, host: str, port: int, *, limit: int = 32, idle_timeout: float = 30.0,
-                 pool_timeout: float | None = 30.0) -> None:  # fmt: skip
+    def __init__(
+        self, host: str, port: int, *, limit: int = 32, idle_timeout: float = 30.0, pool_timeout: float | None = 30.0
+    ) -> None:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         self.host, self.port, self.limit = host, port, limit
@@ -468,8 +490,9 @@ class ConnectionPool:
         """Open connections (incl. opening), idle ones, requests waiting for one."""
         return {"open": self._open, "idle": len(self._idle), "waiting": len(self._waiters)}
 
-    async def request(self, method: str, path: str, body: bytes = b"", headers: Headers = (), *,
-                      max_body: int, connect_timeout: float) -> Response:  # fmt: skip
+    async def request(
+        self, method: str, path: str, body: bytes = b"", headers: Headers = (), *, max_body: int, connect_timeout: float
+    ) -> Response:
         """Send one request and read the whole answer (any status: a 5xx is a ``Response``).
 
         Raises ``Unreachable`` (no answer began), ``ResponseError`` (the answer broke off or
@@ -504,8 +527,9 @@ class ConnectionPool:
             self._free_slot()
         return response
 
-    async def stream(self, method: str, path: str, body: bytes = b"", headers: Headers = (), *,
-                     connect_timeout: float) -> StreamedResponse:  # fmt: skip
+    async def stream(
+        self, method: str, path: str, body: bytes = b"", headers: Headers = (), *, connect_timeout: float
+    ) -> StreamedResponse:
         """Send one request and return as soon as its answer's head is in (any status); the
         body is read with ``StreamedResponse.read()``, and the caller must ``close()`` it.
 

@@ -23,8 +23,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet import gateways
 from fleet.errors import ConfigError, FleetError
-from fleet.gateway.body import DecodeBusy
 from fleet.gateway import quota
+from fleet.gateway.body import DecodeBusy
 from fleet.gateway.telemetry import UNKNOWN, Telemetry
 
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,128}")
@@ -46,8 +46,9 @@ def open_request(state: dict[str, Any], given: bytes) -> None:
     state.setdefault("model_version", "none")
 
 
-def close_request(telemetry: Telemetry, state: dict[str, Any], status: int, started: float,
-                  access: tuple[str, str, str] | None = None) -> None:  # fmt: skip
+def close_request(
+    telemetry: Telemetry, state: dict[str, Any], status: int, started: float, access: tuple[str, str, str] | None = None
+) -> None:
     """One answered request counted (if it reached a model endpoint) under what was
     established by then, and, with ``access`` = (client, method, path), logged.
 
@@ -56,8 +57,13 @@ def close_request(telemetry: Telemetry, state: dict[str, Any], status: int, star
     if not state.get("streaming"):  # a stream keeps its lease until it ends (Headers' finally)
         quota.release(state)  # a concurrency lease: the request is answered
     if "model" in state:
-        telemetry.finished(state["model"], state["model_version"], state.get("tenant", UNKNOWN), status,
-                           (time.monotonic() - started) * 1e3)  # fmt: skip
+        telemetry.finished(
+            state["model"],
+            state["model_version"],
+            state.get("tenant", UNKNOWN),
+            status,
+            (time.monotonic() - started) * 1e3,
+        )
     if access is not None:
         _log_access(*access, state, status, started)
 
@@ -96,10 +102,15 @@ class Settings:
     def from_env(cls, public_url: str | None = None) -> Settings:
         raw = os.environ.get("FLEET_DECODE_WORKERS", "").strip()
         if raw and not (raw.isdigit() and int(raw) <= 64):
-            raise ConfigError(f"FLEET_DECODE_WORKERS is {raw!r}; expected a whole number from 0 (decode on the "
-                              "event loop) to 64")  # fmt: skip
-        return cls(admin_token=os.environ.get("FLEET_ADMIN_TOKEN") or None, public_url=public_url,
-                   gateway_id=gateways.new_id(), decode_workers=int(raw) if raw else None)  # fmt: skip
+            raise ConfigError(
+                f"FLEET_DECODE_WORKERS is {raw!r}; expected a whole number from 0 (decode on the event loop) to 64"
+            )
+        return cls(
+            admin_token=os.environ.get("FLEET_ADMIN_TOKEN") or None,
+            public_url=public_url,
+            gateway_id=gateways.new_id(),
+            decode_workers=int(raw) if raw else None,
+        )
 
 
 class Headers:
@@ -146,7 +157,13 @@ def _log_access(client: str, method: str, path: str, state: dict, status: int, s
     path = _UNSAFE.sub("?", path)[:200]
     access_log.info(
         "%s %s %s %d %.1fms tenant=%s model=%s version=%s id=%s",
-        _UNSAFE.sub("?", client)[:64], method, path, status, (time.monotonic() - started) * 1e3,
-        state.get("tenant", "-"), _UNSAFE.sub("?", str(state.get("model", "-")))[:64], state["model_version"],
+        _UNSAFE.sub("?", client)[:64],
+        method,
+        path,
+        status,
+        (time.monotonic() - started) * 1e3,
+        state.get("tenant", "-"),
+        _UNSAFE.sub("?", str(state.get("model", "-")))[:64],
+        state["model_version"],
         state["request_id"],
-    )  # fmt: skip
+    )

@@ -51,11 +51,15 @@ from fleet.routing import Choice, RouteTable, choose_version, usable_versions
 from fleet.spec import ModelSpec, Policies
 from fleet.tenants import Tenant
 
-DEFAULT_SPEC = ModelSpec.model_validate({
-    "family": "unknown", "size_class": "small", "params_millions": 1.0,
-    "autoscaling": {"max_replicas": 1, "target_qps_per_replica": 1.0, "target_p99_ms": 1000.0},
-    "slo": {"p99_ms": 1000.0, "error_rate": 0.01},
-})  # fmt: skip  (a model without a policy: 5 s timeout, 32 in flight per replica, no cache, 10 % logged)
+DEFAULT_SPEC = ModelSpec.model_validate(
+    {
+        "family": "unknown",
+        "size_class": "small",
+        "params_millions": 1.0,
+        "autoscaling": {"max_replicas": 1, "target_qps_per_replica": 1.0, "target_p99_ms": 1000.0},
+        "slo": {"p99_ms": 1000.0, "error_rate": 0.01},
+    }
+)  # a model without a policy: 5 s timeout, 32 in flight per replica, no cache, 10 % logged
 MAX_CONTROL = 256  # characters of a routing key or other control value
 
 
@@ -105,8 +109,16 @@ class ModelInfo:
 
 
 class Pipeline:
-    def __init__(self, view: FleetView, policies: Policies | None, telemetry: Telemetry, quotas: Quotas, decoder: Decoder,
-                 dispatcher: Dispatcher, recorder: Recorder) -> None:  # fmt: skip
+    def __init__(
+        self,
+        view: FleetView,
+        policies: Policies | None,
+        telemetry: Telemetry,
+        quotas: Quotas,
+        decoder: Decoder,
+        dispatcher: Dispatcher,
+        recorder: Recorder,
+    ) -> None:
         self.view, self.policies, self.telemetry = view, policies, telemetry
         self.quotas, self.decoder, self.dispatch, self.recorder = quotas, decoder, dispatcher, recorder
         self.caches: dict[str, PredictionCache] = {}
@@ -154,8 +166,10 @@ class Pipeline:
         if call.requested is not None:
             usable = usable_versions(table, tenant)
             if call.requested not in usable:
-                raise NotFound(f"version {_shown(call.requested)} of {call.model} is not served; "
-                               f"versions you may use: {', '.join(sorted(usable)) or 'none'}")  # fmt: skip
+                raise NotFound(
+                    f"version {_shown(call.requested)} of {call.model} is not served; "
+                    f"versions you may use: {', '.join(sorted(usable)) or 'none'}"
+                )
             expected = call.requested
         else:
             pin = table.pins.get(tenant.name)
@@ -204,8 +218,10 @@ class Pipeline:
             raise _unreadable(call.model, choice.version)
         if manifest is not call.expected and not conforms(decoded.features, manifest.inputs):
             spec = manifest.inputs[0]
-            raise InvalidInput(f"{call.model}:{choice.version} takes {spec.name}: {spec.datatype} {spec.shape}; "
-                               f"got {decoded.features.dtype} {list(decoded.features.shape)}")  # fmt: skip
+            raise InvalidInput(
+                f"{call.model}:{choice.version} takes {spec.name}: {spec.datatype} {spec.shape}; "
+                f"got {decoded.features.dtype} {list(decoded.features.shape)}"
+            )
         return choice, priority, timeout_ms, manifest
 
     def timeout(self, call: Call, parameters: dict[str, Any]) -> float:
@@ -215,8 +231,10 @@ class Pipeline:
         if call.deadline is not None:
             left = (call.deadline - time.monotonic()) * 1e3
             if left <= 0:
-                raise DeadlinePassed(f"the call's deadline passed {-left:.0f} ms before {call.model} was asked; "
-                                     "expected a deadline that leaves the model time to answer")  # fmt: skip
+                raise DeadlinePassed(
+                    f"the call's deadline passed {-left:.0f} ms before {call.model} was asked; "
+                    "expected a deadline that leaves the model time to answer"
+                )
             limit = min(limit, left)
         asked = self.control(call, parameters, "timeout_ms")
         if asked is None:
@@ -234,8 +252,13 @@ class Pipeline:
         """A ``begin``-ed call's model as the tenant may see it, in every protocol: only the
         versions it may use, the schema of the one its requests are decoded against."""
         manifest = self.expected(call)
-        return ModelInfo(call.model, sorted(usable_versions(call.table, call.tenant)),  # type: ignore[arg-type]
-                         f"bentoml_{manifest.framework}", manifest.inputs, manifest.outputs)  # fmt: skip
+        return ModelInfo(
+            call.model,
+            sorted(usable_versions(call.table, call.tenant)),  # type: ignore[arg-type]
+            f"bentoml_{manifest.framework}",
+            manifest.inputs,
+            manifest.outputs,
+        )
 
     def readiness(self, call: Call) -> tuple[str, bool]:
         """(the version this tenant's request would reach now, whether it has a replica)."""
@@ -256,16 +279,34 @@ class Pipeline:
         version, upstream_s = choice.version, 0.0
         if result is None:
             tenant = call.tenant
-            version, result, upstream_s = await self.dispatch(model, call.table, choice, features, timeout_ms, priority,  # type: ignore[arg-type]
-                                                  tenant.name, tenant.weight or 1.0)  # type: ignore[union-attr]
+            version, result, upstream_s = await self.dispatch(
+                model,
+                call.table,
+                choice,
+                features,
+                timeout_ms,
+                priority,  # type: ignore[arg-type]
+                tenant.name,
+                tenant.weight or 1.0,
+            )  # type: ignore[union-attr]
             if cache is not None and version == choice.version:
                 cache.put(key, result)
         call.state["model_version"] = version
         served = call.snapshot.manifests.get((model, version), manifest)  # type: ignore[union-attr]
-        self.recorder.served(model=model, version=version, tenant=call.tenant.name, request_id=call.request_id,  # type: ignore[union-attr]
-                             routing_key=call.routing_key, table=call.table, spec=spec, manifest=served,  # type: ignore[arg-type]
-                             features=features, result=result, total_ms=(time.monotonic() - call.started) * 1e3,
-                             upstream_s=upstream_s)  # fmt: skip
+        self.recorder.served(
+            model=model,
+            version=version,
+            tenant=call.tenant.name,
+            request_id=call.request_id,  # type: ignore[union-attr]
+            routing_key=call.routing_key,
+            table=call.table,
+            spec=spec,
+            manifest=served,  # type: ignore[arg-type]
+            features=features,
+            result=result,
+            total_ms=(time.monotonic() - call.started) * 1e3,
+            upstream_s=upstream_s,
+        )
         return version, result, served
 
     def _cache(self, model: str, spec: ModelSpec) -> PredictionCache | None:
@@ -278,5 +319,7 @@ class Pipeline:
 
 
 def _unreadable(model: str, version: str) -> VersionUnavailable:
-    return VersionUnavailable(f"{model}:{version} cannot be served now: the gateway cannot read its manifest "
-                              "(the operator is told; try again later)")  # fmt: skip
+    return VersionUnavailable(
+        f"{model}:{version} cannot be served now: the gateway cannot read its manifest "
+        "(the operator is told; try again later)"
+    )

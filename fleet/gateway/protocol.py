@@ -30,10 +30,19 @@ from fleet.errors import FleetError, InvalidInput
 from fleet.registry import TensorSpec
 
 _NUMPY = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
-    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
-}  # fmt: skip
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+}
 _INTEGER = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"})
 _FLOAT = frozenset({"FP16", "FP32", "FP64"})
 _NUMERIC = _INTEGER | _FLOAT
@@ -126,10 +135,14 @@ def decode_v2_binary(body: bytes, inputs: list[TensorSpec], max_rows: int, *, he
     memoryview slices of ``body``: no copy of the body per input, nothing read past its end.
     """
     if header_length > len(body):
-        raise MalformedBody(f"{HEADER_LENGTH} is {header_length}, but the body has only {len(body)} bytes; expected the "
-                            "length of the JSON part at the start of the body, at most the body's size")  # fmt: skip
+        raise MalformedBody(
+            f"{HEADER_LENGTH} is {header_length}, but the body has only {len(body)} bytes; expected the "
+            "length of the JSON part at the start of the body, at most the body's size"
+        )
     view = memoryview(body)
-    header = parse_json(view[:header_length], f"the JSON part of the body (the first {header_length} bytes, {HEADER_LENGTH})")
+    header = parse_json(
+        view[:header_length], f"the JSON part of the body (the first {header_length} bytes, {HEADER_LENGTH})"
+    )
     return _decode_v2(header, inputs, max_rows, view[header_length:])
 
 
@@ -143,8 +156,10 @@ def binary_header_length(given: list[str]) -> int | None:
         raise MalformedBody(f"{HEADER_LENGTH} is given {len(given)} times; expected it once")
     text = given[0].strip()
     if not (text.isascii() and text.isdigit()) or len(text) > 18:
-        raise MalformedBody(f"{HEADER_LENGTH} is {_show(given[0])}; expected the length of the request's JSON part "
-                            "in bytes, a non-negative integer")  # fmt: skip
+        raise MalformedBody(
+            f"{HEADER_LENGTH} is {_show(given[0])}; expected the length of the request's JSON part "
+            "in bytes, a non-negative integer"
+        )
     return int(text)
 
 
@@ -154,7 +169,9 @@ def _decode_v2(data: dict[str, Any], inputs: list[TensorSpec], max_rows: int, pa
     rid, parameters = _common(data)
     tensors = data.get("inputs")
     if not isinstance(tensors, list) or not tensors:
-        raise MalformedBody('OIP v2 body has no "inputs" list; expected {"inputs": [{"name", "shape", "datatype", "data"}]}')
+        raise MalformedBody(
+            'OIP v2 body has no "inputs" list; expected {"inputs": [{"name", "shape", "datatype", "data"}]}'
+        )
     spec = inputs[0]
     found = None
     sizes: list[tuple[str, int | None]] = []
@@ -185,17 +202,23 @@ def _binary_size(tensor: dict[str, Any], name: str, binary_body: bool) -> int | 
         raise MalformedBody(f"input {name!r} has parameters {_show(params)}; expected a JSON object")
     shared = next((k for k in params if isinstance(k, str) and k.startswith("shared_memory")), None)
     if shared is not None:
-        raise MalformedBody(f"input {name!r} asks for shared memory ({shared}); this gateway takes tensors in the "
-                            "request body only: expected data or parameters.binary_data_size")  # fmt: skip
+        raise MalformedBody(
+            f"input {name!r} asks for shared memory ({shared}); this gateway takes tensors in the "
+            "request body only: expected data or parameters.binary_data_size"
+        )
     if "binary_data_size" not in params:
         return None
     size = params["binary_data_size"]
     if type(size) is not int or size < 0:
-        raise MalformedBody(f"input {name!r} has binary_data_size {_show(size)}; expected a non-negative integer, "
-                            "the input's byte count in the binary part")  # fmt: skip
+        raise MalformedBody(
+            f"input {name!r} has binary_data_size {_show(size)}; expected a non-negative integer, "
+            "the input's byte count in the binary part"
+        )
     if not binary_body:
-        raise MalformedBody(f"input {name!r} has binary_data_size {size}, but the request has no {HEADER_LENGTH} "
-                            "header; expected that header with the length of the JSON part before the tensor bytes")  # fmt: skip
+        raise MalformedBody(
+            f"input {name!r} has binary_data_size {size}, but the request has no {HEADER_LENGTH} "
+            "header; expected that header with the length of the JSON part before the tensor bytes"
+        )
     if "data" in tensor:
         raise MalformedBody(f"input {name!r} has both data and binary_data_size; expected one of them")
     return size
@@ -215,20 +238,26 @@ def split_binary(sizes: list[tuple[str, int | None]], payload: memoryview) -> li
             continue
         left = len(payload) - offset
         if size > left:
-            raise MalformedBody(f"input {name!r} has binary_data_size {size}, but only {left} bytes of tensor data are "
-                                f"left after the JSON part{' and the inputs before it' if offset else ''}; "
-                                f"expected {size} bytes for it")  # fmt: skip
+            raise MalformedBody(
+                f"input {name!r} has binary_data_size {size}, but only {left} bytes of tensor data are "
+                f"left after the JSON part{' and the inputs before it' if offset else ''}; "
+                f"expected {size} bytes for it"
+            )
         chunks.append(payload[offset : offset + size])
         offset += size
     extra = len(payload) - offset
     if extra:
         binary = [f"{n!r}: {s} bytes" for n, s in sizes if s is not None]
         if not binary:
-            raise MalformedBody(f"the body has {extra} bytes after the JSON part, but no input has binary_data_size "
-                                f"(input {', '.join(repr(n) for n, _ in sizes)}: none); expected "
-                                "parameters.binary_data_size on each input sent as bytes")  # fmt: skip
-        raise MalformedBody(f"the body has {extra} bytes after the JSON part beyond the inputs' binary_data_size "
-                            f"({', '.join(binary)}); expected exactly {offset} bytes of tensor data after the JSON part")  # fmt: skip
+            raise MalformedBody(
+                f"the body has {extra} bytes after the JSON part, but no input has binary_data_size "
+                f"(input {', '.join(repr(n) for n, _ in sizes)}: none); expected "
+                "parameters.binary_data_size on each input sent as bytes"
+            )
+        raise MalformedBody(
+            f"the body has {extra} bytes after the JSON part beyond the inputs' binary_data_size "
+            f"({', '.join(binary)}); expected exactly {offset} bytes of tensor data after the JSON part"
+        )
     return chunks
 
 
@@ -238,8 +267,10 @@ def _tensor(tensor: dict[str, Any], spec: TensorSpec, max_rows: int, raw: memory
     if raw is not None:
         return from_raw(spec, shape, tensor["datatype"], raw)
     if "data" not in tensor:
-        raise MalformedBody(f"input {spec.name!r} has no data; expected data (a list of {spec.datatype} values) or, "
-                            f"with the {HEADER_LENGTH} header, parameters.binary_data_size")  # fmt: skip
+        raise MalformedBody(
+            f"input {spec.name!r} has no data; expected data (a list of {spec.datatype} values) or, "
+            f"with the {HEADER_LENGTH} header, parameters.binary_data_size"
+        )
     return from_values(spec, shape, tensor["data"])
 
 
@@ -253,8 +284,10 @@ def requested_outputs(data: dict[str, Any], parameters: dict[str, Any]) -> tuple
     if wanted is None:
         return (), binary_output
     if not isinstance(wanted, list) or len(wanted) > MAX_OUTPUTS:
-        raise MalformedBody(f'"outputs" is {_show(wanted)}; expected a list of at most {MAX_OUTPUTS} '
-                            '{"name": ..., "parameters": {"binary_data": true|false}}')  # fmt: skip
+        raise MalformedBody(
+            f'"outputs" is {_show(wanted)}; expected a list of at most {MAX_OUTPUTS} '
+            '{"name": ..., "parameters": {"binary_data": true|false}}'
+        )
     named: dict[str, Output] = {}
     for j, out in enumerate(wanted):
         name = out.get("name") if isinstance(out, dict) else None
@@ -272,11 +305,19 @@ def _binary_wanted(name: str, params: Any, default: bool) -> bool:  # noqa: ANN4
         return default
     if not isinstance(params, dict):
         raise MalformedBody(f"output {name!r} has parameters {_show(params)}; expected a JSON object")
-    unsupported = next((k for k in params if isinstance(k, str) and (k.startswith("shared_memory") or
-                                                                        (k == "classification" and params[k]))), None)  # fmt: skip
+    unsupported = next(
+        (
+            k
+            for k in params
+            if isinstance(k, str) and (k.startswith("shared_memory") or (k == "classification" and params[k]))
+        ),
+        None,
+    )
     if unsupported is not None:
-        raise MalformedBody(f"output {name!r} asks for {unsupported}, which this gateway does not support; expected "
-                            "the output's values in the answer (parameters.binary_data true or false)")  # fmt: skip
+        raise MalformedBody(
+            f"output {name!r} asks for {unsupported}, which this gateway does not support; expected "
+            "the output's values in the answer (parameters.binary_data true or false)"
+        )
     binary = params.get("binary_data", default)
     if not isinstance(binary, bool):
         raise MalformedBody(f"output {name!r} has binary_data {_show(binary)}; expected true or false")
@@ -288,12 +329,18 @@ def check_header(spec: TensorSpec, shape: Any, datatype: Any, max_rows: int) -> 
     before any of its data is looked at; returns the shape. Every protocol (JSON, binary
     HTTP, gRPC) goes through here, so each refuses the same inputs with the same words."""
     name = spec.name
-    if not isinstance(shape, list) or not 0 < len(shape) <= MAX_DIMS or not all(
-        type(d) is int and d >= 0 for d in shape
+    if (
+        not isinstance(shape, list)
+        or not 0 < len(shape) <= MAX_DIMS
+        or not all(type(d) is int and d >= 0 for d in shape)
     ):
-        raise MalformedBody(f"input {name!r} has shape {_show(shape)}; expected a list of 1 to {MAX_DIMS} non-negative integers")
+        raise MalformedBody(
+            f"input {name!r} has shape {_show(shape)}; expected a list of 1 to {MAX_DIMS} non-negative integers"
+        )
     if not isinstance(datatype, str) or datatype not in OIP_DATATYPES:
-        raise MalformedBody(f"input {name!r} has datatype {_show(datatype)}; expected an OIP datatype such as {spec.datatype}")
+        raise MalformedBody(
+            f"input {name!r} has datatype {_show(datatype)}; expected an OIP datatype such as {spec.datatype}"
+        )
     if spec.datatype not in _NUMPY:
         raise InvalidInput(unsupported_input(spec))
     if datatype != spec.datatype and not (datatype in _NUMERIC and spec.datatype in _NUMERIC):
@@ -308,9 +355,11 @@ def unsupported_input(spec: TensorSpec) -> str:
     """Why an input of a type the gateway cannot forward (BYTES, BF16) is refused, whatever its
     encoding: the model is sent one numeric array (``Decoded.features``, JSON to the model
     service, also the cache key and the inference log's row), which cannot hold strings."""
-    return (f"input {spec.name!r} is {spec.datatype} in this model's schema; this gateway passes numeric and BOOL "
-            f"tensors to models, not {spec.datatype}, in any encoding: expected a model whose input is "
-            "numeric (FP16/32/64, INT8-64, UINT8-64) or BOOL")  # fmt: skip
+    return (
+        f"input {spec.name!r} is {spec.datatype} in this model's schema; this gateway passes numeric and BOOL "
+        f"tensors to models, not {spec.datatype}, in any encoding: expected a model whose input is "
+        "numeric (FP16/32/64, INT8-64, UINT8-64) or BOOL"
+    )
 
 
 def from_values(spec: TensorSpec, shape: list[int], values: Any) -> np.ndarray:  # noqa: ANN401 - a JSON value
@@ -321,8 +370,10 @@ def from_values(spec: TensorSpec, shape: list[int], values: Any) -> np.ndarray: 
     count = math.prod(shape)  # Python ints: a shape like [2**62, 4] cannot overflow to 0
     flat = len(values) == count and not (values and isinstance(values[0], list))
     if not flat and len(values) != shape[0]:
-        raise InvalidInput(f"input {name!r} has {len(values)} values; shape {shape} needs {count} "
-                           "(flat, row-major) or one nested list per row")  # fmt: skip
+        raise InvalidInput(
+            f"input {name!r} has {len(values)} values; shape {shape} needs {count} "
+            "(flat, row-major) or one nested list per row"
+        )
     array = _array(name, values, spec.datatype)
     if array.size != count:
         raise InvalidInput(f"input {name!r} has {array.size} values; shape {shape} needs {count}")
@@ -344,8 +395,10 @@ def from_raw(spec: TensorSpec, shape: list[int], datatype: str, raw: bytes | mem
     count = math.prod(shape)
     expected = count * given.itemsize
     if len(raw) != expected:
-        raise InvalidInput(f"input {name!r} has {len(raw)} bytes; shape {shape} of {datatype} needs {expected} "
-                           f"({count} values × {given.itemsize} bytes, little-endian)")  # fmt: skip
+        raise InvalidInput(
+            f"input {name!r} has {len(raw)} bytes; shape {shape} of {datatype} needs {expected} "
+            f"({count} values × {given.itemsize} bytes, little-endian)"
+        )
     array = np.frombuffer(raw, dtype=given, count=count).reshape(shape)
     if datatype == "BOOL":
         if array.view(np.uint8).max(initial=0) > 1:
@@ -364,8 +417,10 @@ def _check_rows(name: str, rows: int, max_rows: int) -> None:
     if rows == 0:
         raise InvalidInput(f"input {name!r} has no rows; expected at least one")
     if rows > max_rows:
-        raise TooManyRows(f"input {name!r} has {rows} rows; this model takes at most {max_rows} per request "
-                          "(policy max_rows): split the batch")  # fmt: skip
+        raise TooManyRows(
+            f"input {name!r} has {rows} rows; this model takes at most {max_rows} per request "
+            "(policy max_rows): split the batch"
+        )
 
 
 def decode_v1(body: bytes, inputs: list[TensorSpec], max_rows: int) -> Decoded:
@@ -390,7 +445,9 @@ def _array(name: str, values: list, datatype: str, root: str = "data") -> np.nda
     try:
         raw = np.asarray(values)  # numpy infers: bool, int64/uint64, float64, else str or object
     except (ValueError, OverflowError):
-        raise InvalidInput(f"input {name!r} is not a rectangular list of values; expected every row the same length") from None
+        raise InvalidInput(
+            f"input {name!r} is not a rectangular list of values; expected every row the same length"
+        ) from None
     kind = raw.dtype.kind
     target = _NUMPY[datatype]
     if datatype == "BOOL":
@@ -411,8 +468,9 @@ def _array(name: str, values: list, datatype: str, root: str = "data") -> np.nda
         array = raw.astype(target, copy=False)
     if datatype != "FP64" and array.size and not np.isfinite(array).all():
         bad = raw.ravel()[~np.isfinite(array.ravel())][0]
-        raise InvalidInput(f"input {name!r} holds {bad:g}, out of range for {datatype} "
-                           f"(±{float(np.finfo(target).max):.4g})")  # fmt: skip
+        raise InvalidInput(
+            f"input {name!r} holds {bad:g}, out of range for {datatype} (±{float(np.finfo(target).max):.4g})"
+        )
     return array
 
 
@@ -456,12 +514,15 @@ def check_outputs(wanted: tuple[Output, ...], outputs: list[TensorSpec]) -> None
     declared = {s.name for s in outputs}
     shown = ", ".join(_show(n) for n in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
     why = " (the gateway answers with a model's first output only)" if declared & set(unknown) else ""
-    raise InvalidInput(f"requested output {shown} {'is' if len(unknown) == 1 else 'are'} not an output of this "
-                       f"model{why}; expected {served!r}")  # fmt: skip
+    raise InvalidInput(
+        f"requested output {shown} {'is' if len(unknown) == 1 else 'are'} not an output of this "
+        f"model{why}; expected {served!r}"
+    )
 
 
-def v2_reply(model: str, version: str, request_id: str, outputs: list[TensorSpec], result: np.ndarray,
-             decoded: Decoded) -> tuple[bytes, int | None]:  # fmt: skip
+def v2_reply(
+    model: str, version: str, request_id: str, outputs: list[TensorSpec], result: np.ndarray, decoded: Decoded
+) -> tuple[bytes, int | None]:
     """The OIP v2 answer the request asked for: (body, None) for plain JSON, or, when an
     output is wanted as raw bytes, (JSON part + the bytes, the JSON part's length) for the
     ``Inference-Header-Content-Length`` header. The bytes are the output as its declared

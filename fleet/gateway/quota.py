@@ -105,8 +105,9 @@ class TokenBuckets:
             return self.take(tenant, rps, burst, concurrency)
         return self.take(tenant, rps / n, max(1, burst // n), None if concurrency is None else max(1, concurrency // n))
 
-    async def acquire(self, tenant: str, rps: float, burst: int, concurrency: int | None, lease: str,
-                      lease_s: float = LEASE_S) -> Refusal | None:  # fmt: skip
+    async def acquire(
+        self, tenant: str, rps: float, burst: int, concurrency: int | None, lease: str, lease_s: float = LEASE_S
+    ) -> Refusal | None:
         return self.take_share(tenant, rps, burst, concurrency, self.divisor() if self.divisor else 1)
 
     def release(self, tenant: str, lease: str) -> None:
@@ -137,9 +138,13 @@ class TokenBuckets:
 
     def health(self) -> dict[str, Any]:
         n = max(1, self.divisor()) if self.divisor else 1
-        return {"backend": "in-process", "shared": False, "share_divisor": n,
-                "note": f"this gateway process enforces 1/{n} of every quota on its own traffic (the live gateways "
-                        "divide it); set FLEET_REDIS_URL to share one exact budget"}  # fmt: skip
+        return {
+            "backend": "in-process",
+            "shared": False,
+            "share_divisor": n,
+            "note": f"this gateway process enforces 1/{n} of every quota on its own traffic (the live gateways "
+            "divide it); set FLEET_REDIS_URL to share one exact budget",
+        }
 
 
 # KEYS[1]: the tenant's GCRA time (µs); KEYS[2]: its leases (a sorted set scored by expiry).
@@ -207,15 +212,20 @@ class RedisQuotas:
     is kept and given back once Redis answers again; past that it expires on its own.
     """
 
-    def __init__(self, url: str, divisor: Callable[[], int], *, timeout_s: float = REDIS_TIMEOUT_S,
-                 probe_s: float = PROBE_S) -> None:  # fmt: skip
+    def __init__(
+        self, url: str, divisor: Callable[[], int], *, timeout_s: float = REDIS_TIMEOUT_S, probe_s: float = PROBE_S
+    ) -> None:
         import redis.asyncio as aioredis
 
         self.url, self.divisor, self.timeout_s, self.probe_s = url, divisor, timeout_s, probe_s
         self._pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=REDIS_CONNECTIONS, timeout=timeout_s, socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s, health_check_interval=0,
-        )  # fmt: skip
+            url,
+            max_connections=REDIS_CONNECTIONS,
+            timeout=timeout_s,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            health_check_interval=0,
+        )
         self._redis = aioredis.Redis(connection_pool=self._pool)
         self._sha: str | None = None  # the script's SHA1 once loaded into Redis
         self._tokens_sha: str | None = None  # TOKENS_SCRIPT's
@@ -230,13 +240,23 @@ class RedisQuotas:
         self._local_leases: set[str] = set()
         self.failures = 0
 
-    async def acquire(self, tenant: str, rps: float, burst: int, concurrency: int | None, lease: str,
-                      lease_s: float = LEASE_S) -> Refusal | None:  # fmt: skip
+    async def acquire(
+        self, tenant: str, rps: float, burst: int, concurrency: int | None, lease: str, lease_s: float = LEASE_S
+    ) -> Refusal | None:
         if self.shared:
             try:
-                allowed, wait_us = await self._run("eval", (f"{KEY_PREFIX}{tenant}:t", f"{KEY_PREFIX}{tenant}:c",
-                                                            repr(float(rps)), burst, concurrency or 0, lease,
-                                                            int(lease_s * 1_000_000)))  # fmt: skip
+                allowed, wait_us = await self._run(
+                    "eval",
+                    (
+                        f"{KEY_PREFIX}{tenant}:t",
+                        f"{KEY_PREFIX}{tenant}:c",
+                        repr(float(rps)),
+                        burst,
+                        concurrency or 0,
+                        lease,
+                        int(lease_s * 1_000_000),
+                    ),
+                )
             except BaseException as exc:
                 if concurrency:  # the script may have taken the lease before the answer was lost
                     self._unreleased.add((tenant, lease))
@@ -357,8 +377,12 @@ class RedisQuotas:
         self.shared = False
         self.down_since = time.time()
         self.error = _describe(exc)
-        log.error("Redis at %s failed (%s); enforcing this gateway's share of each quota (1/%d) until it "
-                  "answers again", _safe(self.url), self.error, max(1, self.divisor()))  # fmt: skip
+        log.error(
+            "Redis at %s failed (%s); enforcing this gateway's share of each quota (1/%d) until it answers again",
+            _safe(self.url),
+            self.error,
+            max(1, self.divisor()),
+        )
         if self._probe is None or self._probe.done():
             self._probe = asyncio.get_running_loop().create_task(self._probe_until_up())
 
@@ -369,8 +393,10 @@ class RedisQuotas:
         while not self.shared:
             await asyncio.sleep(self.probe_s)
             try:
-                await self._run("eval", (f"{KEY_PREFIX}-probe:t", f"{KEY_PREFIX}-probe:c", "1000000000.0",
-                                         1_000_000_000, 0, "", 1_000_000))  # fmt: skip
+                await self._run(
+                    "eval",
+                    (f"{KEY_PREFIX}-probe:t", f"{KEY_PREFIX}-probe:c", "1000000000.0", 1_000_000_000, 0, "", 1_000_000),
+                )
             except Exception as exc:  # noqa: BLE001 - still down
                 self.error = _describe(exc)
                 continue
@@ -435,8 +461,10 @@ def from_env(divisor: Callable[[], int]) -> QuotaBackend | None:
     if not url:
         return None
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(f"FLEET_REDIS_URL {_safe(url)!r} is not a Redis URL; expected redis://HOST:PORT/DB, "
-                          "rediss://:PASSWORD@HOST:PORT/DB (TLS) or unix:///PATH")  # fmt: skip
+        raise ConfigError(
+            f"FLEET_REDIS_URL {_safe(url)!r} is not a Redis URL; expected redis://HOST:PORT/DB, "
+            "rediss://:PASSWORD@HOST:PORT/DB (TLS) or unix:///PATH"
+        )
     return RedisQuotas(url, divisor)
 
 
@@ -460,10 +488,16 @@ class Quotas:
             return
         self.telemetry.quota.labels(tenant.name).inc()
         if refused.reason == "concurrency":
-            raise OverQuota(f"tenant {tenant.name!r} already has {q.concurrency} requests in flight (its quota); "
-                            "retry when one is answered", refused.wait_s)  # fmt: skip
-        raise OverQuota(f"tenant {tenant.name!r} is over its quota of {q.rps:g} requests/s (burst {q.burst}); "
-                        f"retry after {refused.wait_s:.2f} s", refused.wait_s)  # fmt: skip
+            raise OverQuota(
+                f"tenant {tenant.name!r} already has {q.concurrency} requests in flight (its quota); "
+                "retry when one is answered",
+                refused.wait_s,
+            )
+        raise OverQuota(
+            f"tenant {tenant.name!r} is over its quota of {q.rps:g} requests/s (burst {q.burst}); "
+            f"retry after {refused.wait_s:.2f} s",
+            refused.wait_s,
+        )
 
     def release(self, tenant: str, lease: str) -> None:
         self.backend.release(tenant, lease)
@@ -476,8 +510,11 @@ class Quotas:
         refused = await self.backend.check_tokens(tenant.name, q.tokens_per_minute)
         if refused is not None:
             self.telemetry.quota.labels(tenant.name).inc()
-            raise OverQuota(f"tenant {tenant.name!r} has used its {q.tokens_per_minute} tokens a minute (its quota, "
-                            f"prompt and completion); retry after {refused.wait_s:.2f} s", refused.wait_s)  # fmt: skip
+            raise OverQuota(
+                f"tenant {tenant.name!r} has used its {q.tokens_per_minute} tokens a minute (its quota, "
+                f"prompt and completion); retry after {refused.wait_s:.2f} s",
+                refused.wait_s,
+            )
 
     def charge(self, tenant: Tenant, n: int) -> None:
         q = tenant.quota

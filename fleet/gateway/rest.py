@@ -26,12 +26,21 @@ JSON = "application/json"
 
 class UnsupportedEncoding(FleetError):
     status = 415
+
+
 BINARY = "application/octet-stream"  # what Triton answers binary outputs with
 
 
 class Rest:
-    def __init__(self, pipeline: Pipeline, store: ObjectStore, gateway_id: str, max_body_bytes: int,
-                 logged: labels.LoggedRequests, bodies_in_flight: bodies.BodyBudget) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        store: ObjectStore,
+        gateway_id: str,
+        max_body_bytes: int,
+        logged: labels.LoggedRequests,
+        bodies_in_flight: bodies.BodyBudget,
+    ) -> None:
         self.pipeline, self.store, self.gateway_id = pipeline, store, gateway_id
         self.max_body_bytes, self.logged, self.in_flight = max_body_bytes, logged, bodies_in_flight
 
@@ -39,8 +48,9 @@ class Rest:
         """The body read and decoded, its bytes counted against the bodies in flight until then."""
         encoding = request.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("identity", ""):  # a compressed body would otherwise read as "not valid JSON"
-            raise UnsupportedEncoding(f"Content-Encoding {encoding[:40]!r} is not accepted; expected an "
-                                      "uncompressed body (identity)")  # fmt: skip
+            raise UnsupportedEncoding(
+                f"Content-Encoding {encoding[:40]!r} is not accepted; expected an uncompressed body (identity)"
+            )
         with self.in_flight.holding(call.tenant.name) as held:  # type: ignore[union-attr]
             raw = await bodies.read(request, self.max_body_bytes, held)
             return await self.pipeline.decode(call, raw, decode)
@@ -51,12 +61,14 @@ class Rest:
     async def infer_v2(self, request: Request) -> Response:
         """OIP v2 infer, as JSON or in Triton's binary tensor data extension (request and answer)."""
         call = await self.pipeline.admit(
-            self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version"))))
+            self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")))
+        )
         decoded = await self._decoded(request, call, _v2_decoder(request))
         protocol.check_outputs(decoded.outputs, self.pipeline.expected(call).outputs)  # before a model is asked
         version, result, manifest = await self.pipeline.answer(call, decoded)
-        body, header_length = protocol.v2_reply(call.model, version, decoded.id or call.request_id, manifest.outputs,
-                                                result, decoded)  # fmt: skip
+        body, header_length = protocol.v2_reply(
+            call.model, version, decoded.id or call.request_id, manifest.outputs, result, decoded
+        )
         if header_length is None:
             return Response(body, media_type=JSON)
         return Response(body, media_type=BINARY, headers={protocol.HEADER_LENGTH: str(header_length)})
@@ -71,15 +83,24 @@ class Rest:
         return Response(protocol.v1_response(result), media_type=JSON)
 
     async def model_metadata(self, request: Request) -> Response:
-        call = self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")))
+        call = self.pipeline.begin(
+            self._call(request, request.path_params["model"], request.path_params.get("version"))
+        )
         info = self.pipeline.metadata(call)
-        return json_response({
-            "name": info.name, "versions": info.versions, "platform": info.platform,
-            "inputs": [s.model_dump() for s in info.inputs], "outputs": [s.model_dump() for s in info.outputs],
-        })  # fmt: skip
+        return json_response(
+            {
+                "name": info.name,
+                "versions": info.versions,
+                "platform": info.platform,
+                "inputs": [s.model_dump() for s in info.inputs],
+                "outputs": [s.model_dump() for s in info.outputs],
+            }
+        )
 
     async def model_ready(self, request: Request) -> Response:
-        call = self.pipeline.begin(self._call(request, request.path_params["model"], request.path_params.get("version")))
+        call = self.pipeline.begin(
+            self._call(request, request.path_params["model"], request.path_params.get("version"))
+        )
         version, ready = self.pipeline.readiness(call)
         return json_response({"name": call.model, "version": version, "ready": ready}, 200 if ready else 503)
 
@@ -105,8 +126,9 @@ class Rest:
         await asyncio.to_thread(self._write, model, tenant.name, accepted)
         return self._answered(model, given, accepted, unknown)
 
-    def _write(self, model: str, tenant: str, accepted: list[labels.Label],
-               matched: list[tuple[str, bool]] | None = None) -> None:  # fmt: skip
+    def _write(
+        self, model: str, tenant: str, accepted: list[labels.Label], matched: list[tuple[str, bool]] | None = None
+    ) -> None:
         """Accepted items: labels to ``logs/feedback/``, outcomes to ``logs/outcomes/`` (a thread)."""
         labelled = [x for x in accepted if x.label is not None]
         if labelled:
@@ -121,8 +143,11 @@ class Rest:
         answers = await asyncio.to_thread(self.logged.answers, call.model, tenant, {x.request_id for x in given})
         accepted = [x for x in given if x.request_id in answers]
         unknown = [{"request_id": x.request_id, "row": 0} for x in given if x.request_id not in answers]
-        matched = [(answers[x.request_id][0], digest(str(x.label)) == answers[x.request_id][1])
-                   for x in accepted if x.label is not None]  # fmt: skip
+        matched = [
+            (answers[x.request_id][0], digest(str(x.label)) == answers[x.request_id][1])
+            for x in accepted
+            if x.label is not None
+        ]
         await asyncio.to_thread(self._write, call.model, tenant, accepted, matched)
         for version, match in matched:
             self.pipeline.telemetry.labelled(call.model, version, match)
@@ -130,11 +155,19 @@ class Rest:
 
     @staticmethod
     def _answered(model: str, given: list, accepted: list, unknown: list[dict], **extra: int) -> Response:
-        body = {"model": model, "accepted": len(accepted), **extra, "unknown": unknown,
-                "note": "labels join requests the inference log sampled, of your tenant, from the last 24 h"}  # fmt: skip
+        body = {
+            "model": model,
+            "accepted": len(accepted),
+            **extra,
+            "unknown": unknown,
+            "note": "labels join requests the inference log sampled, of your tenant, from the last 24 h",
+        }
         if not accepted:  # a 404 reads like every other error, with the details beside it
-            body = {"error": f"none of the {len(given)} label(s) matched a request the inference log sampled for "
-                             "your tenant in the last 24 h; see unknown", **body}  # fmt: skip
+            body = {
+                "error": f"none of the {len(given)} label(s) matched a request the inference log sampled for "
+                "your tenant in the last 24 h; see unknown",
+                **body,
+            }
         return json_response(body, 200 if accepted else 404)
 
 

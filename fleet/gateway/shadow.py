@@ -74,13 +74,20 @@ class Generated:
     completion_tokens: int
 
 
-Call = Callable[..., "asyncio.Future[np.ndarray]"]  # Upstreams.predict(model, version, features, deadline, priority, held=[])
+Call = Callable[
+    ..., "asyncio.Future[np.ndarray]"
+]  # Upstreams.predict(model, version, features, deadline, priority, held=[])
 GenerateCall = Callable[[GenShadowJob, float], "asyncio.Future[Generated]"]
 
 
 class ShadowMirror:
-    def __init__(self, call: Call, on_result: Callable[..., None], max_bytes: int = QUEUE_BYTES,
-                 generate: GenerateCall | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        call: Call,
+        on_result: Callable[..., None],
+        max_bytes: int = QUEUE_BYTES,
+        generate: GenerateCall | None = None,
+    ) -> None:
         """``call(model, version, features, deadline, priority)`` asks the shadow version;
         ``generate(job, deadline)`` asks it for a generation (``Generated``);
         ``on_result(job, outcome, shadow_ms, result, error_class)`` records it (outcome:
@@ -137,7 +144,9 @@ class ShadowMirror:
             self._on_result(job, "error", (time.monotonic() - start) * 1e3, None, None)
             return
         shadow_ms = (time.monotonic() - start) * 1e3
-        agreed = result.shape == job.served.shape and bool(np.array_equal(result.argmax(axis=-1), job.served.argmax(axis=-1)))
+        agreed = result.shape == job.served.shape and bool(
+            np.array_equal(result.argmax(axis=-1), job.served.argmax(axis=-1))
+        )
         self._on_result(job, "agree" if agreed else "disagree", shadow_ms, result, None)
 
     async def close(self) -> None:

@@ -36,7 +36,9 @@ class _Waiter:
 
 
 class Slots:
-    def __init__(self, limit: int, max_waiting: int, *, max_per_tenant: int | None = None, aging_s: float = BATCH_AGING_S) -> None:
+    def __init__(
+        self, limit: int, max_waiting: int, *, max_per_tenant: int | None = None, aging_s: float = BATCH_AGING_S
+    ) -> None:
         self.limit, self.max_waiting = limit, max_waiting
         self.max_per_tenant = max_waiting if max_per_tenant is None else max_per_tenant
         self.in_use = 0
@@ -62,9 +64,11 @@ class Slots:
             raise self._refusal(waiter)
         if shed is not None and not shed.future.done():
             shed.future.set_exception(
-                QueueFull(f"{shed.what} is saturated and tenant {shed.tenant!r} had the most requests waiting "
-                          f"({self._queue.waiting(shed.tenant) + 1}), so its newest was shed for another tenant's; "
-                          f"retry later or send less at once")  # fmt: skip
+                QueueFull(
+                    f"{shed.what} is saturated and tenant {shed.tenant!r} had the most requests waiting "
+                    f"({self._queue.waiting(shed.tenant) + 1}), so its newest was shed for another tenant's; "
+                    f"retry later or send less at once"
+                )
             )
         try:
             await waiter.future  # resolved by release(), which hands its slot over
@@ -83,8 +87,9 @@ class Slots:
         if not self._hand_over():
             self.in_use -= 1
 
-    def resize(self, limit: int, max_waiting: int, *, max_per_tenant: int | None = None,
-               aging_s: float | None = None) -> None:  # fmt: skip
+    def resize(
+        self, limit: int, max_waiting: int, *, max_per_tenant: int | None = None, aging_s: float | None = None
+    ) -> None:
         """A new limit (a policy change, a replica more or less): under a larger one, requests
         in line take the new slots now; over a smaller one, slots end as they are released.
         New queue bounds (``max_per_tenant`` None: ``max_waiting``, as in the constructor)
@@ -110,11 +115,15 @@ class Slots:
     def _refusal(self, waiter: _Waiter) -> QueueFull:
         mine = self._queue.waiting(waiter.tenant)
         if mine >= self.max_per_tenant:
-            return QueueFull(f"{waiter.what} is saturated and tenant {waiter.tenant!r} already has {mine} requests waiting "
-                             f"(its limit); retry later or send less at once")  # fmt: skip
-        return QueueFull(f"{waiter.what} is saturated: {self.in_use} requests in flight and {len(self._queue)} waiting (the limit), "
-                         f"and no other tenant has more waiting than tenant {waiter.tenant!r} would with this one ({mine + 1}); "
-                         f"retry later or send less at once")  # fmt: skip
+            return QueueFull(
+                f"{waiter.what} is saturated and tenant {waiter.tenant!r} already has {mine} requests waiting "
+                f"(its limit); retry later or send less at once"
+            )
+        return QueueFull(
+            f"{waiter.what} is saturated: {self.in_use} requests in flight and {len(self._queue)} waiting (the limit), "
+            f"and no other tenant has more waiting than tenant {waiter.tenant!r} would with this one ({mine + 1}); "
+            f"retry later or send less at once"
+        )
 
     def _hand_over(self) -> bool:
         """Give a held slot to the next waiter the fair queue names; False if nobody waits."""

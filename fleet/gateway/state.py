@@ -167,8 +167,13 @@ class FleetView:
             self._runtime_read_at, periodic = now, True
         self.healthy, self.last_success, self.last_error = True, time.time(), ""
         retry = periodic and bool(self._bad_manifests)  # a fixed manifest is picked up within a second
-        if not (routes_changed or tenants_changed or retry or endpoints != self.snapshot.endpoints
-                or not self.snapshot.loaded_at):  # fmt: skip
+        if not (
+            routes_changed
+            or tenants_changed
+            or retry
+            or endpoints != self.snapshot.endpoints
+            or not self.snapshot.loaded_at
+        ):
             return None
         routes = {}
         for key, table in route_records.items():

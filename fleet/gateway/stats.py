@@ -22,7 +22,6 @@ from fleet.types import (
     PREDICTION_BINS,
     latency_bucket,
     output_bucket,
-    score_bins,
 )
 
 HORIZON_S = 900
@@ -78,7 +77,9 @@ class WindowedStats:
                 if n:
                     slot[_PRED + i] += n
 
-    def generated(self, model: str, version: str, ttft_ms: float, tpot_ms: float | None, completion_tokens: int) -> None:
+    def generated(
+        self, model: str, version: str, ttft_ms: float, tpot_ms: float | None, completion_tokens: int
+    ) -> None:
         """A finished generation: its time to first token is its latency."""
         slot = self._slot(model, version)
         slot[_REQ] += 1

@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from fleet.gateway.stats import WindowedStats, score_bins
-from fleet.types import LATENCY_BUCKETS_MS, OUTPUT_TOKEN_BUCKETS, PREDICTION_BINS
+from fleet.gateway.stats import WindowedStats
+from fleet.types import LATENCY_BUCKETS_MS, OUTPUT_TOKEN_BUCKETS, PREDICTION_BINS, score_bins
 
 _SECONDS = tuple(b / 1000 for b in LATENCY_BUCKETS_MS) + (float("inf"),)
 
@@ -34,8 +34,9 @@ class _QueueDepth(Collector):
         self._depths = depths
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("fleet_queue_depth", "Requests waiting for an upstream slot",
-                                   labels=["model", "version", "priority"])  # fmt: skip
+        family = GaugeMetricFamily(
+            "fleet_queue_depth", "Requests waiting for an upstream slot", labels=["model", "version", "priority"]
+        )
         for model, version, priority, depth in self._depths():
             family.add_metric([model, version, priority], depth)
         yield family
@@ -44,7 +45,9 @@ class _QueueDepth(Collector):
 class _Gauges(Collector):
     """A gauge family whose samples are read from a callable when scraped."""
 
-    def __init__(self, name: str, doc: str, labels: list[str], read: Callable[[], Iterator[tuple[tuple[str, ...], float]]]) -> None:
+    def __init__(
+        self, name: str, doc: str, labels: list[str], read: Callable[[], Iterator[tuple[tuple[str, ...], float]]]
+    ) -> None:
         self._name, self._doc, self._labels, self._read = name, doc, labels, read
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -68,76 +71,174 @@ class Telemetry:
     ) -> None:
         r = self.registry = CollectorRegistry()
         self.stats = WindowedStats()
-        self.requests = Counter("fleet_requests", "Answered requests by HTTP status",
-                                ["model", "version", "tenant", "code"], registry=r)  # fmt: skip
-        self.duration = Histogram("fleet_request_duration_seconds", "Whole request in the gateway",
-                                  ["model", "version", "tenant"], buckets=_SECONDS, registry=r)  # fmt: skip
-        self.upstream = Histogram("fleet_upstream_duration_seconds", "The model service's part of a request (a generation's: to its first token)",
-                                  ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
-        self.version_requests = Counter("fleet_version_requests", "Attempts counted for canary analysis",
-                                        ["model", "version"], registry=r)  # fmt: skip
-        self.version_errors = Counter("fleet_version_errors", "Failures of a version by class",
-                                      ["model", "version", "class"], registry=r)  # fmt: skip
-        self.predictions = Counter("fleet_predictions", "Output rows per score bin",
-                                   ["model", "version", "bin"], registry=r)  # fmt: skip
+        self.requests = Counter(
+            "fleet_requests", "Answered requests by HTTP status", ["model", "version", "tenant", "code"], registry=r
+        )
+        self.duration = Histogram(
+            "fleet_request_duration_seconds",
+            "Whole request in the gateway",
+            ["model", "version", "tenant"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.upstream = Histogram(
+            "fleet_upstream_duration_seconds",
+            "The model service's part of a request (a generation's: to its first token)",
+            ["model", "version"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.version_requests = Counter(
+            "fleet_version_requests", "Attempts counted for canary analysis", ["model", "version"], registry=r
+        )
+        self.version_errors = Counter(
+            "fleet_version_errors", "Failures of a version by class", ["model", "version", "class"], registry=r
+        )
+        self.predictions = Counter(
+            "fleet_predictions", "Output rows per score bin", ["model", "version", "bin"], registry=r
+        )
         self.cache = Counter("fleet_cache_requests", "Prediction cache lookups", ["model", "result"], registry=r)
         self.quota = Counter("fleet_quota_rejections", "Requests refused with 429", ["tenant"], registry=r)
-        self.shadow = Counter("fleet_shadow_requests", "Mirrored requests by outcome",
-                              ["model", "version", "outcome"], registry=r)  # fmt: skip
-        self.shadow_duration = Histogram("fleet_shadow_duration_seconds", "Latency of shadow calls",
-                                         ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
-        self.shadow_served = Histogram("fleet_shadow_served_duration_seconds",
-                                       "Latency of the served answer that a shadow call is compared with",
-                                       ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
-        self.stale = Gauge("fleet_routing_stale", "1 while the store cannot be read (serving the last good state)",
-                           registry=r)  # fmt: skip
-        self.bad_records = Gauge("fleet_store_bad_records",
-                                 "Stored records this gateway cannot read and skips (see /v2/health/ready, fleet doctor)",
-                                 ["kind"], registry=r)  # fmt: skip
+        self.shadow = Counter(
+            "fleet_shadow_requests", "Mirrored requests by outcome", ["model", "version", "outcome"], registry=r
+        )
+        self.shadow_duration = Histogram(
+            "fleet_shadow_duration_seconds",
+            "Latency of shadow calls",
+            ["model", "version"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.shadow_served = Histogram(
+            "fleet_shadow_served_duration_seconds",
+            "Latency of the served answer that a shadow call is compared with",
+            ["model", "version"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.stale = Gauge(
+            "fleet_routing_stale", "1 while the store cannot be read (serving the last good state)", registry=r
+        )
+        self.bad_records = Gauge(
+            "fleet_store_bad_records",
+            "Stored records this gateway cannot read and skips (see /v2/health/ready, fleet doctor)",
+            ["kind"],
+            registry=r,
+        )
         self.log_rows = Counter("fleet_inference_log_rows", "Inference log rows", ["model", "outcome"], registry=r)
-        self.auth_failures = Counter("fleet_auth_failures", "Requests refused for a missing, unknown, revoked or expired key",
-                                     ["surface"], registry=r)  # fmt: skip
-        self.rejections = Counter("fleet_upstream_rejections",
-                                  "Inputs a version refused with 4xx: passed on to the caller, not counted against it",
-                                  ["model", "version"], registry=r)  # fmt: skip
-        self.busy = Counter("fleet_decode_refusals",
-                            "Large bodies refused: too many decoding or held at once, for a tenant or the gateway",
-                            ["scope"], registry=r)  # fmt: skip
+        self.auth_failures = Counter(
+            "fleet_auth_failures",
+            "Requests refused for a missing, unknown, revoked or expired key",
+            ["surface"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "fleet_upstream_rejections",
+            "Inputs a version refused with 4xx: passed on to the caller, not counted against it",
+            ["model", "version"],
+            registry=r,
+        )
+        self.busy = Counter(
+            "fleet_decode_refusals",
+            "Large bodies refused: too many decoding or held at once, for a tenant or the gateway",
+            ["scope"],
+            registry=r,
+        )
         loop_buckets = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))
-        self.loop_lag = Histogram("fleet_event_loop_lag_seconds", "How late the event loop ran a 20 ms timer",
-                                  buckets=loop_buckets, registry=r)  # fmt: skip
-        self.loop_held = Histogram("fleet_event_loop_held_seconds",
-                                   "The part of that lateness the gateway spent computing (not waiting for a CPU)",
-                                   buckets=loop_buckets, registry=r)  # fmt: skip
+        self.loop_lag = Histogram(
+            "fleet_event_loop_lag_seconds",
+            "How late the event loop ran a 20 ms timer",
+            buckets=loop_buckets,
+            registry=r,
+        )
+        self.loop_held = Histogram(
+            "fleet_event_loop_held_seconds",
+            "The part of that lateness the gateway spent computing (not waiting for a CPU)",
+            buckets=loop_buckets,
+            registry=r,
+        )
         r.register(_QueueDepth(queue_depths))
-        r.register(_Gauges("fleet_buffer_bytes", "Bytes held by each bounded buffer (see its budget)", ["buffer"], buffers))
+        r.register(
+            _Gauges("fleet_buffer_bytes", "Bytes held by each bounded buffer (see its budget)", ["buffer"], buffers)
+        )
         # with fleet_queue_depth, what KEDA's queue_depth trigger scales on (requests per replica)
-        r.register(_Gauges("fleet_version_in_flight", "Requests a version's replicas are answering for this gateway",
-                           ["model", "version"], in_flight))  # fmt: skip
-        r.register(_Gauges("fleet_quota_backend",
-                           "shared: 1 while quotas are shared through Redis, 0 while this gateway enforces its local "
-                           "share; share_divisor: the gateways a quota is divided by then",
-                           ["state"], quota_state))  # fmt: skip
-        self.ttft = Histogram("fleet_time_to_first_token_seconds", "Generation: the version asked → its first token",
-                              ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
-        self.tpot = Histogram("fleet_time_per_output_token_seconds", "Generation: mean time per token after the first",
-                              ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
-        self.output_tokens = Histogram("fleet_generation_output_tokens", "Generation: completion tokens of an answer",
-                                       ["model", "version"], buckets=(*OUTPUT_TOKEN_BUCKETS, float("inf")), registry=r)  # fmt: skip
-        self.queue = Histogram("fleet_generation_queue_seconds",
-                               "Generation: the replica's wait before a sequence joined its running batch",
-                               ["model", "version"], buckets=_SECONDS, registry=r)  # fmt: skip
-        self.tokens = Counter("fleet_generated_tokens", "Generation: tokens by kind (prompt, completion)",
-                              ["model", "version", "kind"], registry=r)  # fmt: skip
-        self.labels = Counter("fleet_feedback_labels", "Generation: exact-match feedback labels on a version's answers, "
-                              "by outcome (match, mismatch)", ["model", "version", "outcome"], registry=r)  # fmt: skip
+        r.register(
+            _Gauges(
+                "fleet_version_in_flight",
+                "Requests a version's replicas are answering for this gateway",
+                ["model", "version"],
+                in_flight,
+            )
+        )
+        r.register(
+            _Gauges(
+                "fleet_quota_backend",
+                "shared: 1 while quotas are shared through Redis, 0 while this gateway enforces its local "
+                "share; share_divisor: the gateways a quota is divided by then",
+                ["state"],
+                quota_state,
+            )
+        )
+        self.ttft = Histogram(
+            "fleet_time_to_first_token_seconds",
+            "Generation: the version asked → its first token",
+            ["model", "version"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "fleet_time_per_output_token_seconds",
+            "Generation: mean time per token after the first",
+            ["model", "version"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.output_tokens = Histogram(
+            "fleet_generation_output_tokens",
+            "Generation: completion tokens of an answer",
+            ["model", "version"],
+            buckets=(*OUTPUT_TOKEN_BUCKETS, float("inf")),
+            registry=r,
+        )
+        self.queue = Histogram(
+            "fleet_generation_queue_seconds",
+            "Generation: the replica's wait before a sequence joined its running batch",
+            ["model", "version"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "fleet_generated_tokens",
+            "Generation: tokens by kind (prompt, completion)",
+            ["model", "version", "kind"],
+            registry=r,
+        )
+        self.labels = Counter(
+            "fleet_feedback_labels",
+            "Generation: exact-match feedback labels on a version's answers, by outcome (match, mismatch)",
+            ["model", "version", "outcome"],
+            registry=r,
+        )
         # lazy loading (fleet.gateway.activate): versions started by a request, and requests held for them
-        self.cold_starts = Counter("fleet_cold_starts", "Starts of a cold (lazy, unloaded) version by a request, by "
-                                   "outcome (started, failed)", ["model", "version", "outcome"], registry=r)  # fmt: skip
-        self.hold = Histogram("fleet_activation_hold_seconds", "How long a request waited for its cold version to start",
-                              ["model", "version"], buckets=HOLD_BUCKETS_S, registry=r)  # fmt: skip
-        self.held = Gauge("fleet_requests_held", "Requests waiting now for their cold version to start",
-                          ["model", "version"], registry=r)  # fmt: skip
+        self.cold_starts = Counter(
+            "fleet_cold_starts",
+            "Starts of a cold (lazy, unloaded) version by a request, by outcome (started, failed)",
+            ["model", "version", "outcome"],
+            registry=r,
+        )
+        self.hold = Histogram(
+            "fleet_activation_hold_seconds",
+            "How long a request waited for its cold version to start",
+            ["model", "version"],
+            buckets=HOLD_BUCKETS_S,
+            registry=r,
+        )
+        self.held = Gauge(
+            "fleet_requests_held",
+            "Requests waiting now for their cold version to start",
+            ["model", "version"],
+            registry=r,
+        )
         self._children: dict[tuple[str, str], tuple] = {}
         self._finished: dict[tuple[str, str, str, int], tuple] = {}
 
@@ -146,9 +247,10 @@ class Telemetry:
         children = self._children.get((model, version))
         if children is None:
             children = self._children[model, version] = (
-                self.version_requests.labels(model, version), self.upstream.labels(model, version),
+                self.version_requests.labels(model, version),
+                self.upstream.labels(model, version),
                 [self.predictions.labels(model, version, str(i)) for i in range(PREDICTION_BINS)],
-            )  # fmt: skip
+            )
         return children
 
     def answered(self, model: str, version: str, upstream_ms: float, result: np.ndarray) -> None:
@@ -163,8 +265,17 @@ class Telemetry:
             if n:
                 predictions[i].inc(n)
 
-    def generated(self, model: str, version: str, *, ttft_ms: float, tpot_ms: float | None, prompt_tokens: int,
-                  completion_tokens: int, queue_s: float | None = None) -> None:  # fmt: skip
+    def generated(
+        self,
+        model: str,
+        version: str,
+        *,
+        ttft_ms: float,
+        tpot_ms: float | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        queue_s: float | None = None,
+    ) -> None:
         """A version finished a generation. Its time to first token is its latency, in canary
         analysis's windowed stats and in ``fleet_upstream_duration_seconds`` alike (what a
         caller waits for before anything happens; both sources of analysis read the same)."""
@@ -195,8 +306,10 @@ class Telemetry:
         key = (model, version, tenant, status)
         children = self._finished.get(key)
         if children is None:
-            children = self._finished[key] = (self.requests.labels(model, version, tenant, str(status)),
-                                              self.duration.labels(model, version, tenant))  # fmt: skip
+            children = self._finished[key] = (
+                self.requests.labels(model, version, tenant, str(status)),
+                self.duration.labels(model, version, tenant),
+            )
         children[0].inc()
         children[1].observe(total_ms / 1000)
 
@@ -221,4 +334,3 @@ class Telemetry:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
-

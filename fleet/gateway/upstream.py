@@ -225,8 +225,9 @@ class Upstreams:
             session = self._sessions[url] = h1.ConnectionPool.from_url(url, limit=limit, idle_timeout=IDLE_CLOSE_S)
         return session
 
-    def sync(self, endpoints: dict[tuple[str, str], tuple[str, ...]],
-             concurrency: dict[str, tuple[int, int, float]]) -> None:  # fmt: skip
+    def sync(
+        self, endpoints: dict[tuple[str, str], tuple[str, ...]], concurrency: dict[str, tuple[int, int, float]]
+    ) -> None:
         """Make the pools match the deployments; ``concurrency``: model → (per replica, max
         waiting, seconds after which a waiting batch request counts as interactive)."""
         caps: dict[str, int] = {}  # per replica URL: the largest cap of the models it serves
@@ -236,7 +237,9 @@ class Upstreams:
             if pool is None or [r.url for r in pool.replicas] != list(urls):
                 kept = {r.url: r for r in pool.replicas} if pool else {}
                 replicas = [kept.get(u) or Replica(u, self._session(u, limit)) for u in urls]
-                pool = self._pools[key] = Pool(f"{key[0]}:{key[1]}", replicas, pool.slots if pool else Slots(limit, waiting))
+                pool = self._pools[key] = Pool(
+                    f"{key[0]}:{key[1]}", replicas, pool.slots if pool else Slots(limit, waiting)
+                )
             pool.slots.resize(limit * len(urls), waiting, aging_s=aging_s)
             for url in urls:
                 caps[url] = max(caps.get(url, 0), limit)
@@ -270,8 +273,17 @@ class Upstreams:
         return self._pools
 
     async def predict(
-        self, model: str, version: str, features: np.ndarray, deadline: float, priority: str, last_resort: bool = True,
-        tenant: str = "", weight: float = 1.0, timing: list[float] | None = None, held: list[float] | None = None,
+        self,
+        model: str,
+        version: str,
+        features: np.ndarray,
+        deadline: float,
+        priority: str,
+        last_resort: bool = True,
+        tenant: str = "",
+        weight: float = 1.0,
+        timing: list[float] | None = None,
+        held: list[float] | None = None,
     ) -> np.ndarray:
         """Ask one replica of ``model:version``; raise ``UpstreamError`` (with its class) or ``NoReplica``.
 
@@ -322,8 +334,12 @@ class Upstreams:
                 resp = await self._exchange(pool, replica, outbound)
             except h1.BodyTooLarge as exc:
                 if exc.declared is not None:
-                    raise BadAnswer(f"{pool.ref} answered {exc.declared} bytes; at most {MAX_ANSWER_BYTES} are read") from None
-                raise BadAnswer(f"{pool.ref} answered more than {MAX_ANSWER_BYTES} bytes; that many are read at most") from None
+                    raise BadAnswer(
+                        f"{pool.ref} answered {exc.declared} bytes; at most {MAX_ANSWER_BYTES} are read"
+                    ) from None
+                raise BadAnswer(
+                    f"{pool.ref} answered more than {MAX_ANSWER_BYTES} bytes; that many are read at most"
+                ) from None
             except h1.Unreachable as exc:  # refused, connect timeout, closed before answering
                 replica.failed(time.monotonic())
                 failures.append(f"{replica.url}: {type(exc).__name__}")
@@ -341,10 +357,15 @@ class Upstreams:
                 continue
             if resp.status >= 500:
                 replica.failed(time.monotonic())
-                raise UpstreamError(f"{pool.ref} answered HTTP {resp.status}: {body[:200].decode(errors='replace')}", "5xx")
+                raise UpstreamError(
+                    f"{pool.ref} answered HTTP {resp.status}: {body[:200].decode(errors='replace')}", "5xx"
+                )
             if resp.status != 200:
                 replica.succeeded()  # it answered: the replica is healthy, the input was not
-                raise Rejected(f"{pool.ref} refused the input: HTTP {resp.status} {body[:200].decode(errors='replace')}", resp.status)
+                raise Rejected(
+                    f"{pool.ref} refused the input: HTTP {resp.status} {body[:200].decode(errors='replace')}",
+                    resp.status,
+                )
             replica.succeeded()
             return read_answer(resp)
         if shed:
@@ -359,20 +380,28 @@ class Upstreams:
         to the JSON request. h1's errors pass through to ``_attempt``, which classes them."""
         if replica.takes_tensors and outbound.tensor_ok:
             body, headers = outbound.tensor()
-            resp = await replica.session.request("POST", TENSOR_PATH, body, headers, max_body=MAX_ANSWER_BYTES,
-                                                 connect_timeout=CONNECT_TIMEOUT_S)  # fmt: skip
+            resp = await replica.session.request(
+                "POST", TENSOR_PATH, body, headers, max_body=MAX_ANSWER_BYTES, connect_timeout=CONNECT_TIMEOUT_S
+            )
             if resp.status not in NO_TENSOR_ROUTE:
                 return resp
             # asked again later: a service redeployed at the same address may have gained the route
             replica.json_until = time.monotonic() + TENSOR_REPROBE_S
-            log.info("%s at %s answered HTTP %d to POST %s: sending it JSON (POST %s) for the next %.0f s",
-                     pool.ref, replica.url, resp.status, TENSOR_PATH, JSON_PATH, TENSOR_REPROBE_S)  # fmt: skip
-        return await replica.session.request("POST", JSON_PATH, outbound.json(), _JSON, max_body=MAX_ANSWER_BYTES,
-                                             connect_timeout=CONNECT_TIMEOUT_S)  # fmt: skip
+            log.info(
+                "%s at %s answered HTTP %d to POST %s: sending it JSON (POST %s) for the next %.0f s",
+                pool.ref,
+                replica.url,
+                resp.status,
+                TENSOR_PATH,
+                JSON_PATH,
+                TENSOR_REPROBE_S,
+            )
+        return await replica.session.request(
+            "POST", JSON_PATH, outbound.json(), _JSON, max_body=MAX_ANSWER_BYTES, connect_timeout=CONNECT_TIMEOUT_S
+        )
 
     async def close(self) -> None:
         for session in list(self._sessions.values()):
             session.close()
         self._sessions.clear()
         self._pools.clear()
-

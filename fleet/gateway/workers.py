@@ -36,9 +36,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
 
 import httpx
-from urllib.parse import urlsplit
 
 from fleet.errors import ConfigError, FleetError
 
@@ -67,7 +67,9 @@ def listening_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port} ({exc.strerror}); free the port or pass another --port") from None
+        raise ConfigError(
+            f"cannot listen on {host}:{port} ({exc.strerror}); free the port or pass another --port"
+        ) from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
@@ -88,8 +90,15 @@ def with_port(url: str, port: int) -> str:
 class Supervisor:
     """Start N workers on shared sockets, restart one that dies, stop them all on the way out."""
 
-    def __init__(self, n: int, host: str, port: int, worker_cmd: Callable[[int, int, int], list[str]],
-                 env: dict[str, str], log: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        n: int,
+        host: str,
+        port: int,
+        worker_cmd: Callable[[int, int, int], list[str]],
+        env: dict[str, str],
+        log: Callable[[str], None],
+    ) -> None:
         if not 2 <= n <= MAX_WORKERS:
             raise ConfigError(f"--workers {n}; expected 1 (one process) to {MAX_WORKERS}")
         self.n, self.host, self.port, self.worker_cmd, self.log = n, host, port, worker_cmd, log
@@ -108,8 +117,13 @@ class Supervisor:
         shared, private = self.shared[i], self.private[i]
         cmd = self.worker_cmd(i, shared.fileno(), private.fileno())
         self.started_at[i] = time.monotonic()
-        self.procs[i] = subprocess.Popen(cmd, env={**self.env, WORKER_ENV: f"{i}/{self.n}"}, stdin=subprocess.DEVNULL,
-                                         pass_fds=(shared.fileno(), private.fileno()), start_new_session=True)  # fmt: skip
+        self.procs[i] = subprocess.Popen(
+            cmd,
+            env={**self.env, WORKER_ENV: f"{i}/{self.n}"},
+            stdin=subprocess.DEVNULL,
+            pass_fds=(shared.fileno(), private.fileno()),
+            start_new_session=True,
+        )
 
     def start_all(self) -> None:
         for i in range(self.n):
@@ -124,8 +138,9 @@ class Supervisor:
                 for i in list(pending):
                     proc = self.procs[i]
                     if proc is not None and proc.poll() is not None:
-                        raise WorkersFailed(f"gateway worker {i} exited with {proc.returncode} while starting; "
-                                            "its messages are above")  # fmt: skip
+                        raise WorkersFailed(
+                            f"gateway worker {i} exited with {proc.returncode} while starting; its messages are above"
+                        )
                     with contextlib.suppress(httpx.HTTPError):
                         if client.get(f"{self.private_urls[i]}/v2/health/ready").status_code == 200:
                             pending.discard(i)
@@ -148,11 +163,15 @@ class Supervisor:
                 if time.monotonic() - self.started_at[i] >= STEADY_S:
                     self.restarts[i] = 0
                 if self.restarts[i] >= MAX_QUICK_CRASHES:
-                    raise WorkersFailed(f"gateway worker {i} exited {MAX_QUICK_CRASHES} times in a row within "
-                                        f"{STEADY_S:g} s of starting (last: {proc.returncode}); stopping the gateway")  # fmt: skip
+                    raise WorkersFailed(
+                        f"gateway worker {i} exited {MAX_QUICK_CRASHES} times in a row within "
+                        f"{STEADY_S:g} s of starting (last: {proc.returncode}); stopping the gateway"
+                    )
                 pause = RESTART_BACKOFF_S[min(self.restarts[i], len(RESTART_BACKOFF_S) - 1)]
-                self.log(f"gateway worker {i} (pid {proc.pid}) exited with {proc.returncode}; starting it again "
-                         f"in {pause:g} s")  # fmt: skip
+                self.log(
+                    f"gateway worker {i} (pid {proc.pid}) exited with {proc.returncode}; starting it again "
+                    f"in {pause:g} s"
+                )
                 self.restarts[i] += 1
                 time.sleep(pause)
                 if not self._stopping:
@@ -224,8 +243,13 @@ def merge_expositions(texts: Iterable[tuple[int, str]]) -> bytes:
             if merged is None:
                 merged = families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
             for sample in fam.samples:
-                merged.add_sample(sample.name, {**sample.labels, "worker": str(worker)}, sample.value,
-                                  sample.timestamp, sample.exemplar)  # fmt: skip
+                merged.add_sample(
+                    sample.name,
+                    {**sample.labels, "worker": str(worker)},
+                    sample.value,
+                    sample.timestamp,
+                    sample.exemplar,
+                )
 
     class _Merged:
         def collect(self):  # noqa: ANN202

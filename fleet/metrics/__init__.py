@@ -49,7 +49,9 @@ def open_metrics(kind: str | None = None, *, store: ObjectStore | None = None) -
     if kind == "gateway":
         token = os.environ.get("FLEET_ADMIN_TOKEN")
         if not token:
-            raise ConfigError("FLEET_METRICS=gateway needs FLEET_ADMIN_TOKEN (the gateways' admin token); it is not set")
+            raise ConfigError(
+                "FLEET_METRICS=gateway needs FLEET_ADMIN_TOKEN (the gateways' admin token); it is not set"
+            )
         from fleet.metrics.gateway import GatewayMetrics
         from fleet.store import open_store
 

@@ -16,8 +16,16 @@ from fleet.types import (
 )
 
 N_LATENCY = len(LATENCY_BUCKETS_MS) + 1  # the finite buckets and the open one
-__all__ = ["N_LATENCY", "BadMetricsAnswer", "MetricsUnavailable", "empty_window", "latency_bucket", "score_bin",
-           "score_bins", "sum_windows"]  # fmt: skip
+__all__ = [
+    "N_LATENCY",
+    "BadMetricsAnswer",
+    "MetricsUnavailable",
+    "empty_window",
+    "latency_bucket",
+    "score_bin",
+    "score_bins",
+    "sum_windows",
+]
 
 
 class MetricsUnavailable(FleetError):
@@ -38,9 +46,15 @@ class BadMetricsAnswer(MetricsUnavailable):
 
 def empty_window(model: str, version: str, start: float, end: float) -> ArmWindow:
     return ArmWindow(
-        model=model, version=version, start=start, end=end, requests=0,
-        errors=dict.fromkeys(ERROR_CLASSES, 0), latency_ms=(0,) * N_LATENCY, predictions=(0,) * PREDICTION_BINS,
-    )  # fmt: skip
+        model=model,
+        version=version,
+        start=start,
+        end=end,
+        requests=0,
+        errors=dict.fromkeys(ERROR_CLASSES, 0),
+        latency_ms=(0,) * N_LATENCY,
+        predictions=(0,) * PREDICTION_BINS,
+    )
 
 
 def sum_windows(windows: Iterable[ArmWindow], model: str, version: str, start: float, end: float) -> ArmWindow:

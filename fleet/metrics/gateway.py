@@ -52,7 +52,12 @@ class _VersionStats(BaseModel):
 
     @model_validator(mode="after")
     def _whole_histograms(self) -> _VersionStats:
-        if self.tpot_ms and len(self.tpot_ms) != N_LATENCY or self.output_tokens and len(self.output_tokens) != N_OUTPUT_TOKENS:
+        if (
+            self.tpot_ms
+            and len(self.tpot_ms) != N_LATENCY
+            or self.output_tokens
+            and len(self.output_tokens) != N_OUTPUT_TOKENS
+        ):
             raise ValueError(f"tpot_ms and output_tokens have {N_LATENCY} and {N_OUTPUT_TOKENS} buckets, or none")
         if self.matched > self.labelled:
             raise ValueError(f"matched {self.matched} is above labelled {self.labelled}")
@@ -99,8 +104,10 @@ class GatewayMetrics:
         networks = gateways.trusted_networks()
         for g in live:
             if not gateways.trusted(g, networks):
-                raise MetricsUnavailable(f"gateway {g.id} announces {g.url}, which is not on loopback or in "
-                                         "FLEET_GATEWAY_NETWORKS; its stats are not read (nor summed without it)")  # fmt: skip
+                raise MetricsUnavailable(
+                    f"gateway {g.id} announces {g.url}, which is not on loopback or in "
+                    "FLEET_GATEWAY_NETWORKS; its stats are not read (nor summed without it)"
+                )
         with httpx.Client(timeout=self._timeout) as client:
             with ThreadPoolExecutor(max_workers=min(16, len(live))) as pool:
                 answers = list(pool.map(lambda g: self._read(client, g, model, window_s), live))
@@ -110,8 +117,11 @@ class GatewayMetrics:
     def _read(self, client: httpx.Client, record: gateways.GatewayRecord, model: str, window_s: int) -> _Stats:
         url = f"{record.url.rstrip('/')}/admin/stats/{quote(model, safe='')}"
         try:
-            r = client.get(url, params={"window_s": window_s},
-                           headers={"Authorization": gateways.credential(self._token, "stats", record.id)})  # fmt: skip
+            r = client.get(
+                url,
+                params={"window_s": window_s},
+                headers={"Authorization": gateways.credential(self._token, "stats", record.id)},
+            )
         except httpx.HTTPError as exc:
             raise MetricsUnavailable(f"gateway at {url} could not be reached: {exc}") from None
         if r.status_code in (401, 403):
@@ -139,12 +149,16 @@ def _check_layout(stats: _Stats, url: str, model: str) -> None:
             f"gateway at {url} uses latency buckets {stats.latency_buckets_ms}; expected {list(LATENCY_BUCKETS_MS)}"
         )
     if stats.prediction_bins != PREDICTION_BINS:
-        raise BadMetricsAnswer(f"gateway at {url} uses {stats.prediction_bins} prediction bins; expected {PREDICTION_BINS}")
+        raise BadMetricsAnswer(
+            f"gateway at {url} uses {stats.prediction_bins} prediction bins; expected {PREDICTION_BINS}"
+        )
     for version, v in stats.versions.items():
         unknown = set(v.errors) - set(ERROR_CLASSES)
         if unknown:
             expected = ", ".join(ERROR_CLASSES)
-            raise BadMetricsAnswer(f"gateway at {url}: {version} has error classes {sorted(unknown)}; expected {expected}")
+            raise BadMetricsAnswer(
+                f"gateway at {url}: {version} has error classes {sorted(unknown)}; expected {expected}"
+            )
 
 
 def _arm(stats: _Stats, model: str, version: str) -> ArmWindow:
@@ -152,8 +166,18 @@ def _arm(stats: _Stats, model: str, version: str) -> ArmWindow:
     if v is None:  # served nothing in this window on this gateway: zeros over its range
         v = _VersionStats(requests=0, errors={}, latency_ms=[0] * N_LATENCY, predictions=[0] * PREDICTION_BINS)
     return ArmWindow(
-        model=model, version=version, start=stats.start, end=stats.end, requests=v.requests,
-        errors={c: v.errors.get(c, 0) for c in ERROR_CLASSES}, latency_ms=tuple(v.latency_ms),
-        predictions=tuple(v.predictions), shadow_pairs=v.shadow_pairs, shadow_agreed=v.shadow_agreed,
-        tpot_ms=tuple(v.tpot_ms), output_tokens=tuple(v.output_tokens), labelled=v.labelled, matched=v.matched,
-    )  # fmt: skip
+        model=model,
+        version=version,
+        start=stats.start,
+        end=stats.end,
+        requests=v.requests,
+        errors={c: v.errors.get(c, 0) for c in ERROR_CLASSES},
+        latency_ms=tuple(v.latency_ms),
+        predictions=tuple(v.predictions),
+        shadow_pairs=v.shadow_pairs,
+        shadow_agreed=v.shadow_agreed,
+        tpot_ms=tuple(v.tpot_ms),
+        output_tokens=tuple(v.output_tokens),
+        labelled=v.labelled,
+        matched=v.matched,
+    )

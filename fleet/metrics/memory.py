@@ -10,8 +10,8 @@ and when, exactly as the gateway records it; ``window`` sums it like the real so
 from __future__ import annotations
 
 import threading
-from dataclasses import replace as _replace
 from collections.abc import Iterable
+from dataclasses import replace as _replace
 
 from fleet.errors import InvalidInput
 from fleet.metrics._common import N_LATENCY, MetricsUnavailable, empty_window, latency_bucket, score_bins, sum_windows
@@ -36,16 +36,21 @@ class MemoryMetrics:
             predictions[i] += n * count
         self._add(at, _replace(base, requests=count, latency_ms=tuple(latency), predictions=tuple(predictions)))
 
-    def generated(self, model: str, version: str, at: float, ttft_ms: float, tpot_ms: float, tokens: int,
-                  count: int = 1) -> None:  # fmt: skip
+    def generated(
+        self, model: str, version: str, at: float, ttft_ms: float, tpot_ms: float, tokens: int, count: int = 1
+    ) -> None:
         """``count`` finished generations at ``at``, each with these times and ``tokens`` output tokens."""
         base = empty_window(model, version, at, at)
         latency, tpot, lengths = list(base.latency_ms), [0] * N_LATENCY, [0] * N_OUTPUT_TOKENS
         latency[latency_bucket(ttft_ms)] += count
         tpot[latency_bucket(tpot_ms)] += count
         lengths[output_bucket(tokens)] += count
-        self._add(at, _replace(base, requests=count, latency_ms=tuple(latency), tpot_ms=tuple(tpot),
-                               output_tokens=tuple(lengths)))  # fmt: skip
+        self._add(
+            at,
+            _replace(
+                base, requests=count, latency_ms=tuple(latency), tpot_ms=tuple(tpot), output_tokens=tuple(lengths)
+            ),
+        )
 
     def failed(self, model: str, version: str, at: float, error_class: str = "5xx", count: int = 1) -> None:
         if error_class not in ERROR_CLASSES:

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from fleet.errors import ConfigError
-from fleet.metrics._common import N_LATENCY, BadMetricsAnswer, MetricsUnavailable
+from fleet.metrics._common import BadMetricsAnswer, MetricsUnavailable
 from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, OUTPUT_TOKEN_BUCKETS, PREDICTION_BINS, ArmWindow
 
 REQUESTS = "fleet_version_requests_total"
@@ -72,16 +72,21 @@ class PrometheusMetrics:
             labels = ask(f"sum by (outcome) ({inc(LABELS)})", "outcome")
         agreed, disagreed = _count(shadow.get("agree", 0.0)), _count(shadow.get("disagree", 0.0))
         return ArmWindow(
-            model=model, version=version, start=end - range_s, end=end,
+            model=model,
+            version=version,
+            start=end - range_s,
+            end=end,
             requests=_count(requests.get(None, 0.0)),
             errors={c: _count(errors.get(c, 0.0)) for c in ERROR_CLASSES},
-            latency_ms=self._buckets(buckets), predictions=self._bins(predictions),
-            shadow_pairs=agreed + disagreed, shadow_agreed=agreed,
+            latency_ms=self._buckets(buckets),
+            predictions=self._bins(predictions),
+            shadow_pairs=agreed + disagreed,
+            shadow_agreed=agreed,
             tpot_ms=self._buckets(tpot, metric=TPOT) if tpot else (),
             output_tokens=self._buckets(lengths, OUTPUT_TOKEN_BUCKETS, 1.0, OUTPUT_TOKENS) if lengths else (),
             labelled=_count(labels.get("match", 0.0)) + _count(labels.get("mismatch", 0.0)),
             matched=_count(labels.get("match", 0.0)),
-        )  # fmt: skip
+        )
 
     def _query(self, client: httpx.Client, query: str, at: float, label: str | None) -> dict[str | None, float]:
         """label value (None for an unlabelled result) → sample value of an instant vector."""
@@ -104,7 +109,9 @@ class PrometheusMetrics:
             raise kind(f"Prometheus at {url} answered {r.status_code} {what} (query {query})")
         data = body.get("data") or {}
         if data.get("resultType") != "vector":
-            raise BadMetricsAnswer(f"Prometheus at {url}: expected a vector for {query}, got {data.get('resultType')!r}")
+            raise BadMetricsAnswer(
+                f"Prometheus at {url}: expected a vector for {query}, got {data.get('resultType')!r}"
+            )
         out: dict[str | None, float] = {}
         for sample in data.get("result", []):
             try:
@@ -115,8 +122,13 @@ class PrometheusMetrics:
             out[key] = out.get(key, 0.0) + (0.0 if math.isnan(value) else value)
         return out
 
-    def _buckets(self, cumulative: dict[str | None, float], bounds: tuple[float, ...] = LATENCY_BUCKETS_MS,
-                 scale: float = 1000.0, metric: str = LATENCY) -> tuple[int, ...]:  # fmt: skip
+    def _buckets(
+        self,
+        cumulative: dict[str | None, float],
+        bounds: tuple[float, ...] = LATENCY_BUCKETS_MS,
+        scale: float = 1000.0,
+        metric: str = LATENCY,
+    ) -> tuple[int, ...]:
         """{le: cumulative count} → counts per bucket of ``bounds`` (``le`` × ``scale``: seconds
         to the milliseconds analysis reads) and the open one."""
         n = len(bounds) + 1
@@ -128,7 +140,9 @@ class PrometheusMetrics:
             matches = [i for i, b in enumerate(bounds) if math.isclose(b, bound, rel_tol=1e-9)]
             if bound != math.inf and not matches:
                 expected = [b / scale for b in bounds]
-                raise BadMetricsAnswer(f"Prometheus at {self.url}: {metric} has bucket le={le}; expected {expected} and +Inf")
+                raise BadMetricsAnswer(
+                    f"Prometheus at {self.url}: {metric} has bucket le={le}; expected {expected} and +Inf"
+                )
             by_bound[len(bounds) if bound == math.inf else matches[0]] = value
         missing = sorted(set(range(n)) - set(by_bound))
         if missing:
@@ -144,7 +158,9 @@ class PrometheusMetrics:
         for label, value in by_bin.items():
             if label is None or not label.isdigit() or int(label) >= PREDICTION_BINS:
                 expected = f"0..{PREDICTION_BINS - 1}"
-                raise BadMetricsAnswer(f"Prometheus at {self.url}: {PREDICTIONS} has bin={label!r}; expected {expected}")
+                raise BadMetricsAnswer(
+                    f"Prometheus at {self.url}: {PREDICTIONS} has bin={label!r}; expected {expected}"
+                )
             counts[int(label)] = _count(value)
         return tuple(counts)
 

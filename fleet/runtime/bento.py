@@ -114,8 +114,11 @@ def package(
     # runs: a Bento built from another policy or another service is not this one, even from the
     # same artifact (a fleet upgrade's service reaches a version at its next package or deploy)
     family = family_module(spec.family)
-    build_sha = _build_sha(build, [Path(family.__file__).with_name(n) for n in family.BENTO_FILES]
-                           + [Path(integrity.__file__).with_name(n) for n in SHARED_FILES])  # fmt: skip
+    build_sha = _build_sha(
+        build,
+        [Path(family.__file__).with_name(n) for n in family.BENTO_FILES]
+        + [Path(integrity.__file__).with_name(n) for n in SHARED_FILES],
+    )
     tag_version = bento_version(version, quantize) + ("" if batchable else "-nobatch")
     bento_tag = f"{model}:{tag_version}"
     model_tag = f"{model}:{bento_version(version, False)}"
@@ -129,13 +132,17 @@ def package(
             log(f"Bento {bento_tag} already built")
             return Packaged(bento_tag, model_tag, mv.artifact_sha256, built=False)
         if built_from != mv.artifact_sha256:
-            log(f"Bento {bento_tag} was built from artifact {str(built_from)[:12]}, not {mv.artifact_sha256[:12]} "
-                f"(another store using this BentoML home?): rebuilding it from the registry")  # fmt: skip
+            log(
+                f"Bento {bento_tag} was built from artifact {str(built_from)[:12]}, not {mv.artifact_sha256[:12]} "
+                f"(another store using this BentoML home?): rebuilding it from the registry"
+            )
         elif not checks:
             log(f"Bento {bento_tag} predates the check of its model files at load: rebuilding it")
         elif not same_policy:
-            log(f"Bento {bento_tag} was built from another policy or service code (its fleet_build.json or "
-                "service files differ): rebuilding it")  # fmt: skip
+            log(
+                f"Bento {bento_tag} was built from another policy or service code (its fleet_build.json or "
+                "service files differ): rebuilding it"
+            )
         bentoml.bentos.delete(bento_tag)
 
     log(f"verifying and caching the artifact of {mv.ref}")
@@ -158,8 +165,12 @@ def package(
                 family.SERVICE,
                 name=model,
                 version=tag_version,
-                labels={**labels, "quantize": "int8" if quantize else "none", INTEGRITY_LABEL[0]: INTEGRITY_LABEL[1],
-                        BUILD_LABEL: build_sha},
+                labels={
+                    **labels,
+                    "quantize": "int8" if quantize else "none",
+                    INTEGRITY_LABEL[0]: INTEGRITY_LABEL[1],
+                    BUILD_LABEL: build_sha,
+                },
                 include=[*family.BENTO_FILES, *SHARED_FILES, "fleet_build.json"],
                 python={"packages": python_packages(family, spec), "lock_packages": False},
                 build_ctx=ctx,
@@ -206,7 +217,9 @@ def python_packages(family: object, spec: ModelSpec) -> list[str]:
     return packages
 
 
-def _import_model(model_tag: str, mv: ModelVersion, artifact: Path, labels: dict[str, str], log: Callable[[str], None]) -> None:
+def _import_model(
+    model_tag: str, mv: ModelVersion, artifact: Path, labels: dict[str, str], log: Callable[[str], None]
+) -> None:
     """Make BentoML's model ``model_tag`` hold exactly the verified artifact of ``mv``.
 
     BentoML's store is a cache of the registry, which is the truth: an entry holding another
@@ -218,10 +231,14 @@ def _import_model(model_tag: str, mv: ModelVersion, artifact: Path, labels: dict
         stored = bentoml.models.get(model_tag)
         held = stored.info.labels.get("artifact-sha256")
         if held != mv.artifact_sha256:
-            log(f"BentoML model {model_tag} holds artifact {str(held)[:12]}, not {mv.artifact_sha256[:12]} of "
-                f"{mv.ref}: replacing it")  # fmt: skip
+            log(
+                f"BentoML model {model_tag} holds artifact {str(held)[:12]}, not {mv.artifact_sha256[:12]} of "
+                f"{mv.ref}: replacing it"
+            )
         elif problems := integrity.check_folder(stored.path, manifest_listing(mv)):
-            log(f"BentoML model {model_tag} no longer matches the manifest of {mv.ref} ({'; '.join(problems)}): replacing it")
+            log(
+                f"BentoML model {model_tag} no longer matches the manifest of {mv.ref} ({'; '.join(problems)}): replacing it"
+            )
         else:
             return
         bentoml.models.delete(model_tag)

@@ -44,23 +44,27 @@ class ArtifactCache:
         self.max_bytes = max_bytes
 
     @contextmanager
-    def use(self, registry: Registry, model: str, version: str, *,
-            log: Callable[[str], None] = lambda _: None) -> Iterator[Path]:  # fmt: skip
+    def use(
+        self, registry: Registry, model: str, version: str, *, log: Callable[[str], None] = lambda _: None
+    ) -> Iterator[Path]:
         """The verified artifact folder of ``model:version``, kept from eviction while the ``with`` lasts."""
         mv = registry.get(model, version)
         with self._in_use(mv.artifact_sha256):
             yield self._verified(registry, mv, log)
         self.evict()  # an entry over the whole budget goes once nobody uses it
 
-    def path(self, registry: Registry, model: str, version: str, *, log: Callable[[str], None] = lambda _: None) -> Path:
+    def path(
+        self, registry: Registry, model: str, version: str, *, log: Callable[[str], None] = lambda _: None
+    ) -> Path:
         """The verified artifact folder of ``model:version``, downloading it if not cached (or not
         intact). With a budget, prefer ``use``: another process may evict the entry once this returns."""
         mv = registry.get(model, version)
         with self._in_use(mv.artifact_sha256):
             return self._verified(registry, mv, log)
 
-    def prefetch(self, registry: Registry, model: str, version: str, *,
-                 log: Callable[[str], None] = lambda _: None) -> tuple[Path, int, float]:  # fmt: skip
+    def prefetch(
+        self, registry: Registry, model: str, version: str, *, log: Callable[[str], None] = lambda _: None
+    ) -> tuple[Path, int, float]:
         """Cache (and verify) the artifact ahead of its first use: (its folder, bytes, seconds taken)."""
         started = time.monotonic()
         with self.use(registry, model, version, log=log) as folder:
@@ -84,14 +88,18 @@ class ArtifactCache:
             problems = check_folder(target, manifest_listing(mv), exact=True)
             if not problems:
                 return False
-            log(f"cached artifact of {mv.ref} at {target} does not match its manifest ({'; '.join(problems)}): "
-                "removing it and downloading it again")  # fmt: skip
+            log(
+                f"cached artifact of {mv.ref} at {target} does not match its manifest ({'; '.join(problems)}): "
+                "removing it and downloading it again"
+            )
             _discard(target)
         registry.fetch(model, version, target)  # verified, then renamed into place
         if problems := check_folder(target, manifest_listing(mv), exact=True):  # what landed on disk (primes the memo)
             _discard(target)
-            raise IntegrityError(f"artifact of {mv.ref} was verified in the store but differs once written to "
-                                 f"{target}: {'; '.join(problems)}; expected the manifest's bytes (failing disk?)")  # fmt: skip
+            raise IntegrityError(
+                f"artifact of {mv.ref} was verified in the store but differs once written to "
+                f"{target}: {'; '.join(problems)}; expected the manifest's bytes (failing disk?)"
+            )
         return True
 
     def entries(self) -> list[tuple[str, int, float]]:
@@ -124,8 +132,12 @@ class ArtifactCache:
                 _discard(self.root / sha)
             total -= size
             removed.append(sha)
-            log_.info("artifact cache: removed %s (%d bytes, least recently used) to stay within %d bytes", sha[:12],
-                      size, self.max_bytes)  # fmt: skip
+            log_.info(
+                "artifact cache: removed %s (%d bytes, least recently used) to stay within %d bytes",
+                sha[:12],
+                size,
+                self.max_bytes,
+            )
         return removed
 
     @contextmanager

@@ -50,31 +50,47 @@ def key(model: str, version: str) -> str:
 def check_digest(value: str) -> str:
     """The digest, if it is one: ``sha256:`` and 64 lowercase hex digits, nothing else."""
     if not DIGEST.fullmatch(value):
-        raise InvalidInput(f"image digest {value!r} is not valid; expected 'sha256:' followed by 64 lowercase hex digits, "
-                           "as `docker inspect --format '{{index .RepoDigests 0}}' IMAGE` prints after the '@'")  # fmt: skip
+        raise InvalidInput(
+            f"image digest {value!r} is not valid; expected 'sha256:' followed by 64 lowercase hex digits, "
+            "as `docker inspect --format '{{index .RepoDigests 0}}' IMAGE` prints after the '@'"
+        )
     return value
 
 
 def check_repository(value: str) -> str:
     """The repository, if an image reference could name it so (host[:port]/path, no tag, no digest)."""
     if len(value) > 255 or "@" in value or not REPOSITORY.fullmatch(value):
-        raise InvalidInput(f"image repository {value!r} is not valid; expected a repository without tag or digest, "
-                           "e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/tabular-mlp")  # fmt: skip
+        raise InvalidInput(
+            f"image repository {value!r} is not valid; expected a repository without tag or digest, "
+            "e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/tabular-mlp"
+        )
     return value
 
 
-def record(store: ObjectStore, mv: ModelVersion, digest: str, bento: str, *, repository: str | None = None,
-           who: str | None = None) -> tuple[ImageRecord | None, ImageRecord]:  # fmt: skip
+def record(
+    store: ObjectStore,
+    mv: ModelVersion,
+    digest: str,
+    bento: str,
+    *,
+    repository: str | None = None,
+    who: str | None = None,
+) -> tuple[ImageRecord | None, ImageRecord]:
     """Record ``digest`` as the image of ``mv`` (a conditional write); return (before, after).
 
     Recording again replaces the digest (a rebuilt image of the same artifact); the record
     before is returned so the caller can say what it replaced.
     """
     after = ImageRecord(
-        model=mv.model, version=mv.version, digest=check_digest(digest),
-        repository=check_repository(repository) if repository else None, bento=bento,
-        artifact_sha256=mv.artifact_sha256, recorded_at=audit.now(), recorded_by=who or audit.actor(),
-    )  # fmt: skip
+        model=mv.model,
+        version=mv.version,
+        digest=check_digest(digest),
+        repository=check_repository(repository) if repository else None,
+        bento=bento,
+        artifact_sha256=mv.artifact_sha256,
+        recorded_at=audit.now(),
+        recorded_by=who or audit.actor(),
+    )
     return records.update(store, key(mv.model, mv.version), ImageRecord, lambda _: after)
 
 
@@ -92,11 +108,11 @@ def reference(store: ObjectStore, mv: ModelVersion, repository: str) -> str:
             f"it (bentoml containerize {mv.model}:{bento_version(mv.version, False)} -t {repository}:{mv.model}-"
             f"{bento_version(mv.version, False)}, then docker push), then record its digest: fleet package {mv.model} "
             f"{mv.version} --image-digest sha256:<64 hex>"
-        )  # fmt: skip
+        )
     if found.artifact_sha256 != mv.artifact_sha256:
         raise IntegrityError(
             f"the image recorded for {mv.ref} ({found.digest}) was built from artifact {found.artifact_sha256}, but "
             f"the manifest's artifact is {mv.artifact_sha256}; expected an image of the registered files: rebuild "
             f"it and record it again with fleet package {mv.model} {mv.version} --image-digest"
-        )  # fmt: skip
+        )
     return f"{repository}@{found.digest}"

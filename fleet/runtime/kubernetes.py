@@ -58,10 +58,20 @@ LAZY_COOLDOWN_S = 60  # a lazy one's: its activity trigger already waited idle_u
 ACTIVITY_ONLY = "1000000000"  # the activity trigger's target: never reached, so it never adds replicas
 # Kinds this runtime writes, in the order undeploy removes them (the scaler first, so KEDA
 # does not scale a Deployment that is going away).
-KINDS = (("keda.sh/v1alpha1", "ScaledObject"), ("policy/v1", "PodDisruptionBudget"),
-         ("apps/v1", "Deployment"), ("v1", "Service"))  # fmt: skip
-_PLURALS = {"Deployment": "deployments", "Service": "services", "ScaledObject": "scaledobjects",
-            "PodDisruptionBudget": "poddisruptionbudgets", "Pod": "pods", "ConfigMap": "configmaps"}  # fmt: skip
+KINDS = (
+    ("keda.sh/v1alpha1", "ScaledObject"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+)
+_PLURALS = {
+    "Deployment": "deployments",
+    "Service": "services",
+    "ScaledObject": "scaledobjects",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "Pod": "pods",
+    "ConfigMap": "configmaps",
+}
 
 
 class KubeApiError(FleetError):
@@ -87,7 +97,9 @@ class KubeApi(Protocol):
         """JSON merge patch (RFC 7386); None when the object does not exist."""
 
 
-def config_map_data(plan: Plan, images: dict[str, str], prometheus_url: str, timeouts_ms: dict[str, int]) -> dict[str, str]:
+def config_map_data(
+    plan: Plan, images: dict[str, str], prometheus_url: str, timeouts_ms: dict[str, int]
+) -> dict[str, str]:
     """The data of the ``fleet-runtime`` ConfigMap (written by infra/, read by ``deploy``)."""
     return {
         "placement.json": json.dumps(plan.to_dict(), sort_keys=True),
@@ -110,8 +122,13 @@ def object_name(model: str, version: str) -> str:
 
 
 def labels(model: str, version: str) -> dict[str, str]:
-    return {**MANAGED, "app.kubernetes.io/name": model, "app.kubernetes.io/instance": object_name(model, version),
-            "fleet.io/model": model, "fleet.io/version": version.replace("+", "_")}  # fmt: skip
+    return {
+        **MANAGED,
+        "app.kubernetes.io/name": model,
+        "app.kubernetes.io/instance": object_name(model, version),
+        "fleet.io/model": model,
+        "fleet.io/version": version.replace("+", "_"),
+    }
 
 
 def engine_env(placement: ModelPlacement) -> list[dict[str, str]]:
@@ -139,109 +156,201 @@ def engine_env(placement: ModelPlacement) -> list[dict[str, str]]:
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
-def manifests(model: str, version: str, image: str, placement: ModelPlacement, *, floor: int,
-              prometheus_url: str, namespace: str = NAMESPACE, timeout_ms: int = 5000) -> list[dict]:  # fmt: skip
+def manifests(
+    model: str,
+    version: str,
+    image: str,
+    placement: ModelPlacement,
+    *,
+    floor: int,
+    prometheus_url: str,
+    namespace: str = NAMESPACE,
+    timeout_ms: int = 5000,
+) -> list[dict]:
     """Deployment, Service, PodDisruptionBudget and ScaledObject of one version (pure)."""
     name, selector = object_name(model, version), {"app.kubernetes.io/instance": object_name(model, version)}
-    meta = {"name": name, "namespace": namespace, "labels": labels(model, version),
-            "annotations": {VERSION_ANNOTATION: version}}  # fmt: skip
+    meta = {
+        "name": name,
+        "namespace": namespace,
+        "labels": labels(model, version),
+        "annotations": {VERSION_ANNOTATION: version},
+    }
     requests: dict[str, Any] = {"cpu": f"{placement.cpu:g}", "memory": f"{math.ceil(placement.memory_gib * 1024)}Mi"}
     limits: dict[str, Any] = {"memory": requests["memory"]}  # no CPU limit: throttling hurts latency
     if placement.gpus:
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(placement.gpus)  # extended resources: limits == requests
-    probe = {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3}
+    probe = {
+        "httpGet": {"path": "/readyz", "port": "http"},
+        "periodSeconds": 5,
+        "timeoutSeconds": 3,
+        "failureThreshold": 3,
+    }
     container = {
-        "name": "bento", "image": image, "ports": [{"name": "http", "containerPort": BENTO_PORT}],
-        "env": [{"name": "FLEET_MODEL", "value": model}, {"name": "FLEET_VERSION", "value": version},
-                *engine_env(placement)],
+        "name": "bento",
+        "image": image,
+        "ports": [{"name": "http", "containerPort": BENTO_PORT}],
+        "env": [
+            {"name": "FLEET_MODEL", "value": model},
+            {"name": "FLEET_VERSION", "value": version},
+            *engine_env(placement),
+        ],
         "resources": {"requests": requests, "limits": limits},
         # weights load before /readyz answers: allow up to 15 minutes before liveness counts
         "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": 90},
         "readinessProbe": probe,
-        "livenessProbe": {"httpGet": {"path": "/livez", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5,
-                          "failureThreshold": 3},
+        "livenessProbe": {
+            "httpGet": {"path": "/livez", "port": "http"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
         # keep serving while endpoints drop this pod, then let BentoML drain on SIGTERM
         "lifecycle": {"preStop": {"sleep": {"seconds": 5}}},
         # a container that exits (e.g. model files that fail their SHA-256) reports its log's end
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-    }  # fmt: skip
+    }
     pod = {
-        "securityContext": {"runAsNonRoot": True, "runAsUser": BENTO_UID, "runAsGroup": BENTO_GID, "fsGroup": BENTO_GID,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": BENTO_UID,
+            "runAsGroup": BENTO_GID,
+            "fsGroup": BENTO_GID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [container],
         "nodeSelector": placement.node_selector,
         "tolerations": placement.tolerations,
         "terminationGracePeriodSeconds": math.ceil(timeout_ms / 1000) + 15,  # the longest request, then some
-        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
-                                       "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": selector}}],
-    }  # fmt: skip
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": selector},
+            }
+        ],
+    }
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
-        "spec": {"selector": {"matchLabels": selector}, "revisionHistoryLimit": 2,
-                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-                 "template": {"metadata": {"labels": labels(model, version)}, "spec": pod}},
-    }  # fmt: skip
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "selector": {"matchLabels": selector},
+            "revisionHistoryLimit": 2,
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {"metadata": {"labels": labels(model, version)}, "spec": pod},
+        },
+    }
     service = {
-        "apiVersion": "v1", "kind": "Service", "metadata": meta,
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
         "spec": {"selector": selector, "ports": [{"name": "http", "port": BENTO_PORT, "targetPort": "http"}]},
-    }  # fmt: skip
-    budget = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
-              "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}}}  # fmt: skip
+    }
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": meta,
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+    }
     # the admission policy lets the gateway wake only a lazy model's scaler: it reads this label
     scaler_meta = {**meta, "labels": {**meta["labels"], LOADING_LABEL: placement.loading}}
     scaler = {
-        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": scaler_meta,
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": scaler_meta,
         "spec": {
-            "scaleTargetRef": {"name": name}, "minReplicaCount": floor, "maxReplicaCount": placement.max_replicas,
+            "scaleTargetRef": {"name": name},
+            "minReplicaCount": floor,
+            "maxReplicaCount": placement.max_replicas,
             # lazy: once the floor is 0 (fleet.loading), KEDA takes the last replica away a
             # cooldown after its triggers went quiet (the activity trigger: idle_unload_s)
-            "pollingInterval": 15, "cooldownPeriod": LAZY_COOLDOWN_S if placement.loading == "lazy" else COOLDOWN_S,
-            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}}}},
+            "pollingInterval": 15,
+            "cooldownPeriod": LAZY_COOLDOWN_S if placement.loading == "lazy" else COOLDOWN_S,
+            "advanced": {
+                "horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}}}
+            },
             "triggers": scaling_triggers(model, version, placement, prometheus_url, namespace),
         },
-    }  # fmt: skip
+    }
     return [deployment, service, budget, scaler]
 
 
-def scaling_triggers(model: str, version: str, placement: ModelPlacement, prometheus_url: str,
-                     namespace: str = NAMESPACE) -> list[dict]:  # fmt: skip
+def scaling_triggers(
+    model: str, version: str, placement: ModelPlacement, prometheus_url: str, namespace: str = NAMESPACE
+) -> list[dict]:
     """KEDA's Prometheus triggers for the placement's ``triggers``. What divides over replicas
     (requests per second, requests in flight or waiting) is an AverageValue; what does not
     (latency, GPU utilisation averaged over the version's pods) is a Value."""
     match = f'model="{model}",version="{version}"'
-    pods = f'namespace="{namespace}",pod=~"{object_name(model, version)}-.+"'  # DCGM labels a GPU's metrics with its pod
+    pods = (
+        f'namespace="{namespace}",pod=~"{object_name(model, version)}-.+"'  # DCGM labels a GPU's metrics with its pod
+    )
     queries = {
         "qps": ("AverageValue", f"sum(rate(fleet_version_requests_total{{{match}}}[1m]))"),
-        "p99_ms": ("Value", f"1000 * histogram_quantile(0.99, sum(rate(fleet_upstream_duration_seconds_bucket{{{match}}}[2m]))"
-                            " by (le))"),
+        "p99_ms": (
+            "Value",
+            f"1000 * histogram_quantile(0.99, sum(rate(fleet_upstream_duration_seconds_bucket{{{match}}}[2m]))"
+            " by (le))",
+        ),
         # in flight and waiting at every gateway, per replica (like Knative's concurrency)
         "queue_depth": ("AverageValue", f"sum(fleet_version_in_flight{{{match}}}) + sum(fleet_queue_depth{{{match}}})"),
         "gpu_utilization": ("Value", f"avg(DCGM_FI_DEV_GPU_UTIL{{{pods}}})"),
-    }  # fmt: skip
+    }
     triggers = []
     for name in placement.triggers:
         metric_type, query = queries[name]
-        triggers.append({"type": "prometheus", "name": name.replace("_", "-"), "metricType": metric_type, "metadata": {
-            "serverAddress": prometheus_url, "query": query, "threshold": f"{placement.target(name):g}"}})  # fmt: skip
+        triggers.append(
+            {
+                "type": "prometheus",
+                "name": name.replace("_", "-"),
+                "metricType": metric_type,
+                "metadata": {
+                    "serverAddress": prometheus_url,
+                    "query": query,
+                    "threshold": f"{placement.target(name):g}",
+                },
+            }
+        )
     if placement.loading == "lazy":
         # active while any gateway holds a request for the version or sent it one within
         # idle_unload_s: KEDA then keeps its last replica (and never takes one the gateway is
         # waking away). Its target is out of reach on purpose: it only says active or not, and
         # the policy's own triggers alone decide how many replicas run.
         window = f"{math.ceil(placement.idle_unload_s or COOLDOWN_S)}s"
-        activity = (f"sum(increase(fleet_version_requests_total{{{match}}}[{window}])) or vector(0)) + "
-                    f"(sum(fleet_requests_held{{{match}}}) or vector(0)")  # fmt: skip
-        triggers.append({"type": "prometheus", "name": "activity", "metricType": "AverageValue", "metadata": {
-            "serverAddress": prometheus_url, "query": f"({activity})", "threshold": ACTIVITY_ONLY,
-            "activationThreshold": "0"}})  # fmt: skip
+        activity = (
+            f"sum(increase(fleet_version_requests_total{{{match}}}[{window}])) or vector(0)) + "
+            f"(sum(fleet_requests_held{{{match}}}) or vector(0)"
+        )
+        triggers.append(
+            {
+                "type": "prometheus",
+                "name": "activity",
+                "metricType": "AverageValue",
+                "metadata": {
+                    "serverAddress": prometheus_url,
+                    "query": f"({activity})",
+                    "threshold": ACTIVITY_ONLY,
+                    "activationThreshold": "0",
+                },
+            }
+        )
     return triggers
 
 
 class KubernetesRuntime:
-    def __init__(self, api: KubeApi, store: ObjectStore, *, namespace: str = NAMESPACE,
-                 ready_timeout_s: float = READY_TIMEOUT_S, poll_s: float = 2.0,
-                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        api: KubeApi,
+        store: ObjectStore,
+        *,
+        namespace: str = NAMESPACE,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+        poll_s: float = 2.0,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """``store`` is the fleet's store: manifests and the image digests recorded for them."""
         self.api, self.store, self.namespace = api, store, namespace
         self.ready_timeout_s, self.poll_s, self.sleep, self.clock = ready_timeout_s, poll_s, sleep, clock
@@ -250,21 +359,32 @@ class KubernetesRuntime:
     def from_environment(cls) -> KubernetesRuntime:
         from fleet.store import open_store
 
-        return cls(HttpKubeApi.from_environment(), open_store(), namespace=os.environ.get("FLEET_KUBE_NAMESPACE", NAMESPACE))
+        return cls(
+            HttpKubeApi.from_environment(), open_store(), namespace=os.environ.get("FLEET_KUBE_NAMESPACE", NAMESPACE)
+        )
 
     def _settings(self) -> tuple[dict[str, ModelPlacement], dict[str, str], str, dict[str, int]]:
         """(placements, family → image repository, Prometheus URL, model → timeout) from infra's ConfigMap."""
         cm = self.api.get("v1", "ConfigMap", self.namespace, CONFIG_MAP)
         if cm is None:
-            raise ConfigError(f"ConfigMap {self.namespace}/{CONFIG_MAP} not found; it is created by `pulumi up` (infra/)")
+            raise ConfigError(
+                f"ConfigMap {self.namespace}/{CONFIG_MAP} not found; it is created by `pulumi up` (infra/)"
+            )
         data = cm.get("data") or {}
         try:
             placement = json.loads(data["placement.json"])
             placements = {m["model"]: placement_from_dict(m) for m in placement["models"]}
-            return placements, json.loads(data["images.json"]), data["prometheus_url"], json.loads(data["timeouts.json"])
+            return (
+                placements,
+                json.loads(data["images.json"]),
+                data["prometheus_url"],
+                json.loads(data["timeouts.json"]),
+            )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"ConfigMap {self.namespace}/{CONFIG_MAP} is malformed ({type(exc).__name__}: {exc}); "
-                              "expected the keys of fleet.runtime.kubernetes.config_map_data, as infra/ writes them") from None  # fmt: skip
+            raise ConfigError(
+                f"ConfigMap {self.namespace}/{CONFIG_MAP} is malformed ({type(exc).__name__}: {exc}); "
+                "expected the keys of fleet.runtime.kubernetes.config_map_data, as infra/ writes them"
+            ) from None
 
     def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment:
         check_name("model", model)
@@ -272,17 +392,31 @@ class KubernetesRuntime:
         placements, repositories, prometheus, timeouts = self._settings()
         placement = placements.get(model)
         if placement is None:
-            raise NotFound(f"model {model!r} is not in this cluster's placement plan ({', '.join(sorted(placements)) or 'empty'}); "
-                           "add it to the stack's models and run pulumi up")  # fmt: skip
+            raise NotFound(
+                f"model {model!r} is not in this cluster's placement plan ({', '.join(sorted(placements)) or 'empty'}); "
+                "add it to the stack's models and run pulumi up"
+            )
         if not 1 <= replicas <= placement.max_replicas:
-            raise InvalidInput(f"replicas must be 1..{placement.max_replicas} (max_replicas of {model}), got {replicas}")
+            raise InvalidInput(
+                f"replicas must be 1..{placement.max_replicas} (max_replicas of {model}), got {replicas}"
+            )
         repository = repositories.get(placement.family)
         if repository is None:
-            raise ConfigError(f"no image repository for family {placement.family!r} of {model} in {CONFIG_MAP}/images.json")
+            raise ConfigError(
+                f"no image repository for family {placement.family!r} of {model} in {CONFIG_MAP}/images.json"
+            )
         floor = max(replicas, placement.min_replicas)
         image = images.reference(self.store, Registry(self.store).get(model, version), repository)
-        for obj in manifests(model, version, image, placement, floor=floor, prometheus_url=prometheus,
-                             namespace=self.namespace, timeout_ms=timeouts.get(model, 5000)):  # fmt: skip
+        for obj in manifests(
+            model,
+            version,
+            image,
+            placement,
+            floor=floor,
+            prometheus_url=prometheus,
+            namespace=self.namespace,
+            timeout_ms=timeouts.get(model, 5000),
+        ):
             self.api.apply(obj)
         return Deployment(model, version, self._wait_ready(model, version, floor))
 
@@ -293,9 +427,11 @@ class KubernetesRuntime:
             if len(ready) >= want:
                 return ready
             if self.clock() >= deadline:
-                raise DeployFailed(f"{model}:{version} has {len(ready)} of {want} replicas ready after "
-                                   f"{self.ready_timeout_s:.0f} s{self._why_pending(model, version)}",
-                                   summary=f"its replicas were not ready within {self.ready_timeout_s:.0f} s")  # fmt: skip
+                raise DeployFailed(
+                    f"{model}:{version} has {len(ready)} of {want} replicas ready after "
+                    f"{self.ready_timeout_s:.0f} s{self._why_pending(model, version)}",
+                    summary=f"its replicas were not ready within {self.ready_timeout_s:.0f} s",
+                )
             self.sleep(self.poll_s)
 
     def _why_pending(self, model: str, version: str) -> str:
@@ -316,16 +452,20 @@ class KubernetesRuntime:
                 ended = (container.get("lastState") or {}).get("terminated") or {}
                 if waiting.get("reason") or ended:
                     said = (ended.get("message") or "").strip().splitlines()
-                    reasons.append(f"{name}: {waiting.get('reason') or 'restarted'}"
-                                   + (f": {waiting['message']}" if waiting.get("message") else "")
-                                   + (f"; exited {ended.get('exitCode')}: {said[-1]}" if said else ""))  # fmt: skip
+                    reasons.append(
+                        f"{name}: {waiting.get('reason') or 'restarted'}"
+                        + (f": {waiting['message']}" if waiting.get("message") else "")
+                        + (f"; exited {ended.get('exitCode')}: {said[-1]}" if said else "")
+                    )
         return "; " + "; ".join(sorted(set(reasons))[:5]) if reasons else ""
 
     def _pods(self, model: str, version: str) -> list[dict]:
         selector = {"app.kubernetes.io/instance": object_name(model, version)}
         return self.api.list("v1", "Pod", self.namespace, selector)
 
-    def activate(self, model: str, version: str, before_start: Callable[[], None] | None = None) -> tuple[Deployment, bool]:
+    def activate(
+        self, model: str, version: str, before_start: Callable[[], None] | None = None
+    ) -> tuple[Deployment, bool]:
         """A lazy version's ready pods, scaling it from zero first (``fleet.gateway.activate``),
         and whether this call scaled it.
 
@@ -342,10 +482,15 @@ class KubernetesRuntime:
         if ready:
             return Deployment(model, version, ready), False
         name = object_name(model, version)
-        if self.api.patch("keda.sh/v1alpha1", "ScaledObject", self.namespace, name, {"spec": {"minReplicaCount": 1}}) is None:
-            raise DeployFailed(f"{model}:{version} is not deployed in namespace {self.namespace} (no ScaledObject {name}); "
-                               f"expected `fleet deploy {model} {version}` once: a lazy version then scales to zero when idle",
-                               summary="it is not deployed in the cluster")  # fmt: skip
+        if (
+            self.api.patch("keda.sh/v1alpha1", "ScaledObject", self.namespace, name, {"spec": {"minReplicaCount": 1}})
+            is None
+        ):
+            raise DeployFailed(
+                f"{model}:{version} is not deployed in namespace {self.namespace} (no ScaledObject {name}); "
+                f"expected `fleet deploy {model} {version}` once: a lazy version then scales to zero when idle",
+                summary="it is not deployed in the cluster",
+            )
         return Deployment(model, version, self._wait_ready(model, version, 1)), True
 
     def unload(self, versions: list[tuple[str, str]], on_drain: Callable[[], object] = lambda: None) -> None:
@@ -353,8 +498,13 @@ class KubernetesRuntime:
         pod once no trigger has been active for its cooldown. The objects stay, so ``activate``
         brings a version back with one patch."""
         for model, version in versions:
-            self.api.patch("keda.sh/v1alpha1", "ScaledObject", self.namespace, object_name(model, version),
-                           {"spec": {"minReplicaCount": 0}})  # fmt: skip
+            self.api.patch(
+                "keda.sh/v1alpha1",
+                "ScaledObject",
+                self.namespace,
+                object_name(model, version),
+                {"spec": {"minReplicaCount": 0}},
+            )
         on_drain()
 
     def undeploy(self, model: str, version: str) -> None:
@@ -365,7 +515,9 @@ class KubernetesRuntime:
         # two calls however many versions run: the gateway asks often
         by_instance: dict[str, list[dict]] = {}
         for pod in self.api.list("v1", "Pod", self.namespace, MANAGED):
-            by_instance.setdefault(pod["metadata"].get("labels", {}).get("app.kubernetes.io/instance", ""), []).append(pod)
+            by_instance.setdefault(pod["metadata"].get("labels", {}).get("app.kubernetes.io/instance", ""), []).append(
+                pod
+            )
         found = []
         for d in self.api.list("apps/v1", "Deployment", self.namespace, MANAGED):
             meta = d["metadata"]
@@ -391,14 +543,19 @@ class KubernetesRuntime:
             instance = pod["metadata"].get("labels", {}).get("app.kubernetes.io/instance", "")
             if at:
                 with contextlib.suppress(ValueError):
-                    started[instance] = max(started.get(instance, 0.0), datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp())
+                    started[instance] = max(
+                        started.get(instance, 0.0), datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
+                    )
         out = []
         for d in self.list():
             scaler = self.api.get("keda.sh/v1alpha1", "ScaledObject", self.namespace, object_name(d.model, d.version))
             if scaler is not None and (scaler.get("spec") or {}).get("minReplicaCount") == 0:
                 continue  # already unloaded: KEDA removes its pods once its triggers are quiet
-            out.append(Loaded(d.model, d.version, len(d.endpoints), 0.0,
-                              started.get(object_name(d.model, d.version), time.time())))  # fmt: skip
+            out.append(
+                Loaded(
+                    d.model, d.version, len(d.endpoints), 0.0, started.get(object_name(d.model, d.version), time.time())
+                )
+            )
         return out
 
 
@@ -434,10 +591,18 @@ class HttpKubeApi:
     TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
     CA = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
 
-    def __init__(self, base_url: str, *, token: Callable[[], str | None] = lambda: None, verify: Any = True,
-                 transport: httpx.BaseTransport | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: Callable[[], str | None] = lambda: None,
+        verify: Any = True,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.token = token
-        self.client = httpx.Client(base_url=base_url, verify=verify, timeout=httpx.Timeout(10.0, connect=5.0), transport=transport)
+        self.client = httpx.Client(
+            base_url=base_url, verify=verify, timeout=httpx.Timeout(10.0, connect=5.0), transport=transport
+        )
 
     @classmethod
     def from_environment(cls) -> HttpKubeApi:
@@ -445,8 +610,10 @@ class HttpKubeApi:
             return cls(url, token=lambda: os.environ.get("FLEET_KUBE_TOKEN"))
         host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         if not host:
-            raise ConfigError("FLEET_RUNTIME=kubernetes needs to run in a pod, or FLEET_KUBE_API set to the API "
-                              "server's URL (for example `kubectl proxy` at http://127.0.0.1:8001)")  # fmt: skip
+            raise ConfigError(
+                "FLEET_RUNTIME=kubernetes needs to run in a pod, or FLEET_KUBE_API set to the API "
+                "server's URL (for example `kubectl proxy` at http://127.0.0.1:8001)"
+            )
         # projected tokens rotate: read the file for every request
         return cls(f"https://{host}:{port}", token=lambda: cls.TOKEN.read_text().strip(), verify=str(cls.CA))
 
@@ -465,14 +632,21 @@ class HttpKubeApi:
                 message = response.json().get("message") or response.text
             except ValueError:
                 message = response.text
-            raise KubeApiError(f"Kubernetes API {method} {path}: {response.status_code} {response.reason_phrase}: {message}")
+            raise KubeApiError(
+                f"Kubernetes API {method} {path}: {response.status_code} {response.reason_phrase}: {message}"
+            )
         return response
 
     def apply(self, obj: dict) -> dict:
         meta = obj["metadata"]
         path = _path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        response = self._send("PATCH", path, params={"fieldManager": FIELD_MANAGER, "force": "true"},
-                              content=json.dumps(obj), headers={"Content-Type": "application/apply-patch+yaml"})  # fmt: skip
+        response = self._send(
+            "PATCH",
+            path,
+            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            content=json.dumps(obj),
+            headers={"Content-Type": "application/apply-patch+yaml"},
+        )
         if response is None:  # 404 on apply: the kind itself is missing (KEDA not installed?)
             raise KubeApiError(f"Kubernetes API has no {obj['kind']} ({obj['apiVersion']}) in {meta['namespace']}")
         return response.json()
@@ -490,6 +664,10 @@ class HttpKubeApi:
         self._send("DELETE", _path(api_version, kind, namespace, quote(name)), json={"propagationPolicy": "Background"})
 
     def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: dict) -> dict | None:
-        response = self._send("PATCH", _path(api_version, kind, namespace, quote(name)), content=json.dumps(patch),
-                              headers={"Content-Type": "application/merge-patch+json"})  # fmt: skip
+        response = self._send(
+            "PATCH",
+            _path(api_version, kind, namespace, quote(name)),
+            content=json.dumps(patch),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
         return None if response is None else response.json()

@@ -182,7 +182,7 @@ class LocalRuntime:
                 slots = [i for i in range(replicas * 2) if i not in used][: replicas - len(running)]
                 started = [self._start(model, version, bento, slot) for slot in slots]
                 try:
-                    for path, replica in started:
+                    for _path, replica in started:
                         self._wait_ready(model, version, replica)
                 except BaseException:
                     for path, replica in started:
@@ -203,9 +203,13 @@ class LocalRuntime:
         env = {**os.environ, "BENTOML_DO_NOT_TRACK": "true", **self.env}
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,  # its own group: stop reaches the workers too
-            )  # fmt: skip
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # its own group: stop reaches the workers too
+            )
         replica = _Replica(pid=proc.pid, port=port, url=f"http://127.0.0.1:{port}", log=str(log), bento=bento)
         path = folder / f"starting-{slot}.json"
         path.write_text(json.dumps(replica.__dict__))
@@ -218,7 +222,8 @@ class LocalRuntime:
                 if not alive(replica.pid, b"bentoml"):
                     raise DeployFailed(
                         f"{model}:{version} exited while starting; last log lines of {replica.log}:\n"
-                        + tail(replica.log, LOG_TAIL_LINES), summary="its replica exited while starting",
+                        + tail(replica.log, LOG_TAIL_LINES),
+                        summary="its replica exited while starting",
                     )
                 try:
                     if client.get(f"{replica.url}/readyz").status_code == 200:
@@ -251,8 +256,12 @@ class LocalRuntime:
                 replica.stop()
                 path.unlink(missing_ok=True)
 
-    def unload(self, versions: list[tuple[str, str]], on_drain: Callable[[], object] = lambda: None,
-               drain_s: float | None = None) -> None:  # fmt: skip
+    def unload(
+        self,
+        versions: list[tuple[str, str]],
+        on_drain: Callable[[], object] = lambda: None,
+        drain_s: float | None = None,
+    ) -> None:
         """Lazy versions' idle stop (``fleet.loading``), drained: each version's replicas leave
         the list (``draining-*``, under its lock, briefly), ``on_drain`` tells the gateways, and
         after ``drain_s`` (``DRAIN_S``) every one of them stops — one wait for all of them."""
@@ -280,7 +289,9 @@ class LocalRuntime:
 
         return f"{model}:{bento_version(version, False)}"
 
-    def activate(self, model: str, version: str, before_start: Callable[[], None] | None = None) -> tuple[Deployment, bool]:
+    def activate(
+        self, model: str, version: str, before_start: Callable[[], None] | None = None
+    ) -> tuple[Deployment, bool]:
         """One ready replica of a version that runs none (the running ones if it does), and
         whether this call started it.
 
@@ -317,9 +328,11 @@ class LocalRuntime:
         home = Path(self.env.get("BENTOML_HOME") or os.environ.get("BENTOML_HOME") or ".fleet/bentoml")
         name, _, tag_version = tag.partition(":")
         if not (home / "bentos" / name / tag_version / "bento.yaml").is_file():
-            raise DeployFailed(f"Bento {tag} is not built; expected `fleet package {model} {version}` "
-                               "before its first request (a cold start serves a built Bento, it never builds one)",
-                               summary="its Bento is not built")  # fmt: skip
+            raise DeployFailed(
+                f"Bento {tag} is not built; expected `fleet package {model} {version}` "
+                "before its first request (a cold start serves a built Bento, it never builds one)",
+                summary="its Bento is not built",
+            )
 
     def footprint_mib(self, model: str, version: str) -> float | None:
         """The memory the version's replica held when it last started here, if it ever did."""

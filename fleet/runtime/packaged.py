@@ -20,8 +20,9 @@ def artifact_cache(max_mib: float | None = None) -> Any:  # noqa: ANN401 - a fle
     """The artifact cache at ``FLEET_CACHE_DIR``, within ``max_mib`` (the policies' ``runtime.artifact_cache_mib``)."""
     from fleet.runtime.cache import ArtifactCache
 
-    return ArtifactCache(os.environ.get("FLEET_CACHE_DIR", ".fleet/cache"),
-                         None if max_mib is None else int(max_mib * 1024 * 1024))  # fmt: skip
+    return ArtifactCache(
+        os.environ.get("FLEET_CACHE_DIR", ".fleet/cache"), None if max_mib is None else int(max_mib * 1024 * 1024)
+    )
 
 
 def policies_path(path: str | Path | None = None) -> Path:
@@ -44,7 +45,9 @@ def package_version(
 
     loaded = load_policies(policies_path(policies))
     cache = artifact_cache(loaded.runtime.artifact_cache_mib)
-    return package(Registry(open_store()), model, version, loaded.model(model), cache, quantize=quantize, force=force, log=log)
+    return package(
+        Registry(open_store()), model, version, loaded.model(model), cache, quantize=quantize, force=force, log=log
+    )
 
 
 def record_image(model: str, version: str, digest: str, *, bento: str, repository: str | None = None) -> Any:  # noqa: ANN401
@@ -62,4 +65,6 @@ def packaged_runtime(policies: str | Path | None = None, log: Callable[[str], No
     from fleet.runtime.bento import bentoml_home
 
     bentoml_home()  # the served Bentos live in the same BentoML home as the built ones
-    return open_runtime(bento_for=lambda model, version: package_version(model, version, policies=policies, log=log).bento)
+    return open_runtime(
+        bento_for=lambda model, version: package_version(model, version, policies=policies, log=log).bento
+    )

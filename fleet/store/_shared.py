@@ -42,9 +42,7 @@ def content_etag(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def check_preconditions(
-    key: str, current: bytes | None, if_match: str | None, if_none_match: bool
-) -> None:
+def check_preconditions(key: str, current: bytes | None, if_match: str | None, if_none_match: bool) -> None:
     """The conditional-write rules of the content-hash backends (memory, file)."""
     if if_none_match and current is not None:
         raise PreconditionFailed(f"{key!r} already exists; expected it not to")

@@ -45,9 +45,7 @@ class FileStore:
             raise NotFound(f"no object at {key!r} in {self.url}") from None
         return StoredObject(key, data, content_etag(data))
 
-    def put(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
-    ) -> str:
+    def put(self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False) -> str:
         path = self._path(key)
         try:
             with self._locked(key):
@@ -56,8 +54,9 @@ class FileStore:
                 self._make_room(key, path)
                 self._write(path, data)
         except OSError as exc:  # name the key, never a lock or temporary file of the store's own
-            raise StoreUnavailable(f"cannot write {key!r} in {self.url}: {exc.strerror or exc}; "
-                                   "nothing was changed") from None  # fmt: skip
+            raise StoreUnavailable(
+                f"cannot write {key!r} in {self.url}: {exc.strerror or exc}; nothing was changed"
+            ) from None
         return content_etag(bytes(data))
 
     def _write(self, path: Path, data: bytes) -> None:

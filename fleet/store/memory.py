@@ -24,9 +24,7 @@ class MemoryStore:
             data = self._objects[key]
         return StoredObject(key, data, content_etag(data))
 
-    def put(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
-    ) -> str:
+    def put(self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False) -> str:
         check_key(key)
         data = bytes(data)
         with self._lock:
@@ -45,4 +43,3 @@ class MemoryStore:
         check_key(key)
         with self._lock:
             self._objects.pop(key, None)
-

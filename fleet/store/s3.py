@@ -59,18 +59,14 @@ class S3Store:
             data = resp["Body"].read()
         return StoredObject(key, data, resp["ETag"])
 
-    def put(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
-    ) -> str:
+    def put(self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False) -> str:
         kwargs: dict[str, Any] = {}
         if if_match is not None:
             kwargs["IfMatch"] = if_match
         if if_none_match:
             kwargs["IfNoneMatch"] = "*"
         with self._errors(key, conditional=bool(kwargs)):
-            resp = self._s3.put_object(
-                Bucket=self.bucket, Key=self._full(key), Body=bytes(data), **kwargs
-            )
+            resp = self._s3.put_object(Bucket=self.bucket, Key=self._full(key), Body=bytes(data), **kwargs)
         return resp["ETag"]
 
     def list(self, prefix: str = "") -> Iterator[str]:
@@ -78,9 +74,7 @@ class S3Store:
         full = f"{self.prefix}/{prefix}" if self.prefix else prefix
         strip = len(self.prefix) + 1 if self.prefix else 0
         with self._errors(prefix):
-            pages = self._s3.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=full
-            )
+            pages = self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full)
             keys = [obj["Key"][strip:] for page in pages for obj in page.get("Contents", [])]
         yield from keys
 

@@ -4,8 +4,7 @@ Only here is ``PolicyPack`` constructed: its constructor starts the analyzer's g
 and blocks, so the policies themselves live in ``fleet_guardrails`` where tests import them.
 """
 
-from pulumi_policy import EnforcementLevel, PolicyPack
-
 from fleet_guardrails import PACK_NAME, POLICIES
+from pulumi_policy import EnforcementLevel, PolicyPack
 
 PolicyPack(name=PACK_NAME, enforcement_level=EnforcementLevel.MANDATORY, policies=POLICIES)

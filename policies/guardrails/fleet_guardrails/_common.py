@@ -10,21 +10,42 @@ from pulumi_policy import PolicyResource
 
 GPU_RESOURCE = "nvidia.com/gpu"  # the device plugin's resource name, and the taint's key
 GPU_TAINT_VALUE = "present"
-NVIDIA_AMIS = {"AL2_x86_64_GPU", "AL2023_x86_64_NVIDIA", "AL2023_ARM_64_NVIDIA",
-               "BOTTLEROCKET_x86_64_NVIDIA", "BOTTLEROCKET_ARM_64_NVIDIA"}  # fmt: skip
+NVIDIA_AMIS = {
+    "AL2_x86_64_GPU",
+    "AL2023_x86_64_NVIDIA",
+    "AL2023_ARM_64_NVIDIA",
+    "BOTTLEROCKET_x86_64_NVIDIA",
+    "BOTTLEROCKET_ARM_64_NVIDIA",
+}
 # NVIDIA GPUs per EC2 instance type (AWS's published specifications). A type of a GPU family
 # missing here is refused by the ceiling rather than counted as zero.
 GPUS_PER_INSTANCE = {
-    **{f"g4dn.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")}, "g4dn.12xlarge": 4, "g4dn.metal": 8,
-    **{f"g5.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")}, "g5.12xlarge": 4, "g5.24xlarge": 4,
+    **{f"g4dn.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")},
+    "g4dn.12xlarge": 4,
+    "g4dn.metal": 8,
+    **{f"g5.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")},
+    "g5.12xlarge": 4,
+    "g5.24xlarge": 4,
     "g5.48xlarge": 8,
-    **{f"g6.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")}, "g6.12xlarge": 4, "g6.24xlarge": 4,
+    **{f"g6.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")},
+    "g6.12xlarge": 4,
+    "g6.24xlarge": 4,
     "g6.48xlarge": 8,
-    **{f"g6e.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")}, "g6e.12xlarge": 4,
-    "g6e.24xlarge": 4, "g6e.48xlarge": 8,
-    "p3.2xlarge": 1, "p3.8xlarge": 4, "p3.16xlarge": 8, "p3dn.24xlarge": 8, "p4d.24xlarge": 8, "p4de.24xlarge": 8,
-    "p5.4xlarge": 1, "p5.48xlarge": 8, "p5e.48xlarge": 8, "p5en.48xlarge": 8,
-}  # fmt: skip
+    **{f"g6e.{s}": 1 for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")},
+    "g6e.12xlarge": 4,
+    "g6e.24xlarge": 4,
+    "g6e.48xlarge": 8,
+    "p3.2xlarge": 1,
+    "p3.8xlarge": 4,
+    "p3.16xlarge": 8,
+    "p3dn.24xlarge": 8,
+    "p4d.24xlarge": 8,
+    "p4de.24xlarge": 8,
+    "p5.4xlarge": 1,
+    "p5.48xlarge": 8,
+    "p5e.48xlarge": 8,
+    "p5en.48xlarge": 8,
+}
 _GPU_FAMILY = re.compile(r"(g|p)\d+[a-z]*\.")  # g4dn., g5., g6e., p4d., p5en. ...
 
 

@@ -23,18 +23,26 @@ def _encrypted(args: ResourceValidationArgs, report: ReportViolation) -> None:
     props = args.props
     if args.resource_type == REPLICATION_GROUP:
         if props.get("atRestEncryptionEnabled") is not True:
-            report(f"ElastiCache replication group {args.name}: at_rest_encryption_enabled is "
-                   f"{props.get('atRestEncryptionEnabled')!r}; expected true (it cannot be turned on later)")  # fmt: skip
+            report(
+                f"ElastiCache replication group {args.name}: at_rest_encryption_enabled is "
+                f"{props.get('atRestEncryptionEnabled')!r}; expected true (it cannot be turned on later)"
+            )
         if props.get("transitEncryptionEnabled") is not True:
-            report(f"ElastiCache replication group {args.name}: transit_encryption_enabled is "
-                   f"{props.get('transitEncryptionEnabled')!r}; expected true (TLS, and AUTH needs it)")  # fmt: skip
+            report(
+                f"ElastiCache replication group {args.name}: transit_encryption_enabled is "
+                f"{props.get('transitEncryptionEnabled')!r}; expected true (TLS, and AUTH needs it)"
+            )
         elif props.get("transitEncryptionMode") == "preferred":
-            report(f"ElastiCache replication group {args.name}: transit_encryption_mode is 'preferred', which still "
-                   "accepts plain-text clients; expected 'required'")  # fmt: skip
+            report(
+                f"ElastiCache replication group {args.name}: transit_encryption_mode is 'preferred', which still "
+                "accepts plain-text clients; expected 'required'"
+            )
     elif args.resource_type == CLUSTER and not props.get("replicationGroupId"):
         if str(props.get("engine") or "").lower() in REDIS_ENGINES:
-            report(f"ElastiCache cluster {args.name}: a standalone {props.get('engine')} cluster cannot encrypt at rest; "
-                   "expected a ReplicationGroup with at_rest_encryption_enabled and transit_encryption_enabled true")  # fmt: skip
+            report(
+                f"ElastiCache cluster {args.name}: a standalone {props.get('engine')} cluster cannot encrypt at rest; "
+                "expected a ReplicationGroup with at_rest_encryption_enabled and transit_encryption_enabled true"
+            )
 
 
 cache_encrypted = ResourceValidationPolicy(

@@ -38,8 +38,10 @@ def _node_group_tainted(args: ResourceValidationArgs, report: ReportViolation) -
     taints = as_list(args.props.get("taints"))
     if not any(t.get("key") == GPU_RESOURCE and t.get("effect") == "NO_SCHEDULE" for t in taints):
         got = ", ".join(f"{t.get('key')}={t.get('value')}:{t.get('effect')}" for t in taints) or "none"
-        report(f"GPU node group {args.props.get('nodeGroupName') or args.name} must carry the taint "
-               f"{GPU_RESOURCE}={GPU_TAINT_VALUE}:NO_SCHEDULE (got {got}), so only pods that asked for GPUs land there")  # fmt: skip
+        report(
+            f"GPU node group {args.props.get('nodeGroupName') or args.name} must carry the taint "
+            f"{GPU_RESOURCE}={GPU_TAINT_VALUE}:NO_SCHEDULE (got {got}), so only pods that asked for GPUs land there"
+        )
 
 
 def tolerates_gpu_taint(tolerations: Any) -> bool:
@@ -62,15 +64,17 @@ def pod_gpu_problems(pod: Any) -> list[str]:
             continue
         wants = True
         if GPU_RESOURCE not in limits:
-            problems.append(f"container {c.get('name')} requests {GPU_RESOURCE} without a limit; expected limits.{GPU_RESOURCE}")
+            problems.append(
+                f"container {c.get('name')} requests {GPU_RESOURCE} without a limit; expected limits.{GPU_RESOURCE}"
+            )
         elif GPU_RESOURCE in requests and str(requests[GPU_RESOURCE]) != str(limits[GPU_RESOURCE]):
-            problems.append(f"container {c.get('name')} requests {requests[GPU_RESOURCE]} GPUs but limits "
-                            f"{limits[GPU_RESOURCE]}; expected them equal")  # fmt: skip
+            problems.append(
+                f"container {c.get('name')} requests {requests[GPU_RESOURCE]} GPUs but limits "
+                f"{limits[GPU_RESOURCE]}; expected them equal"
+            )
     if wants and not tolerates_gpu_taint(get(pod, "tolerations")):
         problems.append(f"the pod asks for GPUs but does not tolerate the {GPU_RESOURCE}:NoSchedule taint of GPU nodes")
     return problems
-
-
 
 
 def _gpus(resource: Any) -> tuple[int, int | None, list[str]]:
@@ -94,8 +98,11 @@ def _gpu_ceiling(args: StackValidationArgs, report: ReportViolation) -> None:
             continue
         nodes, per_node, types = _gpus(r)
         if per_node is None:
-            report(f"{r.name}: cannot count the GPUs of instance type(s) {', '.join(types) or 'none given'}; "
-                   "expected a GPU instance type the guardrails know (fleet_guardrails/_common.py)", r.urn)  # fmt: skip
+            report(
+                f"{r.name}: cannot count the GPUs of instance type(s) {', '.join(types) or 'none given'}; "
+                "expected a GPU instance type the guardrails know (fleet_guardrails/_common.py)",
+                r.urn,
+            )
             continue
         if per_node:
             total += nodes * per_node
@@ -123,26 +130,36 @@ def _gpu_admission(args: StackValidationArgs, report: ReportViolation) -> None:
     for r in args.resources:
         if r.resource_type == VAP:
             spec = r.props.get("spec") or {}
-            on_pods = any("pods" in as_list(rule.get("resources")) and "CREATE" in as_list(rule.get("operations"))
-                          for rule in as_list(get(spec, "matchConstraints", "resourceRules")))  # fmt: skip
+            on_pods = any(
+                "pods" in as_list(rule.get("resources")) and "CREATE" in as_list(rule.get("operations"))
+                for rule in as_list(get(spec, "matchConstraints", "resourceRules"))
+            )
             text = " ".join(str(v.get("expression", "")) for v in as_list(spec.get("validations")))
             if on_pods and GPU_RESOURCE in str(spec) and "tolerations" in text:
                 policies[get(r.props, "metadata", "name")] = r
         path = POD_SPEC.get(r.resource_type)
         if path is not None:
             for problem in pod_gpu_problems(get(r.props, *path)):
-                report(f"{r.resource_type.rsplit(':', 1)[1]} {get(r.props, 'metadata', 'name') or r.name}: {problem}", r.urn)
-    bound = {get(r.props, "spec", "policyName") for r in args.resources
-             if r.resource_type == VAP_BINDING and "Deny" in as_list(get(r.props, "spec", "validationActions"))}  # fmt: skip
+                report(
+                    f"{r.resource_type.rsplit(':', 1)[1]} {get(r.props, 'metadata', 'name') or r.name}: {problem}",
+                    r.urn,
+                )
+    bound = {
+        get(r.props, "spec", "policyName")
+        for r in args.resources
+        if r.resource_type == VAP_BINDING and "Deny" in as_list(get(r.props, "spec", "validationActions"))
+    }
     if not set(policies) & bound:
-        report(f"no ValidatingAdmissionPolicy bound with Deny refuses pods that ask for {GPU_RESOURCE} without tolerating "
-               "its taint; expected infra/admission.py's (model pods are made outside Pulumi)")  # fmt: skip
+        report(
+            f"no ValidatingAdmissionPolicy bound with Deny refuses pods that ask for {GPU_RESOURCE} without tolerating "
+            "its taint; expected infra/admission.py's (model pods are made outside Pulumi)"
+        )
 
 
 gpu_pods_admission = StackValidationPolicy(
     name="gpu-pods-admission",
     description="The cluster itself refuses GPU pods without the GPU toleration (a ValidatingAdmissionPolicy); "
-                "the program's own GPU workloads tolerate and set limits.",
+    "the program's own GPU workloads tolerate and set limits.",
     validate=_gpu_admission,
     enforcement_level=EnforcementLevel.MANDATORY,
 )

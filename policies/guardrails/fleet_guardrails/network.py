@@ -14,7 +14,7 @@ from pulumi_policy import (
     ResourceValidationPolicy,
 )
 
-from fleet_guardrails._common import as_list, get
+from fleet_guardrails._common import as_list
 
 CLUSTER = "aws:eks/cluster:Cluster"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -38,8 +38,10 @@ def _api_cidrs(args: ResourceValidationArgs, report: ReportViolation) -> None:
         return
     cidrs = as_list(vpc.get("publicAccessCidrs"))
     if not cidrs or any(_open(c) for c in cidrs):
-        report(f"EKS cluster {args.name}: its public API endpoint is open to {cidrs or ['0.0.0.0/0 (the default)']}; "
-               "expected publicAccessCidrs naming your offices, VPN or CI (or endpointPublicAccess false)")  # fmt: skip
+        report(
+            f"EKS cluster {args.name}: its public API endpoint is open to {cidrs or ['0.0.0.0/0 (the default)']}; "
+            "expected publicAccessCidrs naming your offices, VPN or CI (or endpointPublicAccess false)"
+        )
 
 
 def _hop_limit(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -47,10 +49,14 @@ def _hop_limit(args: ResourceValidationArgs, report: ReportViolation) -> None:
         return
     options = args.props.get("metadataOptions") or {}
     if options.get("httpTokens") != "required":
-        report(f"launch template {args.name}: httpTokens is {options.get('httpTokens')!r}; expected 'required' (IMDSv2 only)")
+        report(
+            f"launch template {args.name}: httpTokens is {options.get('httpTokens')!r}; expected 'required' (IMDSv2 only)"
+        )
     if options.get("httpPutResponseHopLimit") != 1:
-        report(f"launch template {args.name}: IMDS hop limit {options.get('httpPutResponseHopLimit')!r}; expected 1, "
-               "so that pods cannot take the node's role (they have their own through IRSA)")  # fmt: skip
+        report(
+            f"launch template {args.name}: IMDS hop limit {options.get('httpPutResponseHopLimit')!r}; expected 1, "
+            "so that pods cannot take the node's role (they have their own through IRSA)"
+        )
 
 
 def _https_only(protocol: object, low: object, high: object) -> bool:
@@ -60,17 +66,39 @@ def _https_only(protocol: object, low: object, high: object) -> bool:
 def _open_ingress(args: ResourceValidationArgs, report: ReportViolation) -> None:
     props, rules = args.props, []
     if args.resource_type == INGRESS_RULE:
-        rules = [(props.get("ipProtocol"), props.get("fromPort"), props.get("toPort"), [props.get("cidrIpv4"), props.get("cidrIpv6")])]
+        rules = [
+            (
+                props.get("ipProtocol"),
+                props.get("fromPort"),
+                props.get("toPort"),
+                [props.get("cidrIpv4"), props.get("cidrIpv6")],
+            )
+        ]
     elif args.resource_type == LEGACY_RULE and props.get("type") == "ingress":
-        rules = [(props.get("protocol"), props.get("fromPort"), props.get("toPort"),
-                  as_list(props.get("cidrBlocks")) + as_list(props.get("ipv6CidrBlocks")))]  # fmt: skip
+        rules = [
+            (
+                props.get("protocol"),
+                props.get("fromPort"),
+                props.get("toPort"),
+                as_list(props.get("cidrBlocks")) + as_list(props.get("ipv6CidrBlocks")),
+            )
+        ]
     elif args.resource_type == SECURITY_GROUP:
-        rules = [(r.get("protocol"), r.get("fromPort"), r.get("toPort"), as_list(r.get("cidrBlocks")) + as_list(r.get("ipv6CidrBlocks")))
-                 for r in as_list(props.get("ingress"))]  # fmt: skip
+        rules = [
+            (
+                r.get("protocol"),
+                r.get("fromPort"),
+                r.get("toPort"),
+                as_list(r.get("cidrBlocks")) + as_list(r.get("ipv6CidrBlocks")),
+            )
+            for r in as_list(props.get("ingress"))
+        ]
     for protocol, low, high, cidrs in rules:
         if any(_open(c) for c in cidrs if c) and not _https_only(protocol, low, high):
-            report(f"{args.name}: inbound {protocol} {low}-{high} from the whole internet; only HTTPS (tcp 443) may be "
-                   "open to 0.0.0.0/0 or ::/0, anything else names its sources")  # fmt: skip
+            report(
+                f"{args.name}: inbound {protocol} {low}-{high} from the whole internet; only HTTPS (tcp 443) may be "
+                "open to 0.0.0.0/0 or ::/0, anything else names its sources"
+            )
 
 
 eks_api_cidrs = ResourceValidationPolicy(

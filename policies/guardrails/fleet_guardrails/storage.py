@@ -15,8 +15,10 @@ from pulumi_policy import EnforcementLevel, ReportViolation, StackValidationArgs
 from fleet_guardrails._common import as_list, get, linked
 
 BUCKETS = {"aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2"}
-ENCRYPTION = {"aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
-              "aws:s3/bucketServerSideEncryptionConfigurationV2:BucketServerSideEncryptionConfigurationV2"}  # fmt: skip
+ENCRYPTION = {
+    "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+    "aws:s3/bucketServerSideEncryptionConfigurationV2:BucketServerSideEncryptionConfigurationV2",
+}
 VERSIONING = {"aws:s3/bucketVersioning:BucketVersioning", "aws:s3/bucketVersioningV2:BucketVersioningV2"}
 PUBLIC_ACCESS_BLOCK = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
 ACLS = {"aws:s3/bucketAcl:BucketAcl", "aws:s3/bucketAclV2:BucketAclV2"}
@@ -41,8 +43,11 @@ def _encrypted(args: StackValidationArgs, report: ReportViolation) -> None:
         rules += as_list(get(bucket.props, "serverSideEncryptionConfiguration", "rule"))  # deprecated inline form
         algorithms = {get(r, "applyServerSideEncryptionByDefault", "sseAlgorithm") for r in rules}
         if not algorithms & ALGORITHMS:
-            report(f"bucket {_name(bucket)} has no default encryption; expected a "
-                   f"BucketServerSideEncryptionConfiguration with sse_algorithm aws:kms or AES256", bucket.urn)  # fmt: skip
+            report(
+                f"bucket {_name(bucket)} has no default encryption; expected a "
+                f"BucketServerSideEncryptionConfiguration with sse_algorithm aws:kms or AES256",
+                bucket.urn,
+            )
 
 
 def _versioned(args: StackValidationArgs, report: ReportViolation) -> None:
@@ -52,8 +57,10 @@ def _versioned(args: StackValidationArgs, report: ReportViolation) -> None:
             states.append("Enabled")
         if "Enabled" not in states:
             got = ", ".join(str(s) for s in states) or "no BucketVersioning"
-            report(f"bucket {_name(bucket)} is not versioned (got {got}); expected a BucketVersioning with "
-                   "status Enabled", bucket.urn)  # fmt: skip
+            report(
+                f"bucket {_name(bucket)} is not versioned (got {got}); expected a BucketVersioning with status Enabled",
+                bucket.urn,
+            )
 
 
 def _public_statements(document: str) -> list[dict]:
@@ -81,13 +88,17 @@ def _never_public(args: StackValidationArgs, report: ReportViolation) -> None:
             report(f"bucket {name} has the public ACL {acl!r}; expected private", bucket.urn)
         for policy in _attached(args, POLICY, bucket):
             for s in _public_statements(policy.props.get("policy") or "{}"):
-                report(f"bucket {name}'s policy allows {s.get('Action')} to everyone (statement "
-                       f"{s.get('Sid', '?')}) without a condition; expected no public grants", policy.urn)  # fmt: skip
+                report(
+                    f"bucket {name}'s policy allows {s.get('Action')} to everyone (statement "
+                    f"{s.get('Sid', '?')}) without a condition; expected no public grants",
+                    policy.urn,
+                )
 
 
 def _stack(name: str, description: str, validate) -> StackValidationPolicy:  # noqa: ANN001
-    return StackValidationPolicy(name=name, description=description, validate=validate,
-                                 enforcement_level=EnforcementLevel.MANDATORY)  # fmt: skip
+    return StackValidationPolicy(
+        name=name, description=description, validate=validate, enforcement_level=EnforcementLevel.MANDATORY
+    )
 
 
 bucket_encrypted = _stack("bucket-encrypted", "Every S3 bucket has default encryption (SSE-KMS or SSE-S3).", _encrypted)

@@ -11,17 +11,35 @@ from pulumi_policy import EnforcementLevel, ReportViolation, ResourceValidationA
 
 COST_TAGS = ("team", "model", "env")
 TAGGABLE = {
-    "aws:ec2/eip:Eip", "aws:ec2/instance:Instance", "aws:ec2/internetGateway:InternetGateway",
-    "aws:ec2/launchTemplate:LaunchTemplate", "aws:ec2/natGateway:NatGateway", "aws:ec2/routeTable:RouteTable",
-    "aws:ec2/securityGroup:SecurityGroup", "aws:ec2/subnet:Subnet", "aws:ec2/volume:Volume", "aws:ec2/vpc:Vpc",
+    "aws:ec2/eip:Eip",
+    "aws:ec2/instance:Instance",
+    "aws:ec2/internetGateway:InternetGateway",
+    "aws:ec2/launchTemplate:LaunchTemplate",
+    "aws:ec2/natGateway:NatGateway",
+    "aws:ec2/routeTable:RouteTable",
+    "aws:ec2/securityGroup:SecurityGroup",
+    "aws:ec2/subnet:Subnet",
+    "aws:ec2/volume:Volume",
+    "aws:ec2/vpc:Vpc",
     "aws:ec2/vpcEndpoint:VpcEndpoint",
-    "aws:ecr/repository:Repository", "aws:eks/addon:Addon", "aws:eks/cluster:Cluster", "aws:eks/nodeGroup:NodeGroup",
-    "aws:elasticache/replicationGroup:ReplicationGroup", "aws:elasticache/subnetGroup:SubnetGroup",
-    "aws:iam/openIdConnectProvider:OpenIdConnectProvider", "aws:iam/policy:Policy", "aws:iam/role:Role",
-    "aws:kms/key:Key", "aws:lb/listener:Listener", "aws:lb/loadBalancer:LoadBalancer", "aws:lb/targetGroup:TargetGroup",
-    "aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2", "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule",
+    "aws:ecr/repository:Repository",
+    "aws:eks/addon:Addon",
+    "aws:eks/cluster:Cluster",
+    "aws:eks/nodeGroup:NodeGroup",
+    "aws:elasticache/replicationGroup:ReplicationGroup",
+    "aws:elasticache/subnetGroup:SubnetGroup",
+    "aws:iam/openIdConnectProvider:OpenIdConnectProvider",
+    "aws:iam/policy:Policy",
+    "aws:iam/role:Role",
+    "aws:kms/key:Key",
+    "aws:lb/listener:Listener",
+    "aws:lb/loadBalancer:LoadBalancer",
+    "aws:lb/targetGroup:TargetGroup",
+    "aws:s3/bucket:Bucket",
+    "aws:s3/bucketV2:BucketV2",
+    "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule",
     "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
-}  # fmt: skip
+}
 
 
 def _cost_tags(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -33,8 +51,10 @@ def _cost_tags(args: ResourceValidationArgs, report: ReportViolation) -> None:
     tags = {**(args.props.get("tagsAll") or {}), **(args.props.get("tags") or {})}
     missing = [k for k in COST_TAGS if not tags.get(k)]
     if missing:
-        report(f"{args.resource_type.rsplit(':', 1)[1]} {args.name} lacks the cost tag(s) {', '.join(missing)}; "
-               f"expected non-empty {', '.join(COST_TAGS)} tags on every taggable resource")  # fmt: skip
+        report(
+            f"{args.resource_type.rsplit(':', 1)[1]} {args.name} lacks the cost tag(s) {', '.join(missing)}; "
+            f"expected non-empty {', '.join(COST_TAGS)} tags on every taggable resource"
+        )
 
 
 cost_tags = ResourceValidationPolicy(
