@@ -57,11 +57,11 @@ def main() -> None:
     os.environ["FLEET_STORE"] = f"file://{work / 'store'}"
 
     from bentos.tabular_mlp.train import TrainConfig, train_and_register
-    from fleet.registry import Registry
+    from fleet.catalog.policies import load_policies
+    from fleet.catalog.registry import Registry
     from fleet.runtime.bento import package
     from fleet.runtime.cache import ArtifactCache
     from fleet.runtime.local import LocalRuntime
-    from fleet.spec import load_policies
     from fleet.store import open_store
 
     store = open_store()

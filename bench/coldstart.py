@@ -79,7 +79,7 @@ class ColdBench(Bench):
             )
 
         bench_policies(self.policies, SOURCE, {MODEL: lazy})
-        from fleet.registry import Registry, VersionMetadata
+        from fleet.catalog.registry import Registry, VersionMetadata
         from fleet.runtime.cache import ArtifactCache
 
         os.environ["FLEET_ACTOR"] = self.env["FLEET_ACTOR"]
@@ -97,7 +97,7 @@ class ColdBench(Bench):
         for version in names:  # a cold start serves a built Bento: package them all first
             self.fleet("package", MODEL, version)
         self.fleet("route", "set", MODEL, "--stable", "1.0.0", "-r", "bench/coldstart.py")
-        from fleet.tenants import Tenants
+        from fleet.catalog.tenants import Tenants
 
         known = {t.name for t in Tenants(self.store()).list()}
         for tenant in ("apps", "pinned"):

@@ -111,9 +111,10 @@ def _evidently_bins(r: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 def run_fleet(data: Path) -> dict:
     t0 = time.perf_counter()
-    from fleet import drift, profile, quality
-    from fleet.registry import TensorSpec
-    from fleet.spec import DriftThresholds, MonitoringPolicy, QualityThresholds
+    from fleet.analysis import drift, quality
+    from fleet.catalog import profile
+    from fleet.catalog.policies import DriftThresholds, MonitoringPolicy, QualityThresholds
+    from fleet.catalog.registry import TensorSpec
 
     quality._context()  # GX's import, paid once per process
     imported = time.perf_counter() - t0

@@ -1,4 +1,4 @@
-"""Time to a decision of an A/B experiment (fleet.experiment), next to fixed-horizon tests.
+"""Time to a decision of an A/B experiment (fleet.analysis.ab), next to fixed-horizon tests.
 
 A ``clicked`` outcome at a base rate of 20 % on arm A; arm B better by 1, 2 or 5 percentage
 points (absolute), or equal. ``--rps`` requests a second, split 50/50, every answer getting
@@ -24,7 +24,7 @@ import time
 import numpy as np
 from scipy import stats
 
-from fleet.experiment import arm_stats, decide, interval
+from fleet.analysis.ab import arm_stats, decide, interval
 
 BASE = 0.20
 EFFECTS = (0.0, 0.01, 0.02, 0.05)

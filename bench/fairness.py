@@ -262,10 +262,10 @@ def _box_ticks() -> tuple[int, int]:
 def _seed_store(path: Path, tenants: dict[str, object]) -> tuple[object, dict[str, str]]:
     """A file store with version 1.0.0 of the model (a stub artifact, the demo's schema),
     routed as stable, and ``tenants`` (name -> Quota or None) with their keys."""
-    from fleet.registry import Registry, TensorSpec, VersionMetadata
-    from fleet.router import Router
+    from fleet.catalog.registry import Registry, TensorSpec, VersionMetadata
+    from fleet.catalog.routes.store import Router
+    from fleet.catalog.tenants import Tenants
     from fleet.store import open_store
-    from fleet.tenants import Tenants
 
     store = open_store(f"file://{path}")
     artifact = path.parent / "artifact"
@@ -354,7 +354,7 @@ def _gateway(
     url = f"http://127.0.0.1:{port}"
     _wait(f"{url}/v2/health/ready", timeout=90)
     if workers > 1:
-        from fleet.gateways import live
+        from fleet.catalog.gateway_directory import live
         from fleet.store import open_store
 
         deadline = time.monotonic() + 60
@@ -490,7 +490,7 @@ def part1(procs: Procs, work: Path, seconds: float, baseline_ref: str) -> dict:
     # the baseline's tenants are written by its own code; bench-baseline is A, steady-b is B
     base_keys = {"A": _baseline_store(tree, work / "store-fair", work / "store-fair-baseline")}
     script = (
-        "import sys; from fleet.store import open_store; from fleet.tenants import Tenants; "
+        "import sys; from fleet.store import open_store; from fleet.catalog.tenants import Tenants; "
         f"print(Tenants(open_store(sys.argv[1])).create('steady-b', {{'{MODEL}': ['*']}})[1])"
     )
     done = subprocess.run(
@@ -580,7 +580,7 @@ def part2(procs: Procs, work: Path, seconds: float, redis_url: str, redis_proc: 
 
     from bench._wrk import load_for
     from bench.gateway import _cell, _counters
-    from fleet.tenants import Quota
+    from fleet.catalog.tenants import Quota
 
     stub = _stub(procs, 0)
     endpoints = _endpoints(work / "endpoints-quota.yaml", stub)
@@ -647,7 +647,7 @@ def report2(out: dict, seconds: float) -> None:
 def part3(procs: Procs, work: Path, seconds: float, redis_url: str) -> dict:
     from bench._wrk import load_for
     from bench.gateway import ECHO, _free_port, _nginx, _wait
-    from fleet.tenants import Quota
+    from fleet.catalog.tenants import Quota
 
     echo_port = _free_port()
     echo_proc, _ = _nginx(

@@ -171,7 +171,7 @@ def _baseline_store(tree: Path, store: Path, into: Path) -> str:
     shutil.copytree(store, into)
     shutil.rmtree(into / "tenants", ignore_errors=True)
     script = (
-        "import sys; from fleet.store import open_store; from fleet.tenants import Tenants; "
+        "import sys; from fleet.store import open_store; from fleet.catalog.tenants import Tenants; "
         f"print(Tenants(open_store(sys.argv[1])).create('bench-baseline', {{'{MODEL}': ['*']}})[1])"
     )
     done = subprocess.run(
@@ -198,14 +198,14 @@ def main() -> None:
     import yaml
 
     from bentos.tabular_mlp.train import TrainConfig, train_and_register
-    from fleet.registry import Registry
-    from fleet.router import Router
+    from fleet.catalog.policies import load_policies
+    from fleet.catalog.registry import Registry
+    from fleet.catalog.routes.store import Router
+    from fleet.catalog.tenants import Tenants
     from fleet.runtime.bento import package
     from fleet.runtime.cache import ArtifactCache
     from fleet.runtime.local import LocalRuntime
-    from fleet.spec import load_policies
     from fleet.store import open_store
-    from fleet.tenants import Tenants
 
     store = open_store()
     spec = load_policies(_bench_policies(ROOT / "policies" / "fleet.yaml", work / "policies")).model(MODEL)

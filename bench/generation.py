@@ -543,7 +543,7 @@ class Bench:
 
     def train(self, preset: str) -> None:
         from bentos.tiny_lm.train import PRESETS
-        from fleet.registry import Registry
+        from fleet.catalog.registry import Registry
 
         registry = Registry(self.store())
         if VERSION in registry.versions(SOURCE):
@@ -567,7 +567,7 @@ class Bench:
 
     def register_copies(self) -> None:
         """The trained artifact registered again as the two bench models (same files, same hash)."""
-        from fleet.registry import Registry, VersionMetadata
+        from fleet.catalog.registry import Registry, VersionMetadata
         from fleet.runtime.cache import ArtifactCache
 
         os.environ["FLEET_ACTOR"] = self.env["FLEET_ACTOR"]
@@ -591,7 +591,7 @@ class Bench:
         self.artifact = artifact
 
     def tenant(self) -> None:
-        from fleet.tenants import Tenants
+        from fleet.catalog.tenants import Tenants
 
         known = {t.name for t in Tenants(self.store()).list()}
         if TENANT in known:

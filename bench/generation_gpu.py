@@ -110,7 +110,7 @@ def write_policies(bench: Bench, gpu_memory_gib: float) -> dict:
         resources.pop("gpu_memory_gib", None)
 
     base = bench_policies(bench.policies, SOURCE_POLICY, {GPU_MODEL: on_gpu, CPU_MODEL: on_cpu})
-    from fleet.spec import load_policies
+    from fleet.catalog.policies import load_policies
 
     load_policies(bench.policies)  # a policy this tree's spec refuses fails here, not in fleet package
     return base
@@ -119,7 +119,7 @@ def write_policies(bench: Bench, gpu_memory_gib: float) -> dict:
 def register(bench: Bench, args: argparse.Namespace) -> dict:
     """The version under both bench names (trained here, or ``--model-dir``); reused from ``--root``."""
     from bentos.tiny_lm.train import PRESETS, train
-    from fleet.registry import Registry, TensorSpec, VersionMetadata
+    from fleet.catalog.registry import Registry, TensorSpec, VersionMetadata
 
     os.environ["FLEET_ACTOR"] = bench.env["FLEET_ACTOR"]
     registry = Registry(bench.store())

@@ -1,8 +1,8 @@
-"""Simulated canary rollouts (fleet.simulate) through the real verdicts, three ways on the same
-streams: the sequential method (fleet.sequential), the fixed method as shipped before it
-(fleet.analysis), and Flagger's default checks.
+"""Simulated canary rollouts (fleet.analysis.simulate) through the real verdicts, three ways on the same
+streams: the sequential method (fleet.analysis.sequential), the fixed method as shipped before it
+(fleet.analysis.canary), and Flagger's default checks.
 
-Streams, scenarios and the policies' loops are ``fleet.simulate``'s (``fleet rollout
+Streams, scenarios and the policies' loops are ``fleet.analysis.simulate``'s (``fleet rollout
 --dry-run`` runs the same). Bad canaries: +1 / +5 percentage points of errors, 1.5x / 3x
 latency, and (beyond the brief) shifted scores, PSI ~0.6. Time to detect: from the canary's
 first request to the rollback verdict (a multiple of the tick). Canary requests: what the
@@ -11,7 +11,7 @@ canary served until the verdict, failures included.
 Policies:
 - sequential: the policy file's rollout policy as is (``method: sequential``): always-valid
   tests every ``analysis_window_s`` on everything since the first step.
-- fixed: the same policy judged by ``fleet.analysis`` as shipped before the sequential
+- fixed: the same policy judged by ``fleet.analysis.canary`` as shipped before the sequential
   method (``method: fixed``, analysis_window_s 10, min_samples 50): each step re-tested at
   ``gates.confidence`` every tick; at 100 % the baseline is the previous step's stable arm.
 - flagger: Flagger's analysis loop (pkg/controller/scheduler.go) with the documented
@@ -37,8 +37,7 @@ import time
 
 import numpy as np
 
-from fleet.metrics import latency_bucket, score_bin
-from fleet.simulate import (
+from fleet.analysis.simulate import (
     BASE_ERR,
     BASE_MS,
     FLAGGER_INTERVAL_S,
@@ -53,7 +52,8 @@ from fleet.simulate import (
     run,
     run_flagger,
 )
-from fleet.spec import RolloutPolicy, load_policies
+from fleet.analysis.sources import latency_bucket, score_bin
+from fleet.catalog.policies import RolloutPolicy, load_policies
 from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS
 
 # -- report -----------------------------------------------------------------------------------
@@ -103,7 +103,7 @@ def _stats(results: list[Result], bad: bool) -> dict[str, float]:
 
 def _check_binning(rng: np.random.Generator) -> None:
     """The vectorised binning here must be the gateway's (tests/test_metrics.py holds
-    fleet.metrics' binning to the gateway's)."""
+    fleet.analysis.sources' binning to the gateway's)."""
     ms = np.concatenate([rng.lognormal(2, 2, 5000), LATENCY_BUCKETS_MS, np.nextafter(LATENCY_BUCKETS_MS, np.inf)])
     assert np.array_equal(np.searchsorted(LATENCY_BUCKETS_MS, ms, side="left"), [latency_bucket(x) for x in ms])
     scores = np.concatenate([rng.random(5000), np.linspace(0, 1, 11)])

@@ -14,8 +14,8 @@ import hashlib
 import time
 
 from fleet import audit
-from fleet.routing import Canary, RouteTable, choose_version
-from fleet.tenants import Tenant
+from fleet.catalog.routes.table import Canary, RouteTable, choose_version
+from fleet.catalog.tenants import Tenant
 
 
 def _per_call_ns(fn, keys: list[str]) -> float:

@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def ensure(store, model: str, teacher: str) -> dict[str, str]:  # noqa: ANN001
     from bentos.tiny_lm import train
-    from fleet.registry import Registry
+    from fleet.catalog.registry import Registry
 
     registry = Registry(store)
     have = set(registry.versions(model))
@@ -51,7 +51,7 @@ def load(store, model: str, version: str, tmp: Path):  # noqa: ANN001, ANN201
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from bentos.tiny_lm.train import QUANTIZATION, quantize_model, quiet, weight_bytes
-    from fleet.registry import Registry
+    from fleet.catalog.registry import Registry
 
     folder = Registry(store).fetch(model, version, tmp / version)
     with quiet():
@@ -102,7 +102,7 @@ def main() -> None:
     import torch
 
     from bentos.tiny_lm import data
-    from fleet.registry import Registry
+    from fleet.catalog.registry import Registry
     from fleet.store import open_store
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

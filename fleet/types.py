@@ -228,7 +228,7 @@ class Refusal(NamedTuple):
 @runtime_checkable
 class QuotaBackend(Protocol):
     """Per-tenant quotas. The gateway's default is in-process token buckets
-    (``fleet.gateway.quota.TokenBuckets``); ``RedisQuotas`` shares one budget between every
+    (``fleet.gateway.quota.buckets.TokenBuckets``); ``RedisQuotas`` shares one budget between every
     gateway and worker (``FLEET_REDIS_URL``)."""
 
     async def acquire(

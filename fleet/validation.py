@@ -3,7 +3,7 @@
 Pydantic's errors are translated into lines like
 ``models.demo.batching.max_batch_size: got -1 — expected an integer >= 1 and <= 4096``;
 the phrase comes from the field's own type and constraints. Used for policy files
-(``fleet.spec``) and version metadata files (``fleet models register --meta``).
+(``fleet.catalog.policies``) and version metadata files (``fleet models register --meta``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.spec import Policies, load_policies
+from fleet.catalog.policies import Policies, load_policies
 from fleet.types import MetricsSource, ObjectStore, Runtime
 
 
@@ -20,7 +20,7 @@ class FleetContext:
 
 
 def fleet_context() -> FleetContext:
-    from fleet.metrics import open_metrics
+    from fleet.analysis.sources import open_metrics
     from fleet.runtime.packaged import packaged_runtime, policies_path
     from fleet.store import open_store
 

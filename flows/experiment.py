@@ -1,9 +1,9 @@
 """``experiment(model, arms, split, metric, min_effect, ...)``: an A/B test of two versions on an
-outcome, decided by an always-valid interval (``fleet.experiment``).
+outcome, decided by an always-valid interval (``fleet.analysis.ab``).
 
 A (the stable) and B share the traffic by the canary split, sticky by routing key. Each
 tick reads every logged request's outcome since the start, per arm, and the gateways'
-counters for the guardrails (``fleet.sequential.guardrails``: B's errors and p99 against
+counters for the guardrails (``fleet.analysis.sequential.guardrails``: B's errors and p99 against
 A's); the experiment ends on a winner, no difference, out of time, or stopped (a guardrail
 or ``fleet experiment stop``). Traffic then goes back to A alone; with ``promote`` a winning
 B is rolled out through the normal canary rollout. It holds the model's rollout lease the
@@ -25,10 +25,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Completed, Failed, State
 
-from fleet import audit, gateways, leases, records, sequential
-from fleet.drift.render import svg_data_uri
-from fleet.errors import Conflict, InvalidInput
-from fleet.experiment import (
+from fleet import audit, leases, records
+from fleet.analysis import sequential
+from fleet.analysis.ab import (
     ExperimentState,
     Tick,
     arm_stats,
@@ -40,11 +39,14 @@ from fleet.experiment import (
     state_key,
     thinned,
 )
-from fleet.metrics import MetricsUnavailable, empty_window, sum_windows
-from fleet.registry import Registry
-from fleet.registry import State as VersionState
-from fleet.rollout import LEASE_TTL, READ_SLACK_S, _window, lease_key
-from fleet.router import Router
+from fleet.analysis.drift.render import svg_data_uri
+from fleet.analysis.sources import MetricsUnavailable, empty_window, sum_windows
+from fleet.catalog import gateway_directory
+from fleet.catalog.registry import Registry
+from fleet.catalog.registry import State as VersionState
+from fleet.catalog.routes.store import Router
+from fleet.control.rollout.effects import LEASE_TTL, READ_SLACK_S, _window, lease_key
+from fleet.errors import Conflict, InvalidInput
 from flows._context import emit, fleet_context, run_id
 
 STOP_SUFFIX = ".stop"  # experiments/<model>.json.stop: `fleet experiment stop` asks the run to end
@@ -96,7 +98,7 @@ def experiment(
             )
             try:
                 router.set(model, canary=b, weight=shares[1], why=f"experiment {a} vs {b} on {metric}", who=who)
-                gateways.notify(store)
+                gateway_directory.notify(store)
                 _save(store, state)
                 emit(
                     "fleet.experiment.started",
@@ -141,7 +143,7 @@ def experiment(
                 table = router.get(model)
                 if table.canary is not None and table.canary.version == b and _holds(lease):  # back on A alone
                     router.set(model, clear_canary=True, why=f"experiment ended: {state.status}", who=who)
-                    gateways.notify(store)
+                    gateway_directory.notify(store)
                 promoting = state.status == "winner" and state.winner == b and promote
                 if not promoting and b not in router.get(model).referenced_versions():
                     ctx.runtime.undeploy(model, b)  # B stops serving (a rollout deploys it again)
@@ -262,7 +264,7 @@ def _finite(x: float) -> float:
 
 def _outcomes(store, model: str, metric: str, start: datetime, end: datetime) -> dict[str, np.ndarray]:  # noqa: ANN001
     """version → the metric of each logged request (row) that has one."""
-    from fleet.feedback import OUTCOME_COLUMN, labelled, with_outcomes
+    from fleet.logs.feedback import OUTCOME_COLUMN, labelled, with_outcomes
 
     if metric == "accuracy":
         frame = labelled(store, model, start, end)
@@ -281,10 +283,10 @@ def _outcomes(store, model: str, metric: str, start: datetime, end: datetime) ->
 
 
 def _guardrails(ctx, state: ExperimentState, now: float) -> tuple[list, dict, dict, int]:  # noqa: ANN001
-    """B's errors and p99 against A's, on the gateways' counters (fleet.sequential's harm tests)."""
+    """B's errors and p99 against A's, on the gateways' counters (fleet.analysis.sequential's harm tests)."""
     model, (a, b) = state.model, state.arms
     # whole seconds since the last look, as the rollout reads them: a per-second source would
-    # count a second read twice twice (fleet.rollout.Rollout._sequential)
+    # count a second read twice twice (fleet.control.rollout.effects.Rollout._sequential)
     since, upto = int(state.ticked_at), math.floor(now)
     if since >= upto:
         tick_a, tick_b = empty_window(model, a, since, since), empty_window(model, b, since, since)

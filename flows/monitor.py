@@ -5,7 +5,7 @@ The window is the stable version's rows of the inference log (with feedback labe
 over the policy's ``window_hours``. Great Expectations checks them against the version's
 schema and baseline; a failure is an alert (a ``fleet.monitor.bad-data`` event, a report
 artifact, the run Failed) and blocks retraining. On good data, drift statistics and
-accuracy on labelled feedback decide (``fleet.monitoring.decide``); drift starts
+accuracy on labelled feedback decide (``fleet.analysis.monitoring.decide``); drift starts
 ``retrain``. Every run stores its report under ``reports/<model>/monitor/``.
 """
 
@@ -20,13 +20,13 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed, State
 
-from fleet.drift import concept_drift, drift_markdown, drift_report, drift_svg, svg_data_uri
+from fleet.analysis.drift import concept_drift, drift_markdown, drift_report, drift_svg, svg_data_uri
+from fleet.analysis.monitoring import Decision, decide
+from fleet.analysis.quality import build_expectations, quality_markdown, quality_table, validate
+from fleet.catalog.registry import Registry
+from fleet.catalog.routes.store import Router
 from fleet.errors import NotFound
-from fleet.feedback import labelled
-from fleet.monitoring import Decision, decide
-from fleet.quality import build_expectations, quality_markdown, quality_table, validate
-from fleet.registry import Registry
-from fleet.router import Router
+from fleet.logs.feedback import labelled
 from fleet.types import ObjectStore
 from flows._context import emit, fleet_context, run_id
 
@@ -179,8 +179,8 @@ def _store_report(
 
 def deployments() -> list:
     """A scheduled monitor per model that has a registered version (cron from its policy), and retrain."""
+    from fleet.catalog.policies import load_policies
     from fleet.runtime.packaged import policies_path
-    from fleet.spec import load_policies
     from fleet.store import open_store
     from flows.retrain import retrain
 

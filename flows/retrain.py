@@ -25,11 +25,11 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 
-from fleet.feedback import labelled
-from fleet.inference_log import feature_names
-from fleet.quality import build_expectations, quality_markdown, validate
-from fleet.registry import ModelVersion, Registry, TrainingData
-from fleet.router import Router
+from fleet.analysis.quality import build_expectations, quality_markdown, validate
+from fleet.catalog.registry import ModelVersion, Registry, TrainingData
+from fleet.catalog.routes.store import Router
+from fleet.logs.feedback import labelled
+from fleet.logs.inference import feature_names
 from fleet.runtime.bento import family_module
 from fleet.runtime.packaged import artifact_cache, package_version
 from fleet.types import ObjectStore, score_bins
@@ -162,7 +162,7 @@ def train_candidate(
 def _score_psi(candidate: np.ndarray, champion: np.ndarray) -> float:
     """PSI of two models' scores (last-class probabilities) on the same rows, binned and
     compared exactly as the canary's prediction gate will see them live; no rows: 0."""
-    from fleet.drift.stats import psi  # scipy: paid when a retrain runs, not when flows load
+    from fleet.analysis.drift.stats import psi  # scipy: paid when a retrain runs, not when flows load
 
     if not len(candidate):
         return 0.0

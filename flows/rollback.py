@@ -1,6 +1,6 @@
 """``rollback(model, to_version=None, reason)``: an immediate flip back to a good version.
 
-The same ``fleet.rollback.rollback`` as the CLI and the admin API, then a push to every
+The same ``fleet.catalog.routes.rollback.rollback`` as the CLI and the admin API, then a push to every
 live gateway so the change is served within a second. If a canary rollout owns the
 model, its next tick sees the route changed under it and ends as rolled back.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from fleet import gateways
-from fleet.rollback import rollback as do_rollback
-from fleet.router import Router
+from fleet.catalog import gateway_directory
+from fleet.catalog.routes.rollback import rollback as do_rollback
+from fleet.catalog.routes.store import Router
 from flows._context import emit, run_id
 
 
@@ -22,7 +22,7 @@ def rollback(model: str, to_version: str | None = None, reason: str = "rollback 
     ctx = fleet_context()
     store = ctx.store
     result = do_rollback(Router(store), model, to_version, why=reason, who=f"flow run {run_id()}", runtime=ctx.runtime)
-    pushed = gateways.notify(store)
+    pushed = gateway_directory.notify(store)
     get_run_logger().info(
         "%s: traffic from %s to %s; gateways told: %s",
         model,

@@ -1,7 +1,7 @@
 """``canary_rollout(model, version, **policy_overrides)``: preflight → deploy → shadow → weight
-steps → approval → promote, or roll back; the Prefect flow composes ``fleet.rollout``.
+steps → approval → promote, or roll back; the Prefect flow composes ``fleet.control.rollout.effects``.
 
-Every decision and every write is in ``fleet.rollout.Rollout``; this module only orders
+Every decision and every write is in ``fleet.control.rollout.effects.Rollout``; this module only orders
 the calls, sleeps between ticks, holds the rollout lease, asks for approval through a
 Prefect pause, and reports. The lease is kept alive by a heartbeat for the whole run —
 through a deploy that packages and waits for readiness, and through the approval pause —
@@ -26,8 +26,8 @@ from prefect.input import RunInput
 from prefect.states import Completed, Failed, State
 
 from fleet import leases
+from fleet.control.rollout.effects import LEASE_TTL, Rollout, RolloutState, apply_overrides, lease_key
 from fleet.errors import Conflict
-from fleet.rollout import LEASE_TTL, Rollout, RolloutState, apply_overrides, lease_key
 from fleet.runtime.local import LocalRuntime
 from flows._context import emit, fleet_context, run_id
 
@@ -49,7 +49,7 @@ def preflight(rollout: Rollout, state: RolloutState) -> RolloutState:
 def prefetch(model: str, version: str, cache_mib: float | None) -> str:
     """The canary's artifact downloaded and verified into the artifact cache while preflight
     runs, so that packaging its Bento (the deploy step) finds it there."""
-    from fleet.registry import Registry
+    from fleet.catalog.registry import Registry
     from fleet.runtime.packaged import artifact_cache
     from fleet.store import open_store
 

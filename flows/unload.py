@@ -1,4 +1,4 @@
-"""``idle-unload``: stop lazy versions idle past their ``idle_unload_s`` (``fleet.loading``).
+"""``idle-unload``: stop lazy versions idle past their ``idle_unload_s`` (``fleet.control.lazy``).
 
 Scheduled every ``EVERY_S`` by ``fleet flows serve`` (and so by ``fleet up``); each run
 logs what it stopped and why. Only lazy versions are stopped, never one a rollout or a
@@ -14,7 +14,7 @@ EVERY_S = 30  # an idle version runs at most this much past its idle_unload_s
 
 @flow(name="idle-unload", flow_run_name="idle unload")
 def idle_unload() -> list[dict]:
-    from fleet.loading import LoadController
+    from fleet.control.lazy import LoadController
     from flows._context import fleet_context
 
     ctx = fleet_context()

@@ -14,7 +14,7 @@ request, the API server checks itself). The same rules in Python are
 
 from __future__ import annotations
 
-from fleet.placement import GPU_RESOURCE
+from fleet.planning.placement import GPU_RESOURCE
 
 NAME = "fleet-gpu-pods"
 _GPU = f"'{GPU_RESOURCE}'"

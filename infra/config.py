@@ -26,10 +26,10 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fleet.catalog.policies import Policies, load_policies
 from fleet.errors import ConfigError
-from fleet.placement import Plan, plan
-from fleet.spec import Policies, load_policies
-from fleet.stack import PROJECT, NodePool, RedisNodes, SystemNodes, models_from_config, pools_from_config
+from fleet.planning.placement import Plan, plan
+from fleet.planning.stack import PROJECT, NodePool, RedisNodes, SystemNodes, models_from_config, pools_from_config
 from fleet.validation import checked, expected, explain, hint, problem
 
 ROOT = Path(__file__).resolve().parent.parent  # where Pulumi.yaml is
@@ -163,10 +163,10 @@ class Settings(_Cfg):
     apiAccessCidrs: list[Cidr] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)  # Kubernetes API
     allowedCidrs: list[Cidr] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)  # the HTTPS listener
     systemNodes: SystemNodes
-    nodePools: list[Any]  # validated by fleet.stack.pools_from_config
+    nodePools: list[Any]  # validated by fleet.planning.stack.pools_from_config
     models: list[str] | None = None  # served by this stack; default every model in the policies
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
-    redis: RedisNodes = Field(default_factory=RedisNodes)  # the gateways' shared quota store (fleet.stack)
+    redis: RedisNodes = Field(default_factory=RedisNodes)  # the gateways' shared quota store (fleet.planning.stack)
     rootVolumeGib: int = Field(200, ge=50, le=16384)  # model node disks: images and weights are large
     logRetentionDays: int = Field(30, ge=1)  # logs bucket expiry
     noncurrentVersionDays: int = Field(30, ge=1)  # overwritten or deleted objects kept this long
@@ -278,7 +278,7 @@ def _secret_problem(name: str, value: Any, where: str) -> str | None:
 
 def policy_files(path: Path) -> dict[str, str]:
     """File name → text of the policy files at ``path``: a file, or the *.yaml / *.yml directly
-    in a folder (what ``fleet.spec.load_policies`` reads)."""
+    in a folder (what ``fleet.catalog.policies.load_policies`` reads)."""
     files = (
         [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".yaml", ".yml"))
     )

@@ -1,17 +1,17 @@
 """What a stack costs per hour while it runs, at its minimum and at its maximum size.
 
-The parts and their prices are ``fleet.stack.stack_cost``'s, the same ``fleet plan`` prints
+The parts and their prices are ``fleet.planning.stack.stack_cost``'s, the same ``fleet plan`` prints
 row by row: system nodes (stack config), model nodes (the placement plan), and the EKS
 control plane, NAT gateways with their Elastic IPs, the load balancer, the VPC interface
 endpoints and the quota store's ElastiCache nodes at AWS list prices in us-east-1 (the table
-is in fleet/stack.py, one place for both). Data transfer, load-balancer capacity units, NAT
+is in fleet/planning/stack.py, one place for both). Data transfer, load-balancer capacity units, NAT
 data processing, EBS volumes, S3 storage and ElastiCache backups depend on traffic and data,
 and are left out.
 """
 
 from __future__ import annotations
 
-from fleet.stack import StackBuild, stack_cost
+from fleet.planning.stack import StackBuild, stack_cost
 from infra.config import StackConfig
 
 
@@ -27,7 +27,7 @@ def usd_per_hour(stack: StackConfig, nat_gateways: int) -> dict[str, float]:
             "redis": s.redis.model_dump(),
         }
     )
-    if build.nat_gateways != nat_gateways:  # a bug between network.py and fleet.stack, not a config mistake
+    if build.nat_gateways != nat_gateways:  # a bug between network.py and fleet.planning.stack, not a config mistake
         raise RuntimeError(f"the network has {nat_gateways} NAT gateways but the cost counts {build.nat_gateways}")
     low, high = stack_cost(stack.plan, build, f"Pulumi.{stack.stack}.yaml").usd_per_hour
     return {"min": round(low, 2), "max": round(high, 2)}

@@ -17,8 +17,8 @@ policies are a ConfigMap of ``policies/*.yaml`` mounted at ``POLICY_DIR``
 replaces a ConfigMap or Secret whose data changed, under a new name, so the pod template
 changes with it and a token rotation, a policy change or a price change rolls the gateway.
 
-Cost metering (fleet/usage.py) reads each model's price per replica-hour from
-``FLEET_PRICES_FILE``: a ConfigMap of the JSON ``fleet.usage.write_prices`` writes (the
+Cost metering (fleet/usage/meter.py) reads each model's price per replica-hour from
+``FLEET_PRICES_FILE``: a ConfigMap of the JSON ``fleet.usage.meter.write_prices`` writes (the
 program's ``prices_from_plan`` of the placement plan, what ``fleet plan`` prints), mounted at
 ``PRICES_DIR``. Each worker process would otherwise start a pool of decode processes sized
 from the node's CPUs (``os.cpu_count`` sees the node, not the pod's request);
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from fleet.placement import POOL_LABEL
+from fleet.planning.placement import POOL_LABEL
 from infra import waited_for
 from infra.config import GatewaySettings
 from infra.nodegroups import SYSTEM_GROUP
@@ -77,7 +77,9 @@ class GatewayArgs:
     admin_token: pulumi.Input[str]  # a secret Output
     policy_files: dict[str, str]  # file name → YAML text
     redis_url: pulumi.Input[str]  # a secret Output: FLEET_REDIS_URL, the quota store (infra/quota_store.py)
-    prices: str = "{}"  # FLEET_PRICES_FILE's JSON: fleet.usage.write_prices(prices_from_plan(...)); {}: cost unknown
+    prices: str = (
+        "{}"  # FLEET_PRICES_FILE's JSON: fleet.usage.meter.write_prices(prices_from_plan(...)); {}: cost unknown
+    )
     trusted_networks: str = ""  # FLEET_GATEWAY_NETWORKS: where the other gateways' pod IPs are
 
 

@@ -64,8 +64,8 @@ GATEWAY_WRITES = (
     "models/*/*/manifest.json",  # Registry.transition rewrites a version's manifest with its new state
     "logs/*",  # the inference log's Parquet batches
     "gateways/*",  # its heartbeat record
-    "usage/*",  # fleet.usage: its usage and cost per hour (usage/<hour>/<gateway>.json)
-    "activity/*",  # fleet.loading: when it last asked each version (lazy loading's idle clock)
+    "usage/*",  # fleet.usage.meter: its usage and cost per hour (usage/<hour>/<gateway>.json)
+    "activity/*",  # fleet.control.lazy: when it last asked each version (lazy loading's idle clock)
 )
 GATEWAY_DELETES = ("gateways/*",)  # its record, withdrawn at shutdown; nothing else is ever deleted
 # IAM's * matches "/" too, so models/*/*/manifest.json alone would also match a file named

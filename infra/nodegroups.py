@@ -1,6 +1,6 @@
 """NodeGroups: the system node group and one managed node group per group of the placement plan.
 
-Sizes, labels and taints come from ``fleet.placement`` unchanged: GPU groups carry the
+Sizes, labels and taints come from ``fleet.planning.placement`` unchanged: GPU groups carry the
 ``nvidia.com/gpu`` NoSchedule taint (only pods that asked for GPUs tolerate it), dedicated
 groups also the ``fleet.io/dedicated=<model>`` one. The cluster autoscaler moves each group
 between its min and max; ``desiredSize`` is left to it after creation. Every group has a
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from fleet.placement import POOL_LABEL, NodeGroupPlan
+from fleet.planning.placement import POOL_LABEL, NodeGroupPlan
 from infra import waited_for
 
 SYSTEM_GROUP = "system"

@@ -17,9 +17,9 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from fleet.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, SLICES_LABEL, Plan
+from fleet.catalog.policies import Policies
+from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, SLICES_LABEL, Plan
 from fleet.runtime.kubernetes import CONFIG_MAP, MANAGED, config_map_data
-from fleet.spec import Policies
 from infra import waited_for
 from infra.admission import GATEWAY_SCALING, gateway_scaling_policy, gpu_pod_policy
 from infra.admission import NAME as GPU_ADMISSION
@@ -104,7 +104,7 @@ class PlatformArgs:
     redis_url: pulumi.Input[str]  # a secret Output: the gateways' FLEET_REDIS_URL
     redis_group: pulumi.Resource  # the quota store's replication group: the gateway waits for it
     vpc_cidr: str = "10.0.0.0/16"  # where gateway pods live: the network pushes between them may use
-    gateway_prices: str = "{}"  # the gateway's FLEET_PRICES_FILE (fleet.usage.write_prices of the plan's prices)
+    gateway_prices: str = "{}"  # the gateway's FLEET_PRICES_FILE (fleet.usage.meter.write_prices of the plan's prices)
 
 
 def model_quota(plan: Plan) -> dict[str, str]:

@@ -27,7 +27,7 @@ from urllib.parse import quote
 import pulumi
 import pulumi_aws as aws
 
-from fleet.stack import RedisNodes
+from fleet.planning.stack import RedisNodes
 
 PORT = 6379
 ENGINE = "valkey"

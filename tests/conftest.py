@@ -89,12 +89,12 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real Prefect server (SQLite) on a free port, for the whole session; stopped by PID.
 
-    The one ``fleet up`` runs (fleet.up.Prefect). PREFECT_API_URL points this process (and
+    The one ``fleet up`` runs (fleet.local.up.Prefect). PREFECT_API_URL points this process (and
     the children it starts) at it.
     """
     import socket
 
-    from fleet.up import Prefect
+    from fleet.local.up import Prefect
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

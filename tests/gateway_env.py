@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import yaml
 
-from fleet.registry import Registry, TensorSpec, VersionMetadata
-from fleet.router import Router
+from fleet.catalog.registry import Registry, TensorSpec, VersionMetadata
+from fleet.catalog.routes.store import Router
+from fleet.catalog.tenants import Quota, Tenants
 from fleet.store import open_store
-from fleet.tenants import Quota, Tenants
 from tests.serving_env import FLEET, ROOT, free_port, wait_ready
 
 MODEL = "stub-model"

@@ -31,7 +31,7 @@ def main(url: str, key: str, times: int, name: str) -> None:
 
 
 def weights(url: str, model: str, times: int, name: str) -> None:
-    from fleet.router import Router
+    from fleet.catalog.routes.store import Router
 
     router = Router(open_store(url))
     for i in range(times):

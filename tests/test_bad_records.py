@@ -15,14 +15,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleet import doctor, records
+from fleet import records
+from fleet.catalog.registry import Registry
+from fleet.catalog.routes.store import Router
+from fleet.catalog.routes.table import Shadow
+from fleet.catalog.tenants import Quota, Tenants
+from fleet.control import doctor
 from fleet.errors import FleetError, InvalidInput
-from fleet.gateway.state import FleetView
-from fleet.registry import Registry
-from fleet.router import Router
-from fleet.routing import Shadow
+from fleet.gateway.view import FleetView
 from fleet.store import MemoryStore
-from fleet.tenants import Quota, Tenants
 from fleet.types import Deployment
 from tests.gateway_env import ADMIN_TOKEN, MODEL, GatewayEnv, infer, metric, wait_for
 from tests.serving_env import FLEET

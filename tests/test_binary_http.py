@@ -22,6 +22,8 @@ import tritonclient.http as triton
 from tritonclient.http import InferResult
 from tritonclient.http._utils import _get_inference_request
 
+from fleet.catalog.registry import Registry, TensorSpec, VersionMetadata
+from fleet.catalog.routes.store import Router
 from fleet.errors import InvalidInput
 from fleet.gateway.body import Decoder
 from fleet.gateway.protocol import (
@@ -36,8 +38,6 @@ from fleet.gateway.protocol import (
     split_binary,
     v2_reply,
 )
-from fleet.registry import Registry, TensorSpec, VersionMetadata
-from fleet.router import Router
 from tests.gateway_env import MODEL, GatewayEnv
 
 FEATURES = [TensorSpec(name="features", datatype="FP32", shape=[-1, 4])]

@@ -113,7 +113,7 @@ def test_a_table_without_title_or_rows_still_prints_its_header(monkeypatch: pyte
 
 
 def test_the_demo_summary_reads_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fleet.demo import StepResult, summary_table
+    from fleet.local.demo import StepResult, summary_table
 
     outcome = (
         "roll back: error rate canary 12/300 = 4.00 %, stable 1/900 = 0.11 %: +3.89 pp vs allowed "
@@ -159,8 +159,8 @@ def test_clock_turns_epoch_seconds_into_the_same_format() -> None:
 
 
 def test_a_holding_verdict_says_when_it_fails_as_a_clock_time() -> None:
-    from fleet.analysis import judge
-    from fleet.spec import RolloutPolicy
+    from fleet.analysis.canary import judge
+    from fleet.catalog.policies import RolloutPolicy
     from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow
 
     start = AT.timestamp()
@@ -194,10 +194,10 @@ def test_a_holding_verdict_says_when_it_fails_as_a_clock_time() -> None:
 def seeded(tmp_path: Path) -> tuple[str, str]:
     """A file store with two versions of a long-named model, a route with a long reason and a
     tenant entitled to both; returns the store URL and the tenant's key id."""
-    from fleet.registry import Registry, VersionMetadata
-    from fleet.router import Router
+    from fleet.catalog.registry import Registry, VersionMetadata
+    from fleet.catalog.routes.store import Router
+    from fleet.catalog.tenants import Quota, Tenants
     from fleet.store import open_store
-    from fleet.tenants import Quota, Tenants
 
     url = f"file://{tmp_path / 'store'}"
     store = open_store(url)

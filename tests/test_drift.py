@@ -12,8 +12,7 @@ import pytest
 from scipy import stats
 from scipy.spatial import distance
 
-from fleet import profile
-from fleet.drift import (
+from fleet.analysis.drift import (
     DriftReport,
     concept_drift,
     drift_markdown,
@@ -27,8 +26,9 @@ from fleet.drift import (
     svg_data_uri,
     wasserstein,
 )
-from fleet.drift.stats import KS_EXACT_N
-from fleet.spec import DriftThresholds, MonitoringPolicy, RetrainTrigger
+from fleet.analysis.drift.stats import KS_EXACT_N
+from fleet.catalog import profile
+from fleet.catalog.policies import DriftThresholds, MonitoringPolicy, RetrainTrigger
 from fleet.types import score_bins
 
 T = DriftThresholds()

@@ -1,4 +1,4 @@
-"""fleet.experiment: the always-valid interval and the decision, over seeded simulations; and an
+"""fleet.analysis.ab: the always-valid interval and the decision, over seeded simulations; and an
 experiment on the running fleet, whose winner is the arm with the planted better outcome."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from fleet.experiment import (
+from fleet.analysis.ab import (
     MAX_TICKS_KEPT,
     MIN_PER_ARM,
     Tick,
@@ -122,9 +122,9 @@ def test_a_guardrail_stops_an_experiment_whose_b_fails_more_and_a_stop_request_i
     ends a healthy one at its next look."""
     from datetime import UTC, datetime
 
-    from fleet.experiment import ExperimentState
-    from fleet.metrics import MemoryMetrics
-    from fleet.spec import load_policies
+    from fleet.analysis.ab import ExperimentState
+    from fleet.analysis.sources import MemoryMetrics
+    from fleet.catalog.policies import load_policies
     from fleet.store import MemoryStore
     from flows._context import FleetContext
     from flows.experiment import stop_key, tick
@@ -229,7 +229,7 @@ def run_experiment(**params):  # noqa: ANN003, ANN201 - a Prefect State
 
 
 def test_an_experiment_with_a_planted_effect_ends_with_that_arm_winning(fleet: dict) -> None:
-    from fleet.router import Router
+    from fleet.catalog.routes.store import Router
     from flows.experiment import load
 
     with Users(fleet, {"1.0.0": 0.2, "1.1.0": 0.8}, seed=1) as users:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleet.tenants import Tenants
+from fleet.catalog.tenants import Tenants
 from tests.gateway_env import BODY, MODEL, GatewayEnv
 
 DELAY_MS = 20  # the replica's time per request: 50 requests/s at concurrency 1

@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleet.catalog.policies import Outcome
 from fleet.errors import InvalidInput
-from fleet.feedback import check_outcomes, labelled, parse, with_outcomes
-from fleet.spec import Outcome
+from fleet.logs.feedback import check_outcomes, labelled, parse, with_outcomes
 from tests.gateway_env import MODEL, GatewayEnv, infer, wait_for
 
 
@@ -105,7 +105,7 @@ def test_the_index_of_logged_requests_is_per_tenant_and_bounded_in_bytes() -> No
     """Ten 60,000-row requests once froze the gateway for 24 s: the index held one entry per
     row and evicted with ``pop(next(iter()))``, quadratic as it emptied. It now holds one
     entry per request, evicts in O(1), and never joins one tenant's id to another's request."""
-    from fleet.feedback import LoggedRequests
+    from fleet.logs.feedback import LoggedRequests
     from fleet.store import MemoryStore
 
     logged = LoggedRequests(MemoryStore(), max_bytes=64 * 1024)
@@ -125,7 +125,7 @@ def test_the_index_of_logged_requests_is_per_tenant_and_bounded_in_bytes() -> No
 
 
 def test_labels_must_be_classes_of_the_model() -> None:
-    from fleet.feedback import check_classes
+    from fleet.logs.feedback import check_classes
 
     _, given = parse({"model": "m", "feedback": [{"request_id": "a", "label": 1}, {"request_id": "b", "label": 2}]})
     check_classes(given[:1], 2)
@@ -136,8 +136,8 @@ def test_labels_must_be_classes_of_the_model() -> None:
 def test_a_generations_answer_is_found_in_memory_and_in_its_log_file_within_its_tenant_only() -> None:
     """Exact-match feedback needs which version answered and its output's digest: from the
     gateway's recent samples, or from the log file another gateway wrote."""
-    from fleet.feedback import LoggedRequests
-    from fleet.inference_log import GenSample, InferenceLog, digest
+    from fleet.logs.feedback import LoggedRequests
+    from fleet.logs.inference import GenSample, InferenceLog, digest
     from fleet.store import MemoryStore
 
     store = MemoryStore()
@@ -174,7 +174,7 @@ def test_a_generations_answer_is_found_in_memory_and_in_its_log_file_within_its_
 
 
 def test_a_generative_models_labels_are_texts_of_single_answers_and_bounded() -> None:
-    from fleet.feedback import MAX_LABEL_CHARS, check_classes, check_texts
+    from fleet.logs.feedback import MAX_LABEL_CHARS, check_classes, check_texts
 
     _, given = parse({"model": "lm", "feedback": [{"request_id": "a", "label": "dcba"}]})
     check_texts(given, "lm")
@@ -191,7 +191,7 @@ def test_a_generative_models_labels_are_texts_of_single_answers_and_bounded() ->
 
 
 def test_a_feedback_request_carries_a_bounded_number_of_outcomes() -> None:
-    from fleet.feedback import MAX_OUTCOME_ROWS, TooManyLabels
+    from fleet.logs.feedback import MAX_OUTCOME_ROWS, TooManyLabels
 
     items = [
         {"request_id": f"r{i}", "outcomes": {f"o{k}": 1 for k in range(20)}} for i in range(MAX_OUTCOME_ROWS // 20 + 1)

@@ -285,7 +285,7 @@ def test_a_route_change_reaches_two_gateway_processes_within_a_second(env) -> No
                 ).headers["x-fleet-model-version"]
                 == "1.0.0"
             )
-        from fleet.router import Router
+        from fleet.catalog.routes.store import Router
 
         Router(e.store).set(MODEL, canary="1.1.0", weight=100, why="canary for everyone")  # a CLI-style change: no push
         changed = time.monotonic()
@@ -335,7 +335,7 @@ def test_the_inference_log_holds_what_was_served_and_a_clean_shutdown_flushes_it
     assert proc.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after a graceful stop
     from datetime import UTC, datetime, timedelta
 
-    from fleet.inference_log import read_window
+    from fleet.logs.inference import read_window
 
     now = datetime.now(UTC)
     frame = read_window(e.store, MODEL, now - timedelta(minutes=5), now + timedelta(minutes=1))

@@ -173,7 +173,7 @@ def test_feedback_refuses_labels_outside_the_models_classes_and_integer_range(gw
 
 
 def test_a_model_the_tenant_may_not_use_looks_exactly_like_one_that_does_not_exist(gw: dict) -> None:
-    from fleet.tenants import Tenants
+    from fleet.catalog.tenants import Tenants
 
     e = gw["env"]
     _, key = Tenants(e.store).create("elsewhere", {"other-model": ["*"]})
@@ -248,7 +248,7 @@ def test_request_ids_are_unguessable_and_a_clients_id_is_scoped_to_its_tenant(gw
     r = post(gw, "/v1/feedback", {"model": MODEL, "feedback": [{"request_id": same, "label": 1}]}, "third")
     assert r.status_code == 404 and r.json()["unknown"] == [{"request_id": same, "row": 0}]  # learns nothing
 
-    from fleet.feedback import labelled
+    from fleet.logs.feedback import labelled
 
     e = gw["env"]
     wait_for(lambda: any(True for _ in e.store.list(f"logs/inference/{MODEL}/")), timeout=15, what="the log flushed")
@@ -289,7 +289,7 @@ def test_a_model_answering_nan_is_the_models_failure_not_the_gateways(env) -> No
 
 
 def test_a_failed_stable_request_is_never_sent_to_the_canary(env) -> None:
-    from fleet.routing import Canary, RouteTable, choose_version
+    from fleet.catalog.routes.table import Canary, RouteTable, choose_version
 
     e = env()
     e.register("1.0.0", "1.1.0")

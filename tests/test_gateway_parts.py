@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fleet.gateway.cache import ENTRY_OVERHEAD, PredictionCache
-from fleet.gateway.quota import TokenBuckets
+from fleet.gateway.quota.buckets import TokenBuckets
 from fleet.gateway.slots import QueueFull, Slots
 from fleet.gateway.stats import WindowedStats
 from fleet.gateway.upstream import EJECT_AFTER, Replica
@@ -400,50 +400,60 @@ def test_a_mirrored_generation_is_compared_by_its_text_and_counted_in_its_bytes(
 
 
 def test_scoped_credentials_are_for_one_purpose_one_gateway_and_one_minute() -> None:
-    from fleet import gateways
+    from fleet.catalog import gateway_directory
 
     token, now = "t" * 40, 1_800_000_000
-    given = gateways.credential(token, "refresh", "gw-1", now)
-    assert token not in given and gateways.verify(given, token, "refresh", "gw-1", now + 59)
-    assert not gateways.verify(given, token, "stats", "gw-1", now)  # another purpose
-    assert not gateways.verify(given, token, "refresh", "gw-2", now)  # another gateway
-    assert not gateways.verify(given, token, "refresh", "gw-1", now + 61)  # too old
-    assert not gateways.verify(given, "another-token", "refresh", "gw-1", now)
-    assert not gateways.verify(f"Bearer {token}", token, "refresh", "gw-1", now)
-    assert not gateways.verify(given.replace(":" + str(now), ":" + str(now + 1)), token, "refresh", "gw-1", now)
+    given = gateway_directory.credential(token, "refresh", "gw-1", now)
+    assert token not in given and gateway_directory.verify(given, token, "refresh", "gw-1", now + 59)
+    assert not gateway_directory.verify(given, token, "stats", "gw-1", now)  # another purpose
+    assert not gateway_directory.verify(given, token, "refresh", "gw-2", now)  # another gateway
+    assert not gateway_directory.verify(given, token, "refresh", "gw-1", now + 61)  # too old
+    assert not gateway_directory.verify(given, "another-token", "refresh", "gw-1", now)
+    assert not gateway_directory.verify(f"Bearer {token}", token, "refresh", "gw-1", now)
+    assert not gateway_directory.verify(
+        given.replace(":" + str(now), ":" + str(now + 1)), token, "refresh", "gw-1", now
+    )
 
 
 def test_only_gateways_on_trusted_networks_are_pushed_to(monkeypatch) -> None:
-    from fleet import audit, gateways
+    from fleet import audit
+    from fleet.catalog import gateway_directory
     from fleet.errors import ConfigError
 
-    def record(url: str) -> gateways.GatewayRecord:
+    def record(url: str) -> gateway_directory.GatewayRecord:
         now = audit.now()
-        return gateways.GatewayRecord(id="g", url=url, host="h", pid=1, started_at=now, heartbeat_at=now)
+        return gateway_directory.GatewayRecord(id="g", url=url, host="h", pid=1, started_at=now, heartbeat_at=now)
 
     monkeypatch.delenv("FLEET_GATEWAY_NETWORKS", raising=False)
-    assert gateways.trusted(record("http://127.0.0.1:8000")) and gateways.trusted(record("http://[::1]:8000"))
-    assert gateways.trusted(record("http://localhost:8000"))
+    assert gateway_directory.trusted(record("http://127.0.0.1:8000")) and gateway_directory.trusted(
+        record("http://[::1]:8000")
+    )
+    assert gateway_directory.trusted(record("http://localhost:8000"))
     for url in (
         "http://10.0.3.4:8000",
         "https://evil.example.com",
         "http://10.0.3.4.nip.io:8000",
         "file:///etc/passwd",
     ):
-        assert not gateways.trusted(record(url)), url
+        assert not gateway_directory.trusted(record(url)), url
     monkeypatch.setenv("FLEET_GATEWAY_NETWORKS", "10.0.0.0/16, fd00::/8")
-    assert gateways.trusted(record("http://10.0.3.4:8000")) and not gateways.trusted(record("http://10.1.0.1:8000"))
-    assert not gateways.trusted(record("https://evil.example.com"))  # a name is never trusted: DNS can point anywhere
+    assert gateway_directory.trusted(record("http://10.0.3.4:8000")) and not gateway_directory.trusted(
+        record("http://10.1.0.1:8000")
+    )
+    assert not gateway_directory.trusted(
+        record("https://evil.example.com")
+    )  # a name is never trusted: DNS can point anywhere
     monkeypatch.setenv("FLEET_GATEWAY_NETWORKS", "10.0.0.0/33")
     with pytest.raises(ConfigError, match="FLEET_GATEWAY_NETWORKS has '10.0.0.0/33'; expected comma-separated CIDRs"):
-        gateways.trusted_networks()
+        gateway_directory.trusted_networks()
 
 
 def test_notify_sends_a_scoped_credential_never_the_token_and_skips_untrusted_records(monkeypatch) -> None:
     import http.server
     import threading
 
-    from fleet import audit, gateways, records
+    from fleet import audit, records
+    from fleet.catalog import gateway_directory
     from fleet.store import MemoryStore
 
     seen: list[str] = []
@@ -465,11 +475,11 @@ def test_notify_sends_a_scoped_credential_never_the_token_and_skips_untrusted_re
             ("real", f"http://127.0.0.1:{server.server_address[1]}"),
             ("planted", "http://203.0.113.9:8000"),
         ):
-            record = gateways.GatewayRecord(id=gid, url=url, host="h", pid=1, started_at=now, heartbeat_at=now)
-            store.put(gateways.key(gid), records.dump(record))
+            record = gateway_directory.GatewayRecord(id=gid, url=url, host="h", pid=1, started_at=now, heartbeat_at=now)
+            store.put(gateway_directory.key(gid), records.dump(record))
         monkeypatch.delenv("FLEET_GATEWAY_NETWORKS", raising=False)
-        assert gateways.notify(store, token) == {"real": True, "planted": False}
-        assert len(seen) == 1 and token not in seen[0] and gateways.verify(seen[0], token, "refresh", "real")
+        assert gateway_directory.notify(store, token) == {"real": True, "planted": False}
+        assert len(seen) == 1 and token not in seen[0] and gateway_directory.verify(seen[0], token, "refresh", "real")
     finally:
         server.shutdown()
 

@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from fleet.gateway.answers import UpstreamError
-from fleet.gateway.generate import MAX_EVENT_BYTES, EventParser, Events
-from fleet.gateway.h1 import STREAM_HIGH_WATER, ConnectionPool, IncompleteResponse, StreamedResponse
+from fleet.gateway.generation.routes import MAX_EVENT_BYTES, EventParser, Events
+from fleet.gateway.h1client import STREAM_HIGH_WATER, ConnectionPool, IncompleteResponse, StreamedResponse
 from tests.test_h1 import JSON, Peer, Scripted, pooled, until, waited
 
 EVENTS = [

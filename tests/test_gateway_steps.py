@@ -10,19 +10,19 @@ import numpy as np
 import pytest
 
 from fleet import audit
+from fleet.catalog.registry import ModelVersion, TensorSpec
+from fleet.catalog.routes.table import Canary, Choice, RouteTable
+from fleet.catalog.tenants import Quota, Tenant, _new_key
 from fleet.errors import InvalidInput, NotFound, Unauthorized
 from fleet.gateway.answers import BadAnswer, decode_answer
 from fleet.gateway.dispatch import Dispatcher, fallback
 from fleet.gateway.pipeline import Call, Pipeline
 from fleet.gateway.protocol import MalformedBody, TooManyRows, conforms, decode_v1, decode_v2
-from fleet.gateway.quota import OverQuota, Quotas, TokenBuckets
-from fleet.gateway.quota import release as quota_release
-from fleet.gateway.state import Snapshot
+from fleet.gateway.quota.buckets import OverQuota, Quotas, TokenBuckets
+from fleet.gateway.quota.buckets import release as quota_release
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import NoReplica, Rejected, UpstreamError
-from fleet.registry import ModelVersion, TensorSpec
-from fleet.routing import Canary, Choice, RouteTable
-from fleet.tenants import Quota, Tenant, _new_key
+from fleet.gateway.view import Snapshot
 
 FEATURES = [TensorSpec(name="features", datatype="FP32", shape=[-1, 4])]
 
@@ -196,7 +196,7 @@ def test_a_concurrency_quota_holds_a_lease_until_the_request_is_answered() -> No
 
 
 def manifest(version: str, inputs: list[TensorSpec] = FEATURES) -> ModelVersion:
-    from fleet.registry import FileDigest
+    from fleet.catalog.registry import FileDigest
 
     now = audit.now()
     return ModelVersion(

@@ -17,16 +17,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleet import gateways
-from fleet.gateway.quota import divide
+from fleet.catalog import gateway_directory
+from fleet.gateway.quota.buckets import divide
 from fleet.gateway.workers import merge_expositions, worker_argv
 from tests.gateway_env import ADMIN_TOKEN, BODY, MODEL, GatewayEnv, metric, wait_for
 from tests.redis_env import RedisServer
 from tests.test_quota_redis import BURST, RPS, _flood, metered
 
 
-def _records(env: GatewayEnv) -> list[gateways.GatewayRecord]:
-    return gateways.live(env.store)
+def _records(env: GatewayEnv) -> list[gateway_directory.GatewayRecord]:
+    return gateway_directory.live(env.store)
 
 
 @pytest.fixture
@@ -79,12 +79,12 @@ def metric_of(url: str, name: str, worker: str) -> float:
 
 def test_a_route_push_reaches_every_worker(workers) -> None:
     env, url, _, key = workers
-    pushed = gateways.notify(env.store, ADMIN_TOKEN)
+    pushed = gateway_directory.notify(env.store, ADMIN_TOKEN)
     assert list(pushed.values()) == [True, True]  # each worker is a gateway the control plane reaches
     env.register("1.1.0")
     env.stub("1.1.0")
     env.route(canary="1.1.0", weight=100)
-    gateways.notify(env.store, ADMIN_TOKEN)
+    gateway_directory.notify(env.store, ADMIN_TOKEN)
     for record in _records(env):  # every worker, not whichever one the kernel picks for us
         with httpx.Client(base_url=record.url, timeout=5) as client:
             wait_for(

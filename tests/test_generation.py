@@ -315,7 +315,7 @@ def test_exact_match_feedback_is_compared_with_the_logged_answer_and_counted_for
     metrics = httpx.get(fleet["url"] + "/metrics", timeout=10).text
     assert f'fleet_feedback_labels_total{{model="{MODEL}",outcome="match",version="1.0.0"}} 1.0' in metrics
     # the inference log holds the generation without its texts (policy texts: false)
-    from fleet.inference_log import digest, read_window
+    from fleet.logs.inference import digest, read_window
     from fleet.store import open_store
 
     store = open_store(fleet["env"].env["FLEET_STORE"])

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from fleet import records
-from fleet.registry import Registry, State
-from fleet.rollout import RolloutState, state_key
-from fleet.router import Router
+from fleet.catalog.registry import Registry, State
+from fleet.catalog.routes.store import Router
+from fleet.control.rollout.effects import RolloutState, state_key
 from tests.rollout_env import Load, serving_fleet
 from tests.serving_env import ROOT, FleetEnv
 
@@ -76,7 +76,7 @@ def served(fleet: dict, n: int = 20) -> set[str]:
 
 
 def _ttft_slo_ms() -> float:
-    from fleet.spec import load_policies
+    from fleet.catalog.policies import load_policies
 
     return load_policies(ROOT / "policies").model(MODEL).slo.p99_ms
 

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from fleet.gateway import genproto
+from fleet.gateway.generation import protocol
 from fleet.gateway.protocol import MalformedBody, parse_json
 
 
 def test_a_completion_as_the_openai_client_sends_it() -> None:
-    req = genproto.completion(
+    req = protocol.completion(
         {
             "model": "demo-lm",
             "prompt": ["reverse abc>"],
@@ -40,7 +40,7 @@ def test_a_completion_as_the_openai_client_sends_it() -> None:
 
 
 def test_model_may_name_a_version_and_chat_messages_are_kept_in_order() -> None:
-    req = genproto.chat(
+    req = protocol.chat(
         {
             "model": "demo-lm:1.1.0",
             "messages": [
@@ -79,7 +79,7 @@ def test_model_may_name_a_version_and_chat_messages_are_kept_in_order() -> None:
 )
 def test_hostile_or_malformed_completions_say_what_was_expected(body: dict, expected: str) -> None:
     with pytest.raises(MalformedBody, match=expected):
-        genproto.completion(body, 64)
+        protocol.completion(body, 64)
 
 
 @pytest.mark.parametrize(
@@ -95,11 +95,11 @@ def test_hostile_or_malformed_completions_say_what_was_expected(body: dict, expe
 )
 def test_bad_chat_messages_are_refused(messages: object) -> None:
     with pytest.raises(MalformedBody, match="messages"):
-        genproto.chat({"model": "m", "messages": messages}, 64)
+        protocol.chat({"model": "m", "messages": messages}, 64)
 
 
 def test_oip_generate_takes_parameters_and_keeps_routing_controls_apart() -> None:
-    req = genproto.oip(
+    req = protocol.oip(
         {
             "text_input": "reverse ab>",
             "parameters": {"max_tokens": 3, "temperature": 0, "priority": "batch", "routing_key": "user-1"},
@@ -112,7 +112,7 @@ def test_oip_generate_takes_parameters_and_keeps_routing_controls_apart() -> Non
     assert req.prompt == "reverse ab>" and req.max_tokens == 3 and req.stream and req.version == "1.0.0"
     assert req.parameters == {"priority": "batch", "routing_key": "user-1"}
     with pytest.raises(MalformedBody, match="text_input is missing"):
-        genproto.oip({"parameters": {}}, "m", None, 64, False)
+        protocol.oip({"parameters": {}}, "m", None, 64, False)
     with pytest.raises(MalformedBody, match="expected a JSON object"):
         parse_json(b"[1]")
 
@@ -128,7 +128,7 @@ def events(raw: bytes) -> list[object]:
 
 
 def test_openai_stream_chunks_carry_the_role_first_then_text_then_the_reason_and_usage() -> None:
-    answer = genproto.Answer("chat", "r1", "demo-lm", "1.0.0", include_usage=True)
+    answer = protocol.Answer("chat", "r1", "demo-lm", "1.0.0", include_usage=True)
     first = events(answer.chunk({"text": "cb", "completion_tokens": 2}, True))[0]
     assert first["object"] == "chat.completion.chunk" and first["id"] == "chatcmpl-r1"
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "cb"}
@@ -144,12 +144,12 @@ def test_openai_stream_chunks_carry_the_role_first_then_text_then_the_reason_and
 
 def test_whole_answers_in_each_protocol() -> None:
     final = {"finish_reason": "length", "prompt_tokens": 4, "completion_tokens": 2}
-    done = genproto.Answer("completion", "r", "m", "1.0.0").whole("ab", final)
+    done = protocol.Answer("completion", "r", "m", "1.0.0").whole("ab", final)
     assert (
         done["choices"][0]["text"] == "ab"
         and done["usage"]["total_tokens"] == 6
         and done["object"] == "text_completion"
     )
-    oip = genproto.Answer("oip", "r", "m", "1.0.0").whole("ab", final)
+    oip = protocol.Answer("oip", "r", "m", "1.0.0").whole("ab", final)
     assert oip["text_output"] == "ab" and oip["model_version"] == "1.0.0" and oip["finish_reason"] == "length"
-    assert genproto.Answer("oip", "r", "m", "1.0.0").done() == b""
+    assert protocol.Answer("oip", "r", "m", "1.0.0").done() == b""

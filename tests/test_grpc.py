@@ -20,10 +20,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from fleet.catalog.tenants import Quota, Tenants
+
 # first: loads tritonclient's protos (see _load_service)
 from fleet.gateway.grpc_server import SERVICE, grpc_code, pb, pb_grpc
 from fleet.gateway.pipeline import Call, DeadlinePassed, Pipeline
-from fleet.tenants import Quota, Tenants
 from tests.gateway_env import MODEL, GatewayEnv, metric, wait_for
 from tests.serving_env import FLEET, free_port, wait_ready
 

@@ -607,10 +607,10 @@ def test_the_gateway_may_only_raise_a_lazy_scaledobjects_floor_from_0_to_1() -> 
 
     import celpy
 
-    from fleet.placement import plan
+    from fleet.catalog.policies import load_policies
+    from fleet.planning.placement import plan
+    from fleet.planning.stack import placement_inputs, read_stack_file
     from fleet.runtime.kubernetes import manifests
-    from fleet.spec import load_policies
-    from fleet.stack import placement_inputs, read_stack_file
     from infra import admission
 
     policies = load_policies(ROOT / "policies")

@@ -1,4 +1,4 @@
-"""The gateway's HTTP/1.1 client (fleet/gateway/h1.py) against real sockets on 127.0.0.1.
+"""The gateway's HTTP/1.1 client (fleet/gateway/h1client.py) against real sockets on 127.0.0.1.
 
 A scripted asyncio server sends exactly the bytes a test needs (chunked, close-delimited,
 oversized, garbage, closing at a chosen moment); a real uvicorn + Starlette server shows
@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from fleet.gateway.h1 import (
+from fleet.gateway.h1client import (
     BodyTooLarge,
     ConnectError,
     ConnectionPool,

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 
 from fleet.errors import StoreUnavailable
-from fleet.inference_log import InferenceLog, Sample, feature_names, read_window
+from fleet.logs.inference import InferenceLog, Sample, feature_names, read_window
 from fleet.store import MemoryStore
 
 NAMES = ("income", "debt_ratio", "age", "tenure")

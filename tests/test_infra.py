@@ -23,9 +23,9 @@ from infra_harness import (
 )
 from k8s_schemas import json_ints, validate
 
-from fleet.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, plan
-from fleet.spec import load_policies
-from fleet.stack import placement_inputs, read_stack_file
+from fleet.catalog.policies import load_policies
+from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, plan
+from fleet.planning.stack import placement_inputs, read_stack_file
 
 STACKS = ("dev", "prod")
 COST_TAGS = ("team", "env", "model")
@@ -262,8 +262,8 @@ def _allows(policy: list[dict], action: str, resource: str) -> bool:
     return "Deny" not in hits and "Allow" in hits
 
 
-# key → may the gateway write it; the keys are what fleet.router, fleet.tenants, fleet.audit,
-# Registry.transition, fleet.gateways, the inference log, fleet.usage and fleet.loading write
+# key → may the gateway write it; the keys are what fleet.catalog.routes.store, fleet.catalog.tenants, fleet.audit,
+# Registry.transition, fleet.catalog.gateway_directory, the inference log, fleet.usage.meter and fleet.control.lazy write
 GATEWAY_KEYS = {
     "routes/demo-classifier.json": True,
     "tenants/acme.json": True,
@@ -272,8 +272,8 @@ GATEWAY_KEYS = {
     "models/demo-classifier/1.2.0/manifest.json": True,
     "gateways/3f2a9c.json": True,
     "logs/inference/demo-classifier/2025/01/01/00/1735689600000-3f2a9c-1.parquet": True,
-    "usage/2026-12-01T10/3f2a9c.json": True,  # fleet.usage's hourly file (refused before: metering failed on AWS)
-    "activity/3f2a9c.json": True,  # fleet.loading's idle clock
+    "usage/2026-12-01T10/3f2a9c.json": True,  # fleet.usage.meter's hourly file (refused before: metering failed on AWS)
+    "activity/3f2a9c.json": True,  # fleet.control.lazy's idle clock
     "models/demo-classifier/1.2.0/artifact/model.pt": False,
     "models/demo-classifier/1.2.0/artifact/nested/manifest.json": False,  # * would match it, the Deny does not let it
     "models/demo-classifier/1.2.0/registering.json": False,  # registration is the flows' work
@@ -423,7 +423,7 @@ def test_each_gateway_pod_announces_its_own_address(stack: Build) -> None:
     assert [p["name"] for p in services["fleet-gateway"]["ports"]] == ["http"]  # the NodePort one: HTTP only
     grpc_service = services["fleet-gateway-grpc"]  # gRPC in-cluster only: no port on every node
     assert grpc_service["type"] == "ClusterIP" and grpc_service["ports"][0]["targetPort"] == "grpc"
-    # pod IPs are pushed to only inside the stack's VPC (fleet.gateways' trust model)
+    # pod IPs are pushed to only inside the stack's VPC (fleet.catalog.gateway_directory' trust model)
     (vpc,) = stack.of_type("aws:ec2/vpc:Vpc")
     assert _env(container)["FLEET_GATEWAY_NETWORKS"]["value"] == vpc.inputs["cidrBlock"]
 
@@ -502,7 +502,7 @@ def test_the_gateway_reads_the_stacks_policies_from_a_config_map(stack: Build, t
 
 
 def test_the_gateway_reads_the_plans_prices_from_a_config_map(stack: Build, tmp_path) -> None:  # noqa: ANN001
-    from fleet.usage import prices_from_plan, read_prices
+    from fleet.usage.meter import prices_from_plan, read_prices
 
     pod, container = _gateway(stack)
     path = _env(container)["FLEET_PRICES_FILE"]["value"]

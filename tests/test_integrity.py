@@ -23,8 +23,8 @@ from bentos.integrity import (
     listing_sha256,
     verify_folder,
 )
+from fleet.catalog.registry import ModelVersion, Registry
 from fleet.errors import IntegrityError, InvalidInput, NotFound
-from fleet.registry import ModelVersion, Registry
 from fleet.runtime import images
 from fleet.runtime.cache import ArtifactCache, manifest_listing
 from fleet.store import FileStore, MemoryStore
@@ -246,7 +246,7 @@ def test_an_entry_in_use_by_another_process_is_never_evicted(tmp_path: Path) -> 
     cache = ArtifactCache(tmp_path / "cache", max_bytes=50_000)  # one entry fits
     script = (
         "import sys, time; from pathlib import Path\n"
-        "from fleet.registry import Registry; from fleet.store import FileStore; from fleet.runtime.cache import ArtifactCache\n"
+        "from fleet.catalog.registry import Registry; from fleet.store import FileStore; from fleet.runtime.cache import ArtifactCache\n"
         f"cache = ArtifactCache({str(tmp_path / 'cache')!r}, max_bytes=50_000)\n"
         f"with cache.use(Registry(FileStore({str(tmp_path / 'store')!r})), 'demo', '1.0.0') as folder:\n"
         "    print('using', flush=True); sys.stdin.readline()\n"

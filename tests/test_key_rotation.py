@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleet.tenants import Tenants
+from fleet.catalog.tenants import Tenants
 from tests.gateway_env import GatewayEnv, admin, infer, wait_for
 
 # Long enough that the new key is seen and the old one called before it ends even on a busy

@@ -15,9 +15,11 @@ import kubernetes_validate
 import pytest
 from k8s_schemas import validate
 
+from fleet.catalog.policies import load_policies
+from fleet.catalog.registry import Registry
 from fleet.errors import ConfigError, IntegrityError, InvalidInput, NotFound
-from fleet.placement import GPU_RESOURCE, plan
-from fleet.registry import Registry
+from fleet.planning.placement import GPU_RESOURCE, plan
+from fleet.planning.stack import placement_inputs, read_stack_file
 from fleet.runtime import images, open_runtime
 from fleet.runtime.kubernetes import (
     CONFIG_MAP,
@@ -30,8 +32,6 @@ from fleet.runtime.kubernetes import (
     object_name,
 )
 from fleet.runtime.local import DeployFailed
-from fleet.spec import load_policies
-from fleet.stack import placement_inputs, read_stack_file
 from fleet.store import MemoryStore
 from fleet.types import ObjectStore
 from tests.test_registry import META
@@ -492,8 +492,8 @@ def test_each_scaling_trigger_of_the_policy_becomes_a_keda_trigger(prod_plan) ->
 
 
 def test_gpu_utilization_on_a_cpu_model_and_repeated_triggers_are_refused() -> None:
+    from fleet.catalog.policies import Autoscaling
     from fleet.errors import FleetError
-    from fleet.spec import Autoscaling
 
     policies = load_policies(ROOT / "policies")
     demo = policies.models["demo-classifier"]
@@ -625,7 +625,7 @@ def test_http_client_sends_merge_patches() -> None:
 def test_the_idle_unload_controller_sets_an_idle_lazy_versions_floor_to_zero_and_leaves_eager_ones(
     lazy_kube: FakeKube, prod_plan
 ) -> None:  # noqa: ANN001
-    from fleet.loading import LoadController
+    from fleet.control.lazy import LoadController
 
     _, policies = prod_plan
     lazy = policies.models["embed-small"].model_copy(update={"loading": "lazy", "idle_unload_s": 600.0})

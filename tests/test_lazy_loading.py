@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from fleet.registry import Registry, VersionMetadata
+from fleet.catalog.registry import Registry, VersionMetadata
 from fleet.runtime.local import LocalRuntime
 from fleet.store import open_store
 from tests.gateway_env import metric, wait_for
@@ -221,8 +221,8 @@ def test_the_memory_budget_stops_the_least_recently_used_idle_version_never_eage
 
 
 def _all_idle(env: FleetEnv, policies: Path) -> bool:
-    from fleet.loading import LoadController
-    from fleet.spec import load_policies
+    from fleet.catalog.policies import load_policies
+    from fleet.control.lazy import LoadController
 
     controller = LoadController(
         open_store(env.env["FLEET_STORE"]), load_policies(policies), LocalRuntime(env.root / "run")
@@ -231,7 +231,7 @@ def _all_idle(env: FleetEnv, policies: Path) -> bool:
 
 
 def _last_request(env: FleetEnv, version: str) -> float | None:
-    from fleet.loading import last_requests
+    from fleet.control.lazy import last_requests
 
     return last_requests(open_store(env.env["FLEET_STORE"])).get((LAZY, version))
 

@@ -14,13 +14,13 @@ from datetime import UTC, datetime
 
 import pytest
 
+from fleet.catalog.policies import ModelSpec, load_policies
+from fleet.catalog.routes.table import Canary, RouteTable, Shadow
+from fleet.control.lazy import BUSY_WITHIN_S, Candidate, NoRoom, idle_unloads, make_room, protections
+from fleet.control.rollout.effects import RolloutState
 from fleet.gateway.activate import Activator, StartFailed, Starting
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import NoReplica, Upstreams
-from fleet.loading import BUSY_WITHIN_S, Candidate, NoRoom, idle_unloads, make_room, protections
-from fleet.rollout import RolloutState
-from fleet.routing import Canary, RouteTable, Shadow
-from fleet.spec import ModelSpec, load_policies
 from fleet.types import Deployment
 from tests.serving_env import ROOT
 

@@ -20,10 +20,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from fleet import audit, gateways, records
-from fleet.errors import ConfigError, FleetError, InvalidInput
-from fleet.gateways import GatewayRecord
-from fleet.metrics import (
+from fleet import audit, records
+from fleet.analysis.sources import (
     BadMetricsAnswer,
     MemoryMetrics,
     MetricsUnavailable,
@@ -32,8 +30,11 @@ from fleet.metrics import (
     score_bin,
     sum_windows,
 )
-from fleet.metrics.gateway import GatewayMetrics
-from fleet.metrics.prometheus import PrometheusMetrics
+from fleet.analysis.sources.gateway import GatewayMetrics
+from fleet.analysis.sources.prometheus import PrometheusMetrics
+from fleet.catalog import gateway_directory
+from fleet.catalog.gateway_directory import GatewayRecord
+from fleet.errors import ConfigError, FleetError, InvalidInput
 from fleet.store import MemoryStore
 from fleet.types import LATENCY_BUCKETS_MS, OUTPUT_TOKEN_BUCKETS, MetricsSource
 
@@ -256,7 +257,7 @@ def gateway(name: str, token: str = TOKEN):
     def answer(path: str, query: dict[str, str], headers: dict[str, str]) -> Answer:
         given = headers.get("Authorization", "")
         gid = given.split(" ", 1)[-1].split(":")[1] if ":" in given else ""
-        if TOKEN in given or not gateways.verify(given, token, "stats", gid):  # scoped, never the token itself
+        if TOKEN in given or not gateway_directory.verify(given, token, "stats", gid):  # scoped, never the token itself
             return 401, b'{"error": "admin token required"}'
         assert path == f"/admin/stats/{MODEL}"
         return 200, fixture(name)
@@ -268,9 +269,9 @@ def announce(store: MemoryStore, url: str, gid: str, age_s: float = 0.0) -> None
     t = audit.now() - timedelta(seconds=age_s)
     record = GatewayRecord(id=gid, url=url, host="h", pid=1, started_at=t, heartbeat_at=t)
     if age_s:  # announce() stamps a fresh heartbeat; a dead gateway's record is just old
-        store.put(gateways.key(gid), records.dump(record))
+        store.put(gateway_directory.key(gid), records.dump(record))
     else:
-        gateways.announce(store, record)
+        gateway_directory.announce(store, record)
 
 
 def test_gateway_source_sums_every_live_gateway(serve) -> None:
@@ -315,7 +316,7 @@ def test_gateways_with_stale_heartbeats_are_not_asked(serve) -> None:
     server = serve(gateway("gateway_stats_a.json"))
     store = MemoryStore()
     announce(store, server.url, "gw-a")
-    announce(store, dead_url(), "gw-gone", age_s=gateways.STALE_AFTER_S + 5)
+    announce(store, dead_url(), "gw-gone", age_s=gateway_directory.STALE_AFTER_S + 5)
     w = GatewayMetrics(store, TOKEN, clock=lambda: END).window(MODEL, "1.0.0", END - 60, END)
     assert w.requests == 812
 

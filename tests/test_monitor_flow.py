@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from bentos.tabular_mlp import data
-from fleet.registry import Registry, State
-from fleet.router import Router
+from fleet.catalog.registry import Registry, State
+from fleet.catalog.routes.store import Router
 from tests.rollout_env import FAST, MODEL, Load, serving_fleet
 from tests.serving_env import ROOT, FleetEnv
 
@@ -66,7 +66,7 @@ def wait_logged(fleet: dict, rows: int, timeout: float = 30) -> None:
     """Until the gateway's inference log (written every 2 s) holds ``rows`` rows."""
     from datetime import UTC, datetime, timedelta
 
-    from fleet.inference_log import read_window
+    from fleet.logs.inference import read_window
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 
 from bentos.tabular_mlp import data
-from fleet.drift import concept_drift, drift_report
-from fleet.monitoring import decide
-from fleet.profile import baseline_profile
-from fleet.quality import ExpectationOutcome, QualityResult
-from fleet.spec import load_policies
+from fleet.analysis.drift import concept_drift, drift_report
+from fleet.analysis.monitoring import decide
+from fleet.analysis.quality import ExpectationOutcome, QualityResult
+from fleet.catalog.policies import load_policies
+from fleet.catalog.profile import baseline_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

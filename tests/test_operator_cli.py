@@ -168,7 +168,7 @@ def test_values_that_cannot_be_stored_are_refused_and_nothing_is_written(tmp_pat
 
 
 def test_tenants_limits_changes_a_quota_and_weight_and_refuses_what_cannot_be_stored(tmp_path: Path) -> None:
-    from fleet.tenants import Tenants
+    from fleet.catalog.tenants import Tenants
 
     env = GatewayEnv(tmp_path)
     env.register("1.0.0")

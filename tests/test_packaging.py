@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from bentos.tabular_mlp.train import TrainConfig, train_and_register
-from fleet.registry import Registry
+from fleet.catalog.policies import load_policies
+from fleet.catalog.registry import Registry
 from fleet.runtime.cache import ArtifactCache
-from fleet.spec import load_policies
 from fleet.store import FileStore
 from tests.serving_env import FLEET, FleetEnv, free_port
 
@@ -188,7 +188,7 @@ def test_model_pods_run_as_the_numeric_user_of_the_image_bentoml_builds(
 ) -> None:
     """`bentoml containerize` images end in ``USER bentoml`` (a name): with runAsNonRoot alone the
     kubelet refuses them (non-numeric user). The runtime's pods must name that user's numbers."""
-    from fleet.placement import ModelPlacement
+    from fleet.planning.placement import ModelPlacement
     from fleet.runtime.bento import bentoml_home, package
     from fleet.runtime.kubernetes import manifests
 

@@ -1,4 +1,4 @@
-"""fleet.placement: models onto node pools — shared GPUs, tensor parallelism, isolation, sizes."""
+"""fleet.planning.placement: models onto node pools — shared GPUs, tensor parallelism, isolation, sizes."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
+from fleet.catalog.policies import Policies
 from fleet.errors import ConfigError
-from fleet.placement import (
+from fleet.planning.placement import (
     BYTES_PER_PARAM,
     DEDICATED_KEY,
     GPU_RESOURCE,
@@ -18,8 +19,7 @@ from fleet.placement import (
     plan,
     replica_gpu_memory_gib,
 )
-from fleet.spec import Policies
-from fleet.stack import NodePool, models_from_config, placement_inputs, pools_from_config, read_stack_file
+from fleet.planning.stack import NodePool, models_from_config, placement_inputs, pools_from_config, read_stack_file
 
 CPU = {"name": "cpu", "instance_type": "m6i.xlarge", "vcpu": 4, "memory_gib": 16, "hourly_usd": 0.192}
 A10G_SLICED = {
@@ -336,7 +336,7 @@ def test_the_stack_models_list_names_only_models_of_the_policies() -> None:
 
 
 def test_a_stack_file_gives_the_planner_its_pools_and_models(tmp_path) -> None:  # noqa: ANN001
-    import fleet.placement
+    import fleet.planning.placement
 
     stack = tmp_path / "Pulumi.t.yaml"
     stack.write_text(
@@ -355,8 +355,11 @@ def test_a_stack_file_gives_the_planner_its_pools_and_models(tmp_path) -> None: 
         ConfigError, match=r"Pulumi.t.yaml: serving-fleet: nodePools: got \{\} — expected a non-empty list"
     ):
         placement_inputs(read_stack_file(stack), str(stack), p)
-    # the planner's inputs still import from fleet.placement, as before fleet.stack existed
-    assert fleet.placement.NodePool is NodePool and fleet.placement.pools_from_config is pools_from_config
+    # the planner's inputs still import from fleet.planning.placement, as before fleet.planning.stack existed
+    assert (
+        fleet.planning.placement.NodePool is NodePool
+        and fleet.planning.placement.pools_from_config is pools_from_config
+    )
 
 
 # --- fleet plan -----------------------------------------------------------------------------

@@ -10,8 +10,9 @@ import pytest
 import yaml
 from k8s_schemas import validate
 
+from fleet.catalog.policies import load_policies
 from fleet.errors import ConfigError
-from fleet.placement import (
+from fleet.planning.placement import (
     KV_DEFAULT_SHARE,
     RUNTIME_OVERHEAD,
     PlacementError,
@@ -21,9 +22,8 @@ from fleet.placement import (
     plan,
     tensor_parallel_ok,
 )
+from fleet.planning.stack import GPU_TYPES, NodePool, placement_inputs, pools_from_config, read_stack_file
 from fleet.runtime.kubernetes import config_map_data, engine_env, manifests, placement_from_dict
-from fleet.spec import load_policies
-from fleet.stack import GPU_TYPES, NodePool, placement_inputs, pools_from_config, read_stack_file
 from tests.test_placement import A10G_4, A10G_SLICED, A100_8, CPU, gib, model, policies, pools
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import ConfigError
-from fleet.stack import (
+from fleet.planning.stack import (
     ALB_USD,
     EKS_CONTROL_PLANE_USD,
     NAT_GATEWAY_USD,
@@ -202,7 +202,7 @@ def test_stack_values_as_pulumi_config_set_writes_them() -> None:
 
 
 def test_demo_meta_parses_with_the_register_loader() -> None:
-    from fleet.registry import VersionMetadata
+    from fleet.catalog.registry import VersionMetadata
     from fleet.validation import load_yaml_file
 
     meta = load_yaml_file(EXAMPLE / "meta.yaml", VersionMetadata)  # what `fleet models register --meta` does
@@ -228,7 +228,7 @@ def test_the_plan_says_what_scales_each_model_and_what_an_inference_costs() -> N
     data = plan_json("prod")
     models = {m["model"]: m for m in data["models"]}
     groups = {g["name"]: g for g in data["node_groups"]}
-    from fleet.stack import read_stack_file
+    from fleet.planning.stack import read_stack_file
 
     pools = {p["name"]: p for p in read_stack_file(ROOT / "Pulumi.prod.yaml")["serving-fleet:nodePools"]}
     for c in data["per_inference"]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bentos.tabular_mlp import data
-from fleet import profile
+from fleet.catalog import profile
 from fleet.types import score_bin, score_bins
 
 

@@ -12,10 +12,11 @@ import pandas as pd
 import pytest
 
 from bentos.tabular_mlp import data
-from fleet import profile, quality
+from fleet.analysis import quality
+from fleet.catalog import profile
+from fleet.catalog.policies import QualityThresholds
+from fleet.catalog.registry import TensorSpec
 from fleet.errors import InvalidInput
-from fleet.registry import TensorSpec
-from fleet.spec import QualityThresholds
 
 DEMO_INPUTS = [TensorSpec(name="features", datatype="FP32", shape=[-1, 4])]
 Q = QualityThresholds()
@@ -237,7 +238,7 @@ def test_an_empty_window_still_checks_the_schema(demo) -> None:
 
 def test_great_expectations_stays_off_the_import_path_and_analytics_off() -> None:
     code = (
-        "import sys, fleet.quality, fleet.drift, fleet.profile; "
+        "import sys, fleet.analysis.quality, fleet.analysis.drift, fleet.catalog.profile; "
         "assert 'great_expectations' not in sys.modules, 'GX imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,5 +1,5 @@
 """Quotas shared through a real Redis by several gateway processes, and what happens when
-Redis goes away and comes back (``fleet.gateway.quota``).
+Redis goes away and comes back (``fleet.gateway.quota.buckets``).
 
 Two ``fleet gateway`` processes with ``FLEET_REDIS_URL`` in front of one stub model; one
 tenant's traffic spread over both. Rates are counted by the client over wall time; the
@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleet.gateway.quota import RedisQuotas, TokenBuckets
+from fleet.gateway.quota.buckets import RedisQuotas, TokenBuckets
 from tests.gateway_env import BODY, MODEL, GatewayEnv, metric, wait_for
 from tests.redis_env import RedisServer
 
@@ -133,7 +133,7 @@ def test_a_concurrency_quota_holds_across_gateways_and_its_leases_are_given_back
     env.register("1.0.0")
     env.stub("1.0.0", "--delay-ms", "300")
     env.route(stable="1.0.0")
-    from fleet.tenants import Quota, Tenants
+    from fleet.catalog.tenants import Quota, Tenants
 
     key = Tenants(env.store).create("narrow", {MODEL: ["*"]}, Quota(rps=1000, burst=1000, concurrency=2))[1]
     try:

@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from fleet import audit, leases, records
+from fleet.catalog.registry import Registry, State, TensorSpec, VersionMetadata
 from fleet.errors import Conflict, IntegrityError, InvalidInput, NotFound
-from fleet.registry import Registry, State, TensorSpec, VersionMetadata
 from fleet.store import MemoryStore
 from fleet.types import ObjectStore
 

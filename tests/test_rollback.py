@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from fleet.catalog.registry import State
+from fleet.catalog.routes.rollback import rollback
+from fleet.catalog.routes.store import Router
 from fleet.errors import Conflict, InvalidInput
-from fleet.registry import State
-from fleet.rollback import rollback
-from fleet.router import Router
 
 
 def test_rolling_back_a_canary_sends_all_traffic_to_stable_and_rejects_it(router: Router) -> None:

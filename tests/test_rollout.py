@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from fleet.analysis.sources import MemoryMetrics
+from fleet.catalog.policies import load_policies
+from fleet.catalog.registry import Registry, State, TensorSpec, VersionMetadata
+from fleet.catalog.routes.store import Router
+from fleet.control.rollout.effects import Rollout, RolloutState, apply_overrides, state_key
 from fleet.errors import Conflict, InvalidInput
-from fleet.metrics import MemoryMetrics
-from fleet.registry import Registry, State, TensorSpec, VersionMetadata
-from fleet.rollout import Rollout, RolloutState, apply_overrides, state_key
-from fleet.router import Router
-from fleet.spec import load_policies
 from fleet.store import MemoryStore
 from fleet.types import Deployment
 
@@ -236,7 +236,7 @@ def test_an_abandoned_rollout_of_another_version_is_rolled_back_first(world: dic
 
 
 def test_a_route_changed_outside_the_rollout_ends_it(world: dict) -> None:
-    from fleet.rollback import rollback
+    from fleet.catalog.routes.rollback import rollback
 
     r = world["rollout"]
     state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
@@ -361,7 +361,7 @@ def test_a_route_changed_during_a_long_deploy_is_not_overwritten(world: dict) ->
     assert world["runtime"].log == ["deploy 1.1.0", "undeploy 1.1.0"]
 
 
-# -- the sequential method (fleet.sequential) -------------------------------------------------
+# -- the sequential method (fleet.analysis.sequential) -------------------------------------------------
 
 
 def sequential(world: dict, **overrides: object) -> Rollout:

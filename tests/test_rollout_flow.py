@@ -27,10 +27,10 @@ import httpx
 import pytest
 
 from fleet import records
+from fleet.catalog.registry import Registry, State
+from fleet.catalog.routes.store import Router
+from fleet.control.rollout.effects import RolloutState, lease_key, state_key
 from fleet.leases import LeaseRecord
-from fleet.registry import Registry, State
-from fleet.rollout import RolloutState, lease_key, state_key
-from fleet.router import Router
 from fleet.types import ArmWindow, Deployment
 from tests.rollout_env import FAST, MODEL, Load, serving_fleet
 from tests.serving_env import FLEET, ROOT, FleetEnv
@@ -70,15 +70,15 @@ def run_rollout(version: str, **overrides):  # noqa: ANN003, ANN201 - a Prefect 
 
 
 def _slo_p99_ms() -> float:
-    from fleet.spec import load_policies
+    from fleet.catalog.policies import load_policies
 
     return load_policies(ROOT / "policies").model(MODEL).slo.p99_ms
 
 
 def _stable_p99_ms(fleet: dict, stable: str, since: float) -> float:
     """The stable's upstream p99 since ``since``, as the latency gate reads it."""
-    from fleet.analysis import histogram_quantile
-    from fleet.metrics import open_metrics
+    from fleet.analysis.canary import histogram_quantile
+    from fleet.analysis.sources import open_metrics
 
     window = open_metrics(store=fleet["store"]).window(MODEL, stable, since, time.time())
     return histogram_quantile(0.99, window.latency_ms)
@@ -233,7 +233,7 @@ def test_a_flow_killed_mid_rollout_and_run_again_ends_consistent(fleet: dict) ->
 
 def _canary_keys(fleet: dict, n: int = 5) -> list[str]:
     """Routing keys the current split sends to the canary."""
-    from fleet.routing import choose_version
+    from fleet.catalog.routes.table import choose_version
 
     table = Router(fleet["store"]).get(MODEL)
     keys = (f"probe-{i}" for i in range(10_000))
@@ -385,7 +385,7 @@ class SteadyMetrics:
     """Every version healthy and alike: 1,000 answered requests in any window."""
 
     def __init__(self) -> None:
-        from fleet.metrics import MemoryMetrics
+        from fleet.analysis.sources import MemoryMetrics
 
         self._one = MemoryMetrics()
         for version in ("1.0.0", "1.1.0", "1.2.0"):
@@ -399,7 +399,7 @@ def test_a_second_rollout_while_the_first_deploys_past_the_lease_ttl_is_refused(
     prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import flows.rollout
-    from fleet.spec import load_policies
+    from fleet.catalog.policies import load_policies
     from fleet.store import MemoryStore
     from flows._context import FleetContext
     from tests.test_rollout import meta

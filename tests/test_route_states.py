@@ -15,13 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleet import audit, records
+from fleet.catalog.registry import Registry, State
+from fleet.catalog.routes.rollback import rollback
+from fleet.catalog.routes.store import Router
+from fleet.catalog.routes.table import Canary
+from fleet.catalog.tenants import Tenants, parse_entitlements
 from fleet.errors import Conflict, FleetError, InvalidInput
-from fleet.registry import Registry, State
-from fleet.rollback import rollback
-from fleet.router import Router
-from fleet.routing import Canary
 from fleet.store import MemoryStore
-from fleet.tenants import Tenants, parse_entitlements
 from tests.test_registry import META
 
 VERSIONS = ("1.0.0", "1.1.0", "1.2.0", "1.3.0")

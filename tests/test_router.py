@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from fleet import audit, records
+from fleet.catalog.registry import Registry, State
+from fleet.catalog.routes.store import Router
+from fleet.catalog.routes.table import Canary, RouteTable, Shadow
+from fleet.catalog.tenants import Tenants
 from fleet.errors import Forbidden, InvalidInput, NotFound
-from fleet.registry import Registry, State
-from fleet.router import Router
-from fleet.routing import Canary, RouteTable, Shadow
 from fleet.store import MemoryStore, open_store
-from fleet.tenants import Tenants
 from tests.test_registry import META
 
 WORKER = Path(__file__).with_name("race_worker.py")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fleet import audit
-from fleet.errors import InvalidInput, NotFound
-from fleet.registry import State
-from fleet.routing import (
+from fleet.catalog.registry import State
+from fleet.catalog.routes.table import (
     BUCKETS,
     Canary,
     RouteTable,
@@ -18,7 +17,8 @@ from fleet.routing import (
     usable_versions,
     validate_states,
 )
-from fleet.tenants import Tenant
+from fleet.catalog.tenants import Tenant
+from fleet.errors import InvalidInput, NotFound
 
 KEYS = [f"user-{i}" for i in range(100_000)]
 # Buckets of user-0, user-1, user-2 and alice for model demo, canary 1.1.0 (see the test).

@@ -1,4 +1,4 @@
-"""fleet.sequential: always-valid tests, checked tick by tick over seeded simulations.
+"""fleet.analysis.sequential: always-valid tests, checked tick by tick over seeded simulations.
 
 Each guarantee is a rate over many seeded runs under continuous monitoring (a look at every
 tick, the way a rollout looks); each could fail: a test re-taken at a fixed confidence every
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fleet.sequential import ErrorHarm, Evidence, TailHarm, bernoulli_bounds, spent_alpha
-from fleet.simulate import SCENARIOS, Scenario, Stream, run
-from fleet.spec import RolloutPolicy, load_policies
+from fleet.analysis.sequential import ErrorHarm, Evidence, TailHarm, bernoulli_bounds, spent_alpha
+from fleet.analysis.simulate import SCENARIOS, Scenario, Stream, run
+from fleet.catalog.policies import RolloutPolicy, load_policies
 from tests.test_rollout import ROOT
 
 GOOD = SCENARIOS[0]
@@ -99,7 +99,7 @@ def test_evidence_round_trips_through_the_stored_state_and_refuses_another_grid(
         ErrorHarm((0.0, 0.0)).update(10, 1, 10, 0)
 
 
-# -- whole rollouts (fleet.simulate: the bench's and the dry run's streams) -------------------
+# -- whole rollouts (fleet.analysis.simulate: the bench's and the dry run's streams) -------------------
 
 
 def policy(**changes: object) -> RolloutPolicy:

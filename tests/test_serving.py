@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from fleet import audit
+from fleet.catalog.routes.table import Canary, RouteTable, choose_version
+from fleet.catalog.tenants import Tenant
 from fleet.errors import FleetError
-from fleet.routing import Canary, RouteTable, choose_version
-from fleet.tenants import Tenant
 from tests.serving_env import FleetEnv
 
 MODEL = "demo-classifier"

@@ -1,4 +1,4 @@
-"""fleet.spec: the shipped policies load, and every bad file gets a precise, complete report."""
+"""fleet.catalog.policies: the shipped policies load, and every bad file gets a precise, complete report."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pydantic
 import pytest
 import yaml
 
+from fleet.catalog.policies import ModelSpec, Policies, load_policies
 from fleet.errors import ConfigError, NotFound
-from fleet.spec import ModelSpec, Policies, load_policies
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ROOT / "policies"
@@ -406,7 +406,7 @@ def test_every_policy_key_is_read_somewhere():
     """A key that nothing reads is a promise the fleet does not keep, as ``bake_time_s`` was.
 
     Read means an attribute, subscript or ``.get`` of the key's name in the code outside
-    fleet/spec.py. A name that other objects share passes on their reads: tenant ``pins``
+    fleet/catalog/policies.py. A name that other objects share passes on their reads: tenant ``pins``
     would have, on the route table's. So this catches keys with no reader at all, not all."""
     code = "\n".join(
         p.read_text(encoding="utf-8")

@@ -15,9 +15,9 @@ import pytest
 from pydantic import ValidationError
 
 from fleet import records
+from fleet.catalog.tenants import ApiKey, Quota, Tenant, Tenants, key_index, lookup, make_quota, parse_entitlements
 from fleet.errors import Conflict, IntegrityError, InvalidInput, NotFound
 from fleet.store import open_store
-from fleet.tenants import ApiKey, Quota, Tenant, Tenants, key_index, lookup, make_quota, parse_entitlements
 from fleet.types import ObjectStore
 from tests.serving_env import FLEET
 

@@ -25,7 +25,7 @@ from bentos.tiny_lm.train import (
     train,
     train_and_register,
 )
-from fleet.registry import Registry
+from fleet.catalog.registry import Registry
 from fleet.store import open_store
 
 TEST = PRESETS["test"]

@@ -14,9 +14,10 @@ import httpx
 import numpy as np
 import pytest
 
+from fleet.catalog.tenants import Quota, Tenants
+
 # first: loads tritonclient's protos (see _load_service)
 from fleet.gateway.grpc_server import pb  # noqa: F401
-from fleet.tenants import Quota, Tenants
 from tests.gateway_env import MODEL, GatewayEnv
 from tests.test_grpc import start_gateway
 

@@ -1,4 +1,4 @@
-"""Usage and cost per tenant, model and version (fleet.usage, ``fleet usage``): the gateway's
+"""Usage and cost per tenant, model and version (fleet.usage.meter, ``fleet usage``): the gateway's
 meter on a fake clock, its hour files in a real file:// store, the rollup over several
 gateways, the cost arithmetic, the Prometheus collector and the command line."""
 
@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from fleet.errors import InvalidInput, StoreUnavailable
 from fleet.store import open_store
 from fleet.types import ObjectStore
-from fleet.usage import (
+from fleet.usage.meter import (
     MAX_GAP_S,
     Price,
     TrafficRecord,
@@ -359,9 +359,9 @@ def test_the_collector_exposes_usage_counters_replica_seconds_and_price(store: O
 
 
 def test_prices_come_from_the_placement_plan_of_a_stack() -> None:
-    from fleet.placement import inference_costs, plan
-    from fleet.spec import load_policies
-    from fleet.stack import placement_inputs, read_stack_file
+    from fleet.catalog.policies import load_policies
+    from fleet.planning.placement import inference_costs, plan
+    from fleet.planning.stack import placement_inputs, read_stack_file
 
     path = ROOT / "Pulumi.dev.yaml"
     loaded = load_policies(ROOT / "policies")
@@ -461,7 +461,7 @@ def test_a_gateway_meters_what_it_served_and_fleet_usage_prices_it(tmp_path: Pat
 
     import httpx
 
-    from fleet.usage import write_prices
+    from fleet.usage.meter import write_prices
     from tests.gateway_env import MODEL, GatewayEnv, metric, wait_for
     from tests.serving_env import FLEET
 

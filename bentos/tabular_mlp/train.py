@@ -19,8 +19,8 @@ from torch import nn
 
 from bentos.tabular_mlp import data
 from bentos.tabular_mlp.model import MLP, Predictor, save
-from fleet.profile import baseline_profile
-from fleet.registry import ModelVersion, Registry, TensorSpec, TrainingData, VersionMetadata
+from fleet.catalog.profile import baseline_profile
+from fleet.catalog.registry import ModelVersion, Registry, TensorSpec, TrainingData, VersionMetadata
 from fleet.types import ObjectStore
 
 

@@ -32,7 +32,7 @@ import torch
 
 from bentos.tiny_lm import data
 from bentos.tiny_lm.tokenizer import train_tokenizer
-from fleet.registry import ModelVersion, Registry, TensorSpec, TrainingData, VersionMetadata
+from fleet.catalog.registry import ModelVersion, Registry, TensorSpec, TrainingData, VersionMetadata
 from fleet.types import ObjectStore
 
 Log = Callable[[str], None]

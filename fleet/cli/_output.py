@@ -15,10 +15,10 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from fleet.registry import Registry
-from fleet.router import Router
+from fleet.catalog.registry import Registry
+from fleet.catalog.routes.store import Router
+from fleet.catalog.tenants import Tenants
 from fleet.store import open_store
-from fleet.tenants import Tenants
 
 console = Console()
 err_console = Console(stderr=True)

@@ -11,8 +11,8 @@ from fleet.cli._output import JsonFlag, console, emit_json, err_console, table
 from fleet.records import BadRecord
 from fleet.store import open_store
 
-if TYPE_CHECKING:  # fleet.doctor imports the rollout machinery: not at every command's start
-    from fleet.doctor import Finding
+if TYPE_CHECKING:  # fleet.control.doctor imports the rollout machinery: not at every command's start
+    from fleet.control.doctor import Finding
 
 
 def skipped(bad: Iterable[BadRecord | Finding]) -> None:
@@ -39,7 +39,7 @@ def doctor_cmd(
 
     Nothing is changed unless --remove or --restore-route names a record; exits 1 while bad records remain.
     """
-    from fleet import doctor
+    from fleet.control import doctor
 
     store = open_store()
     if remove and restore_route:

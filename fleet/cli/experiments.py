@@ -55,8 +55,8 @@ def start_cmd(
     json: JsonFlag = False,
 ) -> None:
     """Start an A/B experiment of MODEL's stable against another version and follow it."""
+    from fleet.analysis.ab import duration_of, split_of
     from fleet.cli.flows import FINAL, FlowFailed, _run_state, _start, _ui_link
-    from fleet.experiment import duration_of, split_of
     from flows.serve import EXPERIMENT
 
     versions = [v.strip() for v in arms.split(",") if v.strip()]

@@ -121,8 +121,8 @@ def rollout_cmd(
 
     Exits 0 when the version was promoted, 1 when it was rolled back or refused.
     """
-    from fleet.rollout import apply_overrides
-    from fleet.spec import load_policies
+    from fleet.catalog.policies import load_policies
+    from fleet.control.rollout.effects import apply_overrides
 
     overrides = _parse_overrides(set_)
     # refuse a bad override here, in a second, rather than in a flow run that fails later
@@ -153,9 +153,9 @@ DRY_RUN_WINDOW_S = 300  # the stable's recent traffic the dry run simulates
 
 
 def _dry_run(model: str, version: str, policy: Any, rps: float | None, json: bool) -> None:  # noqa: ANN401
-    """Simulated rollouts under the policy (fleet.simulate, as bench/rollout.py runs them)."""
+    """Simulated rollouts under the policy (fleet.analysis.simulate, as bench/rollout.py runs them)."""
+    from fleet.analysis.simulate import BASE_ERR, NOT_SIMULATED, estimate
     from fleet.cli._output import table
-    from fleet.simulate import BASE_ERR, NOT_SIMULATED, estimate
 
     rate, seen_errors, source = _traffic(model, policy, rps)
     base_errors = BASE_ERR if seen_errors is None else seen_errors
@@ -205,8 +205,8 @@ def _traffic(model: str, policy: Any, rps: float | None) -> tuple[float, float |
     """(requests/s, the stable's error rate if seen, where the figure comes from)."""
     if rps is not None:
         return rps, None, "--rps"
-    from fleet.metrics import MetricsUnavailable, open_metrics
-    from fleet.router import Router
+    from fleet.analysis.sources import MetricsUnavailable, open_metrics
+    from fleet.catalog.routes.store import Router
     from fleet.store import open_store
 
     store = open_store()
@@ -239,7 +239,7 @@ def _traffic(model: str, policy: Any, rps: float | None) -> tuple[float, float |
 def _follow(model: str, version: str, flow_run_id: Any, *, quiet: bool) -> tuple[str, str]:  # noqa: ANN401
     """Print each change of the stored rollout state until the flow run is final."""
     from fleet import records
-    from fleet.rollout import RolloutState, state_key
+    from fleet.control.rollout.effects import RolloutState, state_key
     from fleet.store import open_store
 
     store = open_store()
@@ -269,7 +269,7 @@ def approve_cmd(
     from prefect.flow_runs import resume_flow_run
 
     from fleet import audit, records
-    from fleet.rollout import RolloutState, state_key
+    from fleet.control.rollout.effects import RolloutState, state_key
     from fleet.store import open_store
 
     stored, _ = records.load_or_none(open_store(), state_key(model), RolloutState)
@@ -298,14 +298,14 @@ def rollback_cmd(
 ) -> None:
     """Put MODEL's traffic back on a good version now, through the rollback flow."""
     if direct:
-        from fleet import gateways
+        from fleet.catalog import gateway_directory
+        from fleet.catalog.routes.rollback import rollback
         from fleet.cli._output import router
-        from fleet.rollback import rollback
         from fleet.runtime.packaged import packaged_runtime
 
         r = router()
         result = rollback(r, model, to, why=reason, runtime=packaged_runtime())
-        pushed = gateways.notify(r.store)
+        pushed = gateway_directory.notify(r.store)
         out = {
             "from_version": result.from_version,
             "to_version": result.to_version,
@@ -356,7 +356,7 @@ def demo_cmd(
     a corrupted batch → an alert with retraining blocked. A few minutes; ends with a table.
     """
     from fleet.cli._output import table
-    from fleet.demo import run, summary_table
+    from fleet.local.demo import run, summary_table
 
     started = time.monotonic()
     results = run(model, lambda line: err_console.print(f"[dim]{time.monotonic() - started:6.1f}s[/] {line}"))

@@ -9,10 +9,10 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
+from fleet.catalog.registry import VersionMetadata
 from fleet.cli._output import JsonFlag, console, emit_json, err_console, registry, table, when
 from fleet.cli.doctor import skipped
 from fleet.errors import InvalidInput
-from fleet.registry import VersionMetadata
 from fleet.validation import load_yaml_file
 
 app = typer.Typer(help="Register and inspect model versions.", no_args_is_help=True)
@@ -133,8 +133,8 @@ def fetch(
 
 def _trainer(model: str, policies: Path):  # noqa: ANN202 - (family name, its train module)
     """MODEL's family (from the policies) and the family's ``train`` module."""
+    from fleet.catalog.policies import load_policies
     from fleet.runtime.bento import family_module
-    from fleet.spec import load_policies
 
     family_name = load_policies(policies).model(model).family
     return family_name, importlib.import_module(f"{family_module(family_name).__name__}.train")

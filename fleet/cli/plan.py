@@ -2,8 +2,8 @@
 what the whole stack costs per hour and how its GPUs compare with the guardrails' ceiling.
 
 Only gathers inputs (the policies, the node pools, system nodes and network of
-``Pulumi.<stack>.yaml`` as ``fleet.stack`` parses them, the guardrail pack's config) and prints
-what ``fleet.placement.plan`` and ``fleet.stack.stack_cost`` decide; the Pulumi program sizes its
+``Pulumi.<stack>.yaml`` as ``fleet.planning.stack`` parses them, the guardrail pack's config) and prints
+what ``fleet.planning.placement.plan`` and ``fleet.planning.stack.stack_cost`` decide; the Pulumi program sizes its
 node groups from the same function and exports the same cost, so this is what ``pulumi up``
 would build.
 
@@ -27,8 +27,8 @@ from fleet.cli._output import JsonFlag, console, emit_json
 if TYPE_CHECKING:  # imported where used: `fleet --help` stays fast
     from collections.abc import Sequence
 
-    from fleet.placement import InferenceCost, ModelPlacement, NodeGroupPlan, Plan
-    from fleet.stack import GpuCeiling, StackCost
+    from fleet.planning.placement import InferenceCost, ModelPlacement, NodeGroupPlan, Plan
+    from fleet.planning.stack import GpuCeiling, StackCost
 
 StackOpt = Annotated[
     str, typer.Option("--stack", "-s", help="Stack name (reads Pulumi.<stack>.yaml) or a stack file path.")
@@ -56,9 +56,9 @@ def plan_cmd(
     type, tensor-parallel degree and memory (weights, KV cache and where its size came from),
     what scales each model and its cost per 1,000 inferences, node-group sizes, the whole
     stack's cost per hour and the GPU ceiling."""
-    from fleet.placement import inference_costs, plan
-    from fleet.spec import load_policies
-    from fleet.stack import (
+    from fleet.catalog.policies import load_policies
+    from fleet.planning.placement import inference_costs, plan
+    from fleet.planning.stack import (
         build_inputs,
         gpu_ceiling,
         guardrail_config_file,
@@ -146,7 +146,7 @@ def _placement_table(result: Plan, path: Path) -> Table:
 
 
 def _memory_table(result: Plan) -> Table:
-    from fleet.placement import KV_DEFAULT_SHARE, RUNTIME_OVERHEAD
+    from fleet.planning.placement import KV_DEFAULT_SHARE, RUNTIME_OVERHEAD
 
     t = _table(f"memory per replica, GiB: (weights + KV cache) × {1 + RUNTIME_OVERHEAD:g}")
     t.caption = Text(

@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
+from fleet.catalog.routes.table import RouteTable
 from fleet.cli._output import JsonFlag, Reason, console, emit_json, err_console, router, table, when
 from fleet.errors import InvalidInput
-from fleet.routing import RouteTable
 
 app = typer.Typer(help="Show and change routing: stable, canary weight, shadow, tenant pins.", no_args_is_help=True)
 

@@ -138,8 +138,8 @@ def unload_idle_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = F
     Never an eager model's version, a route's canary or shadow, a version in a running rollout
     or the previous stable within its rollback window. Replicas leave the gateways' list first.
     """
-    from fleet.loading import LoadController
-    from fleet.spec import load_policies
+    from fleet.catalog.policies import load_policies
+    from fleet.control.lazy import LoadController
 
     stopped = LoadController(registry().store, load_policies(policies), _runtime(policies)).unload_idle()
     rows = [
@@ -219,12 +219,12 @@ def gateway_cmd(
     """
     import dataclasses
 
+    from fleet.catalog.policies import load_policies
     from fleet.gateway import FleetView, Settings, create_app
     from fleet.gateway import workers as gw_workers
-    from fleet.spec import load_policies
+    from fleet.local.up import check_port_free, serve_gateway
     from fleet.store import open_store
-    from fleet.up import check_port_free, serve_gateway
-    from fleet.usage import gateway_prices
+    from fleet.usage.meter import gateway_prices
 
     _gateway_logging(access_log)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
@@ -386,12 +386,12 @@ def _ago(seconds: float) -> str:
 def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False) -> None:
     """Models, versions, weights, replicas and their health; each version's loading mode (eager or
     lazy), whether it is loaded, starting or unloaded, and when a gateway last sent it a request."""
+    from fleet.catalog.policies import load_policies
+    from fleet.catalog.routes.store import Router
+    from fleet.catalog.routes.table import RouteTable
     from fleet.cli.doctor import skipped
-    from fleet.doctor import scan
-    from fleet.loading import last_requests
-    from fleet.router import Router
-    from fleet.routing import RouteTable
-    from fleet.spec import load_policies
+    from fleet.control.doctor import scan
+    from fleet.control.lazy import last_requests
 
     reg = registry()
     router = Router(reg.store, reg)
@@ -460,10 +460,11 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
             for r in rows
         ],
     )
-    from fleet import audit, gateways
+    from fleet import audit
+    from fleet.catalog import gateway_directory
 
     now = audit.now()
-    for g in gateways.live(reg.store):
+    for g in gateway_directory.live(reg.store):
         console.print(f"gateway {g.id} at {g.url} (heartbeat {(now - g.heartbeat_at).total_seconds():.0f} s ago)")
 
 
@@ -502,12 +503,12 @@ def up_cmd(
     """
     import dataclasses
 
+    from fleet.catalog.policies import load_policies
     from fleet.gateway import FleetView, create_app
     from fleet.gateway import Settings as GatewaySettings
-    from fleet.spec import load_policies
+    from fleet.local.up import Settings, running_fleet, serve_gateway
     from fleet.store import open_store
-    from fleet.up import Settings, running_fleet, serve_gateway
-    from fleet.usage import gateway_prices
+    from fleet.usage.meter import gateway_prices
 
     _gateway_logging(access=False)
     if gateways > 1 and grpc_port == 0:

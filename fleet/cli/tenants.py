@@ -9,10 +9,10 @@ from typing import Annotated
 import typer
 
 from fleet import audit
+from fleet.catalog.tenants import MAX_GRACE, ApiKey, Quota, check_grace, make_quota, parse_entitlements, public, span
 from fleet.cli._output import JsonFlag, console, emit_json, err_console, table, tenants, when
 from fleet.cli.doctor import skipped
 from fleet.errors import InvalidInput
-from fleet.tenants import MAX_GRACE, ApiKey, Quota, check_grace, make_quota, parse_entitlements, public, span
 
 app = typer.Typer(help="Manage tenants and their API keys.", no_args_is_help=True)
 

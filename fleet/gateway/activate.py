@@ -2,14 +2,14 @@
 
 The role of Knative's activator (or KEDA's HTTP add-on), in the gateway. A model whose
 policy says ``loading: lazy`` may have versions routed that run nothing (never started,
-or stopped after ``idle_unload_s`` by ``fleet.loading``). A request the router sends to
+or stopped after ``idle_unload_s`` by ``fleet.control.lazy``). A request the router sends to
 such a version is held here:
 
 - **One start per version.** The first held request starts the version through the
   runtime's ``activate`` in a thread (the local runtime takes the version's ``flock``, so
   other gateways and workers asking at once find the replica it started); every other
   request for it waits on the same start. The start first makes room under the runtime's
-  memory budget (``fleet.loading.LoadController.make_room``), off the event loop.
+  memory budget (``fleet.control.lazy.LoadController.make_room``), off the event loop.
 - **The hold is bounded** by the policy's ``max_hold_ms`` and the request's own deadline,
   whichever comes first (the hold counts against the request's timeout). Past it the
   request gets 503 with ``Retry-After`` saying the version is starting; the start goes on.
@@ -37,10 +37,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from fleet.catalog.policies import ModelSpec
 from fleet.errors import FleetError
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import NoReplica, Pool, Upstreams
-from fleet.spec import ModelSpec
 
 log = logging.getLogger("fleet.gateway.activate")
 

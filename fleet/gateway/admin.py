@@ -1,16 +1,16 @@
 """The admin API: versions, routes, pins, tenants, rollback and stats, behind the admin token.
 
 The same operations as the CLI through the same code (``Registry``, ``Router``,
-``Tenants``, ``fleet.rollback``); store work runs in a thread so serving never waits on
+``Tenants``, ``fleet.catalog.routes.rollback``); store work runs in a thread so serving never waits on
 it. After every change this gateway re-reads routing state at once and pushes the change
-to every other live gateway (``fleet.gateways.notify``).
+to every other live gateway (``fleet.catalog.gateway_directory.notify``).
 
 Input is as hostile here as anywhere: a body is read only after the token checked out and
 only up to ``max_body_bytes`` (413); bodies are strict pydantic models (``"false"`` is not
 a boolean, ``"50"`` not a weight, unknown fields are refused) and path parameters are
 checked as names and versions before anything touches the store. Failed authentications
 are counted (``fleet_auth_failures_total{surface="admin"}``). ``/admin/refresh`` and
-``/admin/stats`` also take a scoped credential (``fleet.gateways.credential``), which the
+``/admin/stats`` also take a scoped credential (``fleet.catalog.gateway_directory.credential``), which the
 control plane sends instead of the token itself.
 
 Without ``FLEET_ADMIN_TOKEN`` the admin API is off: every call answers 403 saying so.
@@ -31,17 +31,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from fleet import gateways
+from fleet.catalog import gateway_directory
+from fleet.catalog.registry import Registry
+from fleet.catalog.routes.rollback import rollback
+from fleet.catalog.routes.store import Router
+from fleet.catalog.tenants import MAX_GRACE, Tenants, make_quota, parse_entitlements, public, span
 from fleet.errors import Forbidden, InvalidInput, Unauthorized
 from fleet.gateway import body as bodies
 from fleet.gateway.protocol import MalformedBody, parse_json
 from fleet.gateway.stats import HORIZON_S
 from fleet.gateway.telemetry import Telemetry
 from fleet.names import check_name, check_version
-from fleet.registry import Registry
-from fleet.rollback import rollback
-from fleet.router import Router
-from fleet.tenants import MAX_GRACE, Tenants, make_quota, parse_entitlements, public, span
 from fleet.types import ObjectStore, Runtime
 from fleet.validation import checked, explain
 
@@ -148,7 +148,7 @@ def admin_routes(
             scheme, _, value = given.partition(" ")
             ok = scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
             if not ok and scoped is not None:
-                ok = gateways.verify(given, token, scoped, gateway_id)
+                ok = gateway_directory.verify(given, token, scoped, gateway_id)
             if not ok:
                 telemetry.auth_failures.labels("admin").inc()
                 raise Unauthorized(
@@ -171,7 +171,7 @@ def admin_routes(
     async def changed(work: Callable[[], Any], status: int = 200) -> Response:
         result = await asyncio.to_thread(work)
         on_change()
-        await asyncio.to_thread(gateways.notify, store, token)
+        await asyncio.to_thread(gateway_directory.notify, store, token)
         return json_response(result, status)
 
     async def list_models(_: Request) -> Response:
@@ -207,7 +207,7 @@ def admin_routes(
             rollback, router, model, change.to_version, why=change.reason, runtime=runtime, start_missing=False
         )
         on_change()
-        pushed = await asyncio.to_thread(gateways.notify, store, token)
+        pushed = await asyncio.to_thread(gateway_directory.notify, store, token)
         return json_response({**result.__dict__, "gateways_notified": pushed})
 
     async def history(request: Request) -> Response:

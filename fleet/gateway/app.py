@@ -31,32 +31,34 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from fleet import __version__, audit, gateways, loading
+from fleet import __version__, audit
+from fleet.catalog import gateway_directory
+from fleet.catalog.policies import GatewaySpec, ModelSpec, Policies
+from fleet.catalog.tenants import Quota
+from fleet.control import lazy
 from fleet.errors import FleetError
-from fleet.feedback import LoggedRequests
-from fleet.gateway import quota as quotas_
 from fleet.gateway import workers
 from fleet.gateway.activate import Activator
 from fleet.gateway.admin import admin_routes, json_response
 from fleet.gateway.body import BodyBudget, Decoder
 from fleet.gateway.dispatch import Dispatcher
-from fleet.gateway.generate import Generation
-from fleet.gateway.http import Headers, Settings, internal_error, retry_after
+from fleet.gateway.generation.routes import Generation
+from fleet.gateway.middleware import Headers, Settings, internal_error, retry_after
 from fleet.gateway.pipeline import DEFAULT_SPEC, Pipeline
-from fleet.gateway.quota import Quotas, TokenBuckets
-from fleet.gateway.record import Recorder
+from fleet.gateway.quota import buckets as quotas_
+from fleet.gateway.quota.buckets import Quotas, TokenBuckets
 from fleet.gateway.rest import Rest
 from fleet.gateway.shadow import Generated, GenShadowJob, ShadowJob, ShadowMirror
+from fleet.gateway.sinks import Recorder
 from fleet.gateway.slots import PRIORITIES
-from fleet.gateway.state import FleetView, Snapshot
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import Upstreams
-from fleet.inference_log import InferenceLog
+from fleet.gateway.view import FleetView, Snapshot
+from fleet.logs.feedback import LoggedRequests
+from fleet.logs.inference import InferenceLog
 from fleet.records import BadRecord
-from fleet.spec import GatewaySpec, ModelSpec, Policies
-from fleet.tenants import Quota
 from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, QuotaBackend
-from fleet.usage import Price, UsageMeter
+from fleet.usage.meter import Price, UsageMeter
 
 activity_log = logging.getLogger("fleet.gateway")
 GC_YOUNG_THRESHOLD = 20_000  # allocations between young-generation collections (default 700)
@@ -77,9 +79,9 @@ def create_app(
     decoder: Decoder | None = None,
     prices: Mapping[str, Price] | None = None,
 ) -> ASGIApp:
-    """The gateway. ``prices``: model → its price per replica-hour (``fleet.usage``), for the
+    """The gateway. ``prices``: model → its price per replica-hour (``fleet.usage.meter``), for the
     cost of what it serves; a model without one is metered with its cost unknown."""
-    settings = settings or Settings(gateway_id=gateways.new_id())
+    settings = settings or Settings(gateway_id=gateway_directory.new_id())
     limits = policies.gateway if policies else GatewaySpec()
     decoder = decoder or Decoder(settings.decode_workers)
     upstreams = Upstreams(decoder.answer)
@@ -150,7 +152,7 @@ def create_app(
         and policies.runtime.memory_budget_mib is not None
         and isinstance(view.runtime, LocalRuntime)
     ):
-        from fleet.loading import LoadController  # the local runtime's memory budget, kept by whoever starts
+        from fleet.control.lazy import LoadController  # the local runtime's memory budget, kept by whoever starts
 
         make_room = LoadController(view.store, policies, view.runtime).make_room
     activator = upstreams.activator = Activator(
@@ -158,7 +160,7 @@ def create_app(
     )
 
     async def write_activity() -> None:
-        """When this gateway last asked each version (fleet.loading's idle clock), at start (so the
+        """When this gateway last asked each version (fleet.control.lazy's idle clock), at start (so the
         controller knows this gateway keeps one) and with each heartbeat after a change."""
         written: dict[tuple[str, str], float] | None = None
         failing = False
@@ -166,17 +168,17 @@ def create_app(
             if upstreams.last_used != written:
                 now = dict(upstreams.last_used)
                 try:
-                    await asyncio.to_thread(loading.write_activity, view.store, settings.gateway_id, now)
+                    await asyncio.to_thread(lazy.write_activity, view.store, settings.gateway_id, now)
                     written, failing = now, False
                 except (FleetError, OSError) as exc:
                     if not failing:  # said once per outage: idle unloads wait for this gateway meanwhile
                         activity_log.warning(
                             "cannot write %s (lazy versions are not unloaded while it is missing): %s",
-                            loading.activity_key(settings.gateway_id),
+                            lazy.activity_key(settings.gateway_id),
                             exc,
                         )
                     failing = True
-            await asyncio.sleep(gateways.HEARTBEAT_S)
+            await asyncio.sleep(gateway_directory.HEARTBEAT_S)
 
     def on_shadow(
         job: ShadowJob | GenShadowJob,
@@ -240,17 +242,17 @@ def create_app(
             reuse_port=settings.workers > 1,
         )
 
-    async def heartbeat(record: gateways.GatewayRecord) -> None:
+    async def heartbeat(record: gateway_directory.GatewayRecord) -> None:
         beats = 0
         while True:
-            await asyncio.sleep(gateways.HEARTBEAT_S)
+            await asyncio.sleep(gateway_directory.HEARTBEAT_S)
             with contextlib.suppress(FleetError, OSError):
-                await asyncio.to_thread(gateways.announce, view.store, record)
+                await asyncio.to_thread(gateway_directory.announce, view.store, record)
             beats += 1
             # how many share a quota locally: every beat while Redis is away, else now and then
             if beats % PEER_COUNT_EVERY == 1 or (isinstance(backend, quotas_.RedisQuotas) and not backend.shared):
                 with contextlib.suppress(FleetError, OSError):
-                    peers["live"] = max(1, len(await asyncio.to_thread(gateways.live, view.store)))
+                    peers["live"] = max(1, len(await asyncio.to_thread(gateway_directory.live, view.store)))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -266,7 +268,7 @@ def create_app(
         record = None
         if settings.public_url:
             now = audit.now()
-            record = gateways.GatewayRecord(
+            record = gateway_directory.GatewayRecord(
                 id=settings.gateway_id,
                 url=settings.public_url,
                 host=socket.gethostname(),
@@ -274,7 +276,7 @@ def create_app(
                 started_at=now,
                 heartbeat_at=now,
             )
-            await asyncio.to_thread(gateways.announce, view.store, record)
+            await asyncio.to_thread(gateway_directory.announce, view.store, record)
             tasks.append(asyncio.create_task(heartbeat(record)))
         decoder.start()
         mirror.start()
@@ -300,11 +302,11 @@ def create_app(
             await asyncio.to_thread(usage.close)
             if record is not None:
                 with contextlib.suppress(FleetError, OSError):
-                    await asyncio.to_thread(gateways.withdraw, view.store, record.id)
+                    await asyncio.to_thread(gateway_directory.withdraw, view.store, record.id)
             if upstreams.last_used:  # the last word on what it served, for the idle clock
                 with contextlib.suppress(FleetError, OSError):
                     await asyncio.to_thread(
-                        loading.write_activity, view.store, settings.gateway_id, dict(upstreams.last_used)
+                        lazy.write_activity, view.store, settings.gateway_id, dict(upstreams.last_used)
                     )
             await upstreams.close()
             await generation.close()

@@ -18,11 +18,11 @@ import time
 
 import numpy as np
 
+from fleet.catalog.routes.table import Choice, RouteTable
 from fleet.errors import FleetError
 from fleet.gateway.activate import Starting
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import NoReplica, Rejected, UpstreamError, Upstreams, UpstreamTimeout
-from fleet.routing import Choice, RouteTable
 
 
 def fallback(table: RouteTable, choice: Choice) -> str | None:

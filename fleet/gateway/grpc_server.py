@@ -36,9 +36,10 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from fleet.catalog.registry import TensorSpec
 from fleet.errors import ConfigError, FleetError, InvalidInput
 from fleet.gateway.body import BodyBudget
-from fleet.gateway.http import close_request, internal_error, open_request, retry_after
+from fleet.gateway.middleware import close_request, internal_error, open_request, retry_after
 from fleet.gateway.pipeline import Call, Pipeline
 from fleet.gateway.protocol import (
     MAX_NAME,
@@ -52,7 +53,6 @@ from fleet.gateway.protocol import (
     from_values,
     requested_outputs,
 )
-from fleet.registry import TensorSpec
 
 T = TypeVar("T")
 # The gateway's own timeout ends this long before the call's deadline, so that the client

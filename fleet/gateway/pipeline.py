@@ -10,14 +10,14 @@
 4. ``decode``        the body, within its byte budget (413), decoded against the schema of
                      the version it will most likely reach (400 / 413 / 422); large bodies
                      off the event loop (``fleet.gateway.body``)
-5. ``choose``        routing controls (400) and the version (``fleet.routing``, pure)
+5. ``choose``        routing controls (400) and the version (``fleet.catalog.routes.table``, pure)
 6. ``answer``        prediction cache, then dispatch (``fleet.gateway.dispatch``: slots,
                      retry on stable, blame) (503 / 504 / 502 / a model's 4xx)
-7. ``record``        shadow offer, inference log, feedback index (``fleet.gateway.record``)
+7. ``record``        shadow offer, inference log, feedback index (``fleet.gateway.sinks``)
 
 A ``Call`` carries what the steps established; as each fact becomes real it is written to
 the request's state (the ASGI scope's, or the gRPC call's), which is what
-``fleet.gateway.http.close_request`` labels metrics with — so a metric label is never a
+``fleet.gateway.middleware.close_request`` labels metrics with — so a metric label is never a
 name a request merely claimed.
 
 The protocols enter here: ``rest`` (HTTP: JSON and Triton's binary bodies) and
@@ -36,20 +36,20 @@ from typing import Any
 
 import numpy as np
 
+from fleet.catalog.policies import ModelSpec, Policies
+from fleet.catalog.registry import ModelVersion, TensorSpec
+from fleet.catalog.routes.table import Choice, RouteTable, choose_version, usable_versions
+from fleet.catalog.tenants import Tenant
 from fleet.errors import FleetError, InvalidInput, NotFound, Unauthorized, VersionUnavailable
 from fleet.gateway.body import Decoder
 from fleet.gateway.cache import PredictionCache
 from fleet.gateway.dispatch import Dispatcher
 from fleet.gateway.protocol import Decoded, MalformedBody, conforms
-from fleet.gateway.quota import Quotas
-from fleet.gateway.record import Recorder
+from fleet.gateway.quota.buckets import Quotas
+from fleet.gateway.sinks import Recorder
 from fleet.gateway.slots import PRIORITIES
-from fleet.gateway.state import FleetView, Snapshot
 from fleet.gateway.telemetry import Telemetry
-from fleet.registry import ModelVersion, TensorSpec
-from fleet.routing import Choice, RouteTable, choose_version, usable_versions
-from fleet.spec import ModelSpec, Policies
-from fleet.tenants import Tenant
+from fleet.gateway.view import FleetView, Snapshot
 
 DEFAULT_SPEC = ModelSpec.model_validate(
     {

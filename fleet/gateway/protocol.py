@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from fleet.catalog.registry import TensorSpec
 from fleet.errors import FleetError, InvalidInput
-from fleet.registry import TensorSpec
 
 _NUMPY = {
     "BOOL": np.bool_,
@@ -496,9 +496,9 @@ def _show(value: Any) -> str:  # noqa: ANN401 - any JSON value
 
 
 def decode_feedback(body: bytes) -> tuple[str, list]:
-    """A ``POST /v1/feedback`` body → (model, labels) (``fleet.feedback.parse``), pure so that a
+    """A ``POST /v1/feedback`` body → (model, labels) (``fleet.logs.feedback.parse``), pure so that a
     large one is decoded off the event loop like an inference body."""
-    from fleet.feedback import parse
+    from fleet.logs.feedback import parse
 
     return parse(parse_json(body))
 

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from fleet import feedback as labels
 from fleet.errors import FleetError, NotFound
 from fleet.gateway import body as bodies
 from fleet.gateway import protocol
 from fleet.gateway.admin import json_response
 from fleet.gateway.pipeline import Call, Pipeline
-from fleet.inference_log import digest
+from fleet.logs import feedback as labels
+from fleet.logs.inference import digest
 from fleet.types import ObjectStore
 
 JSON = "application/json"

@@ -28,8 +28,8 @@ to it again as JSON (``POST /predict {"features": ...}``), and it gets JSON for 
 ``TENSOR_REPROBE_S``. That probe costs one round trip per replica every few minutes; it is
 never a failure of the replica.
 
-The HTTP client is ``fleet.gateway.h1``: one keep-alive pool per replica, capped at the
-policy's ``concurrency``; a generation's event stream (``fleet.gateway.generate``) is read
+The HTTP client is ``fleet.gateway.h1client``: one keep-alive pool per replica, capped at the
+policy's ``concurrency``; a generation's event stream (``fleet.gateway.generation.routes``) is read
 over the same connections (``ConnectionPool.stream``). Not aiohttp (about 30 % of the gateway's CPU per request, an extra
 loop turn per body on Python 3.11) nor httpx (0.55 ms a call against aiohttp's 0.2 ms).
 """
@@ -47,7 +47,7 @@ import numpy as np
 import orjson
 
 from fleet.errors import FleetError
-from fleet.gateway import h1
+from fleet.gateway import h1client
 from fleet.gateway.answers import (
     DATATYPE_HEADER,
     SHAPE_HEADER,
@@ -113,7 +113,7 @@ class NoReplica(FleetError):
 @dataclass
 class Replica:
     url: str
-    session: h1.ConnectionPool  # shared by every pool that lists the URL
+    session: h1client.ConnectionPool  # shared by every pool that lists the URL
     in_flight: int = 0
     failures: int = 0  # consecutive
     ejections: int = 0  # consecutive ejections, for the back-off
@@ -193,7 +193,7 @@ class Outbound:
         return self._tensor
 
 
-def read_answer(resp: h1.Response) -> bytes | TensorAnswer:
+def read_answer(resp: h1client.Response) -> bytes | TensorAnswer:
     """An answer as its ``Content-Type`` says: the tensor contract's bytes with their headers
     (checked by ``decode_answer``, not here: this runs on the event loop), else JSON."""
     content_type = resp.header(b"content-type")
@@ -212,17 +212,19 @@ class Upstreams:
         off the event loop for large answers when the gateway passes its decoder's)."""
         self._parse = parse
         self._pools: dict[tuple[str, str], Pool] = {}
-        self._sessions: dict[str, h1.ConnectionPool] = {}
-        # (model, version) → when this gateway last sent it a request (unix s): fleet.loading's idle clock
+        self._sessions: dict[str, h1client.ConnectionPool] = {}
+        # (model, version) → when this gateway last sent it a request (unix s): fleet.control.lazy's idle clock
         self.last_used: dict[tuple[str, str], float] = {}
         self.activator: Any = None  # fleet.gateway.activate.Activator: holds a request for a cold lazy version
 
-    def _session(self, url: str, limit: int) -> h1.ConnectionPool:
+    def _session(self, url: str, limit: int) -> h1client.ConnectionPool:
         """The replica's connection pool, at most ``limit`` connections (the policy's
         per-replica concurrency); requests past it wait for a free connection."""
         session = self._sessions.get(url)
         if session is None or session.closed:
-            session = self._sessions[url] = h1.ConnectionPool.from_url(url, limit=limit, idle_timeout=IDLE_CLOSE_S)
+            session = self._sessions[url] = h1client.ConnectionPool.from_url(
+                url, limit=limit, idle_timeout=IDLE_CLOSE_S
+            )
         return session
 
     def sync(
@@ -332,7 +334,7 @@ class Upstreams:
             replica.in_flight += 1
             try:
                 resp = await self._exchange(pool, replica, outbound)
-            except h1.BodyTooLarge as exc:
+            except h1client.BodyTooLarge as exc:
                 if exc.declared is not None:
                     raise BadAnswer(
                         f"{pool.ref} answered {exc.declared} bytes; at most {MAX_ANSWER_BYTES} are read"
@@ -340,11 +342,11 @@ class Upstreams:
                 raise BadAnswer(
                     f"{pool.ref} answered more than {MAX_ANSWER_BYTES} bytes; that many are read at most"
                 ) from None
-            except h1.Unreachable as exc:  # refused, connect timeout, closed before answering
+            except h1client.Unreachable as exc:  # refused, connect timeout, closed before answering
                 replica.failed(time.monotonic())
                 failures.append(f"{replica.url}: {type(exc).__name__}")
                 continue  # the request never reached a model: the next replica may answer
-            except h1.HTTPClientError as exc:  # the answer broke off or is not HTTP
+            except h1client.HTTPClientError as exc:  # the answer broke off or is not HTTP
                 replica.failed(time.monotonic())
                 raise UpstreamError(f"{pool.ref} at {replica.url} failed: {type(exc).__name__}: {exc}", "5xx") from None
             finally:
@@ -372,7 +374,7 @@ class Upstreams:
             raise _Shed(shed)
         raise UpstreamError(f"no replica of {pool.ref} could be reached ({'; '.join(failures)})", "unreachable")
 
-    async def _exchange(self, pool: Pool, replica: Replica, outbound: Outbound) -> h1.Response:
+    async def _exchange(self, pool: Pool, replica: Replica, outbound: Outbound) -> h1client.Response:
         """Send the request to one replica: as a tensor unless the replica is known to lack
         the route. A 404, 405 or 415 there says it lacks it (no such route, no POST there, or
         not this body type): the same request goes to it at once as JSON, and JSON from then

@@ -25,10 +25,10 @@ from importlib.metadata import version as installed
 from pathlib import Path
 
 from bentos import integrity
+from fleet.catalog.policies import ModelSpec
+from fleet.catalog.registry import ModelVersion, Registry
 from fleet.errors import FleetError, InvalidInput
-from fleet.registry import ModelVersion, Registry
 from fleet.runtime.cache import ArtifactCache, manifest_listing
-from fleet.spec import ModelSpec
 
 DEFAULT_HOME = ".fleet/bentoml"
 # BentoML pins itself. Local version labels (+cpu) are dropped so a GPU image gets the

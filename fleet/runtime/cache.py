@@ -32,8 +32,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from bentos.integrity import check_folder
+from fleet.catalog.registry import ModelVersion, Registry
 from fleet.errors import IntegrityError
-from fleet.registry import ModelVersion, Registry
 
 log_ = logging.getLogger("fleet.runtime.cache")
 

@@ -17,8 +17,8 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet import audit, records
+from fleet.catalog.registry import ModelVersion
 from fleet.errors import IntegrityError, InvalidInput, NotFound
-from fleet.registry import ModelVersion
 from fleet.runtime.bento import bento_version
 from fleet.types import ObjectStore
 

@@ -32,10 +32,10 @@ from urllib.parse import quote
 
 import httpx
 
+from fleet.catalog.registry import Registry
 from fleet.errors import ConfigError, FleetError, InvalidInput, NotFound
 from fleet.names import check_name, check_version
-from fleet.placement import GPU_RESOURCE, ModelPlacement, Plan
-from fleet.registry import Registry
+from fleet.planning.placement import GPU_RESOURCE, ModelPlacement, Plan
 from fleet.runtime import images
 from fleet.runtime.local import DeployFailed
 from fleet.types import Deployment, ObjectStore
@@ -264,7 +264,7 @@ def manifests(
             "scaleTargetRef": {"name": name},
             "minReplicaCount": floor,
             "maxReplicaCount": placement.max_replicas,
-            # lazy: once the floor is 0 (fleet.loading), KEDA takes the last replica away a
+            # lazy: once the floor is 0 (fleet.control.lazy), KEDA takes the last replica away a
             # cooldown after its triggers went quiet (the activity trigger: idle_unload_s)
             "pollingInterval": 15,
             "cooldownPeriod": LAZY_COOLDOWN_S if placement.loading == "lazy" else COOLDOWN_S,
@@ -531,7 +531,7 @@ class KubernetesRuntime:
         return _endpoints(self._pods(model, version))
 
     def loaded(self) -> list:  # list[fleet.runtime.local.Loaded]
-        """Versions with ready pods, for the idle clock (``fleet.loading``): ``ready_at`` is the
+        """Versions with ready pods, for the idle clock (``fleet.control.lazy``): ``ready_at`` is the
         newest pod's start, so a version just woken is not idle; memory is not measured here."""
         from datetime import datetime
 

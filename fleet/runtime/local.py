@@ -262,10 +262,10 @@ class LocalRuntime:
         on_drain: Callable[[], object] = lambda: None,
         drain_s: float | None = None,
     ) -> None:
-        """Lazy versions' idle stop (``fleet.loading``), drained: each version's replicas leave
+        """Lazy versions' idle stop (``fleet.control.lazy``), drained: each version's replicas leave
         the list (``draining-*``, under its lock, briefly), ``on_drain`` tells the gateways, and
         after ``drain_s`` (``DRAIN_S``) every one of them stops — one wait for all of them."""
-        from fleet.loading import DRAIN_S
+        from fleet.control.lazy import DRAIN_S
 
         draining = []
         for model, version in versions:

@@ -38,9 +38,9 @@ def package_version(
     force: bool = False,
     log: Callable[[str], None] = lambda _: None,
 ) -> Any:  # noqa: ANN401 - a fleet.runtime.bento.Packaged
-    from fleet.registry import Registry
+    from fleet.catalog.policies import load_policies
+    from fleet.catalog.registry import Registry
     from fleet.runtime.bento import package
-    from fleet.spec import load_policies
     from fleet.store import open_store
 
     loaded = load_policies(policies_path(policies))
@@ -52,7 +52,7 @@ def package_version(
 
 def record_image(model: str, version: str, digest: str, *, bento: str, repository: str | None = None) -> Any:  # noqa: ANN401
     """Record the image digest of ``model:version`` in this environment's store; (before, after) ImageRecords."""
-    from fleet.registry import Registry
+    from fleet.catalog.registry import Registry
     from fleet.runtime.images import record
     from fleet.store import open_store
 

@@ -1,0 +1,538 @@
+"""Always-valid sequential tests for canary analysis: verdicts that may be taken at every tick.
+
+``fleet.analysis.canary.judge`` re-tests each step's data at every tick at a fixed confidence, so
+its error rates hold per look, not per rollout; its margins are wide to keep false rollbacks
+down, and that is what makes good canaries wait. The tests here are *e-processes*: products
+of likelihood ratios, averaged over a few alternatives, that are nonnegative
+supermartingales while the canary is no worse than stable. By Ville's inequality such a
+process ever reaches ``1/alpha`` with probability at most ``alpha``, however often it is
+looked at and whenever the looking stops (Ramdas, Grünwald, Vovk & Shafer, "Game-theoretic
+statistics and safe anytime-valid inference", Statistical Science 2023). Confidence
+sequences are the same idea read as intervals (Howard, Ramdas, McAuliffe & Sekhon,
+"Time-uniform, nonparametric, nonasymptotic confidence sequences", Annals of Statistics
+2021). The use for deployments follows Lindon, Sanden & Shirikian, "Rapid regression
+detection in software deployments through sequential testing" (KDD 2022, Netflix).
+
+The tests, all pure functions of counts:
+
+- ``ErrorHarm``: is the canary's error rate above the stable's? Each tick, given how many
+  errors both arms made together, the number that fell on the canary is binomial with the
+  canary's share of the requests when the rates are equal (conditioning removes the
+  unknown rate). Against rate ratios ``PSI_GRID`` this is a mixture of likelihood ratios. The
+  exact law of that count is hypergeometric, smaller than the binomial in the convex order
+  (Hoeffding 1963), so the process stays a supermartingale; with the canary better, more so.
+- ``bernoulli_bounds``: a confidence sequence for one arm's rate (Robbins' beta-binomial
+  mixture, a mixture over three priors so that rare and common events both get tight
+  bounds). Two of them bound the *difference* of rates: upper bound of the canary minus
+  lower bound of the stable below the margin is non-inferiority shown; the canary's lower
+  bound above the stable's upper bound is harm shown (this one works at 100 % too, where
+  the stable serves nothing and the conditional test has no data).
+- ``TailHarm``: are more than 1 % of the canary's answers slower than ``max_p99_ratio`` x
+  the stable's p99 (canary p99 above the allowed ratio)? A one-sample mixture of binomial
+  likelihood ratios against 1 %, with the threshold re-read from the stable arm each tick
+  (the stable's data never depends on the canary's).
+
+The false-rollback budget (``max_false_rollback_rate``) is split between the gates; each
+gate's share splits again between its tests (a union bound: the rate of the whole rollout
+is at most the sum). ``power`` is the chance that a canary exactly at a margin is *not*
+promoted: it is then rolled back, or held until ``hold_deadline_s`` and rolled back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+from scipy import optimize
+
+from fleet.types import ArmWindow
+
+if TYPE_CHECKING:
+    from fleet.analysis.canary import Verdict
+    from fleet.catalog.policies import RolloutPolicy
+
+PSI_GRID = (2.0, 4.0, 10.0, 30.0)  # error-rate ratios the harm test bets on
+TAIL_GRID = (0.02, 0.035, 0.06, 0.1, 0.18, 0.32)  # share of canary answers above the limit, vs 1 %
+TAIL_NULL = 0.01  # p99: at most 1 % of answers above it
+STABLE_P99_ANSWERS = math.ceil(math.log(0.05) / math.log(1 - TAIL_NULL))  # 299
+BETA_PRIORS = ((1.0, 30.0), (1.0, 300.0), (1.0, 3000.0))  # Beta(a, b) mixed for one arm's rate
+# the false-rollback budget's split between the gates (their sum is 1); a gate that a policy
+# does not judge gives its share to no one: the rate stays under the budget
+SHARE = {"error_rate": 0.6, "latency": 0.25, "predictions": 0.15}
+CONDITIONAL = 0.8  # of the error gate's share: the conditional test's (the bounds' test has the rest)
+
+
+def _logmeanexp(values) -> float:  # noqa: ANN001
+    """log(mean(exp(values))) without overflow (plain Python: scipy's costs 100x on 4 values)."""
+    values = [float(v) for v in values]
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values) / len(values))
+
+
+def _start(log_e: tuple[float, ...], k: int) -> np.ndarray:
+    if log_e and len(log_e) != k:
+        raise ValueError(f"stored evidence has {len(log_e)} alternatives, expected {k}: it was kept by another version")
+    return np.asarray(log_e) if log_e else np.zeros(k)
+
+
+@dataclass(frozen=True)
+class ErrorHarm:
+    """The conditional test of "canary errors more often than stable": log e-value per rate
+    ratio in ``PSI_GRID``, equally weighted. ``update`` takes one tick's counts."""
+
+    log_e: tuple[float, ...] = ()  # one per PSI_GRID value; () before any evidence
+
+    def update(self, canary_requests: int, canary_errors: int, stable_requests: int, stable_errors: int) -> ErrorHarm:
+        errors = canary_errors + stable_errors
+        if errors == 0 or canary_requests == 0 or stable_requests == 0:
+            return self  # nothing to compare this tick: the likelihood ratio is 1
+        psi = np.asarray(PSI_GRID)
+        q0 = canary_requests / (canary_requests + stable_requests)
+        q1 = psi * canary_requests / (psi * canary_requests + stable_requests)
+        step = canary_errors * np.log(q1 / q0) + stable_errors * np.log((1 - q1) / (1 - q0))
+        return ErrorHarm(tuple((_start(self.log_e, len(psi)) + step).tolist()))
+
+    @property
+    def e_value(self) -> float:
+        return math.exp(min(_logmeanexp(np.asarray(self.log_e)), 700.0)) if self.log_e else 1.0
+
+
+@dataclass(frozen=True)
+class TailHarm:
+    """The one-sample test of "more than 1 % of canary answers are above the limit": log
+    e-value per alternative share in ``TAIL_GRID``. ``update`` takes one tick's canary answers
+    and how many were above the limit (fractional: read inside a histogram bucket)."""
+
+    log_e: tuple[float, ...] = ()  # one per TAIL_GRID value; () before any evidence
+
+    def update(self, answered: int, above: float) -> TailHarm:
+        if answered <= 0:
+            return self
+        above = min(max(above, 0.0), float(answered))
+        p1 = np.asarray(TAIL_GRID)
+        step = above * np.log(p1 / TAIL_NULL) + (answered - above) * np.log((1 - p1) / (1 - TAIL_NULL))
+        return TailHarm(tuple((_start(self.log_e, len(p1)) + step).tolist()))
+
+    @property
+    def e_value(self) -> float:
+        return math.exp(min(_logmeanexp(np.asarray(self.log_e)), 700.0)) if self.log_e else 1.0
+
+
+def _log_mixture(x: float, n: float, p: float) -> float:
+    """log of the beta-binomial mixture martingale for "the rate is p" after x events in n."""
+    terms = [_betaln(a + x, b + n - x) - _betaln(a, b) for a, b in BETA_PRIORS]
+    return _logmeanexp(terms) - (x * math.log(p) + (n - x) * math.log1p(-p))
+
+
+def _betaln(a: float, b: float) -> float:
+    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+
+
+def bernoulli_bounds(x: float, n: float, level: float) -> tuple[float, float]:
+    """(lower, upper): a confidence sequence for a rate after ``x`` events in ``n`` trials,
+    holding at every n at once with probability at least ``1 - level`` (each side
+    ``level``: ask for the side you need). ``(0, 40, 0.05)`` → ``(0.0, ~0.078)``."""
+    if n <= 0:
+        return 0.0, 1.0
+    x = min(max(x, 0.0), n)
+    threshold = math.log(1 / level)
+    mle = x / n
+
+    def over(p: float) -> float:
+        return _log_mixture(x, n, p) - threshold
+
+    tiny = 1e-12
+    at = min(max(mle, tiny), 1 - tiny)
+    lo = hi = mle
+    if over(at) < 0:  # the estimate itself is in the sequence (it always is but at tiny n)
+        lo = optimize.brentq(over, tiny, at, xtol=1e-10) if over(tiny) > 0 else 0.0
+        hi = optimize.brentq(over, at, 1 - tiny, xtol=1e-10) if over(1 - tiny) > 0 else 1.0
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A rollout's sequential evidence so far, kept between ticks (stored with its state):
+    the error test's, one tail test per latency gate, and how many verdicts were taken."""
+
+    errors: ErrorHarm = field(default_factory=ErrorHarm)
+    tails: tuple[tuple[str, TailHarm], ...] = ()
+    looks: int = 0  # the fixed-sample gates (predictions) spend alpha per look
+
+    def tail(self, gate: str) -> TailHarm:
+        return dict(self.tails).get(gate, TailHarm())
+
+    def with_tail(self, gate: str, tail: TailHarm) -> Evidence:
+        return replace(self, tails=tuple(sorted({**dict(self.tails), gate: tail}.items())))
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "errors": list(self.errors.log_e),
+            "tails": {g: list(t.log_e) for g, t in self.tails},
+            "looks": self.looks,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> Evidence:
+        if not data:
+            return cls()
+        tails = tuple(sorted((g, TailHarm(tuple(v))) for g, v in data.get("tails", {}).items()))
+        return cls(ErrorHarm(tuple(data["errors"])), tails, int(data.get("looks", 0)))
+
+    def looked(self) -> Evidence:
+        return replace(self, looks=self.looks + 1)
+
+
+def spent_alpha(alpha: float, look: int) -> float:
+    """Alpha for look ``look`` (1, 2, ...) of a fixed-sample test: alpha x 6 / (pi^2 look^2),
+    which sums to alpha over every look there could be (a union bound)."""
+    return alpha * 6.0 / (math.pi**2 * look**2)
+
+
+# -- the verdict ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Arms:
+    """What ``judge`` reads at one tick: this tick's increments of both arms, both arms since the
+    rollout began (``canary_all``/``stable_all``: the concurrent evidence), and the step's
+    canary so far (``min_samples`` counts per step)."""
+
+    tick_canary: ArmWindow
+    tick_stable: ArmWindow
+    canary_all: ArmWindow
+    stable_all: ArmWindow
+    step_canary: ArmWindow
+    step_stable: ArmWindow
+
+
+def judge(
+    arms: Arms, policy: RolloutPolicy, evidence: Evidence, *, step: int, step_started: float
+) -> tuple[Verdict, Evidence]:
+    """One tick of a sequential rollout: (verdict, the evidence to keep for the next tick).
+
+    Harm shown on any gate rolls back at once, at any step. A step before the last one
+    with stable traffic advances once it has ``min_samples`` canary requests; that last
+    step (the one before 100 %, or 100 % when it is the only step) advances only when
+    non-inferiority is shown — the canary's error rate at most ``max_error_rate_increase``
+    above the stable's, and at most 1 % of its answers above ``max_p99_ratio`` x the stable's
+    p99 — on everything both arms served since the rollout began; 100 % after it is a bake:
+    ``min_samples`` more canary requests without harm. Undecided at ``hold_deadline_s`` into
+    a step rolls back, as in ``fleet.analysis.canary``.
+    """
+    from fleet.analysis import canary
+
+    g = policy.gates
+    alpha, beta = policy.max_false_rollback_rate, 1.0 - policy.power
+    weight = policy.steps[step]
+    concurrent = weight < 100
+    deciding = step == _deciding_step(policy.steps)
+    evidence = evidence.looked()
+    results = [
+        canary._samples(arms.step_stable if concurrent else arms.step_canary, arms.step_canary, policy.min_samples)
+    ]
+    generative = g.max_tpot_p99_ratio is not None or g.max_output_length_psi is not None
+    err, evidence = _errors(
+        arms, g.max_error_rate_increase, alpha * SHARE["error_rate"], beta, evidence, deciding, concurrent
+    )
+    results.append(err)
+    latency_gates = [("latency_p99", "latency_ms", g.max_p99_ratio)]
+    if g.max_tpot_p99_ratio is not None:
+        latency_gates.append(("tpot_p99", "tpot_ms", g.max_tpot_p99_ratio))
+    for gate, hist, ratio in latency_gates:
+        res, evidence = _tail(
+            arms,
+            gate,
+            hist,
+            ratio,
+            alpha * SHARE["latency"] / len(latency_gates),
+            beta,
+            evidence,
+            deciding,
+            policy.min_samples,
+        )
+        results.append(res)
+    # the drift gates are fixed-sample tests: half their share is spent over every look (a
+    # large shift is caught at once), half on one look at the end of each step, taken when
+    # every other gate lets the step advance (a smaller one is caught before it does)
+    share = alpha * SHARE["predictions"] / 2
+    drift = _drift(arms, policy, spent_alpha(share, evidence.looks), concurrent, generative)
+    if all(r.status == "pass" for r in [*results, *drift]):
+        drift = _drift(arms, policy, share / len(policy.steps), concurrent, generative)
+    return _outcome([*results, *drift], arms, policy, step_started, deciding), evidence
+
+
+def _drift(arms: Arms, policy: RolloutPolicy, alpha: float, concurrent: bool, generative: bool) -> list:
+    """Predicted scores (or a generation's output lengths) and exact-match labels, at ``alpha``:
+    both arms since the first step, while both serve (at 100 % the inputs differ)."""
+    from fleet.analysis import canary
+
+    g, results = policy.gates, []
+    if concurrent and not generative:
+        results.append(
+            canary._predictions(arms.stable_all, arms.canary_all, policy.min_samples, g.max_prediction_psi, alpha)
+        )
+    elif concurrent and g.max_output_length_psi is not None:
+        results.append(
+            canary._predictions(
+                canary._histogram(arms.stable_all, "output_tokens"),
+                canary._histogram(arms.canary_all, "output_tokens"),
+                policy.min_samples,
+                g.max_output_length_psi,
+                alpha,
+                gate="output_length",
+                field="output_tokens",
+                what="output lengths",
+            )
+        )
+    if g.max_exact_match_drop is not None:
+        results.append(
+            canary._exact_match(arms.stable_all, arms.canary_all, g.min_labels, g.max_exact_match_drop, alpha)
+        )
+    return results
+
+
+def _deciding_step(steps: list[int]) -> int:
+    """The step that must show non-inferiority: the last one that still has stable traffic."""
+    below = [i for i, w in enumerate(steps) if w < 100]
+    return below[-1] if below else len(steps) - 1
+
+
+def _errors(
+    arms: Arms,
+    margin: float,
+    alpha: float,
+    beta: float,
+    evidence: Evidence,
+    deciding: bool,  # noqa: ANN202
+    concurrent: bool = True,
+):
+    from fleet.analysis.canary import GateResult, _pct, _pp
+
+    tc, ts = arms.tick_canary, arms.tick_stable
+    harm = evidence.errors.update(tc.requests, tc.error_count, ts.requests, ts.error_count)
+    evidence = replace(evidence, errors=harm)
+    xc, nc, xs, ns = (
+        arms.canary_all.error_count,
+        arms.canary_all.requests,
+        arms.stable_all.error_count,
+        arms.stable_all.requests,
+    )
+    if nc == 0:
+        return GateResult("error_rate", "pending", None, margin, "pp", "no canary requests yet", None, 1, 0), evidence
+    rates = (
+        f"canary {xc}/{nc} = {_pct(xc / nc)}, stable {xs}/{ns} = {_pct(xs / ns) if ns else '-'} since the rollout began"
+    )
+    diff = xc / nc - (xs / ns if ns else 0.0)
+    if harm.e_value >= 1 / (alpha * CONDITIONAL):
+        return GateResult(
+            "error_rate",
+            "breach",
+            diff,
+            margin,
+            "pp",
+            f"error rate {rates}: higher on the canary, e-value {harm.e_value:.3g} >= {1 / (alpha * CONDITIONAL):.3g} "
+            f"(false-rollback budget {alpha:.2%})",
+            1 / harm.e_value,
+        ), evidence
+    # at 100 % (no stable traffic, no conditional test) the two rates' bounds compare the canary
+    # with the stable as it served earlier in the rollout; while both serve, only the
+    # conditional test judges harm: it compares the same seconds' traffic
+    if not concurrent and ns and xc / nc > xs / ns:  # else the canary's lower bound cannot pass the stable's upper
+        lo_c, _ = bernoulli_bounds(xc, nc, alpha * (1 - CONDITIONAL) / 2)
+        _, hi_s = bernoulli_bounds(xs, ns, alpha * (1 - CONDITIONAL) / 2)
+        if lo_c > hi_s:
+            return GateResult(
+                "error_rate",
+                "breach",
+                diff,
+                margin,
+                "pp",
+                f"error rate {rates}: the canary's is at least {_pct(lo_c)}, the stable's at most "
+                f"{_pct(hi_s)} (confidence sequences)",
+                None,
+            ), evidence
+    if not deciding or margin == 0.0:
+        why = (
+            "no increase shown (a margin of 0 leaves nothing to show within)"
+            if margin == 0.0
+            else "no increase shown; within the margin is shown before the last step with stable traffic ends"
+        )
+        return GateResult("error_rate", "pass", diff, margin, "pp", f"error rate {rates}: {why}"), evidence
+    _, hi_c = bernoulli_bounds(xc, nc, beta / 2)
+    lo_s, _ = bernoulli_bounds(xs, ns, beta / 2)
+    bound = hi_c - lo_s
+    if bound < margin:
+        return GateResult(
+            "error_rate",
+            "pass",
+            diff,
+            margin,
+            "pp",
+            f"error rate {rates}: the increase is below {_pp(bound)}, within the margin {_pp(margin)}",
+        ), evidence
+    return GateResult(
+        "error_rate",
+        "pending",
+        diff,
+        margin,
+        "pp",
+        f"error rate {rates}: the increase is below {_pp(bound)} so far, not yet within {_pp(margin)}",
+        None,
+        _more_needed(nc, bound, margin),
+        0,
+    ), evidence
+
+
+def _tail(
+    arms: Arms,
+    gate: str,
+    hist: str,
+    ratio: float,
+    alpha: float,
+    beta: float,
+    evidence: Evidence,
+    deciding: bool,
+    n: int,
+):  # noqa: ANN202
+    from fleet.analysis.canary import GateResult, _count_above, _histogram, histogram_quantile
+
+    stable_all = np.asarray(getattr(_histogram(arms.stable_all, hist), hist))
+    canary_all = np.asarray(getattr(_histogram(arms.canary_all, hist), hist))
+    tick = np.asarray(getattr(_histogram(arms.tick_canary, hist), hist))
+    ns, nc = int(stable_all.sum()), int(canary_all.sum())
+    # the limit is made of the stable's p99, so its estimate must be fair first: 299 answers,
+    # fleet.analysis.canary's rule. The limit is re-read every tick as stable answers add up; an
+    # estimate low by chance lowers the limit and makes a false rollback more likely, so this
+    # gate's rate holds only approximately (bench/rollout.py measures whole rollouts)
+    ns_needed = max(n, STABLE_P99_ANSWERS)
+    if ns < ns_needed or nc == 0:
+        return GateResult(
+            gate,
+            "pending" if deciding else "pass",
+            None,
+            ratio,
+            "x",
+            f"waits for {ns_needed} stable answers to know the stable's p99 (stable {ns}, canary {nc})",
+            None,
+            0,
+            max(0, ns_needed - ns),
+        ), evidence
+    p99s = histogram_quantile(1 - TAIL_NULL, stable_all)
+    limit = ratio * p99s
+    tail = evidence.tail(gate).update(int(tick.sum()), _count_above(tick, limit))
+    evidence = evidence.with_tail(gate, tail)
+    above = min(float(nc), _count_above(canary_all, limit))
+    p99c = histogram_quantile(1 - TAIL_NULL, canary_all)
+    reading = (
+        f"{'p99' if hist == 'latency_ms' else 'p99 time per output token:'} canary {p99c:.1f} ms / stable "
+        f"{p99s:.1f} ms = {p99c / p99s:.2f}x vs allowed {ratio:g}x; {above:.0f}/{nc} canary answers above "
+        f"{limit:.1f} ms"
+    )
+    if tail.e_value >= 1 / alpha:
+        return GateResult(
+            gate,
+            "breach",
+            p99c / p99s,
+            ratio,
+            "x",
+            f"{reading}: more than 1 %, e-value {tail.e_value:.3g} >= {1 / alpha:.3g}",
+            1 / tail.e_value,
+        ), evidence
+    if not deciding:
+        return GateResult(
+            gate,
+            "pass",
+            p99c / p99s,
+            ratio,
+            "x",
+            f"{reading}: no excess shown; within 1 % is shown before the last step with stable traffic ends",
+        ), evidence
+    _, hi = bernoulli_bounds(above, nc, beta)
+    if hi < TAIL_NULL:
+        return GateResult(gate, "pass", p99c / p99s, ratio, "x", f"{reading}: at most {hi:.2%} (within 1 %)"), evidence
+    return GateResult(
+        gate,
+        "pending",
+        p99c / p99s,
+        ratio,
+        "x",
+        f"{reading}: at most {hi:.2%} so far, not yet within 1 %",
+        None,
+        _more_needed(nc, hi, TAIL_NULL),
+        0,
+    ), evidence
+
+
+def _more_needed(n: int, bound: float, target: float) -> int | None:
+    """A rough guess of the further canary samples before ``bound`` falls below ``target``
+    (such bounds shrink about as 1/n for rare events)."""
+    if target <= 0 or bound <= 0:
+        return None
+    return max(1, math.ceil(n * (bound / target - 1)))
+
+
+def _outcome(results: list, arms: Arms, policy: RolloutPolicy, step_started: float, deciding: bool) -> Verdict:  # noqa: ARG001
+    from fleet.analysis.canary import GateResult, Verdict, _clock, _more_text, _most
+
+    at, deadline = arms.tick_canary.end, step_started + policy.hold_deadline_s
+    breached = [r for r in results if r.status == "breach"]
+    pending = [r for r in results if r.status == "pending"]
+    if breached:
+        outcome, summary = "rollback", "roll back: " + "; ".join(r.explanation for r in breached)
+    elif not pending:
+        outcome, summary = "advance", "advance: no harm shown" + ("; non-inferiority shown" if deciding else "")
+    elif at >= deadline:
+        undecided = ", ".join(f"{r.gate} ({_more_text(r)})" for r in pending)
+        expl = (
+            f"still undecided {at - step_started:.0f} s into the step, hold_deadline_s is "
+            f"{policy.hold_deadline_s:g} s: {undecided}"
+        )
+        results.append(GateResult("deadline", "breach", at - step_started, policy.hold_deadline_s, "s", expl))
+        outcome, summary = "rollback", "roll back: " + expl
+    else:
+        outcome = "hold"
+        shown = [r for r in pending if r.gate == "samples"] or pending
+        summary = f"hold (a failure from {_clock(deadline)} on): " + "; ".join(r.explanation for r in shown)
+    return Verdict(
+        outcome=outcome,
+        gates=tuple(results),
+        at=at,
+        deadline=deadline,
+        canary_requests=arms.step_canary.requests,
+        stable_requests=arms.step_stable.requests,
+        summary=summary,
+        more_canary=_most(r.more_canary for r in pending),
+        more_stable=_most(r.more_stable for r in pending),
+    )
+
+
+def guardrails(arms: Arms, policy: RolloutPolicy, evidence: Evidence) -> tuple[list, Evidence]:
+    """Harm tests only (an A/B experiment's guardrails): the error-rate and latency gates of
+    ``judge`` as at a step that need not show non-inferiority. A ``breach`` among the results
+    is harm shown, at the policy's ``max_false_rollback_rate``; nothing here ever holds."""
+    g = policy.gates
+    alpha = policy.max_false_rollback_rate
+    err, evidence = _errors(
+        arms,
+        g.max_error_rate_increase,
+        alpha * SHARE["error_rate"],
+        1 - policy.power,
+        evidence,
+        deciding=False,
+        concurrent=True,
+    )
+    tail, evidence = _tail(
+        arms,
+        "latency_p99",
+        "latency_ms",
+        g.max_p99_ratio,
+        alpha * SHARE["latency"],
+        1 - policy.power,
+        evidence,
+        False,
+        policy.min_samples,
+    )
+    return [err, tail], evidence.looked()

@@ -1,0 +1,1 @@
+"""Control: the loops that act on the fleet — rollouts, experiments, lazy loading, doctor."""

@@ -1,0 +1,2 @@
+"""The canary rollout: a pure state machine (``machine``), its executor (``effects``) and
+the preflight checks (``preflight``)."""

@@ -1,0 +1,1 @@
+"""Generation at the gateway: OpenAI completions and chat and OIP generate, streamed."""

@@ -1,0 +1,1 @@
+"""Quotas: in-process token buckets, the shared Redis backend and its scripts."""

@@ -1,0 +1,249 @@
+"""What the gateway knows, as one immutable snapshot swapped in by a background refresher.
+
+Requests read only the snapshot (no store reads on the request path). The refresher polls
+the store every ``interval`` seconds and parses only the records whose ETag changed; an
+admin push (``wake``) makes it poll at once, so a rollback reaches a gateway in
+milliseconds, and within ``interval`` even without a push. Deployments are re-read from
+the runtime whenever routes change (so a route never gets ahead of the endpoints it
+needs) and every ``runtime_interval`` seconds otherwise. When the store cannot be read,
+the last good snapshot keeps serving and ``stale`` says so.
+
+One bad record never takes the gateway down: a route table, tenant or manifest that does not
+parse is skipped (or, if it was good before, its last good copy kept) and listed in
+``bad_records`` for health, metrics and ``fleet doctor``. A canary or shadow whose manifest
+cannot be read is left out of the snapshot's table, so its traffic stays on stable; a stable
+or pinned version without a readable manifest is answered 503 (``VersionUnavailable``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fleet import records
+from fleet.catalog.registry import ModelVersion, Registry
+from fleet.catalog.routes.table import RouteTable
+from fleet.catalog.tenants import Quota, Tenant, key_index, lookup, misplaced
+from fleet.errors import FleetError, IntegrityError, NotFound
+from fleet.types import ObjectStore, Runtime
+
+log = logging.getLogger("fleet.gateway")
+
+POLL_S = 0.25
+RUNTIME_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    routes: dict[str, RouteTable] = field(default_factory=dict)
+    keys: dict[str, Tenant] = field(default_factory=dict)  # key id → tenant
+    endpoints: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    manifests: dict[tuple[str, str], ModelVersion] = field(default_factory=dict)
+    loaded_at: float = 0.0
+
+    def tenant_for(self, api_key: str) -> Tenant | None:
+        """The tenant owning a live ``api_key`` (``fleet.catalog.tenants.lookup``, the one rule)."""
+        return lookup(self.keys, api_key)
+
+
+class FleetView:
+    def __init__(
+        self, store: ObjectStore, runtime: Runtime, interval: float = POLL_S, runtime_interval: float = RUNTIME_POLL_S
+    ) -> None:
+        self.store, self.runtime = store, runtime
+        self.interval, self.runtime_interval = interval, runtime_interval
+        self.registry = Registry(store)
+        self.snapshot = Snapshot()
+        self.healthy = False  # the last refresh succeeded
+        self.last_success = 0.0
+        self.last_error = ""
+        self._etags: dict[str, str] = {}
+        self._records: dict[str, RouteTable | Tenant] = {}
+        self._bad: dict[str, records.BadRecord] = {}  # key → why it is skipped (records read)
+        self._bad_manifests: dict[str, records.BadRecord] = {}  # rebuilt with each snapshot
+        self._runtime_read_at = 0.0
+        self._read_runtime = False  # re-read the runtime at the next refresh (a push, a started version)
+        self._wake: asyncio.Event | None = None
+        self._default_quotas: dict[str, Quota] = {}
+        self._default_weights: dict[str, float] = {}
+
+    def use_policies(self, quotas: dict[str, Quota], weights: dict[str, float] | None = None) -> None:
+        """Quotas (and fair-queuing weights) from the policies' ``tenants:`` section, for
+        tenants whose record sets none.
+
+        Resolved here, once per snapshot, so a tenant's facts are in one place: the ``Tenant``
+        the snapshot hands out carries the quota that applies to it.
+        """
+        self._default_quotas = dict(quotas)
+        self._default_weights = dict(weights or {})
+
+    @property
+    def stale(self) -> bool:
+        return not self.healthy
+
+    @property
+    def bad_records(self) -> list[records.BadRecord]:
+        """Stored records this gateway skips (or serves from their last good copy), by key."""
+        found = {**self._bad, **self._bad_manifests}
+        return [found[k] for k in sorted(found)]
+
+    def _read(self, prefix: str, cls: type) -> tuple[dict[str, object], bool]:
+        """Records under ``prefix``; parse only those whose ETag changed. (records, changed).
+
+        A record that does not parse is reported and skipped; if an earlier copy of it was
+        good, that copy keeps serving (a bad write must not take a model or tenant away).
+        """
+        found, changed, listed = {}, False, set()
+        for key in self.store.list(prefix):
+            if not key.endswith(".json"):
+                continue
+            listed.add(key)
+            try:
+                obj = self.store.get(key)
+            except NotFound:
+                continue  # deleted between list and get
+            if self._etags.get(key) != obj.etag:
+                self._etags[key] = obj.etag
+                try:
+                    self._records[key] = records.parse(self.store, key, obj.data, cls)
+                    self._bad.pop(key, None)
+                    changed = True
+                except IntegrityError as exc:
+                    bad = records.BadRecord(key, str(exc), cls.__name__)
+                    if key in self._records:
+                        bad = records.BadRecord(key, f"{exc}; serving its last good copy", cls.__name__)
+                    records.report(bad)
+                    self._bad[key] = bad
+            if key in self._records:
+                found[key] = self._records[key]
+        gone = [k for k in self._etags if k.startswith(prefix) and k not in listed]
+        for k in gone:
+            self._etags.pop(k, None)
+            self._records.pop(k, None)
+            self._bad.pop(k, None)
+        return found, changed or bool(gone)
+
+    def _manifests(self, routes: dict[str, RouteTable]) -> dict[tuple[str, str], ModelVersion]:
+        """The manifest of every version a route names; unreadable ones are reported."""
+        manifests: dict[tuple[str, str], ModelVersion] = {}
+        bad: dict[str, records.BadRecord] = {}
+        for model, table in routes.items():
+            for version in sorted(table.referenced_versions()):
+                cached = self.snapshot.manifests.get((model, version))
+                if cached is not None:
+                    manifests[model, version] = cached
+                    continue
+                try:
+                    manifests[model, version] = self.registry.get(model, version)
+                except (IntegrityError, NotFound) as exc:
+                    key = f"models/{model}/{version}/manifest.json"
+                    bad[key] = records.BadRecord(key, f"route of {model} names {version}: {exc}", "ModelVersion")
+                    records.report(bad[key])
+        self._bad_manifests = bad
+        return manifests
+
+    def refresh(self, force_runtime: bool = False) -> bool:
+        """Poll the store (and maybe the runtime); swap in a new snapshot if anything changed."""
+        snapshot = self._poll(force_runtime)
+        if snapshot is None:
+            return False
+        self.snapshot = snapshot
+        return True
+
+    def _poll(self, force_runtime: bool = False) -> Snapshot | None:
+        """The next snapshot, or None if nothing changed. It is not published here: ``run``
+        publishes it on the event loop together with the pools (``on_change``), so no request
+        ever sees a route to a version whose replicas the pools do not hold yet."""
+        route_records, routes_changed = self._read("routes/", RouteTable)
+        tenant_records, tenants_changed = self._read("tenants/", Tenant)
+        now = time.monotonic()
+        endpoints, periodic = self.snapshot.endpoints, False
+        force_runtime, self._read_runtime = force_runtime or self._read_runtime, False
+        if routes_changed or force_runtime or now - self._runtime_read_at >= self.runtime_interval:
+            endpoints = {(d.model, d.version): d.endpoints for d in self.runtime.list()}
+            self._runtime_read_at, periodic = now, True
+        self.healthy, self.last_success, self.last_error = True, time.time(), ""
+        retry = periodic and bool(self._bad_manifests)  # a fixed manifest is picked up within a second
+        if not (
+            routes_changed
+            or tenants_changed
+            or retry
+            or endpoints != self.snapshot.endpoints
+            or not self.snapshot.loaded_at
+        ):
+            return None
+        routes = {}
+        for key, table in route_records.items():
+            if key != f"routes/{table.model}.json":  # type: ignore[union-attr]
+                self._bad[key] = records.BadRecord(key, f"{key!r} holds the route of {table.model!r}", "RouteTable")  # type: ignore[union-attr]
+                records.report(self._bad[key])
+                continue
+            routes[table.model] = table  # type: ignore[union-attr]
+        manifests = self._manifests(routes)
+        routes = {model: _servable(table, manifests) for model, table in routes.items()}
+        placed = []
+        for key, tenant in tenant_records.items():
+            if (wrong := misplaced(key, tenant)) is not None:  # type: ignore[arg-type]
+                self._bad[key] = wrong
+                records.report(wrong)
+            else:
+                placed.append(tenant)
+        tenants = [self._with_defaults(t) for t in placed]  # type: ignore[arg-type]
+        keys = key_index(tenants)  # type: ignore[arg-type]
+        return Snapshot(routes, keys, endpoints, manifests, time.time())
+
+    def _with_defaults(self, t: Tenant) -> Tenant:
+        update: dict[str, object] = {}
+        if t.quota is None and t.name in self._default_quotas:
+            update["quota"] = self._default_quotas[t.name]
+        if t.weight is None and t.name in self._default_weights:
+            update["weight"] = self._default_weights[t.name]
+        return t.model_copy(update=update) if update else t
+
+    def wake(self) -> None:
+        """Poll now, the runtime too (an admin push: a route changed, or a version was stopped or
+        started): safe to call from the event loop only."""
+        self._read_runtime = True
+        if self._wake is not None:
+            self._wake.set()
+
+    def read_runtime(self) -> None:
+        """Re-read the runtime's deployments now (a version was started here): from the event loop only."""
+        self.wake()
+
+    async def run(self, on_change: Callable[[Snapshot], None]) -> None:
+        """Refresh forever; a failed refresh keeps the last good snapshot."""
+        self._wake = asyncio.Event()
+        while True:
+            try:
+                snapshot = await asyncio.to_thread(self._poll)
+                if snapshot is not None:
+                    # routes and pools change in one step of the loop: a request between them
+                    # would find a newly routed version (a rollback's target) with no replica
+                    self.snapshot = snapshot
+                    on_change(snapshot)
+            except (FleetError, OSError, ValueError) as exc:
+                if self.healthy:
+                    log.warning("cannot refresh routing state, serving the last good one: %s", exc)
+                self.healthy, self.last_error = False, str(exc)
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+
+
+def _servable(table: RouteTable, manifests: dict[tuple[str, str], ModelVersion]) -> RouteTable:
+    """The table as this gateway serves it: a canary or shadow without a readable manifest is
+    dropped (its traffic stays on stable, as after a rollback); stable and pins stay, and a
+    request for them is answered 503 until the manifest is fixed."""
+    readable = {version for (model, version) in manifests if model == table.model}
+    update: dict[str, object] = {}
+    if table.canary is not None and table.canary.version not in readable:
+        update["canary"] = None
+    if table.shadow is not None and (table.shadow.version not in readable or table.shadow.version == table.stable):
+        update["shadow"] = None  # (a table stored before shadow = stable was refused mirrors to itself)
+    return table.model_copy(update=update) if update else table

@@ -1,0 +1,1 @@
+"""The local fleet: ``fleet up`` and the scripted ``fleet demo``."""

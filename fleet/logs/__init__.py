@@ -1,0 +1,1 @@
+"""What the gateways recorded: the inference log, feedback and outcomes, activity."""

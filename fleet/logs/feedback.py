@@ -1,0 +1,450 @@
+"""Ground-truth labels for earlier requests, joined to the inference log by tenant and request id.
+
+``logs/feedback/<model>/<yyyy>/<mm>/<dd>/<hh>/<unix ms>-<writer>-<seq>.parquet``: one row per
+label — ``ts``, ``request_id``, ``row``, ``tenant``, ``label``. Labels are accepted only for
+requests the inference log holds *of the same tenant*, and a request id is only ever
+looked up within its tenant: two tenants sending the same ``X-Request-Id`` have two
+requests, and neither can label, overwrite or learn of the other's. Ids not found come
+back as unknown, never silently dropped. A label must be one of the model's classes.
+
+A generative model's label is the text the answer should have been (exact match): it is
+compared with the logged output's digest, and the file keeps ``version``, ``match`` and the
+label's digest instead of ``label`` — never the text itself. Each comparison is counted for
+the version that answered (canary analysis's ``exact_match`` gate).
+
+``labelled(store, model, start, end)`` is the inference log of a window with a ``label``
+column where feedback exists: what concept-drift monitoring and retraining read.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from fleet.errors import FleetError, InvalidInput
+from fleet.logs.inference import hour_prefix as log_hour_prefix
+from fleet.logs.inference import read_window
+from fleet.names import check_name
+from fleet.types import ObjectStore
+
+LOOKBACK_H = 24  # how far back a label may point
+MAX_LABELS = 10_000  # labels in one feedback request
+MAX_ROW = 2**31 - 1
+REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")  # what the gateway accepts as X-Request-Id
+MAX_LABEL_CHARS = 32_768  # a generation's expected text
+INDEX_BYTES = 16 * 1024 * 1024
+_ENTRY_BYTES = 160  # one remembered request beyond its strings: key tuple, dict slot, int
+_ANSWER_BYTES = 140  # a generation's answer beside it: a tuple and a 32-character digest
+
+
+class TooManyLabels(FleetError):
+    status = 413
+
+
+@dataclass(frozen=True, slots=True)
+class Label:
+    request_id: str
+    row: int
+    label: int | str | None  # a class, or a generation's expected text; None: outcomes only
+    outcomes: tuple[tuple[str, float], ...] = ()  # named numbers (the model's policy declares them)
+
+
+MAX_OUTCOMES = 32  # outcomes in one feedback item
+MAX_OUTCOME_ROWS = 20_000  # outcomes in one feedback request (each a stored row)
+OUTCOME_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+
+
+def parse(body: dict) -> tuple[str, list[Label]]:
+    """``{"model": m, "feedback": [{"request_id", "label"?, "outcomes"?: {name: number}, "row"?: 0}, ...]}``
+    → (model, labels); each item has a label, outcomes, or both."""
+    model = body.get("model")
+    items = body.get("feedback")
+    expected = (
+        'expected {"model": "<model>", "feedback": [{"request_id": "...", "label": <int class, or the expected '
+        'text of a generation>, "outcomes": {"<name>": <number>}, "row": <int, default 0>}]} with a label, '
+        "outcomes or both"
+    )
+    if not isinstance(model, str) or not isinstance(items, list) or not items:
+        raise InvalidInput(f"feedback body has no model or no feedback list; {expected}")
+    check_name("model", model)
+    if len(items) > MAX_LABELS:
+        raise TooManyLabels(f"feedback has {len(items)} labels; at most {MAX_LABELS} per request, send the rest after")
+    labels, outcome_rows = [], 0
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InvalidInput(f"feedback[{i}] is {type(item).__name__}; {expected}")
+        rid, label, row = item.get("request_id"), item.get("label"), item.get("row", 0)
+        if not isinstance(rid, str) or not REQUEST_ID.fullmatch(rid):
+            raise InvalidInput(
+                f"feedback[{i}].request_id is {_short(rid)}; expected the X-Request-Id of an earlier answer"
+            )
+        outcomes = _outcomes(i, item.get("outcomes"))
+        outcome_rows += len(outcomes)
+        if outcome_rows > MAX_OUTCOME_ROWS:
+            raise TooManyLabels(
+                f"feedback has more than {MAX_OUTCOME_ROWS} outcomes; at most that many per request, "
+                "send the rest after"
+            )
+        if label is None and not outcomes:
+            raise InvalidInput(f"feedback[{i}] has neither a label nor outcomes; {expected}")
+        if label is not None and (isinstance(label, bool) or not isinstance(label, int | str)):
+            raise InvalidInput(
+                f"feedback[{i}].label is {_short(label)}; expected the true class as an integer, "
+                "or a generation's expected text"
+            )
+        if isinstance(label, str) and len(label) > MAX_LABEL_CHARS:
+            raise InvalidInput(f"feedback[{i}].label has {len(label)} characters; expected at most {MAX_LABEL_CHARS}")
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row <= MAX_ROW:
+            raise InvalidInput(
+                f"feedback[{i}].row is {_short(row)}; expected the row's index in the request (0 for one row)"
+            )
+        labels.append(Label(rid, row, label, outcomes))
+    return model, labels
+
+
+def _outcomes(i: int, given: object) -> tuple[tuple[str, float], ...]:
+    """An item's ``outcomes``: names as the policy spells them, finite numbers (bounds are the
+    model's, checked by ``check_outcomes``)."""
+    if given is None:
+        return ()
+    if not isinstance(given, dict) or not given:
+        raise InvalidInput(
+            f"feedback[{i}].outcomes is {_short(given)}; expected an object of named numbers, "
+            'e.g. {"clicked": 1, "revenue": 12.5}'
+        )
+    if len(given) > MAX_OUTCOMES:
+        raise InvalidInput(f"feedback[{i}].outcomes has {len(given)} names; expected at most {MAX_OUTCOMES}")
+    found = []
+    for name, value in given.items():
+        if not OUTCOME_NAME.fullmatch(name):
+            raise InvalidInput(
+                f"feedback[{i}].outcomes names {_short(name)}; expected lowercase letters, digits and _, "
+                "starting with a letter (as the model's policy declares it)"
+            )
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise InvalidInput(f"feedback[{i}].outcomes.{name} is {_short(value)}; expected a finite number")
+        found.append((name, float(value)))
+    return tuple(sorted(found))
+
+
+def check_outcomes(labels: Sequence[Label], model: str, declared: dict) -> None:
+    """Every outcome must be one the model's policy declares (``outcomes:``), within its bounds."""
+    for i, x in enumerate(labels):
+        for name, value in x.outcomes:
+            spec = declared.get(name)
+            if spec is None:
+                known = ", ".join(sorted(declared)) or "none (add them under the model's outcomes: in its policy)"
+                raise InvalidInput(
+                    f"feedback[{i}].outcomes.{name} is not an outcome of {model}; expected one of: {known}"
+                )
+            if (spec.min is not None and value < spec.min) or (spec.max is not None and value > spec.max):
+                bounds = f"{'-inf' if spec.min is None else f'{spec.min:g}'} to {'inf' if spec.max is None else f'{spec.max:g}'}"
+                raise InvalidInput(f"feedback[{i}].outcomes.{name} is {value:g}; expected {bounds}")
+
+
+def check_classes(labels: Sequence[Label], classes: int) -> None:
+    """Every label must be a class of the model: 0 .. classes - 1."""
+    for i, x in enumerate(labels):
+        if x.label is None:
+            continue  # outcomes only
+        if not isinstance(x.label, int):
+            raise InvalidInput(f"feedback[{i}].label is {_short(x.label)}; expected the true class as an integer")
+        if not 0 <= x.label < classes:
+            raise InvalidInput(
+                f"feedback[{i}].label is {_short(x.label)}; expected a class of this model, 0 to {classes - 1}"
+            )
+
+
+def check_texts(labels: Sequence[Label], model: str) -> None:
+    """A generative model's labels are the expected texts of single answers (row 0)."""
+    for i, x in enumerate(labels):
+        if x.label is not None and not isinstance(x.label, str):
+            raise InvalidInput(
+                f"feedback[{i}].label is {_short(x.label)}; {model} is generative: expected the text "
+                "the answer should have been (exact match)"
+            )
+        if x.row != 0:
+            raise InvalidInput(f"feedback[{i}].row is {x.row}; a generation is one answer: expected row 0")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+Answer = tuple[str, str]  # a logged generation's (version, output digest)
+
+
+class LoggedRequests:
+    """Which requests the inference log holds, by (tenant, request id) → rows, for the last
+    ``LOOKBACK_H`` hours; for generations also which version answered and its output's digest.
+
+    Log files never change once written, so each is read once (its id columns only) and
+    remembered; the gateway's own recent samples are known before they are flushed. Both are
+    bounded in bytes (half of ``max_bytes`` each): the least recently used go first, in O(1).
+    """
+
+    def __init__(self, store: ObjectStore, max_bytes: int = INDEX_BYTES) -> None:
+        self.store, self.max_bytes = store, max_bytes
+        # (model, tenant, id) → (rows, answer or None)
+        self._recent: OrderedDict[tuple[str, str, str], tuple[int, Answer | None]] = OrderedDict()
+        self._recent_bytes = 0
+        # key → (index (tenant, id) → rows, answers (tenant, id) → answer, bytes)
+        self._files: OrderedDict[str, tuple[dict[tuple[str, str], int], dict[tuple[str, str], Answer], int]] = (
+            OrderedDict()
+        )
+        self._files_bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def bytes(self) -> int:
+        return self._recent_bytes + self._files_bytes
+
+    @staticmethod
+    def _size(model: str, tenant: str, request_id: str, answer: Answer | None) -> int:
+        return (
+            _ENTRY_BYTES
+            + len(model)
+            + len(tenant)
+            + len(request_id)
+            + (_ANSWER_BYTES + len(answer[0]) if answer else 0)
+        )
+
+    def remember(self, model: str, tenant: str, request_id: str, rows: int, answer: Answer | None = None) -> None:
+        """One sampled request (on the request path: O(1)); a generation with its answer."""
+        key = (model, tenant, request_id)
+        with self._lock:
+            old = self._recent.pop(key, None)
+            if old is not None:
+                self._recent_bytes -= self._size(*key, old[1])
+            self._recent[key] = (rows, answer)
+            self._recent_bytes += self._size(*key, answer)
+            while self._recent_bytes > self.max_bytes // 2:
+                evicted, (_, was) = self._recent.popitem(last=False)
+                self._recent_bytes -= self._size(*evicted, was)
+
+    def owned(
+        self, model: str, tenant: str, wanted: set[tuple[str, int]], now: datetime | None = None
+    ) -> set[tuple[str, int]]:
+        """Which wanted (request id, row) are logged requests of ``tenant``."""
+        return set(self._find(model, tenant, wanted, now))
+
+    def answers(self, model: str, tenant: str, ids: set[str], now: datetime | None = None) -> dict[str, Answer]:
+        """The logged generations among ``ids`` of ``tenant``: id → (version, output digest)."""
+        found = self._find(model, tenant, {(rid, 0) for rid in ids}, now)
+        return {rid: answer for (rid, _), answer in found.items() if answer is not None}
+
+    def _find(
+        self, model: str, tenant: str, wanted: set[tuple[str, int]], now: datetime | None
+    ) -> dict[tuple[str, int], Answer | None]:
+        found: dict[tuple[str, int], Answer | None] = {}
+        with self._lock:
+            for rid, row in wanted:
+                entry = self._recent.get((model, tenant, rid))
+                if entry is not None and row < entry[0]:
+                    found[rid, row] = entry[1]
+        missing = wanted - set(found)
+        now = now or datetime.now(UTC)
+        hour = (now - timedelta(hours=LOOKBACK_H)).replace(minute=0, second=0, microsecond=0)
+        while missing and hour <= now:
+            for key in self.store.list(log_hour_prefix(model, hour)):
+                index, answers = self._index(key)
+                for rid, row in list(missing):
+                    if row < index.get((tenant, rid), 0):
+                        found[rid, row] = answers.get((tenant, rid))
+                        missing.discard((rid, row))
+            hour += timedelta(hours=1)
+        return found
+
+    def _index(self, key: str) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], Answer]]:
+        with self._lock:
+            if key in self._files:
+                self._files.move_to_end(key)
+                index, answers, _ = self._files[key]
+                return index, answers
+        import pyarrow.parquet as pq
+
+        data = io.BytesIO(self.store.get(key).data)
+        generations = "output_digest" in pq.read_schema(data).names
+        columns = ["request_id", "row", "tenant"] + (["version", "output_digest"] if generations else [])
+        table = pq.read_table(data, columns=columns)
+        answers: dict[tuple[str, str], Answer] = {}
+        if generations:  # one row per generation
+            tenants, rids, versions, digests = (
+                table.column(c).to_pylist() for c in ("tenant", "request_id", "version", "output_digest")
+            )
+            answers = {(t, r): (v, d) for t, r, v, d in zip(tenants, rids, versions, digests, strict=True)}
+            index = dict.fromkeys(answers, 1)
+        else:
+            # grouped by Arrow: one Python object per request, not three per row (a 10,000-row
+            # request would otherwise hold the GIL, and the gateway's loop, for tens of ms)
+            grouped = table.group_by(["tenant", "request_id"]).aggregate([("row", "max")])
+            index = {
+                (t, r): int(m) + 1
+                for t, r, m in zip(*(grouped.column(c).to_pylist() for c in ("tenant", "request_id", "row_max")))
+            }
+        size = sum(_ENTRY_BYTES + len(t) + len(r) for t, r in index) + len(key)
+        size += sum(_ANSWER_BYTES + len(v) for v, _ in answers.values())
+        with self._lock:
+            if size <= self.max_bytes // 2:
+                self._files[key] = (index, answers, size)
+                self._files_bytes += size
+            while self._files_bytes > self.max_bytes // 2:
+                _, (_, _, evicted) = self._files.popitem(last=False)
+                self._files_bytes -= evicted
+        return index, answers
+
+
+_seq = itertools.count(1)
+
+
+def write(
+    store: ObjectStore,
+    model: str,
+    tenant: str,
+    labels: Sequence[Label],
+    writer: str,
+    matched: Sequence[tuple[str, bool]] | None = None,
+) -> str:
+    """Store accepted labels (items with one: outcomes go to ``write_outcomes``) as one Parquet
+    file; return its key. For a generative model ``matched`` is each label's (version that
+    answered, whether its output matched)."""
+    import pyarrow as pa
+
+    from fleet.logs.inference import digest
+
+    now = time.time()
+    columns = {
+        "ts": pa.array([int(now * 1000)] * len(labels), pa.timestamp("ms", tz="UTC")),
+        "request_id": [x.request_id for x in labels],
+        "row": pa.array([x.row for x in labels], pa.int32()),
+        "tenant": [tenant] * len(labels),
+    }
+    if matched is None:
+        columns["label"] = pa.array([x.label for x in labels], pa.int64())
+    else:
+        columns["version"] = [v for v, _ in matched]
+        columns["match"] = pa.array([m for _, m in matched], pa.bool_())
+        columns["label_digest"] = [digest(str(x.label)) for x in labels]
+    table = pa.table(columns)
+    return _put(store, "feedback", model, table, writer, now)
+
+
+def _put(store: ObjectStore, kind: str, model: str, table, writer: str, now: float) -> str:  # noqa: ANN001 - a pyarrow Table
+    """Write ``table`` as ``logs/<kind>/<model>/<yyyy>/<mm>/<dd>/<hh>/<ms>-<writer>-<seq>.parquet``
+    (never over another file); return its key."""
+    import pyarrow.parquet as pq
+
+    out = io.BytesIO()
+    pq.write_table(table, out, compression="zstd")
+    hour = datetime.fromtimestamp(now, UTC)
+    key = f"logs/{kind}/{check_name('model', model)}/{hour:%Y/%m/%d/%H}/{int(now * 1000)}-{writer}-{next(_seq):06d}.parquet"
+    store.put(key, out.getvalue(), if_none_match=True)
+    return key
+
+
+def write_outcomes(store: ObjectStore, model: str, tenant: str, labels: Sequence[Label], writer: str) -> str | None:
+    """Store the accepted items' outcomes as one Parquet file, one row per (request, row,
+    name): ``logs/outcomes/<model>/<yyyy>/<mm>/<dd>/<hh>/...``. None when there are none."""
+    import pyarrow as pa
+
+    rows = [(x.request_id, x.row, name, value) for x in labels for name, value in x.outcomes]
+    if not rows:
+        return None
+    now = time.time()
+    table = pa.table(
+        {
+            "ts": pa.array([int(now * 1000)] * len(rows), pa.timestamp("ms", tz="UTC")),
+            "request_id": [r[0] for r in rows],
+            "row": pa.array([r[1] for r in rows], pa.int32()),
+            "tenant": [tenant] * len(rows),
+            "name": [r[2] for r in rows],
+            "value": pa.array([r[3] for r in rows], pa.float64()),
+        }
+    )
+    return _put(store, "outcomes", model, table, writer, now)
+
+
+def _hourly(store: ObjectStore, kind: str, model: str, start: datetime, end: datetime) -> list:
+    """The Parquet tables under ``logs/<kind>/<model>/`` of the hours from ``start`` to ``end``."""
+    import pyarrow.parquet as pq
+
+    tables = []
+    hour = start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    while hour < end:
+        for key in store.list(f"logs/{kind}/{model}/{hour:%Y/%m/%d/%H}/"):
+            tables.append(pq.read_table(io.BytesIO(store.get(key).data)))
+        hour += timedelta(hours=1)
+    return tables
+
+
+def read_outcomes(store: ObjectStore, model: str, start: datetime, end: datetime):  # noqa: ANN201 - DataFrame
+    """Every outcome sent between ``start`` and ``end``, one row per (tenant, request id, row,
+    name); the last one sent wins."""
+    import pandas as pd
+    import pyarrow as pa
+
+    tables = _hourly(store, "outcomes", model, start, end)
+    if not tables:
+        return pd.DataFrame({"ts": [], "request_id": [], "row": [], "tenant": [], "name": [], "value": []})
+    frame = pa.concat_tables(tables).to_pandas().sort_values("ts", kind="stable")
+    return frame.drop_duplicates(["tenant", "request_id", "row", "name"], keep="last").reset_index(drop=True)
+
+
+OUTCOME_COLUMN = "outcome:{}"  # an outcome's column in with_outcomes: never a feature's or the log's own name
+
+
+def with_outcomes(store: ObjectStore, model: str, start: datetime, end: datetime, names: Sequence[str]):  # noqa: ANN201
+    """The inference log of [start, end) (its ``version`` says which arm answered) with one
+    column ``outcome:<name>`` per outcome in ``names``: NaN where none was sent. Joined on
+    tenant, request id and row; a request id logged twice by a tenant (the caller sets
+    X-Request-Id) keeps its first row only, so one outcome never counts for several requests."""
+    keys = ["tenant", "request_id", "row"]
+    columns = {n: OUTCOME_COLUMN.format(n) for n in names}
+    window = read_window(store, model, start, end)
+    if not window.empty:
+        window = window.drop_duplicates(keys, keep="first")
+    sent = read_outcomes(store, model, start, end + timedelta(hours=LOOKBACK_H))
+    sent = sent[sent["name"].isin(list(names))] if len(sent) else sent
+    if window.empty or sent.empty:
+        return window.assign(**{c: float("nan") for c in columns.values()})
+    wide = (
+        sent.assign(name=sent["name"].map(columns))
+        .pivot_table(index=keys, columns="name", values="value", aggfunc="last")
+        .reset_index()
+    )
+    wide.columns.name = None
+    merged = window.merge(wide, on=keys, how="left")
+    return merged.assign(**{c: merged[c] if c in merged else float("nan") for c in columns.values()})
+
+
+def read_feedback(store: ObjectStore, model: str, start: datetime, end: datetime):  # noqa: ANN201 - DataFrame
+    """Every label given between ``start`` and ``end`` (the last one wins for a tenant's request row)."""
+    import pandas as pd
+    import pyarrow as pa
+
+    tables = _hourly(store, "feedback", model, start, end)
+    if not tables:
+        return pd.DataFrame({"ts": [], "request_id": [], "row": [], "tenant": [], "label": []})
+    frame = pa.concat_tables(tables, promote_options="permissive").to_pandas().sort_values("ts", kind="stable")
+    return frame.drop_duplicates(["tenant", "request_id", "row"], keep="last").reset_index(drop=True)
+
+
+def labelled(store: ObjectStore, model: str, start: datetime, end: datetime):  # noqa: ANN201 - DataFrame
+    """The inference log of [start, end) with a ``label`` column (NaN where no feedback came)."""
+    window = read_window(store, model, start, end)
+    feedback = read_feedback(store, model, start, end + timedelta(hours=LOOKBACK_H))
+    if window.empty:
+        return window.assign(label=[])
+    # a request id means something only within its tenant: the join is on all three
+    # reindex: a generative model's label files have no label column (match, label_digest instead)
+    columns = ["tenant", "request_id", "row", "label"]
+    return window.merge(feedback.reindex(columns=columns), on=["tenant", "request_id", "row"], how="left")

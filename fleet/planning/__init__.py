@@ -1,0 +1,1 @@
+"""Planning: the stack file, placement of models onto node pools, and every cost figure."""
