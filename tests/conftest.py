@@ -85,40 +85,47 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 
-@pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real Prefect server (SQLite) on a free port, for the whole session; stopped by PID.
-
-    The one ``fleet up`` runs (fleet.local.up.Prefect). PREFECT_API_URL points this process (and
-    the children it starts) at it.
-    """
+def _free_port() -> int:
     import socket
-
-    from fleet.local.up import Prefect
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = Prefect(tmp_path_factory.mktemp("prefect"), port)
+        return s.getsockname()[1]
+
+
+# Prefect reads its settings once, when it is first imported, and test modules import it
+# while they are collected: the API URL must be in the environment before then, or a flow
+# called in-process starts an ephemeral server of its own (which times out on a busy
+# machine) instead of using the session's. The server itself starts only when a test asks
+# for ``prefect_api``; each xdist worker has its own.
+PREFECT_PORT = _free_port()
+os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{PREFECT_PORT}/api"
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Prefect server (SQLite) on ``PREFECT_PORT``, for the whole session; stopped by PID.
+
+    The one ``fleet up`` runs (fleet.local.up.Prefect). PREFECT_API_URL, set above, points this
+    process (and the children it starts) at it.
+    """
+    from fleet.local.up import Prefect
+
+    server = Prefect(tmp_path_factory.mktemp("prefect"), PREFECT_PORT)
     server.start()
-    previous = os.environ.get("PREFECT_API_URL")
     try:
         server.wait_ready()
-        os.environ["PREFECT_API_URL"] = f"{server.url}/api"
+        assert os.environ["PREFECT_API_URL"] == f"{server.url}/api", "a test changed PREFECT_API_URL"
         yield os.environ["PREFECT_API_URL"]
     finally:
-        if previous is None:
-            os.environ.pop("PREFECT_API_URL", None)
-        else:
-            os.environ["PREFECT_API_URL"] = previous
         server.stop()
 
 
 @pytest.fixture
-def router(store: ObjectStore, tmp_path):  # noqa: ANN201 - a fleet.router.Router
+def router(store: ObjectStore, tmp_path):  # noqa: ANN201 - a fleet.catalog.routes.store.Router
     """Versions 1.0.0, 1.1.0 and 1.2.0 of model ``demo`` registered on every backend; no route yet."""
-    from fleet.registry import Registry
-    from fleet.router import Router
+    from fleet.catalog.registry import Registry
+    from fleet.catalog.routes.store import Router
     from tests.test_registry import META
 
     (tmp_path / "a").mkdir()
