@@ -66,23 +66,6 @@ class Deployment:
     endpoints: tuple[str, ...]
 
 
-@runtime_checkable
-class Runtime(Protocol):
-    """Where model services run: local processes, or Kubernetes in production."""
-
-    def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment:
-        """Run ``replicas`` ready replicas of the version (idempotent); return their endpoints."""
-
-    def undeploy(self, model: str, version: str) -> None:
-        """Stop every replica of the version; stopping what is not running is not an error."""
-
-    def list(self) -> list[Deployment]:
-        """Every deployment with at least one live replica."""
-
-    def health(self, model: str, version: str) -> dict[str, bool]:
-        """Endpoint → whether it answers its readiness check now."""
-
-
 # -- what the gateway measured, as canary analysis reads it ---------------------------------
 
 # Upper bounds (ms) of the latency histogram buckets, shared by the gateway's windowed stats,

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.catalog.policies import Policies, load_policies
-from fleet.types import MetricsSource, ObjectStore, Runtime
+from fleet.runtime.base import Runtime
+from fleet.types import MetricsSource, ObjectStore
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ from prefect.states import Completed, Failed, State
 from fleet import leases
 from fleet.control.rollout.effects import LEASE_TTL, Rollout, RolloutState, apply_overrides, lease_key
 from fleet.errors import Conflict
-from fleet.runtime.local import LocalRuntime
 from flows._context import emit, fleet_context, run_id
 
 
@@ -159,7 +158,7 @@ def canary_rollout(model: str, version: str, **policy_overrides: Any) -> State:
         with lease.kept_alive():
             state = rollout.begin(model, version, run_id())
             fetching = None
-            if state.phase in ("preflight", "deploy") and isinstance(ctx.runtime, LocalRuntime):  # it packages here
+            if state.phase in ("preflight", "deploy") and ctx.runtime.packages_here:
                 fetching = prefetch.submit(model, version, ctx.policies.runtime.artifact_cache_mib)
             if state.phase == "preflight":
                 state = preflight(rollout, state)

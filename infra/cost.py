@@ -1,6 +1,6 @@
 """What a stack costs per hour while it runs, at its minimum and at its maximum size.
 
-The parts and their prices are ``fleet.planning.stack.stack_cost``'s, the same ``fleet plan`` prints
+The parts and their prices are ``fleet.planning.costs.stack_cost``'s, the same ``fleet plan`` prints
 row by row: system nodes (stack config), model nodes (the placement plan), and the EKS
 control plane, NAT gateways with their Elastic IPs, the load balancer, the VPC interface
 endpoints and the quota store's ElastiCache nodes at AWS list prices in us-east-1 (the table
@@ -11,7 +11,8 @@ and are left out.
 
 from __future__ import annotations
 
-from fleet.planning.stack import StackBuild, stack_cost
+from fleet.planning.costs import stack_cost
+from fleet.planning.stack import StackBuild
 from infra.config import StackConfig
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from fleet.planning.stack import INTERFACE_ENDPOINTS  # what pulling an image from ECR talks to besides S3; priced there
+from fleet.planning.costs import INTERFACE_ENDPOINTS  # what pulling an image from ECR talks to besides S3; priced there
 
 
 @dataclass

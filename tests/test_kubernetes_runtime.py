@@ -21,6 +21,7 @@ from fleet.errors import ConfigError, IntegrityError, InvalidInput, NotFound
 from fleet.planning.placement import GPU_RESOURCE, plan
 from fleet.planning.stack import placement_inputs, read_stack_file
 from fleet.runtime import images, open_runtime
+from fleet.runtime.base import DeployFailed
 from fleet.runtime.kubernetes import (
     CONFIG_MAP,
     FIELD_MANAGER,
@@ -31,7 +32,6 @@ from fleet.runtime.kubernetes import (
     config_map_data,
     object_name,
 )
-from fleet.runtime.local import DeployFailed
 from fleet.store import MemoryStore
 from fleet.types import ObjectStore
 from tests.test_registry import META

@@ -237,7 +237,7 @@ def _last_request(env: FleetEnv, version: str) -> float | None:
 
 
 def test_a_replica_is_listed_only_once_ready_so_no_request_reaches_one_still_starting(tmp_path: Path) -> None:
-    from fleet.runtime.local import DeployFailed
+    from fleet.runtime.base import DeployFailed
 
     runtime = LocalRuntime(
         tmp_path / "run", bento_for=lambda m, v: "no-such-bento:1.0.0", env={"BENTOML_HOME": str(tmp_path / "bentoml")}

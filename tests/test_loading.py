@@ -11,6 +11,7 @@ import asyncio
 import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -144,7 +145,7 @@ class SlowRuntime:
             before_start()
         self.release.wait(10)
         if self.fail:
-            from fleet.runtime.local import DeployFailed
+            from fleet.runtime.base import DeployFailed
 
             raise DeployFailed(
                 f"{model}:{version} exited while starting; last log lines of /x/replica-0.log:\n"
@@ -268,11 +269,14 @@ def test_an_eager_model_without_replicas_is_not_held() -> None:
     assert not isinstance(info.value, (Starting, StartFailed)) and "expected it to be deployed" in str(info.value)
 
 
-def test_a_runtime_that_cannot_start_says_so() -> None:
-    act, upstreams, _ = _activator(object())
+def test_a_runtime_that_cannot_start_says_so(tmp_path: Path) -> None:
+    from fleet.runtime.static import StaticRuntime
+
+    (tmp_path / "endpoints.yaml").write_text("{}")
+    act, upstreams, _ = _activator(StaticRuntime(tmp_path / "endpoints.yaml"))
     with pytest.raises(StartFailed) as info:
         asyncio.run(upstreams.ready("m", "1.0.0", time.monotonic() + 1))
-    assert "cannot start one" in str(info.value)
+    assert "cannot start one (FLEET_RUNTIME=static)" in str(info.value) and info.value.retry_after_s > 0
 
 
 # -- the policy ---------------------------------------------------------------------------------

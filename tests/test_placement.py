@@ -336,7 +336,6 @@ def test_the_stack_models_list_names_only_models_of_the_policies() -> None:
 
 
 def test_a_stack_file_gives_the_planner_its_pools_and_models(tmp_path) -> None:  # noqa: ANN001
-    import fleet.planning.placement
 
     stack = tmp_path / "Pulumi.t.yaml"
     stack.write_text(
@@ -355,11 +354,6 @@ def test_a_stack_file_gives_the_planner_its_pools_and_models(tmp_path) -> None: 
         ConfigError, match=r"Pulumi.t.yaml: serving-fleet: nodePools: got \{\} — expected a non-empty list"
     ):
         placement_inputs(read_stack_file(stack), str(stack), p)
-    # the planner's inputs still import from fleet.planning.placement, as before fleet.planning.stack existed
-    assert (
-        fleet.planning.placement.NodePool is NodePool
-        and fleet.planning.placement.pools_from_config is pools_from_config
-    )
 
 
 # --- fleet plan -----------------------------------------------------------------------------

@@ -14,17 +14,8 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import ConfigError
-from fleet.planning.stack import (
-    ALB_USD,
-    EKS_CONTROL_PLANE_USD,
-    NAT_GATEWAY_USD,
-    PUBLIC_IPV4_USD,
-    VALKEY_NODE_USD,
-    VPC_ENDPOINT_USD,
-    build_inputs,
-    gpu_ceiling,
-    guardrail_config_file,
-)
+from fleet.planning.costs import ALB_USD, EKS_CONTROL_PLANE_USD, NAT_GATEWAY_USD, PUBLIC_IPV4_USD, VPC_ENDPOINT_USD
+from fleet.planning.stack import VALKEY_NODE_USD, build_inputs, gpu_ceiling, guardrail_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = str(Path(sys.executable).with_name("fleet"))

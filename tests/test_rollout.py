@@ -41,7 +41,7 @@ class FakeRuntime:
     def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment:
         self.while_deploying()
         if self.fail:
-            from fleet.runtime.local import DeployFailed
+            from fleet.runtime.base import DeployFailed
 
             raise DeployFailed(f"{model}:{version} exited while starting")
         self.running.add(version)

@@ -230,7 +230,8 @@ def test_model_ready_and_metadata_follow_the_tenant(fleet: dict) -> None:
 
 
 def test_a_version_that_fails_to_start_reports_why(tmp_path: Path) -> None:
-    from fleet.runtime.local import DeployFailed, LocalRuntime
+    from fleet.runtime.base import DeployFailed
+    from fleet.runtime.local import LocalRuntime
 
     runtime = LocalRuntime(
         tmp_path / "run", bento_for=lambda m, v: "no-such-bento:1.0.0", env={"BENTOML_HOME": str(tmp_path / "bentoml")}

@@ -47,6 +47,7 @@ def _is_canary_ramp(steps: list[int]) -> bool:
 
 
 SEMVER = "a semver version like '1.2.3'"
+DEFAULT_IDLE_UNLOAD_S = 300.0  # a lazy version's idle time before it is stopped, unless its policy says
 VersionOrAny = checked(str, f"'*' (any version) or {SEMVER}", lambda v: v == "*" or semver.Version.is_valid(v))
 Cron = checked(
     str,
@@ -242,11 +243,18 @@ class ModelSpec(_Spec):
     # used — the first request starts it (held up to max_hold_ms), idle_unload_s without a
     # request stops it (fleet.control.lazy); on Kubernetes, KEDA scales it to zero
     loading: Literal["eager", "lazy"] = "eager"
-    idle_unload_s: float | None = Field(None, gt=0.0)  # lazy only; default fleet.control.lazy.DEFAULT_IDLE_UNLOAD_S
+    idle_unload_s: float | None = Field(None, gt=0.0)  # lazy only; default DEFAULT_IDLE_UNLOAD_S
     max_hold_ms: int = Field(10_000, gt=0, le=600_000)  # a request waits at most this long for a cold version
     # named numeric outcomes callers may send with POST /v1/feedback (clicked, revenue, ...):
     # what A/B experiments compare versions on; an undeclared name or a value out of range is refused
     outcomes: dict[OutcomeName, Outcome] = {}
+
+    @property
+    def unload_after_s(self) -> float | None:
+        """Seconds without a request after which a version is stopped; None: never (eager)."""
+        if self.loading != "lazy":
+            return None
+        return self.idle_unload_s if self.idle_unload_s is not None else DEFAULT_IDLE_UNLOAD_S
 
     @model_validator(mode="after")
     def _idle_unload_for_lazy(self) -> ModelSpec:

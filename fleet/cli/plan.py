@@ -3,7 +3,7 @@ what the whole stack costs per hour and how its GPUs compare with the guardrails
 
 Only gathers inputs (the policies, the node pools, system nodes and network of
 ``Pulumi.<stack>.yaml`` as ``fleet.planning.stack`` parses them, the guardrail pack's config) and prints
-what ``fleet.planning.placement.plan`` and ``fleet.planning.stack.stack_cost`` decide; the Pulumi program sizes its
+what ``fleet.planning.placement.plan`` and ``fleet.planning.costs.stack_cost`` decide; the Pulumi program sizes its
 node groups from the same function and exports the same cost, so this is what ``pulumi up``
 would build.
 
@@ -27,8 +27,9 @@ from fleet.cli._output import JsonFlag, console, emit_json
 if TYPE_CHECKING:  # imported where used: `fleet --help` stays fast
     from collections.abc import Sequence
 
-    from fleet.planning.placement import InferenceCost, ModelPlacement, NodeGroupPlan, Plan
-    from fleet.planning.stack import GpuCeiling, StackCost
+    from fleet.planning.costs import InferenceCost, StackCost
+    from fleet.planning.placement import ModelPlacement, NodeGroupPlan, Plan
+    from fleet.planning.stack import GpuCeiling
 
 StackOpt = Annotated[
     str, typer.Option("--stack", "-s", help="Stack name (reads Pulumi.<stack>.yaml) or a stack file path.")
@@ -57,14 +58,14 @@ def plan_cmd(
     what scales each model and its cost per 1,000 inferences, node-group sizes, the whole
     stack's cost per hour and the GPU ceiling."""
     from fleet.catalog.policies import load_policies
-    from fleet.planning.placement import inference_costs, plan
+    from fleet.planning.costs import inference_costs, stack_cost
+    from fleet.planning.placement import plan
     from fleet.planning.stack import (
         build_inputs,
         gpu_ceiling,
         guardrail_config_file,
         placement_inputs,
         read_stack_file,
-        stack_cost,
         stack_file,
     )
 

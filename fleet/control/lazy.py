@@ -34,17 +34,16 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet import records
-from fleet.catalog.policies import ModelSpec, Policies
+from fleet.catalog.policies import Policies
 from fleet.errors import FleetError, IntegrityError, NotFound
-from fleet.types import ObjectStore, Runtime
+from fleet.runtime.base import DeployFailed, Runtime
+from fleet.types import ObjectStore
 
 log = logging.getLogger("fleet.control.lazy")
 
 ACTIVITY_PREFIX = "activity/"
 ACTIVITY_MAX_AGE_S = 86_400.0  # an activity record not rewritten for a day belongs to a gateway long gone
 BUSY_WITHIN_S = 10.0  # a version asked this recently is in use: never stopped to make room
-DEFAULT_IDLE_UNLOAD_S = 300.0  # a lazy version's idle time before it is stopped, unless its policy says
-DRAIN_S = 2.5  # replicas leave the gateways' list this long before they stop (a push is at once; the poll, 1.25 s)
 
 
 class Activity(BaseModel):
@@ -104,13 +103,6 @@ def last_requests(store: ObjectStore, now: float | None = None) -> dict[tuple[st
 # -- the decision (pure) ---------------------------------------------------------------------
 
 
-def unload_after_s(spec: ModelSpec | None) -> float | None:
-    """Seconds without a request after which a version of the model is stopped; None: never (eager)."""
-    if spec is None or spec.loading != "lazy":
-        return None
-    return spec.idle_unload_s if spec.idle_unload_s is not None else DEFAULT_IDLE_UNLOAD_S
-
-
 @dataclass(frozen=True)
 class Candidate:
     """A running version as the decision sees it."""
@@ -149,17 +141,11 @@ def idle_unloads(running: Iterable[Candidate], now: float) -> list[Unload]:
     return out
 
 
-class NoRoom(FleetError):
+class NoRoom(DeployFailed):
     """A lazy start that the memory budget cannot hold, even after stopping every idle version.
 
     The message names what holds the memory (other models: for operators and logs);
     ``summary`` says only that the budget is full, for the tenant whose request it answers."""
-
-    status = 503
-
-    def __init__(self, message: str, summary: str) -> None:
-        super().__init__(message)
-        self.summary = summary
 
 
 def make_room(
@@ -254,16 +240,7 @@ class LoadController:
         from fleet.control.rollout.effects import RolloutState, state_key
 
         now = self.clock()
-        from fleet.runtime.local import Loaded
-
-        now_ = time.time()  # a runtime that cannot say when a replica started: counted from now (never idle at once)
-        loaded = (
-            self.runtime.loaded()
-            if hasattr(self.runtime, "loaded")
-            else [  # type: ignore[attr-defined]
-                Loaded(d.model, d.version, len(d.endpoints), 0.0, now_) for d in self.runtime.list()
-            ]
-        )
+        loaded = self.runtime.loaded()
         router = Router(self.store)
         models = sorted({x.model for x in loaded})
         tables = {}
@@ -284,7 +261,7 @@ class LoadController:
         out = []
         for x in loaded:
             spec = self.policies.models.get(x.model)
-            idle_after = unload_after_s(spec)
+            idle_after = spec.unload_after_s if spec is not None else None
             last = max(used.get((x.model, x.version), 0.0), x.ready_at)
             out.append(
                 Candidate(x.model, x.version, idle_after, last, x.memory_mib, protected.get((x.model, x.version), ""))
@@ -317,7 +294,7 @@ class LoadController:
 
     def expected_mib(self, model: str, version: str) -> float:
         """What a start of the version is expected to hold: its last start's, else the policy's memory."""
-        measured = self.runtime.footprint_mib(model, version) if hasattr(self.runtime, "footprint_mib") else None  # type: ignore[attr-defined]
+        measured = self.runtime.footprint_mib(model, version)
         if measured is not None:
             return measured
         spec = self.policies.models.get(model)
@@ -348,7 +325,8 @@ class LoadController:
 
 
 def _idle(ctl: LoadController, u: Unload) -> float:
-    after = unload_after_s(ctl.policies.models.get(u.model))
+    spec = ctl.policies.models.get(u.model)
+    after = spec.unload_after_s if spec is not None else None
     return float("inf") if after is None else after
 
 

@@ -21,7 +21,8 @@ such a version is held here:
   503 at once, with ``Retry-After`` until the next try, rather than a start each.
 - **Served once ready.** When the start returns, the gateway re-reads the runtime at once
   and the held requests go on through the same pools as any other.
-- A runtime that cannot start anything (``static``) holds nothing: the 503 says so.
+- A runtime that cannot start anything (``static``) refuses the start (``DeployFailed``):
+  the 503 says so, with the same back-off.
 
 Metrics: ``fleet_cold_starts_total{outcome}``, ``fleet_activation_hold_seconds``,
 ``fleet_requests_held``. A request held is not an attempt of the version for canary analysis;
@@ -35,12 +36,12 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from fleet.catalog.policies import ModelSpec
 from fleet.errors import FleetError
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import NoReplica, Pool, Upstreams
+from fleet.runtime.base import DeployFailed, Runtime
 
 log = logging.getLogger("fleet.gateway.activate")
 
@@ -71,7 +72,7 @@ class StartFailed(NoReplica):
 class Activator:
     def __init__(
         self,
-        runtime: Any,
+        runtime: Runtime,
         upstreams: Upstreams,
         spec_for: Callable[[str], ModelSpec],  # noqa: ANN401
         telemetry: Telemetry,
@@ -82,7 +83,6 @@ class Activator:
         ``make_room(model, version)``: runs in the start's thread before a replica starts."""
         self.runtime, self.upstreams, self.spec_for, self.telemetry = runtime, upstreams, spec_for, telemetry
         self.read_runtime, self.make_room = read_runtime, make_room
-        self.can_start = callable(getattr(runtime, "activate", None))
         self._starts: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._failed: dict[tuple[str, str], tuple[float, str, int]] = {}  # until (monotonic), cause, failures in a row
         self._synced = asyncio.Event()
@@ -106,12 +106,6 @@ class Activator:
         spec = self.spec_for(model)
         if spec.loading != "lazy":
             raise NoReplica(f"{model}:{version} has no running replica; expected it to be deployed")
-        if not self.can_start:
-            raise StartFailed(
-                f"{model}:{version} is lazy and runs no replica, and this gateway's runtime cannot start one "
-                "(FLEET_RUNTIME=static); expected it started by whoever runs the services",
-                30.0,
-            )
         key = (model, version)
         now = time.monotonic()
         failed = self._failed.get(key)
@@ -167,7 +161,7 @@ class Activator:
             backoff = min(MAX_BACKOFF_S, FAILED_BACKOFF_S * 2 ** (failures - 1))
             # the tenant hears why in a few words (``summary``); paths, log lines and other
             # models' names stay in the gateway's log
-            cause = getattr(exc, "summary", None) if isinstance(exc, FleetError) else None
+            cause = exc.summary if isinstance(exc, DeployFailed) else None
             message = (
                 f"{model}:{version} could not be started: {cause or 'the runtime failed to start it'}; "
                 f"not tried again for {backoff:.0f} s"

@@ -42,7 +42,8 @@ from fleet.gateway.protocol import MalformedBody, parse_json
 from fleet.gateway.stats import HORIZON_S
 from fleet.gateway.telemetry import Telemetry
 from fleet.names import check_name, check_version
-from fleet.types import ObjectStore, Runtime
+from fleet.runtime.base import Runtime
+from fleet.types import ObjectStore
 from fleet.validation import checked, explain
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -145,13 +145,7 @@ def create_app(
         return policies.models.get(model, DEFAULT_SPEC) if policies else DEFAULT_SPEC
 
     make_room = None
-    from fleet.runtime.local import LocalRuntime
-
-    if (
-        policies is not None
-        and policies.runtime.memory_budget_mib is not None
-        and isinstance(view.runtime, LocalRuntime)
-    ):
+    if policies is not None and policies.runtime.memory_budget_mib is not None and view.runtime.budgets_memory:
         from fleet.control.lazy import LoadController  # the local runtime's memory budget, kept by whoever starts
 
         make_room = LoadController(view.store, policies, view.runtime).make_room

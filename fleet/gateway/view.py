@@ -28,7 +28,8 @@ from fleet.catalog.registry import ModelVersion, Registry
 from fleet.catalog.routes.table import RouteTable
 from fleet.catalog.tenants import Quota, Tenant, key_index, lookup, misplaced
 from fleet.errors import FleetError, IntegrityError, NotFound
-from fleet.types import ObjectStore, Runtime
+from fleet.runtime.base import Runtime
+from fleet.types import ObjectStore
 
 log = logging.getLogger("fleet.gateway")
 

@@ -47,10 +47,9 @@ from typing import Any
 
 from fleet.catalog.policies import ModelSpec, Policies
 from fleet.errors import FleetError
+from fleet.planning.stack import NodePool
 
-# The planner's inputs are parsed in fleet.planning.stack; re-exported so `from fleet.planning.placement import
 # NodePool, pools_from_config` keeps working.
-from fleet.planning.stack import STACK_MODELS_KEY, STACK_POOLS_KEY, NodePool, models_from_config, pools_from_config  # noqa: F401
 
 BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
 KV_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}  # per number of the KV cache
@@ -191,7 +190,7 @@ class Plan:
 
     @property
     def usd_per_hour(self) -> tuple[float, float]:
-        """The model nodes only, at minimum and maximum size; ``fleet.planning.stack.stack_cost`` adds the
+        """The model nodes only, at minimum and maximum size; ``fleet.planning.costs.stack_cost`` adds the
         system nodes, EKS, NAT and the load balancer for the whole stack."""
         return sum(g.usd_per_hour[0] for g in self.node_groups), sum(g.usd_per_hour[1] for g in self.node_groups)
 
@@ -430,7 +429,7 @@ def _place(name: str, spec: ModelSpec, pools: Sequence[NodePool], isolated_for: 
         if best.gpus
         else None,
         loading=spec.loading,
-        idle_unload_s=_idle_unload_s(spec),
+        idle_unload_s=spec.unload_after_s,
     )
 
 
@@ -458,7 +457,7 @@ def _fit(spec: ModelSpec, need: float, pool: NodePool, *, dedicated: bool) -> _F
         else:
             return None
         gpus, shared = tp, False
-    per_node = _capacity(pool, slices)
+    per_node = capacity(pool, slices)
     fits = [
         per_node[0] // gpus if gpus else math.inf,
         per_node[1] // spec.resources.cpu,
@@ -468,7 +467,7 @@ def _fit(spec: ModelSpec, need: float, pool: NodePool, *, dedicated: bool) -> _F
     return _Fit(pool, gpus, tp, shared, count, need) if count >= 1 else None
 
 
-def _capacity(pool: NodePool, slices: int) -> tuple[int, float, float]:
+def capacity(pool: NodePool, slices: int) -> tuple[int, float, float]:
     """Device-plugin GPU units, vCPU and GiB of RAM that pods can use on one node."""
     return pool.gpus * slices, pool.vcpu * (1 - NODE_RESERVED), pool.memory_gib * (1 - NODE_RESERVED)
 
@@ -522,9 +521,9 @@ def _node_groups(placed: Sequence[ModelPlacement], pools: Sequence[NodePool]) ->
         pool = by_pool[members[0].pool]
         dedicated_to = members[0].model if members[0].isolated_for else None
         slices = 1 if dedicated_to else pool.gpu_slices
-        cap = _capacity(pool, slices)
-        at_max = _pack([_demand(m) for m in members for _ in range(m.max_replicas)], cap)
-        at_min = _pack([_demand(m) for m in members for _ in range(m.min_replicas)], cap)
+        cap = capacity(pool, slices)
+        at_max = _pack([demand(m) for m in members for _ in range(m.max_replicas)], cap)
+        at_min = _pack([demand(m) for m in members for _ in range(m.min_replicas)], cap)
         min_size = max(at_min, pool.min_nodes)
         out.append(
             NodeGroupPlan(
@@ -554,7 +553,7 @@ def _node_groups(placed: Sequence[ModelPlacement], pools: Sequence[NodePool]) ->
     return tuple(out)
 
 
-def _demand(m: ModelPlacement) -> tuple[int, float, float]:
+def demand(m: ModelPlacement) -> tuple[int, float, float]:
     return m.gpus, m.cpu, m.memory_gib
 
 
@@ -585,39 +584,3 @@ def _taints(pool: NodePool, dedicated_to: str | None) -> tuple[tuple[str, str, s
     if dedicated_to:
         taints.append((DEDICATED_KEY, dedicated_to, "NoSchedule"))
     return tuple(taints)
-
-
-@dataclass(frozen=True)
-class InferenceCost:
-    """What one replica of a model costs and serves at its autoscaling target."""
-
-    model: str
-    replica_usd_per_hour: float  # its share of a node (the largest of GPU, vCPU, RAM), at the node's price
-    qps_per_replica: float  # autoscaling.target_qps_per_replica: the load KEDA keeps a replica at
-
-    @property
-    def usd_per_1k_inferences(self) -> float:
-        return self.replica_usd_per_hour / (self.qps_per_replica * 3600) * 1000
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "usd_per_1k_inferences": self.usd_per_1k_inferences}
-
-
-def _idle_unload_s(spec: ModelSpec) -> float | None:
-    from fleet.control.lazy import unload_after_s
-
-    return unload_after_s(spec)
-
-
-def inference_costs(result: Plan, pools: Sequence[NodePool]) -> tuple[InferenceCost, ...]:
-    """Cost per inference of each model at its target QPS on full nodes: the floor a busy
-    fleet pays; a half-empty node or a replica below its target costs more per inference."""
-    by_pool = {p.name: p for p in pools}
-    groups = {g.name: g for g in result.node_groups}
-    costs = []
-    for m in result.models:
-        group = groups[m.node_group]
-        cap = _capacity(by_pool[m.pool], group.gpu_slices)
-        share = max(d / c for d, c in zip(_demand(m), cap, strict=True) if c)
-        costs.append(InferenceCost(m.model, round(share * group.hourly_usd, 6), m.target_qps_per_replica))
-    return tuple(costs)

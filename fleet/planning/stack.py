@@ -1,5 +1,5 @@
 """Stack config: the node pools and models of a ``Pulumi.<stack>.yaml``, parsed once, and
-what the stack costs per hour and may scale to (its guardrails' GPU ceiling).
+what the stack may scale to (its guardrails' GPU ceiling); what it costs is ``fleet.planning.costs``.
 
 Pure and Pulumi-free, so ``fleet plan`` (reading the stack file), ``infra/config.py``
 (reading the config the engine hands the program) and the tests check the same rules. A
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -22,9 +22,6 @@ from fleet.catalog.policies import Policies
 from fleet.errors import ConfigError
 from fleet.names import NAME_RE
 from fleet.validation import checked, expected, explain, problem, read_yaml, show
-
-if TYPE_CHECKING:  # fleet.planning.placement imports this module
-    from fleet.planning.placement import Plan
 
 PROJECT = "serving-fleet"  # the name in Pulumi.yaml, and so the namespace of the config keys
 STACK_POOLS_KEY = "nodePools"
@@ -172,35 +169,12 @@ STACK_AZ_KEY = "azCount"
 STACK_SINGLE_NAT_KEY = "singleNatGateway"
 STACK_REDIS_KEY = "redis"
 
-# The fixed parts of a stack's hourly cost, in USD per hour: AWS list prices in us-east-1,
-# the region of the example stacks (nodes are priced by the stack file's hourly_usd). One
-# table for `fleet plan` and the `usdPerHour` stack output (infra/cost.py). Prices change:
-# check them against the pages named before relying on them. Recorded from those pages when
-# this table was written; not re-checked on 2026-12-01 (the build machine cannot reach them).
-AWS_PRICE_SOURCE = "AWS list price, us-east-1"
-AWS_PRICE_LABEL = "AWS us-east-1"
-EKS_CONTROL_PLANE_USD = 0.10  # per cluster-hour, standard support (aws.amazon.com/eks/pricing)
-NAT_GATEWAY_USD = 0.045  # per NAT gateway-hour, before $0.045/GB processed (aws.amazon.com/vpc/pricing)
-PUBLIC_IPV4_USD = 0.005  # per public IPv4 address-hour: each NAT gateway's Elastic IP (same page)
-ALB_USD = 0.0225  # per Application Load Balancer-hour, before LCUs (aws.amazon.com/elasticloadbalancing/pricing)
-VPC_ENDPOINT_USD = 0.01  # per interface endpoint and AZ-hour, before $0.01/GB (aws.amazon.com/privatelink/pricing)
-INTERFACE_ENDPOINTS = (
-    "ecr.api",
-    "ecr.dkr",
-)  # the VPC's interface endpoints (infra/network.py); S3's is a free gateway one
 # ElastiCache for Valkey, on-demand, per node-hour (aws.amazon.com/elasticache/pricing; Valkey
 # is listed 20 % below Redis OSS for the same node type): the gateways' shared quota store
 # (infra/quota_store.py). As recorded when this entry was written, from the pricing page as
 # remembered rather than fetched (the build machine cannot reach it), and not re-checked:
 # check them. Another node type states its price in the stack file (redis.hourly_usd).
 VALKEY_NODE_USD = {"cache.t4g.micro": 0.0128, "cache.t4g.small": 0.0256, "cache.t4g.medium": 0.0520}
-# Not in the totals: billed by traffic or storage, growing with load (the ALB adds public
-# IPv4s as it scales out), or by the month (KMS keys).
-COST_LEFT_OUT = (
-    "data transfer, NAT data processing, ALB capacity units and public IPv4s, "
-    "EBS volumes, S3, ElastiCache backups, KMS keys, CloudWatch"
-)
-
 # The CrossGuard pack policies/guardrails refuses a stack whose GPU node groups can scale past
 # this config value (policies/guardrails/fleet_guardrails/compute.py, gpu-ceiling).
 GUARDRAIL_CEILING_POLICY = "gpu-ceiling"
@@ -303,109 +277,6 @@ def _as_pulumi_reads(value: Any) -> Any:
         return json.loads(value)
     except ValueError:
         return value  # pydantic names the type it expected
-
-
-@dataclass(frozen=True)
-class CostPart:
-    """One row of a stack's hourly cost: what, how many, USD at minimum and maximum size, and
-    where the price came from: ``source`` in full (the stack file's key, or the AWS list price
-    above), ``label`` short enough for a table column at 80 characters."""
-
-    part: str
-    count: str
-    usd_per_hour: tuple[float, float]
-    source: str
-    label: str
-
-
-@dataclass(frozen=True)
-class StackCost:
-    parts: tuple[CostPart, ...]
-    left_out: str = COST_LEFT_OUT
-
-    @property
-    def usd_per_hour(self) -> tuple[float, float]:
-        """The whole stack at its minimum and at its maximum size: the sum of the parts."""
-        return sum(p.usd_per_hour[0] for p in self.parts), sum(p.usd_per_hour[1] for p in self.parts)
-
-    def to_dict(self) -> dict[str, Any]:
-        # rounded to 6 decimals: float sums like 1.6200999999999999 say more than they know
-        parts = [{**asdict(p), "usd_per_hour": _usd(p.usd_per_hour)} for p in self.parts]
-        return {"parts": parts, "usd_per_hour": _usd(self.usd_per_hour), "left_out": self.left_out}
-
-
-def _usd(pair: tuple[float, float]) -> tuple[float, float]:
-    return round(pair[0], 6), round(pair[1], 6)
-
-
-def stack_cost(plan: Plan, build: StackBuild, where: str) -> StackCost:
-    """Every part of the stack that ``pulumi up`` builds and AWS bills by the hour; ``where``
-    (the stack file's name) goes into the sources of the node prices."""
-    system = build.systemNodes
-    parts = [
-        _nodes(
-            "system nodes",
-            system.min_size,
-            system.max_size,
-            system.instance_type,
-            system.hourly_usd,
-            f"{where}: {STACK_SYSTEM_KEY}.hourly_usd",
-            STACK_SYSTEM_KEY,
-        )
-    ]
-    parts += [
-        _nodes(
-            f"node group {g.name}",
-            g.min_size,
-            g.max_size,
-            g.instance_type,
-            g.hourly_usd,
-            f"{where}: {STACK_POOLS_KEY}[{g.pool}].hourly_usd",
-            f"{STACK_POOLS_KEY} {g.pool}",
-        )
-        for g in plan.node_groups
-    ]
-    nats = build.nat_gateways
-    per_az = f"1 for {build.azCount} AZs" if build.singleNatGateway else f"{nats}, 1 per AZ"
-    parts += [
-        _fixed("EKS control plane", 1, "1 cluster", EKS_CONTROL_PLANE_USD),
-        _fixed("NAT gateways", nats, per_az, NAT_GATEWAY_USD),
-        _fixed("NAT Elastic IPs", nats, f"{nats}", PUBLIC_IPV4_USD),
-        _fixed("load balancer", 1, "1 ALB", ALB_USD),
-        _fixed(
-            "VPC interface endpoints",
-            len(INTERFACE_ENDPOINTS) * build.azCount,
-            f"{len(INTERFACE_ENDPOINTS)} × {build.azCount} AZs",
-            VPC_ENDPOINT_USD,
-        ),
-    ]
-    redis = build.redis
-    if redis.hourly_usd is None:
-        parts.append(
-            _fixed("quota store (Valkey)", redis.nodes, f"{redis.nodes} × {redis.node_type}", redis.usd_per_node)
-        )
-    else:
-        parts.append(
-            _nodes(
-                "quota store (Valkey)",
-                redis.nodes,
-                redis.nodes,
-                redis.node_type,
-                redis.hourly_usd,
-                f"{where}: {STACK_REDIS_KEY}.hourly_usd",
-                STACK_REDIS_KEY,
-            )
-        )
-    return StackCost(tuple(parts))
-
-
-def _nodes(part: str, low: int, high: int, instance_type: str, hourly: float, source: str, label: str) -> CostPart:
-    count = f"{low} × {instance_type}" if low == high else f"{low}-{high} × {instance_type}"
-    return CostPart(part, count, (low * hourly, high * hourly), source, label)
-
-
-def _fixed(part: str, n: int, count: str, hourly: float) -> CostPart:
-    return CostPart(part, count, (n * hourly, n * hourly), AWS_PRICE_SOURCE, AWS_PRICE_LABEL)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 
 from fleet.errors import ConfigError
-from fleet.types import Runtime
+from fleet.runtime.base import Runtime
 
 KINDS = ("local", "static", "kubernetes")
 

@@ -37,7 +37,7 @@ from fleet.errors import ConfigError, FleetError, InvalidInput, NotFound
 from fleet.names import check_name, check_version
 from fleet.planning.placement import GPU_RESOURCE, ModelPlacement, Plan
 from fleet.runtime import images
-from fleet.runtime.local import DeployFailed
+from fleet.runtime.base import DeployFailed, Loaded
 from fleet.types import Deployment, ObjectStore
 
 NAMESPACE = "models"
@@ -340,6 +340,14 @@ def scaling_triggers(
 
 
 class KubernetesRuntime:
+    """``fleet.runtime.base.Runtime`` on EKS: images are built by the pipeline, memory is the
+    scheduler's business (no local budget), and a drain is Kubernetes' own (an endpoint leaves
+    the Service before its pod is stopped)."""
+
+    kind = "kubernetes"
+    budgets_memory = False
+    packages_here = False
+
     def __init__(
         self,
         api: KubeApi,
@@ -493,6 +501,10 @@ class KubernetesRuntime:
             )
         return Deployment(model, version, self._wait_ready(model, version, 1)), True
 
+    def footprint_mib(self, model: str, version: str) -> float | None:
+        """Not measured here: requests and limits are the scheduler's, not a local budget's."""
+        return None
+
     def unload(self, versions: list[tuple[str, str]], on_drain: Callable[[], object] = lambda: None) -> None:
         """Let KEDA scale the versions to zero: each floor goes to 0, and KEDA removes the last
         pod once no trigger has been active for its cooldown. The objects stay, so ``activate``
@@ -530,12 +542,10 @@ class KubernetesRuntime:
     def health(self, model: str, version: str) -> dict[str, bool]:
         return _endpoints(self._pods(model, version))
 
-    def loaded(self) -> list:  # list[fleet.runtime.local.Loaded]
+    def loaded(self) -> list[Loaded]:
         """Versions with ready pods, for the idle clock (``fleet.control.lazy``): ``ready_at`` is the
         newest pod's start, so a version just woken is not idle; memory is not measured here."""
         from datetime import datetime
-
-        from fleet.runtime.local import Loaded
 
         started: dict[str, float] = {}
         for pod in self.api.list("v1", "Pod", self.namespace, MANAGED):

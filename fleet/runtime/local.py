@@ -25,9 +25,10 @@ from pathlib import Path
 
 import httpx
 
-from fleet.errors import FleetError, InvalidInput
+from fleet.errors import InvalidInput
 from fleet.names import check_name, check_version
 from fleet.processes import alive, parent_pid, stop_group, tail, tree
+from fleet.runtime.base import DRAIN_S, DeployFailed, Loaded
 from fleet.types import Deployment
 
 READY_TIMEOUT_S = 120.0
@@ -35,17 +36,6 @@ READY_POLL_S = 0.05  # a held request waits on this poll: at 0.2 s it cost a col
 LOG_TAIL_LINES = 25
 ORPHANED_DRAIN_S = 60.0  # a draining-* file this old outlived its unload (which waits DRAIN_S): stopped as an orphan
 FOOTPRINT = "footprint.json"  # the memory a version's replica held when it last started (MiB)
-
-
-class DeployFailed(FleetError):
-    """A version that could not start. The message is for operators (log lines, paths, what to
-    run); ``summary`` says why in words fit for a tenant whose request waited on the start."""
-
-    status = 503
-
-    def __init__(self, message: str, summary: str = "the runtime failed to start it") -> None:
-        super().__init__(message)
-        self.summary = summary
 
 
 @dataclass(frozen=True)
@@ -77,17 +67,6 @@ class _Replica:
             return None
 
 
-@dataclass(frozen=True)
-class Loaded:
-    """A version running here: its replicas, the memory they hold and when they turned ready."""
-
-    model: str
-    version: str
-    replicas: int
-    memory_mib: float
-    ready_at: float  # unix seconds, the most recent replica's
-
-
 def _pss_mib(pids: list[int]) -> float:
     """The proportional set size of ``pids`` together (RSS where the kernel lacks smaps_rollup)."""
     total_kib = 0
@@ -105,6 +84,13 @@ def _pss_mib(pids: list[int]) -> float:
 
 
 class LocalRuntime:
+    """``fleet.runtime.base.Runtime`` on this machine: its versions share its memory (the
+    policy's memory budget applies) and their Bentos are built here."""
+
+    kind = "local"
+    budgets_memory = True
+    packages_here = True
+
     def __init__(
         self,
         run_dir: str | Path = ".fleet/run",
@@ -265,8 +251,6 @@ class LocalRuntime:
         """Lazy versions' idle stop (``fleet.control.lazy``), drained: each version's replicas leave
         the list (``draining-*``, under its lock, briefly), ``on_drain`` tells the gateways, and
         after ``drain_s`` (``DRAIN_S``) every one of them stops — one wait for all of them."""
-        from fleet.control.lazy import DRAIN_S
-
         draining = []
         for model, version in versions:
             with self._locked(model, version):

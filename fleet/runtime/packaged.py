@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fleet.types import Runtime
+from fleet.runtime.base import Runtime
 
 
 def artifact_cache(max_mib: float | None = None) -> Any:  # noqa: ANN401 - a fleet.runtime.cache.ArtifactCache

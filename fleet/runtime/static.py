@@ -4,21 +4,28 @@ For servers this fleet does not start (a Triton or BentoML deployment managed by
 team, a test double): ``FLEET_STATIC_ENDPOINTS`` names a JSON or YAML file mapping
 ``"<model>:<version>"`` to a list of base URLs. The file is read again on every ``list``,
 so editing it is how endpoints change. ``deploy`` only checks that the version is listed;
-it starts nothing.
+it starts nothing, so it cannot start a lazy version either (``activate`` says so) and has
+nothing of its own to unload.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import yaml
 
 from fleet.errors import ConfigError, NotFound
+from fleet.runtime.base import DeployFailed, Loaded
 from fleet.types import Deployment
 
 
 class StaticRuntime:
+    kind = "static"
+    budgets_memory = False
+    packages_here = False
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
@@ -62,3 +69,26 @@ class StaticRuntime:
                 except httpx.HTTPError:
                     result[url] = False
         return result
+
+    def activate(
+        self, model: str, version: str, before_start: Callable[[], None] | None = None
+    ) -> tuple[Deployment, bool]:
+        """What runs of the version, as listed; one that runs nothing cannot be started here."""
+        urls = self._read().get((model, version))
+        if urls:
+            return Deployment(model, version, urls), False
+        raise DeployFailed(
+            f"{model}:{version} runs no replica and this runtime starts nothing (FLEET_RUNTIME=static, "
+            f"{self.path}); expected it started by whoever runs the services",
+            summary="this gateway's runtime cannot start one (FLEET_RUNTIME=static)",
+        )
+
+    def unload(self, versions: list[tuple[str, str]], on_drain: Callable[[], object] = lambda: None) -> None:
+        """Nothing to stop: these services are not ours (``loaded`` lists none of them)."""
+
+    def loaded(self) -> list[Loaded]:
+        """None: nothing listed here is this runtime's to stop."""
+        return []
+
+    def footprint_mib(self, model: str, version: str) -> float | None:
+        return None

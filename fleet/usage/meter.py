@@ -8,7 +8,7 @@ What is counted
     once a second (count × seconds since the previous sample; a gap is capped at
     ``MAX_GAP_S`` so a paused or suspended process invents no replica-hours), and the
     placement's price per replica-hour (``Price``; ``prices_from_plan`` takes it from
-    ``fleet.planning.placement.inference_costs``: the replica's share of a node at the stack file's
+    ``fleet.planning.costs.inference_costs``: the replica's share of a node at the stack file's
     ``nodePools[].hourly_usd``, what ``fleet plan`` prints).
 
 Where it goes
@@ -457,7 +457,7 @@ def prices_from_plan(result: Plan, pools: Sequence[NodePool], where: str) -> dic
     """Model → its price per replica-hour in ``result`` (what ``fleet plan`` prints as USD/h per
     replica: the replica's share of a node, at the node's ``hourly_usd`` in the stack file
     ``where``)."""
-    from fleet.planning.placement import inference_costs
+    from fleet.planning.costs import inference_costs
     from fleet.planning.stack import STACK_POOLS_KEY
 
     groups = {g.name: g for g in result.node_groups}

@@ -12,13 +12,23 @@ served within milliseconds instead of at the next poll.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from fleet import audit, records
 from fleet.catalog.registry import State
 from fleet.catalog.routes.store import Router
 from fleet.catalog.routes.table import RouteTable
 from fleet.errors import Conflict, FleetError, InvalidInput
-from fleet.types import Runtime
+from fleet.types import Deployment
+
+
+class Starter(Protocol):
+    """What a rollback needs of a runtime (every ``fleet.runtime.base.Runtime`` is one): what
+    runs, and starting a version. Declared here because the catalog sits below the runtimes."""
+
+    def list(self) -> list[Deployment]: ...
+
+    def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment: ...
 
 
 @dataclass(frozen=True)
@@ -46,7 +56,7 @@ def rollback(
     *,
     why: str,
     who: str | None = None,
-    runtime: Runtime | None = None,
+    runtime: Starter | None = None,
     start_missing: bool = True,
 ) -> RollbackResult:
     """Move traffic to ``to_version`` (default: end the canary, else the previous stable).

@@ -49,7 +49,8 @@ from fleet.catalog.routes.rollback import rollback
 from fleet.catalog.routes.store import Router
 from fleet.catalog.routes.table import Canary, RouteTable, Shadow
 from fleet.errors import Conflict, FleetError, InvalidInput, NotFound, PreconditionFailed
-from fleet.types import ArmWindow, MetricsSource, ObjectStore, Runtime
+from fleet.runtime.base import Runtime
+from fleet.types import ArmWindow, MetricsSource, ObjectStore
 from fleet.validation import explain
 
 Phase = Literal["preflight", "deploy", "shadow", "step", "approval", "promote", "promoted", "rolled_back", "rejected"]

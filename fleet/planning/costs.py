@@ -1,0 +1,174 @@
+"""What the fleet costs, in one place: the AWS list prices of a stack's fixed parts, what the
+whole stack costs per hour at its minimum and maximum size (``stack_cost``: ``fleet plan`` and
+the ``usdPerHour`` stack output), and what one inference costs per model at its autoscaling
+target (``inference_costs``: ``fleet plan`` and the prices usage is costed at).
+
+Nodes are priced by the stack file's ``hourly_usd``; the quota store's Valkey nodes by
+``fleet.planning.stack.VALKEY_NODE_USD`` unless the stack file states a price (a default of
+the stack file's, checked when it is parsed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fleet.planning.placement import Plan, capacity, demand
+from fleet.planning.stack import STACK_POOLS_KEY, STACK_REDIS_KEY, STACK_SYSTEM_KEY, NodePool, StackBuild
+
+# The fixed parts of a stack's hourly cost, in USD per hour: AWS list prices in us-east-1,
+# the region of the example stacks (nodes are priced by the stack file's hourly_usd). One
+# table for `fleet plan` and the `usdPerHour` stack output (infra/cost.py). Prices change:
+# check them against the pages named before relying on them. Recorded from those pages when
+# this table was written; not re-checked on 2026-12-01 (the build machine cannot reach them).
+AWS_PRICE_SOURCE = "AWS list price, us-east-1"
+AWS_PRICE_LABEL = "AWS us-east-1"
+EKS_CONTROL_PLANE_USD = 0.10  # per cluster-hour, standard support (aws.amazon.com/eks/pricing)
+NAT_GATEWAY_USD = 0.045  # per NAT gateway-hour, before $0.045/GB processed (aws.amazon.com/vpc/pricing)
+PUBLIC_IPV4_USD = 0.005  # per public IPv4 address-hour: each NAT gateway's Elastic IP (same page)
+ALB_USD = 0.0225  # per Application Load Balancer-hour, before LCUs (aws.amazon.com/elasticloadbalancing/pricing)
+VPC_ENDPOINT_USD = 0.01  # per interface endpoint and AZ-hour, before $0.01/GB (aws.amazon.com/privatelink/pricing)
+INTERFACE_ENDPOINTS = (
+    "ecr.api",
+    "ecr.dkr",
+)  # the VPC's interface endpoints (infra/network.py); S3's is a free gateway one
+# Not in the totals: billed by traffic or storage, growing with load (the ALB adds public
+# IPv4s as it scales out), or by the month (KMS keys).
+COST_LEFT_OUT = (
+    "data transfer, NAT data processing, ALB capacity units and public IPv4s, "
+    "EBS volumes, S3, ElastiCache backups, KMS keys, CloudWatch"
+)
+
+
+@dataclass(frozen=True)
+class CostPart:
+    """One row of a stack's hourly cost: what, how many, USD at minimum and maximum size, and
+    where the price came from: ``source`` in full (the stack file's key, or the AWS list price
+    above), ``label`` short enough for a table column at 80 characters."""
+
+    part: str
+    count: str
+    usd_per_hour: tuple[float, float]
+    source: str
+    label: str
+
+
+@dataclass(frozen=True)
+class StackCost:
+    parts: tuple[CostPart, ...]
+    left_out: str = COST_LEFT_OUT
+
+    @property
+    def usd_per_hour(self) -> tuple[float, float]:
+        """The whole stack at its minimum and at its maximum size: the sum of the parts."""
+        return sum(p.usd_per_hour[0] for p in self.parts), sum(p.usd_per_hour[1] for p in self.parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        # rounded to 6 decimals: float sums like 1.6200999999999999 say more than they know
+        parts = [{**asdict(p), "usd_per_hour": _usd(p.usd_per_hour)} for p in self.parts]
+        return {"parts": parts, "usd_per_hour": _usd(self.usd_per_hour), "left_out": self.left_out}
+
+
+def _usd(pair: tuple[float, float]) -> tuple[float, float]:
+    return round(pair[0], 6), round(pair[1], 6)
+
+
+def stack_cost(plan: Plan, build: StackBuild, where: str) -> StackCost:
+    """Every part of the stack that ``pulumi up`` builds and AWS bills by the hour; ``where``
+    (the stack file's name) goes into the sources of the node prices."""
+    system = build.systemNodes
+    parts = [
+        _nodes(
+            "system nodes",
+            system.min_size,
+            system.max_size,
+            system.instance_type,
+            system.hourly_usd,
+            f"{where}: {STACK_SYSTEM_KEY}.hourly_usd",
+            STACK_SYSTEM_KEY,
+        )
+    ]
+    parts += [
+        _nodes(
+            f"node group {g.name}",
+            g.min_size,
+            g.max_size,
+            g.instance_type,
+            g.hourly_usd,
+            f"{where}: {STACK_POOLS_KEY}[{g.pool}].hourly_usd",
+            f"{STACK_POOLS_KEY} {g.pool}",
+        )
+        for g in plan.node_groups
+    ]
+    nats = build.nat_gateways
+    per_az = f"1 for {build.azCount} AZs" if build.singleNatGateway else f"{nats}, 1 per AZ"
+    parts += [
+        _fixed("EKS control plane", 1, "1 cluster", EKS_CONTROL_PLANE_USD),
+        _fixed("NAT gateways", nats, per_az, NAT_GATEWAY_USD),
+        _fixed("NAT Elastic IPs", nats, f"{nats}", PUBLIC_IPV4_USD),
+        _fixed("load balancer", 1, "1 ALB", ALB_USD),
+        _fixed(
+            "VPC interface endpoints",
+            len(INTERFACE_ENDPOINTS) * build.azCount,
+            f"{len(INTERFACE_ENDPOINTS)} × {build.azCount} AZs",
+            VPC_ENDPOINT_USD,
+        ),
+    ]
+    redis = build.redis
+    if redis.hourly_usd is None:
+        parts.append(
+            _fixed("quota store (Valkey)", redis.nodes, f"{redis.nodes} × {redis.node_type}", redis.usd_per_node)
+        )
+    else:
+        parts.append(
+            _nodes(
+                "quota store (Valkey)",
+                redis.nodes,
+                redis.nodes,
+                redis.node_type,
+                redis.hourly_usd,
+                f"{where}: {STACK_REDIS_KEY}.hourly_usd",
+                STACK_REDIS_KEY,
+            )
+        )
+    return StackCost(tuple(parts))
+
+
+def _nodes(part: str, low: int, high: int, instance_type: str, hourly: float, source: str, label: str) -> CostPart:
+    count = f"{low} × {instance_type}" if low == high else f"{low}-{high} × {instance_type}"
+    return CostPart(part, count, (low * hourly, high * hourly), source, label)
+
+
+def _fixed(part: str, n: int, count: str, hourly: float) -> CostPart:
+    return CostPart(part, count, (n * hourly, n * hourly), AWS_PRICE_SOURCE, AWS_PRICE_LABEL)
+
+
+@dataclass(frozen=True)
+class InferenceCost:
+    """What one replica of a model costs and serves at its autoscaling target."""
+
+    model: str
+    replica_usd_per_hour: float  # its share of a node (the largest of GPU, vCPU, RAM), at the node's price
+    qps_per_replica: float  # autoscaling.target_qps_per_replica: the load KEDA keeps a replica at
+
+    @property
+    def usd_per_1k_inferences(self) -> float:
+        return self.replica_usd_per_hour / (self.qps_per_replica * 3600) * 1000
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "usd_per_1k_inferences": self.usd_per_1k_inferences}
+
+
+def inference_costs(result: Plan, pools: Sequence[NodePool]) -> tuple[InferenceCost, ...]:
+    """Cost per inference of each model at its target QPS on full nodes: the floor a busy
+    fleet pays; a half-empty node or a replica below its target costs more per inference."""
+    by_pool = {p.name: p for p in pools}
+    groups = {g.name: g for g in result.node_groups}
+    costs = []
+    for m in result.models:
+        group = groups[m.node_group]
+        cap = capacity(by_pool[m.pool], group.gpu_slices)
+        share = max(d / c for d, c in zip(demand(m), cap, strict=True) if c)
+        costs.append(InferenceCost(m.model, round(share * group.hourly_usd, 6), m.target_qps_per_replica))
+    return tuple(costs)
