@@ -33,11 +33,13 @@ up: $(STAMP)
 test: $(STAMP) system-deps lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The formatter and linter (configured in pyproject.toml), before any test: a change that
-# is not formatted fails here in seconds. `make format` rewrites the files.
+# The formatter, the linter and the layer contracts (all configured in pyproject.toml),
+# before any test: a change that breaks them fails here in seconds. `make format` rewrites
+# what the formatter and linter can.
 lint: $(STAMP)
 	@$(BIN)/ruff format --check --quiet . || { echo "error: files above are not formatted; run make format" >&2; exit 1; }
 	$(BIN)/ruff check --quiet .
+	$(BIN)/lint-imports --no-cache
 
 format: $(STAMP)
 	$(BIN)/ruff format --quiet .
