@@ -135,3 +135,32 @@ def test_clearly_good_canaries_are_promoted_sooner_than_by_the_fixed_method() ->
     seq_median = np.median([r.at for r in sequential])
     fixed_median = np.median([r.at for r in fixed if r.outcome == "promote"])
     assert seq_median <= 180 and seq_median < fixed_median, (seq_median, fixed_median)
+
+
+def test_scores_drifted_past_the_limit_are_never_promoted() -> None:
+    """tests/rollout_env.py's FAST policy at 60 req/s: the error and latency gates let the last
+    step with stable traffic advance on a few hundred requests, where the harm test at its
+    small alpha saw a PSI of 0.42 (twice the limit) in about one rollout of five. That step
+    holds until the PSI is shown within the limit, so the drift is caught while it holds;
+    a canary exactly at the limit is promoted at most 1 - power of the time; a good one is
+    promoted as soon as before."""
+    shipped = policy()
+    fast = policy(
+        steps=[20, 50, 100],
+        analysis_window_s=2,
+        min_samples=40,
+        hold_deadline_s=90,
+        gates={**shipped.gates.model_dump(), "max_error_rate_increase": 0.03, "max_p99_ratio": 3.0},
+    )
+    horizon = len(fast.steps) * fast.hold_deadline_s + 120
+
+    def rollouts_at_60(scenario: Scenario, n: int) -> list:
+        return [run(Stream((18, i), 60.0, horizon, scenario, 0.001), fast) for i in range(n)]
+
+    drifted = rollouts_at_60(Scenario("scores PSI 0.42", scores=(2.0, 3.0)), 40)
+    assert all(r.outcome == "rollback" and not r.by_deadline for r in drifted), [r.outcome for r in drifted]
+    at_limit = rollouts_at_60(Scenario("scores PSI 0.21", scores=(2.0, 3.5)), 40)
+    assert sum(r.outcome == "promote" for r in at_limit) / len(at_limit) <= 1 - fast.power
+    good = rollouts_at_60(GOOD, 40)
+    assert all(r.outcome == "promote" for r in good)
+    assert np.median([r.at for r in good]) <= 20, [r.at for r in good]

@@ -549,6 +549,22 @@ def _psi_above(actual: np.ndarray, expected: np.ndarray, limit: float) -> float:
     return float(stats.ncx2.sf(float(psi(actual, expected)) * n_eff, dof, limit * n_eff))
 
 
+def _psi_within(actual: np.ndarray, expected: np.ndarray, limit: float) -> float:
+    """p-value of "the populations' PSI is at least ``limit``": ``_psi_above``'s other side.
+
+    The noncentral chi-square grows stochastically with its noncentrality, so a statistic in
+    the lower tail at noncentrality ``limit`` x n_eff is at least as unlikely for any PSI
+    above the limit: small p shows the PSI within it (non-inferiority, as ``_error_test``'s
+    second p-value shows an error rate within its margin).
+    """
+    n1, n2 = float(np.sum(actual)), float(np.sum(expected))
+    dof = np.count_nonzero(np.asarray(actual) + np.asarray(expected)) - 1
+    if dof < 1:
+        return 0.0  # one bin used by both: the histograms are the same
+    n_eff = 1 / (1 / n1 + 1 / n2)
+    return float(stats.ncx2.cdf(float(psi(actual, expected)) * n_eff, dof, limit * n_eff))
+
+
 def _fm(x1, n1: int, x2, n2: int, delta: float):
     """Farrington–Manning score statistic for H0: p1 − p2 = delta, elementwise over counts.
 

@@ -27,6 +27,12 @@ The tests, all pure functions of counts:
   lower bound of the stable below the margin is non-inferiority shown; the canary's lower
   bound above the stable's upper bound is harm shown (this one works at 100 % too, where
   the stable serves nothing and the conditional test has no data).
+- Predicted scores: the fixed-sample PSI test of ``fleet.analysis.canary`` (``_psi_above``)
+  at alpha spent over the looks finds drift past ``max_prediction_psi``; the last step with
+  stable traffic also needs the PSI shown *within* it (``_psi_within``, at ``1 - power``
+  spent over the looks the same way, so a canary at the limit is promoted at most that
+  often however long it holds). The other gates can pass on a few hundred requests, far
+  too few for the harm test to see even twice the limit at its small alpha.
 - ``TailHarm``: are more than 1 % of the canary's answers slower than ``max_p99_ratio`` x
   the stable's p99 (canary p99 above the allowed ratio)? A one-sample mixture of binomial
   likelihood ratios against 1 %, with the threshold re-read from the stable arm each tick
@@ -45,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import optimize
+from scipy import optimize, stats
 
 from fleet.types import ArmWindow
 
@@ -217,8 +223,9 @@ def judge(
     with stable traffic advances once it has ``min_samples`` canary requests; that last
     step (the one before 100 %, or 100 % when it is the only step) advances only when
     non-inferiority is shown — the canary's error rate at most ``max_error_rate_increase``
-    above the stable's, and at most 1 % of its answers above ``max_p99_ratio`` x the stable's
-    p99 — on everything both arms served since the rollout began; 100 % after it is a bake:
+    above the stable's, at most 1 % of its answers above ``max_p99_ratio`` x the stable's
+    p99, and its scores' PSI vs the stable's below ``max_prediction_psi`` — on everything
+    both arms served since the rollout began; 100 % after it is a bake:
     ``min_samples`` more canary requests without harm. Undecided at ``hold_deadline_s`` into
     a step rolls back, as in ``fleet.analysis.canary``.
     """
@@ -256,24 +263,33 @@ def judge(
         results.append(res)
     # the drift gates are fixed-sample tests: half their share is spent over every look (a
     # large shift is caught at once), half on one look at the end of each step, taken when
-    # every other gate lets the step advance (a smaller one is caught before it does)
+    # every other gate lets the step advance (a smaller one is caught before it does). The
+    # last step with stable traffic also holds until the scores are shown within the limit,
+    # at beta spent over the looks: the step's other gates can pass on a few hundred
+    # requests, too few for the harm test to see a PSI of twice the limit
     share = alpha * SHARE["predictions"] / 2
-    drift = _drift(arms, policy, spent_alpha(share, evidence.looks), concurrent, generative)
+    within = spent_alpha(beta, evidence.looks) if deciding and concurrent else None
+    drift = _drift(arms, policy, spent_alpha(share, evidence.looks), concurrent, generative, within)
     if all(r.status == "pass" for r in [*results, *drift]):
-        drift = _drift(arms, policy, share / len(policy.steps), concurrent, generative)
+        drift = _drift(arms, policy, share / len(policy.steps), concurrent, generative, within)
     return _outcome([*results, *drift], arms, policy, step_started, deciding), evidence
 
 
-def _drift(arms: Arms, policy: RolloutPolicy, alpha: float, concurrent: bool, generative: bool) -> list:
+def _drift(
+    arms: Arms, policy: RolloutPolicy, alpha: float, concurrent: bool, generative: bool, within: float | None = None
+) -> list:
     """Predicted scores (or a generation's output lengths) and exact-match labels, at ``alpha``:
-    both arms since the first step, while both serve (at 100 % the inputs differ)."""
+    both arms since the first step, while both serve (at 100 % the inputs differ). With
+    ``within`` (the last step with stable traffic) the scores pass only once their PSI is
+    shown within the limit at that level, and are pending until then."""
     from fleet.analysis import canary
 
     g, results = policy.gates, []
     if concurrent and not generative:
-        results.append(
-            canary._predictions(arms.stable_all, arms.canary_all, policy.min_samples, g.max_prediction_psi, alpha)
-        )
+        scores = canary._predictions(arms.stable_all, arms.canary_all, policy.min_samples, g.max_prediction_psi, alpha)
+        if within is not None and scores.status == "pass":
+            scores = _psi_shown_within(scores, arms, g.max_prediction_psi, within)
+        results.append(scores)
     elif concurrent and g.max_output_length_psi is not None:
         results.append(
             canary._predictions(
@@ -292,6 +308,31 @@ def _drift(arms: Arms, policy: RolloutPolicy, alpha: float, concurrent: bool, ge
             canary._exact_match(arms.stable_all, arms.canary_all, g.min_labels, g.max_exact_match_drop, alpha)
         )
     return results
+
+
+def _psi_shown_within(result, arms: Arms, limit: float, level: float):  # noqa: ANN001, ANN202
+    """``result`` (the scores' harm test, passed) kept as a pass if the populations' PSI is
+    shown below ``limit`` at ``level``, else pending: "no drift found" on a few hundred rows
+    is not "no drift", as "no increase found" is not "within the margin" for errors."""
+    from fleet.analysis.canary import _more, _psi_within, _scaled
+
+    pc, ps = np.asarray(arms.canary_all.predictions), np.asarray(arms.stable_all.predictions)
+    p = _psi_within(pc, ps, limit)
+    if p < level:
+        return replace(result, explanation=f"{result.explanation}; within it shown (p={p:.2g} < {level:.2g})")
+    nc, ns = int(pc.sum()), int(ps.sum())
+    n_eff, dof = 1 / (1 / nc + 1 / ns), max(1, np.count_nonzero(pc + ps) - 1)
+    # the statistic's spread at the limit, in PSI: more rows shrink it about as 1/sqrt(n)
+    se = math.sqrt(2 * (dof + 2 * limit * n_eff)) / n_eff
+    more = _more(float(stats.norm.isf(level)), se, limit - result.observed) if result.observed < limit else None
+    return replace(
+        result,
+        status="pending",
+        p_value=p,
+        more_canary=_scaled(nc, more),
+        more_stable=_scaled(ns, more),
+        explanation=f"{result.explanation}; within it not yet shown (p={p:.2g}, needs < {level:.2g})",
+    )
 
 
 def _deciding_step(steps: list[int]) -> int:
