@@ -21,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, Failed, State
 
 from fleet.analysis.drift import concept_drift, drift_markdown, drift_report, drift_svg, svg_data_uri
-from fleet.analysis.monitoring import Decision, decide
+from fleet.analysis.monitoring import MonitoringDecision, decide
 from fleet.analysis.quality import build_expectations, quality_markdown, quality_table, validate
 from fleet.catalog.registry import Registry
 from fleet.catalog.routes.store import Router
@@ -158,7 +158,7 @@ def _store_report(
     quality: Any,
     report: Any,
     concept: Any,
-    decision: Decision,
+    decision: MonitoringDecision,
 ) -> None:  # noqa: ANN401
     now = datetime.now(UTC)
     body = {

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fleet.catalog.policies import Policies, load_policies
 from fleet.errors import ConfigError
-from fleet.planning.placement import Plan, plan
+from fleet.planning.placement import PlacementPlan, plan
 from fleet.planning.stack import PROJECT, NodePool, RedisNodes, SystemNodes, models_from_config, pools_from_config
 from fleet.validation import checked, expected, explain, hint, problem
 
@@ -205,7 +205,7 @@ class StackConfig:
     settings: Settings
     pools: tuple[NodePool, ...]
     policies: Policies
-    plan: Plan
+    plan: PlacementPlan
     policy_files: dict[str, str]  # file name → text of the policy files, for the gateway's ConfigMap
     secrets: dict[str, Any] = dataclasses.field(default_factory=dict)  # key → secret pulumi.Output[str]; load() only
 

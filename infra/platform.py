@@ -18,7 +18,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from fleet.catalog.policies import Policies
-from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, SLICES_LABEL, Plan
+from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, SLICES_LABEL, PlacementPlan
 from fleet.runtime.kubernetes import CONFIG_MAP, MANAGED, config_map_data
 from infra import waited_for
 from infra.admission import GATEWAY_SCALING, gateway_scaling_policy, gpu_pod_policy
@@ -88,7 +88,7 @@ class PlatformArgs:
     cluster_name: pulumi.Input[str]
     region: str
     kubernetes_version: str
-    plan: Plan
+    plan: PlacementPlan
     policies: Policies
     images: dict[str, pulumi.Output[str]]  # family (and "gateway") → ECR repository URL
     store_url: pulumi.Input[str]
@@ -107,7 +107,7 @@ class PlatformArgs:
     gateway_prices: str = "{}"  # the gateway's FLEET_PRICES_FILE (fleet.usage.meter.write_prices of the plan's prices)
 
 
-def model_quota(plan: Plan) -> dict[str, str]:
+def model_quota(plan: PlacementPlan) -> dict[str, str]:
     """ResourceQuota of the models namespace: GPUs are what the node groups can hold; CPU,
     memory and pods allow every model at max_replicas twice over (stable and canary)."""
     units = sum(g.max_size * g.gpus_per_node * g.gpu_slices for g in plan.node_groups)
@@ -122,7 +122,7 @@ def model_quota(plan: Plan) -> dict[str, str]:
     }
 
 
-def device_plugin_config(plan: Plan) -> dict[str, str]:
+def device_plugin_config(plan: PlacementPlan) -> dict[str, str]:
     """Device-plugin configs by name: each node picks one with its ``nvidia.com/device-plugin.config``
     label ("whole", or "slices-N" for N replicas sharing a GPU)."""
     configs = {"whole": "version: v1\n"}

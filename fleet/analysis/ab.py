@@ -56,7 +56,7 @@ class Interval:
 
 
 @dataclass(frozen=True)
-class Decision:
+class ExperimentDecision:
     status: Status
     winner: str | None
     summary: str
@@ -134,26 +134,26 @@ def _floor(n: int, span: float) -> float:
 
 def decide(
     a: ArmStats, b: ArmStats, found: Interval | None, min_effect: float, out_of_time: bool, metric: str
-) -> Decision:
+) -> ExperimentDecision:
     """The experiment's state after a tick (pure)."""
     if found is None:
         need = f"{MIN_PER_ARM} outcomes per arm before any decision ({a.version}: {a.n}, {b.version}: {b.n})"
         if out_of_time:
-            return Decision("out_of_time", None, f"out of time with too few outcomes: {need}")
-        return Decision("running", None, f"waiting: {need}")
+            return ExperimentDecision("out_of_time", None, f"out of time with too few outcomes: {need}")
+        return ExperimentDecision("running", None, f"waiting: {need}")
     reading = (
         f"{metric}: {a.version} {a.mean:.4g} (n={a.n}), {b.version} {b.mean:.4g} (n={b.n}); "
         f"{b.version} - {a.version} = {found.diff:+.4g}, always-valid interval [{found.lo:+.4g}, {found.hi:+.4g}]"
     )
     if found.lo > 0:
-        return Decision("winner", b.version, f"{b.version} wins: {reading}")
+        return ExperimentDecision("winner", b.version, f"{b.version} wins: {reading}")
     if found.hi < 0:
-        return Decision("winner", a.version, f"{a.version} wins: {reading}")
+        return ExperimentDecision("winner", a.version, f"{a.version} wins: {reading}")
     if -min_effect < found.lo and found.hi < min_effect:
-        return Decision("no_difference", None, f"no difference of {min_effect:g} or more: {reading}")
+        return ExperimentDecision("no_difference", None, f"no difference of {min_effect:g} or more: {reading}")
     if out_of_time:
-        return Decision("out_of_time", None, f"out of time, undecided: {reading}")
-    return Decision("running", None, reading)
+        return ExperimentDecision("out_of_time", None, f"out of time, undecided: {reading}")
+    return ExperimentDecision("running", None, reading)
 
 
 def thinned(ticks: list[Tick]) -> list[Tick]:

@@ -23,7 +23,7 @@ Action = Literal["skip", "alert", "retrain", "cooldown", "ok"]
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class MonitoringDecision:
     action: Action
     reasons: tuple[str, ...]
 
@@ -41,17 +41,17 @@ def decide(
     rows: int,
     last_retrain_at: datetime | None,
     now: datetime,
-) -> Decision:
+) -> MonitoringDecision:
     """skip (too little data) → alert (bad data) → retrain / cooldown (drift or accuracy drop) → ok."""
     if rows < policy.min_rows:
-        return Decision(
+        return MonitoringDecision(
             "skip", (f"{rows} logged rows in the window, fewer than min_rows {policy.min_rows}; nothing judged",)
         )
     if quality is not None and not quality.passed:
         failed = [
             f"{o.expectation} on {o.column or 'the batch'}: {o.observed}" for o in quality.expectations if not o.passed
         ]
-        return Decision("alert", ("data quality failed, retraining blocked: " + "; ".join(failed[:5]),))
+        return MonitoringDecision("alert", ("data quality failed, retraining blocked: " + "; ".join(failed[:5]),))
     reasons = []
     if drift is not None and drift.verdict == "drift" and policy.retrain.on_drift:
         shown = ", ".join(_feature_reason(drift, name) for name in drift.drifting_features[:5])
@@ -67,11 +67,11 @@ def decide(
             f"(retrain at a drop of {policy.retrain.min_accuracy_drop:g})"
         )
     if not reasons:
-        return Decision("ok", ("no drift, data quality passed",))
+        return MonitoringDecision("ok", ("no drift, data quality passed",))
     cooldown = timedelta(hours=policy.retrain.cooldown_hours)
     if last_retrain_at is not None and now - last_retrain_at < cooldown:
         left = cooldown - (now - last_retrain_at)
-        return Decision(
+        return MonitoringDecision(
             "cooldown",
             (
                 *reasons,
@@ -79,7 +79,7 @@ def decide(
                 f"allowed in {left.total_seconds() / 3600:.1f} h",
             ),
         )
-    return Decision("retrain", tuple(reasons))
+    return MonitoringDecision("retrain", tuple(reasons))
 
 
 def _feature_reason(drift: DriftReport, name: str) -> str:

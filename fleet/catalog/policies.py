@@ -133,7 +133,7 @@ class InferenceLog(_Spec):
     texts: bool = False
 
 
-class Generation(_Spec):
+class GenerationPolicy(_Spec):
     """How a generative model's replicas batch, and what one request may ask (``generation:``).
 
     Per replica: the running batch holds at most ``max_running`` sequences and
@@ -149,7 +149,7 @@ class Generation(_Spec):
     first_token_timeout_ms: int = Field(5000, gt=0)  # deadline for the first token; timeout_ms bounds the whole answer
 
     @model_validator(mode="after")
-    def _default_within_max(self) -> Generation:
+    def _default_within_max(self) -> GenerationPolicy:
         if self.default_max_tokens > self.max_tokens:
             raise ValueError(f"default_max_tokens {self.default_max_tokens} is above max_tokens {self.max_tokens}")
         return self
@@ -237,7 +237,7 @@ class ModelSpec(_Spec):
     kv_cache_gib: float | None = Field(None, ge=0.0)  # KV cache per replica (generative models); wins over architecture
     # generative models: the KV cache is max_running × context_tokens positions of this shape
     architecture: Architecture | None = None
-    generation: Generation | None = None  # generative models only; their defaults when generative and unset
+    generation: GenerationPolicy | None = None  # generative models only; their defaults when generative and unset
     peak_qps: float | None = Field(None, gt=0.0)  # expected peak; must fit max_replicas × target
     # eager: every routed version runs until undeployed. lazy: a version runs only while it is
     # used — the first request starts it (held up to max_hold_ms), idle_unload_s without a
@@ -271,7 +271,7 @@ class ModelSpec(_Spec):
         if self.generation is not None and not self.generative:
             raise ValueError("generation: is set but generative is false; expected generative: true for a causal LM")
         if self.generative and self.generation is None:
-            object.__setattr__(self, "generation", Generation())
+            object.__setattr__(self, "generation", GenerationPolicy())
         return self
 
     @model_validator(mode="after")
@@ -335,7 +335,7 @@ class RuntimeSpec(_Spec):
     artifact_cache_mib: float | None = Field(None, gt=0.0)
 
 
-class Quota(_Spec):
+class QuotaPolicy(_Spec):
     rps: float = Field(gt=0.0)  # sustained requests per second
     burst: int = Field(ge=1)  # token-bucket size; may be below rps for smooth-only traffic
     concurrency: int | None = Field(None, ge=1)  # requests in flight at once, across every gateway
@@ -346,7 +346,7 @@ class TenantSpec(_Spec):
     # no pins: a tenant's pin lives in the route table only (`fleet route pin`), where the
     # router reads it; a second copy here would drift from it
     entitlements: dict[str, Annotated[list[VersionOrAny], Field(min_length=1)]]  # model -> versions
-    quota: Quota
+    quota: QuotaPolicy
     weight: float = Field(1.0, gt=0.0, le=1000.0)  # share of a saturated version against other tenants
     isolation: bool = False
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # imported where used: `fleet --help` stays fast
     from collections.abc import Sequence
 
     from fleet.planning.costs import InferenceCost, StackCost
-    from fleet.planning.placement import ModelPlacement, NodeGroupPlan, Plan
+    from fleet.planning.placement import ModelPlacement, NodeGroupPlan, PlacementPlan
     from fleet.planning.stack import GpuCeiling
 
 StackOpt = Annotated[
@@ -124,7 +124,7 @@ def _row(t: Table, *cells: str, end_section: bool = False) -> None:
     t.add_row(*(Text(c) for c in cells), end_section=end_section)
 
 
-def _placement_table(result: Plan, path: Path) -> Table:
+def _placement_table(result: PlacementPlan, path: Path) -> Table:
     t = _table(f"placement ({path})")
     _name_column(t, "model")
     _name_column(t, "node group")
@@ -146,7 +146,7 @@ def _placement_table(result: Plan, path: Path) -> Table:
     return t
 
 
-def _memory_table(result: Plan) -> Table:
+def _memory_table(result: PlacementPlan) -> Table:
     from fleet.planning.placement import KV_DEFAULT_SHARE, RUNTIME_OVERHEAD
 
     t = _table(f"memory per replica, GiB: (weights + KV cache) × {1 + RUNTIME_OVERHEAD:g}")
@@ -181,7 +181,7 @@ def _gib(value: float) -> str:
 _UNITS = {"qps": "/replica", "p99_ms": " ms", "queue_depth": "/replica", "gpu_utilization": " %"}
 
 
-def _scaling_table(result: Plan, per_inference: Sequence[InferenceCost]) -> Table:
+def _scaling_table(result: PlacementPlan, per_inference: Sequence[InferenceCost]) -> Table:
     t = _table("autoscaling and cost per inference (at the QPS target, nodes full)")
     _name_column(t, "model")
     _text_column(t, "scales on (KEDA)")
@@ -195,7 +195,7 @@ def _scaling_table(result: Plan, per_inference: Sequence[InferenceCost]) -> Tabl
     return t
 
 
-def _node_group_table(result: Plan) -> Table:
+def _node_group_table(result: PlacementPlan) -> Table:
     t = _table("node groups")
     _name_column(t, "node group")
     _name_column(t, "instance")
@@ -234,7 +234,7 @@ def _cost_table(cost: StackCost, path: Path) -> Table:
     return t
 
 
-def _summary(result: Plan, cost: StackCost, ceiling: GpuCeiling) -> list[str]:
+def _summary(result: PlacementPlan, cost: StackCost, ceiling: GpuCeiling) -> list[str]:
     """The totals in words: model nodes, GPUs against the guardrails' ceiling, the whole stack."""
     low, high = result.usd_per_hour
     unused = f"; unused pools: {', '.join(result.unused_pools)}" if result.unused_pools else ""

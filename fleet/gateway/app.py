@@ -42,7 +42,7 @@ from fleet.gateway.activate import Activator
 from fleet.gateway.admin import admin_routes, json_response
 from fleet.gateway.body import BodyBudget, Decoder
 from fleet.gateway.dispatch import Dispatcher
-from fleet.gateway.generation.routes import Generation
+from fleet.gateway.generation.routes import GenerationRoutes
 from fleet.gateway.middleware import Headers, Settings, internal_error, retry_after
 from fleet.gateway.pipeline import DEFAULT_SPEC, Pipeline
 from fleet.gateway.quota import buckets as quotas_
@@ -218,7 +218,7 @@ def create_app(
     )
     in_flight = BodyBudget(limits.mib(limits.inflight_body_mib))
     rest = Rest(pipeline, view.store, settings.gateway_id, limits.mib(limits.max_body_mib), logged, in_flight)
-    generation = Generation(pipeline, upstreams, telemetry, usage, in_flight, limits.mib(limits.max_body_mib))
+    generation = GenerationRoutes(pipeline, upstreams, telemetry, usage, in_flight, limits.mib(limits.max_body_mib))
     mirror.generate = generation.shadow
     server_info = {"name": "serving-fleet", "version": __version__, "extensions": ["generate"]}
     grpc = None

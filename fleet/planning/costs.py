@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from fleet.planning.placement import Plan, capacity, demand
+from fleet.planning.placement import PlacementPlan, capacity, demand
 from fleet.planning.stack import STACK_POOLS_KEY, STACK_REDIS_KEY, STACK_SYSTEM_KEY, NodePool, StackBuild
 
 # The fixed parts of a stack's hourly cost, in USD per hour: AWS list prices in us-east-1,
@@ -74,7 +74,7 @@ def _usd(pair: tuple[float, float]) -> tuple[float, float]:
     return round(pair[0], 6), round(pair[1], 6)
 
 
-def stack_cost(plan: Plan, build: StackBuild, where: str) -> StackCost:
+def stack_cost(plan: PlacementPlan, build: StackBuild, where: str) -> StackCost:
     """Every part of the stack that ``pulumi up`` builds and AWS bills by the hour; ``where``
     (the stack file's name) goes into the sources of the node prices."""
     system = build.systemNodes
@@ -160,7 +160,7 @@ class InferenceCost:
         return {**asdict(self), "usd_per_1k_inferences": self.usd_per_1k_inferences}
 
 
-def inference_costs(result: Plan, pools: Sequence[NodePool]) -> tuple[InferenceCost, ...]:
+def inference_costs(result: PlacementPlan, pools: Sequence[NodePool]) -> tuple[InferenceCost, ...]:
     """Cost per inference of each model at its target QPS on full nodes: the floor a busy
     fleet pays; a half-empty node or a replica below its target costs more per inference."""
     by_pool = {p.name: p for p in pools}

@@ -3,7 +3,7 @@
 A pure planner over frozen inputs: the models of ``policies/`` (parameters, dtype, KV cache,
 replica bounds, isolation of the model or of a tenant entitled to it) and the node pools of
 a stack (instance type, GPUs and their memory, vCPU, RAM, price; parsed in ``fleet.planning.stack``).
-``plan`` returns a ``Plan``; ``fleet plan`` prints it, ``infra/`` sizes the EKS node groups
+``plan`` returns a ``PlacementPlan``; ``fleet plan`` prints it, ``infra/`` sizes the EKS node groups
 from it and the Kubernetes runtime takes each model's GPU request, node selector and
 tolerations from it.
 
@@ -172,7 +172,7 @@ class NodeGroupPlan:
 
 
 @dataclass(frozen=True)
-class Plan:
+class PlacementPlan:
     models: tuple[ModelPlacement, ...]
     node_groups: tuple[NodeGroupPlan, ...]
     unused_pools: tuple[str, ...] = ()
@@ -334,7 +334,7 @@ def _need(spec: ModelSpec) -> tuple[float, str]:
     return m.gpu_gib, m.how
 
 
-def plan(policies: Policies, pools: Sequence[NodePool], models: Iterable[str] | None = None) -> Plan:
+def plan(policies: Policies, pools: Sequence[NodePool], models: Iterable[str] | None = None) -> PlacementPlan:
     """Place ``models`` (default: every model in the policies) on ``pools``."""
     names = sorted(policies.models) if models is None else sorted(set(models))
     for name in names:
@@ -343,7 +343,7 @@ def plan(policies: Policies, pools: Sequence[NodePool], models: Iterable[str] | 
     placed = [_place(name, policies.models[name], pools, isolation.get(name, ())) for name in names]
     groups = _node_groups(placed, pools)
     used = {p.pool for p in placed}
-    return Plan(tuple(placed), groups, tuple(p.name for p in pools if p.name not in used))
+    return PlacementPlan(tuple(placed), groups, tuple(p.name for p in pools if p.name not in used))
 
 
 def _weights_gib(spec: ModelSpec) -> float:

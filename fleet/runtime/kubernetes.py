@@ -35,7 +35,7 @@ import httpx
 from fleet.catalog.registry import Registry
 from fleet.errors import ConfigError, FleetError, InvalidInput, NotFound
 from fleet.names import check_name, check_version
-from fleet.planning.placement import GPU_RESOURCE, ModelPlacement, Plan
+from fleet.planning.placement import GPU_RESOURCE, ModelPlacement, PlacementPlan
 from fleet.runtime import images
 from fleet.runtime.base import DeployFailed, Loaded
 from fleet.types import Deployment, ObjectStore
@@ -98,7 +98,7 @@ class KubeApi(Protocol):
 
 
 def config_map_data(
-    plan: Plan, images: dict[str, str], prometheus_url: str, timeouts_ms: dict[str, int]
+    plan: PlacementPlan, images: dict[str, str], prometheus_url: str, timeouts_ms: dict[str, int]
 ) -> dict[str, str]:
     """The data of the ``fleet-runtime`` ConfigMap (written by infra/, read by ``deploy``)."""
     return {

@@ -62,7 +62,7 @@ from fleet.errors import ConfigError, FleetError, InvalidInput
 from fleet.types import ObjectStore
 
 if TYPE_CHECKING:
-    from fleet.planning.placement import Plan
+    from fleet.planning.placement import PlacementPlan
     from fleet.planning.stack import NodePool
 
 log = logging.getLogger("fleet.usage.meter")
@@ -453,7 +453,7 @@ class _UsageCollector(Collector):
 # -- prices from the placement ----------------------------------------------------------------
 
 
-def prices_from_plan(result: Plan, pools: Sequence[NodePool], where: str) -> dict[str, Price]:
+def prices_from_plan(result: PlacementPlan, pools: Sequence[NodePool], where: str) -> dict[str, Price]:
     """Model → its price per replica-hour in ``result`` (what ``fleet plan`` prints as USD/h per
     replica: the replica's share of a node, at the node's ``hourly_usd`` in the stack file
     ``where``)."""

@@ -52,7 +52,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from fleet.catalog.policies import Generation as GenerationSpec
+from fleet.catalog.policies import GenerationPolicy as GenerationSpec
 from fleet.catalog.routes.table import choose_version, should_shadow
 from fleet.errors import FleetError
 from fleet.gateway import body as bodies
@@ -337,7 +337,7 @@ class _Kept:
         return self.sampled or self.shadow
 
 
-class Generation:
+class GenerationRoutes:
     def __init__(
         self,
         pipeline: Pipeline,
@@ -737,4 +737,4 @@ async def _until_disconnect(receive: Receive) -> None:
         pass
 
 
-__all__ = ["EventParser", "EventStreamResponse", "Events", "Generation", "NotGenerative", "Stream"]
+__all__ = ["EventParser", "EventStreamResponse", "Events", "GenerationRoutes", "NotGenerative", "Stream"]
