@@ -30,8 +30,12 @@ $(STAMP): requirements.lock pyproject.toml
 up: $(STAMP)
 	$(BIN)/fleet up
 
+# Test modules run on both cores (pytest-xdist): a module's tests stay together on one worker,
+# so its fixtures (a trained model, a served fleet) are built once; the slowest modules start
+# first (tests/conftest.py). TEST_WORKERS=0 runs them in this process, one after another.
+TEST_WORKERS ?= 2
 test: $(STAMP) system-deps lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The formatter, the linter and the layer contracts (all configured in pyproject.toml),
 # before any test: a change that breaks them fails here in seconds. `make format` rewrites

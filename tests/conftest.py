@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import tempfile
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -79,26 +80,31 @@ def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
     return request.getfixturevalue("s3_url")
 
 
+# BentoML reads its home once, at import, and flows called in-process build there: one home
+# per test process, never the user's (tests/serving_env.py's fleets share it).
+os.environ["BENTOML_HOME"] = tempfile.mkdtemp(prefix="fleet-bentoml-")
+os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
+
 # Prefect writes ~/.prefect on import unless told otherwise; every test process gets its own home.
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="fleet-prefect-home-"))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _reserve_port() -> socket.socket:
+    """A free port of 127.0.0.1, held (bound, not listening) so no other server gets it."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    return held
 
 
 # Prefect reads its settings once, when it is first imported, and test modules import it
 # while they are collected: the API URL must be in the environment before then, or a flow
 # called in-process starts an ephemeral server of its own (which times out on a busy
 # machine) instead of using the session's. The server itself starts only when a test asks
-# for ``prefect_api``; each xdist worker has its own.
-PREFECT_PORT = _free_port()
+# for ``prefect_api``, on the port held until then; each xdist worker has its own.
+_PREFECT_PORT = _reserve_port()
+PREFECT_PORT = _PREFECT_PORT.getsockname()[1]
 os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{PREFECT_PORT}/api"
 
 
@@ -112,6 +118,7 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from fleet.local.up import Prefect
 
     server = Prefect(tmp_path_factory.mktemp("prefect"), PREFECT_PORT)
+    _PREFECT_PORT.close()  # given up only now, to the server that takes it
     server.start()
     try:
         server.wait_ready()
@@ -150,3 +157,34 @@ def run(request: pytest.FixtureRequest) -> Callable[[Callable[[], Awaitable[None
             runner.run(bounded())
 
     return run
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    import shutil
+
+    shutil.rmtree(os.environ["BENTOML_HOME"], ignore_errors=True)
+
+
+# The slowest modules first (seconds each took alone on the 2-core build machine, from
+# `pytest --durations`): with `make test`'s workers (pytest-xdist, --dist loadfile) the
+# longest runs start at once instead of last, when one worker would wait on them alone.
+# Only the order changes; a module missing here runs after these, in the usual order.
+SLOWEST_FIRST = {
+    "test_rollout_flow.py": 430,
+    "test_generation_rollout.py": 160,
+    "test_generation.py": 115,
+    "test_experiment.py": 110,
+    "test_lazy_loading.py": 100,
+    "test_cli.py": 95,
+    "test_monitor_flow.py": 85,
+    "test_serving.py": 75,
+    "test_gateway.py": 70,
+    "test_up.py": 60,
+    "test_tensor_upstream.py": 55,
+    "test_sequential.py": 45,
+    "test_tiny_lm_train.py": 45,
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: -SLOWEST_FIRST.get(item.path.name, 0))  # stable: the rest keep their order

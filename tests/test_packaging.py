@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from bentos.tabular_mlp.train import TrainConfig, train_and_register
 from fleet.catalog.policies import load_policies
@@ -28,12 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_bento_of_another_artifact_under_the_same_tag_is_rebuilt(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     from fleet.runtime.bento import bentoml_home, package
 
-    if "bentoml" not in __import__("sys").modules:
-        monkeypatch.setenv("BENTOML_HOME", str(tmp_path / "bentoml"))
     bentoml_home()
     spec = load_policies(ROOT / "policies").model("demo-classifier")
     model = f"pack-{os.getpid()}"  # a model name no other test's BentoML store holds
@@ -75,7 +72,7 @@ def test_a_changed_byte_in_the_model_store_stops_the_service_before_it_is_ready(
         env.fleet("models", "train", model, "1.0.0", "--rows", "500", "--epochs", "1")
         env.fleet("package", model, "1.0.0")
         mv = Registry(FileStore(tmp_path / "store")).get(model, "1.0.0")
-        weights = tmp_path / "bentoml" / "models" / model / "1.0.0" / "model.pt"
+        weights = Path(env.env["BENTOML_HOME"]) / "models" / model / "1.0.0" / "model.pt"
         data = bytearray(weights.read_bytes())
         data[len(data) // 2] ^= 0x01
         weights.write_bytes(bytes(data))
@@ -184,7 +181,7 @@ def _dockerfile_user(dockerfile: str) -> tuple[str, dict[str, str]]:
 
 
 def test_model_pods_run_as_the_numeric_user_of_the_image_bentoml_builds(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     """`bentoml containerize` images end in ``USER bentoml`` (a name): with runAsNonRoot alone the
     kubelet refuses them (non-numeric user). The runtime's pods must name that user's numbers."""
@@ -192,8 +189,6 @@ def test_model_pods_run_as_the_numeric_user_of_the_image_bentoml_builds(
     from fleet.runtime.bento import bentoml_home, package
     from fleet.runtime.kubernetes import manifests
 
-    if "bentoml" not in __import__("sys").modules:  # BentoML reads its home once, at import
-        monkeypatch.setenv("BENTOML_HOME", str(tmp_path / "bentoml"))
     bentoml_home()
     import bentoml
 
@@ -251,7 +246,7 @@ def test_a_gpu_models_bento_installs_vllm_and_a_cpu_models_does_not() -> None:
 
 
 def test_bentos_of_two_families_build_one_after_the_other_in_one_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     """A flow packages in-process: after a tiny-lm Bento was built, the next tabular build was
     handed tiny-lm's ``service`` module by the import cache and failed; and a service that
@@ -261,8 +256,6 @@ def test_bentos_of_two_families_build_one_after_the_other_in_one_process(
     from bentos.tiny_lm.train import train_and_register as train_lm
     from fleet.runtime.bento import bentoml_home, package
 
-    if "bentoml" not in __import__("sys").modules:
-        monkeypatch.setenv("BENTOML_HOME", str(tmp_path / "bentoml"))
     bentoml_home()
     policies = load_policies(ROOT / "policies")
     store = FileStore(tmp_path / "store")
