@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from fleet.analysis.canary import Verdict, histogram_quantile, judge
+from fleet.analysis.canary import Verdict, judge
 from fleet.analysis.drift import psi
+from fleet.analysis.histograms import histogram_quantile
 from fleet.analysis.sources import MemoryMetrics, latency_bucket
 from fleet.catalog.policies import RolloutPolicy
 from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow

@@ -133,7 +133,7 @@ def test_prometheus_and_the_gateway_agree_on_what_each_version_served(tmp_path: 
                 assert abs(mine - theirs) <= 5 + bias * theirs, (mine, theirs, round(bias, 3))
         slow = prometheus.window(MODEL, "1.1.0", start, end)
         assert slow.errors["5xx"] > 0  # the canary's injected 500s
-        from fleet.analysis.canary import histogram_quantile
+        from fleet.analysis.histograms import histogram_quantile
 
         fast_p99 = histogram_quantile(0.99, prometheus.window(MODEL, "1.0.0", start, end).latency_ms)
         assert histogram_quantile(0.99, slow.latency_ms) > fast_p99  # 20 ms vs 5 ms upstream

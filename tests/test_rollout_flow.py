@@ -77,7 +77,7 @@ def _slo_p99_ms() -> float:
 
 def _stable_p99_ms(fleet: dict, stable: str, since: float) -> float:
     """The stable's upstream p99 since ``since``, as the latency gate reads it."""
-    from fleet.analysis.canary import histogram_quantile
+    from fleet.analysis.histograms import histogram_quantile
     from fleet.analysis.sources import open_metrics
 
     window = open_metrics(store=fleet["store"]).window(MODEL, stable, since, time.time())

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fleet.analysis.sequential import ErrorHarm, Evidence, TailHarm, bernoulli_bounds, spent_alpha
+from fleet.analysis.anytime import ErrorHarm, TailHarm, bernoulli_bounds
+from fleet.analysis.sequential import Evidence, spent_alpha
 from fleet.analysis.simulate import SCENARIOS, Scenario, Stream, run
 from fleet.catalog.policies import RolloutPolicy, load_policies
 from tests.test_rollout import ROOT

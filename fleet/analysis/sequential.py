@@ -2,41 +2,29 @@
 
 ``fleet.analysis.canary.judge`` re-tests each step's data at every tick at a fixed confidence, so
 its error rates hold per look, not per rollout; its margins are wide to keep false rollbacks
-down, and that is what makes good canaries wait. The tests here are *e-processes*: products
-of likelihood ratios, averaged over a few alternatives, that are nonnegative
-supermartingales while the canary is no worse than stable. By Ville's inequality such a
-process ever reaches ``1/alpha`` with probability at most ``alpha``, however often it is
-looked at and whenever the looking stops (Ramdas, Grünwald, Vovk & Shafer, "Game-theoretic
-statistics and safe anytime-valid inference", Statistical Science 2023). Confidence
-sequences are the same idea read as intervals (Howard, Ramdas, McAuliffe & Sekhon,
-"Time-uniform, nonparametric, nonasymptotic confidence sequences", Annals of Statistics
-2021). The use for deployments follows Lindon, Sanden & Shirikian, "Rapid regression
-detection in software deployments through sequential testing" (KDD 2022, Netflix).
+down, and that is what makes good canaries wait. The gates here are built on
+``fleet.analysis.anytime``'s e-processes and confidence sequences, whose error rates hold
+however often they are looked at. The use for deployments follows Lindon, Sanden &
+Shirikian, "Rapid regression detection in software deployments through sequential testing"
+(KDD 2022, Netflix).
 
-The tests, all pure functions of counts:
+The gates:
 
-- ``ErrorHarm``: is the canary's error rate above the stable's? Each tick, given how many
-  errors both arms made together, the number that fell on the canary is binomial with the
-  canary's share of the requests when the rates are equal (conditioning removes the
-  unknown rate). Against rate ratios ``PSI_GRID`` this is a mixture of likelihood ratios. The
-  exact law of that count is hypergeometric, smaller than the binomial in the convex order
-  (Hoeffding 1963), so the process stays a supermartingale; with the canary better, more so.
-- ``bernoulli_bounds``: a confidence sequence for one arm's rate (Robbins' beta-binomial
-  mixture, a mixture over three priors so that rare and common events both get tight
-  bounds). Two of them bound the *difference* of rates: upper bound of the canary minus
+- Errors: ``ErrorHarm``, the conditional test, finds harm while both arms serve. Two
+  ``bernoulli_bounds`` bound the *difference* of rates: upper bound of the canary minus
   lower bound of the stable below the margin is non-inferiority shown; the canary's lower
   bound above the stable's upper bound is harm shown (this one works at 100 % too, where
   the stable serves nothing and the conditional test has no data).
-- Predicted scores: the fixed-sample PSI test of ``fleet.analysis.canary`` (``_psi_above``)
+- Predicted scores: the fixed-sample PSI test of ``fleet.analysis.gates`` (``psi_above``)
   at alpha spent over the looks finds drift past ``max_prediction_psi``; the last step with
-  stable traffic also needs the PSI shown *within* it (``_psi_within``, at ``1 - power``
+  stable traffic also needs the PSI shown *within* it (``psi_within``, at ``1 - power``
   spent over the looks the same way, so a canary at the limit is promoted at most that
   often however long it holds). The other gates can pass on a few hundred requests, far
   too few for the harm test to see even twice the limit at its small alpha.
-- ``TailHarm``: are more than 1 % of the canary's answers slower than ``max_p99_ratio`` x
-  the stable's p99 (canary p99 above the allowed ratio)? A one-sample mixture of binomial
-  likelihood ratios against 1 %, with the threshold re-read from the stable arm each tick
-  (the stable's data never depends on the canary's).
+- Latency: ``TailHarm`` asks whether more than 1 % of the canary's answers are slower than
+  ``max_p99_ratio`` x the stable's p99 (canary p99 above the allowed ratio), with the
+  threshold re-read from the stable arm each tick (the stable's data never depends on the
+  canary's).
 
 The false-rollback budget (``max_false_rollback_rate``) is split between the gates; each
 gate's share splits again between its tests (a union bound: the rate of the whole rollout
@@ -51,111 +39,24 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import optimize, stats
+from scipy import stats
 
+from fleet.analysis import gates
+from fleet.analysis.anytime import TAIL_NULL, ErrorHarm, TailHarm, bernoulli_bounds
+from fleet.analysis.canary import Verdict, conclude
+from fleet.analysis.gates import GateResult, percent, points
+from fleet.analysis.histograms import count_above, filled, histogram_quantile
+from fleet.analysis.significance import growth_needed, more_samples, psi_within
 from fleet.types import ArmWindow
 
 if TYPE_CHECKING:
-    from fleet.analysis.canary import Verdict
     from fleet.catalog.policies import RolloutPolicy
 
-PSI_GRID = (2.0, 4.0, 10.0, 30.0)  # error-rate ratios the harm test bets on
-TAIL_GRID = (0.02, 0.035, 0.06, 0.1, 0.18, 0.32)  # share of canary answers above the limit, vs 1 %
-TAIL_NULL = 0.01  # p99: at most 1 % of answers above it
 STABLE_P99_ANSWERS = math.ceil(math.log(0.05) / math.log(1 - TAIL_NULL))  # 299
-BETA_PRIORS = ((1.0, 30.0), (1.0, 300.0), (1.0, 3000.0))  # Beta(a, b) mixed for one arm's rate
 # the false-rollback budget's split between the gates (their sum is 1); a gate that a policy
 # does not judge gives its share to no one: the rate stays under the budget
 SHARE = {"error_rate": 0.6, "latency": 0.25, "predictions": 0.15}
 CONDITIONAL = 0.8  # of the error gate's share: the conditional test's (the bounds' test has the rest)
-
-
-def _logmeanexp(values) -> float:  # noqa: ANN001
-    """log(mean(exp(values))) without overflow (plain Python: scipy's costs 100x on 4 values)."""
-    values = [float(v) for v in values]
-    top = max(values)
-    return top + math.log(sum(math.exp(v - top) for v in values) / len(values))
-
-
-def _start(log_e: tuple[float, ...], k: int) -> np.ndarray:
-    if log_e and len(log_e) != k:
-        raise ValueError(f"stored evidence has {len(log_e)} alternatives, expected {k}: it was kept by another version")
-    return np.asarray(log_e) if log_e else np.zeros(k)
-
-
-@dataclass(frozen=True)
-class ErrorHarm:
-    """The conditional test of "canary errors more often than stable": log e-value per rate
-    ratio in ``PSI_GRID``, equally weighted. ``update`` takes one tick's counts."""
-
-    log_e: tuple[float, ...] = ()  # one per PSI_GRID value; () before any evidence
-
-    def update(self, canary_requests: int, canary_errors: int, stable_requests: int, stable_errors: int) -> ErrorHarm:
-        errors = canary_errors + stable_errors
-        if errors == 0 or canary_requests == 0 or stable_requests == 0:
-            return self  # nothing to compare this tick: the likelihood ratio is 1
-        psi = np.asarray(PSI_GRID)
-        q0 = canary_requests / (canary_requests + stable_requests)
-        q1 = psi * canary_requests / (psi * canary_requests + stable_requests)
-        step = canary_errors * np.log(q1 / q0) + stable_errors * np.log((1 - q1) / (1 - q0))
-        return ErrorHarm(tuple((_start(self.log_e, len(psi)) + step).tolist()))
-
-    @property
-    def e_value(self) -> float:
-        return math.exp(min(_logmeanexp(np.asarray(self.log_e)), 700.0)) if self.log_e else 1.0
-
-
-@dataclass(frozen=True)
-class TailHarm:
-    """The one-sample test of "more than 1 % of canary answers are above the limit": log
-    e-value per alternative share in ``TAIL_GRID``. ``update`` takes one tick's canary answers
-    and how many were above the limit (fractional: read inside a histogram bucket)."""
-
-    log_e: tuple[float, ...] = ()  # one per TAIL_GRID value; () before any evidence
-
-    def update(self, answered: int, above: float) -> TailHarm:
-        if answered <= 0:
-            return self
-        above = min(max(above, 0.0), float(answered))
-        p1 = np.asarray(TAIL_GRID)
-        step = above * np.log(p1 / TAIL_NULL) + (answered - above) * np.log((1 - p1) / (1 - TAIL_NULL))
-        return TailHarm(tuple((_start(self.log_e, len(p1)) + step).tolist()))
-
-    @property
-    def e_value(self) -> float:
-        return math.exp(min(_logmeanexp(np.asarray(self.log_e)), 700.0)) if self.log_e else 1.0
-
-
-def _log_mixture(x: float, n: float, p: float) -> float:
-    """log of the beta-binomial mixture martingale for "the rate is p" after x events in n."""
-    terms = [_betaln(a + x, b + n - x) - _betaln(a, b) for a, b in BETA_PRIORS]
-    return _logmeanexp(terms) - (x * math.log(p) + (n - x) * math.log1p(-p))
-
-
-def _betaln(a: float, b: float) -> float:
-    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
-
-
-def bernoulli_bounds(x: float, n: float, level: float) -> tuple[float, float]:
-    """(lower, upper): a confidence sequence for a rate after ``x`` events in ``n`` trials,
-    holding at every n at once with probability at least ``1 - level`` (each side
-    ``level``: ask for the side you need). ``(0, 40, 0.05)`` → ``(0.0, ~0.078)``."""
-    if n <= 0:
-        return 0.0, 1.0
-    x = min(max(x, 0.0), n)
-    threshold = math.log(1 / level)
-    mle = x / n
-
-    def over(p: float) -> float:
-        return _log_mixture(x, n, p) - threshold
-
-    tiny = 1e-12
-    at = min(max(mle, tiny), 1 - tiny)
-    lo = hi = mle
-    if over(at) < 0:  # the estimate itself is in the sequence (it always is but at tiny n)
-        lo = optimize.brentq(over, tiny, at, xtol=1e-10) if over(tiny) > 0 else 0.0
-        hi = optimize.brentq(over, at, 1 - tiny, xtol=1e-10) if over(1 - tiny) > 0 else 1.0
-    return lo, hi
 
 
 @dataclass(frozen=True)
@@ -229,8 +130,6 @@ def judge(
     ``min_samples`` more canary requests without harm. Undecided at ``hold_deadline_s`` into
     a step rolls back, as in ``fleet.analysis.canary``.
     """
-    from fleet.analysis import canary
-
     g = policy.gates
     alpha, beta = policy.max_false_rollback_rate, 1.0 - policy.power
     weight = policy.steps[step]
@@ -238,7 +137,7 @@ def judge(
     deciding = step == _deciding_step(policy.steps)
     evidence = evidence.looked()
     results = [
-        canary._samples(arms.step_stable if concurrent else arms.step_canary, arms.step_canary, policy.min_samples)
+        gates.samples(arms.step_stable if concurrent else arms.step_canary, arms.step_canary, policy.min_samples)
     ]
     generative = g.max_tpot_p99_ratio is not None or g.max_output_length_psi is not None
     err, evidence = _errors(
@@ -272,29 +171,36 @@ def judge(
     drift = _drift(arms, policy, spent_alpha(share, evidence.looks), concurrent, generative, within)
     if all(r.status == "pass" for r in [*results, *drift]):
         drift = _drift(arms, policy, share / len(policy.steps), concurrent, generative, within)
-    return _outcome([*results, *drift], arms, policy, step_started, deciding), evidence
+    verdict = conclude(
+        [*results, *drift],
+        at=arms.tick_canary.end,
+        step_started=step_started,
+        hold_deadline_s=policy.hold_deadline_s,
+        canary_requests=arms.step_canary.requests,
+        stable_requests=arms.step_stable.requests,
+        advanced="advance: no harm shown" + ("; non-inferiority shown" if deciding else ""),
+    )
+    return verdict, evidence
 
 
 def _drift(
     arms: Arms, policy: RolloutPolicy, alpha: float, concurrent: bool, generative: bool, within: float | None = None
-) -> list:
+) -> list[GateResult]:
     """Predicted scores (or a generation's output lengths) and exact-match labels, at ``alpha``:
     both arms since the first step, while both serve (at 100 % the inputs differ). With
     ``within`` (the last step with stable traffic) the scores pass only once their PSI is
     shown within the limit at that level, and are pending until then."""
-    from fleet.analysis import canary
-
     g, results = policy.gates, []
     if concurrent and not generative:
-        scores = canary._predictions(arms.stable_all, arms.canary_all, policy.min_samples, g.max_prediction_psi, alpha)
+        scores = gates.predictions(arms.stable_all, arms.canary_all, policy.min_samples, g.max_prediction_psi, alpha)
         if within is not None and scores.status == "pass":
             scores = _psi_shown_within(scores, arms, g.max_prediction_psi, within)
         results.append(scores)
     elif concurrent and g.max_output_length_psi is not None:
         results.append(
-            canary._predictions(
-                canary._histogram(arms.stable_all, "output_tokens"),
-                canary._histogram(arms.canary_all, "output_tokens"),
+            gates.predictions(
+                filled(arms.stable_all, "output_tokens"),
+                filled(arms.canary_all, "output_tokens"),
                 policy.min_samples,
                 g.max_output_length_psi,
                 alpha,
@@ -304,33 +210,29 @@ def _drift(
             )
         )
     if g.max_exact_match_drop is not None:
-        results.append(
-            canary._exact_match(arms.stable_all, arms.canary_all, g.min_labels, g.max_exact_match_drop, alpha)
-        )
+        results.append(gates.exact_match(arms.stable_all, arms.canary_all, g.min_labels, g.max_exact_match_drop, alpha))
     return results
 
 
-def _psi_shown_within(result, arms: Arms, limit: float, level: float):  # noqa: ANN001, ANN202
+def _psi_shown_within(result: GateResult, arms: Arms, limit: float, level: float) -> GateResult:
     """``result`` (the scores' harm test, passed) kept as a pass if the populations' PSI is
     shown below ``limit`` at ``level``, else pending: "no drift found" on a few hundred rows
     is not "no drift", as "no increase found" is not "within the margin" for errors."""
-    from fleet.analysis.canary import _more, _psi_within, _scaled
-
     pc, ps = np.asarray(arms.canary_all.predictions), np.asarray(arms.stable_all.predictions)
-    p = _psi_within(pc, ps, limit)
+    p = psi_within(pc, ps, limit)
     if p < level:
         return replace(result, explanation=f"{result.explanation}; within it shown (p={p:.2g} < {level:.2g})")
     nc, ns = int(pc.sum()), int(ps.sum())
     n_eff, dof = 1 / (1 / nc + 1 / ns), max(1, np.count_nonzero(pc + ps) - 1)
     # the statistic's spread at the limit, in PSI: more rows shrink it about as 1/sqrt(n)
     se = math.sqrt(2 * (dof + 2 * limit * n_eff)) / n_eff
-    more = _more(float(stats.norm.isf(level)), se, limit - result.observed) if result.observed < limit else None
+    more = growth_needed(float(stats.norm.isf(level)), se, limit - result.observed) if result.observed < limit else None
     return replace(
         result,
         status="pending",
         p_value=p,
-        more_canary=_scaled(nc, more),
-        more_stable=_scaled(ns, more),
+        more_canary=more_samples(nc, more),
+        more_stable=more_samples(ns, more),
         explanation=f"{result.explanation}; within it not yet shown (p={p:.2g}, needs < {level:.2g})",
     )
 
@@ -347,11 +249,9 @@ def _errors(
     alpha: float,
     beta: float,
     evidence: Evidence,
-    deciding: bool,  # noqa: ANN202
+    deciding: bool,
     concurrent: bool = True,
-):
-    from fleet.analysis.canary import GateResult, _pct, _pp
-
+) -> tuple[GateResult, Evidence]:
     tc, ts = arms.tick_canary, arms.tick_stable
     harm = evidence.errors.update(tc.requests, tc.error_count, ts.requests, ts.error_count)
     evidence = replace(evidence, errors=harm)
@@ -364,7 +264,8 @@ def _errors(
     if nc == 0:
         return GateResult("error_rate", "pending", None, margin, "pp", "no canary requests yet", None, 1, 0), evidence
     rates = (
-        f"canary {xc}/{nc} = {_pct(xc / nc)}, stable {xs}/{ns} = {_pct(xs / ns) if ns else '-'} since the rollout began"
+        f"canary {xc}/{nc} = {percent(xc / nc)}, stable {xs}/{ns} = {percent(xs / ns) if ns else '-'} "
+        "since the rollout began"
     )
     diff = xc / nc - (xs / ns if ns else 0.0)
     if harm.e_value >= 1 / (alpha * CONDITIONAL):
@@ -391,8 +292,8 @@ def _errors(
                 diff,
                 margin,
                 "pp",
-                f"error rate {rates}: the canary's is at least {_pct(lo_c)}, the stable's at most "
-                f"{_pct(hi_s)} (confidence sequences)",
+                f"error rate {rates}: the canary's is at least {percent(lo_c)}, the stable's at most "
+                f"{percent(hi_s)} (confidence sequences)",
                 None,
             ), evidence
     if not deciding or margin == 0.0:
@@ -412,7 +313,7 @@ def _errors(
             diff,
             margin,
             "pp",
-            f"error rate {rates}: the increase is below {_pp(bound)}, within the margin {_pp(margin)}",
+            f"error rate {rates}: the increase is below {points(bound)}, within the margin {points(margin)}",
         ), evidence
     return GateResult(
         "error_rate",
@@ -420,7 +321,7 @@ def _errors(
         diff,
         margin,
         "pp",
-        f"error rate {rates}: the increase is below {_pp(bound)} so far, not yet within {_pp(margin)}",
+        f"error rate {rates}: the increase is below {points(bound)} so far, not yet within {points(margin)}",
         None,
         _more_needed(nc, bound, margin),
         0,
@@ -437,15 +338,13 @@ def _tail(
     evidence: Evidence,
     deciding: bool,
     n: int,
-):  # noqa: ANN202
-    from fleet.analysis.canary import GateResult, _count_above, _histogram, histogram_quantile
-
-    stable_all = np.asarray(getattr(_histogram(arms.stable_all, hist), hist))
-    canary_all = np.asarray(getattr(_histogram(arms.canary_all, hist), hist))
-    tick = np.asarray(getattr(_histogram(arms.tick_canary, hist), hist))
+) -> tuple[GateResult, Evidence]:
+    stable_all = np.asarray(getattr(filled(arms.stable_all, hist), hist))
+    canary_all = np.asarray(getattr(filled(arms.canary_all, hist), hist))
+    tick = np.asarray(getattr(filled(arms.tick_canary, hist), hist))
     ns, nc = int(stable_all.sum()), int(canary_all.sum())
     # the limit is made of the stable's p99, so its estimate must be fair first: 299 answers,
-    # fleet.analysis.canary's rule. The limit is re-read every tick as stable answers add up; an
+    # fleet.analysis.gates' latency rule. The limit is re-read every tick as stable answers add up; an
     # estimate low by chance lowers the limit and makes a false rollback more likely, so this
     # gate's rate holds only approximately (bench/rollout.py measures whole rollouts)
     ns_needed = max(n, STABLE_P99_ANSWERS)
@@ -463,9 +362,9 @@ def _tail(
         ), evidence
     p99s = histogram_quantile(1 - TAIL_NULL, stable_all)
     limit = ratio * p99s
-    tail = evidence.tail(gate).update(int(tick.sum()), _count_above(tick, limit))
+    tail = evidence.tail(gate).update(int(tick.sum()), count_above(tick, limit))
     evidence = evidence.with_tail(gate, tail)
-    above = min(float(nc), _count_above(canary_all, limit))
+    above = min(float(nc), count_above(canary_all, limit))
     p99c = histogram_quantile(1 - TAIL_NULL, canary_all)
     reading = (
         f"{'p99' if hist == 'latency_ms' else 'p99 time per output token:'} canary {p99c:.1f} ms / stable "
@@ -515,42 +414,7 @@ def _more_needed(n: int, bound: float, target: float) -> int | None:
     return max(1, math.ceil(n * (bound / target - 1)))
 
 
-def _outcome(results: list, arms: Arms, policy: RolloutPolicy, step_started: float, deciding: bool) -> Verdict:  # noqa: ARG001
-    from fleet.analysis.canary import GateResult, Verdict, _clock, _more_text, _most
-
-    at, deadline = arms.tick_canary.end, step_started + policy.hold_deadline_s
-    breached = [r for r in results if r.status == "breach"]
-    pending = [r for r in results if r.status == "pending"]
-    if breached:
-        outcome, summary = "rollback", "roll back: " + "; ".join(r.explanation for r in breached)
-    elif not pending:
-        outcome, summary = "advance", "advance: no harm shown" + ("; non-inferiority shown" if deciding else "")
-    elif at >= deadline:
-        undecided = ", ".join(f"{r.gate} ({_more_text(r)})" for r in pending)
-        expl = (
-            f"still undecided {at - step_started:.0f} s into the step, hold_deadline_s is "
-            f"{policy.hold_deadline_s:g} s: {undecided}"
-        )
-        results.append(GateResult("deadline", "breach", at - step_started, policy.hold_deadline_s, "s", expl))
-        outcome, summary = "rollback", "roll back: " + expl
-    else:
-        outcome = "hold"
-        shown = [r for r in pending if r.gate == "samples"] or pending
-        summary = f"hold (a failure from {_clock(deadline)} on): " + "; ".join(r.explanation for r in shown)
-    return Verdict(
-        outcome=outcome,
-        gates=tuple(results),
-        at=at,
-        deadline=deadline,
-        canary_requests=arms.step_canary.requests,
-        stable_requests=arms.step_stable.requests,
-        summary=summary,
-        more_canary=_most(r.more_canary for r in pending),
-        more_stable=_most(r.more_stable for r in pending),
-    )
-
-
-def guardrails(arms: Arms, policy: RolloutPolicy, evidence: Evidence) -> tuple[list, Evidence]:
+def guardrails(arms: Arms, policy: RolloutPolicy, evidence: Evidence) -> tuple[list[GateResult], Evidence]:
     """Harm tests only (an A/B experiment's guardrails): the error-rate and latency gates of
     ``judge`` as at a step that need not show non-inferiority. A ``breach`` among the results
     is harm shown, at the policy's ``max_false_rollback_rate``; nothing here ever holds."""

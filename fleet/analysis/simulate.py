@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleet.analysis.canary import histogram_quantile, judge
+from fleet.analysis.canary import judge
+from fleet.analysis.histograms import histogram_quantile
 from fleet.analysis.sequential import Arms, Evidence
 from fleet.analysis.sequential import judge as sequential_judge
 from fleet.catalog.policies import RolloutPolicy

@@ -3,7 +3,7 @@
 Each is checked against scipy in tests/test_drift.py. PSI takes counts per bin and JS counts
 or proportions, one row per feature (a 1-D array is one feature); Wasserstein and KS take two
 sorted samples. ``psi`` is the fleet's only PSI: drift monitoring, the canary's prediction
-gate (``fleet.analysis.canary``) and retraining's expected shift (``flows/retrain.py``) all read it.
+gate (``fleet.analysis.gates``) and retraining's expected shift (``flows/retrain.py``) all read it.
 """
 
 from __future__ import annotations
