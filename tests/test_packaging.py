@@ -245,6 +245,32 @@ def test_a_gpu_models_bento_installs_vllm_and_a_cpu_models_does_not() -> None:
         assert "vllm" not in (ROOT / locked).read_text().lower(), f"vllm must never be in {locked}"
 
 
+@pytest.mark.parametrize("family_name", ["tabular-mlp", "tiny-lm"])
+def test_every_module_a_bentos_files_import_from_their_folder_is_shipped_in_it(family_name: str) -> None:
+    """A Bento holds its family's ``BENTO_FILES`` and the shared files at its root, and its
+    modules import each other flat (``from scheduler import ...``; in the repo, relatively):
+    a module split out of a served one and left off ``BENTO_FILES`` fails only in the Bento."""
+    import ast
+
+    from fleet.runtime.bento import SHARED_FILES, family_module
+
+    family = family_module(family_name)
+    folder = Path(family.__file__).parent
+    local = {p.stem for p in folder.glob("*.py")} | {p.stem for p in folder.parent.glob("*.py")}
+    shipped = {Path(n).stem for n in (*family.BENTO_FILES, *SHARED_FILES)}
+    for name in family.BENTO_FILES:
+        for node in ast.walk(ast.parse((folder / name).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                wanted = [node.module.split(".")[0]] if node.level <= 1 else []
+            elif isinstance(node, ast.Import):
+                wanted = [a.name.split(".")[0] for a in node.names]
+            else:
+                continue
+            for module in wanted:
+                if module in local and module != "__init__":
+                    assert module in shipped, f"{name} imports {module}, which {family_name}'s Bento does not carry"
+
+
 def test_bentos_of_two_families_build_one_after_the_other_in_one_process(
     tmp_path: Path,
 ) -> None:

@@ -12,16 +12,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from bentos.tiny_lm.engine import Params
+from bentos.tiny_lm.engine_choice import EngineUnavailable, choose_engine, resolve_device
 from bentos.tiny_lm.scheduler import QueueFull, TooLong
-from bentos.tiny_lm.vllm_engine import (
-    EngineUnavailable,
-    VLLMEngine,
-    choose_engine,
-    engine_args,
-    gpu_memory_utilization,
-    resolve_device,
-    sampling_kwargs,
-)
+from bentos.tiny_lm.vllm_args import engine_args, gpu_memory_utilization, sampling_kwargs
+from bentos.tiny_lm.vllm_engine import VLLMEngine
 from tests.test_tiny_lm_engine import Collected
 
 

@@ -5,7 +5,7 @@ own trained model, or any Hugging Face causal LM registered the same way. The en
 ``engine.Engine`` (our KV cache and continuous batching, on CPU or CUDA) or, on CUDA with
 ``vllm`` installed, ``vllm_engine.VLLMEngine`` (vLLM's ``AsyncLLM`` behind the same
 interface); ``FLEET_DEVICE`` (auto | cuda | cpu) and ``FLEET_ENGINE`` (auto | vllm | native)
-decide, as ``vllm_engine.resolve_device`` / ``choose_engine`` say. Which one serves, on
+decide, as ``engine_choice.resolve_device`` / ``choose_engine`` say. Which one serves, on
 which device and why, is in ``/engine``, ``/metadata`` and the replica's log. The folder's
 files are checked against the manifest's listing (``fleet_build.json`` ``files``) at import
 and again before the weights load, as in every family; nothing is fetched from a hub
@@ -47,10 +47,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported:
 
 import bentoml
 from bentoml.exceptions import BadInput, ServiceUnavailable
-from integrity import verify_folder  # noqa: I001 - the Bento holds these files at its root
+from engine_choice import choose_engine, resolve_device, try_import_vllm  # noqa: I001 - the Bento holds these files at its root
+from integrity import verify_folder
 from pydantic import BaseModel, Field
 from scheduler import Event, Params, QueueFull, Scheduler, TooLong
-from vllm_engine import VLLMEngine, choose_engine, engine_args, gpu_total_bytes, resolve_device, try_import_vllm
+from vllm_args import engine_args, gpu_total_bytes
+from vllm_engine import VLLMEngine
 
 mark("imported")
 

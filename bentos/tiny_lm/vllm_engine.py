@@ -10,36 +10,22 @@ then one final event with the finish reason (``stop``, ``length``, ``cancelled``
 graphs) on an event loop of its own thread, so callers submit from any thread and hear
 through their sink, as with the native engine.
 
-Which engine a replica runs is ``choose_engine``'s (pure): ``FLEET_ENGINE`` = ``auto``
-(default) takes vLLM on CUDA when ``vllm`` imports and the version needs nothing only the
-native engine does (int8 weights by torchao, rehearsal faults), else the native engine;
-``vllm`` insists (the replica fails to start, saying why, if it cannot); ``native`` never
-takes vLLM. ``FLEET_DEVICE`` = ``auto`` | ``cuda`` | ``cpu`` picks the device
-(``resolve_device``).
+Which engine a replica runs is ``engine_choice.choose_engine``'s; the arguments vLLM gets
+are ``vllm_args``'s. vLLM is imported only by ``start()`` (and by
+``engine_choice.try_import_vllm``): its wheel is CUDA-only, so it is declared for the GPU
+image alone (``GPU_PACKAGES`` in ``__init__.py``, which ``fleet package`` adds for a policy
+with ``resources.gpu > 0``) and is never in the project's lock.
 
-vLLM is imported only by ``start()`` (and by ``try_import_vllm``): its wheel is CUDA-only, so
-it is declared for the GPU image alone (``GPU_PACKAGES`` in ``__init__.py``, which ``fleet
-package`` adds for a policy with ``resources.gpu > 0``) and is never in the project's lock.
+Ours → vLLM's, in the adapter:
 
-Ours → vLLM's:
-
-* ``Params`` → ``SamplingParams`` (``sampling_kwargs``): ``max_tokens``, ``min_tokens``,
-  ``temperature`` (0: greedy), ``top_p``, ``stop``, ``seed`` as they are; stop strings are
-  not returned, and vLLM holds back text that may start one, as ours does. Output comes as
+* ``Params`` → ``SamplingParams`` (``vllm_args.sampling_kwargs``): vLLM holds back text that
+  may start a stop string, as ours does. Output comes as
   deltas (``RequestOutputKind.DELTA``). ``priority``: interactive 0, batch 1 under
   ``scheduling_policy="priority"`` — without the native scheduler's aging, so under
   sustained interactive load a batch request waits. ``timeout_s``: the request is aborted
   at its deadline (``timeout``); a caller that leaves aborts it (``cancelled``). The prompt
   goes in as token ids from the version's own tokenizer, so ``prompt_tokens`` is what the
   native engine counts; an end-of-sequence token is not counted in ``completion_tokens``.
-* engine arguments (``engine_args``): ``generation.max_running`` → ``max_num_seqs``, the
-  model's context, capped by placement's ``FLEET_CONTEXT_TOKENS``, → ``max_model_len``,
-  ``FLEET_TENSOR_PARALLEL`` (the Kubernetes runtime sets it from placement) →
-  ``tensor_parallel_size``, the policy's ``gpu_memory_gib`` over the GPU's memory →
-  ``gpu_memory_utilization`` (``FLEET_GPU_MEMORY_UTILIZATION`` overrides), ``FLEET_VLLM_DTYPE`` (default bfloat16: vLLM's attention kernels are for
-  16-bit) and ``FLEET_VLLM_ENFORCE_EAGER`` (1: no CUDA graphs, a faster start).
-  ``generation.kv_budget_tokens`` and ``max_prefill_tokens`` have no counterpart: vLLM's
-  cache is what the memory left after the weights holds, in blocks, and it chunks prefills.
 * ``snapshot()``: running (has produced a token), waiting, KV positions those hold
   (prompt + generated: vLLM's blocks round it up), the cache's capacity in positions
   (blocks × block size), tokens in and out, finishes by reason. vLLM's own step counts and
@@ -60,172 +46,13 @@ from typing import Any
 
 try:  # in the repo, a package; in a Bento, files at its root
     from .scheduler import Event, Params, QueueFull, Sequence, Sink, prompt_ids
+    from .vllm_args import sampling_kwargs
 except ImportError:
     from scheduler import Event, Params, QueueFull, Sequence, Sink, prompt_ids  # type: ignore[no-redef]
+    from vllm_args import sampling_kwargs  # type: ignore[no-redef]
 
-ENGINES = ("auto", "vllm", "native")
-DEVICES = ("auto", "cuda", "cpu")
 PRIORITY = {"interactive": 0, "batch": 1}  # vLLM: lower goes first
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's own default, when the policy names no gpu_memory_gib
-MIN_GPU_MEMORY_UTILIZATION, MAX_GPU_MEMORY_UTILIZATION = 0.05, 0.95
 START_TIMEOUT_S = 900.0  # loading, profiling memory, compiling and capturing CUDA graphs
-
-
-class EngineUnavailable(RuntimeError):
-    """What the environment asks for cannot run here (the replica should not start)."""
-
-
-# -- which device, which engine (pure) ------------------------------------------------------------
-def resolve_device(requested: str | None, cuda_available: bool) -> str:
-    """``FLEET_DEVICE`` (``auto``, ``cuda``, ``cpu``; unset is ``auto``) → ``cuda`` or ``cpu``."""
-    want = (requested or "auto").strip().lower()
-    if want not in DEVICES:
-        raise ValueError(f"FLEET_DEVICE is {requested!r}; expected one of {', '.join(DEVICES)}")
-    if want == "cuda" and not cuda_available:
-        raise EngineUnavailable(
-            "FLEET_DEVICE=cuda, but torch sees no CUDA device (a CPU build of torch, no driver, or "
-            "CUDA_VISIBLE_DEVICES hides it); set FLEET_DEVICE=cpu or auto"
-        )
-    if want == "auto":
-        return "cuda" if cuda_available else "cpu"
-    return want
-
-
-@dataclass(frozen=True)
-class EngineChoice:
-    engine: str  # "vllm" or "native"
-    reason: str  # why, for the replica's log and /metadata
-
-
-def choose_engine(
-    requested: str | None,
-    *,
-    device: str,
-    vllm_import: Callable[[], str | None],
-    quantized: bool = False,
-    faults: bool = False,
-) -> EngineChoice:
-    """``FLEET_ENGINE`` (``auto``, ``vllm``, ``native``; unset is ``auto``) → the engine.
-
-    ``vllm_import()`` returns None when ``vllm`` imports, else why not; it is called only
-    when nothing else rules vLLM out (importing vLLM takes seconds)."""
-    want = (requested or "auto").strip().lower()
-    if want not in ENGINES:
-        raise ValueError(f"FLEET_ENGINE is {requested!r}; expected one of {', '.join(ENGINES)}")
-    if want == "native":
-        return EngineChoice("native", "FLEET_ENGINE=native")
-    blockers = []
-    if device != "cuda":
-        blockers.append(f"the replica runs on {device} and vLLM's engine is CUDA-only here")
-    if quantized:
-        blockers.append("this version's int8 weights (fleet_quantization.json, torchao) are the native engine's")
-    if faults:
-        blockers.append("this version's rehearsal faults (fleet_faults.json) are the native engine's")
-    if not blockers and (error := vllm_import()) is not None:
-        blockers.append(f"vllm does not import ({error})")
-    if not blockers:
-        return EngineChoice("vllm", "FLEET_ENGINE=vllm" if want == "vllm" else "CUDA, and vllm imports")
-    if want == "vllm":
-        raise EngineUnavailable(f"FLEET_ENGINE=vllm, but {'; '.join(blockers)}; set FLEET_ENGINE=native or auto")
-    return EngineChoice("native", "; ".join(blockers))
-
-
-def try_import_vllm() -> str | None:
-    """None when ``vllm`` imports, else the error (a missing wheel, or CUDA libraries that fail to load)."""
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - any failure means: not this engine
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-# -- ours → vLLM's (pure) ---------------------------------------------------------------------------
-def sampling_kwargs(params: Params) -> dict[str, Any]:
-    """``SamplingParams`` keyword arguments for one request (the adapter adds the output kind)."""
-    return {
-        "n": 1,
-        "max_tokens": params.max_tokens,
-        "min_tokens": params.min_tokens,
-        "temperature": float(params.temperature),
-        "top_p": float(params.top_p),
-        "stop": list(params.stop),
-        "seed": params.seed,
-        "skip_special_tokens": True,
-        "include_stop_str_in_output": False,
-    }
-
-
-def gpu_memory_utilization(override: str | None, gpu_memory_gib: float, gpu_total_bytes: int) -> float:
-    """The fraction of one GPU's memory vLLM may take: ``FLEET_GPU_MEMORY_UTILIZATION`` if set,
-    else the policy's ``gpu_memory_gib`` (per GPU) over the GPU's memory, else vLLM's default."""
-    if override:
-        value = float(override)
-        if not 0.0 < value <= 1.0:
-            raise ValueError(f"FLEET_GPU_MEMORY_UTILIZATION is {override!r}; expected a fraction in (0, 1]")
-        return value
-    if gpu_memory_gib > 0 and gpu_total_bytes > 0:
-        share = gpu_memory_gib * 2**30 / gpu_total_bytes
-        return round(min(MAX_GPU_MEMORY_UTILIZATION, max(MIN_GPU_MEMORY_UTILIZATION, share)), 4)
-    return DEFAULT_GPU_MEMORY_UTILIZATION
-
-
-def engine_args(
-    model_path: str,
-    *,
-    generation: Mapping[str, Any],
-    context: int,
-    env: Mapping[str, str],
-    gpu_memory_gib: float = 0.0,
-    gpu_total_bytes: int = 0,
-) -> dict[str, Any]:
-    """``AsyncEngineArgs`` keyword arguments for a version's folder and its policy.
-
-    ``context``: the model's own (its config's ``max_position_embeddings``); placement's
-    ``FLEET_CONTEXT_TOKENS``, the context its KV cache was sized for, caps it."""
-    tensor_parallel = _whole(env, "FLEET_TENSOR_PARALLEL", "1", "GPUs one replica spans")
-    sized_for = _whole(env, "FLEET_CONTEXT_TOKENS", str(context), "the context placement sized the KV cache for")
-    return {
-        "model": model_path,
-        "tokenizer": model_path,
-        "dtype": env.get("FLEET_VLLM_DTYPE") or "bfloat16",
-        "max_model_len": min(int(context), sized_for),
-        "max_num_seqs": int(generation.get("max_running", 32)),
-        "tensor_parallel_size": tensor_parallel,
-        "gpu_memory_utilization": gpu_memory_utilization(
-            env.get("FLEET_GPU_MEMORY_UTILIZATION"), gpu_memory_gib, gpu_total_bytes
-        ),
-        "enforce_eager": (env.get("FLEET_VLLM_ENFORCE_EAGER") or "0").strip().lower() in ("1", "true", "yes"),
-        "scheduling_policy": "priority",
-        "seed": 0,
-        "disable_log_stats": False,  # RequestOutput.metrics (the queue time) needs the stats
-    }
-
-
-def _whole(env: Mapping[str, str], name: str, default: str, what: str) -> int:
-    """A whole number >= 1 from ``env[name]`` (``default`` when unset), or ``ValueError`` naming it."""
-    raw = env.get(name) or default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{name} is {raw!r}; expected a whole number >= 1 ({what})")
-    return value
-
-
-def gpu_total_bytes() -> int:
-    """The first visible GPU's memory, read through NVML (vLLM's dependency), so that this
-    process does not initialize CUDA before vLLM starts its workers; 0 if unknown."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - unknown: the policy's share cannot be computed
-        return 0
 
 
 def _vllm_factories(args: Mapping[str, Any]) -> tuple[Callable[[], Any], Callable[[dict], Any]]:
