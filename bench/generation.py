@@ -396,9 +396,9 @@ def engine_alone(artifact: Path, batches: tuple[int, ...], tokens: int, prompts:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from bentos.tiny_lm.answers import quiet
     from bentos.tiny_lm.engine import Engine, Params
     from bentos.tiny_lm.scheduler import Scheduler
-    from bentos.tiny_lm.train import quiet
 
     with quiet():
         tokenizer = AutoTokenizer.from_pretrained(artifact)
@@ -542,7 +542,7 @@ class Bench:
         return bench_policies(self.policies, SOURCE, {CB: continuous, SEQ: one_at_a_time})
 
     def train(self, preset: str) -> None:
-        from bentos.tiny_lm.train import PRESETS
+        from bentos.tiny_lm.config import PRESETS
         from fleet.catalog.registry import Registry
 
         registry = Registry(self.store())

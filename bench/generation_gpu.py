@@ -118,7 +118,8 @@ def write_policies(bench: Bench, gpu_memory_gib: float) -> dict:
 
 def register(bench: Bench, args: argparse.Namespace) -> dict:
     """The version under both bench names (trained here, or ``--model-dir``); reused from ``--root``."""
-    from bentos.tiny_lm.train import PRESETS, train
+    from bentos.tiny_lm.config import PRESETS
+    from bentos.tiny_lm.train import train
     from fleet.catalog.registry import Registry, TensorSpec, VersionMetadata
 
     os.environ["FLEET_ACTOR"] = bench.env["FLEET_ACTOR"]

@@ -50,7 +50,8 @@ def load(store, model: str, version: str, tmp: Path):  # noqa: ANN001, ANN201
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from bentos.tiny_lm.train import QUANTIZATION, quantize_model, quiet, weight_bytes
+    from bentos.tiny_lm.answers import quiet
+    from bentos.tiny_lm.train import QUANTIZATION, quantize_model, weight_bytes
     from fleet.catalog.registry import Registry
 
     folder = Registry(store).fetch(model, version, tmp / version)

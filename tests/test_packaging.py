@@ -278,7 +278,7 @@ def test_bentos_of_two_families_build_one_after_the_other_in_one_process(
     handed tiny-lm's ``service`` module by the import cache and failed; and a service that
     registered metrics at import failed its second build (and left the process in the deleted
     build folder)."""
-    from bentos.tiny_lm.train import PRESETS
+    from bentos.tiny_lm.config import PRESETS
     from bentos.tiny_lm.train import train_and_register as train_lm
     from fleet.runtime.bento import bentoml_home, package
 

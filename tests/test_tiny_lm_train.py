@@ -12,14 +12,12 @@ from pathlib import Path
 import pytest
 
 from bentos.tiny_lm import data
+from bentos.tiny_lm.answers import evaluate, generate
+from bentos.tiny_lm.config import PRESETS, TrainConfig
 from bentos.tiny_lm.tokenizer import BOS, EOS, PAD, UNK, train_tokenizer
 from bentos.tiny_lm.train import (
-    PRESETS,
-    TrainConfig,
     collate,
     encode,
-    evaluate,
-    generate,
     generated_training_set,
     lr_factor,
     train,
@@ -221,7 +219,7 @@ def test_train_and_register_stores_a_loadable_version(tmp_path: Path) -> None:
 def test_a_distilled_student_learns_the_teachers_answers_and_names_its_lineage(trained, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from bentos.tiny_lm.train import PRESETS, distill_and_register
+    from bentos.tiny_lm.train import distill_and_register
 
     out, meta, _ = trained
     store = open_store(f"file://{tmp_path / 'store'}")
