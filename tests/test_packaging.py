@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from bentos.tabular_mlp.train import TrainConfig, train_and_register
 from fleet.catalog.policies import load_policies
