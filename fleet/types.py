@@ -94,6 +94,7 @@ LATENCY_BUCKETS_MS: tuple[float, ...] = (
     5000,
     10000,
 )
+N_LATENCY = len(LATENCY_BUCKETS_MS) + 1  # the finite buckets and the open one
 # Bins of the predicted score (probability of the last class, or the only output) over
 # [0, 1]: bin i holds scores in [i/10, (i+1)/10), the last bin includes 1.0. One rule
 # (``score_bin``, and ``score_bins`` for many) for the gateway's stats, the metrics sources,

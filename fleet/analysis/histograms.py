@@ -12,9 +12,7 @@ import math
 
 import numpy as np
 
-from fleet.types import LATENCY_BUCKETS_MS, N_OUTPUT_TOKENS, ArmWindow
-
-N_LATENCY = len(LATENCY_BUCKETS_MS) + 1
+from fleet.types import LATENCY_BUCKETS_MS, N_LATENCY, N_OUTPUT_TOKENS, ArmWindow
 
 
 def histogram_quantile(q: float, counts: np.ndarray | tuple[int, ...]) -> float:

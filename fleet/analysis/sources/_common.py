@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from fleet.errors import FleetError, InvalidInput
 from fleet.types import (
     ERROR_CLASSES,
-    LATENCY_BUCKETS_MS,
+    N_LATENCY,
     PREDICTION_BINS,
     ArmWindow,
     latency_bucket,
@@ -15,9 +15,7 @@ from fleet.types import (
     score_bins,
 )
 
-N_LATENCY = len(LATENCY_BUCKETS_MS) + 1  # the finite buckets and the open one
 __all__ = [
-    "N_LATENCY",
     "BadMetricsAnswer",
     "MetricsUnavailable",
     "empty_window",

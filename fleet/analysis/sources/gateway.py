@@ -26,10 +26,18 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, model_validator
 
-from fleet.analysis.sources._common import N_LATENCY, BadMetricsAnswer, MetricsUnavailable, sum_windows
+from fleet.analysis.sources._common import BadMetricsAnswer, MetricsUnavailable, sum_windows
 from fleet.catalog import gateway_directory
 from fleet.errors import ConfigError, InvalidInput
-from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, N_OUTPUT_TOKENS, PREDICTION_BINS, ArmWindow, ObjectStore
+from fleet.types import (
+    ERROR_CLASSES,
+    LATENCY_BUCKETS_MS,
+    N_LATENCY,
+    N_OUTPUT_TOKENS,
+    PREDICTION_BINS,
+    ArmWindow,
+    ObjectStore,
+)
 
 MAX_WINDOW_S = 900  # the gateways keep one-second slots for the last 15 minutes
 END_SLACK_S = 5.0
