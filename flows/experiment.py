@@ -44,8 +44,11 @@ from fleet.analysis.sources import MetricsUnavailable, empty_window, sum_windows
 from fleet.catalog import gateway_directory
 from fleet.catalog.registry import Registry
 from fleet.catalog.registry import State as VersionState
+from fleet.catalog.rollouts import arm_window as _window
+from fleet.catalog.rollouts import lease_key
 from fleet.catalog.routes.store import Router
-from fleet.control.rollout.effects import LEASE_TTL, READ_SLACK_S, _window, lease_key
+from fleet.control.rollout.effects import LEASE_TTL
+from fleet.control.rollout.reading import READ_SLACK_S
 from fleet.errors import Conflict, InvalidInput
 from flows._context import emit, fleet_context, run_id
 
@@ -286,7 +289,7 @@ def _guardrails(ctx, state: ExperimentState, now: float) -> tuple[list, dict, di
     """B's errors and p99 against A's, on the gateways' counters (fleet.analysis.sequential's harm tests)."""
     model, (a, b) = state.model, state.arms
     # whole seconds since the last look, as the rollout reads them: a per-second source would
-    # count a second read twice twice (fleet.control.rollout.effects.Rollout._sequential)
+    # count a second read twice twice (fleet.control.rollout.reading.tick_span)
     since, upto = int(state.ticked_at), math.floor(now)
     if since >= upto:
         tick_a, tick_b = empty_window(model, a, since, since), empty_window(model, b, since, since)

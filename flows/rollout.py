@@ -1,7 +1,8 @@
 """``canary_rollout(model, version, **policy_overrides)``: preflight → deploy → shadow → weight
 steps → approval → promote, or roll back; the Prefect flow composes ``fleet.control.rollout.effects``.
 
-Every decision and every write is in ``fleet.control.rollout.effects.Rollout``; this module only orders
+Every decision is in ``fleet.control.rollout.machine`` and every write in its executor
+``fleet.control.rollout.effects.Rollout``; this module only orders
 the calls, sleeps between ticks, holds the rollout lease, asks for approval through a
 Prefect pause, and reports. The lease is kept alive by a heartbeat for the whole run —
 through a deploy that packages and waits for readiness, and through the approval pause —
@@ -26,7 +27,8 @@ from prefect.input import RunInput
 from prefect.states import Completed, Failed, State
 
 from fleet import leases
-from fleet.control.rollout.effects import LEASE_TTL, Rollout, RolloutState, apply_overrides, lease_key
+from fleet.catalog.rollouts import Phase, RolloutState, lease_key
+from fleet.control.rollout.effects import LEASE_TTL, Rollout, apply_overrides
 from fleet.errors import Conflict
 from flows._context import emit, fleet_context, run_id
 
@@ -158,19 +160,19 @@ def canary_rollout(model: str, version: str, **policy_overrides: Any) -> State:
         with lease.kept_alive():
             state = rollout.begin(model, version, run_id())
             fetching = None
-            if state.phase in ("preflight", "deploy") and ctx.runtime.packages_here:
+            if state.phase in (Phase.PREFLIGHT, Phase.DEPLOY) and ctx.runtime.packages_here:
                 fetching = prefetch.submit(model, version, ctx.policies.runtime.artifact_cache_mib)
-            if state.phase == "preflight":
+            if state.phase == Phase.PREFLIGHT:
                 state = preflight(rollout, state)
             if fetching is not None:
                 try:
                     logger.info(fetching.result())
                 except Exception as exc:  # noqa: BLE001 - packaging fetches it again, and says what is wrong
                     logger.warning("prefetch of %s:%s's artifact failed: %s", model, version, exc)
-            if state.phase == "deploy":
+            if state.phase == Phase.DEPLOY:
                 state = deploy(rollout, state)
-            while state.phase in ("shadow", "step", "approval"):
-                if state.phase == "approval":
+            while state.phase in (Phase.SHADOW, Phase.STEP, Phase.APPROVAL):
+                if state.phase == Phase.APPROVAL:
                     logger.info("waiting for approval before 100%%: fleet rollout approve %s", model)
                     silence = Approval(
                         approve=False, by="nobody", note=f"no answer within {policy.hold_deadline_s:g} s"
@@ -185,14 +187,14 @@ def canary_rollout(model: str, version: str, **policy_overrides: Any) -> State:
                     continue
                 time.sleep(_next_look(policy.analysis_window_s))
                 state = tick(rollout, state)
-            if state.phase == "promote":
+            if state.phase == Phase.PROMOTE:
                 state = promote(rollout, state)
     finally:
         lease.release()
     create_markdown_artifact(
         key=f"rollout-{model}-summary", markdown=_summary(state), description=f"{model}:{version} {state.phase}"
     )
-    if state.phase == "promoted":
+    if state.phase == Phase.PROMOTED:
         logger.info("promoted %s:%s; %s stays warm for %g s", model, version, state.champion, policy.rollback_window_s)
         keep_warm_then_retire(rollout, state)
         return Completed(message=f"promoted {model}:{version} through {len(policy.steps)} steps")

@@ -17,8 +17,8 @@ import pytest
 
 from fleet import records
 from fleet.catalog.registry import Registry, State
+from fleet.catalog.rollouts import RolloutState, state_key
 from fleet.catalog.routes.store import Router
-from fleet.control.rollout.effects import RolloutState, state_key
 from tests.rollout_env import Load, serving_fleet
 from tests.serving_env import ROOT, FleetEnv
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from fleet.catalog.policies import ModelSpec, load_policies
+from fleet.catalog.rollouts import RolloutState
 from fleet.catalog.routes.table import Canary, RouteTable, Shadow
 from fleet.control.lazy import BUSY_WITHIN_S, Candidate, NoRoom, idle_unloads, make_room, protections
-from fleet.control.rollout.effects import RolloutState
 from fleet.gateway.activate import Activator, StartFailed, Starting
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import NoReplica, Upstreams

@@ -3,7 +3,6 @@ in-memory metrics and a clock the test moves (the end-to-end flow is in test_rol
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,53 +10,15 @@ import pytest
 from fleet.analysis.sources import MemoryMetrics
 from fleet.catalog.policies import load_policies
 from fleet.catalog.registry import Registry, State, TensorSpec, VersionMetadata
+from fleet.catalog.rollouts import RolloutState, state_key
 from fleet.catalog.routes.store import Router
-from fleet.control.rollout.effects import Rollout, RolloutState, apply_overrides, state_key
+from fleet.control.rollout.effects import Rollout, apply_overrides
 from fleet.errors import Conflict, InvalidInput
 from fleet.store import MemoryStore
-from fleet.types import Deployment
+from tests.fakes import Clock, FakeRuntime
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "demo"
-T0 = 1_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class FakeRuntime:
-    """Records deploys; an undeploy while a route still points at the version is a bug."""
-
-    def __init__(self, store: MemoryStore) -> None:
-        self.store, self.running, self.fail = store, {"1.0.0"}, False
-        self.log: list[str] = []
-        self.while_deploying: Callable[[], object] = lambda: None  # what happens elsewhere meanwhile
-
-    def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment:
-        self.while_deploying()
-        if self.fail:
-            from fleet.runtime.base import DeployFailed
-
-            raise DeployFailed(f"{model}:{version} exited while starting")
-        self.running.add(version)
-        self.log.append(f"deploy {version}")
-        return Deployment(model, version, (f"http://fake/{version}",))
-
-    def undeploy(self, model: str, version: str) -> None:
-        assert version not in Router(self.store).get(model).referenced_versions(), f"{version} still routed"
-        self.running.discard(version)
-        self.log.append(f"undeploy {version}")
-
-    def list(self) -> list[Deployment]:
-        return [Deployment(MODEL, v, (f"http://fake/{v}",)) for v in sorted(self.running)]
-
-    def health(self, model: str, version: str) -> dict[str, bool]:
-        return {f"http://fake/{version}": version in self.running}
 
 
 def meta(accuracy: float = 0.95, inputs: int = 4) -> VersionMetadata:
@@ -92,7 +53,12 @@ def world(tmp_path: Path) -> dict:
         },
     )  # the sequential method's own tests set it
     clock, metrics, events = Clock(), MemoryMetrics(), []
-    runtime = FakeRuntime(store)
+    runtime = FakeRuntime({(MODEL, "1.0.0"): 1}, clock=clock)
+
+    def not_routed(model: str, version: str) -> None:  # an undeploy while a route still points at it is a bug
+        assert version not in Router(store).get(model).referenced_versions(), f"{version} still routed"
+
+    runtime.before_undeploy = not_routed
     rollout = Rollout(
         store,
         runtime,
@@ -136,7 +102,7 @@ def test_a_good_canary_advances_step_by_step_and_is_promoted(world: dict) -> Non
     assert state.phase == "deploy" and [c["status"] for c in state.preflight] == ["pass"] * 3
     state = r.deploy(state)
     assert (state.phase, state.step, state.weight) == ("step", 0, 10.0)
-    assert router.get(MODEL).canary.weight == 10 and world["runtime"].log == ["deploy 1.1.0"]
+    assert router.get(MODEL).canary.weight == 10 and world["runtime"].log == ["deploy demo:1.1.0"]
     for step, weight in ((0, 10.0), (1, 50.0)):
         traffic(world, {"1.0.0": (20, 0, 10), "1.1.0": (20, 0, 10)})
         state, verdict = r.tick(state)
@@ -150,7 +116,7 @@ def test_a_good_canary_advances_step_by_step_and_is_promoted(world: dict) -> Non
     table = router.get(MODEL)
     assert state.phase == "promoted" and table.stable == "1.1.0" and table.canary is None
     assert world["registry"].states(MODEL)["1.0.0"] == State.RETIRED
-    assert r.retire_previous(state) and world["runtime"].running == {"1.1.0"}
+    assert r.retire_previous(state) and set(world["runtime"].running) == {(MODEL, "1.1.0")}
     assert world["events"][0] == "fleet.rollout.started" and world["events"][-1] == "fleet.rollout.promoted"
 
 
@@ -178,7 +144,7 @@ def test_a_failing_canary_is_rolled_back_rejected_and_undeployed_after_traffic_m
     table = router.get(MODEL)
     assert table.stable == "1.0.0" and table.canary is None
     assert reg.states(MODEL)["1.1.0"] == State.REJECTED
-    assert world["runtime"].log == ["deploy 1.1.0", "undeploy 1.1.0"]  # FakeRuntime checks the order
+    assert world["runtime"].log == ["deploy demo:1.1.0", "undeploy demo:1.1.0"]  # not_routed checks the order
 
 
 def test_a_slow_canary_is_rolled_back_on_latency(world: dict) -> None:
@@ -200,7 +166,7 @@ def test_preflight_refuses_and_nothing_is_routed(world: dict, version: str, chec
 
 def test_a_canary_that_cannot_start_is_rolled_back_before_any_traffic(world: dict) -> None:
     r = world["rollout"]
-    world["runtime"].fail = True
+    world["runtime"].fail = "demo:1.1.0 exited while starting"
     state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
     assert state.phase == "rolled_back" and state.breached == ["deploy"] and "exited while starting" in state.reason
     assert world["router"].get(MODEL).revision == 1  # the canary never got weight
@@ -220,7 +186,7 @@ def test_an_interrupted_rollout_resumes_from_stored_state(world: dict) -> None:
 def test_a_resumed_rollout_whose_canary_is_gone_is_rolled_back(world: dict) -> None:
     r = world["rollout"]
     r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
-    world["runtime"].running.discard("1.1.0")  # the machine rebooted, say
+    world["runtime"].running.pop((MODEL, "1.1.0"))  # the machine rebooted, say
     state = r.begin(MODEL, "1.1.0", "run-2")
     assert state.phase == "rolled_back" and "not running" in state.reason
     assert world["router"].get(MODEL).canary is None
@@ -323,7 +289,7 @@ def test_a_run_whose_guard_refuses_routes_and_writes_nothing_more(world: dict) -
     with pytest.raises(Conflict, match="lost the lease"):
         r.approve(state.model_copy(update={"phase": "approval"}), False, "ops")  # a rollback is a route change too
     assert stored(world) == before and router.get(MODEL).revision == revision
-    assert router.get(MODEL).canary.weight == 10 and world["runtime"].log == ["deploy 1.1.0"]
+    assert router.get(MODEL).canary.weight == 10 and world["runtime"].log == ["deploy demo:1.1.0"]
 
 
 def test_a_second_run_that_wrote_the_state_stops_the_first_before_it_routes(world: dict) -> None:
@@ -358,7 +324,7 @@ def test_a_route_changed_during_a_long_deploy_is_not_overwritten(world: dict) ->
     table = router.get(MODEL)
     assert (table.stable, table.canary.version, table.canary.weight) == ("1.0.0", "1.2.0", 5)
     assert world["registry"].states(MODEL)["1.1.0"] == State.REJECTED
-    assert world["runtime"].log == ["deploy 1.1.0", "undeploy 1.1.0"]
+    assert world["runtime"].log == ["deploy demo:1.1.0", "undeploy demo:1.1.0"]
 
 
 # -- the sequential method (fleet.analysis.sequential) -------------------------------------------------
@@ -429,7 +395,7 @@ def test_the_sequential_evidence_survives_a_restart_and_a_step_starts_over(world
     assert state.phase == "step" and state.evidence["looks"] == 1
     kept = stored(world)
     assert kept.evidence == state.evidence and kept.served["canary"]["requests"] == 10
-    resumed = r._recover(kept)
+    resumed = r.begin(MODEL, "1.1.0", "run-2")  # the flow died and a new run resumes it
     assert resumed.evidence == kept.evidence and resumed.served == kept.served
     assert resumed.step_started == world["clock"].now  # the step's window starts over, its evidence stays
     traffic(world, {"1.1.0": (4, 0.0, 10), "1.0.0": (36, 0.0, 10)}, seconds=5)

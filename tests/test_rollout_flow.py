@@ -28,8 +28,8 @@ import pytest
 
 from fleet import records
 from fleet.catalog.registry import Registry, State
+from fleet.catalog.rollouts import RolloutState, lease_key, state_key
 from fleet.catalog.routes.store import Router
-from fleet.control.rollout.effects import RolloutState, lease_key, state_key
 from fleet.leases import LeaseRecord
 from fleet.types import ArmWindow, Deployment
 from tests.rollout_env import FAST, MODEL, Load, serving_fleet

@@ -239,7 +239,7 @@ def _traffic(model: str, policy: Any, rps: float | None) -> tuple[float, float |
 def _follow(model: str, version: str, flow_run_id: Any, *, quiet: bool) -> tuple[str, str]:  # noqa: ANN401
     """Print each change of the stored rollout state until the flow run is final."""
     from fleet import records
-    from fleet.control.rollout.effects import RolloutState, state_key
+    from fleet.catalog.rollouts import RolloutState, state_key
     from fleet.store import open_store
 
     store = open_store()
@@ -269,7 +269,7 @@ def approve_cmd(
     from prefect.flow_runs import resume_flow_run
 
     from fleet import audit, records
-    from fleet.control.rollout.effects import RolloutState, state_key
+    from fleet.catalog.rollouts import RolloutState, state_key
     from fleet.store import open_store
 
     stored, _ = records.load_or_none(open_store(), state_key(model), RolloutState)

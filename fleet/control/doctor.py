@@ -18,10 +18,10 @@ from pydantic import BaseModel
 
 from fleet import audit, records
 from fleet.catalog.registry import Registry
+from fleet.catalog.rollouts import RolloutState
 from fleet.catalog.routes.store import Router
 from fleet.catalog.routes.table import RouteTable
 from fleet.catalog.tenants import Tenants
-from fleet.control.rollout.effects import RolloutState
 from fleet.errors import Conflict, InvalidInput, NotFound, PreconditionFailed
 from fleet.types import ObjectStore
 

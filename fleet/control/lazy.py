@@ -236,8 +236,8 @@ class LoadController:
 
     def candidates(self) -> list[Candidate]:
         """What runs here, as the decision sees it (memory where the runtime measures it)."""
+        from fleet.catalog.rollouts import RolloutState, state_key
         from fleet.catalog.routes.store import Router
-        from fleet.control.rollout.effects import RolloutState, state_key
 
         now = self.clock()
         loaded = self.runtime.loaded()

@@ -1,15 +1,12 @@
-"""Canary rollout as a state machine over stored state, one tick at a time.
+"""The canary rollout's executor: it gathers observations, asks the pure state machine
+(``fleet.control.rollout.machine.step``) what to do, and does it.
 
-``rollouts/<model>.json`` holds where a rollout is (``RolloutState``); every method here
-reads what it needs, acts (a route change, a deploy, a verdict), stores the new state and
-returns it. The Prefect flow (``flows/rollout.py``) only calls these in order and sleeps
-between ticks, so a flow that died is resumed — or rolled back — by the next run from the
-stored state alone.
-
-Phases: ``preflight`` → ``deploy`` → ``shadow`` (optional) → ``step`` (one per weight of
-the policy, judged by ``fleet.analysis.canary``) → ``approval`` (optional, before 100 %) →
-``promote`` → ``promoted``; or ``rolled_back`` (weights back to stable, canary undeployed
-and ``rejected``) or ``rejected`` (preflight refused it; nothing was routed).
+``rollouts/<model>.json`` holds where a rollout is (``fleet.catalog.rollouts.RolloutState``);
+every public method here reads what its decision needs (the store, the route table, the
+runtime, the metrics the machine's ``needs`` names), steps the machine, performs the
+actions in order and returns the stored state. The Prefect flow (``flows/rollout.py``) only
+calls these in order and sleeps between ticks, so a flow that died is resumed — or rolled
+back — by the next run from the stored state alone.
 
 Invariant: routing never points at a version that is not running. The canary is deployed
 and ready before it gets weight; a rollback moves traffic first and undeploys after; the
@@ -29,108 +26,58 @@ ends as changed elsewhere.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
-from datetime import datetime, timedelta
-from typing import Any, Literal
+from datetime import timedelta
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from fleet import audit, records
-from fleet.analysis import sequential
-from fleet.analysis.canary import Verdict, judge
-from fleet.analysis.sources import MetricsUnavailable, empty_window, sum_windows
+from fleet.analysis.canary import Verdict
+from fleet.analysis.sources import MetricsUnavailable
 from fleet.catalog import gateway_directory
 from fleet.catalog.policies import RolloutPolicy
-from fleet.catalog.registry import ModelVersion, Registry, State
+from fleet.catalog.registry import Registry, State
+from fleet.catalog.rollouts import Phase, RolloutState, state_key
 from fleet.catalog.routes.rollback import rollback
 from fleet.catalog.routes.store import Router
-from fleet.catalog.routes.table import Canary, RouteTable, Shadow
+from fleet.catalog.routes.table import RouteTable
+from fleet.control.rollout import machine, preflight
+from fleet.control.rollout.machine import (
+    Answered,
+    Begin,
+    Checked,
+    Deployed,
+    Emit,
+    Looked,
+    Promoting,
+    Reject,
+    RollBack,
+    Route,
+    RouteMoved,
+    Save,
+    SetRoute,
+    Transition,
+)
+from fleet.control.rollout.reading import Read, needs
 from fleet.errors import Conflict, FleetError, InvalidInput, NotFound, PreconditionFailed
 from fleet.runtime.base import Runtime
 from fleet.types import ArmWindow, MetricsSource, ObjectStore
 from fleet.validation import explain
 
-Phase = Literal["preflight", "deploy", "shadow", "step", "approval", "promote", "promoted", "rolled_back", "rejected"]
-TERMINAL = frozenset({"promoted", "rolled_back", "rejected"})
-READ_SLACK_S = 0.001  # a tick reads [since, upto - this): whole seconds, never the second at upto
-BASELINE_S = 300  # the stable's traffic before the rollout that the 100 % step is judged against
 # The rollout lease is renewed by a heartbeat every third of this, whatever the step (deploy,
 # packaging, a pause for approval), so it need not outlast any step: it only says how soon a
 # holder that died on another host is replaced (on the same host, at once).
 LEASE_TTL = timedelta(seconds=30)
 
 
-class RolloutFailed(FleetError):
-    """The rollout ended without promoting; the message names the breached gate."""
-
-    status = 409
-
-
 class _RouteMoved(Exception):
-    """The route is no longer as the rollout left it; carries what to end the rollout with."""
+    """The route is no longer as the rollout left it; carries the table found."""
 
-    def __init__(self, state: RolloutState, table: RouteTable) -> None:
+    def __init__(self, table: RouteTable) -> None:
         super().__init__(f"route of {table.model} changed outside the rollout")
-        self.state, self.table = state, table
-
-
-class StepReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    phase: str  # shadow | step
-    weight: float
-    started: float
-    ended: float | None = None
-    outcome: str = "running"  # running | advance | rollback | interrupted
-    summary: str = ""
-    gates: list[dict[str, str]] = []
-    canary_requests: int = 0
-    stable_requests: int = 0
-    ticks: int = 0
-
-
-class RolloutState(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model: str
-    version: str
-    champion: str  # the stable version the rollout started from
-    run_id: str
-    phase: Phase = "preflight"
-    step: int = -1  # index into the policy's steps; -1 before the first
-    weight: float = 0.0
-    step_started: float = 0.0
-    # what the 100 % step is judged against: the stable at full traffic before the rollout,
-    # or a passed step's stable window if that saw more requests
-    baseline: dict[str, Any] | None = None
-    reports: list[StepReport] = []
-    # policy method "sequential" (fleet.analysis.sequential): what both arms served since the first
-    # step, the tests' evidence, and where the last tick's window ended
-    served: dict[str, dict[str, Any]] = {}
-    step_served: dict[str, dict[str, Any]] = {}  # ... since the step began
-    step_of: float = 0.0  # the step_started step_served belongs to (a restarted step starts over)
-    evidence: dict[str, Any] | None = None
-    ticked_at: float = 0.0  # the whole second up to which both arms were read
-    preflight: list[dict[str, str]] = []
-    reason: str = ""
-    breached: list[str] = []
-    started_at: datetime
-    updated_at: datetime
-
-    @property
-    def done(self) -> bool:
-        return self.phase in TERMINAL
-
-
-def state_key(model: str) -> str:
-    return f"rollouts/{model}.json"
-
-
-def lease_key(model: str) -> str:
-    return f"rollouts/{model}.lease"
+        self.table = table
 
 
 def apply_overrides(policy: RolloutPolicy, overrides: dict[str, Any]) -> RolloutPolicy:
@@ -146,13 +93,17 @@ def apply_overrides(policy: RolloutPolicy, overrides: dict[str, Any]) -> Rollout
         raise InvalidInput("rollout policy overrides refused: " + "; ".join(explain(exc, RolloutPolicy))) from None
 
 
-def _windows(served: dict[str, dict[str, Any]], arm: str) -> list[ArmWindow]:
-    return [_window(served[arm])] if arm in served else []
-
-
-def _window(data: dict[str, Any]) -> ArmWindow:
-    histograms = ("latency_ms", "predictions", "tpot_ms", "output_tokens")
-    return ArmWindow(**{**data, **{k: tuple(data[k]) for k in histograms if k in data}})
+def route_of(table: RouteTable) -> Route:
+    """What the machine sees of a route table."""
+    return Route(
+        stable=table.stable,
+        canary=table.canary.version if table.canary else None,
+        weight=table.canary.weight if table.canary else 0.0,
+        shadow=table.shadow.version if table.shadow else None,
+        revision=table.revision,
+        updated_by=table.updated_by,
+        reason=table.reason,
+    )
 
 
 class Rollout:
@@ -179,18 +130,125 @@ class Rollout:
         self.guard = guard
         self._etags: dict[str, str | None] = {}  # model → ETag of the state this run last read or wrote
 
-    # -- state --------------------------------------------------------------------------
+    # -- the steps the flow calls -------------------------------------------------------
     def load(self, model: str) -> RolloutState | None:
         return records.load_or_none(self.store, state_key(model), RolloutState)[0]
+
+    def begin(self, model: str, version: str, run_id: str) -> RolloutState:
+        """Start a rollout, or resume the stored one of the same version; call under the lease.
+        An unfinished rollout of another version is rolled back first."""
+        state = self._begin(model, version, run_id)
+        if state.version != version:  # that was the abandoned one, now rolled back: start this one
+            state = self._begin(model, version, run_id)
+        return state
+
+    def _begin(self, model: str, version: str, run_id: str) -> RolloutState:
+        stored = self._read(model)
+        table = self.router.get(model)
+        resuming = stored is not None and not stored.done and stored.version == version
+        running = self._running(model, version) if resuming else None
+        seen = Begin(model, version, run_id, self.clock(), audit.now(), route_of(table), running)
+        return self._act(stored, seen)  # type: ignore[return-value] - begin always yields a state
+
+    def run_preflight(self, state: RolloutState) -> RolloutState:
+        """Checksums (``Registry.verify`` raises on any difference), schema compatible with the
+        champion, offline metrics not worse than it."""
+        candidate = self.registry.verify(state.model, state.version)
+        champion = self.registry.get(state.model, state.champion)
+        found = preflight.checks(candidate, champion, self.policy.offline_tolerance)
+        return self._act(state, Checked(tuple(found), candidate.state == State.REGISTERED))
+
+    def deploy(self, state: RolloutState, replicas: int = 1) -> RolloutState:
+        """Run the canary and wait until it is ready; only then does it get traffic."""
+        try:
+            self.runtime.deploy(state.model, state.version, replicas)
+        except FleetError as exc:
+            return self._act(state, Deployed(self.clock(), failed=str(exc)))
+        now = self.clock()
+        baseline = self._window(state.model, needs(state, self.policy, now).baseline)
+        return self._act(state, Deployed(now, baseline=baseline))
+
+    def tick(self, state: RolloutState) -> tuple[RolloutState, Verdict | None]:
+        """Judge the current step's traffic so far and act on the verdict."""
+        if state.phase not in (Phase.SHADOW, Phase.STEP):
+            return state, None
+        route = route_of(self.router.get(state.model))
+        now = self.clock()
+        wanted = needs(state, self.policy, now)
+        windows: dict[str, ArmWindow] = {}
+        unavailable = None
+        try:
+            for read in wanted.ticks:
+                windows[read.arm] = self._window(state.model, read)  # type: ignore[assignment]
+        except MetricsUnavailable as exc:
+            unavailable = str(exc)
+        baseline = self._window(state.model, wanted.baseline) if unavailable is None else None
+        seen = Looked(now, route, windows.get("canary"), windows.get("stable"), unavailable, baseline)
+        transition = machine.step(state, seen, self.policy)
+        return self._perform(state, transition), transition.verdict
+
+    def approve(self, state: RolloutState, approved: bool, by: str, note: str = "") -> RolloutState:
+        now = self.clock()
+        baseline = self._window(state.model, needs(state, self.policy, now).baseline) if approved else None
+        return self._act(state, Answered(now, approved, by, note, baseline))
+
+    def promote(self, state: RolloutState) -> RolloutState:
+        self._owned(state)  # a run that may no longer act learns it first, whatever the phase
+        return self._act(state, Promoting(route_of(self.router.get(state.model))))
+
+    def retire_previous(self, state: RolloutState) -> bool:
+        """Undeploy the previous stable unless something routes to it again; True if undeployed."""
+        table = self.router.get(state.model)
+        if state.champion in table.referenced_versions():
+            return False
+        self.runtime.undeploy(state.model, state.champion)
+        return True
+
+    # -- observing ------------------------------------------------------------------------
+    def _running(self, model: str, version: str) -> bool:
+        return any(d.model == model and d.version == version for d in self.runtime.list())
+
+    def _window(self, model: str, read: Read | None) -> ArmWindow | None:
+        """The window ``read`` names (None for none); ``MetricsUnavailable`` goes to the caller."""
+        return None if read is None else self.metrics.window(model, read.version, read.start, read.end)
+
+    # -- acting -----------------------------------------------------------------------------
+    def _act(self, state: RolloutState | None, seen: machine.Observation) -> RolloutState:
+        return self._perform(state, machine.step(state, seen, self.policy))  # type: ignore[return-value]
+
+    def _perform(self, state: RolloutState | None, transition: Transition) -> RolloutState | None:
+        """The transition's actions in order; the state as last stored. A route change that
+        finds the route moved stops them: the machine then ends the rollout from there."""
+        current, saved = state, False
+        for action in transition.actions:
+            if isinstance(action, Save):
+                current, saved = self._save(action.state), True
+            elif isinstance(action, Emit):
+                self.emit(action.event, dict(action.payload))
+            elif current is None:  # the machine stores a new rollout before it acts on it
+                raise AssertionError(f"{action} before the rollout was stored")
+            elif isinstance(action, SetRoute):
+                try:
+                    self._route(current, action)
+                except _RouteMoved as moved:
+                    moved_on = machine.step(current, RouteMoved(route_of(moved.table)), self.policy)
+                    return self._perform(current, moved_on)
+            elif isinstance(action, RollBack):
+                self._roll_back(current, action)
+            elif isinstance(action, Reject):
+                self.registry.transition(
+                    current.model, current.version, State.REJECTED, why=action.reason, who=self.who
+                )
+        return current if saved else transition.state
 
     def _read(self, model: str) -> RolloutState | None:
         """The stored state, whose ETag the next write of this run is conditional on."""
         state, self._etags[model] = records.load_or_none(self.store, state_key(model), RolloutState)
         return state
 
-    def _save(self, state: RolloutState, **changes: Any) -> RolloutState:
+    def _save(self, state: RolloutState) -> RolloutState:
         self.guard()
-        new = state.model_copy(update={**changes, "updated_at": audit.now()})
+        new = state.model_copy(update={"updated_at": audit.now()})
         etag = self._etags.get(state.model)
         condition: dict[str, Any] = {"if_match": etag} if etag else {"if_none_match": True}
         try:
@@ -217,392 +275,31 @@ class Rollout:
             "this run stops without routing or writing anything more"
         )
 
-    def _event(self, name: str, state: RolloutState, **extra: Any) -> None:
-        self.emit(
-            f"fleet.rollout.{name}",
-            {
-                "model": state.model,
-                "version": state.version,
-                "phase": state.phase,
-                "weight": state.weight,
-                "run_id": state.run_id,
-                **extra,
-            },
-        )
-
-    def _route(self, state: RolloutState, why: str, **fields: Any) -> None:
-        """Set ``fields`` of the route table, only while this run owns the rollout and only
-        if the route is still as the rollout left it (else ``_RouteMoved``, nothing written)."""
+    def _route(self, state: RolloutState, change: SetRoute) -> None:
+        """Set the route's fields, only while this run owns the rollout and only if the route
+        is still as the rollout left it (else ``_RouteMoved``, nothing written)."""
         self._owned(state)
 
-        def change(table: RouteTable) -> RouteTable:
+        def apply(table: RouteTable) -> RouteTable:
             canary = table.canary.version if table.canary else None
-            if table.stable != state.champion or canary != (state.version if state.step >= 0 else None):
-                raise _RouteMoved(state, table)
-            return RouteTable.model_validate({**table.model_dump(), **fields})
+            if table.stable != change.expect_stable or canary != change.expect_canary:
+                raise _RouteMoved(table)
+            return RouteTable.model_validate({**table.model_dump(), **change.fields})
 
-        self.router.update(state.model, change, why=f"rollout of {state.version}: {why}", who=self.who)
+        self.router.update(state.model, apply, why=f"rollout of {state.version}: {change.why}", who=self.who)
         self.notify(self.store)
 
-    def _unless_moved(self, act: Callable[[], RolloutState]) -> RolloutState:
-        """``act()``, or the rollback that ends the rollout if the route moved under it."""
-        try:
-            return act()
-        except _RouteMoved as moved:
-            return self._ended_elsewhere(moved.state, moved.table)
-
-    # -- begin / resume -----------------------------------------------------------------
-    def begin(self, model: str, version: str, run_id: str) -> RolloutState:
-        """Start a rollout, or resume the stored one of the same version; call under the lease."""
-        stored = self._read(model)
-        if stored is not None and stored.phase == "promoted" and stored.version == version:
-            if self.router.get(model).stable == version:
-                return stored  # run again after it finished: nothing left to do
-        if stored is not None and not stored.done:
-            if stored.version == version:
-                state = self._save(stored, run_id=run_id)
-                self._event("resumed", state)
-                return self._recover(state)
-            self._rollback(stored, f"abandoned: a rollout of {version} started after this one's run stopped", [])
-        table = self.router.get(model)
-        if table.stable is None:
-            raise InvalidInput(
-                f"{model} has no stable version to canary against; set one with `fleet route set --stable`"
-            )
-        if table.stable == version:
-            raise Conflict(f"{model}:{version} is already the stable version")
-        if table.canary is not None:
-            raise Conflict(
-                f"{model} already has canary {table.canary.version} at {table.canary.weight:g}% that no "
-                "rollout owns; remove it (fleet route set --no-canary) or roll it back first"
-            )
-        now = audit.now()
-        state = RolloutState(
-            model=model, version=version, champion=table.stable, run_id=run_id, started_at=now, updated_at=now
-        )
-        state = self._save(state)
-        self._event("started", state, champion=table.stable)
-        return state
-
-    def _recover(self, state: RolloutState) -> RolloutState:
-        """After an interruption: go on only if routing still matches what was stored and the
-        canary still runs; otherwise roll back (the safe way out)."""
-        if state.phase in ("preflight", "deploy"):
-            return state
-        table = self.router.get(state.model)
-        running = any(d.model == state.model and d.version == state.version for d in self.runtime.list())
-        routed = (
-            (table.canary and table.canary.version == state.version)
-            or (table.shadow and table.shadow.version == state.version)
-            or table.stable == state.version
-        )
-        if not running and state.phase != "promoted":
-            return self._rollback(state, "the canary was not running when the interrupted rollout resumed", [])
-        if state.phase in ("step", "shadow") and not routed:
-            return self._ended_elsewhere(state, table)
-        if state.phase in ("step", "shadow"):  # the step starts over: its window before the crash is not trusted
-            return self._save(state, step_started=self.clock())
-        return state
-
-    # -- preflight ------------------------------------------------------------------------
-    def run_preflight(self, state: RolloutState) -> RolloutState:
-        """Checksums, schema compatible with the champion, offline metrics not worse than it."""
-        candidate = self.registry.verify(state.model, state.version)
-        champion = self.registry.get(state.model, state.champion)
-        checks = [
-            {"check": "checksums", "status": "pass", "detail": f"{len(candidate.files)} file(s) match the manifest"},
-            _schema_check(candidate, champion),
-            _offline_check(candidate, champion, self.policy.offline_tolerance),
-        ]
-        if candidate.state not in (State.REGISTERED, State.CANARY):
-            checks.append(
-                {
-                    "check": "state",
-                    "status": "fail",
-                    "detail": f"{candidate.ref} is {candidate.state}; expected registered",
-                }
-            )
-        failed = [c for c in checks if c["status"] == "fail"]
-        if failed:
-            reason = "preflight failed: " + "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
-            if candidate.state == State.REGISTERED:
-                self.registry.transition(state.model, state.version, State.REJECTED, why=reason, who=self.who)
-            state = self._save(
-                state, phase="rejected", preflight=checks, reason=reason, breached=[c["check"] for c in failed]
-            )
-            self._event("rejected", state, reason=reason)
-            return state
-        return self._save(state, phase="deploy", preflight=checks)
-
-    # -- deploy -------------------------------------------------------------------------
-    def deploy(self, state: RolloutState, replicas: int = 1) -> RolloutState:
-        """Run the canary and wait until it is ready; only then does it get traffic."""
-        try:
-            self.runtime.deploy(state.model, state.version, replicas)
-        except FleetError as exc:
-            return self._rollback(state, f"the canary did not start: {exc}", ["deploy"])
-        self._event("deployed", state)
-        return self._unless_moved(lambda: self._first_arm(state))
-
-    def _first_arm(self, state: RolloutState) -> RolloutState:
-        if self.policy.shadow_percent > 0 and self.policy.shadow_duration_s > 0:
-            shadow = Shadow(version=state.version, percent=self.policy.shadow_percent)
-            self._route(state, f"shadow {self.policy.shadow_percent:g}%", shadow=shadow.model_dump())
-            now = self.clock()
-            report = StepReport(phase="shadow", weight=0.0, started=now)
-            return self._save(state, phase="shadow", step_started=now, reports=[*state.reports, report])
-        return self._next_step(state)
-
-    def _next_step(self, state: RolloutState) -> RolloutState:
-        step = state.step + 1
-        if step >= len(self.policy.steps):
-            return self._save(state, phase="promote")
-        weight = float(self.policy.steps[step])
-        if weight >= 100 and self.policy.manual_approval and state.phase != "approval":
-            state = self._save(state, phase="approval")
-            self._event("awaiting-approval", state)
-            return state
-        if step == 0:
-            # At 100 % nothing serves on stable, so the canary is judged against the stable as it
-            # was at full traffic just before the rollout: the same load, not a step's share of it.
-            now = self.clock()
-            recent = self.metrics.window(state.model, state.champion, now - BASELINE_S, now)
-            if recent.requests >= self.policy.min_samples or weight >= 100:
-                state = self._save(state, baseline=asdict(recent))
-        canary = Canary(version=state.version, weight=weight)
-        self._route(state, f"step {step + 1}/{len(self.policy.steps)} at {weight:g}%", canary=canary.model_dump())
-        now = self.clock()
-        report = StepReport(phase="step", weight=weight, started=now)
-        state = self._save(
-            state, phase="step", step=step, weight=weight, step_started=now, reports=[*state.reports, report]
-        )
-        self._event("step", state, step=step + 1, steps=len(self.policy.steps))
-        return state
-
-    # -- ticks ----------------------------------------------------------------------------
-    def tick(self, state: RolloutState) -> tuple[RolloutState, Verdict | None]:
-        """Judge the current step's traffic so far and act on the verdict."""
-        if state.phase not in ("shadow", "step"):
-            return state, None
-        table = self.router.get(state.model)
-        mine = (
-            table.shadow.version == state.version
-            if state.phase == "shadow" and table.shadow
-            else (table.canary is not None and table.canary.version == state.version)
-        )
-        if not mine:
-            return self._ended_elsewhere(state, table), None
-        now = self.clock()
-        t0 = state.step_started
-        stable = None
-        try:
-            if state.phase == "step" and self.policy.method == "sequential":
-                verdict, state = self._sequential(state, now)
-            else:
-                stable = self.metrics.window(state.model, state.champion, t0, now)
-                canary = self.metrics.window(state.model, state.version, t0, now)
-        except MetricsUnavailable as exc:
-            # no data is not bad data: hold, and fail only once the step's deadline passed
-            if now < t0 + self.policy.hold_deadline_s:
-                self._event("verdict", state, outcome="hold", summary=f"metrics unavailable: {exc}")
-                return state, None
-            return self._rollback(
-                state, f"gate metrics breached: unreadable until the step's deadline ({exc})", ["metrics"]
-            ), None
-        if stable is not None:
-            reference, concurrent = stable, True
-            if state.phase == "step" and state.weight >= 100 and state.baseline:
-                reference, concurrent = _window(state.baseline), False
-            verdict = judge(
-                reference,
-                canary,
-                self.policy,
-                step_started=t0,
-                concurrent=concurrent,
-                phase="shadow" if state.phase == "shadow" else "canary",
-            )
-        report = state.reports[-1].model_copy(
-            update={
-                "summary": verdict.summary,
-                "gates": verdict.table(),
-                "canary_requests": verdict.canary_requests,
-                "stable_requests": verdict.stable_requests,
-                "ticks": state.reports[-1].ticks + 1,
-            }
-        )
-        state = self._save(state, reports=[*state.reports[:-1], report])
-        self._event("verdict", state, outcome=verdict.outcome, summary=verdict.summary)
-        if verdict.outcome == "hold":
-            return state, verdict
-        if verdict.outcome == "rollback":
-            closed = report.model_copy(update={"outcome": "rollback", "ended": now})
-            state = self._save(state, reports=[*state.reports[:-1], closed])
-            gates = [g.gate for g in verdict.breaches]
-            reason = (
-                f"gate {', '.join(gates)} breached at {state.weight:g}%: {verdict.summary.removeprefix('roll back: ')}"
-            )
-            return self._rollback(state, reason, gates), verdict
-        if state.phase == "shadow" and now - t0 < self.policy.shadow_duration_s:
-            return state, verdict  # the gates pass; the shadow phase still runs its full duration
-        closed = report.model_copy(update={"outcome": "advance", "ended": now})
-        # the stable at full traffic before the rollout is the better baseline, unless it saw
-        # less than this step did (a rollout started right after traffic did): keep the larger.
-        # (The sequential method keeps every step's stable in its totals already.)
-        baseline = state.baseline
-        if stable is not None and stable.requests > (baseline or {}).get("requests", 0):
-            baseline = asdict(stable)
-        state = self._save(state, reports=[*state.reports[:-1], closed], baseline=baseline)
-        return self._unless_moved(lambda: self._advance(state)), verdict
-
-    def _sequential(self, state: RolloutState, now: float) -> tuple[Verdict, RolloutState]:
-        """One tick of ``fleet.analysis.sequential``. Each tick reads both arms over the whole seconds
-        since the last one read (a metrics source counts by the second: reading a second
-        twice would count its requests twice), adds them to the totals since the first step
-        and since the step began, which the state keeps, and feeds the tests' evidence. No
-        window longer than a tick is read, so a step may last longer than a source keeps."""
-        upto = math.floor(now)
-        step_from = math.ceil(state.step_started)
-        since = max(step_from, int(state.ticked_at))
-        if since < upto:  # [since, upto): whole seconds, the one still running left for the next tick
-            tick_c = self.metrics.window(state.model, state.version, since, upto - READ_SLACK_S)
-            tick_s = self.metrics.window(state.model, state.champion, since, upto - READ_SLACK_S)
-        else:
-            tick_c = empty_window(state.model, state.version, since, since)
-            tick_s = empty_window(state.model, state.champion, since, since)
-            upto = since
-        kept = state.step_served if state.step_of == state.step_started else {}
-
-        def plus(totals: dict[str, dict[str, Any]], arm: str, window: ArmWindow) -> ArmWindow:
-            return sum_windows([*_windows(totals, arm), window], window.model, window.version, since, upto)
-
-        served = {"canary": plus(state.served, "canary", tick_c), "stable": plus(state.served, "stable", tick_s)}
-        step = {"canary": plus(kept, "canary", tick_c), "stable": plus(kept, "stable", tick_s)}
-        stable_all = served["stable"]
-        if stable_all.requests == 0 and state.baseline:
-            # a rollout straight to 100 %: the stable at full traffic before it is all there is
-            stable_all = replace(_window(state.baseline), version=state.champion)
-        arms = sequential.Arms(tick_c, tick_s, served["canary"], stable_all, step["canary"], step["stable"])
-        verdict, evidence = sequential.judge(
-            arms,
-            self.policy,
-            sequential.Evidence.from_dict(state.evidence),
-            step=state.step,
-            step_started=state.step_started,
-        )
-        state = self._save(
-            state,
-            served={k: asdict(w) for k, w in served.items()},
-            step_served={k: asdict(w) for k, w in step.items()},
-            step_of=state.step_started,
-            evidence=evidence.to_dict(),
-            ticked_at=upto,
-        )
-        return verdict, state
-
-    def _advance(self, state: RolloutState) -> RolloutState:
-        if state.phase == "shadow":
-            self._route(state, "shadow phase passed", shadow=None)
-        return self._next_step(state)
-
-    def approve(self, state: RolloutState, approved: bool, by: str, note: str = "") -> RolloutState:
-        if state.phase != "approval":
-            raise Conflict(f"the rollout of {state.model}:{state.version} is {state.phase}, not waiting for approval")
-        if not approved:
-            return self._rollback(state, f"not approved by {by}{': ' + note if note else ''}", ["approval"])
-        self._event("approved", state, by=by)
-        return self._unless_moved(lambda: self._next_step(state))
-
-    # -- endings --------------------------------------------------------------------------
-    def promote(self, state: RolloutState) -> RolloutState:
-        return self._unless_moved(lambda: self._promote(state))
-
-    def _promote(self, state: RolloutState) -> RolloutState:
-        shadow = {"shadow": None} if _shadowed(self.router, state) else {}
-        self._route(state, "promoted: every step passed", stable=state.version, canary=None, **shadow)
-        state = self._save(state, phase="promoted", weight=100.0, reason="every step passed")
-        self._event("promoted", state, previous=state.champion)
-        return state
-
-    def retire_previous(self, state: RolloutState) -> bool:
-        """Undeploy the previous stable unless something routes to it again; True if undeployed."""
-        table = self.router.get(state.model)
-        if state.champion in table.referenced_versions():
-            return False
-        self.runtime.undeploy(state.model, state.champion)
-        return True
-
-    def _rollback(self, state: RolloutState, reason: str, breached: list[str]) -> RolloutState:
+    def _roll_back(self, state: RolloutState, action: RollBack) -> None:
+        """Traffic back on the champion first; then the version rejected and its process gone."""
         self._owned(state)
+        why = f"rollout of {state.version}: {action.reason}"
         table = self.router.get(state.model)
         if table.canary is not None and table.canary.version == state.version:
-            rollback(self.router, state.model, why=f"rollout of {state.version}: {reason}", who=self.who)
+            rollback(self.router, state.model, why=why, who=self.who)
         if table.shadow is not None and table.shadow.version == state.version:
-            self.router.set(state.model, clear_shadow=True, why=f"rollout of {state.version}: {reason}", who=self.who)
+            self.router.set(state.model, clear_shadow=True, why=why, who=self.who)
         self.notify(self.store)
         if self.registry.states(state.model).get(state.version) in (State.REGISTERED, State.CANARY):
-            self.registry.transition(state.model, state.version, State.REJECTED, why=reason, who=self.who)
+            self.registry.transition(state.model, state.version, State.REJECTED, why=action.reason, who=self.who)
         if state.version not in self.router.get(state.model).referenced_versions():
             self.runtime.undeploy(state.model, state.version)  # traffic moved first, then the process goes
-        state = self._save(state, phase="rolled_back", weight=0.0, reason=reason, breached=breached)
-        self._event("rolled-back", state, reason=reason, breached=breached)
-        return state
-
-    def _ended_elsewhere(self, state: RolloutState, table: Any) -> RolloutState:
-        """Someone changed the route under the rollout (a manual rollback, say): stop here."""
-        reason = (
-            f"the route changed outside the rollout (revision {table.revision} by {table.updated_by}: {table.reason})"
-        )
-        return self._rollback(state, reason, ["route"])
-
-
-def _shadowed(router: Router, state: RolloutState) -> bool:
-    table = router.get(state.model)
-    return table.shadow is not None and table.shadow.version == state.version
-
-
-def _schema_check(candidate: ModelVersion, champion: ModelVersion) -> dict[str, str]:
-    """The candidate must accept what the champion accepts and answer in the same shape."""
-    problems = []
-    for kind in ("inputs", "outputs"):
-        mine, theirs = getattr(candidate, kind), getattr(champion, kind)
-        by_name = {t.name: t for t in mine}
-        for spec in theirs:
-            got = by_name.get(spec.name)
-            if got is None:
-                problems.append(f"{kind} {spec.name!r} is missing")
-            elif (
-                got.datatype != spec.datatype
-                or len(got.shape) != len(spec.shape)
-                or any(a != -1 and a != b for a, b in zip(got.shape, spec.shape))
-            ):
-                problems.append(
-                    f"{kind} {spec.name!r} is {got.datatype} {got.shape}, the champion's {spec.datatype} {spec.shape}"
-                )
-    if problems:
-        return {
-            "check": "schema",
-            "status": "fail",
-            "detail": f"not compatible with {champion.ref}: " + "; ".join(problems),
-        }
-    return {"check": "schema", "status": "pass", "detail": f"inputs and outputs compatible with {champion.ref}"}
-
-
-def _offline_check(candidate: ModelVersion, champion: ModelVersion, tolerance: float) -> dict[str, str]:
-    if candidate.parent_version == champion.version and "champion_accuracy" in candidate.metrics:
-        # a retrain measured both on one holdout: that comparison is the fair one
-        mine, theirs = candidate.metrics.get("accuracy", 0.0), candidate.metrics["champion_accuracy"]
-        detail = f"accuracy {mine:.4f} vs champion {champion.version} {theirs:.4f} on the same holdout (tolerance {tolerance:g})"
-        return {
-            "check": "offline metrics",
-            "status": "pass" if mine >= theirs - tolerance else "fail",
-            "detail": detail,
-        }
-    # accuracy and f1 of classifiers, exact match of generative models (tiny-lm's holdout)
-    metric = next(
-        (m for m in ("accuracy", "f1", "exact_match") if m in candidate.metrics and m in champion.metrics), None
-    )
-    if metric is None:
-        return {"check": "offline metrics", "status": "pass", "detail": "no metric both versions report; not compared"}
-    mine, theirs = candidate.metrics[metric], champion.metrics[metric]
-    detail = f"{metric} {mine:.4f} vs champion {champion.version} {theirs:.4f} (tolerance {tolerance:g})"
-    return {"check": "offline metrics", "status": "pass" if mine >= theirs - tolerance else "fail", "detail": detail}

@@ -1,0 +1,426 @@
+"""Every decision of a canary rollout, as one pure function: ``step(state, observation, policy)``.
+
+``step`` takes the stored ``RolloutState`` (``fleet.catalog.rollouts``), one observation of
+the world that the executor (``fleet.control.rollout.effects.Rollout``) gathered — the route
+table, the metric windows it read, how a deploy or the preflight went, an approver's
+answer — and returns a ``Transition``: the new state and the actions that get there, in
+the order they must be performed (traffic first, state writes where today's rollout
+checkpoints, events last). It reads no store, runtime, metrics source or clock; what the
+executor must read for the next observation is ``needs(state, policy, now)``
+(``fleet.control.rollout.reading``, with how a tick's windows are judged).
+
+Phases (``fleet.catalog.rollouts.Phase``): ``preflight`` → ``deploy`` → ``shadow`` (optional)
+→ ``step`` (one per weight of the policy) → ``approval`` (optional, before 100 %) →
+``promote`` → ``promoted``; or ``rolled_back`` or ``rejected``. Terminal phases absorb every
+observation but ``Begin`` (a new rollout replaces a finished one).
+
+Route changes are conditional (``SetRoute.expect_*``: the route as the rollout left it).
+When one finds the route moved, the executor performs nothing more of that transition and
+steps again with ``RouteMoved``: the rollout then ends as changed elsewhere, rolled back
+without overwriting anyone's route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from fleet.analysis.canary import Verdict
+from fleet.catalog.policies import RolloutPolicy
+from fleet.catalog.rollouts import Phase, RolloutState, StepReport
+from fleet.catalog.routes.table import Canary, Shadow
+from fleet.control.rollout.reading import judge_tick
+from fleet.errors import Conflict, InvalidInput
+from fleet.types import ArmWindow
+
+# -- observations: what the executor saw ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Route:
+    """The model's route table, as far as a rollout cares (``effects.route_of`` reads one)."""
+
+    stable: str | None
+    canary: str | None = None
+    weight: float = 0.0  # the canary's
+    shadow: str | None = None
+    revision: int = 0
+    updated_by: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Begin:
+    """A run asks to roll ``version`` out; ``step`` gets the stored state (or None) with it."""
+
+    model: str
+    version: str
+    run_id: str
+    now: float  # the rollout clock
+    at: datetime  # the wall clock, for started_at
+    route: Route
+    running: bool | None = None  # for a resumed rollout: does the canary still run? (None: not looked)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """Preflight's checks (``fleet.control.rollout.preflight.checks``), in order."""
+
+    checks: tuple[Mapping[str, str], ...]
+    registered: bool  # the candidate is ``registered``: a refusal marks it ``rejected``
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """The canary's deploy ended: ready, or ``failed`` says why not."""
+
+    now: float
+    failed: str | None = None  # why it did not start; None: it is ready
+    baseline: ArmWindow | None = None  # when ``needs`` asked for it
+
+
+@dataclass(frozen=True)
+class Looked:
+    """One analysis tick: the route, and the windows ``needs`` named (or why they are unreadable)."""
+
+    now: float
+    route: Route
+    canary: ArmWindow | None = None
+    stable: ArmWindow | None = None
+    unavailable: str | None = None  # the metrics could not be read: why (no data is not bad data)
+    baseline: ArmWindow | None = None
+
+
+@dataclass(frozen=True)
+class Answered:
+    """An approver's answer to the pause before 100 %."""
+
+    now: float
+    approved: bool
+    by: str
+    note: str = ""
+    baseline: ArmWindow | None = None
+
+
+@dataclass(frozen=True)
+class Promoting:
+    """The flow asks to promote; the route says whether a shadow is still to be removed."""
+
+    route: Route
+
+
+@dataclass(frozen=True)
+class RouteMoved:
+    """A route change found the route no longer as the rollout left it."""
+
+    route: Route
+
+
+Observation = Begin | Checked | Deployed | Looked | Answered | Promoting | RouteMoved
+
+# -- actions: what the executor does, in order ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Save:
+    """Write ``state`` (conditionally on the ETag this run last read or wrote)."""
+
+    state: RolloutState
+
+
+@dataclass(frozen=True)
+class SetRoute:
+    """Set ``fields`` of the route table, only if its stable is ``expect_stable`` and its
+    canary ``expect_canary`` (the route as the rollout left it); else ``RouteMoved``."""
+
+    why: str
+    fields: Mapping[str, Any]
+    expect_stable: str
+    expect_canary: str | None
+
+
+@dataclass(frozen=True)
+class RollBack:
+    """Traffic back on the champion (canary and shadow removed if they are this version),
+    the version ``rejected``, then its process undeployed once nothing routes to it."""
+
+    reason: str
+    breached: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Reject:
+    """Mark the (registered) version ``rejected`` in the registry."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Emit:
+    event: str  # fleet.rollout.<name>
+    payload: Mapping[str, Any]
+
+
+Action = Save | SetRoute | RollBack | Reject | Emit
+
+
+@dataclass(frozen=True)
+class Transition:
+    state: RolloutState | None  # None: nothing stored yet and nothing to store
+    actions: tuple[Action, ...] = ()
+    verdict: Verdict | None = None  # a tick's verdict, for the flow's report
+
+
+# -- the transitions ------------------------------------------------------------------------
+
+
+def step(state: RolloutState | None, obs: Observation, policy: RolloutPolicy) -> Transition:
+    """The rollout's next state and the actions that get there. Raises ``InvalidInput`` or
+    ``Conflict`` for a request refused outright (nothing to do, nothing written)."""
+    acts: list[Action] = []
+    if isinstance(obs, Begin):
+        return _begin(state, obs, acts)
+    if state is None:
+        raise InvalidInput(f"no rollout to step with {type(obs).__name__}; expected one begun first")
+    if isinstance(obs, Answered):
+        return _answered(state, obs, policy, acts)
+    if isinstance(obs, Promoting):
+        return _promote(state, obs, acts)
+    if state.done:
+        return Transition(state)  # terminal phases absorb
+    if isinstance(obs, RouteMoved):
+        return _ended_elsewhere(state, obs.route, acts)
+    if isinstance(obs, Checked):
+        return _preflight(state, obs, acts)
+    if isinstance(obs, Deployed):
+        return _deployed(state, obs, policy, acts)
+    return _tick(state, obs, policy, acts)
+
+
+def _begin(stored: RolloutState | None, obs: Begin, acts: list[Action]) -> Transition:
+    """Start, resume (the stored rollout of this version), or end an abandoned one first:
+    the transition's state is then that rollout, rolled back, and the executor begins again."""
+    route = obs.route
+    if stored is not None and stored.phase == Phase.PROMOTED and stored.version == obs.version:
+        if route.stable == obs.version:
+            return Transition(stored)  # run again after it finished: nothing left to do
+    if stored is not None and not stored.done:
+        if stored.version == obs.version:
+            state = _save(acts, stored, run_id=obs.run_id)
+            acts.append(_event("resumed", state))
+            return _recover(state, obs, acts)
+        reason = f"abandoned: a rollout of {obs.version} started after this one's run stopped"
+        return _rollback(stored, reason, [], acts)
+    if route.stable is None:
+        raise InvalidInput(
+            f"{obs.model} has no stable version to canary against; set one with `fleet route set --stable`"
+        )
+    if route.stable == obs.version:
+        raise Conflict(f"{obs.model}:{obs.version} is already the stable version")
+    if route.canary is not None:
+        raise Conflict(
+            f"{obs.model} already has canary {route.canary} at {route.weight:g}% that no rollout owns; remove it "
+            "(fleet route set --no-canary) or roll it back first"
+        )
+    state = RolloutState(
+        model=obs.model,
+        version=obs.version,
+        champion=route.stable,
+        run_id=obs.run_id,
+        started_at=obs.at,
+        updated_at=obs.at,
+    )
+    acts.append(Save(state))
+    acts.append(_event("started", state, champion=route.stable))
+    return Transition(state, tuple(acts))
+
+
+def _recover(state: RolloutState, obs: Begin, acts: list[Action]) -> Transition:
+    """After an interruption: go on only if routing still matches what was stored and the
+    canary still runs; otherwise roll back (the safe way out)."""
+    if state.phase in (Phase.PREFLIGHT, Phase.DEPLOY):
+        return Transition(state, tuple(acts))
+    route, version = obs.route, state.version
+    routed = version in (route.canary, route.shadow, route.stable)
+    if not obs.running and state.phase != Phase.PROMOTED:
+        return _rollback(state, "the canary was not running when the interrupted rollout resumed", [], acts)
+    if state.phase in (Phase.STEP, Phase.SHADOW) and not routed:
+        return _ended_elsewhere(state, route, acts)
+    if state.phase in (Phase.STEP, Phase.SHADOW):  # the step starts over: its window before the crash is not trusted
+        state = _save(acts, state, step_started=obs.now)
+    return Transition(state, tuple(acts))
+
+
+def _preflight(state: RolloutState, obs: Checked, acts: list[Action]) -> Transition:
+    if state.phase != Phase.PREFLIGHT:
+        return Transition(state)  # checked already
+    checks = [dict(c) for c in obs.checks]
+    failed = [c for c in checks if c["status"] == "fail"]
+    if not failed:
+        return Transition(_save(acts, state, phase=Phase.DEPLOY, preflight=checks), tuple(acts))
+    reason = "preflight failed: " + "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
+    if obs.registered:
+        acts.append(Reject(reason))
+    breached = [c["check"] for c in failed]
+    state = _save(acts, state, phase=Phase.REJECTED, preflight=checks, reason=reason, breached=breached)
+    acts.append(_event("rejected", state, reason=reason))
+    return Transition(state, tuple(acts))
+
+
+def _deployed(state: RolloutState, obs: Deployed, policy: RolloutPolicy, acts: list[Action]) -> Transition:
+    if state.phase != Phase.DEPLOY:
+        return Transition(state)  # deployed already
+    if obs.failed is not None:
+        return _rollback(state, f"the canary did not start: {obs.failed}", ["deploy"], acts)
+    acts.append(_event("deployed", state))
+    if policy.shadow_percent > 0 and policy.shadow_duration_s > 0:
+        shadow = Shadow(version=state.version, percent=policy.shadow_percent)
+        acts.append(_route(state, f"shadow {policy.shadow_percent:g}%", shadow=shadow.model_dump()))
+        report = StepReport(phase="shadow", weight=0.0, started=obs.now)
+        state = _save(acts, state, phase=Phase.SHADOW, step_started=obs.now, reports=[*state.reports, report])
+        return Transition(state, tuple(acts))
+    return _next_step(state, policy, obs.now, obs.baseline, acts)
+
+
+def _next_step(
+    state: RolloutState, policy: RolloutPolicy, now: float, baseline: ArmWindow | None, acts: list[Action]
+) -> Transition:
+    index = state.step + 1
+    if index >= len(policy.steps):
+        return Transition(_save(acts, state, phase=Phase.PROMOTE), tuple(acts))
+    weight = float(policy.steps[index])
+    if weight >= 100 and policy.manual_approval and state.phase != Phase.APPROVAL:
+        state = _save(acts, state, phase=Phase.APPROVAL)
+        acts.append(_event("awaiting-approval", state))
+        return Transition(state, tuple(acts))
+    if index == 0 and baseline is not None and (baseline.requests >= policy.min_samples or weight >= 100):
+        # At 100 % nothing serves on stable, so the canary is judged against the stable as it
+        # was at full traffic just before the rollout: the same load, not a step's share of it.
+        state = state.model_copy(update={"baseline": asdict(baseline)})
+    canary = Canary(version=state.version, weight=weight)
+    acts.append(_route(state, f"step {index + 1}/{len(policy.steps)} at {weight:g}%", canary=canary.model_dump()))
+    report = StepReport(phase="step", weight=weight, started=now)
+    state = _save(
+        acts, state, phase=Phase.STEP, step=index, weight=weight, step_started=now, reports=[*state.reports, report]
+    )
+    acts.append(_event("step", state, step=index + 1, steps=len(policy.steps)))
+    return Transition(state, tuple(acts))
+
+
+def _tick(state: RolloutState, obs: Looked, policy: RolloutPolicy, acts: list[Action]) -> Transition:
+    """Judge the current step's traffic so far and act on the verdict."""
+    if state.phase not in (Phase.SHADOW, Phase.STEP):
+        return Transition(state)
+    route, version = obs.route, state.version
+    shadowing = state.phase == Phase.SHADOW and route.shadow is not None
+    if (route.shadow if shadowing else route.canary) != version:
+        return _ended_elsewhere(state, route, acts)
+    now, t0 = obs.now, state.step_started
+    if obs.unavailable is not None:
+        # no data is not bad data: hold, and fail only once the step's deadline passed
+        if now < t0 + policy.hold_deadline_s:
+            acts.append(_event("verdict", state, outcome="hold", summary=f"metrics unavailable: {obs.unavailable}"))
+            return Transition(state, tuple(acts))
+        reason = f"gate metrics breached: unreadable until the step's deadline ({obs.unavailable})"
+        return _rollback(state, reason, ["metrics"], acts)
+    verdict, state, stable = judge_tick(state, policy, now, obs.canary, obs.stable)
+    report = state.reports[-1].model_copy(
+        update={
+            "summary": verdict.summary,
+            "gates": verdict.table(),
+            "canary_requests": verdict.canary_requests,
+            "stable_requests": verdict.stable_requests,
+            "ticks": state.reports[-1].ticks + 1,
+        }
+    )
+    if verdict.outcome == "hold" or (
+        verdict.outcome != "rollback" and state.phase == Phase.SHADOW and now - t0 < policy.shadow_duration_s
+    ):  # a hold, or gates that pass while the shadow phase still runs its full duration
+        state = _save(acts, state, reports=[*state.reports[:-1], report])
+        acts.append(_event("verdict", state, outcome=verdict.outcome, summary=verdict.summary))
+        return Transition(state, tuple(acts), verdict)
+    outcome = "rollback" if verdict.outcome == "rollback" else "advance"
+    closed = report.model_copy(update={"outcome": outcome, "ended": now})
+    if outcome == "rollback":
+        state = _save(acts, state, reports=[*state.reports[:-1], closed])
+        acts.append(_event("verdict", state, outcome=verdict.outcome, summary=verdict.summary))
+        gates = [g.gate for g in verdict.breaches]
+        summary = verdict.summary.removeprefix("roll back: ")
+        reason = f"gate {', '.join(gates)} breached at {state.weight:g}%: {summary}"
+        return _with_verdict(_rollback(state, reason, gates, acts), verdict)
+    # the stable at full traffic before the rollout is the better baseline, unless it saw
+    # less than this step did (a rollout started right after traffic did): keep the larger.
+    # (The sequential method keeps every step's stable in its totals already.)
+    baseline = state.baseline
+    if stable is not None and stable.requests > (baseline or {}).get("requests", 0):
+        baseline = asdict(stable)
+    state = _save(acts, state, reports=[*state.reports[:-1], closed], baseline=baseline)
+    acts.append(_event("verdict", state, outcome=verdict.outcome, summary=verdict.summary))
+    if state.phase == Phase.SHADOW:
+        acts.append(_route(state, "shadow phase passed", shadow=None))
+    return _with_verdict(_next_step(state, policy, now, obs.baseline, acts), verdict)
+
+
+def _answered(state: RolloutState, obs: Answered, policy: RolloutPolicy, acts: list[Action]) -> Transition:
+    if state.phase != Phase.APPROVAL:
+        raise Conflict(f"the rollout of {state.model}:{state.version} is {state.phase}, not waiting for approval")
+    if not obs.approved:
+        return _rollback(state, f"not approved by {obs.by}{': ' + obs.note if obs.note else ''}", ["approval"], acts)
+    acts.append(_event("approved", state, by=obs.by))
+    return _next_step(state, policy, obs.now, obs.baseline, acts)
+
+
+def _promote(state: RolloutState, obs: Promoting, acts: list[Action]) -> Transition:
+    if state.phase != Phase.PROMOTE:
+        raise Conflict(f"the rollout of {state.model}:{state.version} is {state.phase}, not ready to promote")
+    shadow = {"shadow": None} if obs.route.shadow == state.version else {}
+    acts.append(_route(state, "promoted: every step passed", stable=state.version, canary=None, **shadow))
+    state = _save(acts, state, phase=Phase.PROMOTED, weight=100.0, reason="every step passed")
+    acts.append(_event("promoted", state, previous=state.champion))
+    return Transition(state, tuple(acts))
+
+
+def _ended_elsewhere(state: RolloutState, route: Route, acts: list[Action]) -> Transition:
+    """Someone changed the route under the rollout (a manual rollback, say): stop here."""
+    reason = f"the route changed outside the rollout (revision {route.revision} by {route.updated_by}: {route.reason})"
+    return _rollback(state, reason, ["route"], acts)
+
+
+def _rollback(state: RolloutState, reason: str, breached: list[str], acts: list[Action]) -> Transition:
+    acts.append(RollBack(reason, tuple(breached)))
+    state = _save(acts, state, phase=Phase.ROLLED_BACK, weight=0.0, reason=reason, breached=breached)
+    acts.append(_event("rolled-back", state, reason=reason, breached=breached))
+    return Transition(state, tuple(acts))
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _save(acts: list[Action], state: RolloutState, **changes: Any) -> RolloutState:
+    new = state.model_copy(update=changes)
+    acts.append(Save(new))
+    return new
+
+
+def _route(state: RolloutState, why: str, **fields: Any) -> SetRoute:
+    """A route change conditional on the route as ``state`` left it: the champion stable, no
+    canary before the first step and this version's after."""
+    return SetRoute(why, fields, state.champion, state.version if state.step >= 0 else None)
+
+
+def _with_verdict(transition: Transition, verdict: Verdict) -> Transition:
+    return Transition(transition.state, transition.actions, verdict)
+
+
+def _event(name: str, state: RolloutState, **extra: Any) -> Emit:
+    payload = {
+        "model": state.model,
+        "version": state.version,
+        "phase": str(state.phase),
+        "weight": state.weight,
+        "run_id": state.run_id,
+        **extra,
+    }
+    return Emit(f"fleet.rollout.{name}", payload)
