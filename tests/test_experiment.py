@@ -15,7 +15,6 @@ import pytest
 from fleet.analysis.ab import (
     MAX_TICKS_KEPT,
     MIN_PER_ARM,
-    Tick,
     arm_stats,
     decide,
     duration_of,
@@ -24,6 +23,7 @@ from fleet.analysis.ab import (
     split_of,
     thinned,
 )
+from fleet.catalog.experiments import Tick
 from tests.rollout_env import MODEL, serving_fleet
 from tests.serving_env import ROOT, FleetEnv
 
@@ -117,21 +117,20 @@ def test_the_history_for_the_plot_is_bounded_and_the_plot_is_svg() -> None:
 
 
 def test_a_guardrail_stops_an_experiment_whose_b_fails_more_and_a_stop_request_is_heeded() -> None:
-    """``flows.experiment.tick`` on counters alone (no outcomes yet): B erring at 20 % against
+    """``Experiment.look`` on counters alone (no outcomes yet): B erring at 20 % against
     A's 0 % is harm shown, and the experiment stops saying which guardrail; a stop request
     ends a healthy one at its next look."""
     from datetime import UTC, datetime
 
-    from fleet.analysis.ab import ExperimentState
     from fleet.analysis.sources import MemoryMetrics
+    from fleet.catalog.experiments import ExperimentState, stop_key
     from fleet.catalog.policies import load_policies
+    from fleet.control.experiment.effects import Experiment
     from fleet.store import MemoryStore
-    from flows._context import FleetContext
-    from flows.experiment import stop_key, tick
 
     def run(b_errors: float, stop: bool = False) -> ExperimentState:
         metrics, store = MemoryMetrics(), MemoryStore()
-        ctx = FleetContext(store, load_policies(ROOT / "policies"), None, metrics)  # type: ignore[arg-type]
+        ab = Experiment(store, None, metrics, load_policies(ROOT / "policies"), who="test")  # type: ignore[arg-type]
         start = 1_000_000.0
         state = ExperimentState(
             model=MODEL,
@@ -155,7 +154,8 @@ def test_a_guardrail_stops_an_experiment_whose_b_fails_more_and_a_stop_request_i
             if failed:
                 metrics.failed(MODEL, "1.1.0", at=at, count=failed)
             if (second + 1) % 5 == 0:
-                state = tick(ctx, state, now=at + 1.0)
+                state, skipped = ab.look(state, now=at + 1.0)
+                assert skipped is None
                 if state.status != "running":
                     break
         return state
@@ -230,7 +230,7 @@ def run_experiment(**params):  # noqa: ANN003, ANN201 - a Prefect State
 
 def test_an_experiment_with_a_planted_effect_ends_with_that_arm_winning(fleet: dict) -> None:
     from fleet.catalog.routes.store import Router
-    from flows.experiment import load
+    from fleet.control.experiment.effects import load
 
     with Users(fleet, {"1.0.0": 0.2, "1.1.0": 0.8}, seed=1) as users:
         state = run_experiment(min_effect=0.1, max_duration="180s")
@@ -249,7 +249,7 @@ def test_an_experiment_with_a_planted_effect_ends_with_that_arm_winning(fleet: d
 
 
 def test_an_experiment_with_no_planted_effect_ends_with_no_difference_or_out_of_time(fleet: dict) -> None:
-    from flows.experiment import load
+    from fleet.control.experiment.effects import load
 
     with Users(fleet, {"1.0.0": 0.5, "1.1.0": 0.5}, seed=2):
         state = run_experiment(min_effect=0.35, max_duration="60s")

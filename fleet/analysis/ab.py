@@ -21,23 +21,21 @@ estimated). It may be looked at as often as one likes, so the experiment ends as
 - ``stopped``: a guardrail (``fleet.analysis.sequential``'s error-rate and latency harm tests, B
   against A) or ``fleet experiment stop``.
 
-Pure: ``arm_stats``, ``interval``, ``decide``; the state is ``experiments/<model>.json``.
+Pure: ``arm_stats``, ``interval``, ``decide``; the state is ``experiments/<model>.json``
+(``fleet.catalog.experiments``), the experiment's state machine ``fleet.control.experiment``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+
+from fleet.catalog.experiments import ExperimentStatus, Tick
 
 MIN_PER_ARM = 30  # outcomes per arm before any decision (the interval's variance is estimated)
 MAX_TICKS_KEPT = 500  # the history kept for the plot: older ticks are thinned out
-
-Status = Literal["running", "winner", "no_difference", "out_of_time", "stopped"]
 
 
 @dataclass(frozen=True)
@@ -57,49 +55,9 @@ class Interval:
 
 @dataclass(frozen=True)
 class ExperimentDecision:
-    status: Status
+    status: ExperimentStatus
     winner: str | None
     summary: str
-
-
-class Tick(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    at: float  # unix seconds
-    n: tuple[int, int]
-    mean: tuple[float, float]
-    diff: float | None = None
-    lo: float | None = None
-    hi: float | None = None
-
-
-class ExperimentState(BaseModel):
-    """``experiments/<model>.json``: what the experiment is and where it stands."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str
-    arms: tuple[str, str]  # (A: the stable when it started, B)
-    split: tuple[float, float]  # percent of the model's traffic per arm
-    metric: str  # "accuracy" or an outcome the model's policy declares
-    min_effect: float = Field(gt=0.0)
-    span: float = Field(1.0, gt=0.0)  # the metric's range (max - min): 1 for accuracy
-    alpha: float = Field(gt=0.0, lt=0.5)
-    max_duration_s: float = Field(gt=0.0)
-    promote: bool = False
-    run_id: str
-    started_at: datetime
-    status: Status = "running"
-    winner: str | None = None
-    summary: str = ""
-    evidence: dict | None = None  # the guardrails' (fleet.analysis.sequential.Evidence)
-    served: dict[str, dict] = {}  # both arms' gateway totals since the start (guardrails)
-    ticked_at: float = 0.0
-    ticks: list[Tick] = []
-
-
-def state_key(model: str) -> str:
-    return f"experiments/{model}.json"
 
 
 def arm_stats(version: str, values: np.ndarray) -> ArmStats:
@@ -139,21 +97,23 @@ def decide(
     if found is None:
         need = f"{MIN_PER_ARM} outcomes per arm before any decision ({a.version}: {a.n}, {b.version}: {b.n})"
         if out_of_time:
-            return ExperimentDecision("out_of_time", None, f"out of time with too few outcomes: {need}")
-        return ExperimentDecision("running", None, f"waiting: {need}")
+            return ExperimentDecision(ExperimentStatus.OUT_OF_TIME, None, f"out of time with too few outcomes: {need}")
+        return ExperimentDecision(ExperimentStatus.RUNNING, None, f"waiting: {need}")
     reading = (
         f"{metric}: {a.version} {a.mean:.4g} (n={a.n}), {b.version} {b.mean:.4g} (n={b.n}); "
         f"{b.version} - {a.version} = {found.diff:+.4g}, always-valid interval [{found.lo:+.4g}, {found.hi:+.4g}]"
     )
     if found.lo > 0:
-        return ExperimentDecision("winner", b.version, f"{b.version} wins: {reading}")
+        return ExperimentDecision(ExperimentStatus.WINNER, b.version, f"{b.version} wins: {reading}")
     if found.hi < 0:
-        return ExperimentDecision("winner", a.version, f"{a.version} wins: {reading}")
+        return ExperimentDecision(ExperimentStatus.WINNER, a.version, f"{a.version} wins: {reading}")
     if -min_effect < found.lo and found.hi < min_effect:
-        return ExperimentDecision("no_difference", None, f"no difference of {min_effect:g} or more: {reading}")
+        return ExperimentDecision(
+            ExperimentStatus.NO_DIFFERENCE, None, f"no difference of {min_effect:g} or more: {reading}"
+        )
     if out_of_time:
-        return ExperimentDecision("out_of_time", None, f"out of time, undecided: {reading}")
-    return ExperimentDecision("running", None, reading)
+        return ExperimentDecision(ExperimentStatus.OUT_OF_TIME, None, f"out of time, undecided: {reading}")
+    return ExperimentDecision(ExperimentStatus.RUNNING, None, reading)
 
 
 def thinned(ticks: list[Tick]) -> list[Tick]:

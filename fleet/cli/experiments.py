@@ -1,5 +1,6 @@
 """``fleet experiment start|status|stop``: A/B experiments of two versions on an outcome
-(``flows/experiment.py``, started through its deployment so the run shows in the Prefect UI)."""
+(``flows/experiment.py``, started through its deployment so the run shows in the Prefect UI;
+its state and stop requests are ``fleet.control.experiment``'s)."""
 
 from __future__ import annotations
 
@@ -141,8 +142,8 @@ def stop_cmd(
 ) -> None:
     """Ask MODEL's running experiment to end at its next look (traffic goes back to A)."""
     from fleet import audit
+    from fleet.control.experiment.effects import ask_to_stop
     from fleet.store import open_store
-    from flows.experiment import stop_key
 
     state = _load(model)
     if state is None or state.status != "running":
@@ -150,7 +151,7 @@ def stop_cmd(
             f"{model} has no running experiment" + (f" (the last one is {state.status})" if state else "")
         )
     asked = audit.actor() + (f" ({reason})" if reason else "")
-    open_store().put(stop_key(model), asked.encode())
+    ask_to_stop(open_store(), model, asked)
     if json:
         emit_json({"model": model, "stop_requested": asked})
     else:
@@ -158,7 +159,7 @@ def stop_cmd(
 
 
 def _load(model: str):  # noqa: ANN202
+    from fleet.control.experiment.effects import load
     from fleet.store import open_store
-    from flows.experiment import load
 
     return load(open_store(), model)
