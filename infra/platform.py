@@ -17,7 +17,7 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from fleet.catalog.policies import Policies
+from fleet.catalog.policies.loader import Policies
 from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, SLICES_LABEL, PlacementPlan
 from fleet.runtime.kubernetes import CONFIG_MAP, MANAGED, config_map_data
 from infra import waited_for

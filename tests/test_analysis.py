@@ -13,7 +13,7 @@ from scipy import optimize, stats
 from fleet.analysis.canary import Verdict, histogram_quantile, judge
 from fleet.analysis.drift import psi
 from fleet.analysis.sources import MemoryMetrics, latency_bucket
-from fleet.catalog.policies import RolloutPolicy
+from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow
 
 MODEL, STABLE, CANARY = "demo", "1.0.0", "1.1.0"

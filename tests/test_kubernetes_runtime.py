@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 from k8s_schemas import validate
 
-from fleet.catalog.policies import load_policies
+from fleet.catalog.policies.loader import load_policies
 from fleet.catalog.registry import Registry
 from fleet.errors import ConfigError, IntegrityError, InvalidInput, NotFound
 from fleet.planning.placement import GPU_RESOURCE, plan
@@ -492,7 +492,7 @@ def test_each_scaling_trigger_of_the_policy_becomes_a_keda_trigger(prod_plan) ->
 
 
 def test_gpu_utilization_on_a_cpu_model_and_repeated_triggers_are_refused() -> None:
-    from fleet.catalog.policies import Autoscaling
+    from fleet.catalog.policies.models import Autoscaling
     from fleet.errors import FleetError
 
     policies = load_policies(ROOT / "policies")

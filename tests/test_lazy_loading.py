@@ -221,7 +221,7 @@ def test_the_memory_budget_stops_the_least_recently_used_idle_version_never_eage
 
 
 def _all_idle(env: FleetEnv, policies: Path) -> bool:
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.control.lazy import LoadController
 
     controller = LoadController(

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from bentos.tabular_mlp.train import TrainConfig, train_and_register
-from fleet.catalog.policies import load_policies
+from fleet.catalog.policies.loader import load_policies
 from fleet.catalog.registry import Registry
 from fleet.runtime.cache import ArtifactCache
 from fleet.store import FileStore

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from fleet.catalog.policies import Policies
+from fleet.catalog.policies.loader import Policies
 from fleet.errors import ConfigError
 from fleet.planning.placement import (
     BYTES_PER_PARAM,

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from k8s_schemas import validate
 
-from fleet.catalog.policies import load_policies
+from fleet.catalog.policies.loader import load_policies
 from fleet.errors import ConfigError
 from fleet.planning.placement import (
     KV_DEFAULT_SHARE,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleet.analysis.sources import MemoryMetrics
-from fleet.catalog.policies import load_policies
+from fleet.catalog.policies.loader import load_policies
 from fleet.catalog.registry import Registry, State, TensorSpec, VersionMetadata
 from fleet.catalog.routes.store import Router
 from fleet.control.rollout.effects import Rollout, RolloutState, apply_overrides, state_key

@@ -60,7 +60,7 @@ import numpy as np
 from scipy import stats
 
 from fleet.analysis.drift.stats import psi
-from fleet.catalog.policies import RolloutPolicy
+from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.types import LATENCY_BUCKETS_MS, N_OUTPUT_TOKENS, ArmWindow
 
 N_LATENCY = len(LATENCY_BUCKETS_MS) + 1

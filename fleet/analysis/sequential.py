@@ -57,7 +57,7 @@ from fleet.types import ArmWindow
 
 if TYPE_CHECKING:
     from fleet.analysis.canary import Verdict
-    from fleet.catalog.policies import RolloutPolicy
+    from fleet.catalog.policies.rollout import RolloutPolicy
 
 PSI_GRID = (2.0, 4.0, 10.0, 30.0)  # error-rate ratios the harm test bets on
 TAIL_GRID = (0.02, 0.035, 0.06, 0.1, 0.18, 0.32)  # share of canary answers above the limit, vs 1 %

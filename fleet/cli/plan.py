@@ -57,7 +57,7 @@ def plan_cmd(
     type, tensor-parallel degree and memory (weights, KV cache and where its size came from),
     what scales each model and its cost per 1,000 inferences, node-group sizes, the whole
     stack's cost per hour and the GPU ceiling."""
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.planning.costs import inference_costs, stack_cost
     from fleet.planning.placement import plan
     from fleet.planning.stack import (

@@ -138,7 +138,7 @@ def unload_idle_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = F
     Never an eager model's version, a route's canary or shadow, a version in a running rollout
     or the previous stable within its rollback window. Replicas leave the gateways' list first.
     """
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.control.lazy import LoadController
 
     stopped = LoadController(registry().store, load_policies(policies), _runtime(policies)).unload_idle()
@@ -219,7 +219,7 @@ def gateway_cmd(
     """
     import dataclasses
 
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.gateway import FleetView, Settings, create_app
     from fleet.gateway import workers as gw_workers
     from fleet.local.up import check_port_free, serve_gateway
@@ -386,7 +386,7 @@ def _ago(seconds: float) -> str:
 def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False) -> None:
     """Models, versions, weights, replicas and their health; each version's loading mode (eager or
     lazy), whether it is loaded, starting or unloaded, and when a gateway last sent it a request."""
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.catalog.routes.store import Router
     from fleet.catalog.routes.table import RouteTable
     from fleet.cli.doctor import skipped
@@ -503,7 +503,7 @@ def up_cmd(
     """
     import dataclasses
 
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.gateway import FleetView, create_app
     from fleet.gateway import Settings as GatewaySettings
     from fleet.local.up import Settings, running_fleet, serve_gateway

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet import records
-from fleet.catalog.policies import Policies
+from fleet.catalog.policies.loader import Policies
 from fleet.errors import FleetError, IntegrityError, NotFound
 from fleet.runtime.base import DeployFailed, Runtime
 from fleet.types import ObjectStore

@@ -33,7 +33,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleet import __version__, audit
 from fleet.catalog import gateway_directory
-from fleet.catalog.policies import GatewaySpec, ModelSpec, Policies
+from fleet.catalog.policies.budgets import GatewaySpec
+from fleet.catalog.policies.loader import Policies
+from fleet.catalog.policies.models import ModelSpec
 from fleet.catalog.tenants import Quota
 from fleet.control import lazy
 from fleet.errors import FleetError

@@ -19,7 +19,7 @@ Memory of one replica, in GiB::
     replica  = max(estimate, resources.gpu × resources.gpu_memory_gib)
 
 ``max_running`` is ``generation.max_running`` (sequences in one running batch), the rest is
-``architecture`` (``fleet.catalog.policies.Architecture``): kv_width = hidden × kv_heads / heads, 2 for a
+``architecture`` (``fleet.catalog.policies.generation.Architecture``): kv_width = hidden × kv_heads / heads, 2 for a
 key and a value, KV bytes of ``kv_dtype`` (default the model's dtype; fp16 for int8/int4
 weights, whose quantization is weight-only). When the tensor-parallel degree exceeds
 ``kv_heads`` each key/value head is held on tp / kv_heads GPUs, and the KV cache grows by
@@ -45,7 +45,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fleet.catalog.policies import ModelSpec, Policies
+from fleet.catalog.policies.loader import Policies
+from fleet.catalog.policies.models import ModelSpec
 from fleet.errors import FleetError
 from fleet.planning.stack import NodePool
 
@@ -101,7 +102,7 @@ class ModelPlacement:
     target_qps_per_replica: float
     target_p99_ms: float
     isolated_for: tuple[str, ...] = ()  # why it has a node group of its own
-    triggers: tuple[str, ...] = ("qps", "p99_ms")  # what KEDA scales it on (fleet.catalog.policies.Autoscaling)
+    triggers: tuple[str, ...] = ("qps", "p99_ms")  # what KEDA scales it on (fleet.catalog.policies.models.Autoscaling)
     target_queue_depth_per_replica: float = 8.0
     target_gpu_utilization_pct: float = 70.0
     # what the replica runs on and how its memory adds up (defaults: a plan written before these)

@@ -43,7 +43,7 @@ from fleet.analysis import sequential
 from fleet.analysis.canary import Verdict, judge
 from fleet.analysis.sources import MetricsUnavailable, empty_window, sum_windows
 from fleet.catalog import gateway_directory
-from fleet.catalog.policies import RolloutPolicy
+from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.catalog.registry import ModelVersion, Registry, State
 from fleet.catalog.routes.rollback import rollback
 from fleet.catalog.routes.store import Router
