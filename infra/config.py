@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fleet.catalog.policies.loader import Policies, load_policies
 from fleet.errors import ConfigError
-from fleet.planning.placement import PlacementPlan, plan
+from fleet.planning.placement import PlacementPlan
+from fleet.planning.planner import plan
 from fleet.planning.stack import PROJECT, NodePool, RedisNodes, SystemNodes, models_from_config, pools_from_config
 from fleet.validation import checked, expected, explain, hint, problem
 

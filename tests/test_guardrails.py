@@ -608,7 +608,7 @@ def test_the_gateway_may_only_raise_a_lazy_scaledobjects_floor_from_0_to_1() -> 
     import celpy
 
     from fleet.catalog.policies.loader import load_policies
-    from fleet.planning.placement import plan
+    from fleet.planning.planner import plan
     from fleet.planning.stack import placement_inputs, read_stack_file
     from fleet.runtime.kubernetes import manifests
     from infra import admission

@@ -24,7 +24,8 @@ from infra_harness import (
 from k8s_schemas import json_ints, validate
 
 from fleet.catalog.policies.loader import load_policies
-from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, plan
+from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL
+from fleet.planning.planner import plan
 from fleet.planning.stack import placement_inputs, read_stack_file
 
 STACKS = ("dev", "prod")

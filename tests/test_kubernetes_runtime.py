@@ -18,7 +18,8 @@ from k8s_schemas import validate
 from fleet.catalog.policies.loader import load_policies
 from fleet.catalog.registry import Registry
 from fleet.errors import ConfigError, IntegrityError, InvalidInput, NotFound
-from fleet.planning.placement import GPU_RESOURCE, plan
+from fleet.planning.placement import GPU_RESOURCE
+from fleet.planning.planner import plan
 from fleet.planning.stack import placement_inputs, read_stack_file
 from fleet.runtime import images, open_runtime
 from fleet.runtime.base import DeployFailed

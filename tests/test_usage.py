@@ -361,7 +361,7 @@ def test_the_collector_exposes_usage_counters_replica_seconds_and_price(store: O
 def test_prices_come_from_the_placement_plan_of_a_stack() -> None:
     from fleet.catalog.policies.loader import load_policies
     from fleet.planning.costs import inference_costs
-    from fleet.planning.placement import plan
+    from fleet.planning.planner import plan
     from fleet.planning.stack import placement_inputs, read_stack_file
 
     path = ROOT / "Pulumi.dev.yaml"

@@ -476,7 +476,7 @@ def prices_from_plan(result: PlacementPlan, pools: Sequence[NodePool], where: st
 def prices_from_stack(stack: str, policies: Path) -> dict[str, Price]:
     """``prices_from_plan`` of the plan ``fleet plan -s <stack> --policies <policies>`` prints."""
     from fleet.catalog.policies.loader import load_policies
-    from fleet.planning.placement import plan
+    from fleet.planning.planner import plan
     from fleet.planning.stack import placement_inputs, read_stack_file, stack_file
 
     path = stack_file(stack)
