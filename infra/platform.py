@@ -19,7 +19,7 @@ import pulumi_kubernetes as k8s
 
 from fleet.catalog.policies.loader import Policies
 from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, SLICES_LABEL, PlacementPlan
-from fleet.runtime.kubernetes import CONFIG_MAP, MANAGED, config_map_data
+from fleet.runtime.kubernetes.manifests import CONFIG_MAP, MANAGED, config_map_data
 from infra import waited_for
 from infra.admission import GATEWAY_SCALING, gateway_scaling_policy, gpu_pod_policy
 from infra.admission import NAME as GPU_ADMISSION

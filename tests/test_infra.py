@@ -599,7 +599,7 @@ def test_a_prod_kubernetes_api_open_to_the_internet_is_refused() -> None:
 
 
 def test_the_runtime_config_map_carries_the_plan_and_quotas_follow_it(stack: Build) -> None:
-    from fleet.runtime.kubernetes import CONFIG_MAP
+    from fleet.runtime.kubernetes.manifests import CONFIG_MAP
     from infra.platform import model_quota
 
     (cm,) = [o for o in _manifests(stack) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == CONFIG_MAP]
@@ -617,7 +617,7 @@ def test_the_runtime_config_map_carries_the_plan_and_quotas_follow_it(stack: Bui
 
 def test_the_engine_learns_its_gpu_type_and_tensor_parallel_degree_through_the_config_map() -> None:
     """Placement → the fleet-runtime ConfigMap infra writes → the runtime's Deployment env."""
-    from fleet.runtime.kubernetes import CONFIG_MAP, manifests, placement_from_dict
+    from fleet.runtime.kubernetes.manifests import CONFIG_MAP, manifests, placement_from_dict
 
     (cm,) = [o for o in _manifests(example("prod")) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == CONFIG_MAP]
     placed = {m["model"]: placement_from_dict(m) for m in json.loads(cm["data"]["placement.json"])["models"]}

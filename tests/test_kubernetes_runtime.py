@@ -23,16 +23,9 @@ from fleet.planning.planner import plan
 from fleet.planning.stack import placement_inputs, read_stack_file
 from fleet.runtime import images, open_runtime
 from fleet.runtime.base import DeployFailed
-from fleet.runtime.kubernetes import (
-    CONFIG_MAP,
-    FIELD_MANAGER,
-    NAMESPACE,
-    HttpKubeApi,
-    KubeApiError,
-    KubernetesRuntime,
-    config_map_data,
-    object_name,
-)
+from fleet.runtime.kubernetes.api import FIELD_MANAGER, HttpKubeApi, KubeApiError
+from fleet.runtime.kubernetes.manifests import CONFIG_MAP, NAMESPACE, config_map_data, object_name
+from fleet.runtime.kubernetes.runtime import KubernetesRuntime
 from fleet.store import MemoryStore
 from fleet.types import ObjectStore
 from tests.test_registry import META
@@ -471,7 +464,7 @@ def test_http_client_speaks_server_side_apply_and_maps_errors() -> None:
 def test_each_scaling_trigger_of_the_policy_becomes_a_keda_trigger(prod_plan) -> None:  # noqa: ANN001
     import dataclasses
 
-    from fleet.runtime.kubernetes import manifests, object_name
+    from fleet.runtime.kubernetes.manifests import manifests, object_name
 
     result, _ = prod_plan
     llm = next(m for m in result.models if m.model == "llm-7b")

@@ -190,7 +190,7 @@ def test_model_pods_run_as_the_numeric_user_of_the_image_bentoml_builds(
     kubelet refuses them (non-numeric user). The runtime's pods must name that user's numbers."""
     from fleet.planning.placement import ModelPlacement
     from fleet.runtime.bento import bentoml_home, package
-    from fleet.runtime.kubernetes import manifests
+    from fleet.runtime.kubernetes.manifests import manifests
 
     if "bentoml" not in __import__("sys").modules:  # BentoML reads its home once, at import
         monkeypatch.setenv("BENTOML_HOME", str(tmp_path / "bentoml"))

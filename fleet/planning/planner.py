@@ -7,7 +7,7 @@ or it them), as vLLM requires. Pools with ``gpu_slices > 1`` share each GPU betw
 small replicas (NVIDIA device-plugin time-slicing), so only replicas that fit one slice go
 there. Each model goes to the pool where a replica costs least; isolated models get a node
 group of their own. A placement carries the pool's GPU type and the degree to the engine
-(``fleet.runtime.kubernetes.engine_env``).
+(``fleet.runtime.kubernetes.manifests.engine_env``).
 """
 
 from __future__ import annotations
