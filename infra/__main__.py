@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pulumi  # noqa: E402
 
 from fleet.errors import FleetError  # noqa: E402
-from fleet.usage.meter import prices_from_plan, write_prices  # noqa: E402
+from fleet.usage.prices import prices_from_plan, write_prices  # noqa: E402
 from infra import config as cfg  # noqa: E402
 from infra.addons import AFTER_NODES, BEFORE_NODES, ClusterAddons, ClusterAddonsArgs  # noqa: E402
 from infra.cluster import Cluster, ClusterArgs  # noqa: E402

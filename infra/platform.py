@@ -104,7 +104,7 @@ class PlatformArgs:
     redis_url: pulumi.Input[str]  # a secret Output: the gateways' FLEET_REDIS_URL
     redis_group: pulumi.Resource  # the quota store's replication group: the gateway waits for it
     vpc_cidr: str = "10.0.0.0/16"  # where gateway pods live: the network pushes between them may use
-    gateway_prices: str = "{}"  # the gateway's FLEET_PRICES_FILE (fleet.usage.meter.write_prices of the plan's prices)
+    gateway_prices: str = "{}"  # the gateway's FLEET_PRICES_FILE (fleet.usage.prices.write_prices of the plan's prices)
 
 
 def model_quota(plan: PlacementPlan) -> dict[str, str]:

@@ -503,7 +503,7 @@ def test_the_gateway_reads_the_stacks_policies_from_a_config_map(stack: Build, t
 
 
 def test_the_gateway_reads_the_plans_prices_from_a_config_map(stack: Build, tmp_path) -> None:  # noqa: ANN001
-    from fleet.usage.meter import prices_from_plan, read_prices
+    from fleet.usage.prices import prices_from_plan, read_prices
 
     pod, container = _gateway(stack)
     path = _env(container)["FLEET_PRICES_FILE"]["value"]

@@ -224,7 +224,7 @@ def gateway_cmd(
     from fleet.gateway import workers as gw_workers
     from fleet.local.up import check_port_free, serve_gateway
     from fleet.store import open_store
-    from fleet.usage.meter import gateway_prices
+    from fleet.usage.prices import gateway_prices
 
     _gateway_logging(access_log)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
@@ -508,7 +508,7 @@ def up_cmd(
     from fleet.gateway import Settings as GatewaySettings
     from fleet.local.up import Settings, running_fleet, serve_gateway
     from fleet.store import open_store
-    from fleet.usage.meter import gateway_prices
+    from fleet.usage.prices import gateway_prices
 
     _gateway_logging(access=False)
     if gateways > 1 and grpc_port == 0:

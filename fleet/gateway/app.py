@@ -60,7 +60,8 @@ from fleet.logs.feedback import LoggedRequests
 from fleet.logs.inference import InferenceLog
 from fleet.records import BadRecord
 from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, QuotaBackend
-from fleet.usage.meter import Price, UsageMeter
+from fleet.usage.meter import UsageMeter
+from fleet.usage.prices import Price
 
 activity_log = logging.getLogger("fleet.gateway")
 GC_YOUNG_THRESHOLD = 20_000  # allocations between young-generation collections (default 700)
@@ -81,7 +82,7 @@ def create_app(
     decoder: Decoder | None = None,
     prices: Mapping[str, Price] | None = None,
 ) -> ASGIApp:
-    """The gateway. ``prices``: model → its price per replica-hour (``fleet.usage.meter``), for the
+    """The gateway. ``prices``: model → its price per replica-hour (``fleet.usage.prices``), for the
     cost of what it serves; a model without one is metered with its cost unknown."""
     settings = settings or Settings(gateway_id=gateway_directory.new_id())
     limits = policies.gateway if policies else GatewaySpec()
