@@ -264,7 +264,7 @@ def _allows(policy: list[dict], action: str, resource: str) -> bool:
 
 
 # key → may the gateway write it; the keys are what fleet.catalog.routes.store, fleet.catalog.tenants, fleet.audit,
-# Registry.transition, fleet.catalog.gateway_directory, the inference log, fleet.usage.meter and fleet.control.lazy write
+# Registry.transition, fleet.catalog.gateway_directory, the inference log, fleet.usage.meter and fleet.logs.activity write
 GATEWAY_KEYS = {
     "routes/demo-classifier.json": True,
     "tenants/acme.json": True,
@@ -274,7 +274,7 @@ GATEWAY_KEYS = {
     "gateways/3f2a9c.json": True,
     "logs/inference/demo-classifier/2025/01/01/00/1735689600000-3f2a9c-1.parquet": True,
     "usage/2026-12-01T10/3f2a9c.json": True,  # fleet.usage.meter's hourly file (refused before: metering failed on AWS)
-    "activity/3f2a9c.json": True,  # fleet.control.lazy's idle clock
+    "activity/3f2a9c.json": True,  # fleet.logs.activity: lazy loading's idle clock
     "models/demo-classifier/1.2.0/artifact/model.pt": False,
     "models/demo-classifier/1.2.0/artifact/nested/manifest.json": False,  # * would match it, the Deny does not let it
     "models/demo-classifier/1.2.0/registering.json": False,  # registration is the flows' work

@@ -231,7 +231,7 @@ def _all_idle(env: FleetEnv, policies: Path) -> bool:
 
 
 def _last_request(env: FleetEnv, version: str) -> float | None:
-    from fleet.control.lazy import last_requests
+    from fleet.logs.activity import last_requests
 
     return last_requests(open_store(env.env["FLEET_STORE"])).get((LAZY, version))
 

@@ -391,7 +391,7 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
     from fleet.catalog.routes.table import RouteTable
     from fleet.cli.doctor import skipped
     from fleet.control.doctor import scan
-    from fleet.control.lazy import last_requests
+    from fleet.logs.activity import last_requests
 
     reg = registry()
     router = Router(reg.store, reg)
