@@ -23,9 +23,10 @@ from infra.edge import Edge, EdgeArgs  # noqa: E402
 from infra.gateway import NAME as GATEWAY_SA  # noqa: E402
 from infra.identity import IrsaRole, IrsaRoleArgs, autoscaler_policy, flows_policy, gateway_policy  # noqa: E402
 from infra.images import ImageRegistry, ImageRegistryArgs  # noqa: E402
+from infra.namespaces import FLOWS_NS, FLOWS_SA, GATEWAY_NS  # noqa: E402
 from infra.network import Network, NetworkArgs  # noqa: E402
 from infra.nodegroups import NodeGroups, NodeGroupsArgs, SystemGroup  # noqa: E402
-from infra.platform import FLOWS_NS, FLOWS_SA, GATEWAY_NS, Platform, PlatformArgs  # noqa: E402
+from infra.platform import Platform, PlatformArgs  # noqa: E402
 from infra.quota_store import QuotaStore, QuotaStoreArgs  # noqa: E402
 from infra.storage import ModelStore, ModelStoreArgs  # noqa: E402
 
