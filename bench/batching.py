@@ -57,7 +57,7 @@ def main() -> None:
     os.environ["FLEET_STORE"] = f"file://{work / 'store'}"
 
     from bentos.tabular_mlp.train import TrainConfig, train_and_register
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.catalog.registry import Registry
     from fleet.runtime.bento import package
     from fleet.runtime.cache import ArtifactCache

@@ -113,7 +113,7 @@ def run_fleet(data: Path) -> dict:
     t0 = time.perf_counter()
     from fleet.analysis import drift, quality
     from fleet.catalog import profile
-    from fleet.catalog.policies import DriftThresholds, MonitoringPolicy, QualityThresholds
+    from fleet.catalog.policies.monitoring import DriftThresholds, MonitoringPolicy, QualityThresholds
     from fleet.catalog.registry import TensorSpec
 
     quality._context()  # GX's import, paid once per process

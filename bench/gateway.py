@@ -198,7 +198,7 @@ def main() -> None:
     import yaml
 
     from bentos.tabular_mlp.train import TrainConfig, train_and_register
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.catalog.registry import Registry
     from fleet.catalog.routes.store import Router
     from fleet.catalog.tenants import Tenants

@@ -110,7 +110,7 @@ def write_policies(bench: Bench, gpu_memory_gib: float) -> dict:
         resources.pop("gpu_memory_gib", None)
 
     base = bench_policies(bench.policies, SOURCE_POLICY, {GPU_MODEL: on_gpu, CPU_MODEL: on_cpu})
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
 
     load_policies(bench.policies)  # a policy this tree's spec refuses fails here, not in fleet package
     return base

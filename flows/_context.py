@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from fleet.catalog.policies import Policies, load_policies
+from fleet.catalog.policies.loader import Policies, load_policies
 from fleet.runtime.base import Runtime
 from fleet.types import MetricsSource, ObjectStore
 

@@ -179,7 +179,7 @@ def _store_report(
 
 def deployments() -> list:
     """A scheduled monitor per model that has a registered version (cron from its policy), and retrain."""
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.runtime.packaged import policies_path
     from fleet.store import open_store
     from flows.retrain import retrain

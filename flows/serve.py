@@ -35,7 +35,7 @@ def deployments() -> list:
 
 def _idle_unload():  # noqa: ANN202 - a prefect RunnerDeployment
     """On a schedule only when a model is lazy: with none, there is nothing it could stop."""
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.runtime.packaged import policies_path
     from flows.unload import EVERY_S, idle_unload
 

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pulumi  # noqa: E402
 
 from fleet.errors import FleetError  # noqa: E402
-from fleet.usage.meter import prices_from_plan, write_prices  # noqa: E402
+from fleet.usage.prices import prices_from_plan, write_prices  # noqa: E402
 from infra import config as cfg  # noqa: E402
 from infra.addons import AFTER_NODES, BEFORE_NODES, ClusterAddons, ClusterAddonsArgs  # noqa: E402
 from infra.cluster import Cluster, ClusterArgs  # noqa: E402
@@ -23,9 +23,10 @@ from infra.edge import Edge, EdgeArgs  # noqa: E402
 from infra.gateway import NAME as GATEWAY_SA  # noqa: E402
 from infra.identity import IrsaRole, IrsaRoleArgs, autoscaler_policy, flows_policy, gateway_policy  # noqa: E402
 from infra.images import ImageRegistry, ImageRegistryArgs  # noqa: E402
+from infra.namespaces import FLOWS_NS, FLOWS_SA, GATEWAY_NS  # noqa: E402
 from infra.network import Network, NetworkArgs  # noqa: E402
 from infra.nodegroups import NodeGroups, NodeGroupsArgs, SystemGroup  # noqa: E402
-from infra.platform import FLOWS_NS, FLOWS_SA, GATEWAY_NS, Platform, PlatformArgs  # noqa: E402
+from infra.platform import Platform, PlatformArgs  # noqa: E402
 from infra.quota_store import QuotaStore, QuotaStoreArgs  # noqa: E402
 from infra.storage import ModelStore, ModelStoreArgs  # noqa: E402
 

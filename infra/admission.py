@@ -66,7 +66,7 @@ def gpu_pod_policy() -> tuple[dict, dict]:
 
 GATEWAY_SCALING = "fleet-gateway-scaling"
 # What the gateway may change in a ScaledObject: a lazy model's floor, from 0 to 1
-# (fleet.runtime.kubernetes KubernetesRuntime.activate wakes a version scaled to zero). Nothing
+# (fleet.runtime.kubernetes.runtime KubernetesRuntime.activate wakes a version scaled to zero). Nothing
 # else in spec; metadata only as the API server itself moves it.
 LAZY_ONLY = "has(oldObject.metadata.labels) && 'fleet.io/loading' in oldObject.metadata.labels && oldObject.metadata.labels['fleet.io/loading'] == 'lazy'"
 ZERO_TO_ONE = (

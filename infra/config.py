@@ -26,9 +26,10 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fleet.catalog.policies import Policies, load_policies
+from fleet.catalog.policies.loader import Policies, load_policies
 from fleet.errors import ConfigError
-from fleet.planning.placement import PlacementPlan, plan
+from fleet.planning.placement import PlacementPlan
+from fleet.planning.planner import plan
 from fleet.planning.stack import PROJECT, NodePool, RedisNodes, SystemNodes, models_from_config, pools_from_config
 from fleet.validation import checked, expected, explain, hint, problem
 
@@ -278,7 +279,7 @@ def _secret_problem(name: str, value: Any, where: str) -> str | None:
 
 def policy_files(path: Path) -> dict[str, str]:
     """File name → text of the policy files at ``path``: a file, or the *.yaml / *.yml directly
-    in a folder (what ``fleet.catalog.policies.load_policies`` reads)."""
+    in a folder (what ``fleet.catalog.policies.loader.load_policies`` reads)."""
     files = (
         [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".yaml", ".yml"))
     )

@@ -17,8 +17,8 @@ policies are a ConfigMap of ``policies/*.yaml`` mounted at ``POLICY_DIR``
 replaces a ConfigMap or Secret whose data changed, under a new name, so the pod template
 changes with it and a token rotation, a policy change or a price change rolls the gateway.
 
-Cost metering (fleet/usage/meter.py) reads each model's price per replica-hour from
-``FLEET_PRICES_FILE``: a ConfigMap of the JSON ``fleet.usage.meter.write_prices`` writes (the
+Cost metering (fleet/usage/prices.py) reads each model's price per replica-hour from
+``FLEET_PRICES_FILE``: a ConfigMap of the JSON ``fleet.usage.prices.write_prices`` writes (the
 program's ``prices_from_plan`` of the placement plan, what ``fleet plan`` prints), mounted at
 ``PRICES_DIR``. Each worker process would otherwise start a pool of decode processes sized
 from the node's CPUs (``os.cpu_count`` sees the node, not the pod's request);
@@ -78,7 +78,7 @@ class GatewayArgs:
     policy_files: dict[str, str]  # file name → YAML text
     redis_url: pulumi.Input[str]  # a secret Output: FLEET_REDIS_URL, the quota store (infra/quota_store.py)
     prices: str = (
-        "{}"  # FLEET_PRICES_FILE's JSON: fleet.usage.meter.write_prices(prices_from_plan(...)); {}: cost unknown
+        "{}"  # FLEET_PRICES_FILE's JSON: fleet.usage.prices.write_prices(prices_from_plan(...)); {}: cost unknown
     )
     trusted_networks: str = ""  # FLEET_GATEWAY_NETWORKS: where the other gateways' pod IPs are
 

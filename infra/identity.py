@@ -65,7 +65,7 @@ GATEWAY_WRITES = (
     "logs/*",  # the inference log's Parquet batches
     "gateways/*",  # its heartbeat record
     "usage/*",  # fleet.usage.meter: its usage and cost per hour (usage/<hour>/<gateway>.json)
-    "activity/*",  # fleet.control.lazy: when it last asked each version (lazy loading's idle clock)
+    "activity/*",  # fleet.logs.activity: when it last asked each version (lazy loading's idle clock)
 )
 GATEWAY_DELETES = ("gateways/*",)  # its record, withdrawn at shutdown; nothing else is ever deleted
 # IAM's * matches "/" too, so models/*/*/manifest.json alone would also match a file named

@@ -8,7 +8,7 @@ by Grafana's dashboard sidecar) and a PrometheusRule.
 
 from __future__ import annotations
 
-from fleet.catalog.policies import Policies
+from fleet.catalog.policies.loader import Policies
 
 DASHBOARD_UID = "serving-fleet"
 

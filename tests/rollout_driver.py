@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from fleet.analysis.sources import empty_window
-from fleet.catalog.policies import RolloutPolicy, load_policies
+from fleet.catalog.policies.loader import load_policies
+from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.catalog.rollouts import TERMINAL, Phase, RolloutState
 from fleet.control.rollout.effects import apply_overrides
 from fleet.control.rollout.machine import (

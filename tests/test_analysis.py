@@ -14,7 +14,7 @@ from fleet.analysis.canary import Verdict, judge
 from fleet.analysis.drift import psi
 from fleet.analysis.histograms import histogram_quantile
 from fleet.analysis.sources import MemoryMetrics, latency_bucket
-from fleet.catalog.policies import RolloutPolicy
+from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow
 
 MODEL, STABLE, CANARY = "demo", "1.0.0", "1.1.0"

@@ -17,7 +17,8 @@ import pytest
 import yaml
 from infra_harness import Build, example
 
-from infra.platform import CHARTS, FLOW_JOB_DEFAULTS, FLOWS_NS, FLOWS_SA, WORK_POOL
+from infra.charts import CHARTS, FLOW_JOB_DEFAULTS, WORK_POOL
+from infra.namespaces import FLOWS_NS, FLOWS_SA
 
 FIXTURES = Path(__file__).parent / "fixtures" / "charts"
 SOURCES = json.loads((FIXTURES / "SOURCES.json").read_text())

@@ -160,7 +160,7 @@ def test_clock_turns_epoch_seconds_into_the_same_format() -> None:
 
 def test_a_holding_verdict_says_when_it_fails_as_a_clock_time() -> None:
     from fleet.analysis.canary import judge
-    from fleet.catalog.policies import RolloutPolicy
+    from fleet.catalog.policies.rollout import RolloutPolicy
     from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow
 
     start = AT.timestamp()

@@ -28,7 +28,7 @@ from fleet.analysis.drift import (
 )
 from fleet.analysis.drift.stats import KS_EXACT_N
 from fleet.catalog import profile
-from fleet.catalog.policies import DriftThresholds, MonitoringPolicy, RetrainTrigger
+from fleet.catalog.policies.monitoring import DriftThresholds, MonitoringPolicy, RetrainTrigger
 from fleet.types import score_bins
 
 T = DriftThresholds()

@@ -124,7 +124,7 @@ def test_a_guardrail_stops_an_experiment_whose_b_fails_more_and_a_stop_request_i
 
     from fleet.analysis.sources import MemoryMetrics
     from fleet.catalog.experiments import ExperimentState, stop_key
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.control.experiment.effects import Experiment
     from fleet.store import MemoryStore
 

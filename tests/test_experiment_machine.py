@@ -8,7 +8,7 @@ import pytest
 
 from fleet.analysis.ab import MAX_TICKS_KEPT
 from fleet.catalog.experiments import ExperimentState, ExperimentStatus
-from fleet.catalog.policies import load_policies
+from fleet.catalog.policies.loader import load_policies
 from fleet.control.experiment.machine import Look, errored, keeps_b, reads, start, step
 from fleet.control.rollout.reading import READ_SLACK_S
 from tests.rollout_driver import GOOD, ROOT, Traffic, served

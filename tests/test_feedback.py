@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleet.catalog.policies import Outcome
+from fleet.catalog.policies.models import Outcome
 from fleet.errors import InvalidInput
 from fleet.logs.feedback import check_outcomes, labelled, parse, with_outcomes
 from tests.gateway_env import MODEL, GatewayEnv, infer, wait_for

@@ -76,7 +76,7 @@ def served(fleet: dict, n: int = 20) -> set[str]:
 
 
 def _ttft_slo_ms() -> float:
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
 
     return load_policies(ROOT / "policies").model(MODEL).slo.p99_ms
 

@@ -254,7 +254,7 @@ def test_taggable_covers_every_taggable_type_the_program_uses() -> None:
 
 
 def test_the_kubernetes_runtimes_deployments_pass_the_pod_policy() -> None:
-    from fleet.runtime.kubernetes import manifests, placement_from_dict
+    from fleet.runtime.kubernetes.manifests import manifests, placement_from_dict
 
     images = example("prod").outputs["imageRepositories"]
     for raw in example("prod").outputs["placement"]["models"]:
@@ -607,10 +607,10 @@ def test_the_gateway_may_only_raise_a_lazy_scaledobjects_floor_from_0_to_1() -> 
 
     import celpy
 
-    from fleet.catalog.policies import load_policies
-    from fleet.planning.placement import plan
+    from fleet.catalog.policies.loader import load_policies
+    from fleet.planning.planner import plan
     from fleet.planning.stack import placement_inputs, read_stack_file
-    from fleet.runtime.kubernetes import manifests
+    from fleet.runtime.kubernetes.manifests import manifests
     from infra import admission
 
     policies = load_policies(ROOT / "policies")

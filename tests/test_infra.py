@@ -23,8 +23,9 @@ from infra_harness import (
 )
 from k8s_schemas import json_ints, validate
 
-from fleet.catalog.policies import load_policies
-from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, plan
+from fleet.catalog.policies.loader import load_policies
+from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL
+from fleet.planning.planner import plan
 from fleet.planning.stack import placement_inputs, read_stack_file
 
 STACKS = ("dev", "prod")
@@ -263,7 +264,7 @@ def _allows(policy: list[dict], action: str, resource: str) -> bool:
 
 
 # key → may the gateway write it; the keys are what fleet.catalog.routes.store, fleet.catalog.tenants, fleet.audit,
-# Registry.transition, fleet.catalog.gateway_directory, the inference log, fleet.usage.meter and fleet.control.lazy write
+# Registry.transition, fleet.catalog.gateway_directory, the inference log, fleet.usage.meter and fleet.logs.activity write
 GATEWAY_KEYS = {
     "routes/demo-classifier.json": True,
     "tenants/acme.json": True,
@@ -273,7 +274,7 @@ GATEWAY_KEYS = {
     "gateways/3f2a9c.json": True,
     "logs/inference/demo-classifier/2025/01/01/00/1735689600000-3f2a9c-1.parquet": True,
     "usage/2026-12-01T10/3f2a9c.json": True,  # fleet.usage.meter's hourly file (refused before: metering failed on AWS)
-    "activity/3f2a9c.json": True,  # fleet.control.lazy's idle clock
+    "activity/3f2a9c.json": True,  # fleet.logs.activity: lazy loading's idle clock
     "models/demo-classifier/1.2.0/artifact/model.pt": False,
     "models/demo-classifier/1.2.0/artifact/nested/manifest.json": False,  # * would match it, the Deny does not let it
     "models/demo-classifier/1.2.0/registering.json": False,  # registration is the flows' work
@@ -502,7 +503,7 @@ def test_the_gateway_reads_the_stacks_policies_from_a_config_map(stack: Build, t
 
 
 def test_the_gateway_reads_the_plans_prices_from_a_config_map(stack: Build, tmp_path) -> None:  # noqa: ANN001
-    from fleet.usage.meter import prices_from_plan, read_prices
+    from fleet.usage.prices import prices_from_plan, read_prices
 
     pod, container = _gateway(stack)
     path = _env(container)["FLEET_PRICES_FILE"]["value"]
@@ -598,7 +599,7 @@ def test_a_prod_kubernetes_api_open_to_the_internet_is_refused() -> None:
 
 
 def test_the_runtime_config_map_carries_the_plan_and_quotas_follow_it(stack: Build) -> None:
-    from fleet.runtime.kubernetes import CONFIG_MAP
+    from fleet.runtime.kubernetes.manifests import CONFIG_MAP
     from infra.platform import model_quota
 
     (cm,) = [o for o in _manifests(stack) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == CONFIG_MAP]
@@ -616,7 +617,7 @@ def test_the_runtime_config_map_carries_the_plan_and_quotas_follow_it(stack: Bui
 
 def test_the_engine_learns_its_gpu_type_and_tensor_parallel_degree_through_the_config_map() -> None:
     """Placement → the fleet-runtime ConfigMap infra writes → the runtime's Deployment env."""
-    from fleet.runtime.kubernetes import CONFIG_MAP, manifests, placement_from_dict
+    from fleet.runtime.kubernetes.manifests import CONFIG_MAP, manifests, placement_from_dict
 
     (cm,) = [o for o in _manifests(example("prod")) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == CONFIG_MAP]
     placed = {m["model"]: placement_from_dict(m) for m in json.loads(cm["data"]["placement.json"])["models"]}

@@ -15,23 +15,17 @@ import kubernetes_validate
 import pytest
 from k8s_schemas import validate
 
-from fleet.catalog.policies import load_policies
+from fleet.catalog.policies.loader import load_policies
 from fleet.catalog.registry import Registry
 from fleet.errors import ConfigError, IntegrityError, InvalidInput, NotFound
-from fleet.planning.placement import GPU_RESOURCE, plan
+from fleet.planning.placement import GPU_RESOURCE
+from fleet.planning.planner import plan
 from fleet.planning.stack import placement_inputs, read_stack_file
 from fleet.runtime import images, open_runtime
 from fleet.runtime.base import DeployFailed
-from fleet.runtime.kubernetes import (
-    CONFIG_MAP,
-    FIELD_MANAGER,
-    NAMESPACE,
-    HttpKubeApi,
-    KubeApiError,
-    KubernetesRuntime,
-    config_map_data,
-    object_name,
-)
+from fleet.runtime.kubernetes.api import FIELD_MANAGER, HttpKubeApi, KubeApiError
+from fleet.runtime.kubernetes.manifests import CONFIG_MAP, NAMESPACE, config_map_data, object_name
+from fleet.runtime.kubernetes.runtime import KubernetesRuntime
 from fleet.store import MemoryStore
 from fleet.types import ObjectStore
 from tests.test_registry import META
@@ -470,7 +464,7 @@ def test_http_client_speaks_server_side_apply_and_maps_errors() -> None:
 def test_each_scaling_trigger_of_the_policy_becomes_a_keda_trigger(prod_plan) -> None:  # noqa: ANN001
     import dataclasses
 
-    from fleet.runtime.kubernetes import manifests, object_name
+    from fleet.runtime.kubernetes.manifests import manifests, object_name
 
     result, _ = prod_plan
     llm = next(m for m in result.models if m.model == "llm-7b")
@@ -492,7 +486,7 @@ def test_each_scaling_trigger_of_the_policy_becomes_a_keda_trigger(prod_plan) ->
 
 
 def test_gpu_utilization_on_a_cpu_model_and_repeated_triggers_are_refused() -> None:
-    from fleet.catalog.policies import Autoscaling
+    from fleet.catalog.policies.models import Autoscaling
     from fleet.errors import FleetError
 
     policies = load_policies(ROOT / "policies")

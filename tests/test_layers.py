@@ -84,6 +84,6 @@ def test_only_the_gateways_composition_root_may_wire_control(tree: Path) -> None
 
 
 def test_an_import_circle_breaks_the_build(tree: Path) -> None:
-    plant(tree, "fleet.planning.stack", "from fleet.planning import placement as _placement")
+    plant(tree, "fleet.planning.stack", "from fleet.planning import planner as _planner")
     result = lint(tree)
     assert result.returncode != 0 and "No cycles are allowed in fleet.planning" in result.stdout, result.stdout

@@ -221,7 +221,7 @@ def test_the_memory_budget_stops_the_least_recently_used_idle_version_never_eage
 
 
 def _all_idle(env: FleetEnv, policies: Path) -> bool:
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.control.lazy import LoadController
 
     controller = LoadController(
@@ -231,7 +231,7 @@ def _all_idle(env: FleetEnv, policies: Path) -> bool:
 
 
 def _last_request(env: FleetEnv, version: str) -> float | None:
-    from fleet.control.lazy import last_requests
+    from fleet.logs.activity import last_requests
 
     return last_requests(open_store(env.env["FLEET_STORE"])).get((LAZY, version))
 

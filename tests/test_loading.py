@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet.catalog.policies import ModelSpec, load_policies
+from fleet.catalog.policies.loader import load_policies
+from fleet.catalog.policies.models import ModelSpec
 from fleet.catalog.rollouts import RolloutState
 from fleet.catalog.routes.table import Canary, RouteTable, Shadow
 from fleet.control.lazy import BUSY_WITHIN_S, Candidate, NoRoom, idle_unloads, make_room, protections

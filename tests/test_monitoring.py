@@ -14,7 +14,7 @@ from bentos.tabular_mlp import data
 from fleet.analysis.drift import concept_drift, drift_report
 from fleet.analysis.monitoring import decide
 from fleet.analysis.quality import ExpectationOutcome, QualityResult
-from fleet.catalog.policies import load_policies
+from fleet.catalog.policies.loader import load_policies
 from fleet.catalog.profile import baseline_profile
 
 ROOT = Path(__file__).resolve().parents[1]

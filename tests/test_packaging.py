@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from bentos.tabular_mlp.train import TrainConfig, train_and_register
-from fleet.catalog.policies import load_policies
+from fleet.catalog.policies.loader import load_policies
 from fleet.catalog.registry import Registry
 from fleet.runtime.cache import ArtifactCache
 from fleet.store import FileStore
@@ -188,7 +188,7 @@ def test_model_pods_run_as_the_numeric_user_of_the_image_bentoml_builds(
     kubelet refuses them (non-numeric user). The runtime's pods must name that user's numbers."""
     from fleet.planning.placement import ModelPlacement
     from fleet.runtime.bento import bentoml_home, package
-    from fleet.runtime.kubernetes import manifests
+    from fleet.runtime.kubernetes.manifests import manifests
 
     bentoml_home()
     import bentoml

@@ -6,19 +6,11 @@ import dataclasses
 
 import pytest
 
-from fleet.catalog.policies import Policies
+from fleet.catalog.policies.loader import Policies
 from fleet.errors import ConfigError
-from fleet.planning.placement import (
-    BYTES_PER_PARAM,
-    DEDICATED_KEY,
-    GPU_RESOURCE,
-    KV_DEFAULT_SHARE,
-    POOL_LABEL,
-    RUNTIME_OVERHEAD,
-    PlacementError,
-    plan,
-    replica_gpu_memory_gib,
-)
+from fleet.planning.memory import BYTES_PER_PARAM, KV_DEFAULT_SHARE, RUNTIME_OVERHEAD, replica_gpu_memory_gib
+from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, PlacementError
+from fleet.planning.planner import plan
 from fleet.planning.stack import NodePool, models_from_config, placement_inputs, pools_from_config, read_stack_file
 
 CPU = {"name": "cpu", "instance_type": "m6i.xlarge", "vcpu": 4, "memory_gib": 16, "hourly_usd": 0.192}

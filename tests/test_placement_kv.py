@@ -10,20 +10,20 @@ import pytest
 import yaml
 from k8s_schemas import validate
 
-from fleet.catalog.policies import load_policies
+from fleet.catalog.policies.loader import load_policies
 from fleet.errors import ConfigError
-from fleet.planning.placement import (
+from fleet.planning.memory import (
     KV_DEFAULT_SHARE,
     RUNTIME_OVERHEAD,
-    PlacementError,
     kv_cache_bytes,
     kv_dtype,
     memory,
-    plan,
     tensor_parallel_ok,
 )
+from fleet.planning.placement import PlacementError
+from fleet.planning.planner import plan
 from fleet.planning.stack import GPU_TYPES, NodePool, placement_inputs, pools_from_config, read_stack_file
-from fleet.runtime.kubernetes import config_map_data, engine_env, manifests, placement_from_dict
+from fleet.runtime.kubernetes.manifests import config_map_data, engine_env, manifests, placement_from_dict
 from tests.test_placement import A10G_4, A10G_SLICED, A100_8, CPU, gib, model, policies, pools
 
 ROOT = Path(__file__).resolve().parents[1]

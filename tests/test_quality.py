@@ -14,7 +14,7 @@ import pytest
 from bentos.tabular_mlp import data
 from fleet.analysis import quality
 from fleet.catalog import profile
-from fleet.catalog.policies import QualityThresholds
+from fleet.catalog.policies.monitoring import QualityThresholds
 from fleet.catalog.registry import TensorSpec
 from fleet.errors import InvalidInput
 

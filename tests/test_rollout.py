@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleet.analysis.sources import MemoryMetrics
-from fleet.catalog.policies import load_policies
+from fleet.catalog.policies.loader import load_policies
 from fleet.catalog.registry import Registry, State, TensorSpec, VersionMetadata
 from fleet.catalog.rollouts import RolloutState, state_key
 from fleet.catalog.routes.store import Router

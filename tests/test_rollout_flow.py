@@ -70,7 +70,7 @@ def run_rollout(version: str, **overrides):  # noqa: ANN003, ANN201 - a Prefect 
 
 
 def _slo_p99_ms() -> float:
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
 
     return load_policies(ROOT / "policies").model(MODEL).slo.p99_ms
 
@@ -399,7 +399,7 @@ def test_a_second_rollout_while_the_first_deploys_past_the_lease_ttl_is_refused(
     prefect_api: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import flows.rollout
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.store import MemoryStore
     from flows._context import FleetContext
     from tests.test_rollout import meta

@@ -14,7 +14,8 @@ from scipy import stats
 from fleet.analysis.anytime import ErrorHarm, TailHarm, bernoulli_bounds
 from fleet.analysis.sequential import Evidence, spent_alpha
 from fleet.analysis.simulate import SCENARIOS, Scenario, Stream, run
-from fleet.catalog.policies import RolloutPolicy, load_policies
+from fleet.catalog.policies.loader import load_policies
+from fleet.catalog.policies.rollout import RolloutPolicy
 from tests.test_rollout import ROOT
 
 GOOD = SCENARIOS[0]

@@ -11,7 +11,8 @@ import pydantic
 import pytest
 import yaml
 
-from fleet.catalog.policies import ModelSpec, Policies, load_policies
+from fleet.catalog.policies.loader import Policies, load_policies
+from fleet.catalog.policies.models import ModelSpec
 from fleet.errors import ConfigError, NotFound
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -406,13 +407,13 @@ def test_every_policy_key_is_read_somewhere():
     """A key that nothing reads is a promise the fleet does not keep, as ``bake_time_s`` was.
 
     Read means an attribute, subscript or ``.get`` of the key's name in the code outside
-    fleet/catalog/policies.py. A name that other objects share passes on their reads: tenant ``pins``
-    would have, on the route table's. So this catches keys with no reader at all, not all."""
+    fleet/catalog/policies/ (the models' own validators and properties are not readers). A name
+    that other objects share passes on their reads: tenant ``pins`` would have, on the route
+    table's. So this catches keys with no reader at all, not all."""
+    own = ROOT / "fleet" / "catalog" / "policies"
+    assert (own / "models.py").is_file(), "the policy models moved: point `own` at them"
     code = "\n".join(
-        p.read_text(encoding="utf-8")
-        for root in CODE
-        for p in (ROOT / root).rglob("*.py")
-        if p != ROOT / "fleet" / "spec.py"
+        p.read_text(encoding="utf-8") for root in CODE for p in (ROOT / root).rglob("*.py") if own not in p.parents
     )
     unread = []
     for model in _policy_models(Policies, []):

@@ -1,4 +1,4 @@
-"""Usage and cost per tenant, model and version (fleet.usage.meter, ``fleet usage``): the gateway's
+"""Usage and cost per tenant, model and version (fleet.usage, ``fleet usage``): the gateway's
 meter on a fake clock, its hour files in a real file:// store, the rollup over several
 gateways, the cost arithmetic, the Prometheus collector and the command line."""
 
@@ -19,17 +19,10 @@ from typer.testing import CliRunner
 from fleet.errors import InvalidInput, StoreUnavailable
 from fleet.store import open_store
 from fleet.types import ObjectStore
-from fleet.usage.meter import (
-    MAX_GAP_S,
-    Price,
-    TrafficRecord,
-    UsageHour,
-    UsageMeter,
-    hour_key,
-    prices_from_plan,
-    prices_from_stack,
-    rollup,
-)
+from fleet.usage.meter import MAX_GAP_S, UsageMeter
+from fleet.usage.prices import Price, prices_from_plan, prices_from_stack
+from fleet.usage.records import TrafficRecord, UsageHour, hour_key
+from fleet.usage.rollup import rollup
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2026, 12, 1, 14, 0, tzinfo=UTC).timestamp()  # the start of a UTC hour
@@ -359,9 +352,9 @@ def test_the_collector_exposes_usage_counters_replica_seconds_and_price(store: O
 
 
 def test_prices_come_from_the_placement_plan_of_a_stack() -> None:
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.planning.costs import inference_costs
-    from fleet.planning.placement import plan
+    from fleet.planning.planner import plan
     from fleet.planning.stack import placement_inputs, read_stack_file
 
     path = ROOT / "Pulumi.dev.yaml"
@@ -462,7 +455,7 @@ def test_a_gateway_meters_what_it_served_and_fleet_usage_prices_it(tmp_path: Pat
 
     import httpx
 
-    from fleet.usage.meter import write_prices
+    from fleet.usage.prices import write_prices
     from tests.gateway_env import MODEL, GatewayEnv, metric, wait_for
     from tests.serving_env import FLEET
 

@@ -38,7 +38,7 @@ from typing import Literal
 from fleet.analysis import gates
 from fleet.analysis.gates import GateResult, percent, points
 from fleet.analysis.histograms import filled
-from fleet.catalog.policies import RolloutPolicy
+from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.types import ArmWindow
 
 Outcome = Literal["advance", "hold", "rollback"]

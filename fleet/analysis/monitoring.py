@@ -17,7 +17,7 @@ from typing import Literal
 
 from fleet.analysis.drift import ConceptDrift, DriftReport
 from fleet.analysis.quality import QualityResult
-from fleet.catalog.policies import MonitoringPolicy
+from fleet.catalog.policies.monitoring import MonitoringPolicy
 
 Action = Literal["skip", "alert", "retrain", "cooldown", "ok"]
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from fleet.catalog.policies import QualityThresholds
+from fleet.catalog.policies.monitoring import QualityThresholds
 from fleet.catalog.profile import feature_kind
 from fleet.catalog.registry import TensorSpec
 from fleet.errors import InvalidInput

@@ -50,7 +50,7 @@ from fleet.analysis.significance import growth_needed, more_samples, psi_within
 from fleet.types import ArmWindow
 
 if TYPE_CHECKING:
-    from fleet.catalog.policies import RolloutPolicy
+    from fleet.catalog.policies.rollout import RolloutPolicy
 
 STABLE_P99_ANSWERS = math.ceil(math.log(0.05) / math.log(1 - TAIL_NULL))  # 299
 # the false-rollback budget's split between the gates (their sum is 1); a gate that a policy

@@ -24,7 +24,7 @@ from fleet.analysis.canary import judge
 from fleet.analysis.histograms import histogram_quantile
 from fleet.analysis.sequential import Arms, Evidence
 from fleet.analysis.sequential import judge as sequential_judge
-from fleet.catalog.policies import RolloutPolicy
+from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow
 
 BASE_MS, SIGMA, BASE_ERR = 10.0, 0.4, 0.001

@@ -15,7 +15,7 @@ import typer
 from pydantic import ValidationError
 
 from fleet import __version__
-from fleet.cli import doctor, experiments, flows, models, plan, policies, route, serving, tenants, usage
+from fleet.cli import doctor, experiments, flows, gateway, models, plan, policies, route, serving, tenants, usage
 from fleet.cli._output import fail
 from fleet.errors import FleetError
 from fleet.validation import explain
@@ -38,12 +38,12 @@ app.add_typer(models.app, name="models")
 app.add_typer(route.app, name="route")
 app.add_typer(tenants.app, name="tenants")
 app.add_typer(policies.app, name="policies")
-app.command("up")(serving.up_cmd)
+app.command("up")(gateway.up_cmd)
 app.command("package")(serving.package_cmd)
 app.command("deploy")(serving.deploy_cmd)
 app.command("undeploy")(serving.undeploy_cmd)
 app.command("unload-idle")(serving.unload_idle_cmd)
-app.command("gateway")(serving.gateway_cmd)
+app.command("gateway")(gateway.gateway_cmd)
 app.command("status")(serving.status_cmd)
 app.add_typer(flows.app, name="flows")
 app.command("rollout")(flows.rollout_cmd)

@@ -121,7 +121,7 @@ def rollout_cmd(
 
     Exits 0 when the version was promoted, 1 when it was rolled back or refused.
     """
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.control.rollout.effects import apply_overrides
 
     overrides = _parse_overrides(set_)

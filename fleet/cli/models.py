@@ -133,7 +133,7 @@ def fetch(
 
 def _trainer(model: str, policies: Path):  # noqa: ANN202 - (family name, its train module)
     """MODEL's family (from the policies) and the family's ``train`` module."""
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.runtime.bento import family_module
 
     family_name = load_policies(policies).model(model).family

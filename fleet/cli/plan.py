@@ -3,7 +3,7 @@ what the whole stack costs per hour and how its GPUs compare with the guardrails
 
 Only gathers inputs (the policies, the node pools, system nodes and network of
 ``Pulumi.<stack>.yaml`` as ``fleet.planning.stack`` parses them, the guardrail pack's config) and prints
-what ``fleet.planning.placement.plan`` and ``fleet.planning.costs.stack_cost`` decide; the Pulumi program sizes its
+what ``fleet.planning.planner.plan`` and ``fleet.planning.costs.stack_cost`` decide; the Pulumi program sizes its
 node groups from the same function and exports the same cost, so this is what ``pulumi up``
 would build.
 
@@ -57,9 +57,9 @@ def plan_cmd(
     type, tensor-parallel degree and memory (weights, KV cache and where its size came from),
     what scales each model and its cost per 1,000 inferences, node-group sizes, the whole
     stack's cost per hour and the GPU ceiling."""
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.planning.costs import inference_costs, stack_cost
-    from fleet.planning.placement import plan
+    from fleet.planning.planner import plan
     from fleet.planning.stack import (
         build_inputs,
         gpu_ceiling,
@@ -147,7 +147,7 @@ def _placement_table(result: PlacementPlan, path: Path) -> Table:
 
 
 def _memory_table(result: PlacementPlan) -> Table:
-    from fleet.planning.placement import KV_DEFAULT_SHARE, RUNTIME_OVERHEAD
+    from fleet.planning.memory import KV_DEFAULT_SHARE, RUNTIME_OVERHEAD
 
     t = _table(f"memory per replica, GiB: (weights + KV cache) × {1 + RUNTIME_OVERHEAD:g}")
     t.caption = Text(

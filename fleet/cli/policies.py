@@ -18,7 +18,7 @@ def check(
     json: JsonFlag = False,
 ) -> None:
     """Parse and cross-check every policy file; name the file, key and value of each problem."""
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
 
     policies = load_policies(path)
     counts = {section: len(getattr(policies, section)) for section in ("models", "tenants", "rollout", "monitoring")}

@@ -1,5 +1,5 @@
 """``fleet usage``: requests, inferences, upstream time, replica time and cost per tenant, model
-and version, from the hourly files the gateways write under ``usage/`` (see ``fleet.usage.meter``)."""
+and version, from the hourly files the gateways write under ``usage/`` (see ``fleet.usage.records``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import typer
 from fleet.cli._output import JsonFlag, console, emit_json, err_console, table
 from fleet.errors import InvalidInput
 
-if TYPE_CHECKING:  # fleet.usage.meter imports prometheus_client: not at every command's start
-    from fleet.usage.meter import Report
+if TYPE_CHECKING:  # the rollup is imported when the command runs, not at every command's start
+    from fleet.usage.rollup import Report
 
 _SINCE = re.compile(r"(\d{1,6})([mhd])")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days"}
@@ -68,7 +68,7 @@ def usage_cmd(
     """
     from fleet import audit
     from fleet.store import open_store
-    from fleet.usage.meter import rollup
+    from fleet.usage.rollup import rollup
 
     window = parse_since(since)
     until = audit.now()

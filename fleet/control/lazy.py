@@ -4,9 +4,8 @@ A model's policy says ``loading: eager`` (every routed version runs until it is 
 or ``lazy``: a version runs only while it is used. The gateway starts a cold version on its
 first request (``fleet.gateway.activate``); this module stops it again.
 
-**What the gateways last served.** Each gateway writes, with its heartbeat, when it last
-sent a request to each version: ``activity/<gateway id>.json``. ``last_requests`` takes the
-latest across gateways (a record older than a day is ignored: its gateway is long gone).
+**What the gateways last served** is their activity records (``fleet.logs.activity``): when
+each last sent a request to each version.
 
 **The decision is pure** (``idle_unloads``, ``make_room``) over ``Candidate``s: never an
 eager model's version, never a version a route has as canary or shadow, never one in a
@@ -31,73 +30,16 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from fleet import records
-from fleet.catalog.policies import Policies
+from fleet.catalog.policies.loader import Policies
 from fleet.errors import FleetError, IntegrityError, NotFound
+from fleet.logs.activity import ACTIVITY_PREFIX, last_requests, silent_gateways
 from fleet.runtime.base import DeployFailed, Runtime
 from fleet.types import ObjectStore
 
 log = logging.getLogger("fleet.control.lazy")
 
-ACTIVITY_PREFIX = "activity/"
-ACTIVITY_MAX_AGE_S = 86_400.0  # an activity record not rewritten for a day belongs to a gateway long gone
 BUSY_WITHIN_S = 10.0  # a version asked this recently is in use: never stopped to make room
-
-
-class Activity(BaseModel):
-    """When one gateway last sent a request to each version (unix seconds)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    gateway: str
-    written_at: float
-    last_request: dict[str, dict[str, float]] = Field(default_factory=dict)  # model → version → time
-
-
-def activity_key(gateway_id: str) -> str:
-    return f"{ACTIVITY_PREFIX}{gateway_id}.json"
-
-
-def write_activity(store: ObjectStore, gateway_id: str, last: dict[tuple[str, str], float]) -> None:
-    """This gateway's record (only it writes it)."""
-    nested: dict[str, dict[str, float]] = {}
-    for (model, version), at in last.items():
-        nested.setdefault(model, {})[version] = round(at, 3)
-    store.put(
-        activity_key(gateway_id),
-        records.dump(Activity(gateway=gateway_id, written_at=time.time(), last_request=nested)),
-    )
-
-
-def silent_gateways(store: ObjectStore, now: float | None = None) -> list[str]:
-    """Live gateways that keep no activity record (one that cannot write it, or of a release
-    before lazy loading): what they serve is unknown, so nothing may be unloaded as idle. Old
-    records of gateways long gone are removed on the way (each restart makes a new id)."""
-    from fleet.catalog import gateway_directory
-
-    now = time.time() if now is None else now
-    live = {g.id for g in gateway_directory.live(store)}
-    found, _ = records.load_all(store, ACTIVITY_PREFIX, Activity)
-    for key, act in found.items():
-        if act.gateway not in live and now - act.written_at > ACTIVITY_MAX_AGE_S:
-            store.delete(key)
-    return sorted(live - {act.gateway for act in found.values()})
-
-
-def last_requests(store: ObjectStore, now: float | None = None) -> dict[tuple[str, str], float]:
-    """(model, version) → the latest request any gateway sent it; unreadable records are skipped."""
-    now = time.time() if now is None else now
-    found, _ = records.load_all(store, ACTIVITY_PREFIX, Activity)
-    latest: dict[tuple[str, str], float] = {}
-    for act in found.values():
-        if now - act.written_at > ACTIVITY_MAX_AGE_S:
-            continue
-        for model, versions in act.last_request.items():
-            for version, at in versions.items():
-                latest[model, version] = max(at, latest.get((model, version), 0.0))
-    return latest
 
 
 # -- the decision (pure) ---------------------------------------------------------------------

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from fleet.catalog.policies import ModelSpec
+from fleet.catalog.policies.models import ModelSpec
 from fleet.errors import FleetError
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import NoReplica, Pool, Upstreams

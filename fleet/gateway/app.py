@@ -33,9 +33,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fleet import __version__, audit
 from fleet.catalog import gateway_directory
-from fleet.catalog.policies import GatewaySpec, ModelSpec, Policies
+from fleet.catalog.policies.budgets import GatewaySpec
+from fleet.catalog.policies.loader import Policies
+from fleet.catalog.policies.models import ModelSpec
 from fleet.catalog.tenants import Quota
-from fleet.control import lazy
 from fleet.errors import FleetError
 from fleet.gateway import workers
 from fleet.gateway.activate import Activator
@@ -54,11 +55,13 @@ from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import Upstreams
 from fleet.gateway.view import FleetView, Snapshot
+from fleet.logs import activity
 from fleet.logs.feedback import LoggedRequests
 from fleet.logs.inference import InferenceLog
 from fleet.records import BadRecord
 from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, QuotaBackend
-from fleet.usage.meter import Price, UsageMeter
+from fleet.usage.meter import UsageMeter
+from fleet.usage.prices import Price
 
 activity_log = logging.getLogger("fleet.gateway")
 GC_YOUNG_THRESHOLD = 20_000  # allocations between young-generation collections (default 700)
@@ -79,7 +82,7 @@ def create_app(
     decoder: Decoder | None = None,
     prices: Mapping[str, Price] | None = None,
 ) -> ASGIApp:
-    """The gateway. ``prices``: model → its price per replica-hour (``fleet.usage.meter``), for the
+    """The gateway. ``prices``: model → its price per replica-hour (``fleet.usage.prices``), for the
     cost of what it serves; a model without one is metered with its cost unknown."""
     settings = settings or Settings(gateway_id=gateway_directory.new_id())
     limits = policies.gateway if policies else GatewaySpec()
@@ -154,21 +157,22 @@ def create_app(
     )
 
     async def write_activity() -> None:
-        """When this gateway last asked each version (fleet.control.lazy's idle clock), at start (so the
-        controller knows this gateway keeps one) and with each heartbeat after a change."""
+        """When this gateway last asked each version (fleet.logs.activity, lazy loading's idle
+        clock), at start (so the controller knows this gateway keeps one) and with each heartbeat
+        after a change."""
         written: dict[tuple[str, str], float] | None = None
         failing = False
         while True:
             if upstreams.last_used != written:
                 now = dict(upstreams.last_used)
                 try:
-                    await asyncio.to_thread(lazy.write_activity, view.store, settings.gateway_id, now)
+                    await asyncio.to_thread(activity.write_activity, view.store, settings.gateway_id, now)
                     written, failing = now, False
                 except (FleetError, OSError) as exc:
                     if not failing:  # said once per outage: idle unloads wait for this gateway meanwhile
                         activity_log.warning(
                             "cannot write %s (lazy versions are not unloaded while it is missing): %s",
-                            lazy.activity_key(settings.gateway_id),
+                            activity.activity_key(settings.gateway_id),
                             exc,
                         )
                     failing = True
@@ -300,7 +304,7 @@ def create_app(
             if upstreams.last_used:  # the last word on what it served, for the idle clock
                 with contextlib.suppress(FleetError, OSError):
                     await asyncio.to_thread(
-                        lazy.write_activity, view.store, settings.gateway_id, dict(upstreams.last_used)
+                        activity.write_activity, view.store, settings.gateway_id, dict(upstreams.last_used)
                     )
             await upstreams.close()
             await generation.close()

@@ -86,7 +86,7 @@ def internal_error(request_id: str, exc: BaseException) -> str:
 @dataclass(frozen=True)
 class Settings:
     """How one gateway runs; every field has the default ``fleet gateway`` uses. Byte budgets
-    are policy (the ``gateway:`` section of ``fleet.catalog.policies.Policies``)."""
+    are policy (the ``gateway:`` section of ``fleet.catalog.policies.loader.Policies``)."""
 
     admin_token: str | None = None
     public_url: str | None = None  # announced in the store so the control plane can reach it

@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from fleet.catalog.policies import ModelSpec, Policies
+from fleet.catalog.policies.loader import Policies
+from fleet.catalog.policies.models import ModelSpec
 from fleet.catalog.registry import ModelVersion, TensorSpec
 from fleet.catalog.routes.table import Choice, RouteTable, choose_version, usable_versions
 from fleet.catalog.tenants import Tenant

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from fleet.catalog.policies import ModelSpec
+from fleet.catalog.policies.models import ModelSpec
 from fleet.catalog.registry import ModelVersion
 from fleet.catalog.routes.table import RouteTable, should_shadow
 from fleet.gateway.shadow import ShadowJob, ShadowMirror

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from fleet.catalog.policies import Policies
+from fleet.catalog.policies.loader import Policies
 from fleet.catalog.registry import Registry
 from fleet.catalog.routes.store import Router
 from fleet.catalog.tenants import Tenants

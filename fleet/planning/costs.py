@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from fleet.planning.placement import PlacementPlan, capacity, demand
+from fleet.planning.node_groups import capacity, demand
+from fleet.planning.placement import PlacementPlan
 from fleet.planning.stack import STACK_POOLS_KEY, STACK_REDIS_KEY, STACK_SYSTEM_KEY, NodePool, StackBuild
 
 # The fixed parts of a stack's hourly cost, in USD per hour: AWS list prices in us-east-1,

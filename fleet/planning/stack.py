@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fleet.catalog.policies import Policies
+from fleet.catalog.policies.loader import Policies
 from fleet.errors import ConfigError
 from fleet.names import NAME_RE
 from fleet.validation import checked, expected, explain, problem, read_yaml, show

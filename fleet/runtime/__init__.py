@@ -30,7 +30,7 @@ def open_runtime(kind: str | None = None, *, bento_for: Callable[[str, str], str
             raise ConfigError("FLEET_RUNTIME=static needs FLEET_STATIC_ENDPOINTS, the file listing the endpoints")
         return StaticRuntime(path)
     if kind == "kubernetes":  # Deployments on EKS; images are built by the pipeline, not here
-        from fleet.runtime.kubernetes import KubernetesRuntime
+        from fleet.runtime.kubernetes.runtime import KubernetesRuntime
 
         return KubernetesRuntime.from_environment()
     raise ConfigError(f"FLEET_RUNTIME {kind!r} is not supported; expected one of {', '.join(KINDS)}")

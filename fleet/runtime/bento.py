@@ -25,7 +25,7 @@ from importlib.metadata import version as installed
 from pathlib import Path
 
 from bentos import integrity
-from fleet.catalog.policies import ModelSpec
+from fleet.catalog.policies.models import ModelSpec
 from fleet.catalog.registry import ModelVersion, Registry
 from fleet.errors import FleetError, InvalidInput
 from fleet.runtime.cache import ArtifactCache, manifest_listing

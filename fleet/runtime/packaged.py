@@ -38,7 +38,7 @@ def package_version(
     force: bool = False,
     log: Callable[[str], None] = lambda _: None,
 ) -> Any:  # noqa: ANN401 - a fleet.runtime.bento.Packaged
-    from fleet.catalog.policies import load_policies
+    from fleet.catalog.policies.loader import load_policies
     from fleet.catalog.registry import Registry
     from fleet.runtime.bento import package
     from fleet.store import open_store

@@ -37,7 +37,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from fleet.analysis.drift.stats import js_distance, ks, psi, wasserstein
-from fleet.catalog.policies import DriftThresholds, MonitoringPolicy, RetrainTrigger
+from fleet.catalog.policies.monitoring import DriftThresholds, MonitoringPolicy, RetrainTrigger
 from fleet.catalog.profile import category_keys, feature_kind
 from fleet.types import PREDICTION_BINS, score_bins
 

@@ -22,7 +22,7 @@ from fleet import records
 from fleet.analysis.sources import MetricsUnavailable
 from fleet.catalog import gateway_directory
 from fleet.catalog.experiments import ExperimentState, state_key, stop_key
-from fleet.catalog.policies import Policies
+from fleet.catalog.policies.loader import Policies
 from fleet.catalog.registry import Registry
 from fleet.catalog.registry import State as VersionState
 from fleet.catalog.routes.store import Router

@@ -23,7 +23,7 @@ from fleet.analysis import sequential
 from fleet.analysis.ab import arm_stats, decide, interval, thinned
 from fleet.analysis.sources import empty_window, sum_windows
 from fleet.catalog.experiments import ExperimentState, ExperimentStatus, Tick
-from fleet.catalog.policies import RolloutPolicy
+from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.catalog.rollouts import arm_window
 from fleet.control.rollout.reading import READ_SLACK_S, Read
 from fleet.types import ArmWindow

@@ -37,7 +37,7 @@ from fleet import audit, records
 from fleet.analysis.canary import Verdict
 from fleet.analysis.sources import MetricsUnavailable
 from fleet.catalog import gateway_directory
-from fleet.catalog.policies import RolloutPolicy
+from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.catalog.registry import Registry, State
 from fleet.catalog.rollouts import Phase, RolloutState, state_key
 from fleet.catalog.routes.rollback import rollback

@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from fleet.analysis.canary import Verdict
-from fleet.catalog.policies import RolloutPolicy
+from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.catalog.rollouts import Phase, RolloutState, StepReport
 from fleet.catalog.routes.table import Canary, Shadow
 from fleet.control.rollout.reading import judge_tick

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from fleet.analysis import sequential
 from fleet.analysis.canary import Verdict, judge
 from fleet.analysis.sources import empty_window, sum_windows
-from fleet.catalog.policies import RolloutPolicy
+from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.catalog.rollouts import Phase, RolloutState, arm_window
 from fleet.types import ArmWindow
 

@@ -52,7 +52,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from fleet.catalog.policies import GenerationPolicy as GenerationSpec
+from fleet.catalog.policies.generation import GenerationPolicy as GenerationSpec
 from fleet.catalog.routes.table import choose_version, should_shadow
 from fleet.errors import FleetError
 from fleet.gateway import body as bodies

@@ -1,0 +1,48 @@
+"""A rollout policy (``rollout:``): the canary's steps, the gates each step is judged by, and
+how long and how surely."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from fleet.catalog.policies.spec import Fraction, Spec, Steps
+
+
+class Gates(Spec):
+    max_error_rate_increase: float = Field(ge=0.0)  # absolute: 0.01 = one percentage point
+    confidence: float = Field(gt=0.5, lt=1.0)  # of the statistical comparison, e.g. 0.95
+    max_p99_ratio: float = Field(ge=1.0)  # canary p99 / baseline p99
+    max_prediction_psi: float = Field(gt=0.0)  # drift of canary predictions vs baseline
+    min_shadow_agreement: Fraction | None = None  # None: no shadow-agreement gate
+    # generative models (the latency gate is then on the time to first token); None: no gate
+    max_tpot_p99_ratio: float | None = Field(None, ge=1.0)  # canary / baseline p99 time per output token
+    max_output_length_psi: float | None = Field(None, gt=0.0)  # drift of the canary's output lengths
+    # exact-match feedback (POST /v1/feedback with the expected text): the canary's match rate may
+    # fall at most this far below the stable's. Judged once both arms have min_labels labels;
+    # until then (or when no labels come) it neither holds nor fails a step.
+    max_exact_match_drop: float | None = Field(None, ge=0.0, le=1.0)
+    min_labels: int = Field(30, ge=1)
+
+
+class RolloutPolicy(Spec):
+    steps: Steps
+    analysis_window_s: float = Field(gt=0.0)
+    min_samples: int = Field(ge=1)  # per step and arm, before any verdict
+    gates: Gates
+    shadow_percent: float = Field(0.0, ge=0.0, le=100.0)
+    shadow_duration_s: float = Field(0.0, ge=0.0)
+    # no bake_time_s: the 100 % step is judged against the stable's baseline before promotion,
+    # like every step, and rollback_window_s keeps the previous stable warm after it
+    manual_approval: bool = False
+    rollback_window_s: float = Field(600.0, ge=0.0)
+    hold_deadline_s: float = Field(gt=0.0)  # "not enough data" for longer than this fails the step
+    offline_tolerance: float = Field(0.01, ge=0.0)  # allowed eval-metric drop vs the champion
+    # how the steps are judged: "fixed" re-tests each step at gates.confidence every tick
+    # (fleet.analysis.canary); "sequential" uses always-valid tests (fleet.analysis.sequential), whose error
+    # rates hold however often they are looked at
+    method: Literal["fixed", "sequential"] = "fixed"
+    max_false_rollback_rate: float = Field(0.01, gt=0.0, lt=0.5)  # sequential: of a canary no worse than stable
+    power: float = Field(0.8, gt=0.5, lt=1.0)  # sequential: of not promoting a canary exactly at a margin
+    expected_rps: float | None = Field(None, gt=0.0)  # the model's traffic, for `fleet rollout --dry-run`

@@ -1,0 +1,251 @@
+"""The platform's Helm releases: the NVIDIA device plugin (with time-slicing for pools that
+share GPUs) and DCGM exporter, KEDA, kube-prometheus-stack (with the Grafana admin Secret it
+reads), the cluster autoscaler, and a Prefect server with a worker polling a Kubernetes work
+pool. Each is a child of the Platform component, on the system nodes unless it serves GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, SLICES_LABEL, PlacementPlan
+from infra.namespaces import FLOWS_NS, FLOWS_SA, KEDA_NS, MONITORING_NS, ON_SYSTEM
+
+WORK_POOL = "fleet-kubernetes"
+PROMETHEUS_URL = f"http://kps-prometheus.{MONITORING_NS}.svc:9090"  # kube-prometheus-stack, fullnameOverride kps
+PREFECT_IMAGE_TAG = "3.9.1-python3.11"  # the Prefect release the flows are written against (requirements.lock)
+# Every chart at an exact version. The default values and values.schema.json of each, as the
+# chart's source has them at that version (tag, commit and date in
+# tests/fixtures/charts/SOURCES.json, checked 2026-12-01), are test fixtures: the values below
+# are validated against them. Bump a version together with its fixtures.
+CHARTS = {
+    "nvidia-device-plugin": ("https://nvidia.github.io/k8s-device-plugin", "0.17.1"),
+    "keda": ("https://kedacore.github.io/charts", "2.17.2"),
+    "kube-prometheus-stack": ("https://prometheus-community.github.io/helm-charts", "79.7.1"),
+    "cluster-autoscaler": ("https://kubernetes.github.io/autoscaler", "9.43.1"),
+    # Prefect's charts are released together with date versions; PREFECT_IMAGE_TAG pins what runs
+    "prefect-server": ("https://prefecthq.github.io/prefect-helm", "2026.8.18172642"),
+    "prefect-worker": ("https://prefecthq.github.io/prefect-helm", "2026.8.18172642"),
+    # GPU metrics per pod (DCGM_FI_DEV_GPU_UTIL...) for the gpu_utilization scaling trigger
+    "dcgm-exporter": ("https://nvidia.github.io/dcgm-exporter/helm-charts", "4.8.2"),
+}
+STORAGE_CLASS = "gp3"  # the cluster's default: encrypted gp3 volumes through the EBS CSI driver
+PROMETHEUS_STORAGE = "50Gi"
+PREFECT_DB_STORAGE = "20Gi"
+GRAFANA_SECRET = "grafana-admin"
+# The Kubernetes work pool's base job template: prefect-kubernetes 0.8.0's default
+# (KubernetesWorker.get_default_base_job_template(), taken 2026-12-01), with this fleet's
+# namespace, service account and default requests (flow_run_job_template sets them).
+JOB_TEMPLATE = Path(__file__).with_name("prefect-kubernetes-job-template.json")
+FLOW_JOB_DEFAULTS = {
+    "namespace": FLOWS_NS,
+    "service_account_name": FLOWS_SA,
+    "cpu_request": "500m",
+    "memory_request": "1Gi",
+    "memory_limit": "2Gi",
+    "finished_job_ttl": 86400,
+}
+
+
+def flow_run_job_template() -> dict:
+    """The work pool's base job template: flow runs as Jobs in the flows namespace, under the
+    flows' service account (their IAM role), with requests the namespace quota accepts."""
+    template = json.loads(JOB_TEMPLATE.read_text())
+    variables = template["variables"]["properties"]
+    for name, value in FLOW_JOB_DEFAULTS.items():
+        variables[name]["default"] = value
+    return template
+
+
+def device_plugin_config(plan: PlacementPlan) -> dict[str, str]:
+    """Device-plugin configs by name: each node picks one with its ``nvidia.com/device-plugin.config``
+    label ("whole", or "slices-N" for N replicas sharing a GPU)."""
+    configs = {"whole": "version: v1\n"}
+    for slices in sorted({g.gpu_slices for g in plan.node_groups if g.gpus_per_node and g.gpu_slices > 1}):
+        configs[f"slices-{slices}"] = (
+            "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+            f"    - name: {GPU_RESOURCE}\n      replicas: {slices}\n"
+        )
+    return configs
+
+
+def install_charts(
+    name: str,
+    child: Callable[..., pulumi.ResourceOptions],
+    namespaces: Mapping[str, k8s.core.v1.Namespace],
+    *,
+    plan: PlacementPlan,
+    cluster_name: pulumi.Input[str],
+    region: str,
+    kubernetes_version: str,
+    autoscaler_role_arn: pulumi.Input[str],
+    flows_role_arn: pulumi.Input[str],
+    grafana_admin_password: pulumi.Input[str],
+    prefect_db_password: pulumi.Input[str],
+) -> tuple[k8s.helm.v3.Release, k8s.helm.v3.Release]:
+    """Every release, named ``<name>-<chart>``; ``child(*depends)``: the Platform's options for a
+    child that waits for ``depends``. Returns (KEDA, kube-prometheus-stack): what the
+    runtime's roles and the monitoring objects wait for."""
+
+    def release(chart: str, namespace: str, values: dict, *depends: pulumi.Resource) -> k8s.helm.v3.Release:
+        repo, version = CHARTS[chart]
+        return k8s.helm.v3.Release(
+            f"{name}-{chart}",
+            name=chart,
+            chart=chart,
+            version=version,
+            namespace=namespace,
+            repository_opts={"repo": repo},
+            values=values,
+            atomic=True,
+            timeout=900,
+            opts=child(*depends),
+        )
+
+    grafana_admin = k8s.core.v1.Secret(
+        f"{name}-grafana-admin",
+        metadata={"name": GRAFANA_SECRET, "namespace": MONITORING_NS},
+        type="Opaque",
+        string_data={"admin-user": "admin", "admin-password": pulumi.Output.secret(grafana_admin_password)},
+        opts=child(namespaces[MONITORING_NS]),
+    )
+
+    on_gpu_nodes = {
+        # every GPU node, dedicated ones included, and nowhere else (as the device plugin)
+        "tolerations": [
+            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+            {"key": DEDICATED_KEY, "operator": "Exists", "effect": "NoSchedule"},
+        ],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": SLICES_LABEL, "operator": "Exists"}]}]
+                }
+            }
+        },
+    }
+    release(
+        "nvidia-device-plugin",
+        "kube-system",
+        {"config": {"map": device_plugin_config(plan), "default": "whole"}, **on_gpu_nodes},
+    )
+    keda = release("keda", KEDA_NS, {"nodeSelector": ON_SYSTEM}, namespaces[KEDA_NS])
+    prometheus = release(
+        "kube-prometheus-stack",
+        MONITORING_NS,
+        {
+            "fullnameOverride": "kps",
+            "prometheus": {
+                "prometheusSpec": {
+                    "nodeSelector": ON_SYSTEM,
+                    "retention": "15d",
+                    # pick up ServiceMonitors and rules of every namespace, not only the chart's own
+                    "serviceMonitorSelectorNilUsesHelmValues": False,
+                    "ruleSelectorNilUsesHelmValues": False,
+                    # 15 days of samples outlive the pod: a volume, not an emptyDir
+                    "storageSpec": {
+                        "volumeClaimTemplate": {
+                            "spec": {
+                                "storageClassName": STORAGE_CLASS,
+                                "accessModes": ["ReadWriteOnce"],
+                                "resources": {"requests": {"storage": PROMETHEUS_STORAGE}},
+                            }
+                        }
+                    },
+                }
+            },
+            "alertmanager": {"alertmanagerSpec": {"nodeSelector": ON_SYSTEM}},
+            "grafana": {
+                "nodeSelector": ON_SYSTEM,
+                "sidecar": {"dashboards": {"enabled": True, "label": "grafana_dashboard"}},
+                "admin": {
+                    "existingSecret": GRAFANA_SECRET,
+                    "userKey": "admin-user",
+                    "passwordKey": "admin-password",
+                },
+            },
+            "prometheusOperator": {"nodeSelector": ON_SYSTEM},
+        },
+        namespaces[MONITORING_NS],
+        grafana_admin,
+    )
+    release(
+        "dcgm-exporter",
+        MONITORING_NS,
+        {
+            **on_gpu_nodes,
+            # keep the pod, namespace and container labels DCGM puts on a GPU's samples (the pod
+            # using it); without honorLabels they would be renamed exported_* under the exporter's own
+            "serviceMonitor": {"enabled": True, "honorLabels": True, "interval": "15s"},
+        },
+        namespaces[MONITORING_NS],
+        prometheus,
+    )
+    release(
+        "cluster-autoscaler",
+        "kube-system",
+        {
+            "autoDiscovery": {"clusterName": cluster_name},
+            "awsRegion": region,
+            "image": {"tag": f"v{kubernetes_version}.0"},  # the autoscaler's minor follows the cluster's
+            "rbac": {
+                "serviceAccount": {
+                    "name": "cluster-autoscaler",
+                    "annotations": {"eks.amazonaws.com/role-arn": autoscaler_role_arn},
+                }
+            },
+            "extraArgs": {"balance-similar-node-groups": True, "skip-nodes-with-local-storage": False},
+            "nodeSelector": ON_SYSTEM,
+        },
+    )
+    server = release(
+        "prefect-server",
+        FLOWS_NS,
+        {
+            "global": {"prefect": {"image": {"prefectTag": PREFECT_IMAGE_TAG}}},
+            "server": {"nodeSelector": ON_SYSTEM},
+            # the bundled PostgreSQL with the stack's secret password (the chart and its
+            # subchart keep it in Secrets) on a volume: not the chart's default password, and
+            # flow-run history that outlives the pod
+            "postgresql": {
+                "auth": {"password": pulumi.Output.secret(prefect_db_password)},
+                "primary": {
+                    "persistence": {"enabled": True, "storageClass": STORAGE_CLASS, "size": PREFECT_DB_STORAGE},
+                    "nodeSelector": ON_SYSTEM,
+                },
+            },
+        },
+        namespaces[FLOWS_NS],
+    )
+    release(
+        "prefect-worker",
+        FLOWS_NS,
+        {
+            "worker": {
+                "image": {"prefectTag": f"{PREFECT_IMAGE_TAG}-kubernetes"},
+                "apiConfig": "selfHostedServer",
+                "selfHostedServerApiConfig": {"apiUrl": f"http://prefect-server.{FLOWS_NS}.svc.cluster.local:4200/api"},
+                # the worker creates the pool with this template; when the pool exists, the chart's
+                # init container (sync-base-job-template) applies it each time a worker pod starts
+                "config": {
+                    "workPool": WORK_POOL,
+                    "type": "kubernetes",
+                    "baseJobTemplate": {"configuration": json.dumps(flow_run_job_template())},
+                },
+                "nodeSelector": ON_SYSTEM,
+            },
+            "serviceAccount": {
+                "create": True,
+                "name": FLOWS_SA,
+                "annotations": {"eks.amazonaws.com/role-arn": flows_role_arn},
+            },
+        },
+        namespaces[FLOWS_NS],
+        server,
+    )
+    return keda, prometheus
