@@ -4,7 +4,7 @@
 
 ``POST /predict {"features": [[...], ...]}`` answers class probabilities from the demo
 rule (the same rule bentos/tabular_mlp was trained on) as JSON; ``POST /predict_tensor``
-answers them in the tensor contract (``fleet.gateway.upstream``): a body of raw
+answers them in the tensor contract (``fleet.gateway.tensors``): a body of raw
 little-endian FP32 bytes described by ``X-Fleet-Datatype: FP32`` and ``X-Fleet-Shape:
 rows,4``, answered as ``application/octet-stream`` with ``X-Fleet-Datatype`` and
 ``X-Fleet-Shape: rows,2``; a body that does not match its headers is refused with 400 and

@@ -10,9 +10,9 @@ import pytest
 
 from fleet.gateway.cache import ENTRY_OVERHEAD, PredictionCache
 from fleet.gateway.quota.buckets import TokenBuckets
+from fleet.gateway.replicas import EJECT_AFTER, Replica
 from fleet.gateway.slots import QueueFull, Slots
 from fleet.gateway.stats import WindowedStats
-from fleet.gateway.upstream import EJECT_AFTER, Replica
 from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, latency_bucket, score_bins
 
 

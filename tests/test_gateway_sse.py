@@ -1,5 +1,5 @@
 """A model service's server-sent events read by the gateway: ``h1.ConnectionPool.stream`` (an
-answer's body as it arrives, on a pooled keep-alive connection) and ``generate.EventParser``
+answer's body as it arrives, on a pooled keep-alive connection) and ``generation.sse.EventParser``
 / ``Events`` (its ``data:`` events, bounded per event), against scripted servers on
 127.0.0.1 (``tests/test_h1.py``'s), on asyncio's event loop and uvloop's."""
 
@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from fleet.gateway.answers import UpstreamError
-from fleet.gateway.generation.routes import MAX_EVENT_BYTES, EventParser, Events
+from fleet.gateway.generation.sse import MAX_EVENT_BYTES, EventParser, Events
 from fleet.gateway.h1client import STREAM_HIGH_WATER, ConnectionPool, IncompleteResponse, StreamedResponse
 from tests.test_h1 import JSON, Peer, Scripted, pooled, until, waited
 

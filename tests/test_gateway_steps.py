@@ -14,14 +14,17 @@ from fleet.catalog.registry import ModelVersion, TensorSpec
 from fleet.catalog.routes.table import Canary, Choice, RouteTable
 from fleet.catalog.tenants import Quota, Tenant, _new_key
 from fleet.errors import InvalidInput, NotFound, Unauthorized
+from fleet.gateway.activate import Starting
 from fleet.gateway.answers import BadAnswer, decode_answer
 from fleet.gateway.dispatch import Dispatcher, fallback
+from fleet.gateway.generation.stream import GenerateExchange
 from fleet.gateway.pipeline import Call, Pipeline
 from fleet.gateway.protocol import MalformedBody, TooManyRows, conforms, decode_v1, decode_v2
 from fleet.gateway.quota.buckets import OverQuota, Quotas, TokenBuckets
 from fleet.gateway.quota.buckets import release as quota_release
 from fleet.gateway.telemetry import Telemetry
-from fleet.gateway.upstream import NoReplica, Rejected, UpstreamError
+from fleet.gateway.tensors import TensorExchange
+from fleet.gateway.upstream import NoReplica, Rejected, UpstreamError, UpstreamTimeout
 from fleet.gateway.view import Snapshot
 
 FEATURES = [TensorSpec(name="features", datatype="FP32", shape=[-1, 4])]
@@ -119,43 +122,82 @@ TABLE = RouteTable(model="m", stable="1.0.0", canary=Canary(version="1.1.0", wei
 
 
 class FakeUpstreams:
+    """``Upstreams``' two steps the dispatch takes per version: ``ready`` (a version with no
+    replica, or a cold one still starting, raises there) and ``ask`` (the exchange's result)."""
+
     def __init__(self, **outcomes: object) -> None:
         self.outcomes, self.asked = outcomes, []
 
-    async def predict(self, model: str, version: str, features: np.ndarray, *_: object) -> np.ndarray:
+    def _outcome(self, version: str) -> object:
+        return self.outcomes.get(version.replace(".", "_"), np.zeros((1, 2), np.float32))
+
+    async def ready(self, model: str, version: str, deadline: float) -> str:
         self.asked.append(version)
-        outcome = self.outcomes.get(version.replace(".", "_"), np.zeros((1, 2), np.float32))
+        outcome = self._outcome(version)
+        if isinstance(outcome, NoReplica | Starting):
+            raise outcome
+        return version  # the "pool" ask is given
+
+    async def ask(self, pool: str, exchange: object, *_: object) -> object:
+        outcome = self._outcome(pool)
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
 
 
-def dispatched(choice: Choice, **outcomes: object) -> tuple[list[str], object, dict]:
+# the same dispatch for both protocols: a tensor request's exchange and a generation's
+EXCHANGES = {
+    "tensor": lambda: TensorExchange(np.zeros((1, 4)), decode_answer),
+    "generation": lambda: GenerateExchange(b"{}"),
+}
+
+
+def dispatched(choice: Choice, kind: str = "tensor", **outcomes: object) -> tuple[list[str], object, dict]:
     upstreams, telemetry = FakeUpstreams(**outcomes), Telemetry(lambda: iter(()))
     try:
         result = asyncio.run(
-            Dispatcher(upstreams, telemetry)("m", TABLE, choice, np.zeros((1, 4)), 1000, "interactive")
-        )  # type: ignore[arg-type]
+            Dispatcher(upstreams, telemetry)("m", TABLE, choice, EXCHANGES[kind](), 1000, "interactive")  # type: ignore[arg-type]
+        )
     except Exception as exc:  # noqa: BLE001 - the outcome under test
         result = exc
     _, _, versions = telemetry.stats.window("m", 60)
     return upstreams.asked, result, {v: w["errors"] for v, w in versions.items()}
 
 
-def test_a_failed_canary_is_asked_again_on_stable_and_blamed() -> None:
-    asked, result, errors = dispatched(Choice("1.1.0", "canary"), **{"1_1_0": UpstreamError("5xx", "5xx")})
+@pytest.mark.parametrize("kind", list(EXCHANGES))
+def test_a_failed_canary_is_asked_again_on_stable_and_blamed(kind: str) -> None:
+    asked, result, errors = dispatched(Choice("1.1.0", "canary"), kind, **{"1_1_0": UpstreamError("5xx", "5xx")})
     assert asked == ["1.1.0", "1.0.0"] and result[0] == "1.0.0" and errors["1.1.0"]["5xx"] == 1
 
 
-def test_a_failed_stable_is_never_sent_to_the_canary() -> None:
-    asked, result, errors = dispatched(Choice("1.0.0", "stable"), **{"1_0_0": NoReplica("none")})
+@pytest.mark.parametrize("kind", list(EXCHANGES))
+def test_a_failed_stable_is_never_sent_to_the_canary(kind: str) -> None:
+    asked, result, errors = dispatched(Choice("1.0.0", "stable"), kind, **{"1_0_0": NoReplica("none")})
     assert asked == ["1.0.0"] and isinstance(result, NoReplica) and errors["1.0.0"]["unreachable"] == 1
     assert fallback(TABLE, Choice("1.0.0", "stable")) is None and fallback(TABLE, Choice("1.0.0", "pinned")) is None
 
 
-def test_a_models_refusal_of_an_input_is_the_callers_error() -> None:
-    asked, result, errors = dispatched(Choice("1.1.0", "canary"), **{"1_1_0": Rejected("bad input", 400)})
+@pytest.mark.parametrize("kind", list(EXCHANGES))
+def test_a_models_refusal_of_an_input_is_the_callers_error(kind: str) -> None:
+    asked, result, errors = dispatched(Choice("1.1.0", "canary"), kind, **{"1_1_0": Rejected("bad input", 400)})
     assert asked == ["1.1.0"] and isinstance(result, Rejected) and result.status == 400 and errors == {}
+
+
+@pytest.mark.parametrize("kind", list(EXCHANGES))
+def test_a_canary_still_starting_lets_stable_answer_and_is_not_blamed(kind: str) -> None:
+    asked, result, errors = dispatched(Choice("1.1.0", "canary"), kind, **{"1_1_0": Starting("a cold start", 1.0)})
+    assert asked == ["1.1.0", "1.0.0"] and result[0] == "1.0.0" and "1.1.0" not in errors
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [("tensor", "did not answer within 1000 ms"), ("generation", "sent no first token within 1000 ms")],
+)
+def test_a_timeout_is_blamed_and_not_asked_again(kind: str, said: str) -> None:
+    timeout = UpstreamTimeout("m:1.1.0 did not answer within 999 ms")
+    asked, result, errors = dispatched(Choice("1.1.0", "canary"), kind, **{"1_1_0": timeout})
+    assert asked == ["1.1.0"] and isinstance(result, UpstreamTimeout) and said in str(result)
+    assert errors["1.1.0"]["timeout"] == 1
 
 
 # -- quota ------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ worker starts (BentoML would otherwise respawn a failing worker forever), and ag
 Two routes predict, with the same model, faults and batching settings:
 
 * ``POST /predict {"features": [[...], ...]}`` → a JSON list of probabilities;
-* ``POST /predict_tensor``, the fleet's tensor contract (``fleet.gateway.upstream``): the
+* ``POST /predict_tensor``, the fleet's tensor contract (``fleet.gateway.tensors``): the
   features as raw little-endian FP32 bytes (``Content-Type: application/octet-stream``,
   ``X-Fleet-Datatype: FP32``, ``X-Fleet-Shape: rows,<inputs>``), answered the same way
   (``X-Fleet-Shape: rows,<classes>``). The gateway sends tensors here, so a request that

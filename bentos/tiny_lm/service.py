@@ -11,7 +11,7 @@ files are checked against the manifest's listing (``fleet_build.json`` ``files``
 and again before the weights load, as in every family; nothing is fetched from a hub
 (``HF_HUB_OFFLINE``).
 
-Routes (the fleet's generation contract; ``fleet.gateway.generation.routes`` calls them):
+Routes (the fleet's generation contract; ``fleet.gateway.generation.stream`` calls them):
 
 * ``POST /generate`` ``{"prompt": "..." | "messages": [{"role", "content"}], "max_tokens": 16,
   "min_tokens": 0, "temperature": 0, "top_p": 1,

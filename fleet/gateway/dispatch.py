@@ -1,28 +1,50 @@
-"""Dispatch: ask the chosen version, and who is blamed when it cannot answer.
+"""Dispatch: ask the chosen version, and who is blamed when it cannot answer — one loop for
+every protocol. A tensor request (``fleet.gateway.tensors``) and a generation
+(``fleet.gateway.generation.stream``) differ only in their ``Exchange``: what a replica is
+sent and how its answer is read; the order of versions, the hold for a cold start, the
+slots, replica order and ejection, the retry of a version that sheds, the deadline and the
+blame are this module's and ``Upstreams.ask``'s, the same for both.
 
-A canary that fails (refused connection, 5xx, a broken answer, no replica) is asked no
-more for this request: stable answers instead, once, and the failure still counts against
-the canary. The other way round never happens — a failed stable request is not sent to the
-canary, which would expose the canary to traffic the split kept off it; the caller gets
-the stable's error. A timeout is not retried (the deadline is spent).
+A canary that fails (refused connection, 5xx, a broken answer, no replica; for a generation
+anything before its first event) is asked no more for this request: stable answers instead,
+once, and the failure still counts against the canary. The other way round never happens —
+a failed stable request is not sent to the canary, which would expose the canary to traffic
+the split kept off it; the caller gets the stable's error. A timeout is not retried (the
+deadline is spent). A lazy version still starting when its hold ends (``Starting``) is not
+its failure; stable may answer a canary's request meanwhile.
+
+Deadlines: the whole answer is due ``timeout_ms`` after the dispatch began (the hold for a
+cold start counts against it). With ``first_ms`` (a generation's first token) the version's
+answer is due that long after the request, not counting a cold start's hold (itself bounded
+by ``max_hold_ms``), and never after the whole answer's deadline.
 
 Blame (what canary analysis reads, ``ERROR_CLASSES``): only the version's own failures
 count — ``unreachable``, ``5xx`` (a broken answer included) and ``timeout``. A version
 refusing the input with a 4xx (``Rejected``) is the caller's error: passed on as a 4xx and
-counted in ``fleet_upstream_rejections_total``, never as the version's error.
+counted in ``fleet_upstream_rejections_total``, never as the version's error. A whole answer
+is counted as the version's success here; a stream's, once it ends (whoever reads it).
 """
 
 from __future__ import annotations
 
 import time
-
-import numpy as np
+from typing import TypeVar
 
 from fleet.catalog.routes.table import Choice, RouteTable
 from fleet.errors import FleetError
 from fleet.gateway.activate import Starting
 from fleet.gateway.telemetry import Telemetry
-from fleet.gateway.upstream import NoReplica, Rejected, UpstreamError, Upstreams, UpstreamTimeout
+from fleet.gateway.upstream import (
+    HELD_AT_LEAST_S,
+    Exchange,
+    NoReplica,
+    Rejected,
+    UpstreamError,
+    Upstreams,
+    UpstreamTimeout,
+)
+
+R = TypeVar("R")
 
 
 def fallback(table: RouteTable, choice: Choice) -> str | None:
@@ -42,31 +64,41 @@ class Dispatcher:
         model: str,
         table: RouteTable,
         choice: Choice,
-        features: np.ndarray,
+        exchange: Exchange[R],
         timeout_ms: float,
         priority: str,
         tenant: str = "",
         weight: float = 1.0,
-    ) -> tuple[str, np.ndarray, float]:
-        """(the version that answered, its answer, the seconds it took), or the error the caller gets."""
-        deadline = time.monotonic() + timeout_ms / 1000
+        first_ms: float | None = None,
+    ) -> tuple[str, R]:
+        """(the version that answered, the exchange's result), or the error the caller gets."""
+        started = time.monotonic()
+        deadline = started + timeout_ms / 1000
         second = fallback(table, choice)
-        order = [choice.version] if second is None else [choice.version, second]
+        order = (choice.version,) if second is None else (choice.version, second)
         failure: FleetError | None = None
+        held = 0.0  # seconds spent waiting for cold versions to start
         for i, version in enumerate(order):
-            started = time.monotonic()
-            timing: list[float] = []
-            held: list[float] = []  # a cold version's start: the request's wait, not the version's latency
+            began = time.monotonic()
+            try:  # a cold lazy version is held while it starts, within the request's timeout
+                pool = await self.upstreams.ready(model, version, deadline)
+            except Starting as exc:  # still starting: not its failure; stable may answer a canary's request
+                held += time.monotonic() - began
+                failure = exc
+                continue
+            except NoReplica as exc:  # nothing runs, or a cold version could not start
+                self.telemetry.failed(model, version, "unreachable")
+                failure = exc
+                continue
+            waited = time.monotonic() - began
+            held += waited
+            by = deadline if first_ms is None else min(started + held + first_ms / 1000, deadline)
             try:
-                result = await self.upstreams.predict(
-                    model, version, features, deadline, priority, i == len(order) - 1, tenant, weight, timing, held
-                )
+                result = await self.upstreams.ask(pool, exchange, by, priority, i == len(order) - 1, tenant, weight)
             except UpstreamTimeout:
                 self.telemetry.failed(model, version, "timeout")
-                raise UpstreamTimeout(
-                    f"{model}:{version} did not answer within {timeout_ms:.0f} ms "
-                    "(X-Fleet-Timeout-Ms, capped by the model's timeout_ms)"
-                ) from None
+                late = timeout_ms if first_ms is None else first_ms
+                raise UpstreamTimeout(exchange.late.format(ref=f"{model}:{version}", ms=late)) from None
             except Rejected:
                 self.telemetry.rejections.labels(model, version).inc()
                 raise
@@ -74,16 +106,9 @@ class Dispatcher:
                 self.telemetry.failed(model, version, exc.kind)
                 failure = exc
                 continue
-            except (
-                Starting
-            ) as exc:  # a cold version still starting: not its failure; stable may answer a canary's request
-                failure = exc
-                continue
-            except NoReplica as exc:  # nothing runs, or a cold version could not start
-                self.telemetry.failed(model, version, "unreachable")
-                failure = exc
-                continue
-            self.telemetry.answered(model, version, (time.monotonic() - started - sum(held)) * 1e3, result)
-            return version, result, timing[0] if timing else 0.0
+            if not exchange.streams:  # a cold start's hold is the request's wait, not the version's latency
+                hold = waited if waited > HELD_AT_LEAST_S else 0.0
+                self.telemetry.answered(model, version, (time.monotonic() - began - hold) * 1e3, result)
+            return version, result
         assert failure is not None
         raise failure

@@ -50,6 +50,7 @@ from fleet.gateway.quota.buckets import Quotas
 from fleet.gateway.sinks import Recorder
 from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.telemetry import Telemetry
+from fleet.gateway.tensors import TensorExchange
 from fleet.gateway.view import FleetView, Snapshot
 
 DEFAULT_SPEC = ModelSpec.model_validate(
@@ -280,16 +281,18 @@ class Pipeline:
         version, upstream_s = choice.version, 0.0
         if result is None:
             tenant = call.tenant
-            version, result, upstream_s = await self.dispatch(
+            exchange = TensorExchange(features, self.dispatch.upstreams.parse)
+            version, result = await self.dispatch(
                 model,
-                call.table,
+                call.table,  # type: ignore[arg-type]
                 choice,
-                features,
+                exchange,
                 timeout_ms,
-                priority,  # type: ignore[arg-type]
-                tenant.name,
-                tenant.weight or 1.0,
-            )  # type: ignore[union-attr]
+                priority,
+                tenant.name,  # type: ignore[union-attr]
+                tenant.weight or 1.0,  # type: ignore[union-attr]
+            )
+            upstream_s = exchange.took
             if cache is not None and version == choice.version:
                 cache.put(key, result)
         call.state["model_version"] = version

@@ -1,88 +1,58 @@
-"""Calls to model services: one pooled HTTP client per replica, admission, outlier ejection.
+"""Calls to model services, whatever the protocol: one pooled HTTP client per replica,
+admission (a version's slots), replica order and outlier ejection (``fleet.gateway.replicas``),
+and the retry of a version that sheds load.
 
-Per version a ``Pool``: its replicas, and ``Slots`` (the policy's ``concurrency`` per
-replica) that queue waiting requests by priority. A call goes to the ready replica with
-the fewest requests in flight; one that refuses the connection or times out connecting
-is skipped for the next replica of the same version (the request never reached a model).
-``EJECT_AFTER`` consecutive failures eject a replica for a while (doubling each time, up
-to ``MAX_EJECTION_S``); after that one request probes it back. When every replica is
-ejected the one due back soonest is tried anyway: a 503 is only said after trying.
+``Upstreams.ask`` is the one way a version is asked: a slot (fair across tenants,
+``fleet.gateway.slots``), then the replicas in order, then the answer read — all by one
+deadline. What is sent and how the answer is read is the protocol's part, an ``Exchange``:
+a tensor request's (``fleet.gateway.tensors``) or a generation's event stream
+(``fleet.gateway.generation.stream``). ``fleet.gateway.dispatch`` asks versions in order
+through it, for both.
 
 A 503 is a replica shedding load before doing any work: it is asked again after 10 ms and
 50 ms while the deadline allows, and counts as a failure only if it still sheds.
 
 Errors carry the class canary analysis counts them as: ``unreachable``, ``5xx``, ``timeout``.
 Only the version's own failures are errors: a refused connection, a 5xx, a timeout, or an
-answer that is not what a model must answer (neither JSON nor tensor bytes that match their
-headers, not one finite row per input row, larger than ``MAX_ANSWER_BYTES``) — a model that
-answers NaN has failed, and says so with 502. A 4xx is the model refusing the input
-(``Rejected``): the caller's error, passed on, never counted against the version or its replica.
-
-Tensors go to the model as tensors where its service takes them: ``POST /predict_tensor``
-with the features' raw little-endian bytes (``Content-Type: application/octet-stream``,
-``X-Fleet-Datatype: FP32``, ``X-Fleet-Shape: 256,4``), answered the same way (read by
-``answers.decode_answer``). A binary-HTTP or gRPC request is so never turned into text on
-its way to the model, and a JSON request's numbers are parsed once, by the gateway. A
-replica whose service lacks that route says so with 404, 405 or 415: the same request goes
-to it again as JSON (``POST /predict {"features": ...}``), and it gets JSON for the next
-``TENSOR_REPROBE_S``. That probe costs one round trip per replica every few minutes; it is
-never a failure of the replica.
+answer that is not what a model must answer (the exchange's check: for tensors, neither JSON
+nor tensor bytes that match their headers, not one finite row per input row, larger than
+``tensors.MAX_ANSWER_BYTES`` — a model that answers NaN has failed, and says so with 502).
+A 4xx is the model refusing the input (``Rejected``): the caller's error, passed on, never
+counted against the version or its replica.
 
 The HTTP client is ``fleet.gateway.h1client``: one keep-alive pool per replica, capped at the
-policy's ``concurrency``; a generation's event stream (``fleet.gateway.generation.routes``) is read
-over the same connections (``ConnectionPool.stream``). Not aiohttp (about 30 % of the gateway's CPU per request, an extra
+policy's ``concurrency``; a generation's event stream is read over the same connections
+(``ConnectionPool.stream``). Not aiohttp (about 30 % of the gateway's CPU per request, an extra
 loop turn per body on Python 3.11) nor httpx (0.55 ms a call against aiohttp's 0.2 ms).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
-import orjson
 
 from fleet.errors import FleetError
 from fleet.gateway import h1client
-from fleet.gateway.answers import (
-    DATATYPE_HEADER,
-    SHAPE_HEADER,
-    TENSOR_TYPE,
-    BadAnswer,
-    TensorAnswer,
-    UpstreamError,
-    decode_answer,
-)
-from fleet.gateway.protocol import NUMPY_DTYPES
+from fleet.gateway.answers import BadAnswer, TensorAnswer, UpstreamError, decode_answer
+from fleet.gateway.replicas import Pool, Replica
 from fleet.gateway.slots import BATCH_AGING_S, Slots
+from fleet.gateway.tensors import AnswerParser, TensorExchange
 
-__all__ = ["BadAnswer", "NoReplica", "Rejected", "UpstreamError", "UpstreamTimeout", "Upstreams"]
-AnswerParser = Callable[[bytes | TensorAnswer, str, int], Awaitable[np.ndarray]]
-log = logging.getLogger("fleet.gateway.upstream")
+__all__ = ["BadAnswer", "Exchange", "NoReplica", "Rejected", "UpstreamError", "UpstreamTimeout", "Upstreams"]
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
-EJECT_AFTER = 3
-BASE_EJECTION_S = 1.0
-MAX_EJECTION_S = 30.0
-CONNECT_TIMEOUT_S = 0.5
 SHED_BACKOFF_S = (0.01, 0.05)  # waits before asking a shedding version again
-MAX_ANSWER_BYTES = 32 * 1024 * 1024
+_SHED_ROUNDS = (*SHED_BACKOFF_S, None)  # None: the last round, whose shed is the version's failure
 # Below the 5 s keep-alive of uvicorn (BentoML's server): the gateway usually closes an idle
 # connection before the replica does, so few requests meet a connection closing under them
 # (those that do are sent again once on a new one, by h1).
 IDLE_CLOSE_S = 4.0
 HELD_AT_LEAST_S = 0.001  # ``ready`` returning later than this was a hold (a warm pool returns in microseconds)
-_JSON = ((b"Content-Type", b"application/json"),)
-JSON_PATH, TENSOR_PATH = "/predict", "/predict_tensor"
-# what a service without the tensor route answers it: no route, no POST there, not that body type
-NO_TENSOR_ROUTE = frozenset({404, 405, 415})
-TENSOR_REPROBE_S = 300.0  # a replica without the route is asked for it again this long after
-_OIP_NAMES = {np.dtype(t): name.encode() for name, t in NUMPY_DTYPES.items()}  # native dtype → X-Fleet-Datatype
-_TENSOR_TYPE = TENSOR_TYPE.encode()
-_DATATYPE, _SHAPE = DATATYPE_HEADER.encode(), SHAPE_HEADER.encode()
 
 
 class UpstreamTimeout(UpstreamError):
@@ -100,106 +70,44 @@ class Rejected(FleetError):
         self.status = status if status in (400, 413, 422) else 422
 
 
-class _Shed(Exception):
-    """A replica refused for now (HTTP 503): retried after a short back-off while time is left."""
-
-
 class NoReplica(FleetError):
     """Nothing is deployed for the version (not a failure of the version itself)."""
 
     status = 503
 
 
-@dataclass
-class Replica:
-    url: str
-    session: h1client.ConnectionPool  # shared by every pool that lists the URL
-    in_flight: int = 0
-    failures: int = 0  # consecutive
-    ejections: int = 0  # consecutive ejections, for the back-off
-    ejected_until: float = 0.0
-    json_until: float = 0.0  # its /predict_tensor answered 404, 405 or 415: JSON until then (monotonic)
+class Exchange(Protocol[R_co]):
+    """The protocol's part of asking a version: what one replica is sent, and how its answer
+    is read. Everything else (slots, replica order and ejection, the shed retry, classing
+    h1's errors and the answer's status) is ``Upstreams.ask``'s, the same for every protocol.
 
-    @property
-    def takes_tensors(self) -> bool:
-        return time.monotonic() >= self.json_until
+    ``streams``: the answer is read after the dispatch returns (a generation's events). The
+    replica then stays in flight, the version's slot held and the replica's health unjudged
+    until whoever reads it closes it; else all three are settled when the answer is in.
+    ``late``: what a caller whose deadline passed is told (``{ref}``, ``{ms}``)."""
 
-    def ejected(self, now: float) -> bool:
-        return self.ejected_until > now
+    streams: ClassVar[bool]
+    late: ClassVar[str]
+    asked: float  # written by ``ask``: when the version was asked (after its slot), monotonic
+    took: float  # written by ``ask``: seconds from then until a replica answered (its head, for a stream)
 
-    def succeeded(self) -> None:
-        self.failures = self.ejections = 0
-        self.ejected_until = 0.0
+    def send(self, pool: Pool, replica: Replica) -> Awaitable[Any]:
+        """Ask one replica; its answer's head (``h1client.Response`` or ``StreamedResponse``).
+        h1's errors pass through, to be classed by ``ask``."""
+        ...
 
-    def failed(self, now: float) -> None:
-        self.failures += 1
-        if self.failures >= EJECT_AFTER:
-            self.ejections += 1
-            self.ejected_until = now + min(MAX_EJECTION_S, BASE_EJECTION_S * 2 ** (self.ejections - 1))
-            self.failures = EJECT_AFTER - 1  # the probe after the ejection decides at once
+    def head(self, response: Any) -> Awaitable[bytes]:  # noqa: ANN401 - the exchange's own response
+        """The start of an answer that is not a 200 (for the error's message); its connection given back."""
+        ...
 
+    def opened(self, pool: Pool, replica: Replica, response: Any) -> Any:  # noqa: ANN401
+        """A 200's answer as the exchange reads it on."""
+        ...
 
-@dataclass
-class Pool:
-    ref: str
-    replicas: list[Replica]
-    slots: Slots
-    turn: int = field(default=0)
-
-    def order(self, last_resort: bool) -> list[Replica]:
-        """Replicas to try, best first: those not ejected, by fewest in flight. As the last
-        resort (no other version to ask), the ejected one due back soonest too."""
-        now = time.monotonic()
-        if len(self.replicas) == 1:
-            only = self.replicas[0]
-            return [only] if not only.ejected(now) or last_resort else []
-        self.turn += 1
-        n = len(self.replicas)
-        rotated = [self.replicas[(self.turn + i) % n] for i in range(n)]
-        ready = sorted((r for r in rotated if not r.ejected(now)), key=lambda r: r.in_flight)
-        ejected = sorted((r for r in rotated if r.ejected(now)), key=lambda r: r.ejected_until)
-        return ready + ejected[: 1 if last_resort and not ready else 0]
-
-
-class Outbound:
-    """One request's features in the encodings replicas take, each made at most once and only
-    when a replica needs it: a pool may hold replicas that take tensors and some that take
-    JSON only, and a request may meet both when one replica fails over to the next."""
-
-    __slots__ = ("_json", "_tensor", "features")
-
-    def __init__(self, features: np.ndarray) -> None:
-        self.features = features
-        self._json: bytes | None = None
-        self._tensor: tuple[bytes, tuple[tuple[bytes, bytes], ...]] | None = None
-
-    @property
-    def tensor_ok(self) -> bool:
-        """Whether the features have a fixed-size OIP encoding (BYTES or object arrays do not)."""
-        return self.features.dtype.isnative and self.features.dtype in _OIP_NAMES and self.features.ndim >= 1
-
-    def json(self) -> bytes:
-        if self._json is None:
-            self._json = orjson.dumps({"features": self.features}, option=orjson.OPT_SERIALIZE_NUMPY)
-        return self._json
-
-    def tensor(self) -> tuple[bytes, tuple[tuple[bytes, bytes], ...]]:
-        """(raw little-endian row-major bytes, the headers that describe them)."""
-        if self._tensor is None:
-            x = self.features
-            raw = np.ascontiguousarray(x, dtype=x.dtype.newbyteorder("<")).tobytes()
-            shape = ",".join(map(str, x.shape)).encode()
-            self._tensor = raw, ((b"Content-Type", _TENSOR_TYPE), (_DATATYPE, _OIP_NAMES[x.dtype]), (_SHAPE, shape))
-        return self._tensor
-
-
-def read_answer(resp: h1client.Response) -> bytes | TensorAnswer:
-    """An answer as its ``Content-Type`` says: the tensor contract's bytes with their headers
-    (checked by ``decode_answer``, not here: this runs on the event loop), else JSON."""
-    content_type = resp.header(b"content-type")
-    if content_type is not None and content_type.split(b";", 1)[0].strip().lower() == _TENSOR_TYPE:
-        return TensorAnswer(resp.body, resp.header(_DATATYPE), resp.header(_SHAPE))
-    return resp.body
+    def result(self, pool: Pool, opened: Any) -> Awaitable[R_co]:  # noqa: ANN401
+        """What the dispatch hands its caller, read within the deadline and the slot; an
+        ``UpstreamError`` if the answer is broken (a stream gives its connection up then)."""
+        ...
 
 
 async def _inline(body: bytes | TensorAnswer, ref: str, rows: int) -> np.ndarray:
@@ -208,9 +116,9 @@ async def _inline(body: bytes | TensorAnswer, ref: str, rows: int) -> np.ndarray
 
 class Upstreams:
     def __init__(self, parse: AnswerParser = _inline) -> None:
-        """``parse(body, ref, rows)`` turns an answer into an array (``answers.decode_answer``,
+        """``parse(body, ref, rows)`` turns a tensor answer into an array (``answers.decode_answer``,
         off the event loop for large answers when the gateway passes its decoder's)."""
-        self._parse = parse
+        self.parse = parse
         self._pools: dict[tuple[str, str], Pool] = {}
         self._sessions: dict[str, h1client.ConnectionPool] = {}
         # (model, version) → when this gateway last sent it a request (unix s): fleet.control.lazy's idle clock
@@ -284,123 +192,114 @@ class Upstreams:
         last_resort: bool = True,
         tenant: str = "",
         weight: float = 1.0,
-        timing: list[float] | None = None,
         held: list[float] | None = None,
     ) -> np.ndarray:
-        """Ask one replica of ``model:version``; raise ``UpstreamError`` (with its class) or ``NoReplica``.
-
-        ``last_resort=False``: another version will be asked if this one fails, so ejected
-        replicas are not tried. ``tenant`` and its ``weight``: whose turn it is when the
-        version's slots are full (``fleet.gateway.fairqueue``). ``timing``: the seconds the
-        version took (from a slot to its answer) are appended to it. ``held``: the seconds the
-        request waited for a cold version to start, if it did (not the version's latency).
-        """
+        """One version's answer to ``features``, nobody blamed (a shadow's, ``fleet.gateway.shadow``):
+        ``ready`` then ``ask``. ``held``: the seconds the request waited for a cold version to
+        start are appended to it, if it did (not the version's latency)."""
         before = time.monotonic()
         pool = await self.ready(model, version, deadline)
         if held is not None and (waited := time.monotonic() - before) > HELD_AT_LEAST_S:
             held.append(waited)
-        remaining = deadline - time.monotonic()
+        return await self.ask(
+            pool, TensorExchange(features, self.parse), deadline, priority, last_resort, tenant, weight
+        )
+
+    async def ask(
+        self,
+        pool: Pool,
+        exchange: Exchange[R],
+        by: float,
+        priority: str,
+        last_resort: bool = True,
+        tenant: str = "",
+        weight: float = 1.0,
+    ) -> R:
+        """Ask one version through ``exchange``, all by ``by`` (monotonic): a slot, then a
+        replica (``_replica``), then the exchange's result. Raise ``UpstreamError`` (with its
+        class; ``UpstreamTimeout`` past ``by``) or ``Rejected``; the slot is released on every
+        path (a stream's: when it is closed).
+
+        ``last_resort=False``: another version will be asked if this one fails, so ejected
+        replicas are not tried. ``tenant`` and its ``weight``: whose turn it is when the
+        version's slots are full (``fleet.gateway.fairqueue``)."""
+        remaining = by - time.monotonic()
         try:
             async with asyncio.timeout(max(remaining, 0.0)):
                 await pool.slots.acquire(priority, pool.ref, tenant, weight)
-                asked = time.monotonic()
+                kept = False
                 try:
-                    answer = await self._answer(pool, Outbound(features), last_resort, deadline)
-                    if timing is not None:  # the version's own time: its wait for a slot left out
-                        timing.append(time.monotonic() - asked)
-                    return await self._parse(answer, pool.ref, len(features))
+                    exchange.asked = asked = time.monotonic()
+                    opened = await self._replica(pool, exchange, last_resort, by)
+                    exchange.took = time.monotonic() - asked  # the version's own time: its wait for a slot left out
+                    result = await exchange.result(pool, opened)
+                    kept = exchange.streams  # the stream's to give back when it closes
+                    return result
                 finally:
-                    pool.slots.release()
+                    if not kept:
+                        pool.slots.release()
         except TimeoutError:
             raise UpstreamTimeout(f"{pool.ref} did not answer within {remaining * 1000:.0f} ms") from None
 
-    async def _answer(self, pool: Pool, outbound: Outbound, last_resort: bool, deadline: float) -> bytes | TensorAnswer:
-        """Ask the pool; a version that sheds is asked again after each back-off the deadline allows."""
-        for backoff in (*SHED_BACKOFF_S, None):
-            try:
-                return await self._attempt(pool, outbound, last_resort)
-            except _Shed as shed:
-                if backoff is None or deadline - time.monotonic() < 2 * backoff:
-                    raise UpstreamError(str(shed), "5xx") from None
-            await asyncio.sleep(backoff)
-        raise AssertionError("unreachable: the last round raises")
-
-    async def _attempt(self, pool: Pool, outbound: Outbound, last_resort: bool) -> bytes | TensorAnswer:
-        failures, shed = [], ""
-        replicas = pool.order(last_resort)
-        if not replicas:
-            raise UpstreamError(f"every replica of {pool.ref} is ejected after consecutive failures", "unreachable")
-        for replica in replicas:
-            replica.in_flight += 1
-            try:
-                resp = await self._exchange(pool, replica, outbound)
-            except h1client.BodyTooLarge as exc:
-                if exc.declared is not None:
-                    raise BadAnswer(
-                        f"{pool.ref} answered {exc.declared} bytes; at most {MAX_ANSWER_BYTES} are read"
+    async def _replica(self, pool: Pool, exchange: Exchange[Any], last_resort: bool, by: float) -> Any:  # noqa: ANN401
+        """A replica's answer, opened: the replicas in order (a refused connection skips to
+        the next); a version whose replicas all shed is asked again after each back-off that
+        ``by`` allows, and fails only if it still sheds."""
+        for backoff in _SHED_ROUNDS:
+            failures, shed = [], ""
+            replicas = pool.order(last_resort)
+            if not replicas:
+                raise UpstreamError(f"every replica of {pool.ref} is ejected after consecutive failures", "unreachable")
+            for replica in replicas:
+                replica.in_flight += 1
+                try:
+                    response = await exchange.send(pool, replica)
+                except h1client.Unreachable as exc:  # refused, connect timeout, closed before answering
+                    replica.in_flight -= 1
+                    replica.failed(time.monotonic())
+                    failures.append(f"{replica.url}: {type(exc).__name__}")
+                    continue  # the request never reached a model: the next replica may answer
+                except h1client.HTTPClientError as exc:  # the answer broke off or is not HTTP
+                    replica.in_flight -= 1
+                    replica.failed(time.monotonic())
+                    raise UpstreamError(
+                        f"{pool.ref} at {replica.url} failed: {type(exc).__name__}: {exc}", "5xx"
                     ) from None
-                raise BadAnswer(
-                    f"{pool.ref} answered more than {MAX_ANSWER_BYTES} bytes; that many are read at most"
-                ) from None
-            except h1client.Unreachable as exc:  # refused, connect timeout, closed before answering
-                replica.failed(time.monotonic())
-                failures.append(f"{replica.url}: {type(exc).__name__}")
-                continue  # the request never reached a model: the next replica may answer
-            except h1client.HTTPClientError as exc:  # the answer broke off or is not HTTP
-                replica.failed(time.monotonic())
-                raise UpstreamError(f"{pool.ref} at {replica.url} failed: {type(exc).__name__}: {exc}", "5xx") from None
-            finally:
-                replica.in_flight -= 1
-            body = resp.body
-            if resp.status == 503:
-                # "overloaded, not now" (BentoML's batcher sheds so): nothing was computed, so
-                # another replica, or this one a moment later, may take it; not a replica fault
-                shed = f"{pool.ref} at {replica.url} shed the request: HTTP 503 {body[:120].decode(errors='replace')}"
-                continue
-            if resp.status >= 500:
-                replica.failed(time.monotonic())
-                raise UpstreamError(
-                    f"{pool.ref} answered HTTP {resp.status}: {body[:200].decode(errors='replace')}", "5xx"
-                )
-            if resp.status != 200:
+                except BaseException:
+                    replica.in_flight -= 1
+                    raise
+                if response.status == 200:
+                    if not exchange.streams:
+                        replica.in_flight -= 1
+                        replica.succeeded()
+                    return exchange.opened(pool, replica, response)
+                try:
+                    body = await exchange.head(response)
+                finally:
+                    replica.in_flight -= 1
+                if response.status == 503:
+                    # "overloaded, not now" (BentoML's batcher sheds so): nothing was computed, so
+                    # another replica, or this one a moment later, may take it; not a replica fault
+                    shed = (
+                        f"{pool.ref} at {replica.url} shed the request: HTTP 503 {body[:120].decode(errors='replace')}"
+                    )
+                    continue
+                if response.status >= 500:
+                    replica.failed(time.monotonic())
+                    raise UpstreamError(
+                        f"{pool.ref} answered HTTP {response.status}: {body[:200].decode(errors='replace')}", "5xx"
+                    )
                 replica.succeeded()  # it answered: the replica is healthy, the input was not
                 raise Rejected(
-                    f"{pool.ref} refused the input: HTTP {resp.status} {body[:200].decode(errors='replace')}",
-                    resp.status,
+                    f"{pool.ref} refused the input: HTTP {response.status} {body[:200].decode(errors='replace')}",
+                    response.status,
                 )
-            replica.succeeded()
-            return read_answer(resp)
-        if shed:
-            raise _Shed(shed)
-        raise UpstreamError(f"no replica of {pool.ref} could be reached ({'; '.join(failures)})", "unreachable")
-
-    async def _exchange(self, pool: Pool, replica: Replica, outbound: Outbound) -> h1client.Response:
-        """Send the request to one replica: as a tensor unless the replica is known to lack
-        the route. A 404, 405 or 415 there says it lacks it (no such route, no POST there, or
-        not this body type): the same request goes to it at once as JSON, and JSON from then
-        on. That is not a failure, so nothing is counted: ``_attempt`` only sees the answer
-        to the JSON request. h1's errors pass through to ``_attempt``, which classes them."""
-        if replica.takes_tensors and outbound.tensor_ok:
-            body, headers = outbound.tensor()
-            resp = await replica.session.request(
-                "POST", TENSOR_PATH, body, headers, max_body=MAX_ANSWER_BYTES, connect_timeout=CONNECT_TIMEOUT_S
-            )
-            if resp.status not in NO_TENSOR_ROUTE:
-                return resp
-            # asked again later: a service redeployed at the same address may have gained the route
-            replica.json_until = time.monotonic() + TENSOR_REPROBE_S
-            log.info(
-                "%s at %s answered HTTP %d to POST %s: sending it JSON (POST %s) for the next %.0f s",
-                pool.ref,
-                replica.url,
-                resp.status,
-                TENSOR_PATH,
-                JSON_PATH,
-                TENSOR_REPROBE_S,
-            )
-        return await replica.session.request(
-            "POST", JSON_PATH, outbound.json(), _JSON, max_body=MAX_ANSWER_BYTES, connect_timeout=CONNECT_TIMEOUT_S
-        )
+            if not shed:
+                raise UpstreamError(f"no replica of {pool.ref} could be reached ({'; '.join(failures)})", "unreachable")
+            if backoff is None or by - time.monotonic() < 2 * backoff:
+                raise UpstreamError(shed, "5xx")
+            await asyncio.sleep(backoff)
+        raise AssertionError("unreachable: the last round raises")
 
     async def close(self) -> None:
         for session in list(self._sessions.values()):

@@ -1,0 +1,244 @@
+"""A generation under way: its replica's event stream opened by the dispatch, and what the
+stream gives back as it goes and when it ends.
+
+``GenerateExchange`` is a generation's part of the dispatch (``fleet.gateway.dispatch``; the
+rest — versions in order, the hold for a cold start, slots, replicas, the retry of a
+version that sheds, blame before the first event — is every protocol's): a replica is sent
+the generation's settings at ``POST /generate_stream`` and its first event is read within
+the first-token deadline. The stream then stays open, holding the replica and the
+version's slot, until ``Stream.events`` ends or its caller leaves (``Opened.close``).
+
+``Stream`` reads the rest: each event as it comes, within the request's timeout. The
+tenant's token quota is charged as the answer streams (every ``CHARGE_EVERY`` tokens, the
+rest at the end, and what was made for a caller that left). The final event decides: a
+``finish_reason`` of ``error`` or ``timeout``, or a stream that breaks off, is the version's
+failure (blamed, and held against its replica); else its time to first token, per output
+token and token counts go to telemetry, and what it served to the usage meter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from fleet.gateway import h1client
+from fleet.gateway.answers import UpstreamError
+from fleet.gateway.generation.sse import Events
+from fleet.gateway.replicas import CONNECT_TIMEOUT_S, Pool, Replica
+from fleet.gateway.telemetry import Telemetry
+from fleet.gateway.upstream import UpstreamTimeout
+from fleet.usage.meter import UsageMeter
+
+STREAM_PATH = "/generate_stream"
+DRAIN_S = 0.5  # how long the end of a stream is waited for after its final event
+CHARGE_EVERY = 16  # tokens charged to a tenant's token quota at a time while an answer streams
+ERROR_HEAD_BYTES = 2048  # of an error answer's body, read for its message
+_STREAM_HEADERS = ((b"Content-Type", b"application/json"), (b"Accept", b"text/event-stream"))
+
+
+@dataclass
+class Opened:
+    """One replica answering one generation: its events, the first one read, and what is
+    given back at the end (the replica's place in flight, the version's slot, the connection)."""
+
+    pool: Pool
+    replica: Replica
+    response: h1client.StreamedResponse
+    events: Events
+    first: dict[str, Any] = field(default_factory=dict)
+    closed: bool = False
+
+    def give_up(self) -> bool:
+        """The replica and the connection given back (the slot is not: ``close`` or the
+        dispatch does that); False if that was done already."""
+        if self.closed:
+            return False
+        self.closed = True
+        self.replica.in_flight -= 1
+        # after the end: the connection goes back to the pool; before it: it is closed, so the service cancels
+        self.response.close()
+        return True
+
+    async def close(self) -> None:
+        if self.give_up():
+            self.pool.slots.release()
+
+
+class GenerateExchange:
+    """A generation's part of asking a version (``fleet.gateway.upstream.Exchange``): the
+    settings ``payload`` sent, the replica's stream opened and its first event read."""
+
+    streams: ClassVar[bool] = True
+    late: ClassVar[str] = (
+        "{ref} sent no first token within {ms:.0f} ms (the policy's first_token_timeout_ms, capped by the request's timeout)"
+    )
+    __slots__ = ("asked", "payload", "took")
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+        self.asked = self.took = 0.0
+
+    def send(self, pool: Pool, replica: Replica) -> Any:  # noqa: ANN401 - the stream's coroutine, awaited by the dispatch
+        return replica.session.stream(
+            "POST", STREAM_PATH, self.payload, _STREAM_HEADERS, connect_timeout=CONNECT_TIMEOUT_S
+        )
+
+    def head(self, response: h1client.StreamedResponse) -> Any:  # noqa: ANN401 - a coroutine, as send's
+        return _head_of(response)
+
+    def opened(self, pool: Pool, replica: Replica, response: h1client.StreamedResponse) -> Opened:
+        return Opened(pool, replica, response, Events(response, pool.ref))
+
+    async def result(self, pool: Pool, opened: Opened) -> Opened:
+        """The stream with its first event read; given up if none comes (the dispatch then
+        blames the version, and a canary's request is asked again on stable)."""
+        try:
+            opened.first = await anext(opened.events)
+        except StopAsyncIteration:
+            opened.give_up()
+            raise UpstreamError(f"{pool.ref} ended its stream before its first event", "5xx") from None
+        except BaseException:
+            opened.give_up()
+            raise
+        return opened
+
+
+@dataclass
+class Stream:
+    """A generation under way: the first event is in hand; ``events()`` yields it and the rest."""
+
+    model: str
+    version: str
+    tenant: str
+    opened: Opened
+    first: dict[str, Any]
+    asked: float  # when the version was asked (after its slot)
+    first_at: float
+    deadline: float
+    telemetry: Telemetry
+    usage: UsageMeter | None
+    charge: Callable[[int], None]  # tokens spent of the tenant's token quota, as they stream
+    payload: bytes = b""  # what the version was asked (a shadow is asked the same)
+    final: dict[str, Any] = field(default_factory=dict)
+    charged: int = 0
+    seen: int = 0  # tokens the last event counted (prompt and completion)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model}:{self.version}"
+
+    def _spend(self, event: dict[str, Any], *, final: bool = False) -> None:
+        """Charge the tenant's token quota as the answer streams: every ``CHARGE_EVERY``
+        tokens (prompt and completion so far), and what is left at the end."""
+        used = self.seen = count(event, "prompt_tokens") + count(event, "completion_tokens")
+        if used - self.charged >= CHARGE_EVERY or (final and used > self.charged):
+            self.charge(used - self.charged)
+            self.charged = used
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """Every event to the final one; ``UpstreamError`` / ``UpstreamTimeout`` if the answer
+        breaks off. Closing the iterator early (the caller left) cancels the generation."""
+        try:
+            event = self.first
+            while True:
+                if event.get("finish_reason") is not None:
+                    self._spend(event, final=True)
+                    self._ended(event)  # raises for a generation that failed
+                    yield event
+                    await self._drain()
+                    return
+                self._spend(event)
+                yield event
+                try:
+                    async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
+                        event = await anext(self.opened.events)
+                except StopAsyncIteration:
+                    raise self._failed(
+                        UpstreamError(f"{self.ref} ended its stream before it finished", "5xx")
+                    ) from None
+                except TimeoutError:
+                    raise self._failed(
+                        UpstreamTimeout(f"{self.ref} did not finish within the request's timeout")
+                    ) from None
+                except UpstreamError as exc:
+                    raise self._failed(exc) from None
+                except h1client.HTTPClientError as exc:
+                    raise self._failed(UpstreamError(f"{self.ref} broke off: {type(exc).__name__}", "5xx")) from None
+        finally:
+            if self.seen > self.charged:  # a caller that left pays for what was made for it
+                self.charge(self.seen - self.charged)
+                self.charged = self.seen
+            await self.opened.close()
+
+    async def _drain(self) -> None:
+        """Read the replica's stream to its end after the final event, so its connection goes
+        back to the pool: closed before the end, it is dropped, and every generation would pay
+        for a new connection. A replica that sends on is not waited for."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(DRAIN_S):
+                async for _ in self.opened.events:
+                    break  # nothing may follow the final event: closing drops this connection
+
+    async def collect(self) -> tuple[str, dict[str, Any]]:
+        parts = [e.get("text", "") async for e in self.events()]
+        return "".join(parts), self.final
+
+    def _failed(self, exc: UpstreamError) -> UpstreamError:
+        self.telemetry.failed(self.model, self.version, exc.kind)
+        self.opened.replica.failed(time.monotonic())
+        return exc
+
+    def _ended(self, final: dict[str, Any]) -> None:
+        self.final = final
+        reason = final.get("finish_reason")
+        if reason == "error":
+            raise self._failed(UpstreamError(f"{self.ref} failed: {str(final.get('error'))[:200]}", "5xx"))
+        if reason == "timeout":
+            raise self._failed(UpstreamTimeout(f"{self.ref} did not finish within the request's timeout"))
+        now = time.monotonic()
+        completion = count(final, "completion_tokens")
+        tpot_ms = (now - self.first_at) * 1e3 / (completion - 1) if completion > 1 else None
+        self.telemetry.generated(
+            self.model,
+            self.version,
+            ttft_ms=(self.first_at - self.asked) * 1e3,
+            tpot_ms=tpot_ms,
+            prompt_tokens=count(final, "prompt_tokens"),
+            completion_tokens=completion,
+            queue_s=_seconds(final, "queue_s"),
+        )
+        self.opened.replica.succeeded()
+        if self.usage is not None:
+            self.usage.served(
+                self.tenant, self.model, self.version, 1, now - self.asked, count(final, "prompt_tokens") + completion
+            )
+
+
+def _seconds(event: dict[str, Any], key: str) -> float | None:
+    """A duration the service reported, if it is one (a broken replica's garbage is left out)."""
+    value = event.get(key)
+    return (
+        float(value) if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 86_400 else None
+    )
+
+
+def count(event: dict[str, Any], key: str) -> int:
+    """A token count the service reported, if it is one (else 0)."""
+    value = event.get(key, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else 0
+
+
+async def _head_of(response: h1client.StreamedResponse, limit: int = ERROR_HEAD_BYTES) -> bytes:
+    """The start of an error answer, for the message; its connection is given back after
+    (kept when the answer was read to its end)."""
+    data = b""
+    try:
+        with contextlib.suppress(h1client.HTTPClientError):
+            data = await response.aread(limit)
+    finally:
+        response.close()
+    return data
