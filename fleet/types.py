@@ -212,8 +212,8 @@ class Refusal(NamedTuple):
 @runtime_checkable
 class QuotaBackend(Protocol):
     """Per-tenant quotas. The gateway's default is in-process token buckets
-    (``fleet.gateway.quota.buckets.TokenBuckets``); ``RedisQuotas`` shares one budget between every
-    gateway and worker (``FLEET_REDIS_URL``)."""
+    (``fleet.gateway.quota.buckets.TokenBuckets``); ``fleet.gateway.quota.redis.RedisQuotas`` shares
+    one budget between every gateway and worker (``FLEET_REDIS_URL``)."""
 
     async def acquire(
         self, tenant: str, rps: float, burst: int, concurrency: int | None, lease: str, lease_s: float = 300.0
@@ -234,3 +234,11 @@ class QuotaBackend(Protocol):
 
     def health(self) -> dict[str, Any]:
         """What ``/v2/health/ready`` shows: the backend, whether the budget is shared now."""
+
+    @property
+    def degraded(self) -> bool:
+        """A shared budget is away (Redis down): this process enforces its local share in its
+        place, so how many gateways share a quota matters now. Never for an in-process backend."""
+
+    async def close(self) -> None:
+        """Give back what is owed (leases of requests just answered), then disconnect."""

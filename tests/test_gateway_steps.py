@@ -20,8 +20,9 @@ from fleet.gateway.dispatch import Dispatcher, fallback
 from fleet.gateway.generation.stream import GenerateExchange
 from fleet.gateway.pipeline import Call, Pipeline
 from fleet.gateway.protocol import MalformedBody, TooManyRows, conforms, decode_v1, decode_v2
-from fleet.gateway.quota.buckets import OverQuota, Quotas, TokenBuckets
-from fleet.gateway.quota.buckets import release as quota_release
+from fleet.gateway.quota import OverQuota, Quotas
+from fleet.gateway.quota import release as quota_release
+from fleet.gateway.quota.buckets import TokenBuckets
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.tensors import TensorExchange
 from fleet.gateway.upstream import NoReplica, Rejected, UpstreamError, UpstreamTimeout

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from fleet.catalog import gateway_directory
-from fleet.gateway.quota.buckets import divide
+from fleet.gateway.quota import divide
 from fleet.gateway.workers import merge_expositions, worker_argv
 from tests.gateway_env import ADMIN_TOKEN, BODY, MODEL, GatewayEnv, metric, wait_for
 from tests.redis_env import RedisServer

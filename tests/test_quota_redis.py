@@ -1,5 +1,5 @@
 """Quotas shared through a real Redis by several gateway processes, and what happens when
-Redis goes away and comes back (``fleet.gateway.quota.buckets``).
+Redis goes away and comes back (``fleet.gateway.quota.redis``).
 
 Two ``fleet gateway`` processes with ``FLEET_REDIS_URL`` in front of one stub model; one
 tenant's traffic spread over both. Rates are counted by the client over wall time; the
@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleet.gateway.quota.buckets import RedisQuotas, TokenBuckets
+from fleet.gateway.quota.buckets import TokenBuckets
+from fleet.gateway.quota.redis import RedisQuotas
 from tests.gateway_env import BODY, MODEL, GatewayEnv, metric, wait_for
 from tests.redis_env import RedisServer
 

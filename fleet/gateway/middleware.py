@@ -1,8 +1,9 @@
 """What every gateway answer shares, over HTTP and gRPC alike: its settings, a request id for
 each request, how each answered request is counted and logged (``open_request`` /
-``close_request``), the wait an over-budget refusal names, and the middleware that does
-all of it for HTTP and gives each answer the fleet's headers. ``fleet.gateway.grpc_server``
-calls the same two functions, so a request is counted the same whichever way it came.
+``close_request``), the wait an over-budget refusal names, how an error is answered
+(``ErrorAnswers``), and the middleware that does all of it for HTTP and gives each answer
+the fleet's headers. ``fleet.gateway.grpc_server`` calls the same two functions, so a
+request is counted the same whichever way it came.
 
 Request ids the gateway makes are 128 random bits: nobody can guess another request's id
 (feedback is joined by it). An id a client sends in ``X-Request-Id`` is kept if it is a
@@ -19,12 +20,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet.catalog import gateway_directory
 from fleet.errors import ConfigError, FleetError
+from fleet.gateway import quota
+from fleet.gateway.admin import json_response
 from fleet.gateway.body import DecodeBusy
-from fleet.gateway.quota import buckets
 from fleet.gateway.telemetry import UNKNOWN, Telemetry
 
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,128}")
@@ -55,7 +60,7 @@ def close_request(
     ``status`` is the HTTP status — for gRPC the one its status code stands for — so one
     ``fleet_requests_total`` query counts errors of both protocols."""
     if not state.get("streaming"):  # a stream keeps its lease until it ends (Headers' finally)
-        buckets.release(state)  # a concurrency lease: the request is answered
+        quota.release(state)  # a concurrency lease: the request is answered
     if "model" in state:
         telemetry.finished(
             state["model"],
@@ -81,6 +86,32 @@ def internal_error(request_id: str, exc: BaseException) -> str:
     """Log an error nobody planned for; the one-line answer a client gets instead of it."""
     log.error("unexpected error in request %s: %s", request_id, exc, exc_info=exc)
     return f"internal error in the gateway (request id {request_id}); its log has the details"
+
+
+class ErrorAnswers:
+    """How an error is answered, the same from Starlette's exception handlers and from the
+    inference routes answered before them (``fleet.gateway.infer_routes``): ``{"error": ...}``
+    with the contract's status (and ``Retry-After`` where waiting helps), an HTTP error naming
+    the method and path, and anything nobody planned for as a JSON 500 naming the request id,
+    logged."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.telemetry = telemetry
+
+    async def fleet_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, FleetError)
+        response = json_response({"error": str(exc)}, exc.status)
+        wait = retry_after(self.telemetry, exc)
+        if wait is not None:
+            response.headers["Retry-After"] = str(wait)
+        return response
+
+    async def http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return json_response({"error": f"{exc.detail}: {request.method} {request.url.path[:200]}"}, exc.status_code)
+
+    async def unexpected(self, request: Request, exc: Exception) -> Response:
+        return json_response({"error": internal_error(request.scope.get("state", {}).get("request_id", "?"), exc)}, 500)
 
 
 @dataclass(frozen=True)
@@ -144,7 +175,7 @@ class Headers:
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
-            buckets.release(state)  # no answer was started (the client left): the lease goes all the same
+            quota.release(state)  # no answer was started (the client left): the lease goes all the same
 
 
 def _http_access(scope: Scope) -> tuple[str, str, str]:

@@ -46,7 +46,7 @@ from fleet.gateway.body import Decoder
 from fleet.gateway.cache import PredictionCache
 from fleet.gateway.dispatch import Dispatcher
 from fleet.gateway.protocol import Decoded, MalformedBody, conforms
-from fleet.gateway.quota.buckets import Quotas
+from fleet.gateway.quota import Quotas
 from fleet.gateway.sinks import Recorder
 from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.telemetry import Telemetry

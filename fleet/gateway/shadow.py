@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleet.errors import FleetError
+from fleet.gateway.telemetry import Telemetry
 
 log = logging.getLogger("fleet.gateway.shadow")
 
@@ -156,3 +157,31 @@ class ShadowMirror:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._workers = []
+
+
+def record(
+    telemetry: Telemetry,
+    job: ShadowJob | GenShadowJob,
+    outcome: str,
+    shadow_ms: float | None,
+    result: np.ndarray | Generated | None,
+    kind: str | None,
+) -> None:
+    """A mirrored call's outcome into telemetry (``ShadowMirror``'s ``on_result``): the
+    comparison, and the shadow version's own answer or failure as any version's are counted."""
+    if isinstance(result, Generated):  # the shadow's time to first token beside the caller's
+        telemetry.shadow_result(job.model, job.version, outcome, result.ttft_ms, job.served_ms)
+        telemetry.generated(
+            job.model,
+            job.version,
+            ttft_ms=result.ttft_ms,
+            tpot_ms=result.tpot_ms,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+        )
+        return
+    telemetry.shadow_result(job.model, job.version, outcome, shadow_ms, job.served_ms)
+    if result is not None and shadow_ms is not None:
+        telemetry.answered(job.model, job.version, shadow_ms, result)
+    elif outcome == "error" and kind is not None:  # a refused input (no kind) is not the shadow's failure
+        telemetry.failed(job.model, job.version, kind)

@@ -13,7 +13,7 @@ across tenants, a replica, the retry of a version that sheds, blame), whose prot
 Streams pass through as they come: the service's server-sent events (``bentos/tiny_lm``'s
 contract) are read as they arrive (``generation.sse``), turned into the caller's protocol one
 event at a time, and written at once — nothing is buffered beyond one event. The routes are
-answered before Starlette's router (``app.InferRoutes``).
+answered before Starlette's router (``infer_routes.InferRoutes``).
 
 Two deadlines: the first token must come within the policy's ``first_token_timeout_ms``
 (capped by the request's timeout), and the whole answer within the request's timeout

@@ -1,0 +1,137 @@
+"""What the gateway says of itself: liveness, readiness, server metadata, its Prometheus
+metrics (every worker's, whichever worker the scrape reached: ``fleet.gateway.workers``)
+and the windowed stats canary analysis reads (``/admin/stats``).
+
+Readiness is a snapshot loaded: bad records are reported, not a reason to refuse traffic for
+every good model. Their keys and reasons name tenants, versions and the store: shown with
+the admin token only; anyone sees how many of each kind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+
+from fleet.gateway import workers
+from fleet.gateway.admin import json_response
+from fleet.gateway.middleware import Settings
+from fleet.gateway.telemetry import Telemetry
+from fleet.gateway.view import FleetView
+from fleet.records import BadRecord
+from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, QuotaBackend
+
+SIBLING_SCRAPE_S = 2.0  # how long /metrics waits for a sibling worker's own metrics
+_EXPOSITION = "text/plain; version=0.0.4"
+
+
+def quota_state(backend: QuotaBackend) -> Iterator[tuple[tuple[str, ...], float]]:
+    """``fleet_quota_backend{state}``: whether the budget is shared now, and the local share's divisor."""
+    health = backend.health()
+    yield ("shared",), 1.0 if health["shared"] else 0.0
+    yield ("share_divisor",), float(health["share_divisor"])
+
+
+class Health:
+    def __init__(
+        self,
+        view: FleetView,
+        telemetry: Telemetry,
+        settings: Settings,
+        quotas: QuotaBackend,
+        server_info: dict[str, Any],
+    ) -> None:
+        self.view, self.telemetry, self.settings, self.quotas = view, telemetry, settings, quotas
+        self.server_info = server_info
+        self.me = workers.my_index()
+        self.others = [(i, u) for i, u in workers.siblings() if i != self.me]
+
+    async def live(self, _: Request) -> Response:
+        return json_response({"live": True})
+
+    async def server_metadata(self, _: Request) -> Response:
+        return json_response(self.server_info)
+
+    def observe_store(self) -> list[BadRecord]:
+        """The store's state into the gauges (stale routing state, bad records by kind); the bad records."""
+        view, telemetry = self.view, self.telemetry
+        telemetry.stale.set(1 if view.stale else 0)
+        bad = view.bad_records
+        for kind in ("RouteTable", "Tenant", "ModelVersion"):
+            telemetry.bad_records.labels(kind).set(sum(b.kind == kind for b in bad))
+        return bad
+
+    def admin(self, request: Request) -> bool:
+        """Whether the request carries the admin token."""
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        token = self.settings.admin_token
+        return (
+            bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
+        )  # type: ignore[union-attr]
+
+    async def ready(self, request: Request) -> Response:
+        view = self.view
+        ok = view.snapshot.loaded_at > 0
+        bad = self.observe_store()
+        shown: object = {kind: sum(b.kind == kind for b in bad) for kind in sorted({b.kind for b in bad})}
+        if self.admin(request):
+            shown = [{"key": b.key, "kind": b.kind, "reason": b.reason} for b in bad]
+        return json_response(
+            {
+                "ready": ok,
+                "routing_state": "stale" if view.stale else "current",
+                "store_reachable": view.healthy,
+                "last_refresh_age_s": round(time.time() - view.last_success, 3),
+                "store_error": view.last_error or None,
+                "bad_records": shown,
+                "gateway": self.settings.gateway_id,
+                "quotas": self.quotas.health(),
+                "workers": self.settings.workers,
+            },
+            200 if ok else 503,
+        )
+
+    async def metrics(self, request: Request) -> Response:
+        self.observe_store()
+        own = self.telemetry.exposition()
+        others = self.others
+        if not others or request.query_params.get("worker"):
+            return Response(own, media_type=_EXPOSITION)
+        # the whole gateway, whichever worker the scrape reached (fleet.gateway.workers)
+        try:
+            async with httpx.AsyncClient(timeout=SIBLING_SCRAPE_S) as client:
+                answers = await asyncio.gather(*(client.get(f"{u}/metrics", params={"worker": "1"}) for _, u in others))
+            for a in answers:
+                a.raise_for_status()
+        except httpx.HTTPError as exc:
+            return json_response(
+                {
+                    "error": f"a sibling worker did not answer its metrics ({exc}); the sum would "
+                    "read as a counter reset, so none is given"
+                },
+                503,
+            )
+        merged = await asyncio.to_thread(
+            workers.merge_expositions,
+            [(self.me or 0, own.decode()), *((i, a.text) for (i, _), a in zip(others, answers, strict=True))],
+        )
+        return Response(merged, media_type=_EXPOSITION)
+
+    def stats(self, model: str, window_s: int) -> dict[str, Any]:
+        """The model's windowed stats per version, as ``/admin/stats`` answers them."""
+        start, end, versions = self.telemetry.stats.window(model, window_s)
+        return {
+            "model": model,
+            "gateway": self.settings.gateway_id,
+            "start": start,
+            "end": end,
+            "latency_buckets_ms": list(LATENCY_BUCKETS_MS),
+            "prediction_bins": PREDICTION_BINS,
+            "versions": versions,
+        }
