@@ -12,7 +12,9 @@ import pytest
 
 from fleet.gateway.answers import UpstreamError
 from fleet.gateway.generation.sse import MAX_EVENT_BYTES, EventParser, Events
-from fleet.gateway.h1client import STREAM_HIGH_WATER, ConnectionPool, IncompleteResponse, StreamedResponse
+from fleet.gateway.h1.connection import STREAM_HIGH_WATER, StreamedResponse
+from fleet.gateway.h1.errors import IncompleteResponse
+from fleet.gateway.h1.pool import ConnectionPool
 from tests.test_h1 import JSON, Peer, Scripted, pooled, until, waited
 
 EVENTS = [

@@ -1,4 +1,4 @@
-"""The gateway's HTTP/1.1 client (fleet/gateway/h1client.py) against real sockets on 127.0.0.1.
+"""The gateway's HTTP/1.1 client (fleet/gateway/h1/) against real sockets on 127.0.0.1.
 
 A scripted asyncio server sends exactly the bytes a test needs (chunked, close-delimited,
 oversized, garbage, closing at a chosen moment); a real uvicorn + Starlette server shows
@@ -17,19 +17,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from fleet.gateway.h1client import (
+from fleet.gateway.h1.connection import Response
+from fleet.gateway.h1.errors import (
     BodyTooLarge,
     ConnectError,
-    ConnectionPool,
     ConnectTimeout,
     Disconnected,
     IncompleteResponse,
     PoolClosed,
     PoolTimeout,
     ProtocolError,
-    Response,
     Unreachable,
 )
+from fleet.gateway.h1.pool import ConnectionPool
 from tests.conftest import WITHIN_S
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from fleet.gateway import h1client
+from fleet.gateway.h1.pool import ConnectionPool
 from fleet.gateway.slots import Slots
 
 EJECT_AFTER = 3
@@ -26,7 +26,7 @@ CONNECT_TIMEOUT_S = 0.5  # a replica that does not accept a connection by then i
 @dataclass
 class Replica:
     url: str
-    session: h1client.ConnectionPool  # shared by every pool that lists the URL
+    session: ConnectionPool  # shared by every pool that lists the URL
     in_flight: int = 0
     failures: int = 0  # consecutive
     ejections: int = 0  # consecutive ejections, for the back-off

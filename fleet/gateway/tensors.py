@@ -26,8 +26,9 @@ from typing import ClassVar
 import numpy as np
 import orjson
 
-from fleet.gateway import h1client
 from fleet.gateway.answers import DATATYPE_HEADER, SHAPE_HEADER, TENSOR_TYPE, BadAnswer, TensorAnswer
+from fleet.gateway.h1.connection import Response
+from fleet.gateway.h1.errors import BodyTooLarge
 from fleet.gateway.protocol import NUMPY_DTYPES
 from fleet.gateway.replicas import CONNECT_TIMEOUT_S, Pool, Replica
 
@@ -86,7 +87,7 @@ class TensorExchange:
         return self._tensor
 
     # -- the dispatch's plug-in (fleet.gateway.upstream.Exchange) --------------------------------
-    async def send(self, pool: Pool, replica: Replica) -> h1client.Response:
+    async def send(self, pool: Pool, replica: Replica) -> Response:
         """Send the request to one replica: as a tensor unless the replica is known to lack
         the route. A 404, 405 or 415 there says it lacks it (no such route, no POST there, or
         not this body type): the same request goes to it at once as JSON, and JSON from then
@@ -115,7 +116,7 @@ class TensorExchange:
             return await replica.session.request(
                 "POST", JSON_PATH, self.json(), _JSON, max_body=MAX_ANSWER_BYTES, connect_timeout=CONNECT_TIMEOUT_S
             )
-        except h1client.BodyTooLarge as exc:
+        except BodyTooLarge as exc:
             if exc.declared is not None:
                 raise BadAnswer(
                     f"{pool.ref} answered {exc.declared} bytes; at most {MAX_ANSWER_BYTES} are read"
@@ -124,10 +125,10 @@ class TensorExchange:
                 f"{pool.ref} answered more than {MAX_ANSWER_BYTES} bytes; that many are read at most"
             ) from None
 
-    async def head(self, response: h1client.Response) -> bytes:
+    async def head(self, response: Response) -> bytes:
         return response.body
 
-    def opened(self, pool: Pool, replica: Replica, response: h1client.Response) -> bytes | TensorAnswer:
+    def opened(self, pool: Pool, replica: Replica, response: Response) -> bytes | TensorAnswer:
         """An answer as its ``Content-Type`` says: the tensor contract's bytes with their headers
         (checked by the parser, not here: this runs on the event loop), else JSON."""
         content_type = response.header(b"content-type")

@@ -20,7 +20,7 @@ nor tensor bytes that match their headers, not one finite row per input row, lar
 A 4xx is the model refusing the input (``Rejected``): the caller's error, passed on, never
 counted against the version or its replica.
 
-The HTTP client is ``fleet.gateway.h1client``: one keep-alive pool per replica, capped at the
+The HTTP client is ``fleet.gateway.h1``: one keep-alive pool per replica, capped at the
 policy's ``concurrency``; a generation's event stream is read over the same connections
 (``ConnectionPool.stream``). Not aiohttp (about 30 % of the gateway's CPU per request, an extra
 loop turn per body on Python 3.11) nor httpx (0.55 ms a call against aiohttp's 0.2 ms).
@@ -36,8 +36,9 @@ from typing import Any, ClassVar, Protocol, TypeVar
 import numpy as np
 
 from fleet.errors import FleetError
-from fleet.gateway import h1client
 from fleet.gateway.answers import BadAnswer, TensorAnswer, UpstreamError, decode_answer
+from fleet.gateway.h1.errors import HTTPClientError, Unreachable
+from fleet.gateway.h1.pool import ConnectionPool
 from fleet.gateway.replicas import Pool, Replica
 from fleet.gateway.slots import BATCH_AGING_S, Slots
 from fleet.gateway.tensors import AnswerParser, TensorExchange
@@ -92,7 +93,7 @@ class Exchange(Protocol[R_co]):
     took: float  # written by ``ask``: seconds from then until a replica answered (its head, for a stream)
 
     def send(self, pool: Pool, replica: Replica) -> Awaitable[Any]:
-        """Ask one replica; its answer's head (``h1client.Response`` or ``StreamedResponse``).
+        """Ask one replica; its answer's head (``h1.connection.Response`` or ``StreamedResponse``).
         h1's errors pass through, to be classed by ``ask``."""
         ...
 
@@ -120,19 +121,17 @@ class Upstreams:
         off the event loop for large answers when the gateway passes its decoder's)."""
         self.parse = parse
         self._pools: dict[tuple[str, str], Pool] = {}
-        self._sessions: dict[str, h1client.ConnectionPool] = {}
+        self._sessions: dict[str, ConnectionPool] = {}
         # (model, version) → when this gateway last sent it a request (unix s): fleet.control.lazy's idle clock
         self.last_used: dict[tuple[str, str], float] = {}
         self.activator: Any = None  # fleet.gateway.activate.Activator: holds a request for a cold lazy version
 
-    def _session(self, url: str, limit: int) -> h1client.ConnectionPool:
+    def _session(self, url: str, limit: int) -> ConnectionPool:
         """The replica's connection pool, at most ``limit`` connections (the policy's
         per-replica concurrency); requests past it wait for a free connection."""
         session = self._sessions.get(url)
         if session is None or session.closed:
-            session = self._sessions[url] = h1client.ConnectionPool.from_url(
-                url, limit=limit, idle_timeout=IDLE_CLOSE_S
-            )
+            session = self._sessions[url] = ConnectionPool.from_url(url, limit=limit, idle_timeout=IDLE_CLOSE_S)
         return session
 
     def sync(
@@ -254,12 +253,12 @@ class Upstreams:
                 replica.in_flight += 1
                 try:
                     response = await exchange.send(pool, replica)
-                except h1client.Unreachable as exc:  # refused, connect timeout, closed before answering
+                except Unreachable as exc:  # refused, connect timeout, closed before answering
                     replica.in_flight -= 1
                     replica.failed(time.monotonic())
                     failures.append(f"{replica.url}: {type(exc).__name__}")
                     continue  # the request never reached a model: the next replica may answer
-                except h1client.HTTPClientError as exc:  # the answer broke off or is not HTTP
+                except HTTPClientError as exc:  # the answer broke off or is not HTTP
                     replica.in_flight -= 1
                     replica.failed(time.monotonic())
                     raise UpstreamError(

@@ -3,7 +3,7 @@
 (``EventStreamResponse``).
 
 The service's stream (``bentos/tiny_lm``'s contract) is read with the gateway's own HTTP/1.1
-client (``fleet.gateway.h1client``, ``ConnectionPool.stream``) on the replica's pooled
+client (``fleet.gateway.h1``, ``ConnectionPool.stream``) on the replica's pooled
 keep-alive connections; events are parsed from whatever bytes arrive, and nothing is
 buffered beyond one event (``MAX_EVENT_BYTES``). The answer goes out through
 ``EventStreamResponse``: Starlette's event stream without its task group, one write per event.
@@ -18,8 +18,9 @@ import orjson
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from fleet.gateway import h1client
 from fleet.gateway.answers import UpstreamError
+from fleet.gateway.h1.connection import StreamedResponse
+from fleet.gateway.h1.errors import HTTPClientError
 
 MAX_EVENT_BYTES = 64 * 1024  # one event from a model service; a longer one is a broken answer
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # and nginx in front must not buffer
@@ -91,7 +92,7 @@ class Events:
 
     __slots__ = ("_parser", "_ready", "_response")
 
-    def __init__(self, response: h1client.StreamedResponse, ref: str) -> None:
+    def __init__(self, response: StreamedResponse, ref: str) -> None:
         self._response, self._parser = response, EventParser(ref)
         self._ready: list[dict[str, Any]] = []  # parsed, not yet handed out (reversed: popped from the end)
 
@@ -102,7 +103,7 @@ class Events:
         while not self._ready:
             try:
                 data = await self._response.read()
-            except h1client.HTTPClientError as exc:  # cut off mid-answer, or not HTTP: the version's failure
+            except HTTPClientError as exc:  # cut off mid-answer, or not HTTP: the version's failure
                 raise UpstreamError(f"{self._parser.ref} broke off: {type(exc).__name__}", "5xx") from None
             if not data:
                 raise StopAsyncIteration

@@ -25,9 +25,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from fleet.gateway import h1client
 from fleet.gateway.answers import UpstreamError
 from fleet.gateway.generation.sse import Events
+from fleet.gateway.h1.connection import StreamedResponse
+from fleet.gateway.h1.errors import HTTPClientError
 from fleet.gateway.replicas import CONNECT_TIMEOUT_S, Pool, Replica
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import UpstreamTimeout
@@ -47,7 +48,7 @@ class Opened:
 
     pool: Pool
     replica: Replica
-    response: h1client.StreamedResponse
+    response: StreamedResponse
     events: Events
     first: dict[str, Any] = field(default_factory=dict)
     closed: bool = False
@@ -87,10 +88,10 @@ class GenerateExchange:
             "POST", STREAM_PATH, self.payload, _STREAM_HEADERS, connect_timeout=CONNECT_TIMEOUT_S
         )
 
-    def head(self, response: h1client.StreamedResponse) -> Any:  # noqa: ANN401 - a coroutine, as send's
+    def head(self, response: StreamedResponse) -> Any:  # noqa: ANN401 - a coroutine, as send's
         return _head_of(response)
 
-    def opened(self, pool: Pool, replica: Replica, response: h1client.StreamedResponse) -> Opened:
+    def opened(self, pool: Pool, replica: Replica, response: StreamedResponse) -> Opened:
         return Opened(pool, replica, response, Events(response, pool.ref))
 
     async def result(self, pool: Pool, opened: Opened) -> Opened:
@@ -166,7 +167,7 @@ class Stream:
                     ) from None
                 except UpstreamError as exc:
                     raise self._failed(exc) from None
-                except h1client.HTTPClientError as exc:
+                except HTTPClientError as exc:
                     raise self._failed(UpstreamError(f"{self.ref} broke off: {type(exc).__name__}", "5xx")) from None
         finally:
             if self.seen > self.charged:  # a caller that left pays for what was made for it
@@ -232,12 +233,12 @@ def count(event: dict[str, Any], key: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else 0
 
 
-async def _head_of(response: h1client.StreamedResponse, limit: int = ERROR_HEAD_BYTES) -> bytes:
+async def _head_of(response: StreamedResponse, limit: int = ERROR_HEAD_BYTES) -> bytes:
     """The start of an error answer, for the message; its connection is given back after
     (kept when the answer was read to its end)."""
     data = b""
     try:
-        with contextlib.suppress(h1client.HTTPClientError):
+        with contextlib.suppress(HTTPClientError):
             data = await response.aread(limit)
     finally:
         response.close()
