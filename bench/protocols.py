@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 from bench._h2load import grpc_load  # noqa: E402
 from bench._wrk import Result, load  # noqa: E402
 from bench.gateway import _gateway_codes  # noqa: E402
-from fleet.gateway.grpc_server import pb  # noqa: E402 - first: loads tritonclient's protos
+from fleet.gateway.grpc_codec import pb  # noqa: E402 - first: loads tritonclient's protos
 from tests.gateway_env import MODEL, GatewayEnv  # noqa: E402
 from tests.test_grpc import start_gateway  # noqa: E402
 

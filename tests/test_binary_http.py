@@ -26,11 +26,10 @@ from fleet.catalog.registry import Registry, TensorSpec, VersionMetadata
 from fleet.catalog.routes.store import Router
 from fleet.errors import InvalidInput
 from fleet.gateway.body import Decoder
+from fleet.gateway.inputs import MalformedBody, TooManyRows
 from fleet.gateway.protocol import (
     Decoded,
-    MalformedBody,
     Output,
-    TooManyRows,
     binary_header_length,
     check_outputs,
     decode_v2,

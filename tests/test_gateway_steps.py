@@ -18,8 +18,9 @@ from fleet.gateway.activate import Starting
 from fleet.gateway.answers import BadAnswer, decode_answer
 from fleet.gateway.dispatch import Dispatcher, fallback
 from fleet.gateway.generation.stream import GenerateExchange
+from fleet.gateway.inputs import MalformedBody, TooManyRows, conforms
 from fleet.gateway.pipeline import Call, Pipeline
-from fleet.gateway.protocol import MalformedBody, TooManyRows, conforms, decode_v1, decode_v2
+from fleet.gateway.protocol import decode_v1, decode_v2
 from fleet.gateway.quota import OverQuota, Quotas
 from fleet.gateway.quota import release as quota_release
 from fleet.gateway.quota.buckets import TokenBuckets

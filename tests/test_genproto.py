@@ -8,7 +8,8 @@ import json
 import pytest
 
 from fleet.gateway.generation import protocol
-from fleet.gateway.protocol import MalformedBody, parse_json
+from fleet.gateway.inputs import MalformedBody
+from fleet.gateway.protocol import parse_json
 
 
 def test_a_completion_as_the_openai_client_sends_it() -> None:

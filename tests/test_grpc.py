@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from fleet.catalog.tenants import Quota, Tenants
 
 # first: loads tritonclient's protos (see _load_service)
-from fleet.gateway.grpc_server import SERVICE, grpc_code, pb, pb_grpc
+from fleet.gateway.grpc_codec import SERVICE, grpc_code, pb, pb_grpc
 from fleet.gateway.pipeline import Call, DeadlinePassed, Pipeline
 from tests.gateway_env import MODEL, GatewayEnv, metric, wait_for
 from tests.serving_env import FLEET, free_port, wait_ready
@@ -558,7 +558,7 @@ def test_the_time_left_before_a_deadline_caps_the_models_timeout() -> None:
 
 
 def test_the_model_and_version_are_read_from_the_leading_fields_without_parsing_the_rest() -> None:
-    from fleet.gateway.grpc_server import leading_target
+    from fleet.gateway.grpc_codec import leading_target
 
     message = request(sample(2, seed=5), version="1.1.0")
     assert leading_target(message.SerializeToString()) == (MODEL, "1.1.0")

@@ -28,7 +28,7 @@ import pytest
 from fleet.catalog.routes.store import Router
 from fleet.gateway.answers import BadAnswer, TensorAnswer, decode_answer
 from fleet.gateway.body import Decoder
-from fleet.gateway.grpc_server import pb, pb_grpc  # first: loads tritonclient's protos (see _load_service)
+from fleet.gateway.grpc_codec import pb, pb_grpc  # first: loads tritonclient's protos (see _load_service)
 from fleet.gateway.upstream import Upstreams
 from fleet.store import open_store
 from tests.gateway_env import MODEL, GatewayEnv, admin, metric, wait_for

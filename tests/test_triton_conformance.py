@@ -17,7 +17,7 @@ import pytest
 from fleet.catalog.tenants import Quota, Tenants
 
 # first: loads tritonclient's protos (see _load_service)
-from fleet.gateway.grpc_server import pb  # noqa: F401
+from fleet.gateway.grpc_codec import pb  # noqa: F401
 from tests.gateway_env import MODEL, GatewayEnv
 from tests.test_grpc import start_gateway
 

@@ -38,7 +38,8 @@ from fleet.catalog.routes.store import Router
 from fleet.catalog.tenants import MAX_GRACE, Tenants, make_quota, parse_entitlements, public, span
 from fleet.errors import Forbidden, InvalidInput, Unauthorized
 from fleet.gateway import body as bodies
-from fleet.gateway.protocol import MalformedBody, parse_json
+from fleet.gateway.inputs import MalformedBody
+from fleet.gateway.protocol import parse_json
 from fleet.gateway.stats import HORIZON_S
 from fleet.gateway.telemetry import Telemetry
 from fleet.names import check_name, check_version

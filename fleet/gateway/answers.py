@@ -25,7 +25,7 @@ import numpy as np
 import orjson
 
 from fleet.errors import FleetError
-from fleet.gateway.protocol import NUMPY_DTYPES
+from fleet.gateway.inputs import NUMPY_DTYPES
 
 TENSOR_TYPE = "application/octet-stream"
 DATATYPE_HEADER = "X-Fleet-Datatype"

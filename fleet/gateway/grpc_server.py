@@ -1,58 +1,52 @@
 """The Open Inference Protocol over gRPC (``inference.GRPCInferenceService``): ServerLive,
 ServerReady, ServerMetadata, ModelReady, ModelMetadata and ModelInfer, on their own port.
 
-The service definition is the one ``tritonclient`` ships (``tritonclient.grpc.service_pb2``),
-not a copy. The server is ``grpc.aio`` on the gateway's own event loop (uvloop), started and
-stopped by the app's lifespan: a gRPC call runs the same ``Pipeline`` steps, with the same
-quotas, caches, upstream pools, shadow queue and inference log, as an HTTP one.
+The messages and their decoding are ``fleet.gateway.grpc_codec``'s. The server is
+``grpc.aio`` on the gateway's own event loop (uvloop), started and stopped by the app's
+lifespan: a gRPC call runs the same ``Pipeline`` steps, with the same quotas, caches,
+upstream pools, shadow queue and inference log, as an HTTP one.
 
 A call enters the pipeline as a ``Call`` whose headers are the call's metadata
 (``authorization: Bearer <key>``, ``x-fleet-routing-key``, ``x-fleet-priority``,
 ``x-fleet-timeout-ms``, ``x-request-id``) and whose deadline is the gRPC deadline. A
 ModelInferRequest arrives as bytes (its size capped by grpc itself at the policies'
 ``gateway.max_body_mib``: RESOURCE_EXHAUSTED) and is decoded like an HTTP body: by a pure
-function (``decode_infer``), inline when small, in the decode worker when large, its bytes
-counted against the bodies in flight. Errors are the pipeline's, as gRPC status codes
-(``grpc_code``); each call is counted and logged by ``http.close_request`` like an HTTP one,
-under the HTTP status its code stands for.
+function (``grpc_codec.decode_infer``), inline when small, in the decode worker when large,
+its bytes counted against the bodies in flight. Errors are the pipeline's, as gRPC status
+codes (``grpc_codec.grpc_code``); each call is counted and logged by
+``middleware.close_request`` like an HTTP one, under the HTTP status its code stands for.
 
 Unlike HTTP, grpc has read the whole message before the gateway sees it, so the key and the
 quota are checked after the bytes arrived, but before any of them is parsed: the model and
-version are read from the message's leading fields alone (``leading_target``). What
-unauthenticated calls can make grpc hold is bounded by the message size and
+version are read from the message's leading fields alone (``grpc_codec.leading_target``).
+What unauthenticated calls can make grpc hold is bounded by the message size and
 ``MAX_CONCURRENT_CALLS``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from types import ModuleType
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-import numpy as np
-from google.protobuf.message import DecodeError
 
-from fleet.catalog.registry import TensorSpec
-from fleet.errors import ConfigError, FleetError, InvalidInput
+from fleet.errors import ConfigError, FleetError
 from fleet.gateway.body import BodyBudget
+from fleet.gateway.grpc_codec import (
+    SERVICE,
+    decode_infer,
+    grpc_code,
+    infer_response,
+    leading_target,
+    parse_infer,
+    pb,
+    tensor_metadata,
+)
 from fleet.gateway.middleware import close_request, internal_error, open_request, retry_after
 from fleet.gateway.pipeline import Call, Pipeline
-from fleet.gateway.protocol import (
-    MAX_NAME,
-    NUMPY_DTYPES,
-    Decoded,
-    MalformedBody,
-    Output,
-    check_header,
-    check_outputs,
-    from_raw,
-    from_values,
-    requested_outputs,
-)
+from fleet.gateway.protocol import check_outputs
 
 T = TypeVar("T")
 # The gateway's own timeout ends this long before the call's deadline, so that the client
@@ -60,234 +54,11 @@ T = TypeVar("T")
 # cancellation; a cancellation from then on is counted as the deadline's (504), not as a
 # client that went away (499).
 DEADLINE_MARGIN_S = 0.005
-MAX_PARAMETERS = 64  # of a request (or an output): HTTP's are bounded by the body's byte budget too
 # Calls grpc runs at once (it reads each message whole before the handler runs, so this and
 # the message size bound what unauthenticated calls can make it hold), and streams per
 # connection: past them grpc refuses with RESOURCE_EXHAUSTED.
 MAX_CONCURRENT_CALLS = 256
 MAX_STREAMS_PER_CONNECTION = 64
-
-
-@contextlib.contextmanager
-def _newer_gencode_allowed(files: frozenset[str]) -> Iterator[None]:
-    """protobuf's check that generated code is not newer than the runtime, skipped for
-    ``files`` only, for the duration of one import."""
-    from google.protobuf import runtime_version
-
-    strict = runtime_version.ValidateProtobufRuntimeVersion
-
-    def check(domain: Any, major: int, minor: int, patch: int, suffix: str, location: str) -> None:  # noqa: ANN401
-        if location not in files:
-            strict(domain, major, minor, patch, suffix, location)
-
-    runtime_version.ValidateProtobufRuntimeVersion = check
-    try:
-        yield
-    finally:
-        runtime_version.ValidateProtobufRuntimeVersion = strict
-
-
-def _load_service() -> tuple[ModuleType, ModuleType]:
-    """tritonclient's generated modules for ``inference.GRPCInferenceService``.
-
-    tritonclient 2.73 generated them with protobuf 6.33, and protobuf's runtime refuses code
-    generated by a newer protobuf; this lock has protobuf 5.29 (pulumi-policy 1.21 pins
-    ``protobuf~=5.29.5``). The two files are declarative — a serialized descriptor and
-    message classes built from it — which the 5.29 runtime builds and (de)serializes
-    correctly (``tests/test_grpc.py`` round-trips every message this service uses). So the
-    version check is skipped for exactly these two files, and only when it would refuse
-    them; delete this once the lock can have protobuf >= 6.30.
-    """
-    from google.protobuf.runtime_version import VersionError
-
-    try:
-        from tritonclient.grpc import service_pb2, service_pb2_grpc
-    except VersionError:
-        with _newer_gencode_allowed(frozenset({"model_config.proto", "grpc_service.proto"})):
-            from tritonclient.grpc import service_pb2, service_pb2_grpc
-    return service_pb2, service_pb2_grpc
-
-
-pb, pb_grpc = _load_service()
-SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name  # inference.GRPCInferenceService
-
-# -- errors ---------------------------------------------------------------------------------
-_CODES = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    413: grpc.StatusCode.INVALID_ARGUMENT,
-    422: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    409: grpc.StatusCode.ABORTED,
-    412: grpc.StatusCode.FAILED_PRECONDITION,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    499: grpc.StatusCode.CANCELLED,
-    500: grpc.StatusCode.INTERNAL,
-    # 502 is a model's broken answer (not JSON, NaN, the wrong rows): retrying the same input
-    # gets the same answer, so not UNAVAILABLE, which clients and retry policies retry
-    502: grpc.StatusCode.INTERNAL,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
-
-
-def grpc_code(status: int) -> grpc.StatusCode:
-    """The gRPC status code for a ``FleetError``'s HTTP status."""
-    return _CODES.get(status) or (grpc.StatusCode.INTERNAL if status >= 500 else grpc.StatusCode.INVALID_ARGUMENT)
-
-
-# -- ModelInferRequest → Decoded (pure: runs in the decode worker for large messages) ---------
-_TYPED = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "BYTES": "bytes_contents",
-}  # FP16 and BF16 have no typed field: raw_input_contents only
-
-
-def parse_infer(body: bytes) -> Any:  # noqa: ANN401 - a pb.ModelInferRequest
-    try:
-        return pb.ModelInferRequest.FromString(body)
-    except DecodeError as exc:
-        raise MalformedBody(
-            f"the message is not a ModelInferRequest ({exc}); expected inference.ModelInferRequest"
-        ) from None
-
-
-def decode_infer(body: bytes, inputs: list[TensorSpec], max_rows: int) -> Decoded:
-    """A serialized ModelInferRequest → the schema's single input as the schema's dtype, with
-    the request's id, parameters and the outputs it names."""
-    request = parse_infer(body)
-    if len(request.id) > MAX_NAME:
-        raise MalformedBody(f"id is {len(request.id)} characters long; expected at most {MAX_NAME}")
-    if len(request.parameters) > MAX_PARAMETERS:
-        raise MalformedBody(f"the request has {len(request.parameters)} parameters; expected at most {MAX_PARAMETERS}")
-    # the outputs asked for are checked by HTTP's rule (count, names, twice, classification,
-    # shared memory); over gRPC every output is answered as raw bytes
-    named = [{"name": o.name, "parameters": _parameters(o.parameters)} for o in request.outputs]
-    outputs, _ = requested_outputs({"outputs": named} if named else {}, {})
-    return Decoded(
-        request.id or None,
-        _parameters(request.parameters),
-        _features(request, inputs[0], max_rows),
-        tuple(Output(o.name, True) for o in outputs),
-    )
-
-
-def leading_target(body: bytes) -> tuple[str, str] | None:
-    """``model_name`` and ``model_version`` (fields 1 and 2) read from the message's first
-    fields without parsing the rest: protobuf writers put fields in number order, so these
-    come first, and a caller's megabytes of tensors are not parsed on the event loop before
-    its key is checked. None when the message does not start that way (then it is parsed
-    whole, once the caller is known)."""
-    found: dict[int, str] = {}
-    i, end = 0, len(body)
-    while i < end and len(found) < 2:
-        tag, i = _varint(body, i)
-        number, wire = tag >> 3, tag & 7
-        if number not in (1, 2) or wire != 2:
-            break
-        size, i = _varint(body, i)
-        if i + size > end or size > MAX_NAME * 4:
-            return None
-        try:
-            found[number] = body[i : i + size].decode()
-        except UnicodeDecodeError:
-            return None
-        i += size
-    return (found[1], found.get(2, "")) if 1 in found else None
-
-
-def _varint(body: bytes, i: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while i < len(body) and shift < 64:
-        byte = body[i]
-        value |= (byte & 0x7F) << shift
-        i += 1
-        if not byte & 0x80:
-            return value, i
-        shift += 7
-    return -1, len(body)  # truncated: ends the scan
-
-
-def _features(request: Any, spec: TensorSpec, max_rows: int) -> np.ndarray:  # noqa: ANN401
-    tensors, raw = request.inputs, request.raw_input_contents
-    if not tensors:
-        raise MalformedBody(
-            f"the request has no inputs; expected one input {spec.name!r} ({spec.datatype} {spec.shape})"
-        )
-    for tensor in tensors:
-        if tensor.name != spec.name:
-            raise InvalidInput(
-                f"input {tensor.name[:MAX_NAME]!r} is not an input of this model; expected {spec.name!r} "
-                f"({spec.datatype} {spec.shape})"
-            )
-    if len(tensors) > 1:
-        raise InvalidInput(f"input {spec.name!r} is given {len(tensors)} times; expected it once")
-    if raw and len(raw) != len(tensors):
-        raise MalformedBody(
-            f"the request has {len(raw)} raw_input_contents for {len(tensors)} input; expected one "
-            "per input, in input order"
-        )
-    tensor = tensors[0]
-    shape = check_header(spec, list(tensor.shape), tensor.datatype, max_rows)
-    typed = tensor.contents.ListFields()
-    if raw:
-        if typed:
-            raise MalformedBody(
-                f"input {spec.name!r} has both raw_input_contents and contents.{typed[0][0].name}; expected one of them"
-            )
-        return from_raw(spec, shape, tensor.datatype, raw[0])
-    return from_values(spec, shape, _typed_values(spec.name, tensor.datatype, typed))
-
-
-def _typed_values(name: str, datatype: str, typed: list) -> list:
-    """The values of an input sent as typed contents; the field must be its datatype's."""
-    field = _TYPED.get(datatype)
-    expected = f"contents.{field} or raw_input_contents" if field else "raw_input_contents"
-    if not typed:
-        raise MalformedBody(f"input {name!r} has no data; expected {expected}")
-    given = [f.name for f, _ in typed]
-    if given != [field]:
-        raise InvalidInput(
-            f"input {name!r} is {datatype} but has contents.{', contents.'.join(given)}; expected {expected}"
-        )
-    return list(typed[0][1])
-
-
-def _parameters(given: Any) -> dict[str, Any]:  # noqa: ANN401 - a map<string, InferParameter>
-    """InferParameters as plain values, as a JSON body's ``parameters`` would have them."""
-    found: dict[str, Any] = {}
-    for key, param in given.items():
-        choice = param.WhichOneof("parameter_choice")
-        found[key] = getattr(param, choice) if choice is not None else None
-    return found
-
-
-# -- the answer -------------------------------------------------------------------------------
-def infer_response(model: str, version: str, request_id: str, spec: TensorSpec, result: np.ndarray) -> Any:  # noqa: ANN401
-    """The model's answer as the output's declared datatype in ``raw_output_contents``
-    (little-endian, what ``tritonclient.grpc`` reads by default); an output declared as a
-    type without a fixed-size encoding (BYTES, BF16) is sent, and named, as FP32."""
-    datatype = spec.datatype if spec.datatype in NUMPY_DTYPES else "FP32"
-    data = np.ascontiguousarray(result, dtype=np.dtype(NUMPY_DTYPES[datatype]).newbyteorder("<"))
-    tensor = pb.ModelInferResponse.InferOutputTensor(name=spec.name, datatype=datatype, shape=result.shape)
-    return pb.ModelInferResponse(
-        model_name=model, model_version=version, id=request_id, outputs=[tensor], raw_output_contents=[data.tobytes()]
-    )
-
-
-def _tensor_metadata(spec: TensorSpec) -> Any:  # noqa: ANN401
-    return pb.ModelMetadataResponse.TensorMetadata(name=spec.name, datatype=spec.datatype, shape=spec.shape)
 
 
 # -- the service ------------------------------------------------------------------------------
@@ -369,8 +140,8 @@ class InferenceService:
                 name=info.name,
                 versions=info.versions,
                 platform=info.platform,
-                inputs=[_tensor_metadata(s) for s in info.inputs],
-                outputs=[_tensor_metadata(s) for s in info.outputs],
+                inputs=[tensor_metadata(s) for s in info.inputs],
+                outputs=[tensor_metadata(s) for s in info.outputs],
             )
 
         return await self._serve(context, "ModelMetadata", lambda: (request.name, request.version), metadata)

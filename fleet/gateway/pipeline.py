@@ -45,7 +45,8 @@ from fleet.errors import FleetError, InvalidInput, NotFound, Unauthorized, Versi
 from fleet.gateway.body import Decoder
 from fleet.gateway.cache import PredictionCache
 from fleet.gateway.dispatch import Dispatcher
-from fleet.gateway.protocol import Decoded, MalformedBody, conforms
+from fleet.gateway.inputs import MalformedBody, conforms
+from fleet.gateway.protocol import Decoded
 from fleet.gateway.quota import Quotas
 from fleet.gateway.sinks import Recorder
 from fleet.gateway.slots import PRIORITIES

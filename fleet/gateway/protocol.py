@@ -2,24 +2,21 @@
 
 Pure functions, so the gateway can run them inline for small bodies and off the event loop
 for large ones (``fleet.gateway.body``). A body is decoded against the input schema of the
-version it will most likely reach and the model's row limit, and every value is checked on
-the way: nulls, strings, booleans where numbers belong, numbers out of the datatype's range
-(``1e39`` is not an FP32), non-integers for integer types, ragged lists, zero rows, shapes
-whose product does not match the data or exceeds the limit. Each is an error that says which
-input, what was wrong and what was expected: 400 for a body that is not the protocol, 413
-for more rows than the model takes, 422 for a well-formed body with the wrong tensors.
+version it will most likely reach and the model's row limit; its input's header and every
+value are checked as every protocol's are (``fleet.gateway.inputs``), and the body's own
+shape here: 400 for a body that is not the protocol, 413 for more rows than the model
+takes, 422 for a well-formed body with the wrong tensors.
 
 Triton's binary tensor data extension (``decode_v2_binary``, ``v2_reply``) is the same OIP
 v2 body split in two: a JSON header of ``Inference-Header-Content-Length`` bytes, then the
 raw little-endian bytes of each input that says ``parameters.binary_data_size``, in input
 order. The JSON header goes through the same checks as a JSON body; the bytes through
-``from_raw``. An answer carries an output as raw bytes after its JSON header when the
+``inputs.from_raw``. An answer carries an output as raw bytes after its JSON header when the
 request asks for it (``binary_data`` per output, or ``binary_data_output``).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,38 +24,21 @@ import numpy as np
 import orjson
 
 from fleet.catalog.registry import TensorSpec
-from fleet.errors import FleetError, InvalidInput
-
-_NUMPY = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-}
-_INTEGER = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"})
-_FLOAT = frozenset({"FP16", "FP32", "FP64"})
-_NUMERIC = _INTEGER | _FLOAT
-NUMPY_DTYPES = _NUMPY  # the public name of the one OIP datatype → numpy type map (for other protocols' adapters)
-OIP_DATATYPES = frozenset({*_NUMPY, "BF16", "BYTES"})
-MAX_NAME = 128  # an input name or request id longer than this is refused
-MAX_DIMS = 8
-
-
-class MalformedBody(FleetError):
-    status = 400
-
-
-class TooManyRows(FleetError):
-    status = 413
-
+from fleet.errors import InvalidInput
+from fleet.gateway.inputs import (
+    MAX_NAME,
+    NUMPY_DTYPES,
+    MalformedBody,
+    check_header,
+    check_rows,
+    describe,
+    from_raw,
+    from_values,
+    shape_fits,
+    show,
+    to_array,
+    unsupported_input,
+)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"  # the binary extension's header, both ways
 MAX_OUTPUTS = 64  # outputs one request may name
@@ -95,29 +75,14 @@ def parse_json(body: bytes | memoryview, what: str = "request body") -> dict[str
     return data
 
 
-def _describe(spec: TensorSpec) -> str:
-    return f"{spec.name}: {spec.datatype} {spec.shape}"
-
-
-def shape_fits(shape: tuple[int, ...] | list[int], spec: TensorSpec) -> bool:
-    return len(shape) == len(spec.shape) and all(s == -1 or s == d for s, d in zip(spec.shape, shape))
-
-
-def conforms(features: np.ndarray, inputs: list[TensorSpec]) -> bool:
-    """Whether an already decoded input also fits another version's schema (a pin or canary
-    whose schema differs from the one the body was decoded against)."""
-    spec = inputs[0]
-    return spec.datatype in _NUMPY and features.dtype == _NUMPY[spec.datatype] and shape_fits(features.shape, spec)
-
-
 def _common(body: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
     rid, parameters = body.get("id"), body.get("parameters", {})
     if rid is not None and (not isinstance(rid, str) or len(rid) > MAX_NAME):
-        raise MalformedBody(f'"id" is {_show(rid)}; expected a string of at most {MAX_NAME} characters')
+        raise MalformedBody(f'"id" is {show(rid)}; expected a string of at most {MAX_NAME} characters')
     if parameters is None:
         parameters = {}
     if not isinstance(parameters, dict):
-        raise MalformedBody(f'"parameters" is {_show(parameters)}; expected a JSON object')
+        raise MalformedBody(f'"parameters" is {show(parameters)}; expected a JSON object')
     return rid, parameters
 
 
@@ -157,7 +122,7 @@ def binary_header_length(given: list[str]) -> int | None:
     text = given[0].strip()
     if not (text.isascii() and text.isdigit()) or len(text) > 18:
         raise MalformedBody(
-            f"{HEADER_LENGTH} is {_show(given[0])}; expected the length of the request's JSON part "
+            f"{HEADER_LENGTH} is {show(given[0])}; expected the length of the request's JSON part "
             "in bytes, a non-negative integer"
         )
     return int(text)
@@ -177,12 +142,12 @@ def _decode_v2(data: dict[str, Any], inputs: list[TensorSpec], max_rows: int, pa
     sizes: list[tuple[str, int | None]] = []
     for i, tensor in enumerate(tensors):
         if not isinstance(tensor, dict):
-            raise MalformedBody(f"inputs[{i}] is {_show(tensor)}; expected an object with name, shape, datatype, data")
+            raise MalformedBody(f"inputs[{i}] is {show(tensor)}; expected an object with name, shape, datatype, data")
         name = tensor.get("name")
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
-            raise MalformedBody(f"inputs[{i}].name is {_show(name)}; expected the input's name, e.g. {spec.name!r}")
+            raise MalformedBody(f"inputs[{i}].name is {show(name)}; expected the input's name, e.g. {spec.name!r}")
         if name != spec.name:
-            raise InvalidInput(f"input {name!r} is not an input of this model; expected {_describe(spec)}")
+            raise InvalidInput(f"input {name!r} is not an input of this model; expected {describe(spec)}")
         if found is not None:
             raise InvalidInput(f"input {name!r} is given twice; expected it once")
         found = tensor
@@ -199,7 +164,7 @@ def _binary_size(tensor: dict[str, Any], name: str, binary_body: bool) -> int | 
     if params is None:
         return None
     if not isinstance(params, dict):
-        raise MalformedBody(f"input {name!r} has parameters {_show(params)}; expected a JSON object")
+        raise MalformedBody(f"input {name!r} has parameters {show(params)}; expected a JSON object")
     shared = next((k for k in params if isinstance(k, str) and k.startswith("shared_memory")), None)
     if shared is not None:
         raise MalformedBody(
@@ -211,7 +176,7 @@ def _binary_size(tensor: dict[str, Any], name: str, binary_body: bool) -> int | 
     size = params["binary_data_size"]
     if type(size) is not int or size < 0:
         raise MalformedBody(
-            f"input {name!r} has binary_data_size {_show(size)}; expected a non-negative integer, "
+            f"input {name!r} has binary_data_size {show(size)}; expected a non-negative integer, "
             "the input's byte count in the binary part"
         )
     if not binary_body:
@@ -279,20 +244,20 @@ def requested_outputs(data: dict[str, Any], parameters: dict[str, Any]) -> tuple
     request's ``binary_data_output`` (the default for outputs it does not name)."""
     binary_output = parameters.get("binary_data_output", False)
     if not isinstance(binary_output, bool):
-        raise MalformedBody(f"parameters.binary_data_output is {_show(binary_output)}; expected true or false")
+        raise MalformedBody(f"parameters.binary_data_output is {show(binary_output)}; expected true or false")
     wanted = data.get("outputs")
     if wanted is None:
         return (), binary_output
     if not isinstance(wanted, list) or len(wanted) > MAX_OUTPUTS:
         raise MalformedBody(
-            f'"outputs" is {_show(wanted)}; expected a list of at most {MAX_OUTPUTS} '
+            f'"outputs" is {show(wanted)}; expected a list of at most {MAX_OUTPUTS} '
             '{"name": ..., "parameters": {"binary_data": true|false}}'
         )
     named: dict[str, Output] = {}
     for j, out in enumerate(wanted):
         name = out.get("name") if isinstance(out, dict) else None
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
-            raise MalformedBody(f"outputs[{j}] is {_show(out)}; expected an object with the output's name")
+            raise MalformedBody(f"outputs[{j}] is {show(out)}; expected an object with the output's name")
         if name in named:
             raise MalformedBody(f"output {name!r} is requested twice; expected it once")
         named[name] = Output(name, _binary_wanted(name, out.get("parameters"), binary_output))
@@ -304,7 +269,7 @@ def _binary_wanted(name: str, params: Any, default: bool) -> bool:  # noqa: ANN4
     if params is None:
         return default
     if not isinstance(params, dict):
-        raise MalformedBody(f"output {name!r} has parameters {_show(params)}; expected a JSON object")
+        raise MalformedBody(f"output {name!r} has parameters {show(params)}; expected a JSON object")
     unsupported = next(
         (
             k
@@ -320,107 +285,8 @@ def _binary_wanted(name: str, params: Any, default: bool) -> bool:  # noqa: ANN4
         )
     binary = params.get("binary_data", default)
     if not isinstance(binary, bool):
-        raise MalformedBody(f"output {name!r} has binary_data {_show(binary)}; expected true or false")
+        raise MalformedBody(f"output {name!r} has binary_data {show(binary)}; expected true or false")
     return binary
-
-
-def check_header(spec: TensorSpec, shape: Any, datatype: Any, max_rows: int) -> list[int]:  # noqa: ANN401
-    """An input's declared shape and datatype checked against the schema and the row limit,
-    before any of its data is looked at; returns the shape. Every protocol (JSON, binary
-    HTTP, gRPC) goes through here, so each refuses the same inputs with the same words."""
-    name = spec.name
-    if (
-        not isinstance(shape, list)
-        or not 0 < len(shape) <= MAX_DIMS
-        or not all(type(d) is int and d >= 0 for d in shape)
-    ):
-        raise MalformedBody(
-            f"input {name!r} has shape {_show(shape)}; expected a list of 1 to {MAX_DIMS} non-negative integers"
-        )
-    if not isinstance(datatype, str) or datatype not in OIP_DATATYPES:
-        raise MalformedBody(
-            f"input {name!r} has datatype {_show(datatype)}; expected an OIP datatype such as {spec.datatype}"
-        )
-    if spec.datatype not in _NUMPY:
-        raise InvalidInput(unsupported_input(spec))
-    if datatype != spec.datatype and not (datatype in _NUMERIC and spec.datatype in _NUMERIC):
-        raise InvalidInput(f"input {name!r} has datatype {datatype!r}; expected {spec.datatype}")
-    if not shape_fits(shape, spec):
-        raise InvalidInput(f"input {name!r} has shape {shape}; expected {spec.shape} (-1: any size)")
-    _check_rows(name, shape[0], max_rows)
-    return shape
-
-
-def unsupported_input(spec: TensorSpec) -> str:
-    """Why an input of a type the gateway cannot forward (BYTES, BF16) is refused, whatever its
-    encoding: the model is sent one numeric array (``Decoded.features``, JSON to the model
-    service, also the cache key and the inference log's row), which cannot hold strings."""
-    return (
-        f"input {spec.name!r} is {spec.datatype} in this model's schema; this gateway passes numeric and BOOL "
-        f"tensors to models, not {spec.datatype}, in any encoding: expected a model whose input is "
-        "numeric (FP16/32/64, INT8-64, UINT8-64) or BOOL"
-    )
-
-
-def from_values(spec: TensorSpec, shape: list[int], values: Any) -> np.ndarray:  # noqa: ANN401 - a JSON value
-    """JSON ``data`` (flat row-major, or one nested list per row) of a checked header → numpy."""
-    name = spec.name
-    if not isinstance(values, list):
-        raise MalformedBody(f"input {name!r} has data {_show(values)}; expected a list of {spec.datatype} values")
-    count = math.prod(shape)  # Python ints: a shape like [2**62, 4] cannot overflow to 0
-    flat = len(values) == count and not (values and isinstance(values[0], list))
-    if not flat and len(values) != shape[0]:
-        raise InvalidInput(
-            f"input {name!r} has {len(values)} values; shape {shape} needs {count} "
-            "(flat, row-major) or one nested list per row"
-        )
-    array = _array(name, values, spec.datatype)
-    if array.size != count:
-        raise InvalidInput(f"input {name!r} has {array.size} values; shape {shape} needs {count}")
-    return array.reshape(shape)
-
-
-def from_raw(spec: TensorSpec, shape: list[int], datatype: str, raw: bytes | memoryview) -> np.ndarray:
-    """Raw little-endian tensor bytes (Triton's binary extension, gRPC ``raw_input_contents``)
-    of a checked header → numpy as the schema's dtype; the byte count must match the shape.
-
-    The values are checked like JSON ones: a float that is not finite where the schema's
-    type cannot hold it, an integer out of the schema's range after conversion, a BOOL byte
-    other than 0 or 1.
-    """
-    name = spec.name
-    if datatype not in _NUMPY:
-        raise InvalidInput(f"input {name!r} is {datatype}; raw bytes are taken for numeric and BOOL inputs")
-    given = np.dtype(_NUMPY[datatype]).newbyteorder("<")
-    count = math.prod(shape)
-    expected = count * given.itemsize
-    if len(raw) != expected:
-        raise InvalidInput(
-            f"input {name!r} has {len(raw)} bytes; shape {shape} of {datatype} needs {expected} "
-            f"({count} values × {given.itemsize} bytes, little-endian)"
-        )
-    array = np.frombuffer(raw, dtype=given, count=count).reshape(shape)
-    if datatype == "BOOL":
-        if array.view(np.uint8).max(initial=0) > 1:
-            raise InvalidInput(f"input {name!r} holds a BOOL byte other than 0 or 1")
-        return array.copy()
-    target = _NUMPY[spec.datatype]
-    if datatype in _FLOAT and spec.datatype in _FLOAT:
-        if array.size and not np.isfinite(array).all():
-            bad = array.ravel()[~np.isfinite(array.ravel())][0]
-            raise InvalidInput(f"input {name!r} holds {bad:g}; expected finite {spec.datatype} values")
-    converted = _array(name, array.tolist(), spec.datatype) if datatype != spec.datatype else array
-    return np.ascontiguousarray(converted, dtype=target).reshape(shape)
-
-
-def _check_rows(name: str, rows: int, max_rows: int) -> None:
-    if rows == 0:
-        raise InvalidInput(f"input {name!r} has no rows; expected at least one")
-    if rows > max_rows:
-        raise TooManyRows(
-            f"input {name!r} has {rows} rows; this model takes at most {max_rows} per request "
-            "(policy max_rows): split the batch"
-        )
 
 
 def decode_v1(body: bytes, inputs: list[TensorSpec], max_rows: int) -> Decoded:
@@ -431,68 +297,13 @@ def decode_v1(body: bytes, inputs: list[TensorSpec], max_rows: int) -> Decoded:
     spec = inputs[0]
     if not isinstance(instances, list) or not instances:
         raise MalformedBody('KServe v1 body has no "instances" list; expected {"instances": [[...], ...]}')
-    _check_rows("instances", len(instances), max_rows)
-    if spec.datatype not in _NUMPY:
+    check_rows("instances", len(instances), max_rows)
+    if spec.datatype not in NUMPY_DTYPES:
         raise InvalidInput(unsupported_input(spec))
-    array = _array("instances", instances, spec.datatype, "instances")
+    array = to_array("instances", instances, spec.datatype, "instances")
     if not shape_fits(array.shape, spec):
         raise InvalidInput(f"instances have shape {list(array.shape)}; expected {spec.shape} (-1: any size)")
     return Decoded(rid, parameters, array)
-
-
-def _array(name: str, values: list, datatype: str, root: str = "data") -> np.ndarray:
-    """``values`` (nested lists of JSON scalars) as ``datatype``, every value checked."""
-    try:
-        raw = np.asarray(values)  # numpy infers: bool, int64/uint64, float64, else str or object
-    except (ValueError, OverflowError):
-        raise InvalidInput(
-            f"input {name!r} is not a rectangular list of values; expected every row the same length"
-        ) from None
-    kind = raw.dtype.kind
-    target = _NUMPY[datatype]
-    if datatype == "BOOL":
-        if kind != "b":
-            raise InvalidInput(f"input {name!r} holds {_first_bad(values, bool, root)}; expected true or false (BOOL)")
-        return raw
-    allowed = "iu" if datatype in _INTEGER else "iuf"
-    if kind not in allowed:
-        kinds = int if datatype in _INTEGER else (int, float)
-        raise InvalidInput(f"input {name!r} holds {_first_bad(values, kinds, root)}; expected {datatype} values")
-    if datatype in _INTEGER:
-        info = np.iinfo(target)
-        if raw.size and (raw.min() < info.min or raw.max() > info.max):
-            bad = raw.min() if raw.min() < info.min else raw.max()
-            raise InvalidInput(f"input {name!r} holds {bad}, out of range for {datatype} ({info.min}..{info.max})")
-        return raw.astype(target, copy=False)
-    with np.errstate(over="ignore", invalid="ignore"):
-        array = raw.astype(target, copy=False)
-    if datatype != "FP64" and array.size and not np.isfinite(array).all():
-        bad = raw.ravel()[~np.isfinite(array.ravel())][0]
-        raise InvalidInput(
-            f"input {name!r} holds {bad:g}, out of range for {datatype} (±{float(np.finfo(target).max):.4g})"
-        )
-    return array
-
-
-def _first_bad(values: list, ok: type | tuple[type, ...], root: str) -> str:
-    """The first scalar in nested ``values`` that is not of type ``ok``, described (error path only)."""
-    stack: list[tuple[str, Any]] = [(root, values)]
-    while stack:
-        where, value = stack.pop()
-        if isinstance(value, list):
-            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value))))
-        elif type(value) not in (ok if isinstance(ok, tuple) else (ok,)):
-            return f"{_show(value)} at {where}"
-    return "a value numpy cannot hold"
-
-
-def _show(value: Any) -> str:  # noqa: ANN401 - any JSON value
-    if value is None:
-        return "null"
-    if isinstance(value, (dict, list)):
-        return f"a JSON {'object' if isinstance(value, dict) else 'list'}"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def decode_feedback(body: bytes) -> tuple[str, list]:
@@ -512,7 +323,7 @@ def check_outputs(wanted: tuple[Output, ...], outputs: list[TensorSpec]) -> None
     if not unknown:
         return
     declared = {s.name for s in outputs}
-    shown = ", ".join(_show(n) for n in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+    shown = ", ".join(show(n) for n in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
     why = " (the gateway answers with a model's first output only)" if declared & set(unknown) else ""
     raise InvalidInput(
         f"requested output {shown} {'is' if len(unknown) == 1 else 'are'} not an output of this "
@@ -533,8 +344,8 @@ def v2_reply(
     binary = decoded.outputs[0].binary if decoded.outputs else decoded.binary_output
     output: dict[str, Any] = {"name": spec.name, "datatype": spec.datatype, "shape": list(result.shape)}
     raw = b""
-    if binary and spec.datatype in _NUMPY:
-        raw = np.ascontiguousarray(result, dtype=np.dtype(_NUMPY[spec.datatype]).newbyteorder("<")).tobytes()
+    if binary and spec.datatype in NUMPY_DTYPES:
+        raw = np.ascontiguousarray(result, dtype=np.dtype(NUMPY_DTYPES[spec.datatype]).newbyteorder("<")).tobytes()
         output["parameters"] = {"binary_data_size": len(raw)}
     else:
         output["data"] = result.ravel()

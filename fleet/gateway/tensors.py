@@ -29,7 +29,7 @@ import orjson
 from fleet.gateway.answers import DATATYPE_HEADER, SHAPE_HEADER, TENSOR_TYPE, BadAnswer, TensorAnswer
 from fleet.gateway.h1.connection import Response
 from fleet.gateway.h1.errors import BodyTooLarge
-from fleet.gateway.protocol import NUMPY_DTYPES
+from fleet.gateway.inputs import NUMPY_DTYPES
 from fleet.gateway.replicas import CONNECT_TIMEOUT_S, Pool, Replica
 
 AnswerParser = Callable[[bytes | TensorAnswer, str, int], Awaitable[np.ndarray]]

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from fleet.gateway.protocol import MalformedBody
+from fleet.gateway.inputs import MalformedBody
 
 MAX_PROMPT_CHARS = 32_768
 MAX_MESSAGES = 64

@@ -54,8 +54,9 @@ from fleet.gateway.admin import json_response
 from fleet.gateway.generation import protocol
 from fleet.gateway.generation.sse import SSE_HEADERS, EventStreamResponse
 from fleet.gateway.generation.stream import GenerateExchange, Stream, count
+from fleet.gateway.inputs import MalformedBody
 from fleet.gateway.pipeline import Call, Pipeline
-from fleet.gateway.protocol import MalformedBody, parse_json
+from fleet.gateway.protocol import parse_json
 from fleet.gateway.shadow import Generated, GenShadowJob
 from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.telemetry import Telemetry
