@@ -176,6 +176,7 @@ def test_redis_backend_falls_back_in_process_without_a_server() -> None:
             assert verdicts[2] is not None and verdicts[2].reason == "rate"
             health = q.health()
             assert health["shared"] is False and health["share_divisor"] == 4 and health["error"]
+            assert q.degraded  # what the gateway reads: count the live gateways at every heartbeat
         finally:
             await q.close()
 
@@ -191,6 +192,7 @@ def test_in_process_buckets_divide_by_the_live_gateways() -> None:
     b2 = TokenBuckets(lambda: now[0], divisor=lambda: n[0])
     assert [asyncio.run(b2.acquire("t", 10, 4, None, "")) is None for _ in range(3)] == [True, True, False]
     assert b2.health()["share_divisor"] == 2
+    assert not b2.degraded  # never shared, so never degraded: the gateways are counted now and then
 
 
 def test_a_lease_given_back_while_redis_hangs_is_given_back_when_it_answers(redis_server) -> None:
