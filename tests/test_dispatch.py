@@ -1,5 +1,5 @@
 """The one dispatch (``fleet.gateway.dispatch`` over ``Upstreams.ask``) for both protocols,
-against scripted replicas on 127.0.0.1 (``tests/test_h1.py``'s ``Scripted``): a tensor
+against scripted replicas on 127.0.0.1 (``tests/test_h1client.py``'s ``Scripted``): a tensor
 request's exchange and a generation's take the same path — versions in order, the retry of
 a version that sheds (HTTP 503), blame, the fallback of a canary's request to stable, and
 the slot and the replica's place in flight given back on every path. Every test runs on
@@ -22,7 +22,7 @@ from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.tensors import TensorExchange
 from fleet.gateway.upstream import Rejected, Upstreams
 from tests.test_gateway_sse import BODY, EVENTS, SSE_HEAD, chunked
-from tests.test_h1 import ANSWER, Peer, Scripted, status
+from tests.test_h1client import ANSWER, Peer, Scripted, status
 
 STABLE, CANARY = "1.0.0", "1.1.0"
 TABLE = RouteTable(model="m", stable=STABLE, canary=Canary(version=CANARY, weight=50))

@@ -1,7 +1,7 @@
 """A model service's server-sent events read by the gateway: ``h1.ConnectionPool.stream`` (an
 answer's body as it arrives, on a pooled keep-alive connection) and ``generation.sse.EventParser``
 / ``Events`` (its ``data:`` events, bounded per event), against scripted servers on
-127.0.0.1 (``tests/test_h1.py``'s), on asyncio's event loop and uvloop's."""
+127.0.0.1 (``tests/test_h1client.py``'s), on asyncio's event loop and uvloop's."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 
 from fleet.gateway.answers import UpstreamError
 from fleet.gateway.generation.sse import MAX_EVENT_BYTES, EventParser, Events
-from fleet.gateway.h1.connection import STREAM_HIGH_WATER, StreamedResponse
-from fleet.gateway.h1.errors import IncompleteResponse
-from fleet.gateway.h1.pool import ConnectionPool
-from tests.test_h1 import JSON, Peer, Scripted, pooled, until, waited
+from fleet.gateway.h1client.connection import STREAM_HIGH_WATER, StreamedResponse
+from fleet.gateway.h1client.errors import IncompleteResponse
+from fleet.gateway.h1client.pool import ConnectionPool
+from tests.test_h1client import JSON, Peer, Scripted, pooled, until, waited
 
 EVENTS = [
     {"text": "a", "completion_tokens": 1},

@@ -15,7 +15,7 @@ from fleet.catalog.routes.table import Canary, Choice, RouteTable
 from fleet.catalog.tenants import Quota, Tenant, _new_key
 from fleet.errors import InvalidInput, NotFound, Unauthorized
 from fleet.gateway.activate import Starting
-from fleet.gateway.answers import BadAnswer, decode_answer
+from fleet.gateway.answers import BadAnswer, UpstreamError, decode_answer
 from fleet.gateway.dispatch import Dispatcher, fallback
 from fleet.gateway.generation.stream import GenerateExchange
 from fleet.gateway.inputs import MalformedBody, TooManyRows, conforms
@@ -26,7 +26,7 @@ from fleet.gateway.quota import release as quota_release
 from fleet.gateway.quota.buckets import TokenBuckets
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.tensors import TensorExchange
-from fleet.gateway.upstream import NoReplica, Rejected, UpstreamError, UpstreamTimeout
+from fleet.gateway.upstream import NoReplica, Rejected, UpstreamTimeout
 from fleet.gateway.view import Snapshot
 
 FEATURES = [TensorSpec(name="features", datatype="FP32", shape=[-1, 4])]

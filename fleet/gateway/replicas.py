@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from fleet.gateway.h1.pool import ConnectionPool
+from fleet.gateway.h1client.pool import ConnectionPool
 from fleet.gateway.slots import Slots
 
 EJECT_AFTER = 3

@@ -27,8 +27,8 @@ import numpy as np
 import orjson
 
 from fleet.gateway.answers import DATATYPE_HEADER, SHAPE_HEADER, TENSOR_TYPE, BadAnswer, TensorAnswer
-from fleet.gateway.h1.connection import Response
-from fleet.gateway.h1.errors import BodyTooLarge
+from fleet.gateway.h1client.connection import Response
+from fleet.gateway.h1client.errors import BodyTooLarge
 from fleet.gateway.inputs import NUMPY_DTYPES
 from fleet.gateway.replicas import CONNECT_TIMEOUT_S, Pool, Replica
 

@@ -20,7 +20,7 @@ nor tensor bytes that match their headers, not one finite row per input row, lar
 A 4xx is the model refusing the input (``Rejected``): the caller's error, passed on, never
 counted against the version or its replica.
 
-The HTTP client is ``fleet.gateway.h1``: one keep-alive pool per replica, capped at the
+The HTTP client is ``fleet.gateway.h1client``: one keep-alive pool per replica, capped at the
 policy's ``concurrency``; a generation's event stream is read over the same connections
 (``ConnectionPool.stream``). Not aiohttp (about 30 % of the gateway's CPU per request, an extra
 loop turn per body on Python 3.11) nor httpx (0.55 ms a call against aiohttp's 0.2 ms).
@@ -36,14 +36,14 @@ from typing import Any, ClassVar, Protocol, TypeVar
 import numpy as np
 
 from fleet.errors import FleetError
-from fleet.gateway.answers import BadAnswer, TensorAnswer, UpstreamError, decode_answer
-from fleet.gateway.h1.errors import HTTPClientError, Unreachable
-from fleet.gateway.h1.pool import ConnectionPool
+from fleet.gateway.answers import TensorAnswer, UpstreamError, decode_answer
+from fleet.gateway.h1client.errors import HTTPClientError, Unreachable
+from fleet.gateway.h1client.pool import ConnectionPool
 from fleet.gateway.replicas import Pool, Replica
 from fleet.gateway.slots import BATCH_AGING_S, Slots
 from fleet.gateway.tensors import AnswerParser, TensorExchange
 
-__all__ = ["BadAnswer", "Exchange", "NoReplica", "Rejected", "UpstreamError", "UpstreamTimeout", "Upstreams"]
+__all__ = ["Exchange", "NoReplica", "Rejected", "UpstreamTimeout", "Upstreams"]
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 

@@ -51,6 +51,7 @@ from fleet.catalog.routes.table import choose_version, should_shadow
 from fleet.errors import FleetError
 from fleet.gateway import body as bodies
 from fleet.gateway.admin import json_response
+from fleet.gateway.answers import UpstreamError
 from fleet.gateway.generation import protocol
 from fleet.gateway.generation.sse import SSE_HEADERS, EventStreamResponse
 from fleet.gateway.generation.stream import GenerateExchange, Stream, count
@@ -60,7 +61,7 @@ from fleet.gateway.protocol import parse_json
 from fleet.gateway.shadow import Generated, GenShadowJob
 from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.telemetry import Telemetry
-from fleet.gateway.upstream import UpstreamError, Upstreams, UpstreamTimeout
+from fleet.gateway.upstream import Upstreams, UpstreamTimeout
 from fleet.logs.inference import GenSample, digest
 from fleet.usage.meter import UsageMeter
 

@@ -3,7 +3,7 @@
 (``EventStreamResponse``).
 
 The service's stream (``bentos/tiny_lm``'s contract) is read with the gateway's own HTTP/1.1
-client (``fleet.gateway.h1``, ``ConnectionPool.stream``) on the replica's pooled
+client (``fleet.gateway.h1client``, ``ConnectionPool.stream``) on the replica's pooled
 keep-alive connections; events are parsed from whatever bytes arrive, and nothing is
 buffered beyond one event (``MAX_EVENT_BYTES``). The answer goes out through
 ``EventStreamResponse``: Starlette's event stream without its task group, one write per event.
@@ -19,8 +19,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from fleet.gateway.answers import UpstreamError
-from fleet.gateway.h1.connection import StreamedResponse
-from fleet.gateway.h1.errors import HTTPClientError
+from fleet.gateway.h1client.connection import StreamedResponse
+from fleet.gateway.h1client.errors import HTTPClientError
 
 MAX_EVENT_BYTES = 64 * 1024  # one event from a model service; a longer one is a broken answer
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # and nginx in front must not buffer

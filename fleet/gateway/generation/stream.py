@@ -27,8 +27,8 @@ from typing import Any, ClassVar
 
 from fleet.gateway.answers import UpstreamError
 from fleet.gateway.generation.sse import Events
-from fleet.gateway.h1.connection import StreamedResponse
-from fleet.gateway.h1.errors import HTTPClientError
+from fleet.gateway.h1client.connection import StreamedResponse
+from fleet.gateway.h1client.errors import HTTPClientError
 from fleet.gateway.replicas import CONNECT_TIMEOUT_S, Pool, Replica
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import UpstreamTimeout

@@ -1,7 +1,7 @@
 """One TCP connection to a model service and what it answers: the response parser (httptools,
 the parser uvicorn uses, fed from ``data_received``), a whole ``Response``, or a
 ``StreamedResponse`` whose body is read as it arrives. The pool a connection belongs to
-(``fleet.gateway.h1.pool``) hands it out and takes it back."""
+(``fleet.gateway.h1client.pool``) hands it out and takes it back."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Protocol
 
 import httptools
 
-from fleet.gateway.h1.errors import (
+from fleet.gateway.h1client.errors import (
     BodyTooLarge,
     HTTPClientError,
     IncompleteResponse,
@@ -26,7 +26,7 @@ STREAM_HIGH_WATER = 256 * 1024  # a streamed body's bytes not yet read above whi
 
 
 class Owner(Protocol):
-    """What a connection needs of its pool (``fleet.gateway.h1.pool.ConnectionPool``)."""
+    """What a connection needs of its pool (``fleet.gateway.h1client.pool.ConnectionPool``)."""
 
     origin: str
 

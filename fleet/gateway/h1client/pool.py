@@ -1,5 +1,5 @@
 """Connections to one origin, capped, kept alive and reused: the client's interface
-(``fleet.gateway.h1``'s docstring says what it does and why)."""
+(``fleet.gateway.h1client``'s docstring says what it does and why)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
-from fleet.gateway.h1.connection import Connection, Response, StreamedResponse
-from fleet.gateway.h1.errors import (
+from fleet.gateway.h1client.connection import Connection, Response, StreamedResponse
+from fleet.gateway.h1client.errors import (
     ConnectError,
     ConnectTimeout,
     Disconnected,

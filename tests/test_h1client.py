@@ -1,4 +1,4 @@
-"""The gateway's HTTP/1.1 client (fleet/gateway/h1/) against real sockets on 127.0.0.1.
+"""The gateway's HTTP/1.1 client (fleet/gateway/h1client/) against real sockets on 127.0.0.1.
 
 A scripted asyncio server sends exactly the bytes a test needs (chunked, close-delimited,
 oversized, garbage, closing at a chosen moment); a real uvicorn + Starlette server shows
@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from fleet.gateway.h1.connection import Response
-from fleet.gateway.h1.errors import (
+from fleet.gateway.h1client.connection import Response
+from fleet.gateway.h1client.errors import (
     BodyTooLarge,
     ConnectError,
     ConnectTimeout,
@@ -29,7 +29,7 @@ from fleet.gateway.h1.errors import (
     ProtocolError,
     Unreachable,
 )
-from fleet.gateway.h1.pool import ConnectionPool
+from fleet.gateway.h1client.pool import ConnectionPool
 from tests.conftest import WITHIN_S
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
