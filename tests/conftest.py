@@ -27,6 +27,14 @@ os.environ.update(
 )
 os.environ.pop("FLEET_STORE", None)
 
+# pytest imports this file as ``conftest``; importing it again under another name (``from
+# tests.conftest import ...``) would run it twice: a second Prefect port, a second BentoML home,
+# and a server the fixtures no longer point at. Shared helpers live in their own modules.
+if __name__ != "conftest":
+    raise ImportError(
+        f"tests/conftest.py imported as {__name__!r}; import shared helpers from tests/<module>.py instead"
+    )
+
 WITHIN_S = 10.0  # the most any test waits for something that should take milliseconds
 
 
