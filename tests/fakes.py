@@ -1,8 +1,9 @@
-"""The test doubles the suite shares: a clock, and a runtime with the whole runtime contract.
+"""The test doubles the suite shares: a clock, a runtime with the whole runtime contract, and a
+store that can be taken down.
 
 Fakes stand in only for what cannot run in a unit test (time, the processes a runtime
-starts); stores are real (``fleet.store.MemoryStore`` is the in-memory backend, and the
-file and S3 backends run for real elsewhere).
+starts, a store outage); stores are otherwise real (``fleet.store.MemoryStore`` is the
+in-memory backend, and the file and S3 backends run for real elsewhere).
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from fleet.errors import StoreUnavailable
 from fleet.runtime.base import DeployFailed, Loaded
+from fleet.store import MemoryStore
 from fleet.types import Deployment
 
 T0 = 1_000_000.0  # a fixed start, far from 0, so "since the epoch" bugs show
@@ -126,3 +129,21 @@ class FakeRuntime:
 
     def footprint_mib(self, model: str, version: str) -> float | None:
         return self.footprints.get((model, version))
+
+
+class DownStore(MemoryStore):
+    """The in-memory store whose writes fail as unreachable (``StoreUnavailable``, not a
+    refusal) while ``down`` is set; ``refused`` counts them. Reads still work."""
+
+    def __init__(self, *, down: bool = False) -> None:
+        super().__init__()
+        self.down = threading.Event()
+        if down:
+            self.down.set()
+        self.refused = 0
+
+    def put(self, key: str, data: bytes, **kwargs) -> str:  # noqa: ANN003
+        if self.down.is_set():
+            self.refused += 1
+            raise StoreUnavailable("store unreachable (test)")
+        return super().put(key, data, **kwargs)

@@ -24,7 +24,7 @@ from fleet.control import doctor
 from fleet.errors import FleetError, InvalidInput
 from fleet.gateway.view import FleetView
 from fleet.store import MemoryStore
-from fleet.types import Deployment
+from tests.fakes import FakeRuntime
 from tests.gateway_env import ADMIN_TOKEN, MODEL, GatewayEnv, infer, metric, wait_for
 from tests.serving_env import FLEET
 from tests.test_registry import META
@@ -140,18 +140,13 @@ def test_doctor_restores_a_route_from_its_last_audited_revision(router: Router) 
     assert router.get("demo").revision == 4
 
 
-class _NoRuntime:
-    def list(self) -> list[Deployment]:
-        return []
-
-
 def test_a_record_that_turns_bad_keeps_its_last_good_copy_in_the_gateway(tmp_path: Path) -> None:
     store = MemoryStore()
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "w").write_text("w")
     Registry(store).register("demo", "1.0.0", tmp_path / "a", META)
     Router(store).set("demo", stable="1.0.0", why="first")
-    view = FleetView(store, _NoRuntime())  # type: ignore[arg-type]
+    view = FleetView(store, FakeRuntime())
     assert view.refresh()
     store.put("routes/demo.json", b'{"model": "demo", "stable": 1}')
     view.refresh()
@@ -188,7 +183,7 @@ def test_a_copied_tenant_file_cannot_keep_a_revoked_key_working(tmp_path: Path) 
     }
     with pytest.raises(FleetError, match="unknown, revoked or expired"):
         tenants.authenticate(key)
-    view = FleetView(store, _NoRuntime())  # type: ignore[arg-type]
+    view = FleetView(store, FakeRuntime())
     view.refresh()
     assert view.snapshot.tenant_for(key) is None
     assert {b.key for b in view.bad_records} == {"tenants/acme.backup.json", "tenants/old/acme.json"}
@@ -207,14 +202,6 @@ def test_a_table_stored_with_shadow_equal_to_stable_stays_readable_and_fixable(r
     assert router.get("demo").shadow is None
 
 
-class _ListedRuntime:
-    def __init__(self, deployed: list[Deployment]) -> None:
-        self.deployed = deployed
-
-    def list(self) -> list[Deployment]:
-        return list(self.deployed)
-
-
 def test_a_new_route_is_seen_only_together_with_its_replicas(tmp_path: Path) -> None:
     """A version is started, then routed to (a rollback's target, a canary). The gateway's
     requests (on the event loop) must never see the new route before ``on_change`` has given
@@ -227,10 +214,8 @@ def test_a_new_route_is_seen_only_together_with_its_replicas(tmp_path: Path) -> 
     for version in ("1.0.0", "1.1.0"):
         Registry(store).register("demo", version, tmp_path / "a", META)
     Router(store).set("demo", stable="1.0.0", why="first")
-    runtime = _ListedRuntime(
-        [Deployment("demo", v, (f"http://127.0.0.1:{i + 1}",)) for i, v in enumerate(("1.0.0", "1.1.0"))]
-    )
-    view = FleetView(store, runtime, interval=0.005)  # type: ignore[arg-type]
+    runtime = FakeRuntime({("demo", "1.0.0"): 1, ("demo", "1.1.0"): 1})
+    view = FleetView(store, runtime, interval=0.005)
 
     def canary(snapshot) -> str | None:  # noqa: ANN001
         table = snapshot.routes.get("demo")

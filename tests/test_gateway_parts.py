@@ -14,18 +14,11 @@ from fleet.gateway.replicas import EJECT_AFTER, Replica
 from fleet.gateway.slots import QueueFull, Slots
 from fleet.gateway.stats import WindowedStats
 from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, latency_bucket, score_bins
-
-
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import Clock
 
 
 def test_token_bucket_allows_the_burst_then_the_rate() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     buckets = TokenBuckets(clock)
     assert [buckets.take("t", rps=2, burst=3) for _ in range(3)] == [None, None, None]
     refusal = buckets.take("t", rps=2, burst=3)
@@ -40,7 +33,7 @@ def test_token_bucket_allows_the_burst_then_the_rate() -> None:
 
 
 def test_a_token_quota_saves_up_a_minute_lets_one_answer_into_debt_and_waits_it_out() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     buckets = TokenBuckets(clock)
     assert asyncio.run(buckets.check_tokens("t", 600)) is None  # 600 tokens a minute: one per 0.1 s
     buckets.charge_tokens("t", 600, 590)
@@ -244,7 +237,7 @@ def test_a_waiter_that_is_handed_the_slot_as_it_gives_up_passes_it_on() -> None:
 
 
 def test_cache_is_lru_with_ttl_and_keys_on_dtype_and_shape() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     answer = np.array([[0.1, 0.9]], np.float32)
     entry = answer.nbytes + ENTRY_OVERHEAD
     cache = PredictionCache(max_bytes=2 * entry, ttl_s=10, clock=clock)
@@ -264,7 +257,7 @@ def test_cache_is_lru_with_ttl_and_keys_on_dtype_and_shape() -> None:
 
 def test_cache_evicts_until_under_its_byte_budget() -> None:
     """Counting entries let 10,000 answers of up to 4 MiB each in; bytes are what is bounded."""
-    cache = PredictionCache(max_bytes=1024 * 1024, ttl_s=60, clock=Clock())
+    cache = PredictionCache(max_bytes=1024 * 1024, ttl_s=60, clock=Clock(1000.0))
     for i in range(100):
         cache.put(f"small{i}".encode(), np.zeros((1, 2), np.float32))
     big = np.zeros((40_000, 2), np.float32)  # 312 KiB

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
-from fleet.errors import StoreUnavailable
 from fleet.logs.inference import InferenceLog, Sample, feature_names, read_window
 from fleet.store import MemoryStore
+from tests.fakes import DownStore
 
 NAMES = ("income", "debt_ratio", "age", "tenure")
 
@@ -18,17 +18,6 @@ def sample(i: int, rows: int = 2, ts: float | None = None) -> Sample:
     features = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4) + i
     outputs = np.tile(np.array([[0.2, 0.8]], np.float32), (rows, 1))
     return Sample(ts or time.time(), f"r{i}", "demo", "1.0.0", "apps", 3.5, features, outputs, NAMES)
-
-
-class FlakyStore(MemoryStore):
-    def __init__(self) -> None:
-        super().__init__()
-        self.down = True
-
-    def put(self, key: str, data: bytes, **kw) -> str:  # noqa: ANN003
-        if self.down:
-            raise StoreUnavailable("store is down")
-        return super().put(key, data, **kw)
 
 
 def window(store) -> object:  # noqa: ANN001
@@ -64,7 +53,7 @@ def test_a_flush_writes_one_parquet_file_with_one_row_per_input_row() -> None:
 
 
 def test_a_failing_store_keeps_rows_buffered_until_it_is_back() -> None:
-    store = FlakyStore()
+    store = DownStore(down=True)
     dropped: list[int] = []
     log = InferenceLog(store, "gw1", max_bytes=3 * sample(0).nbytes, on_dropped=lambda m, n: dropped.append(n))
     for i in range(3):
@@ -72,7 +61,7 @@ def test_a_failing_store_keeps_rows_buffered_until_it_is_back() -> None:
     assert log.flush() == 0 and log.failing and log.buffered_rows == 6
     log.record(sample(3))  # over the byte budget: the oldest request's rows go
     assert dropped == [2] and log.buffered_rows == 6 and log.buffered_bytes == 3 * sample(0).nbytes
-    store.down = False
+    store.down.clear()
     assert log.close(timeout_s=5) == 0
     assert sorted(set(window(store)["request_id"])) == ["r1", "r2", "r3"]
 

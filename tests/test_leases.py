@@ -16,6 +16,7 @@ from fleet import audit, leases, records
 from fleet.errors import Conflict, StoreUnavailable
 from fleet.leases import LeaseRecord
 from fleet.store import MemoryStore
+from tests.fakes import DownStore
 
 KEY = "rollouts/demo.lease"
 
@@ -88,23 +89,8 @@ def test_a_heartbeat_that_loses_marks_the_lease_lost_and_stops() -> None:
     assert held(store).who == "intruder"  # the loser does not release the winner's lease
 
 
-class Flaky(MemoryStore):
-    """A store whose writes fail while ``down`` is set (unreachable, not refused)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.down = threading.Event()
-        self.refused = 0  # writes that failed while down
-
-    def put(self, key: str, data: bytes, **kwargs) -> str:  # noqa: ANN003
-        if self.down.is_set():
-            self.refused += 1
-            raise StoreUnavailable("store unreachable (test)")
-        return super().put(key, data, **kwargs)
-
-
 def test_check_refuses_once_renewals_have_failed_for_two_thirds_of_the_ttl() -> None:
-    store, now = Flaky(), [100.0]
+    store, now = DownStore(), [100.0]
     lease = take(store, ttl=30, clock=lambda: now[0])
     now[0] += 19.9
     lease.check()  # renewed 19.9 s ago: 10 s of the lease left
@@ -120,7 +106,7 @@ def test_check_refuses_once_renewals_have_failed_for_two_thirds_of_the_ttl() -> 
 
 
 def test_the_heartbeat_retries_through_an_unreachable_store() -> None:
-    store = Flaky()
+    store = DownStore()
     lease = take(store, ttl=0.6)
     with lease.kept_alive():
         store.down.set()

@@ -23,7 +23,7 @@ from fleet.control.lazy import BUSY_WITHIN_S, Candidate, NoRoom, idle_unloads, m
 from fleet.gateway.activate import Activator, StartFailed, Starting
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import NoReplica, Upstreams
-from fleet.types import Deployment
+from tests.fakes import FakeRuntime
 from tests.serving_env import ROOT
 
 NOW = 1_800_000_000.0
@@ -132,29 +132,11 @@ def test_protections_cover_canary_shadow_running_rollouts_and_the_rollback_windo
 # -- activation at the gateway (a runtime double: the real one is in test_lazy_loading) --------
 
 
-class SlowRuntime:
-    """``activate`` blocks until released, counting calls; then the version's endpoint is listed."""
-
-    def __init__(self, fail: str | None = None) -> None:
-        self.calls, self.fail = 0, fail
-        self.release = threading.Event()
-        self.started: list[tuple[str, str]] = []
-
-    def activate(self, model: str, version: str, before_start=None) -> tuple[Deployment, bool]:  # noqa: ANN001
-        self.calls += 1
-        if before_start is not None:
-            before_start()
-        self.release.wait(10)
-        if self.fail:
-            from fleet.runtime.base import DeployFailed
-
-            raise DeployFailed(
-                f"{model}:{version} exited while starting; last log lines of /x/replica-0.log:\n"
-                f"Traceback ...\n{self.fail}",
-                summary="its replica exited while starting",
-            )
-        self.started.append((model, version))
-        return Deployment(model, version, ("http://127.0.0.1:9",)), True
+def slow_runtime(fail: str | None = None) -> FakeRuntime:
+    """``activate`` blocks until ``gate`` is set, counting calls; then the version runs."""
+    runtime = FakeRuntime()
+    runtime.gate, runtime.fail = threading.Event(), fail
+    return runtime
 
 
 def _activator(runtime: object, make_room=None, **policy: object) -> tuple[Activator, Upstreams, Telemetry]:  # noqa: ANN001
@@ -173,7 +155,7 @@ def _activator(runtime: object, make_room=None, **policy: object) -> tuple[Activ
     act: Activator
 
     def read_runtime() -> None:  # the gateway's view re-reads the runtime, then syncs its pools
-        upstreams.sync({k: d for k, d in (((m, v), ("http://127.0.0.1:9",)) for m, v in runtime.started)}, {})  # type: ignore[attr-defined]
+        upstreams.sync({k: d for k, d in (((m, v), ("http://127.0.0.1:9",)) for m, v in runtime.running)}, {})  # type: ignore[attr-defined]
         asyncio.get_running_loop().call_soon(act.synced)
 
     act = Activator(runtime, upstreams, specs.__getitem__, telemetry, read_runtime, make_room)
@@ -186,7 +168,7 @@ def _value(telemetry: Telemetry, name: str, **labels: str) -> float:
 
 
 def test_twenty_concurrent_first_requests_start_the_version_once_and_all_are_served() -> None:
-    runtime = SlowRuntime()
+    runtime = slow_runtime()
     act, upstreams, telemetry = _activator(runtime)
 
     async def scenario() -> list[object]:
@@ -195,7 +177,7 @@ def test_twenty_concurrent_first_requests_start_the_version_once_and_all_are_ser
         while _value(telemetry, "fleet_requests_held", model="m", version="1.0.0") < 20:
             assert time.monotonic() < deadline, "the 20 requests were never all held"
             await asyncio.sleep(0.01)
-        runtime.release.set()
+        runtime.gate.set()
         return await asyncio.gather(*held)
 
     pools = asyncio.run(scenario())
@@ -206,7 +188,7 @@ def test_twenty_concurrent_first_requests_start_the_version_once_and_all_are_ser
 
 
 def test_past_max_hold_ms_the_request_gets_503_with_retry_after_and_the_start_goes_on() -> None:
-    runtime = SlowRuntime()
+    runtime = slow_runtime()
     act, upstreams, telemetry = _activator(runtime, max_hold_ms=200)
 
     async def scenario() -> tuple[Starting, float, object]:
@@ -214,7 +196,7 @@ def test_past_max_hold_ms_the_request_gets_503_with_retry_after_and_the_start_go
         with pytest.raises(Starting) as info:
             await upstreams.ready("m", "1.0.0", t0 + 10)
         waited = time.monotonic() - t0
-        runtime.release.set()
+        runtime.gate.set()
         pool = await upstreams.ready("m", "1.0.0", time.monotonic() + 10)  # the same start, not a second
         return info.value, waited, pool
 
@@ -225,28 +207,31 @@ def test_past_max_hold_ms_the_request_gets_503_with_retry_after_and_the_start_go
 
 
 def test_the_request_deadline_bounds_the_hold_too() -> None:
-    runtime = SlowRuntime()
+    runtime = slow_runtime()
     act, upstreams, _ = _activator(runtime, max_hold_ms=10_000)
 
     async def scenario() -> float:
         t0 = time.monotonic()
         with pytest.raises(Starting):
             await upstreams.ready("m", "1.0.0", t0 + 0.2)
-        runtime.release.set()
+        runtime.gate.set()
         return time.monotonic() - t0
 
     assert asyncio.run(scenario()) < 1.0
 
 
 def test_a_start_that_fails_answers_every_held_request_with_its_cause_then_backs_off() -> None:
-    runtime = SlowRuntime(fail="bentoml.exceptions.NotFound: Bento 'm:1.0.0' is not found")
+    runtime = slow_runtime(
+        fail="m:1.0.0 exited while starting; last log lines of /x/replica-0.log:\nTraceback ...\n"
+        "bentoml.exceptions.NotFound: Bento 'm:1.0.0' is not found"
+    )
     act, upstreams, telemetry = _activator(runtime)
 
     async def scenario() -> list[BaseException]:
         deadline = time.monotonic() + 10
         held = [asyncio.create_task(upstreams.ready("m", "1.0.0", deadline)) for _ in range(3)]
         await asyncio.sleep(0.05)
-        runtime.release.set()
+        runtime.gate.set()
         errors = await asyncio.gather(*held, return_exceptions=True)
         try:  # within the back-off: the same answer at once, no second start
             await upstreams.ready("m", "1.0.0", deadline)
@@ -264,7 +249,7 @@ def test_a_start_that_fails_answers_every_held_request_with_its_cause_then_backs
 
 
 def test_an_eager_model_without_replicas_is_not_held() -> None:
-    act, upstreams, _ = _activator(SlowRuntime())
+    act, upstreams, _ = _activator(slow_runtime())
     with pytest.raises(NoReplica) as info:
         asyncio.run(upstreams.ready("e", "1.0.0", time.monotonic() + 1))
     assert not isinstance(info.value, (Starting, StartFailed)) and "expected it to be deployed" in str(info.value)
@@ -311,8 +296,8 @@ def test_policy_keys_parse_and_idle_unload_s_needs_lazy(tmp_path) -> None:  # no
 
 
 def test_a_start_the_memory_budget_refuses_tells_the_tenant_no_other_models_name() -> None:
-    runtime = SlowRuntime()
-    runtime.release.set()
+    runtime = slow_runtime()
+    runtime.gate.set()
 
     def full(model: str, version: str) -> None:
         make_room([eager("1.0.0", 900, model="secret-model")], 200, 1000, NOW, f"{model}:{version}")
@@ -322,11 +307,11 @@ def test_a_start_the_memory_budget_refuses_tells_the_tenant_no_other_models_name
         asyncio.run(upstreams.ready("m", "1.0.0", time.monotonic() + 5))
     text = str(info.value)
     assert "m:1.0.0 could not be started: the runtime's memory budget cannot hold it now" in text
-    assert "secret-model" not in text and runtime.started == []
+    assert "secret-model" not in text and runtime.running == {}
 
 
 def test_an_unexpected_error_in_a_start_is_a_503_with_a_back_off_not_a_500() -> None:
-    class Broken(SlowRuntime):
+    class Broken(FakeRuntime):
         def activate(self, model: str, version: str, before_start=None):  # noqa: ANN001, ANN201
             self.calls += 1
             raise PermissionError("[Errno 13] Permission denied: '/srv/fleet/run/m/1.0.0/.version.lock'")

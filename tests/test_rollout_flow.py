@@ -31,7 +31,8 @@ from fleet.catalog.registry import Registry, State
 from fleet.catalog.rollouts import RolloutState, lease_key, state_key
 from fleet.catalog.routes.store import Router
 from fleet.leases import LeaseRecord
-from fleet.types import ArmWindow, Deployment
+from fleet.types import ArmWindow
+from tests.fakes import FakeRuntime
 from tests.rollout_env import FAST, MODEL, Load, serving_fleet
 from tests.serving_env import FLEET, ROOT, FleetEnv
 
@@ -359,28 +360,6 @@ def test_deployments_and_the_cli_start_and_follow_the_flows(fleet: dict) -> None
     assert load.failures == []
 
 
-class BlockingRuntime:
-    """Deploys block until ``proceed`` is set, however long that takes; ``deploying`` says one began."""
-
-    def __init__(self) -> None:
-        self.running, self.log = {"1.0.0"}, []
-        self.deploying, self.proceed = threading.Event(), threading.Event()
-
-    def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment:
-        self.log.append(f"deploy {version}")
-        self.deploying.set()
-        assert self.proceed.wait(timeout=120), "the test never let the deploy finish"
-        self.running.add(version)
-        return Deployment(model, version, (f"http://fake/{version}",))
-
-    def undeploy(self, model: str, version: str) -> None:
-        self.running.discard(version)
-        self.log.append(f"undeploy {version}")
-
-    def list(self) -> list[Deployment]:
-        return [Deployment(MODEL, v, (f"http://fake/{v}",)) for v in sorted(self.running)]
-
-
 class SteadyMetrics:
     """Every version healthy and alike: 1,000 answered requests in any window."""
 
@@ -404,7 +383,14 @@ def test_a_second_rollout_while_the_first_deploys_past_the_lease_ttl_is_refused(
     from flows._context import FleetContext
     from tests.test_rollout import meta
 
-    store, runtime, ttl = MemoryStore(), BlockingRuntime(), timedelta(seconds=2)
+    store, runtime, ttl = MemoryStore(), FakeRuntime({(MODEL, "1.0.0"): 1}), timedelta(seconds=2)
+    deploying, proceed = threading.Event(), threading.Event()
+
+    def blocked() -> None:  # a deploy blocks until the test lets it finish, however long that takes
+        deploying.set()
+        assert proceed.wait(timeout=120), "the test never let the deploy finish"
+
+    runtime.while_deploying = blocked
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "w").write_text("w")
     for version in ("1.0.0", "1.1.0", "1.2.0"):
@@ -420,7 +406,7 @@ def test_a_second_rollout_while_the_first_deploys_past_the_lease_ttl_is_refused(
     )
     runner.start()
     try:
-        assert runtime.deploying.wait(timeout=120), "the first rollout never began its deploy"
+        assert deploying.wait(timeout=120), "the first rollout never began its deploy"
         deadline = time.monotonic() + 30
         while True:  # the deploy goes on past twice the TTL: the lease must have been renewed meanwhile
             lease = records.load(store, lease_key(MODEL), LeaseRecord)[0]
@@ -432,7 +418,7 @@ def test_a_second_rollout_while_the_first_deploys_past_the_lease_ttl_is_refused(
         assert second.is_failed() and "the rollout of demo-classifier is in progress" in second.message
         assert stored({"store": store}).version == "1.1.0" and Router(store).get(MODEL).canary is None
     finally:
-        runtime.proceed.set()
+        proceed.set()
         runner.join(timeout=120)
     state = first["state"]
     assert state.is_completed(), state.message
@@ -442,5 +428,5 @@ def test_a_second_rollout_while_the_first_deploys_past_the_lease_ttl_is_refused(
     table = Router(store).get(MODEL)
     assert (table.stable, table.canary, table.revision) == ("1.1.0", None, 5)  # first, 20 %, 50 %, 100 %, promoted
     assert Registry(store).states(MODEL)["1.2.0"] == State.REGISTERED  # the second touched nothing
-    assert runtime.log == ["deploy 1.1.0", "undeploy 1.0.0"]
+    assert runtime.log == [f"deploy {MODEL}:1.1.0", f"undeploy {MODEL}:1.0.0"]
     assert not records.exists(store, lease_key(MODEL))

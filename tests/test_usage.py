@@ -23,6 +23,7 @@ from fleet.usage.meter import MAX_GAP_S, UsageMeter
 from fleet.usage.prices import Price, prices_from_plan, prices_from_stack
 from fleet.usage.records import TrafficRecord, UsageHour, hour_key
 from fleet.usage.rollup import rollup
+from tests.fakes import Clock
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2026, 12, 1, 14, 0, tzinfo=UTC).timestamp()  # the start of a UTC hour
@@ -31,14 +32,6 @@ PRICE = Price(
     2.0, "g5.xlarge", "placement: 1 of a g5.xlarge node per replica at Pulumi.test.yaml: nodePools[a10g].hourly_usd 2"
 )
 DEMO = ("demo", "1.0.0")
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def priced(model: str) -> Price | None:
