@@ -52,10 +52,9 @@ from fleet.analysis.simulate import (
     run,
     run_flagger,
 )
-from fleet.analysis.sources import latency_bucket, score_bin
 from fleet.catalog.policies.loader import load_policies
 from fleet.catalog.policies.rollout import RolloutPolicy
-from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS
+from fleet.types import LATENCY_BUCKETS_MS, PREDICTION_BINS, latency_bucket, score_bin
 
 # -- report -----------------------------------------------------------------------------------
 

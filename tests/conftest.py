@@ -29,7 +29,8 @@ os.environ.pop("FLEET_STORE", None)
 
 # pytest imports this file as ``conftest``; importing it again under another name (``from
 # tests.conftest import ...``) would run it twice: a second Prefect port, a second BentoML home,
-# and a server the fixtures no longer point at. Shared helpers live in their own modules.
+# and a server the fixtures no longer point at. Import shared helpers from modules whose import
+# does nothing but define them (tests/fakes.py, tests/serving_env.py, ...).
 if __name__ != "conftest":
     raise ImportError(
         f"tests/conftest.py imported as {__name__!r}; import shared helpers from tests/<module>.py instead"

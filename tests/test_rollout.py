@@ -267,6 +267,20 @@ def test_a_rollout_straight_to_100_is_judged_against_the_stables_recent_traffic(
     assert (again.phase, again.run_id) == ("promoted", "run-1")
 
 
+def test_a_baseline_that_cannot_be_read_does_not_stop_the_rollout(world: dict) -> None:
+    """Straight to 100 % with the gateways' metrics down: the step begins without the stable's
+    earlier traffic (a warning, not a failed flow), and holds while nothing can be read."""
+    r, metrics = world["rollout"], world["metrics"]
+    r.policy = r.policy.model_copy(update={"steps": [100]})
+    state = r.run_preflight(r.begin(MODEL, "1.1.0", "run-1"))
+    metrics.unavailable = "gateway down"
+    state = r.deploy(state)
+    assert state.phase == "step" and state.weight == 100 and state.baseline is None
+    world["clock"].now += 60
+    state, verdict = r.tick(state)
+    assert verdict is None and state.phase == "step"  # held: no data is not bad data
+
+
 def stored(w: dict) -> RolloutState:
     return RolloutState.model_validate_json(w["store"].get(state_key(MODEL)).data)
 

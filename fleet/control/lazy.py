@@ -256,13 +256,8 @@ class LoadController:
                 log.info("%s:%s was asked again meanwhile: kept", u.model, u.version)
         for u in chosen:
             log.info("stopping %s:%s: %s", u.model, u.version, u.reason)
-        unload = getattr(self.runtime, "unload", None)
-        if chosen and unload is not None:  # local: drained first; Kubernetes: KEDA's floor to 0
-            unload([(u.model, u.version) for u in chosen], on_drain=self.notify)
-        elif chosen:
-            for u in chosen:
-                self.runtime.undeploy(u.model, u.version)
-            self.notify()
+        if chosen:  # local: drained first; Kubernetes: KEDA's floor to 0
+            self.runtime.unload([(u.model, u.version) for u in chosen], on_drain=self.notify)
         return chosen
 
 

@@ -39,8 +39,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fleet.catalog.policies.models import ModelSpec
 from fleet.errors import FleetError
+from fleet.gateway.replicas import Pool
 from fleet.gateway.telemetry import Telemetry
-from fleet.gateway.upstream import NoReplica, Pool, Upstreams
+from fleet.gateway.upstream import NoReplica, Upstreams
 from fleet.runtime.base import DeployFailed, Runtime
 
 log = logging.getLogger("fleet.gateway.activate")

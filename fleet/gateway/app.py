@@ -37,6 +37,7 @@ from fleet.gateway.activate import Activator
 from fleet.gateway.admin import admin_routes
 from fleet.gateway.body import BodyBudget, Decoder
 from fleet.gateway.dispatch import Dispatcher
+from fleet.gateway.fairqueue import PRIORITIES
 from fleet.gateway.generation.routes import GenerationRoutes
 from fleet.gateway.health import Health, quota_state
 from fleet.gateway.infer_routes import InferRoutes
@@ -48,7 +49,6 @@ from fleet.gateway.quota.redis import from_env as redis_quotas
 from fleet.gateway.rest import Rest
 from fleet.gateway.shadow import ShadowMirror
 from fleet.gateway.sinks import Recorder
-from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import Upstreams
 from fleet.gateway.view import FleetView, Snapshot

@@ -33,13 +33,13 @@ from typing import TypeVar
 from fleet.catalog.routes.table import Choice, RouteTable
 from fleet.errors import FleetError
 from fleet.gateway.activate import Starting
+from fleet.gateway.answers import UpstreamError
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import (
     HELD_AT_LEAST_S,
     Exchange,
     NoReplica,
     Rejected,
-    UpstreamError,
     Upstreams,
     UpstreamTimeout,
 )

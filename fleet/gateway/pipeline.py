@@ -45,11 +45,11 @@ from fleet.errors import FleetError, InvalidInput, NotFound, Unauthorized, Versi
 from fleet.gateway.body import Decoder
 from fleet.gateway.cache import PredictionCache
 from fleet.gateway.dispatch import Dispatcher
+from fleet.gateway.fairqueue import PRIORITIES
 from fleet.gateway.inputs import MalformedBody, conforms
 from fleet.gateway.protocol import Decoded
 from fleet.gateway.quota import Quotas
 from fleet.gateway.sinks import Recorder
-from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.tensors import TensorExchange
 from fleet.gateway.view import FleetView, Snapshot

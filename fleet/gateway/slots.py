@@ -17,9 +17,9 @@ import asyncio
 import time
 
 from fleet.errors import FleetError
-from fleet.gateway.fairqueue import PRIORITIES, FairQueue
+from fleet.gateway.fairqueue import FairQueue
 
-__all__ = ["BATCH_AGING_S", "PRIORITIES", "QueueFull", "Slots"]
+__all__ = ["BATCH_AGING_S", "QueueFull", "Slots"]
 
 BATCH_AGING_S = 2.0  # a batch request waiting this long is served as if interactive
 

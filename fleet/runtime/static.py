@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from fleet.errors import ConfigError, NotFound
+from fleet.errors import ConfigError
 from fleet.runtime.base import DeployFailed, Loaded
 from fleet.types import Deployment
 
@@ -51,7 +51,11 @@ class StaticRuntime:
     def deploy(self, model: str, version: str, replicas: int = 1) -> Deployment:
         urls = self._read().get((model, version))
         if not urls:
-            raise NotFound(f"{model}:{version} is not listed in {self.path}; this runtime starts nothing")
+            raise DeployFailed(
+                f"{model}:{version} is not listed in {self.path}; this runtime starts nothing "
+                "(FLEET_RUNTIME=static): expected it started by whoever runs the services and listed there",
+                summary="this runtime cannot start one (FLEET_RUNTIME=static)",
+            )
         return Deployment(model, version, urls)
 
     def undeploy(self, model: str, version: str) -> None:

@@ -13,9 +13,6 @@ from fleet.analysis.sources._common import (
     BadMetricsAnswer,
     MetricsUnavailable,
     empty_window,
-    latency_bucket,
-    score_bin,
-    score_bins,
     sum_windows,
 )
 from fleet.analysis.sources.memory import MemoryMetrics
@@ -31,10 +28,7 @@ __all__ = [
     "MetricsSource",
     "MetricsUnavailable",
     "empty_window",
-    "latency_bucket",
     "open_metrics",
-    "score_bin",
-    "score_bins",
     "sum_windows",
 ]
 

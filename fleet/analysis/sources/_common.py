@@ -1,29 +1,13 @@
-"""What every metrics source shares: its errors, window sums, and (from fleet.types) the binning."""
+"""What every metrics source shares: its errors and window sums (the binning is fleet.types')."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
 from fleet.errors import FleetError, InvalidInput
-from fleet.types import (
-    ERROR_CLASSES,
-    N_LATENCY,
-    PREDICTION_BINS,
-    ArmWindow,
-    latency_bucket,
-    score_bin,
-    score_bins,
-)
+from fleet.types import ERROR_CLASSES, N_LATENCY, PREDICTION_BINS, ArmWindow
 
-__all__ = [
-    "BadMetricsAnswer",
-    "MetricsUnavailable",
-    "empty_window",
-    "latency_bucket",
-    "score_bin",
-    "score_bins",
-    "sum_windows",
-]
+__all__ = ["BadMetricsAnswer", "MetricsUnavailable", "empty_window", "sum_windows"]
 
 
 class MetricsUnavailable(FleetError):

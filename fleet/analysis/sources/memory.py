@@ -13,16 +13,17 @@ import threading
 from collections.abc import Iterable
 from dataclasses import replace as _replace
 
-from fleet.analysis.sources._common import (
-    N_LATENCY,
-    MetricsUnavailable,
-    empty_window,
-    latency_bucket,
-    score_bins,
-    sum_windows,
-)
+from fleet.analysis.sources._common import MetricsUnavailable, empty_window, sum_windows
 from fleet.errors import InvalidInput
-from fleet.types import ERROR_CLASSES, N_OUTPUT_TOKENS, ArmWindow, output_bucket
+from fleet.types import (
+    ERROR_CLASSES,
+    N_LATENCY,
+    N_OUTPUT_TOKENS,
+    ArmWindow,
+    latency_bucket,
+    output_bucket,
+    score_bins,
+)
 
 
 class MemoryMetrics:

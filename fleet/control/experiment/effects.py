@@ -131,6 +131,7 @@ class Experiment:
         new = machine.step(state, seen, self.policies.rollout_for(state.model))
         if new is state:
             return state, seen.unavailable
+        self.guard()  # a run that lost its lease writes nothing
         self.save(new)
         return new, None
 
@@ -149,8 +150,11 @@ class Experiment:
         return machine.Look(now, tick_a, tick_b, outcomes, stop)
 
     def stopped_by(self, state: ExperimentState, error: BaseException) -> ExperimentState:
+        """The state as ended by ``error``; stored only while this run holds the lease (a run
+        that lost it leaves the record to the one that took it)."""
         state = machine.errored(state, error)
-        self.save(state)
+        if self._holds():
+            self.save(state)
         return state
 
     def end(self, state: ExperimentState) -> None:

@@ -26,6 +26,7 @@ ends as changed elsewhere.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -70,6 +71,8 @@ from fleet.validation import explain
 # packaging, a pause for approval), so it need not outlast any step: it only says how soon a
 # holder that died on another host is replaced (on the same host, at once).
 LEASE_TTL = timedelta(seconds=30)
+
+log = logging.getLogger(__name__)
 
 
 class _RouteMoved(Exception):
@@ -131,9 +134,6 @@ class Rollout:
         self._etags: dict[str, str | None] = {}  # model → ETag of the state this run last read or wrote
 
     # -- the steps the flow calls -------------------------------------------------------
-    def load(self, model: str) -> RolloutState | None:
-        return records.load_or_none(self.store, state_key(model), RolloutState)[0]
-
     def begin(self, model: str, version: str, run_id: str) -> RolloutState:
         """Start a rollout, or resume the stored one of the same version; call under the lease.
         An unfinished rollout of another version is rolled back first."""
@@ -165,8 +165,7 @@ class Rollout:
         except FleetError as exc:
             return self._act(state, Deployed(self.clock(), failed=str(exc)))
         now = self.clock()
-        baseline = self._window(state.model, needs(state, self.policy, now).baseline)
-        return self._act(state, Deployed(now, baseline=baseline))
+        return self._act(state, Deployed(now, baseline=self._baseline(state, now)))
 
     def tick(self, state: RolloutState) -> tuple[RolloutState, Verdict | None]:
         """Judge the current step's traffic so far and act on the verdict."""
@@ -177,19 +176,20 @@ class Rollout:
         wanted = needs(state, self.policy, now)
         windows: dict[str, ArmWindow] = {}
         unavailable = None
+        baseline = None
         try:
             for read in wanted.ticks:
                 windows[read.arm] = self._window(state.model, read)  # type: ignore[assignment]
+            baseline = self._window(state.model, wanted.baseline)
         except MetricsUnavailable as exc:
-            unavailable = str(exc)
-        baseline = self._window(state.model, wanted.baseline) if unavailable is None else None
+            unavailable = str(exc)  # the machine holds until the step's deadline
         seen = Looked(now, route, windows.get("canary"), windows.get("stable"), unavailable, baseline)
         transition = machine.step(state, seen, self.policy)
         return self._perform(state, transition), transition.verdict
 
     def approve(self, state: RolloutState, approved: bool, by: str, note: str = "") -> RolloutState:
         now = self.clock()
-        baseline = self._window(state.model, needs(state, self.policy, now).baseline) if approved else None
+        baseline = self._baseline(state, now) if approved else None
         return self._act(state, Answered(now, approved, by, note, baseline))
 
     def promote(self, state: RolloutState) -> RolloutState:
@@ -207,6 +207,18 @@ class Rollout:
     # -- observing ------------------------------------------------------------------------
     def _running(self, model: str, version: str) -> bool:
         return any(d.model == model and d.version == version for d in self.runtime.list())
+
+    def _baseline(self, state: RolloutState, now: float) -> ArmWindow | None:
+        """The stable's traffic before the rollout, when the first step may begin now; None when
+        metrics cannot be read: the step then begins without one and the stable's own traffic
+        during the rollout stands in (``machine``'s step close)."""
+        try:
+            return self._window(state.model, needs(state, self.policy, now).baseline)
+        except MetricsUnavailable as exc:
+            log.warning(
+                "rollout %s:%s: no baseline (%s); the stable's traffic will stand in", state.model, state.version, exc
+            )
+            return None
 
     def _window(self, model: str, read: Read | None) -> ArmWindow | None:
         """The window ``read`` names (None for none); ``MetricsUnavailable`` goes to the caller."""
@@ -236,6 +248,7 @@ class Rollout:
             elif isinstance(action, RollBack):
                 self._roll_back(current, action)
             elif isinstance(action, Reject):
+                self._owned(current)  # a run that lost its lease marks nothing
                 self.registry.transition(
                     current.model, current.version, State.REJECTED, why=action.reason, who=self.who
                 )

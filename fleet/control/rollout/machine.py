@@ -11,8 +11,9 @@ executor must read for the next observation is ``needs(state, policy, now)``
 
 Phases (``fleet.catalog.rollouts.Phase``): ``preflight`` → ``deploy`` → ``shadow`` (optional)
 → ``step`` (one per weight of the policy) → ``approval`` (optional, before 100 %) →
-``promote`` → ``promoted``; or ``rolled_back`` or ``rejected``. Terminal phases absorb every
-observation but ``Begin`` (a new rollout replaces a finished one).
+``promote`` → ``promoted``; or ``rolled_back`` or ``rejected``. A finished rollout takes only
+``Begin`` (a new rollout replaces it); an approver's answer or a promotion for it is refused
+with ``Conflict``, and every other observation leaves it as it is.
 
 Route changes are conditional (``SetRoute.expect_*``: the route as the rollout left it).
 When one finds the route moved, the executor performs nothing more of that transition and

@@ -52,6 +52,7 @@ from fleet.errors import FleetError
 from fleet.gateway import body as bodies
 from fleet.gateway.admin import json_response
 from fleet.gateway.answers import UpstreamError
+from fleet.gateway.fairqueue import PRIORITIES
 from fleet.gateway.generation import protocol
 from fleet.gateway.generation.sse import SSE_HEADERS, EventStreamResponse
 from fleet.gateway.generation.stream import GenerateExchange, Stream, count
@@ -59,7 +60,6 @@ from fleet.gateway.inputs import MalformedBody
 from fleet.gateway.pipeline import Call, Pipeline
 from fleet.gateway.protocol import parse_json
 from fleet.gateway.shadow import Generated, GenShadowJob
-from fleet.gateway.slots import PRIORITIES
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import Upstreams, UpstreamTimeout
 from fleet.logs.inference import GenSample, digest
