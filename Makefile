@@ -30,12 +30,10 @@ $(STAMP): requirements.lock pyproject.toml
 up: $(STAMP)
 	$(BIN)/fleet up
 
-# Test modules run in parallel (pytest-xdist): a module's tests stay together on one worker,
+# Test modules run on both cores (pytest-xdist): a module's tests stay together on one worker,
 # so its fixtures (a trained model, a served fleet) are built once; the slowest modules start
-# first (tests/conftest.py). Three workers on two cores: the end-to-end modules spend much of
-# their time waiting on a rollout's real seconds, and a third worker fills that time.
-# TEST_WORKERS=0 runs them in this process, one after another.
-TEST_WORKERS ?= 3
+# first (tests/conftest.py). TEST_WORKERS=0 runs them in this process, one after another.
+TEST_WORKERS ?= 2
 test: $(STAMP) system-deps lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 

@@ -59,10 +59,16 @@ def test_workers_share_one_quota_and_metrics_add_up(workers) -> None:
     env, url, _, key = workers
     # one connection per request, whatever the answers' timing (a kept-alive connection would
     # carry them all to one worker): the kernel spreads connections over the workers' sockets
-    admitted, refused, seconds = asyncio.run(_flood([url], key, rate=3 * RPS, seconds=6, new_connections=True))
+    times: list[float] = []
+    admitted, refused, seconds = asyncio.run(
+        _flood([url], key, rate=3 * RPS, seconds=6, new_connections=True, admitted_at=times)
+    )
     allowed = RPS * seconds + BURST
     assert admitted <= 1.05 * allowed, f"{admitted} admitted in {seconds:.1f} s; the quota allows {allowed:.0f}"
-    assert admitted >= 0.95 * RPS * seconds
+    # the quota is taken as the gateway reads each request, which a busy machine may do later
+    # and faster than they were sent: over the seconds the admitted answers span, at its rate
+    span = max(times) - min(times)
+    assert admitted >= 0.95 * RPS * span, f"{admitted} admitted over {span:.1f} s of answers; the quota allows {RPS}/s"
     own = [metric_of(r.url, "fleet_requests_total", worker="1") for r in _records(env)]
     assert all(n > 0 for n in own), f"each worker should have answered some requests: {own}"
     assert metric(url, "fleet_requests_total") == sum(own) == admitted + refused

@@ -25,9 +25,7 @@ from fleet.analysis.sources import (
     BadMetricsAnswer,
     MemoryMetrics,
     MetricsUnavailable,
-    latency_bucket,
     open_metrics,
-    score_bin,
     sum_windows,
 )
 from fleet.analysis.sources.gateway import GatewayMetrics
@@ -36,7 +34,7 @@ from fleet.catalog import gateway_directory
 from fleet.catalog.gateway_directory import GatewayRecord
 from fleet.errors import ConfigError, FleetError, InvalidInput
 from fleet.store import MemoryStore
-from fleet.types import LATENCY_BUCKETS_MS, OUTPUT_TOKEN_BUCKETS, MetricsSource
+from fleet.types import LATENCY_BUCKETS_MS, OUTPUT_TOKEN_BUCKETS, MetricsSource, latency_bucket, score_bin
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 MODEL, END = "demo-classifier", 1764590060.0

@@ -51,12 +51,19 @@ def pair(tmp_path: Path, redis_server: RedisServer):
 
 
 async def _flood(
-    urls: list[str], key: str, rate: float, seconds: float, *, new_connections: bool = False
+    urls: list[str],
+    key: str,
+    rate: float,
+    seconds: float,
+    *,
+    new_connections: bool = False,
+    admitted_at: list[float] | None = None,
 ) -> tuple[int, int, float]:
     """Send ``rate`` requests/s for ``seconds``, alternating between ``urls``, each request on
     its own task (an open loop: the rate does not depend on the answers). Returns (answered
     200, answered 429, the seconds from the first send to the last). ``new_connections``:
-    every request on a connection of its own (none kept alive), whatever the answers' timing."""
+    every request on a connection of its own (none kept alive), whatever the answers' timing.
+    ``admitted_at``: gets the monotonic time each 200 arrived."""
     codes: list[int] = []
     limits = httpx.Limits(max_keepalive_connections=0) if new_connections else httpx.Limits()
     clients = [httpx.AsyncClient(base_url=u, timeout=10, limits=limits) for u in urls]
@@ -66,6 +73,8 @@ async def _flood(
             f"/v2/models/{MODEL}/infer", json=BODY, headers={"Authorization": f"Bearer {key}"}
         )
         codes.append(r.status_code)
+        if admitted_at is not None and r.status_code == 200:
+            admitted_at.append(time.monotonic())
 
     tasks = []
     start = time.monotonic()
