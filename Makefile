@@ -35,7 +35,7 @@ up: $(STAMP)
 # first (tests/conftest.py). TEST_WORKERS=0 runs them in this process, one after another.
 TEST_WORKERS ?= 2
 test: $(STAMP) system-deps lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The formatter, the linter and the layer contracts (all configured in pyproject.toml),
 # before any test: a change that breaks them fails here in seconds. `make format` rewrites

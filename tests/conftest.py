@@ -174,24 +174,30 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     shutil.rmtree(os.environ["BENTOML_HOME"], ignore_errors=True)
 
 
-# The slowest modules first (seconds each took alone on the 2-core build machine, from
-# `pytest --durations`): with `make test`'s workers (pytest-xdist, --dist loadfile) the
-# longest runs start at once instead of last, when one worker would wait on them alone.
-# Only the order changes; a module missing here runs after these, in the usual order.
+# The slowest modules first (seconds each took in `make test` on the 2-core build machine
+# with two CPU-bound processes beside it, from `pytest --durations`): with `make test`'s
+# workers (pytest-xdist, --dist loadfile, --no-loadscope-reorder: xdist's own order is by
+# number of tests, which put the two-test rollout modules last) the longest runs start at
+# once instead of last, when one worker would wait on them alone. Only the order changes; a
+# module missing here runs after these, in the usual order.
 SLOWEST_FIRST = {
-    "test_rollout_flow.py": 430,
-    "test_generation_rollout.py": 160,
-    "test_generation.py": 115,
-    "test_experiment.py": 110,
-    "test_lazy_loading.py": 100,
-    "test_cli.py": 95,
-    "test_monitor_flow.py": 85,
-    "test_serving.py": 75,
-    "test_gateway.py": 70,
-    "test_up.py": 60,
+    "test_rollout_flow.py": 490,
+    "test_generation_rollout.py": 310,
+    "test_lazy_loading.py": 120,
+    "test_up.py": 110,
+    "test_generation.py": 100,
+    "test_monitor_flow.py": 90,
+    "test_experiment.py": 85,
+    "test_gateway_fuzz.py": 75,
+    "test_sequential.py": 65,
+    "test_cli.py": 65,
     "test_tensor_upstream.py": 55,
-    "test_sequential.py": 45,
-    "test_tiny_lm_train.py": 45,
+    "test_serving.py": 45,
+    "test_metrics_prometheus.py": 40,
+    "test_key_rotation.py": 40,
+    "test_tiny_lm_train.py": 35,
+    "test_packaging.py": 30,
+    "test_demo.py": 30,
 }
 
 

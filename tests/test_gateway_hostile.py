@@ -426,7 +426,13 @@ def test_large_requests_never_hold_the_event_loop(env) -> None:
     # ... so the probe always answered, and far inside a kubelet's 1 s probe timeout
     assert max(probes) < 1.0 and sorted(probes)[len(probes) // 2] < 0.1, f"liveness answers: {sorted(probes)[-5:]}"
     assert {code for code, _ in victims} == {200}
-    assert set(flood_codes) <= {200, 400, 413, 429} and 200 in flood_codes and 413 in flood_codes
+    assert set(flood_codes) <= {200, 400, 413, 429} and 413 in flood_codes
+    # in the flood the valid 10,000-row bodies may always meet the tenant's others in flight
+    # (429, its share of the body budget: how often depends on the machine's speed); alone, one is served
+    alone = httpx.post(
+        f"{url}/v2/models/{MODEL}/infer", content=biggest, headers={"Authorization": f"Bearer {flooder}"}, timeout=60
+    )
+    assert alone.status_code == 200, alone.text
     # the flooder has no quota: each 429 it got was its share of large bodies, and counted as such
     assert metric(url, "fleet_decode_refusals_total", scope="tenant") == flood_codes.count(429)
 
