@@ -20,7 +20,10 @@ The gates:
   stable traffic also needs the PSI shown *within* it (``psi_within``, at ``1 - power``
   spent over the looks the same way, so a canary at the limit is promoted at most that
   often however long it holds). The other gates can pass on a few hundred requests, far
-  too few for the harm test to see even twice the limit at its small alpha.
+  too few for the harm test to see even twice the limit at its small alpha. While that
+  step holds, its end-of-step look (``Evidence.end_looks``) is taken at every tick its other
+  gates pass, its alpha spent over those ticks: a drift past the limit is rolled back as the
+  rows show it, not when the every-look test's shrinking alpha finally catches it.
 - Latency: ``TailHarm`` asks whether more than 1 % of the canary's answers are slower than
   ``max_p99_ratio`` x the stable's p99 (canary p99 above the allowed ratio), with the
   threshold re-read from the stable arm each tick (the stable's data never depends on the
@@ -67,6 +70,7 @@ class Evidence:
     errors: ErrorHarm = field(default_factory=ErrorHarm)
     tails: tuple[tuple[str, TailHarm], ...] = ()
     looks: int = 0  # the fixed-sample gates (predictions) spend alpha per look
+    end_looks: int = 0  # end-of-step looks taken at the deciding step (it may hold for many ticks)
 
     def tail(self, gate: str) -> TailHarm:
         return dict(self.tails).get(gate, TailHarm())
@@ -75,18 +79,21 @@ class Evidence:
         return replace(self, tails=tuple(sorted({**dict(self.tails), gate: tail}.items())))
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        data: dict[str, object] = {
             "errors": list(self.errors.log_e),
             "tails": {g: list(t.log_e) for g, t in self.tails},
             "looks": self.looks,
         }
+        if self.end_looks:  # absent until a deciding step's end look is taken (records before it lack it)
+            data["end_looks"] = self.end_looks
+        return data
 
     @classmethod
     def from_dict(cls, data: dict | None) -> Evidence:
         if not data:
             return cls()
         tails = tuple(sorted((g, TailHarm(tuple(v))) for g, v in data.get("tails", {}).items()))
-        return cls(ErrorHarm(tuple(data["errors"])), tails, int(data.get("looks", 0)))
+        return cls(ErrorHarm(tuple(data["errors"])), tails, int(data.get("looks", 0)), int(data.get("end_looks", 0)))
 
     def looked(self) -> Evidence:
         return replace(self, looks=self.looks + 1)
@@ -169,8 +176,15 @@ def judge(
     share = alpha * SHARE["predictions"] / 2
     within = spent_alpha(beta, evidence.looks) if deciding and concurrent else None
     drift = _drift(arms, policy, spent_alpha(share, evidence.looks), concurrent, generative, within)
-    if all(r.status == "pass" for r in [*results, *drift]):
-        drift = _drift(arms, policy, share / len(policy.steps), concurrent, generative, within)
+    end = share / len(policy.steps)  # a step's end look
+    if all(r.status == "pass" for r in results) and within is not None and not _breached(drift):
+        # the deciding step holds until the PSI is shown within the limit, so its end look may
+        # be taken at many ticks: its alpha is spent over them, and a drift the every-look test
+        # (its alpha shrinking as 1/k^2) would see only late is caught while the step holds
+        evidence = replace(evidence, end_looks=evidence.end_looks + 1)
+        drift = _drift(arms, policy, spent_alpha(end, evidence.end_looks), concurrent, generative, within)
+    elif all(r.status == "pass" for r in [*results, *drift]):
+        drift = _drift(arms, policy, end, concurrent, generative, within)
     verdict = conclude(
         [*results, *drift],
         at=arms.tick_canary.end,
@@ -181,6 +195,10 @@ def judge(
         advanced="advance: no harm shown" + ("; non-inferiority shown" if deciding else ""),
     )
     return verdict, evidence
+
+
+def _breached(results: list[GateResult]) -> bool:
+    return any(r.status == "breach" for r in results)
 
 
 def _drift(
