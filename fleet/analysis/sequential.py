@@ -20,10 +20,8 @@ The gates:
   stable traffic also needs the PSI shown *within* it (``psi_within``, at ``1 - power``
   spent over the looks the same way, so a canary at the limit is promoted at most that
   often however long it holds). The other gates can pass on a few hundred requests, far
-  too few for the harm test to see even twice the limit at its small alpha. While that
-  step holds, its end-of-step look (``Evidence.end_looks``) is taken at every tick its other
-  gates pass, its alpha spent over those ticks: a drift past the limit is rolled back as the
-  rows show it, not when the every-look test's shrinking alpha finally catches it.
+  too few for the harm test to see even twice the limit at its small alpha. While that step
+  holds, its end-of-step look is taken at each tick, alpha spent over them (``end_looks``).
 - Latency: ``TailHarm`` asks whether more than 1 % of the canary's answers are slower than
   ``max_p99_ratio`` x the stable's p99 (canary p99 above the allowed ratio), with the
   threshold re-read from the stable arm each tick (the stable's data never depends on the
@@ -79,14 +77,12 @@ class Evidence:
         return replace(self, tails=tuple(sorted({**dict(self.tails), gate: tail}.items())))
 
     def to_dict(self) -> dict[str, object]:
-        data: dict[str, object] = {
+        return {
             "errors": list(self.errors.log_e),
             "tails": {g: list(t.log_e) for g, t in self.tails},
             "looks": self.looks,
+            **({"end_looks": self.end_looks} if self.end_looks else {}),  # stored records before it lack it
         }
-        if self.end_looks:  # absent until a deciding step's end look is taken (records before it lack it)
-            data["end_looks"] = self.end_looks
-        return data
 
     @classmethod
     def from_dict(cls, data: dict | None) -> Evidence:
@@ -177,10 +173,8 @@ def judge(
     within = spent_alpha(beta, evidence.looks) if deciding and concurrent else None
     drift = _drift(arms, policy, spent_alpha(share, evidence.looks), concurrent, generative, within)
     end = share / len(policy.steps)  # a step's end look
-    if all(r.status == "pass" for r in results) and within is not None and not _breached(drift):
-        # the deciding step holds until the PSI is shown within the limit, so its end look may
-        # be taken at many ticks: its alpha is spent over them, and a drift the every-look test
-        # (its alpha shrinking as 1/k^2) would see only late is caught while the step holds
+    if within is not None and all(r.status == "pass" for r in results) and all(r.status != "breach" for r in drift):
+        # the deciding step may hold for many ticks: its end look is taken at each, alpha spent over them
         evidence = replace(evidence, end_looks=evidence.end_looks + 1)
         drift = _drift(arms, policy, spent_alpha(end, evidence.end_looks), concurrent, generative, within)
     elif all(r.status == "pass" for r in [*results, *drift]):
@@ -195,10 +189,6 @@ def judge(
         advanced="advance: no harm shown" + ("; non-inferiority shown" if deciding else ""),
     )
     return verdict, evidence
-
-
-def _breached(results: list[GateResult]) -> bool:
-    return any(r.status == "breach" for r in results)
 
 
 def _drift(
