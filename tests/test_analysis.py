@@ -426,6 +426,40 @@ def test_a_baseline_from_another_time_judges_errors_and_latency_but_not_predicti
     assert at_100.outcome == "advance" and gate.status == "pass" and "inputs differ" in gate.explanation
 
 
+@pytest.mark.parametrize("method", ["fixed", "sequential"])
+def test_at_100_percent_a_slowdown_within_the_floor_is_not_blamed_on_the_canary(method: str) -> None:
+    """At 100 % the baseline is from before: a canary 4x slower than it but under
+    ``bake_latency_floor_ms`` (the model's SLO by default) is kept — the hour may be busier;
+    one above the floor too is rolled back, and in the steps before, served beside the stable,
+    4x is a breach whatever the floor."""
+    from fleet.analysis import sequential
+
+    rng = np.random.default_rng(12)
+    baseline = window(STABLE, served(rng, 2000, median_ms=10.0, sigma=0.2))
+    slower = window(CANARY, served(rng, 400, median_ms=40.0, sigma=0.2))
+    slowest = window(CANARY, served(rng, 400, median_ms=400.0, sigma=0.2))
+    floored = policy(method=method, gates={"max_p99_ratio": 2.0, "bake_latency_floor_ms": 250.0})
+
+    def verdict(canary: ArmWindow, pol: RolloutPolicy, step: int = 2) -> Verdict:
+        if method == "fixed":
+            return judge(baseline, canary, pol, step_started=T0, concurrent=step < 2)
+        stable_now = baseline if step < 2 else dataclasses.replace(window(STABLE, served(rng, 0)), requests=0)
+        arms = sequential.Arms(canary, stable_now, canary, baseline, canary, stable_now)
+        return sequential.judge(arms, pol, sequential.Evidence(), step=step, step_started=T0)[0]
+
+    def latency(v: Verdict) -> str:
+        return next(g for g in v.gates if g.gate == "latency_p99").status
+
+    assert latency(verdict(slower, floored)) == "pass"
+    assert (
+        "bake_latency_floor_ms"
+        in next(g for g in verdict(slower, floored).gates if g.gate == "latency_p99").explanation
+    )
+    assert latency(verdict(slower, policy(method=method, gates={"max_p99_ratio": 2.0}))) == "breach"  # no floor
+    assert latency(verdict(slowest, floored)) == "breach"
+    assert latency(verdict(slower, floored, step=1)) == "breach"  # beside the stable the floor plays no part
+
+
 # -- generations: TTFT is the latency; time per output token and output lengths have gates of their own
 def generations(
     metrics: MemoryMetrics,

@@ -84,28 +84,28 @@ def _ttft_slo_ms() -> float:
 @pytest.mark.timeout(600)  # the module's fleet is built inside this first test's time, and a busy machine is slow
 def test_a_version_with_a_slow_first_token_is_rolled_back_with_no_caller_failing(fleet: dict) -> None:
     stable = Router(fleet["store"]).get(MODEL).stable
-    # Every prefill waits the model's whole TTFT SLO: the canary's TTFT p99 is at least 3x the
-    # stable's whenever the stable meets a third of its SLO, however busy the machine is. Two
-    # callers go through the split, so at most two prefills queue at the canary and its first
-    # token stays well inside first_token_timeout_ms (5 s): nobody times out. Three more ask
-    # the stable by name, for its share of the samples.
-    slow_ms = _ttft_slo_ms()
+    # Each of the canary's answers holds its first token 2.5x the model's TTFT SLO longer (the
+    # fault delays that answer only, not the engine): judged at the shipped policy's ratio
+    # (1.5x), its TTFT is past the limit whenever the stable's p99 is under 1.67 s (about 0.8 s
+    # here with the machine busy, 0.07 s quiet), and at most 2.5 s plus the normal TTFT, inside
+    # first_token_timeout_ms (5 s): nobody times out. Two more callers ask the stable by name,
+    # for its share of the samples.
+    slow_ms = 2.5 * _ttft_slo_ms()
     fleet["env"].fleet(
         "models", "train", MODEL, "2.0.0", "--preset", "test", "--seed", "21", "--fault-first-token-ms", f"{slow_ms:g}"
     )
-    loads = [load(fleet, rps=20, threads=2), load(fleet, rps=30, threads=3, version=stable, seed=100)]
+    loads = [load(fleet, rps=20, threads=2), load(fleet, rps=20, threads=2, version=stable, seed=100)]
     for traffic in loads:
         traffic.start()
     try:
-        # two callers wait out every slow first token the split gives them, so the canary's
-        # min_samples come slowly on a busy machine: allow for that, as 3x-slower does
-        state = run_rollout("2.0.0", hold_deadline_s=240)
+        # the gate, never the step's deadline, must roll it back: the deadline is far off
+        state = run_rollout("2.0.0", hold_deadline_s=240, gates={**FAST["gates"], "max_p99_ratio": 1.5})
     finally:
         for traffic in loads:
             traffic.stop()
     split = loads[0]
     print(f"2.0.0 (slow first token): {'; '.join(t.report() for t in loads)}; flow: {state.message}")
-    assert state.is_failed() and "latency_p99" in state.message and "rolled back" in state.message, state.message
+    assert state.is_failed() and "gate latency_p99 breached" in state.message, state.message
     assert "latency_p99" in stored(fleet).breached and stored(fleet).phase == "rolled_back"
     table = Router(fleet["store"]).get(MODEL)
     assert table.stable == stable and table.canary is None

@@ -327,7 +327,11 @@ def test_deployments_and_the_cli_start_and_follow_the_flows(fleet: dict) -> None
         while time.monotonic() < deadline and not {"rollout", "rollback"} <= asyncio.run(names()):
             assert server.poll() is None, (env.root / "flows-serve.log").read_text()
             time.sleep(0.5)
-        sets = [a for k, v in FAST.items() if k != "gates" for a in ("--set", f"{k}={v}")]
+        # the previous stable kept warm, as the shipped policy does (600 s): the rollback is a
+        # route change. A cold one (rollback_window_s: 0) would start a replica on these two
+        # cores beside the one serving 60 req/s, whose batch queue then sheds (503) past 250 ms
+        warm = {**FAST, "rollback_window_s": 600}
+        sets = [a for k, v in warm.items() if k != "gates" for a in ("--set", f"{k}={v}")]
         sets += [a for k, v in FAST["gates"].items() for a in ("--set", f"gates.{k}={v}")]
         out = subprocess.run(
             [FLEET, "rollout", MODEL, "1.4.0", *sets],
@@ -339,6 +343,8 @@ def test_deployments_and_the_cli_start_and_follow_the_flows(fleet: dict) -> None
         )
         assert out.returncode == 0, out.stderr + (env.root / "flows-serve.log").read_text()[-3000:]
         assert "/runs/flow-run/" in out.stderr and "step 50%" in out.stderr and "promoted" in out.stdout
+        # it returned at the promotion, not after the 600 s the run keeps the previous stable warm
+        assert "stays ready for an instant rollback for 600 s" in out.stdout, out.stdout
         back = subprocess.run(
             [FLEET, "rollback", MODEL, "--reason", "rehearsal", "--json"],
             env={**env.env, **os.environ},

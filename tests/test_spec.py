@@ -82,7 +82,10 @@ def test_shipped_policies_load():
     assert (policies.tenants["acme"].quota.rps, policies.tenants["acme"].quota.burst) == (50, 100)
     assert policies.tenants["globex"].entitlements["demo-classifier"] == ["1.0.0", "1.1.0"]
     rollout = policies.rollout_for("demo-classifier")
-    assert rollout is policies.rollout["default"]
+    named = policies.rollout["default"].model_dump()
+    assert rollout.model_dump() == {**named, "gates": {**named["gates"], "bake_latency_floor_ms": 250}}
+    assert rollout.gates.bake_latency_floor_ms == 250  # unset: the model's SLO p99
+    assert policies.rollout_for("demo-lm").gates.bake_latency_floor_ms == policies.model("demo-lm").slo.p99_ms
     assert rollout.steps == [10, 50, 100] and rollout.min_samples == 20 and rollout.method == "sequential"
     assert rollout.gates.confidence == 0.95
     assert policies.monitoring_for("demo-classifier").schedule == "*/15 * * * *"

@@ -138,15 +138,15 @@ class Engine:
         scheduler: Scheduler | None = None,
         *,  # noqa: ANN401
         clock: Callable[[], float] = time.monotonic,
-        prefill_delay_s: float = 0.0,
         step_delay_s: float = 0.0,
     ) -> None:
-        """``prefill_delay_s`` / ``step_delay_s``: a fault built into a version on purpose (a
-        slow first token, slow tokens), to rehearse a rollback; 0 otherwise."""
+        """``step_delay_s``: a fault built into a version on purpose (slow tokens: every decode
+        step waits this long), to rehearse a rollback; 0 otherwise. A slow first token is the
+        service's (``fleet_faults.json``), per answer, so it does not stall the others."""
         self.model, self.tokenizer = model.eval(), tokenizer
         self.scheduler = scheduler or Scheduler()
         self.clock = clock
-        self.prefill_delay_s, self.step_delay_s = prefill_delay_s, step_delay_s
+        self.step_delay_s = step_delay_s
         self.device = next(model.parameters()).device
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos = eos if eos is not None else tokenizer.eos_token_id
@@ -307,8 +307,6 @@ class Engine:
             mask[i, width - len(s.prompt) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        if self.prefill_delay_s:
-            time.sleep(self.prefill_delay_s)
         cache = DynamicCache(config=self.model.config)
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1

@@ -105,7 +105,14 @@ def judge(
     results = [
         gates.samples(stable, canary, n),
         gates.error_rate(stable, canary, n, gates_policy.max_error_rate_increase, alpha),
-        gates.latency(stable, canary, n, gates_policy.max_p99_ratio, alpha),
+        gates.latency(
+            stable,
+            canary,
+            n,
+            gates_policy.max_p99_ratio,
+            alpha,
+            floor_ms=None if concurrent else gates_policy.bake_latency_floor_ms,
+        ),
         gates.predictions(stable, canary, n, gates_policy.max_prediction_psi, alpha)
         if concurrent and not generative
         else GateResult(

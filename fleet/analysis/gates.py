@@ -149,9 +149,11 @@ def latency(
     *,
     gate: str = "latency_p99",
     field: str = "latency_ms",
+    floor_ms: float | None = None,
 ) -> GateResult:
     """p99 ratio of a millisecond histogram: latency (a generation's: to its first token), or
-    with ``field="tpot_ms"`` a generation's time per output token."""
+    with ``field="tpot_ms"`` a generation's time per output token. ``floor_ms``: against a
+    baseline from another time (the 100 % step) a request is slow only above it too."""
     hc, hs = np.asarray(getattr(canary, field)), np.asarray(getattr(stable, field))
     nc, ns = int(hc.sum()), int(hs.sum())
     # the limit is max_ratio x the stable p99, so the stable p99 must be known well enough:
@@ -172,7 +174,7 @@ def latency(
     p99c, p99s = histogram_quantile(_Q, hc), histogram_quantile(_Q, hs)
     ratio = p99c / p99s if p99s > 0 else (1.0 if p99c == 0 else math.inf)
     # canary p99 <= limit means at most 1 % of canary requests are slower than the limit
-    limit = max_ratio * p99s
+    limit = max(max_ratio * p99s, floor_ms or 0.0)
     slower = min(nc, round(count_above(hc, limit)))
     p_tail = float(stats.binomtest(slower, nc, 1 - _Q, alternative="greater").pvalue)
     idx = np.arange(len(hc))  # bucket index as the value: ties within a bucket share their rank
@@ -187,6 +189,7 @@ def latency(
     reading = (
         f"{what} canary {p99c:.1f} ms / stable {p99s:.1f} ms = {ratio:.2f}x vs allowed {max_ratio:g}x; "
         f"{slower}/{nc} canary requests above {limit:.1f} ms"
+        + (" (bake_latency_floor_ms: the baseline is from before)" if limit > max_ratio * p99s else "")
     )
     if ratio > max_ratio and p_tail < alpha:
         return GateResult(

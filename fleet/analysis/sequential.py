@@ -161,6 +161,7 @@ def judge(
             evidence,
             deciding,
             policy.min_samples,
+            None if concurrent or hist != "latency_ms" else g.bake_latency_floor_ms,
         )
         results.append(res)
     # the drift gates are fixed-sample tests: half their share is spent over every look (a
@@ -346,7 +347,9 @@ def _tail(
     evidence: Evidence,
     deciding: bool,
     n: int,
+    floor: float | None = None,
 ) -> tuple[GateResult, Evidence]:
+    """``floor``: at 100 % (no stable beside the canary) an answer is slow only above it too."""
     stable_all = np.asarray(getattr(filled(arms.stable_all, hist), hist))
     canary_all = np.asarray(getattr(filled(arms.canary_all, hist), hist))
     tick = np.asarray(getattr(filled(arms.tick_canary, hist), hist))
@@ -369,7 +372,7 @@ def _tail(
             max(0, ns_needed - ns),
         ), evidence
     p99s = histogram_quantile(1 - TAIL_NULL, stable_all)
-    limit = ratio * p99s
+    limit = max(ratio * p99s, floor or 0.0)
     tail = evidence.tail(gate).update(int(tick.sum()), count_above(tick, limit))
     evidence = evidence.with_tail(gate, tail)
     above = min(float(nc), count_above(canary_all, limit))
@@ -377,7 +380,7 @@ def _tail(
     reading = (
         f"{'p99' if hist == 'latency_ms' else 'p99 time per output token:'} canary {p99c:.1f} ms / stable "
         f"{p99s:.1f} ms = {p99c / p99s:.2f}x vs allowed {ratio:g}x; {above:.0f}/{nc} canary answers above "
-        f"{limit:.1f} ms"
+        f"{limit:.1f} ms" + (" (bake_latency_floor_ms: no stable beside it at 100 %)" if limit > ratio * p99s else "")
     )
     if tail.e_value >= 1 / alpha:
         return GateResult(

@@ -119,7 +119,8 @@ def rollout_cmd(
 ) -> None:
     """Start a canary rollout of VERSION and follow it: weights, verdicts, the run in the UI.
 
-    Exits 0 when the version was promoted, 1 when it was rolled back or refused.
+    Exits 0 when the version was promoted (the run goes on to retire the previous stable
+    after the rollback window), 1 when it was rolled back or refused.
     """
     from fleet.catalog.policies.loader import load_policies
     from fleet.control.rollout.effects import apply_overrides
@@ -140,13 +141,13 @@ def rollout_cmd(
         if json:
             emit_json({"flow_run_id": str(run.id), "url": link})
         return
-    final, message = _follow(model, version, run.id, quiet=json)
+    final, message = _follow(model, version, run.id, policy.rollback_window_s, quiet=json)
     if json:
         emit_json({"flow_run_id": str(run.id), "url": link, "state": final, "message": message})
     if final != "COMPLETED":
         raise FlowFailed(f"rollout of {model}:{version} ended {final.lower()}: {message} ({link})")
     if not json:
-        console.print(f"[green]{message}[/]")
+        console.print(f"[green]{message}[/]", soft_wrap=True)  # one line, for whoever greps it
 
 
 DRY_RUN_WINDOW_S = 300  # the stable's recent traffic the dry run simulates
@@ -236,8 +237,10 @@ def _traffic(model: str, policy: Any, rps: float | None) -> tuple[float, float |
     )
 
 
-def _follow(model: str, version: str, flow_run_id: Any, *, quiet: bool) -> tuple[str, str]:  # noqa: ANN401
-    """Print each change of the stored rollout state until the flow run is final."""
+def _follow(model: str, version: str, flow_run_id: Any, warm_s: float, *, quiet: bool) -> tuple[str, str]:  # noqa: ANN401
+    """Print each change of the stored rollout state until the flow run is final, or until it
+    promoted the version: the run then only keeps the previous stable warm for ``warm_s``
+    (the rollback window) before retiring it, and nobody need wait for that."""
     from fleet import records
     from fleet.catalog.rollouts import RolloutState, state_key
     from fleet.store import open_store
@@ -254,6 +257,11 @@ def _follow(model: str, version: str, flow_run_id: Any, *, quiet: bool) -> tuple
                 verdict = f" — {last.summary}" if last and last.summary else ""
                 err_console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {stored.phase} {stored.weight:g}%{verdict}")
             seen = now
+            if stored.phase == "promoted" and state not in FINAL:
+                warm = (
+                    f"{stored.champion} stays ready for an instant rollback for {warm_s:g} s" if stored.champion else ""
+                )
+                return "COMPLETED", f"promoted {model}:{version}" + (f"; {warm}" if warm else "")
         if state in FINAL:
             return state, message
         time.sleep(1.0)

@@ -63,7 +63,13 @@ class Policies(Spec):
             raise NotFound(f"unknown model {name!r}; known models: {known}") from None
 
     def rollout_for(self, model_name: str) -> RolloutPolicy:
-        return self.rollout[self.model(model_name).rollout]
+        """The model's rollout policy, its 100 % step's latency floor defaulting to the model's SLO."""
+        spec = self.model(model_name)
+        policy = self.rollout[spec.rollout]
+        if policy.gates.bake_latency_floor_ms is not None:
+            return policy
+        gates = policy.gates.model_copy(update={"bake_latency_floor_ms": spec.slo.p99_ms})
+        return policy.model_copy(update={"gates": gates})
 
     def monitoring_for(self, model_name: str) -> MonitoringPolicy:
         return self.monitoring[self.model(model_name).monitoring]

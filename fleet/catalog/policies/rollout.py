@@ -24,6 +24,10 @@ class Gates(Spec):
     # until then (or when no labels come) it neither holds nor fails a step.
     max_exact_match_drop: float | None = Field(None, ge=0.0, le=1.0)
     min_labels: int = Field(30, ge=1)
+    # At 100 % no stable serves beside the canary: its latency is judged against the stable's
+    # from before, and a slowdown cannot be told from a busier hour. There an answer counts as
+    # slow only above this too (ms; a generation's: its first token). None: the model's slo.p99_ms.
+    bake_latency_floor_ms: float | None = Field(None, gt=0.0)
 
 
 class RolloutPolicy(Spec):
