@@ -94,7 +94,7 @@ def _stable_p99_ms(fleet: dict, stable: str, since: float) -> float:
         # is. A fixed 25 ms was not: beside two CPU-bound processes the stable's own p99 rose
         # to 61-114 ms and the 25 ms drowned in it (the gate then rightly promoted the version).
         ("2.0.2", None, "latency_p99"),
-        ("2.0.3", ["--label-threshold", "4"], "predictions"),
+        ("2.0.3", ["--label-threshold", "2.5"], "predictions"),
     ],
     ids=["fails-10pct", "3x-slower", "shifted-predictions"],
 )
