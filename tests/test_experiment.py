@@ -251,8 +251,12 @@ def test_an_experiment_with_a_planted_effect_ends_with_that_arm_winning(fleet: d
 def test_an_experiment_with_no_planted_effect_ends_with_no_difference_or_out_of_time(fleet: dict) -> None:
     from fleet.control.experiment.effects import load
 
+    # With no effect the interval wrongly excludes zero in at most alpha of experiments (the
+    # product's promise, checked over seeded runs above); at the default 0.05 this one run would
+    # fail about once in every few dozen (it did in a suite run: +0.17 at n=182/166, lower bound
+    # +0.0025). At 0.001 the same promise bounds that to one run in a thousand.
     with Users(fleet, {"1.0.0": 0.5, "1.1.0": 0.5}, seed=2):
-        state = run_experiment(min_effect=0.35, max_duration="60s")
+        state = run_experiment(min_effect=0.35, max_duration="60s", alpha=0.001)
     assert state.is_completed(), state.message
     stored = load(fleet["store"], MODEL)
     assert stored.status in ("no_difference", "out_of_time") and stored.winner is None, stored.summary
