@@ -264,12 +264,8 @@ def _errors(
     tc, ts = arms.tick_canary, arms.tick_stable
     harm = evidence.errors.update(tc.requests, tc.error_count, ts.requests, ts.error_count)
     evidence = replace(evidence, errors=harm)
-    xc, nc, xs, ns = (
-        arms.canary_all.error_count,
-        arms.canary_all.requests,
-        arms.stable_all.error_count,
-        arms.stable_all.requests,
-    )
+    xc, nc = arms.canary_all.error_count, arms.canary_all.requests
+    xs, ns = arms.stable_all.error_count, arms.stable_all.requests
     if nc == 0:
         return GateResult("error_rate", "pending", None, margin, "pp", "no canary requests yet", None, 1, 0), evidence
     rates = (
