@@ -16,6 +16,7 @@ from fleet.analysis.ab import (
     MAX_TICKS_KEPT,
     MIN_PER_ARM,
     arm_stats,
+    check_min_effect,
     decide,
     duration_of,
     effect_svg,
@@ -101,6 +102,27 @@ def test_split_and_duration_are_checked() -> None:
     for bad in ("0s", "-1h", "soon", "inf"):
         with pytest.raises(ValueError, match="positive number with d, h, m or s"):
             duration_of(bad)
+
+
+def test_a_min_effect_too_small_to_measure_or_past_the_range_is_refused_saying_what_was_expected() -> None:
+    a, b = arm_stats("1.0.0", np.r_[np.zeros(40), np.ones(40)]), arm_stats("1.1.0", np.r_[np.zeros(30), np.ones(50)])
+    with pytest.raises(ZeroDivisionError):  # what a run given one used to end in, at its first decision
+        interval(a, b, 0.05, 1e-300, 1.0)
+    for bad in (1e-300, 9e-7, 1.0, 2.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"for accuracy \(its range is 1\); expected at least 1e-06 .* below 1"):
+            check_min_effect(bad, 1.0, "accuracy")
+    for good in (1e-6, 0.01, 0.99):
+        check_min_effect(good, 1.0, "accuracy")
+        assert interval(a, b, 0.05, good, 1.0) is not None
+    with pytest.raises(ValueError, match=r"revenue \(its range is 500\); expected at least 0.0005"):
+        check_min_effect(1e-4, 500.0, "revenue")
+    from typer.testing import CliRunner
+
+    from fleet.cli import app
+
+    refused = CliRunner().invoke(app, ["experiment", "start", MODEL, "--arms", "1.0.0,1.1.0", "--min-effect", "1e-300"])
+    said = f"{refused.output}{refused.stderr or ''}{refused.exception or ''}"
+    assert refused.exit_code != 0 and "expected at least 1e-06" in said, said
 
 
 def test_the_history_for_the_plot_is_bounded_and_the_plot_is_svg() -> None:

@@ -374,6 +374,12 @@ def test_the_store_going_down_leaves_the_gateway_serving_from_the_last_good_stat
             )
             ready = client.get("/v2/health/ready")
             assert ready.status_code == 200 and ready.json()["store_reachable"] is False
+            # what failed, and where, is the admin's to read: no bucket or endpoint to anyone else
+            assert "fleet-down" not in ready.text and endpoint.split("//")[1] not in ready.text
+            assert "admin token" in ready.json()["store_error"]
+            with admin(url) as adm:
+                shown = adm.get("/v2/health/ready").json()["store_error"]
+                assert shown and "admin token" not in shown  # the store's own error, for the operator
             assert all(infer(client, key).status_code == 200 for _ in range(20))
             assert metric(url, "fleet_routing_stale") == 1
     finally:

@@ -118,6 +118,17 @@ def test_a_lazy_version_starts_on_its_first_request_and_is_unloaded_after_idle_t
     assert metric(url, "fleet_requests_held", model=LAZY, version="1.0.0") == 0
     assert infer(url, key).status_code == 200  # warm now: not held
     assert metric(url, "fleet_activation_hold_seconds_count", model=LAZY, version="1.0.0") == 1
+    # the replica the gateway started holds none of the gateway's secrets (it runs a team's model code)
+    states = list((fleet["env"].root / "run" / LAZY / "1.0.0").glob("replica-*.json"))
+    assert states
+    for state in states:
+        replica = json.loads(state.read_text())
+        for pid in [replica["pid"], *replica["workers"]]:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert any(v.startswith(b"BENTOML_HOME=") for v in environ)  # its environment, read
+            names = {v.split(b"=")[0] for v in environ}
+            assert not names & {b"FLEET_ADMIN_TOKEN", b"FLEET_STORE", b"AWS_SECRET_ACCESS_KEY", b"AWS_SESSION_TOKEN"}
+            assert not any(fleet["env"].env["FLEET_ADMIN_TOKEN"].encode() in v for v in environ)
 
     stopped = unload_when_idle(fleet, "1.0.0")
     assert all(s["model"] == LAZY for s in stopped)  # never the eager model's stable

@@ -17,7 +17,7 @@ import pytest
 
 from fleet.gateway.quota.buckets import TokenBuckets
 from fleet.gateway.quota.redis import RedisQuotas
-from tests.gateway_env import BODY, MODEL, GatewayEnv, metric, wait_for
+from tests.gateway_env import ADMIN_TOKEN, BODY, MODEL, GatewayEnv, metric, wait_for
 from tests.redis_env import RedisServer
 
 RPS, BURST = 20.0, 4
@@ -92,8 +92,9 @@ async def _flood(
     return codes.count(200), codes.count(429), sent_for
 
 
-def _ready(url: str) -> dict:
-    return httpx.get(f"{url}/v2/health/ready", timeout=5).json()
+def _ready(url: str, token: str | None = ADMIN_TOKEN) -> dict:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.get(f"{url}/v2/health/ready", timeout=5, headers=headers).json()
 
 
 def test_one_tenant_spread_over_two_gateways_gets_its_quota_once(pair) -> None:
@@ -121,6 +122,7 @@ def test_redis_down_each_gateway_enforces_its_share_and_says_so_then_shares_agai
         )
         health = _ready(u)["quotas"]
         assert health["error"] and "note" in health
+        assert _ready(u, token=None)["quotas"] == {"backend": "redis", "shared": False, "share_divisor": 2}
         assert metric(u, "fleet_quota_backend", state="shared") == 0
         assert metric(u, "fleet_quota_backend", state="share_divisor") == 2
     # all of the tenant's traffic to one gateway: it admits its share (RPS/2), not the whole quota,

@@ -126,10 +126,16 @@ def test_fleet_up_with_two_gateways_shares_quotas_through_its_redis_and_stops_it
             str(grpc_port),
         )
         assert predict(port, key).status_code == 200
-        health = httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5).json()
+        ready = f"http://127.0.0.1:{port}/v2/health/ready"
+        health = httpx.get(ready, timeout=5).json()
         assert health["workers"] == 2
-        assert health["quotas"]["backend"] == "redis" and health["quotas"]["shared"] is True
-        assert health["quotas"]["url"] == f"redis://127.0.0.1:{redis_port}/0"
+        assert health["quotas"] == {
+            "backend": "redis",
+            "shared": True,
+            "share_divisor": 1,
+        }  # where it lives: admins only
+        admin = {"Authorization": f"Bearer {(tmp_path / '.fleet' / 'admin-token').read_text().strip()}"}
+        assert httpx.get(ready, timeout=5, headers=admin).json()["quotas"]["url"] == f"redis://127.0.0.1:{redis_port}/0"
         records = list((tmp_path / ".fleet" / "store" / "gateways").glob("*.json"))
         assert len(records) == 2  # each gateway process announced itself
         proc.send_signal(signal.SIGINT)

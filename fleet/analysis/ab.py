@@ -36,6 +36,10 @@ from fleet.catalog.experiments import ExperimentStatus, Tick
 
 MIN_PER_ARM = 30  # outcomes per arm before any decision (the interval's variance is estimated)
 MAX_TICKS_KEPT = 500  # the history kept for the plot: older ticks are thinned out
+# The smallest min_effect, as a share of the metric's range: a difference of a millionth of
+# the range needs ~1e12 outcomes per arm to tell apart, and much smaller ones are not even
+# computable (the interval's tau² underflows to 0)
+MIN_EFFECT_SHARE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,17 @@ def interval(a: ArmStats, b: ArmStats, alpha: float, tau: float, span: float) ->
     radius = math.sqrt(v * (v + t2) / t2 * (2 * math.log(1 / alpha) + math.log((v + t2) / v)))
     diff = b.mean - a.mean
     return Interval(diff, diff - radius, diff + radius)
+
+
+def check_min_effect(min_effect: float, span: float, metric: str) -> None:
+    """ValueError, saying what was expected, for a ``min_effect`` the interval cannot use:
+    below ``MIN_EFFECT_SHARE`` of the metric's range ``span``, or not below the range itself."""
+    least = span * MIN_EFFECT_SHARE
+    if not (math.isfinite(min_effect) and least <= min_effect < span):
+        raise ValueError(
+            f"min_effect {min_effect:g} for {metric} (its range is {span:g}); expected at least {least:g} (a "
+            f"smaller difference cannot be measured: about 1/min_effect² outcomes per arm) and below {span:g}"
+        )
 
 
 def _floor(n: int, span: float) -> float:

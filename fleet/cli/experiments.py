@@ -56,7 +56,7 @@ def start_cmd(
     json: JsonFlag = False,
 ) -> None:
     """Start an A/B experiment of MODEL's stable against another version and follow it."""
-    from fleet.analysis.ab import duration_of, split_of
+    from fleet.analysis.ab import check_min_effect, duration_of, split_of
     from fleet.cli.flows import FINAL, FlowFailed, _run_state, _start, _ui_link
     from flows.serve import EXPERIMENT
 
@@ -66,9 +66,11 @@ def start_cmd(
     try:  # refused here, in a second, rather than in a run that fails later
         split_of(split)
         duration_of(max_duration)
+        if metric == "accuracy":  # an outcome's range is its policy's: the run checks that one
+            check_min_effect(min_effect, 1.0, metric)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
-    if min_effect <= 0 or not 0 < alpha < 0.5:
+    if not min_effect > 0 or not 0 < alpha < 0.5:
         raise InvalidInput(
             f"--min-effect {min_effect:g} and --alpha {alpha:g}; expected min-effect > 0 and 0 < alpha < 0.5"
         )

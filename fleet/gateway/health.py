@@ -4,7 +4,9 @@ and the windowed stats canary analysis reads (``/admin/stats``).
 
 Readiness is a snapshot loaded: bad records are reported, not a reason to refuse traffic for
 every good model. Their keys and reasons name tenants, versions and the store: shown with
-the admin token only; anyone sees how many of each kind.
+the admin token only; anyone sees how many of each kind. Likewise the text of errors from
+inside (the store's, Redis's) and where the quota backend lives: with the admin token only;
+anyone sees whether the store is reachable and whether quotas are shared.
 """
 
 from __future__ import annotations
@@ -80,18 +82,23 @@ class Health:
         ok = view.snapshot.loaded_at > 0
         bad = self.observe_store()
         shown: object = {kind: sum(b.kind == kind for b in bad) for kind in sorted({b.kind for b in bad})}
+        error: str | None = view.last_error or None
+        quotas = self.quotas.health()
         if self.admin(request):
             shown = [{"key": b.key, "kind": b.kind, "reason": b.reason} for b in bad]
+        else:  # what went wrong inside names hosts, buckets and keys: the admin token's to read
+            error = error and "the store could not be read (the error is shown with the admin token)"
+            quotas = {k: quotas[k] for k in ("backend", "shared", "share_divisor") if k in quotas}
         return json_response(
             {
                 "ready": ok,
                 "routing_state": "stale" if view.stale else "current",
                 "store_reachable": view.healthy,
                 "last_refresh_age_s": round(time.time() - view.last_success, 3),
-                "store_error": view.last_error or None,
+                "store_error": error,
                 "bad_records": shown,
                 "gateway": self.settings.gateway_id,
-                "quotas": self.quotas.health(),
+                "quotas": quotas,
                 "workers": self.settings.workers,
             },
             200 if ok else 503,

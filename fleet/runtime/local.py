@@ -32,6 +32,21 @@ from fleet.runtime.base import DRAIN_S, DeployFailed, Loaded
 from fleet.types import Deployment
 
 READY_TIMEOUT_S = 120.0
+# What a model replica never needs and must not hold: the gateway's, the store's and the
+# cloud's secrets (a replica runs a team's model code, which reads its environment; a gateway
+# that starts a cold version would otherwise hand it the admin token). Dropped by name, and
+# any name that says it is a secret.
+SECRET_ENV = frozenset(
+    {"FLEET_ADMIN_TOKEN", "FLEET_REDIS_URL", "FLEET_STORE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+)
+SECRET_MARKS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY")
+
+
+def replica_env(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` without what a replica must not hold (``SECRET_ENV``, ``SECRET_MARKS``)."""
+    return {k: v for k, v in environ.items() if k not in SECRET_ENV and not any(m in k.upper() for m in SECRET_MARKS)}
+
+
 READY_POLL_S = 0.05  # a held request waits on this poll: at 0.2 s it cost a cold start 0.1 s on average
 LOG_TAIL_LINES = 25
 ORPHANED_DRAIN_S = 60.0  # a draining-* file this old outlived its unload (which waits DRAIN_S): stopped as an orphan
@@ -186,7 +201,7 @@ class LocalRuntime:
         port = _free_port()
         log = folder / f"replica-{slot}.log"
         cmd = [sys.executable, "-m", "bentoml", "serve", bento, "--host", "127.0.0.1", "--port", str(port)]
-        env = {**os.environ, "BENTOML_DO_NOT_TRACK": "true", **self.env}
+        env = replica_env({**os.environ, "BENTOML_DO_NOT_TRACK": "true", **self.env})
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 cmd,

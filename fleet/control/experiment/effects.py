@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 
 from fleet import records
+from fleet.analysis.ab import check_min_effect
 from fleet.analysis.sources import MetricsUnavailable
 from fleet.catalog import gateway_directory
 from fleet.catalog.experiments import ExperimentState, state_key, stop_key
@@ -104,6 +105,10 @@ class Experiment:
             raise InvalidInput(
                 f"alpha {alpha} and min_effect {min_effect}; expected 0 < alpha < 0.5 and min_effect > 0"
             )
+        try:
+            check_min_effect(min_effect, span, metric)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
         return a, b, span
 
     def forget_stop(self, model: str) -> None:
