@@ -20,7 +20,7 @@ from fleet.gateway.generation.stream import GenerateExchange, Opened
 from fleet.gateway.replicas import Pool
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.tensors import TensorExchange
-from fleet.gateway.upstream import Rejected, Upstreams
+from fleet.gateway.upstream import CallerTimeout, Rejected, Upstreams, UpstreamTimeout
 from tests.test_gateway_sse import BODY, EVENTS, SSE_HEAD, chunked
 from tests.test_h1client import ANSWER, Peer, Scripted, status
 
@@ -59,17 +59,18 @@ def replica(*answers: bytes, close: bool = False, first_after_s: float = 0.0) ->
 
 
 async def dispatch(
-    kind: str, servers: dict[str, Scripted], choice: Choice, timeout_ms: float = 5000
+    kind: str, servers: dict[str, Scripted], choice: Choice, timeout_ms: float = 5000, own_ms: float | None = None
 ) -> tuple[dict[str, Pool], Telemetry, tuple[str, object] | Exception]:
     """Dispatch one request to replicas ``servers`` (version → server); the version's pools,
     the telemetry, and (the version, its result) or the error. A stream is closed once its
-    first event is checked, as a caller that read it would."""
+    first event is checked, as a caller that read it would. ``own_ms``: the model's own
+    timeout (and a generation's first-token deadline), when the request's is shorter."""
     upstreams, telemetry = Upstreams(), Telemetry(lambda: iter(()))
     upstreams.sync({("m", v): (f"http://127.0.0.1:{s.port}",) for v, s in servers.items()}, {"m": (4, 16, 2.0)})
-    first_ms = None if kind == "tensor" else timeout_ms
+    first_ms = None if kind == "tensor" else (own_ms or timeout_ms)
     try:
         got: tuple[str, object] | Exception = await Dispatcher(upstreams, telemetry)(
-            "m", TABLE, choice, exchange(kind, upstreams), timeout_ms, "interactive", first_ms=first_ms
+            "m", TABLE, choice, exchange(kind, upstreams), timeout_ms, "interactive", first_ms=first_ms, own_ms=own_ms
         )
     except Exception as exc:  # noqa: BLE001 - the outcome under test
         got = exc
@@ -136,6 +137,28 @@ def test_a_shed_is_asked_again_only_while_the_deadline_leaves_room_for_the_back_
             assert isinstance(got, UpstreamError) and "shed the request" in str(got), got
             assert len(srv.seen) == 2 and errors(telemetry, STABLE) == {"5xx": 1}
             settled(pools, {STABLE: srv})
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("own_ms", [1000, 100, None], ids=["callers-shorter", "the-models-own", "none-asked"])
+def test_only_the_models_own_deadline_running_out_is_the_versions_failure(run, kind: str, own_ms: float | None) -> None:  # noqa: ANN001
+    """A canary answering after 300 ms, asked with a 100 ms timeout: shorter than the
+    model's own (1000 ms), the caller's (``CallerTimeout``, counted apart, not retried on
+    stable, the replica not held responsible); equal to it, or none asked, the canary's."""
+
+    async def scenario() -> None:
+        async with Scripted(replica(GOOD[kind], first_after_s=0.3)) as canary, Scripted(replica(GOOD[kind])) as stable:
+            servers = {CANARY: canary, STABLE: stable}
+            pools, telemetry, got = await dispatch(kind, servers, Choice(CANARY, "canary"), 100, own_ms)
+            callers = own_ms == 1000
+            assert isinstance(got, CallerTimeout if callers else UpstreamTimeout), got
+            assert ("not counted against the version" in str(got)) == callers
+            assert errors(telemetry, CANARY) == ({} if callers else {"timeout": 1})
+            assert telemetry.caller_timeouts.labels("m", CANARY)._value.get() == int(callers)
+            assert len(stable.seen) == 0  # a spent deadline is never retried
+            settled(pools, servers)
 
     run(scenario)
 
@@ -232,6 +255,54 @@ def test_a_caller_that_leaves_before_the_first_event_gives_everything_back(run, 
                 async with asyncio.timeout(5):
                     while not srv.closed_by_client:  # the replica sees its caller go
                         await asyncio.sleep(0.001)
+            finally:
+                await upstreams.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("bound", ["completion", "prompt", "none"])
+def test_token_counts_a_replica_reports_past_what_the_request_could_make_are_a_broken_answer(run, bound: str) -> None:  # noqa: ANN001
+    """The stream's final event says 3 prompt and 2 completion tokens: with either bound below
+    that, the version failed (5xx, blamed) and the tenant is charged nothing more than what
+    was checked; within both, every token is charged once."""
+    from fleet.gateway.generation.stream import Stream
+
+    async def scenario() -> None:
+        async with Scripted(replica(STREAM)) as srv:
+            upstreams, telemetry = Upstreams(), Telemetry(lambda: iter(()))
+            upstreams.sync({("m", STABLE): (f"http://127.0.0.1:{srv.port}",)}, {"m": (4, 16, 2.0)})
+            charged: list[int] = []
+            try:
+                ex = exchange("generation", upstreams)
+                version, opened = await Dispatcher(upstreams, telemetry)(
+                    "m", TABLE, Choice(STABLE, "stable"), ex, 5000, "interactive"
+                )
+                limits = {"completion": (3, 1), "prompt": (2, 2), "none": (3, 2)}[bound]
+                stream = Stream(
+                    "m",
+                    version,
+                    "t",
+                    opened,
+                    opened.first,
+                    ex.asked,
+                    ex.asked,
+                    ex.asked + 5,
+                    telemetry,
+                    None,
+                    charged.append,
+                    max_prompt=limits[0],
+                    max_completion=limits[1],
+                )
+                if bound == "none":
+                    assert "".join([e.get("text", "") async for e in stream.events()]) == "aé\n"
+                    assert sum(charged) == 5 and errors(telemetry, STABLE) == {}
+                else:
+                    with pytest.raises(UpstreamError, match="expected at most .* for this request"):
+                        async for _ in stream.events():
+                            pass
+                    assert sum(charged) <= 2 and errors(telemetry, STABLE) == {"5xx": 1}
+                settled({STABLE: upstreams.pool("m", STABLE)}, {STABLE: srv})  # type: ignore[dict-item]
             finally:
                 await upstreams.close()
 

@@ -118,6 +118,14 @@ HOSTILE = [
     ("a timeout that is not a number", INFER, v2(ROW), {"X-Fleet-Timeout-Ms": "soon"}, 400, "not a number"),
     ("a NaN timeout", INFER, v2(ROW), {"X-Fleet-Timeout-Ms": "nan"}, 400, "expected a positive number of milliseconds"),
     ("a negative timeout", INFER, v2(ROW), {"X-Fleet-Timeout-Ms": "-1"}, 400, "expected a positive number"),
+    (
+        "a timeout too short",
+        INFER,
+        v2(ROW),
+        {"X-Fleet-Timeout-Ms": "0.01"},
+        400,
+        "min_timeout_ms 50; expected at least",
+    ),
     ("a JSON list body", INFER, [1, 2], {}, 400, "is a JSON list; expected a JSON object"),
     ("a body over 4 MiB", INFER, b" " * (4 * 1024 * 1024 + 1), {}, 413, "over the limit of 4194304 bytes"),
     (

@@ -119,8 +119,21 @@ def test_oip_generate_and_generate_stream(fleet: dict) -> None:
     assert "".join(e["text_output"] for e in events) == whole["text_output"] and events[-1]["finish_reason"] == "length"
 
 
+def usage(fleet: dict, tenant: str, version: str) -> tuple[float, float]:
+    """(requests, tokens) the gateway metered for ``tenant`` on ``version`` so far."""
+    text = httpx.get(fleet["url"] + "/metrics", timeout=10).text
+    found = {"requests": 0.0, "tokens": 0.0}
+    for line in text.splitlines():
+        for kind in found:
+            if line.startswith(f"fleet_usage_{kind}_total{{") and f'tenant="{tenant}"' in line:
+                if f'version="{version}"' in line:
+                    found[kind] += float(line.split()[-1])
+    return found["requests"], found["tokens"]
+
+
 def test_a_caller_that_leaves_mid_stream_cancels_its_generation(fleet: dict) -> None:
     before = engine(fleet, "1.1.0").get("finished_cancelled", 0)
+    metered = usage(fleet, "pinned", "1.1.0")
     stream = client(fleet, "pinned").completions.create(
         model=f"{MODEL}:1.1.0", prompt=PROMPT, max_tokens=44, stream=True, extra_body={"min_tokens": 44}
     )  # 40 ms a token: 1.8 s if nobody leaves
@@ -135,6 +148,9 @@ def test_a_caller_that_leaves_mid_stream_cancels_its_generation(fleet: dict) -> 
         time.sleep(0.05)
     assert stats.get("finished_cancelled", 0) == before + 1, stats
     assert stats["running"] == 0 and stats["kv_used_tokens"] == 0 and stats.get("finished_length", 0) == 0
+    # metered all the same: one request, its prompt and the tokens made before the caller left
+    requests, tokens = usage(fleet, "pinned", "1.1.0")
+    assert requests == metered[0] + 1 and len(PROMPT) + 1 < tokens - metered[1] < len(PROMPT) + 1 + 44
 
 
 @pytest.mark.parametrize(
@@ -372,3 +388,44 @@ def test_generations_are_mirrored_to_a_shadow_and_compared_off_the_callers_path(
         assert sum(float(line.split()[-1]) for line in outcomes) >= 6
     finally:
         env.fleet("route", "set", MODEL, "--no-shadow", "-r", "test over")
+
+
+def test_a_callers_short_timeout_cut_mid_answer_is_never_the_versions_failure(fleet: dict) -> None:
+    """The slow version (40 ms a token) asked for 48 tokens within 1000 ms, whole and streamed:
+    the caller's deadline ends each answer part-way (or, on a busy machine, before its first
+    token). Each is a 504 (or the stream's error event) counted in
+    ``fleet_caller_timeouts_total``; none is the version's error, nor held against its
+    replica (three in a row used to eject it)."""
+    admin = {"Authorization": "Bearer e2e-admin-token"}
+
+    def version_window() -> dict:
+        versions = httpx.get(
+            f"{fleet['url']}/admin/stats/{MODEL}", params={"window_s": 900}, timeout=10, headers=admin
+        ).json()["versions"]
+        return versions.get("1.1.0", {"requests": 0, "errors": {}})
+
+    def caller_timeouts() -> float:
+        text = httpx.get(fleet["url"] + "/metrics", timeout=10).text
+        return sum(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("fleet_caller_timeouts_total") and 'version="1.1.0"' in line
+        )
+
+    before, counted = version_window(), caller_timeouts()
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 48, "min_tokens": 48}
+    headers = {"Authorization": f"Bearer {fleet['keys']['pinned']}", "X-Fleet-Timeout-Ms": "1000"}
+    with httpx.Client(base_url=fleet["url"], timeout=30) as http:
+        for _ in range(3):
+            r = http.post("/v1/completions", json=body, headers=headers)
+            assert r.status_code == 504 and "not counted against the version" in r.text, r.text
+        with http.stream("POST", "/v1/completions", json={**body, "stream": True}, headers=headers) as r:
+            said = (
+                [line for line in r.iter_lines() if line.startswith("data: ")] if r.status_code == 200 else [r.read()]
+            )
+        assert r.status_code in (200, 504) and "not counted against the version" in str(said[-1]), said[-3:]
+        after = version_window()
+        assert after["errors"] == before["errors"] and after["requests"] == before["requests"], (before, after)
+        assert caller_timeouts() == counted + 4
+        r = http.post("/v1/completions", json={**body, "max_tokens": 4, "min_tokens": 4}, headers=headers)
+        assert r.status_code == 200 and r.headers["x-fleet-model-version"] == "1.1.0", r.text

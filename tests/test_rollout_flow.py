@@ -12,6 +12,7 @@ deploy blocks until the test lets it go.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import os
 import signal
@@ -135,16 +136,51 @@ def test_a_bad_version_is_rolled_back_automatically(
     assert sum(len(load.failures) for load in loads) <= 1, [load.failures for load in loads]  # retried on stable
 
 
+class TinyTimeouts(threading.Thread):
+    """A tenant entitled to every version asking ``version`` by name with timeouts it cannot
+    meet (0.01 ms) or barely can (the policy's minimum, 50 ms), ten a second: before the
+    hardening each expiry counted as the canary's failure and rolled a good canary back."""
+
+    def __init__(self, fleet: dict, version: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.key, self.version = fleet["url"], fleet["key"], version
+        self.codes: dict[str, list[int]] = {"0.01": [], "50": []}
+        self.blamed: list[str] = []  # 504s that said the version failed
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        body = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [0.5, 0, 0, 0]}]}
+        with httpx.Client(base_url=self.url, timeout=10) as client:
+            while not self.stop.wait(0.1):
+                for asked, codes in self.codes.items():
+                    r = client.post(
+                        f"/v2/models/{MODEL}/versions/{self.version}/infer",
+                        json=body,
+                        headers={"Authorization": f"Bearer {self.key}", "X-Fleet-Timeout-Ms": asked},
+                    )
+                    codes.append(r.status_code)
+                    if r.status_code == 504 and "not counted against the version" not in r.text:
+                        self.blamed.append(r.text)
+
+
 def test_a_good_version_is_promoted_through_every_step(fleet: dict) -> None:
     train(fleet, "1.1.0", "--seed", "11")
     champion = Router(fleet["store"]).get(MODEL).stable
     load = Load(fleet["url"], fleet["key"], rps=60).start()
+    attack = TinyTimeouts(fleet, "1.1.0")
+    attack.start()
     try:
         state = run_rollout("1.1.0")
     finally:
         load.stop()
-    print(f"1.1.0: {load.report()}; flow: {state.message}")
+        attack.stop.set()
+        attack.join(timeout=30)
+    tiny = {asked: dict(collections.Counter(codes)) for asked, codes in attack.codes.items()}
+    print(f"1.1.0: {load.report()}; flow: {state.message}; tiny timeouts: {tiny}")
     assert state.is_completed(), state.message
+    # refused before any model was asked (404 while 1.1.0 was not yet routed), never the canary's failure
+    assert set(attack.codes["0.01"]) <= {400, 404} and 400 in attack.codes["0.01"]
+    assert set(attack.codes["50"]) <= {200, 404, 504} and 200 in attack.codes["50"] and not attack.blamed
     record = stored(fleet)
     assert record.phase == "promoted" and [r.weight for r in record.reports] == [20.0, 50.0, 100.0]
     assert all(r.outcome == "advance" for r in record.reports)

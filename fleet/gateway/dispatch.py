@@ -19,7 +19,13 @@ answer is due that long after the request, not counting a cold start's hold (its
 by ``max_hold_ms``), and never after the whole answer's deadline.
 
 Blame (what canary analysis reads, ``ERROR_CLASSES``): only the version's own failures
-count — ``unreachable``, ``5xx`` (a broken answer included) and ``timeout``. A version
+count — ``unreachable``, ``5xx`` (a broken answer included) and ``timeout``. A timeout is the
+version's only when the model's own deadline ran out (the policy's ``timeout_ms``, or its
+``first_token_timeout_ms`` for a generation's first token); a caller that asked for less
+(``X-Fleet-Timeout-Ms``, a gRPC deadline) and whose deadline came first gets
+``CallerTimeout``: a 504 counted apart (``fleet_caller_timeouts_total``), never in the
+version's error rate, its replica's health, rollout gates or experiment guardrails — else
+any tenant entitled to a canary could fail it on purpose with tiny timeouts. A version
 refusing the input with a 4xx (``Rejected``) is the caller's error: passed on as a 4xx and
 counted in ``fleet_upstream_rejections_total``, never as the version's error. A whole answer
 is counted as the version's success here; a stream's, once it ends (whoever reads it).
@@ -37,6 +43,7 @@ from fleet.gateway.answers import UpstreamError
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import (
     HELD_AT_LEAST_S,
+    CallerTimeout,
     Exchange,
     NoReplica,
     Rejected,
@@ -70,10 +77,15 @@ class Dispatcher:
         tenant: str = "",
         weight: float = 1.0,
         first_ms: float | None = None,
+        own_ms: float | None = None,
     ) -> tuple[str, R]:
-        """(the version that answered, the exchange's result), or the error the caller gets."""
+        """(the version that answered, the exchange's result), or the error the caller gets.
+
+        ``timeout_ms``: the request's; ``own_ms``: the model's own (the policy's ``timeout_ms``;
+        None: the request's is the model's). ``first_ms``: the policy's first-token deadline."""
         started = time.monotonic()
         deadline = started + timeout_ms / 1000
+        own = started + max(timeout_ms, own_ms or 0.0) / 1000  # the version's own deadline, never before the request's
         second = fallback(table, choice)
         order = (choice.version,) if second is None else (choice.version, second)
         failure: FleetError | None = None
@@ -93,11 +105,19 @@ class Dispatcher:
             waited = time.monotonic() - began
             held += waited
             by = deadline if first_ms is None else min(started + held + first_ms / 1000, deadline)
+            owns = own if first_ms is None else min(started + held + first_ms / 1000, own)
             try:
                 result = await self.upstreams.ask(pool, exchange, by, priority, i == len(order) - 1, tenant, weight)
             except UpstreamTimeout:
+                late = timeout_ms if first_ms is None else min(first_ms, timeout_ms)
+                if by < owns:  # the caller's deadline came before the version's own
+                    self.telemetry.caller_timeout(model, version)
+                    raise CallerTimeout(
+                        f"{model}:{version} did not answer within the {timeout_ms:.0f} ms this request allowed "
+                        "(X-Fleet-Timeout-Ms or the call's deadline, shorter than the model's own); not counted "
+                        "against the version"
+                    ) from None
                 self.telemetry.failed(model, version, "timeout")
-                late = timeout_ms if first_ms is None else first_ms
                 raise UpstreamTimeout(exchange.late.format(ref=f"{model}:{version}", ms=late)) from None
             except Rejected:
                 self.telemetry.rejections.labels(model, version).inc()

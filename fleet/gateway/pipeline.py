@@ -229,14 +229,23 @@ class Pipeline:
 
     def timeout(self, call: Call, parameters: dict[str, Any]) -> float:
         """Milliseconds the model may take: what the request asks (``timeout_ms``), capped by
-        the time left before the caller's deadline, capped by the model's policy."""
-        limit = float(call.spec.timeout_ms)
+        the time left before the caller's deadline, capped by the model's policy. A timeout
+        asked (or a deadline leaving less) below the policy's ``min_timeout_ms`` is refused:
+        400. One shorter than the policy's ``timeout_ms`` is the caller's: its running out is
+        not the version's failure (``fleet.gateway.dispatch``)."""
+        spec = call.spec
+        limit, least = float(spec.timeout_ms), spec.min_timeout_ms  # type: ignore[union-attr]
         if call.deadline is not None:
             left = (call.deadline - time.monotonic()) * 1e3
             if left <= 0:
                 raise DeadlinePassed(
                     f"the call's deadline passed {-left:.0f} ms before {call.model} was asked; "
                     "expected a deadline that leaves the model time to answer"
+                )
+            if left < least:
+                raise MalformedBody(
+                    f"the call's deadline leaves {left:.0f} ms, below {call.model}'s min_timeout_ms "
+                    f"{least}; expected a deadline at least {least} ms away"
                 )
             limit = min(limit, left)
         asked = self.control(call, parameters, "timeout_ms")
@@ -248,6 +257,11 @@ class Pipeline:
             raise MalformedBody(f"X-Fleet-Timeout-Ms {asked[:40]!r} is not a number of milliseconds") from None
         if not math.isfinite(value) or value <= 0:
             raise MalformedBody(f"X-Fleet-Timeout-Ms {asked[:40]!r}; expected a positive number of milliseconds")
+        if value < least:
+            raise MalformedBody(
+                f"X-Fleet-Timeout-Ms {asked[:40]!r} is below {call.model}'s min_timeout_ms {least}; "
+                f"expected at least {least} ms"
+            )
         return min(value, limit)
 
     # -- what a tenant may learn of a model: metadata and readiness ---------------------------
@@ -292,6 +306,7 @@ class Pipeline:
                 priority,
                 tenant.name,  # type: ignore[union-attr]
                 tenant.weight or 1.0,  # type: ignore[union-attr]
+                own_ms=float(spec.timeout_ms),
             )
             upstream_s = exchange.took
             if cache is not None and version == choice.version:

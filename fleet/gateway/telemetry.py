@@ -94,6 +94,12 @@ class Telemetry:
         self.version_errors = Counter(
             "fleet_version_errors", "Failures of a version by class", ["model", "version", "class"], registry=r
         )
+        self.caller_timeouts = Counter(
+            "fleet_caller_timeouts",
+            "Requests whose caller's own deadline, shorter than the model's, ran out: not the version's failure",
+            ["model", "version"],
+            registry=r,
+        )
         self.predictions = Counter(
             "fleet_predictions", "Output rows per score bin", ["model", "version", "bin"], registry=r
         )
@@ -301,6 +307,10 @@ class Telemetry:
         self.stats.failed(model, version, error_class)
         self._version(model, version)[0].inc()
         self.version_errors.labels(model, version, error_class).inc()
+
+    def caller_timeout(self, model: str, version: str) -> None:
+        """A caller's own, shorter deadline ran out while ``version`` worked: not its failure."""
+        self.caller_timeouts.labels(model, version).inc()
 
     def finished(self, model: str, version: str, tenant: str, status: int, total_ms: float) -> None:
         key = (model, version, tenant, status)

@@ -43,7 +43,7 @@ from fleet.gateway.replicas import Pool, Replica
 from fleet.gateway.slots import BATCH_AGING_S, Slots
 from fleet.gateway.tensors import AnswerParser, TensorExchange
 
-__all__ = ["Exchange", "NoReplica", "Rejected", "UpstreamTimeout", "Upstreams"]
+__all__ = ["CallerTimeout", "Exchange", "NoReplica", "Rejected", "UpstreamTimeout", "Upstreams"]
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
@@ -61,6 +61,15 @@ class UpstreamTimeout(UpstreamError):
 
     def __init__(self, message: str, kind: str = "timeout") -> None:
         super().__init__(message, kind)
+
+
+class CallerTimeout(FleetError):
+    """The caller's own deadline, shorter than the model's ``timeout_ms``, ran out while the
+    version worked: a 504 to the caller, counted apart (``fleet_caller_timeouts_total``) and
+    never as the version's or its replica's failure. Not an ``UpstreamError``, so nothing can
+    blame a version for it by mistake."""
+
+    status = 504
 
 
 class Rejected(FleetError):

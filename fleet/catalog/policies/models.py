@@ -104,6 +104,10 @@ class ModelSpec(Spec):
     autoscaling: Autoscaling
     slo: Slo
     timeout_ms: int = Field(5000, gt=0)  # hard upper bound for one request, queueing included
+    # the shortest timeout a caller may ask (X-Fleet-Timeout-Ms, timeout_ms, a gRPC deadline):
+    # below it 400. A caller's timeout shorter than timeout_ms that runs out is the caller's,
+    # never the version's failure (fleet.gateway.dispatch)
+    min_timeout_ms: int = Field(50, gt=0)
     concurrency: int = Field(32, ge=1)  # in-flight requests per replica
     max_queue: int = Field(256, ge=0)  # requests waiting for a slot (all replicas) before new ones get 503
     batch_aging_ms: int = Field(2000, ge=0)  # a batch request waiting this long is served as if interactive
@@ -143,6 +147,16 @@ class ModelSpec(Spec):
                 "lazy when idle_unload_s is set (an eager model's versions are never unloaded)",
                 field="loading",
                 got=self.loading,
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _min_timeout_within_timeout(self) -> ModelSpec:
+        if self.min_timeout_ms > self.timeout_ms:
+            raise expected(
+                f"at most timeout_ms ({self.timeout_ms}): a caller must be able to ask for some timeout",
+                field="min_timeout_ms",
+                got=self.min_timeout_ms,
             )
         return self
 

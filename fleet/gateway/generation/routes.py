@@ -55,7 +55,7 @@ from fleet.gateway.answers import UpstreamError
 from fleet.gateway.fairqueue import PRIORITIES
 from fleet.gateway.generation import protocol
 from fleet.gateway.generation.sse import SSE_HEADERS, EventStreamResponse
-from fleet.gateway.generation.stream import GenerateExchange, Stream, count
+from fleet.gateway.generation.stream import GenerateExchange, Stream, count, prompt_bound
 from fleet.gateway.inputs import MalformedBody
 from fleet.gateway.pipeline import Call, Pipeline
 from fleet.gateway.protocol import parse_json
@@ -309,7 +309,7 @@ class GenerationRoutes:
         if priority not in PRIORITIES:
             raise MalformedBody(f"priority {priority!r} is not known; expected one of {', '.join(PRIORITIES)}")
         timeout_ms = self.pipeline.timeout(call, params)
-        first_ms = min(float(gen.first_token_timeout_ms), timeout_ms)
+        own_ms = float(call.spec.timeout_ms)  # type: ignore[union-attr]
         call.routing_key = key
         choice = choose_version(call.table, call.tenant, key, call.requested)  # type: ignore[arg-type]
         call.state["model_version"] = choice.version
@@ -325,7 +325,8 @@ class GenerationRoutes:
             priority,
             tenant.name,  # type: ignore[union-attr]
             tenant.weight or 1.0,  # type: ignore[union-attr]
-            first_ms,
+            float(gen.first_token_timeout_ms),
+            own_ms,
         )
         call.state["model_version"] = version
         stream = Stream(
@@ -341,6 +342,9 @@ class GenerationRoutes:
             self.usage,
             functools.partial(self.pipeline.quotas.charge, tenant),
             exchange.payload,
+            callers=timeout_ms < own_ms,
+            max_prompt=prompt_bound(req.prompt, req.messages),
+            max_completion=req.max_tokens or gen.default_max_tokens,
         )
         if opened.first.get("finish_reason") in ("error", "timeout"):  # nothing reached the caller yet: say so now
             await stream.collect()

@@ -13,7 +13,9 @@ tenant's token quota is charged as the answer streams (every ``CHARGE_EVERY`` to
 rest at the end, and what was made for a caller that left). The final event decides: a
 ``finish_reason`` of ``error`` or ``timeout``, or a stream that breaks off, is the version's
 failure (blamed, and held against its replica); else its time to first token, per output
-token and token counts go to telemetry, and what it served to the usage meter.
+token and token counts go to telemetry, and what it served to the usage meter. Every
+generation is metered: one the caller left, or that failed part-way, with the tokens it
+produced (as its tokens are charged to the quota).
 """
 
 from __future__ import annotations
@@ -25,18 +27,22 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from fleet.errors import FleetError
 from fleet.gateway.answers import UpstreamError
 from fleet.gateway.generation.sse import Events
 from fleet.gateway.h1client.connection import StreamedResponse
 from fleet.gateway.h1client.errors import HTTPClientError
 from fleet.gateway.replicas import CONNECT_TIMEOUT_S, Pool, Replica
 from fleet.gateway.telemetry import Telemetry
-from fleet.gateway.upstream import UpstreamTimeout
+from fleet.gateway.upstream import CallerTimeout, UpstreamTimeout
 from fleet.usage.meter import UsageMeter
 
 STREAM_PATH = "/generate_stream"
 DRAIN_S = 0.5  # how long the end of a stream is waited for after its final event
 CHARGE_EVERY = 16  # tokens charged to a tenant's token quota at a time while an answer streams
+# A prompt is at most one token per byte sent (byte-level and character tokenizers; fewer for
+# the rest) plus what the model's chat template adds: this many per message, and once more
+TEMPLATE_TOKENS = 16
 ERROR_HEAD_BYTES = 2048  # of an error answer's body, read for its message
 _STREAM_HEADERS = ((b"Content-Type", b"application/json"), (b"Accept", b"text/event-stream"))
 
@@ -124,8 +130,16 @@ class Stream:
     usage: UsageMeter | None
     charge: Callable[[int], None]  # tokens spent of the tenant's token quota, as they stream
     payload: bytes = b""  # what the version was asked (a shadow is asked the same)
+    # the deadline is the caller's, shorter than the model's timeout_ms: its running out, here
+    # or at the replica (finish_reason "timeout"), is not the version's failure (CallerTimeout)
+    callers: bool = False
+    # the most tokens this request can have made (``prompt_bound``, the payload's max_tokens):
+    # a replica reporting more is a broken answer, never a bill or a quota charge
+    max_prompt: int = 2**31 - 1
+    max_completion: int = 2**31 - 1
     final: dict[str, Any] = field(default_factory=dict)
     charged: int = 0
+    metered: bool = False
     seen: int = 0  # tokens the last event counted (prompt and completion)
 
     @property
@@ -135,7 +149,16 @@ class Stream:
     def _spend(self, event: dict[str, Any], *, final: bool = False) -> None:
         """Charge the tenant's token quota as the answer streams: every ``CHARGE_EVERY``
         tokens (prompt and completion so far), and what is left at the end."""
-        used = self.seen = count(event, "prompt_tokens") + count(event, "completion_tokens")
+        prompt, completion = count(event, "prompt_tokens"), count(event, "completion_tokens")
+        if prompt > self.max_prompt or completion > self.max_completion:
+            raise self._failed(
+                UpstreamError(
+                    f"{self.ref} reported {prompt} prompt and {completion} completion tokens; expected at most "
+                    f"{self.max_prompt} and {self.max_completion} for this request (a broken answer)",
+                    "5xx",
+                )
+            )
+        used = self.seen = prompt + completion
         if used - self.charged >= CHARGE_EVERY or (final and used > self.charged):
             self.charge(used - self.charged)
             self.charged = used
@@ -162,9 +185,7 @@ class Stream:
                         UpstreamError(f"{self.ref} ended its stream before it finished", "5xx")
                     ) from None
                 except TimeoutError:
-                    raise self._failed(
-                        UpstreamTimeout(f"{self.ref} did not finish within the request's timeout")
-                    ) from None
+                    raise self._late() from None
                 except UpstreamError as exc:
                     raise self._failed(exc) from None
                 except HTTPClientError as exc:
@@ -173,6 +194,8 @@ class Stream:
             if self.seen > self.charged:  # a caller that left pays for what was made for it
                 self.charge(self.seen - self.charged)
                 self.charged = self.seen
+            if not self.metered and self.seen:  # ended early: what it made is metered all the same
+                self._meter(self.seen)
             await self.opened.close()
 
     async def _drain(self) -> None:
@@ -193,13 +216,24 @@ class Stream:
         self.opened.replica.failed(time.monotonic())
         return exc
 
+    def _late(self) -> FleetError:
+        """The request's deadline passed mid-answer: the version's failure only if it was the
+        model's own."""
+        if self.callers:
+            self.telemetry.caller_timeout(self.model, self.version)
+            return CallerTimeout(
+                f"{self.ref} did not finish within the timeout this request allowed (shorter than the "
+                "model's own); not counted against the version"
+            )
+        return self._failed(UpstreamTimeout(f"{self.ref} did not finish within the request's timeout"))
+
     def _ended(self, final: dict[str, Any]) -> None:
         self.final = final
         reason = final.get("finish_reason")
         if reason == "error":
             raise self._failed(UpstreamError(f"{self.ref} failed: {str(final.get('error'))[:200]}", "5xx"))
         if reason == "timeout":
-            raise self._failed(UpstreamTimeout(f"{self.ref} did not finish within the request's timeout"))
+            raise self._late()
         now = time.monotonic()
         completion = count(final, "completion_tokens")
         tpot_ms = (now - self.first_at) * 1e3 / (completion - 1) if completion > 1 else None
@@ -213,10 +247,21 @@ class Stream:
             queue_s=_seconds(final, "queue_s"),
         )
         self.opened.replica.succeeded()
+        self._meter(count(final, "prompt_tokens") + completion)
+
+    def _meter(self, tokens: int) -> None:
+        """The generation into the usage meter, once."""
+        self.metered = True
         if self.usage is not None:
-            self.usage.served(
-                self.tenant, self.model, self.version, 1, now - self.asked, count(final, "prompt_tokens") + completion
-            )
+            self.usage.served(self.tenant, self.model, self.version, 1, time.monotonic() - self.asked, tokens)
+
+
+def prompt_bound(prompt: str | None, messages: tuple[tuple[str, str], ...] | None) -> int:
+    """The most prompt tokens a request can make (``TEMPLATE_TOKENS``)."""
+    if prompt is not None:
+        return len(prompt.encode()) + TEMPLATE_TOKENS
+    parts = messages or ()
+    return sum(len(r.encode()) + len(c.encode()) for r, c in parts) + TEMPLATE_TOKENS * (len(parts) + 1)
 
 
 def _seconds(event: dict[str, Any], key: str) -> float | None:
