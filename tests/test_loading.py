@@ -206,6 +206,34 @@ def test_past_max_hold_ms_the_request_gets_503_with_retry_after_and_the_start_go
     assert runtime.calls == 1 and pool.replicas  # type: ignore[attr-defined]
 
 
+def test_the_hold_is_bounded_per_version_and_per_tenant_and_a_request_past_it_gets_503_at_once() -> None:
+    runtime = slow_runtime()
+    act, upstreams, telemetry = _activator(runtime, max_held=3, max_held_per_tenant=2)
+
+    async def scenario() -> tuple[list[Starting], list[object]]:
+        deadline = time.monotonic() + 10
+        held = [asyncio.create_task(upstreams.ready("m", "1.0.0", deadline, t)) for t in ("a", "a", "b")]
+        while _value(telemetry, "fleet_requests_held", model="m", version="1.0.0") < 3:
+            assert time.monotonic() < deadline, "the 3 requests were never all held"
+            await asyncio.sleep(0.01)
+        refused = []
+        for tenant in ("a", "c"):  # a: its own two held already; c: the version holds its three
+            t0 = time.monotonic()
+            with pytest.raises(Starting) as info:
+                await upstreams.ready("m", "1.0.0", deadline, tenant)
+            assert time.monotonic() - t0 < 0.5  # at once, not after a hold
+            refused.append(info.value)
+        runtime.gate.set()
+        return refused, await asyncio.gather(*held)
+
+    refused, pools = asyncio.run(scenario())
+    assert "already holds 2 requests of your tenant (its policy's max_held_per_tenant)" in str(refused[0])
+    assert "already holds 3 requests (its policy's max_held)" in str(refused[1])
+    assert all(e.status == 503 and e.retry_after_s >= 1 for e in refused)
+    assert all(p.replicas for p in pools) and runtime.calls == 1  # type: ignore[attr-defined]
+    assert act._held == {}  # nothing left counted once they are served
+
+
 def test_the_request_deadline_bounds_the_hold_too() -> None:
     runtime = slow_runtime()
     act, upstreams, _ = _activator(runtime, max_hold_ms=10_000)

@@ -13,6 +13,9 @@ such a version is held here:
 - **The hold is bounded** by the policy's ``max_hold_ms`` and the request's own deadline,
   whichever comes first (the hold counts against the request's timeout). Past it the
   request gets 503 with ``Retry-After`` saying the version is starting; the start goes on.
+  So is the number held: at most ``max_held`` requests per version in this process, and
+  ``max_held_per_tenant`` of one tenant; past either, the same 503 at once (one tenant
+  cannot fill the hold for everyone else, nor the gateway's memory with waiting requests).
 - **A start that fails** answers every held request 503 naming the cause in a few words
   (``summary`` of the runtime's error: the Bento is not built, the replica exited while
   starting, the memory budget cannot hold it); log lines, paths and other models' names go
@@ -89,6 +92,7 @@ class Activator:
         self._synced = asyncio.Event()
         self._started_s: dict[tuple[str, str], float] = {}  # the last start's seconds, for Retry-After
         self._began: dict[tuple[str, str], float] = {}  # when the current (or last) start began (monotonic)
+        self._held: dict[tuple[str, ...], int] = {}  # (model, version) and (model, version, tenant) → held now
         # starts block a thread for as long as they take (minutes, for a pod waiting on a GPU): a
         # pool of their own, so they never hold up the threads the gateway's refresh and heartbeat use
         self._executor = ThreadPoolExecutor(max_workers=START_THREADS, thread_name_prefix="fleet-activate")
@@ -98,9 +102,10 @@ class Activator:
         self._synced.set()
         self._synced = asyncio.Event()
 
-    async def hold(self, model: str, version: str, deadline: float) -> Pool:
+    async def hold(self, model: str, version: str, deadline: float, tenant: str = "") -> Pool:
         """The version's pool once it has a replica, starting it if needed; raise ``Starting``
-        past the hold, ``StartFailed`` if it cannot start, ``NoReplica`` for an eager model."""
+        past the hold (or with the hold full), ``StartFailed`` if it cannot start,
+        ``NoReplica`` for an eager model."""
         pool = self.upstreams.pool(model, version)
         if pool is not None and pool.replicas:
             return pool
@@ -112,6 +117,14 @@ class Activator:
         failed = self._failed.get(key)
         if failed is not None and now < failed[0]:
             raise StartFailed(failed[1], failed[0] - now)
+        mine = (model, version, tenant)
+        for counted, limit, whose in ((mine, spec.max_held_per_tenant, " of your tenant"), (key, spec.max_held, "")):
+            if self._held.get(counted, 0) >= limit:
+                raise Starting(
+                    f"{model}:{version} is starting and already holds {limit} requests{whose} (its policy's "
+                    f"max_held{'_per_tenant' if whose else ''}); retry after {self._retry_after(key, now):.0f} s",
+                    self._retry_after(key, now),
+                )
         task = self._starts.get(key)
         if task is None or task.done():
             task = self._starts[key] = asyncio.create_task(self._start(model, version))
@@ -119,13 +132,14 @@ class Activator:
         until = min(deadline, now + spec.max_hold_ms / 1000)
         held = self.telemetry.held.labels(model, version)
         held.inc()
+        for counted in (key, mine):
+            self._held[counted] = self._held.get(counted, 0) + 1
         try:
             async with asyncio.timeout(max(0.0, until - now)):
                 await asyncio.shield(task)
                 return await self._pool(model, version)
         except TimeoutError:
-            expected = self._started_s.get(key, EXPECTED_START_S)
-            left = max(1.0, expected - (time.monotonic() - self._began.get(key, now)))
+            left = self._retry_after(key, now)
             raise Starting(
                 f"{model}:{version} is starting (a cold start; this request waited {(time.monotonic() - now) * 1e3:.0f} ms, "
                 f"max_hold_ms {spec.max_hold_ms} or the request's timeout); retry after {left:.0f} s",
@@ -133,7 +147,17 @@ class Activator:
             ) from None
         finally:
             held.dec()
+            for counted in (key, mine):
+                if (n := self._held[counted] - 1) > 0:
+                    self._held[counted] = n
+                else:
+                    del self._held[counted]  # a tenant that no longer waits leaves no entry behind
             self.telemetry.hold.labels(model, version).observe(time.monotonic() - now)
+
+    def _retry_after(self, key: tuple[str, str], now: float) -> float:
+        """Seconds until the start under way is likely done: its last start's time, less what passed."""
+        expected = self._started_s.get(key, EXPECTED_START_S)
+        return max(1.0, expected - (time.monotonic() - self._began.get(key, now)))
 
     async def _pool(self, model: str, version: str) -> Pool:
         """Wait (within the caller's timeout) until the gateway's pools list the started replica."""

@@ -93,7 +93,7 @@ class Dispatcher:
         for i, version in enumerate(order):
             began = time.monotonic()
             try:  # a cold lazy version is held while it starts, within the request's timeout
-                pool = await self.upstreams.ready(model, version, deadline)
+                pool = await self.upstreams.ready(model, version, deadline, tenant)
             except Starting as exc:  # still starting: not its failure; stable may answer a canary's request
                 held += time.monotonic() - began
                 failure = exc

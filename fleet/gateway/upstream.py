@@ -175,9 +175,10 @@ class Upstreams:
     def pool(self, model: str, version: str) -> Pool | None:
         return self._pools.get((model, version))
 
-    async def ready(self, model: str, version: str, deadline: float) -> Pool:
+    async def ready(self, model: str, version: str, deadline: float, tenant: str = "") -> Pool:
         """The version's pool, noting the request for the idle clock; a version with no replica
-        is held while it starts if its model is lazy (``activator``), else ``NoReplica``."""
+        is held while it starts if its model is lazy (``activator``, counting ``tenant``'s
+        held requests), else ``NoReplica``."""
         key = (model, version)
         self.last_used[key] = time.time()
         pool = self._pools.get(key)
@@ -185,7 +186,7 @@ class Upstreams:
             return pool
         if self.activator is None:
             raise NoReplica(f"{model}:{version} has no running replica; expected it to be deployed")
-        return await self.activator.hold(model, version, deadline)
+        return await self.activator.hold(model, version, deadline, tenant)
 
     def pools(self) -> dict[tuple[str, str], Pool]:
         return self._pools

@@ -129,6 +129,10 @@ class ModelSpec(Spec):
     loading: Literal["eager", "lazy"] = "eager"
     idle_unload_s: float | None = Field(None, gt=0.0)  # lazy only; default DEFAULT_IDLE_UNLOAD_S
     max_hold_ms: int = Field(10_000, gt=0, le=600_000)  # a request waits at most this long for a cold version
+    # requests one gateway process holds at once for a cold version, in all and per tenant:
+    # past either, 503 with Retry-After at once (a tenant cannot fill the hold for the rest)
+    max_held: int = Field(256, ge=1)
+    max_held_per_tenant: int = Field(32, ge=1)
     # named numeric outcomes callers may send with POST /v1/feedback (clicked, revenue, ...):
     # what A/B experiments compare versions on; an undeclared name or a value out of range is refused
     outcomes: dict[OutcomeName, Outcome] = {}
@@ -147,6 +151,14 @@ class ModelSpec(Spec):
                 "lazy when idle_unload_s is set (an eager model's versions are never unloaded)",
                 field="loading",
                 got=self.loading,
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tenant_hold_within_hold(self) -> ModelSpec:
+        if self.max_held_per_tenant > self.max_held:
+            raise expected(
+                f"at most max_held ({self.max_held})", field="max_held_per_tenant", got=self.max_held_per_tenant
             )
         return self
 
