@@ -192,21 +192,38 @@ def test_cache_hit_and_miss_and_never_for_shadow(env) -> None:
     shadow = e.stub("2.0.0")
     e.route(stable="1.0.0")
     e.route(shadow="2.0.0", shadow_percent=100)
-    key = e.tenant("apps")
+    key, rival = e.tenant("apps"), e.tenant("rivals")
     url, _ = e.gateway()
     with httpx.Client(base_url=url, timeout=30) as client:
         first = infer(client, key, **{"X-Fleet-Routing-Key": "u1"})
         second = infer(client, key, **{"X-Fleet-Routing-Key": "u1"})
         other = infer(client, key, rows(1, seed=5)[0], **{"X-Fleet-Routing-Key": "u1"})
-    assert (first.headers["x-fleet-cache"], second.headers["x-fleet-cache"], other.headers["x-fleet-cache"]) == (
+        # another tenant's same input is not answered from apps' entry: a hit would tell rivals
+        # that apps sent it within the last minute
+        theirs = [infer(client, rival, **{"X-Fleet-Routing-Key": "u1"}) for _ in range(2)]
+    assert [r.headers["x-fleet-cache"] for r in (first, second, other, *theirs)] == [
         "miss",
         "hit",
         "miss",
-    )
-    assert first.json()["outputs"] == second.json()["outputs"]
-    assert httpx.get(f"{stable}/_stats").json()["requests"] == 2  # the hit never reached the model
-    wait_for(lambda: httpx.get(f"{shadow}/_stats").json()["requests"] == 3, what="every request mirrored, hit or not")
-    assert metric(url, "fleet_cache_requests_total", result="hit") == 1
+        "miss",
+        "hit",
+    ]
+    assert first.json()["outputs"] == second.json()["outputs"] == theirs[0].json()["outputs"]
+    assert httpx.get(f"{stable}/_stats").json()["requests"] == 3  # the hits never reached the model
+    wait_for(lambda: httpx.get(f"{shadow}/_stats").json()["requests"] == 5, what="every request mirrored, hit or not")
+    assert metric(url, "fleet_cache_requests_total", result="hit") == 2
+
+
+def test_a_cache_the_policy_shares_answers_one_tenants_input_for_another(env) -> None:
+    e = env(cache={"enabled": True, "ttl_s": 60, "max_mib": 1, "shared": True})
+    e.register("1.0.0")
+    stable = e.stub("1.0.0")
+    e.route(stable="1.0.0")
+    keys = [e.tenant("apps"), e.tenant("rivals")]
+    url, _ = e.gateway()
+    with httpx.Client(base_url=url, timeout=30) as client:
+        assert [infer(client, k).headers["x-fleet-cache"] for k in keys] == ["miss", "hit"]
+    assert httpx.get(f"{stable}/_stats").json()["requests"] == 1
 
 
 def test_a_failing_canary_is_retried_on_stable_counted_and_ejected_then_probed_back(env) -> None:

@@ -245,6 +245,7 @@ def test_cache_is_lru_with_ttl_and_keys_on_dtype_and_shape() -> None:
     k1 = cache.key("1", a)
     assert k1 != cache.key("1", a.reshape(4, 1)) != cache.key("2", a)
     assert k1 != cache.key("1", a.astype(np.float64)) and len(k1) == 32
+    assert cache.key("1", a, "apps") != cache.key("1", a, "rivals") != k1  # per tenant unless shared (None)
     cache.put(k1, answer)
     cache.put(b"k2", answer)
     assert cache.get(k1) is not None  # k1 is now the most recent

@@ -28,8 +28,12 @@ class PredictionCache:
         self.bytes = 0
 
     @staticmethod
-    def key(version: str, features: np.ndarray) -> bytes:
-        h = hashlib.sha256(f"{version}\0{features.dtype.str}\0{features.shape}\0".encode())
+    def key(version: str, features: np.ndarray, tenant: str | None = None) -> bytes:
+        """The answer's key: the version and the exact input, and the tenant that asked
+        (``None``: shared between tenants, when the model's policy says so — else a hit would
+        tell a tenant that another sent the same input within ``ttl_s``)."""
+        scope = "\1shared" if tenant is None else tenant  # \1 is no tenant's name
+        h = hashlib.sha256(f"{scope}\0{version}\0{features.dtype.str}\0{features.shape}\0".encode())
         h.update(np.ascontiguousarray(features).data)
         return h.digest()
 

@@ -288,7 +288,9 @@ class Pipeline:
         choice, priority, timeout_ms, manifest = self.choose(call, decoded)
         model, features, spec = call.model, decoded.features, call.spec
         cache = self._cache(model, spec)
-        key = PredictionCache.key(choice.version, features) if cache is not None else b""
+        key = b""
+        if cache is not None:
+            key = PredictionCache.key(choice.version, features, None if spec.cache.shared else call.tenant.name)  # type: ignore[union-attr]
         result = cache.get(key) if cache is not None else None
         if cache is not None:
             call.state["cache"] = "hit" if result is not None else "miss"

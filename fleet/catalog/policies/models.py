@@ -66,6 +66,9 @@ class Slo(Spec):
 
 class Cache(Spec):
     enabled: bool = False
+    # answers are kept per tenant; shared: one tenant's answer serves another's same input
+    # (X-Fleet-Cache: hit then tells a tenant that another sent that input within ttl_s)
+    shared: bool = False
     ttl_s: float = Field(60.0, gt=0.0)
     max_mib: float = Field(64.0, gt=0.0)  # keys and answers held, per model and gateway
 
