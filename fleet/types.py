@@ -230,7 +230,13 @@ class QuotaBackend(Protocol):
 
     def charge_tokens(self, tenant: str, per_minute: int, n: int) -> None:
         """Spend ``n`` tokens a generation used (prompt, or completion as it streams); the
-        budget may go into debt, which the next check waits out."""
+        budget may go into debt, which the next check waits out. Below 0: the unused part of
+        a reservation given back."""
+
+    async def reserve_tokens(self, tenant: str, per_minute: int, n: int) -> Refusal | None:
+        """``check_tokens`` and, if a token is there, spend ``n`` (a generation's
+        ``max_tokens``) in the same step: concurrent generations cannot all start on the
+        budget's last token. What it does not use is given back (``charge_tokens(-k)``)."""
 
     def health(self) -> dict[str, Any]:
         """What ``/v2/health/ready`` shows: the backend, whether the budget is shared now."""

@@ -48,6 +48,23 @@ def test_a_token_quota_saves_up_a_minute_lets_one_answer_into_debt_and_waits_it_
     assert asyncio.run(shared.check_tokens("u", 600)).wait_s == pytest.approx(0.2)
 
 
+def test_a_reservation_takes_max_tokens_at_once_so_concurrent_generations_cannot_overshoot_and_refunds() -> None:
+    clock = Clock(1000.0)
+    buckets = TokenBuckets(clock)
+    buckets.charge_tokens("t", 600, 598)  # two tokens left of 600 a minute
+
+    async def five_at_once() -> list[object]:
+        return list(await asyncio.gather(*(buckets.reserve_tokens("t", 600, 50) for _ in range(5))))
+
+    admitted = [r for r in asyncio.run(five_at_once()) if r is None]
+    assert len(admitted) == 1  # checking alone, all five would have started on the last tokens
+    assert asyncio.run(buckets.check_tokens("t", 600)).wait_s == pytest.approx(4.9)  # 48 of debt, then one
+    buckets.charge_tokens("t", 600, -45)  # it used 5 of its 50: the rest given back
+    assert asyncio.run(buckets.check_tokens("t", 600)).wait_s == pytest.approx(0.4)
+    buckets.charge_tokens("t", 600, -10_000)  # a refund never saves up more than a whole budget
+    assert "t" not in buckets._tokens and asyncio.run(buckets.check_tokens("t", 600)) is None
+
+
 def test_slots_hand_freed_slots_to_interactive_first_and_shed_past_the_bound() -> None:
     async def scenario() -> list[str]:
         slots = Slots(limit=1, max_waiting=3)

@@ -245,3 +245,34 @@ def test_a_lease_given_back_while_redis_hangs_is_given_back_when_it_answers(redi
             await q.close()
 
     asyncio.run(run())
+
+
+def test_a_token_reservation_in_redis_admits_one_generation_on_the_last_token_and_is_refunded(redis_server) -> None:
+    """Two gateways' worth of concurrent generations against a shared budget with one token
+    left: the reservation (max_tokens, taken in the same Lua step as the check) admits one;
+    its unused part, given back, lets the next start."""
+
+    async def run() -> None:
+        gateways = [RedisQuotas(redis_server.url, lambda: 2) for _ in range(2)]
+        try:
+            a, b = gateways
+            a.charge_tokens("t", 600, 598)  # two tokens left of 600 a minute
+            await a.check_tokens("t", 600)  # the charge's pipeline has gone out
+            asks = [g.reserve_tokens("t", 600, 50) for g in gateways for _ in range(4)]
+            results = await asyncio.gather(*asks)
+            assert sum(r is None for r in results) == 1, results
+            refused = [r for r in results if r is not None]
+            assert all(r.reason == "tokens" and 4.0 < r.wait_s <= 5.0 for r in refused)  # 48 of debt, then one
+            b.charge_tokens("t", 600, -49)  # it used 1 of its 50
+            for _ in range(100):  # the refund goes out with the next round trip
+                if await a.check_tokens("t", 600) is None:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the unused reservation was never given back")
+            assert all(g.health()["shared"] for g in gateways)  # all of it in Redis, none local
+        finally:
+            for g in gateways:
+                await g.close()
+
+    asyncio.run(run())

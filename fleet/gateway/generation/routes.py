@@ -316,18 +316,25 @@ class GenerationRoutes:
         deadline = time.monotonic() + timeout_ms / 1000
         exchange = GenerateExchange(self._payload(req, gen, priority, timeout_ms))
         tenant = call.tenant
-        version, opened = await self.pipeline.dispatch(
-            call.model,
-            call.table,  # type: ignore[arg-type]
-            choice,
-            exchange,
-            timeout_ms,
-            priority,
-            tenant.name,  # type: ignore[union-attr]
-            tenant.weight or 1.0,  # type: ignore[union-attr]
-            float(gen.first_token_timeout_ms),
-            own_ms,
-        )
+        quotas = self.pipeline.quotas
+        max_tokens = req.max_tokens or gen.default_max_tokens
+        reserved = await quotas.reserve_tokens(tenant, max_tokens)  # type: ignore[arg-type]
+        try:
+            version, opened = await self.pipeline.dispatch(
+                call.model,
+                call.table,  # type: ignore[arg-type]
+                choice,
+                exchange,
+                timeout_ms,
+                priority,
+                tenant.name,  # type: ignore[union-attr]
+                tenant.weight or 1.0,  # type: ignore[union-attr]
+                float(gen.first_token_timeout_ms),
+                own_ms,
+            )
+        except BaseException:
+            quotas.charge(tenant, -reserved)  # type: ignore[arg-type] # nothing was made: all given back
+            raise
         call.state["model_version"] = version
         stream = Stream(
             call.model,
@@ -340,11 +347,12 @@ class GenerationRoutes:
             deadline,
             self.telemetry,
             self.usage,
-            functools.partial(self.pipeline.quotas.charge, tenant),
+            functools.partial(quotas.charge, tenant),
             exchange.payload,
+            charged=reserved,
             callers=timeout_ms < own_ms,
             max_prompt=prompt_bound(req.prompt, req.messages),
-            max_completion=req.max_tokens or gen.default_max_tokens,
+            max_completion=max_tokens,
         )
         if opened.first.get("finish_reason") in ("error", "timeout"):  # nothing reached the caller yet: say so now
             await stream.collect()

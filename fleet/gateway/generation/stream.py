@@ -9,8 +9,9 @@ the first-token deadline. The stream then stays open, holding the replica and th
 version's slot, until ``Stream.events`` ends or its caller leaves (``Opened.close``).
 
 ``Stream`` reads the rest: each event as it comes, within the request's timeout. The
-tenant's token quota is charged as the answer streams (every ``CHARGE_EVERY`` tokens, the
-rest at the end, and what was made for a caller that left). The final event decides: a
+tenant's token quota, from which the generation reserved its ``max_tokens`` when admitted,
+is charged as the answer streams (every ``CHARGE_EVERY`` tokens past the reservation; at the
+end, or when the caller leaves, the difference: what was not used is given back). The final event decides: a
 ``finish_reason`` of ``error`` or ``timeout``, or a stream that breaks off, is the version's
 failure (blamed, and held against its replica); else its time to first token, per output
 token and token counts go to telemetry, and what it served to the usage meter. Every
@@ -138,7 +139,7 @@ class Stream:
     max_prompt: int = 2**31 - 1
     max_completion: int = 2**31 - 1
     final: dict[str, Any] = field(default_factory=dict)
-    charged: int = 0
+    charged: int = 0  # tokens charged to the quota so far: the reservation made at admission, at first
     metered: bool = False
     seen: int = 0  # tokens the last event counted (prompt and completion)
 
@@ -148,7 +149,9 @@ class Stream:
 
     def _spend(self, event: dict[str, Any], *, final: bool = False) -> None:
         """Charge the tenant's token quota as the answer streams: every ``CHARGE_EVERY``
-        tokens (prompt and completion so far), and what is left at the end."""
+        tokens (prompt and completion so far) past what was charged (at first, the
+        reservation made at admission: ``charged``), and the difference at the end — below
+        0, the reservation's unused part given back."""
         prompt, completion = count(event, "prompt_tokens"), count(event, "completion_tokens")
         if prompt > self.max_prompt or completion > self.max_completion:
             raise self._failed(
@@ -159,7 +162,7 @@ class Stream:
                 )
             )
         used = self.seen = prompt + completion
-        if used - self.charged >= CHARGE_EVERY or (final and used > self.charged):
+        if used - self.charged >= CHARGE_EVERY or (final and used != self.charged):
             self.charge(used - self.charged)
             self.charged = used
 
@@ -191,7 +194,7 @@ class Stream:
                 except HTTPClientError as exc:
                     raise self._failed(UpstreamError(f"{self.ref} broke off: {type(exc).__name__}", "5xx")) from None
         finally:
-            if self.seen > self.charged:  # a caller that left pays for what was made for it
+            if self.seen != self.charged:  # a caller that left pays for what was made for it, no more
                 self.charge(self.seen - self.charged)
                 self.charged = self.seen
             if not self.metered and self.seen:  # ended early: what it made is metered all the same

@@ -93,9 +93,28 @@ class Quotas:
                 refused.wait_s,
             )
 
-    def charge(self, tenant: Tenant, n: int) -> None:
+    async def reserve_tokens(self, tenant: Tenant, n: int) -> int:
+        """A generation admitted: ``n`` tokens (its ``max_tokens``) taken from the budget at
+        once, if a token is left (else 429), so concurrent generations cannot overshoot a
+        budget that had one token left. Returns what was reserved (0 without a token quota):
+        the generation is charged against it, and what it did not use is given back."""
         q = tenant.quota
-        if q is not None and q.tokens_per_minute is not None and n > 0:
+        if q is None or q.tokens_per_minute is None:
+            return 0
+        refused = await self.backend.reserve_tokens(tenant.name, q.tokens_per_minute, n)
+        if refused is not None:
+            self.telemetry.quota.labels(tenant.name).inc()
+            raise OverQuota(
+                f"tenant {tenant.name!r} has used its {q.tokens_per_minute} tokens a minute (its quota, "
+                f"prompt and completion); retry after {refused.wait_s:.2f} s",
+                refused.wait_s,
+            )
+        return n
+
+    def charge(self, tenant: Tenant, n: int) -> None:
+        """``n`` more tokens spent (below 0: a reservation's unused part given back)."""
+        q = tenant.quota
+        if q is not None and q.tokens_per_minute is not None and n != 0:
             self.backend.charge_tokens(tenant.name, q.tokens_per_minute, n)
 
 

@@ -74,8 +74,14 @@ class TokenBuckets:
         return max(0.0, tat - now - (TOKEN_WINDOW_S - interval))
 
     def spend_tokens(self, tenant: str, per_minute: float, n: int) -> None:
+        """``n`` tokens spent (below 0: a reservation's unused part given back, never more
+        than a whole budget saved up)."""
         now = self._clock()
-        self._tokens[tenant] = max(self._tokens.get(tenant, now), now) + n * TOKEN_WINDOW_S / per_minute
+        tat = max(self._tokens.get(tenant, now), now) + n * TOKEN_WINDOW_S / per_minute
+        if tat > now:
+            self._tokens[tenant] = tat
+        else:
+            self._tokens.pop(tenant, None)  # whole again: nothing to keep
 
     async def check_tokens(self, tenant: str, per_minute: int) -> Refusal | None:
         wait = self.tokens_wait(tenant, per_minute / self._share())
@@ -83,6 +89,12 @@ class TokenBuckets:
 
     def charge_tokens(self, tenant: str, per_minute: int, n: int) -> None:
         self.spend_tokens(tenant, per_minute / self._share(), n)
+
+    async def reserve_tokens(self, tenant: str, per_minute: int, n: int) -> Refusal | None:
+        refused = await self.check_tokens(tenant, per_minute)  # one step on the loop: nothing runs between
+        if refused is None:
+            self.charge_tokens(tenant, per_minute, n)
+        return refused
 
     def _share(self) -> int:
         return max(1, self.divisor()) if self.divisor else 1

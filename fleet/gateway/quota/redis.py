@@ -116,7 +116,7 @@ class RedisQuotas:
     async def check_tokens(self, tenant: str, per_minute: int) -> Refusal | None:
         if self.shared:
             try:
-                wait_us = await self._run("tokens", (f"{KEY_PREFIX}{tenant}:k", per_minute, 0))
+                wait_us = await self._run("tokens", (f"{KEY_PREFIX}{tenant}:k", per_minute, 0, 0))
             except Exception as exc:  # noqa: BLE001 - the local share decides
                 self._went_down(exc)
             else:
@@ -124,12 +124,22 @@ class RedisQuotas:
         return await self.local.check_tokens(tenant, max(1, per_minute // max(1, self.divisor())))
 
     def charge_tokens(self, tenant: str, per_minute: int, n: int) -> None:
-        if n <= 0:
+        if n == 0:
             return
         if self.shared:  # nobody waits: one more command in the next pipeline
-            self._enqueue("tokens", (f"{KEY_PREFIX}{tenant}:k", per_minute, n), None, tenant)
+            self._enqueue("tokens", (f"{KEY_PREFIX}{tenant}:k", per_minute, n, 0), None, tenant)
         else:
             self.local.charge_tokens(tenant, max(1, per_minute // max(1, self.divisor())), n)
+
+    async def reserve_tokens(self, tenant: str, per_minute: int, n: int) -> Refusal | None:
+        if self.shared:
+            try:
+                wait_us = await self._run("tokens", (f"{KEY_PREFIX}{tenant}:k", per_minute, n, 1))
+            except Exception as exc:  # noqa: BLE001 - the local share decides
+                self._went_down(exc)
+            else:
+                return Refusal("tokens", int(wait_us) / 1e6) if int(wait_us) > 0 else None
+        return await self.local.reserve_tokens(tenant, max(1, per_minute // max(1, self.divisor())), n)
 
     def release(self, tenant: str, lease: str) -> None:
         if lease in self._local_leases:
