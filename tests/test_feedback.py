@@ -76,6 +76,39 @@ def test_labels_join_the_logged_requests_of_the_same_tenant_and_the_rest_are_rep
         e.stop()
 
 
+def test_feedback_has_a_quota_of_its_own_and_an_id_labelled_many_times_counts_once(tmp_path: Path) -> None:
+    """A tenant flooding POST /v1/feedback is refused past its own bucket (429, before the body
+    is read: nothing written); one request id given 40 times in a call is one label (the last),
+    and a request id the caller logged twice (its own X-Request-Id) is labelled once."""
+    e = GatewayEnv(tmp_path, inference_log={"sample_rate": 1.0}, limits={"feedback_rps": 0.1, "feedback_burst": 3})
+    try:
+        e.register("1.0.0")
+        e.stub("1.0.0")
+        e.route(stable="1.0.0")
+        key = e.tenant("apps")
+        url, _ = e.gateway()
+        auth = {"Authorization": f"Bearer {key}"}
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for _ in range(2):  # the caller reuses its id: two logged requests, one id
+                assert infer(client, key, **{"X-Request-Id": "order-7"}).status_code == 200
+            given = [{"request_id": "order-7", "label": 1}] * 40 + [{"request_id": "order-7", "label": 0}]
+            calls = [
+                client.post("/v1/feedback", headers=auth, json={"model": MODEL, "feedback": given}) for _ in range(6)
+            ]
+        assert [c.status_code for c in calls] == [200, 200, 200, 429, 429, 429], [c.text for c in calls]
+        assert all(c.json()["accepted"] == 1 for c in calls[:3])  # 41 items, one id: one label
+        refused = calls[3]
+        assert "feedback quota of 0.1 calls/s" in refused.json()["error"] and int(refused.headers["retry-after"]) >= 1
+        assert len(list(e.store.list(f"logs/feedback/{MODEL}/"))) == 3  # nothing written past the quota
+        wait_for(lambda: any(True for _ in e.store.list(f"logs/inference/{MODEL}/")), timeout=10, what="a flush")
+        now = datetime.now(UTC)
+        frame = labelled(e.store, MODEL, now - timedelta(hours=1), now + timedelta(minutes=1))
+        rows = frame[frame["request_id"] == "order-7"]
+        assert len(rows) == 1 and rows["label"].tolist() == [0]  # the first logged request, the last label
+    finally:
+        e.stop()
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -105,7 +138,7 @@ def test_the_index_of_logged_requests_is_per_tenant_and_bounded_in_bytes() -> No
     """Ten 60,000-row requests once froze the gateway for 24 s: the index held one entry per
     row and evicted with ``pop(next(iter()))``, quadratic as it emptied. It now holds one
     entry per request, evicts in O(1), and never joins one tenant's id to another's request."""
-    from fleet.logs.feedback import LoggedRequests
+    from fleet.logs.logged import LoggedRequests
     from fleet.store import MemoryStore
 
     logged = LoggedRequests(MemoryStore(), max_bytes=64 * 1024)
@@ -136,8 +169,8 @@ def test_labels_must_be_classes_of_the_model() -> None:
 def test_a_generations_answer_is_found_in_memory_and_in_its_log_file_within_its_tenant_only() -> None:
     """Exact-match feedback needs which version answered and its output's digest: from the
     gateway's recent samples, or from the log file another gateway wrote."""
-    from fleet.logs.feedback import LoggedRequests
     from fleet.logs.inference import GenSample, InferenceLog, digest
+    from fleet.logs.logged import LoggedRequests
     from fleet.store import MemoryStore
 
     store = MemoryStore()

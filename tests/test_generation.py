@@ -337,6 +337,16 @@ def test_exact_match_feedback_is_compared_with_the_logged_answer_and_counted_for
     assert (window["labelled"], window["matched"]) == (2, 1)
     metrics = httpx.get(fleet["url"] + "/metrics", timeout=10).text
     assert f'fleet_feedback_labels_total{{model="{MODEL}",outcome="match",version="1.0.0"}} 1.0' in metrics
+    # the same label again, 40 times in a call and once more: stored, never counted twice (40
+    # copies of one label used to trip the exact-match gate on their own)
+    assert feedback([given[0]] * 40).json()["accepted"] == 1 and feedback([given[0]]).status_code == 200
+    again = httpx.get(
+        f"{fleet['url']}/admin/stats/{MODEL}",
+        params={"window_s": 900},
+        timeout=10,
+        headers={"Authorization": "Bearer e2e-admin-token"},
+    ).json()["versions"]["1.0.0"]
+    assert (again["labelled"], again["matched"]) == (2, 1)
     # the inference log holds the generation without its texts (policy texts: false)
     from fleet.logs.inference import digest, read_window
     from fleet.store import open_store

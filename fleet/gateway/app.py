@@ -53,8 +53,8 @@ from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.upstream import Upstreams
 from fleet.gateway.view import FleetView, Snapshot
 from fleet.logs import activity
-from fleet.logs.feedback import LoggedRequests
 from fleet.logs.inference import InferenceLog
+from fleet.logs.logged import LoggedRequests
 from fleet.types import QuotaBackend
 from fleet.usage.meter import UsageMeter
 from fleet.usage.prices import Price
@@ -131,7 +131,15 @@ def create_app(
         Recorder(mirror, inference_log, logged, usage),
     )
     in_flight = BodyBudget(limits.mib(limits.inflight_body_mib))
-    rest = Rest(pipeline, view.store, settings.gateway_id, limits.mib(limits.max_body_mib), logged, in_flight)
+    rest = Rest(
+        pipeline,
+        view.store,
+        settings.gateway_id,
+        limits.mib(limits.max_body_mib),
+        logged,
+        in_flight,
+        (limits.feedback_rps, limits.feedback_burst),
+    )
     generation = GenerationRoutes(pipeline, upstreams, telemetry, usage, in_flight, limits.mib(limits.max_body_mib))
     mirror.generate = generation.shadow
     make_room = None

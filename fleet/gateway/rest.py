@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 from collections.abc import Callable
 
 from starlette.requests import Request
@@ -40,9 +41,13 @@ class Rest:
         max_body_bytes: int,
         logged: labels.LoggedRequests,
         bodies_in_flight: bodies.BodyBudget,
+        feedback_rate: tuple[float | None, int | None] = (None, None),
     ) -> None:
+        """``feedback_rate``: (calls a second, burst) of ``POST /v1/feedback`` per tenant; None:
+        the tenant's own quota's."""
         self.pipeline, self.store, self.gateway_id = pipeline, store, gateway_id
         self.max_body_bytes, self.logged, self.in_flight = max_body_bytes, logged, bodies_in_flight
+        self.feedback_rate = feedback_rate
 
     async def _decoded(self, request: Request, call: Call, decode: Callable[..., protocol.Decoded]) -> protocol.Decoded:
         """The body read and decoded, its bytes counted against the bodies in flight until then."""
@@ -105,13 +110,21 @@ class Rest:
         return json_response({"name": call.model, "version": version, "ready": ready}, 200 if ready else 503)
 
     async def feedback(self, request: Request) -> Response:
-        """Labels for earlier (sampled) requests of this tenant; unknown ones are reported."""
+        """Labels for earlier (sampled) requests of this tenant; unknown ones are reported. An
+        id given twice in one call counts once (its last item)."""
         call = self._call(request, "")
         call.state["model"] = "unknown"
         tenant = self.pipeline.authenticate(call)  # before a byte of the body is read
+        rps, burst = self.feedback_rate
+        quota = tenant.quota
+        if rps is None and quota is not None:
+            rps, burst = quota.rps, burst or quota.burst
+        if rps is not None:
+            await self.pipeline.quotas.take_feedback(tenant.name, rps, burst or max(1, math.ceil(rps)))
         with self.in_flight.holding(tenant.name) as held:
             raw = await bodies.read(request, self.max_body_bytes, held)
             model, given = await self.pipeline.decoder.run(tenant.name, protocol.decode_feedback, raw)
+        given = list({(x.request_id, x.row): x for x in given}.values())
         call.model = model
         self.pipeline.entitle(call)  # a model the tenant may not use looks like one that does not exist
         if call.spec is not None and call.spec.generative:
@@ -149,8 +162,12 @@ class Rest:
             if x.label is not None
         ]
         await asyncio.to_thread(self._write, call.model, tenant, accepted, matched)
-        for version, match in matched:
-            self.pipeline.telemetry.labelled(call.model, version, match)
+        # the exact-match gate counts an answer once: a label sent again (in a later call) is
+        # stored (the last one wins offline) but not counted again
+        first = self.logged.first_labels(call.model, tenant, [x.request_id for x in accepted if x.label is not None])
+        for (version, match), new in zip(matched, first, strict=True):
+            if new:
+                self.pipeline.telemetry.labelled(call.model, version, match)
         return self._answered(call.model, given, accepted, unknown, matched=sum(m for _, m in matched))
 
     @staticmethod

@@ -4,7 +4,7 @@ its usage (requests, rows, the model's seconds: ``fleet.usage.meter``).
 
 Each is O(1) on the request path — an enqueue, an append and a dictionary insert — and
 each lands in a buffer bounded in bytes (``fleet.gateway.shadow``, ``fleet.logs.inference``,
-``fleet.logs.feedback.LoggedRequests``).
+``fleet.logs.logged.LoggedRequests``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from fleet.catalog.policies.models import ModelSpec
 from fleet.catalog.registry import ModelVersion
 from fleet.catalog.routes.table import RouteTable, should_shadow
 from fleet.gateway.shadow import ShadowJob, ShadowMirror
-from fleet.logs.feedback import LoggedRequests
 from fleet.logs.inference import InferenceLog, Sample, feature_names
+from fleet.logs.logged import LoggedRequests
 from fleet.usage.meter import UsageMeter
 
 

@@ -21,6 +21,11 @@ class GatewaySpec(Spec):
     shadow_queue_mib: float = Field(64.0, gt=0.0)  # inputs and answers waiting to be mirrored
     inference_log_buffer_mib: float = Field(64.0, gt=0.0)  # sampled rows not yet written to the store
     feedback_index_mib: float = Field(16.0, gt=0.0)  # recent sampled request ids, for feedback joins
+    # POST /v1/feedback calls one tenant may make, in a bucket of their own beside its request
+    # quota (shared through Redis like it): past it 429 before the body is read, nothing
+    # written. Unset: the tenant's own quota's rps and burst (a tenant without one, unlimited)
+    feedback_rps: float | None = Field(None, gt=0.0)
+    feedback_burst: int | None = Field(None, ge=1)
 
     @staticmethod
     def mib(value: float) -> int:

@@ -79,6 +79,18 @@ class Quotas:
     def release(self, tenant: str, lease: str) -> None:
         self.backend.release(tenant, lease)
 
+    async def take_feedback(self, tenant: str, rps: float, burst: int) -> None:
+        """One ``POST /v1/feedback`` call of ``tenant``, from a bucket of its own (the gateway
+        policy's ``feedback_rps`` / ``feedback_burst``), or ``OverQuota``."""
+        refused = await self.backend.acquire(f"{tenant}/feedback", rps, burst, None, "")
+        if refused is not None:
+            self.telemetry.quota.labels(tenant).inc()
+            raise OverQuota(
+                f"tenant {tenant!r} is over its feedback quota of {rps:g} calls/s (burst {burst}; the gateway "
+                f"policy's feedback_rps, else its own quota's); retry after {refused.wait_s:.2f} s",
+                refused.wait_s,
+            )
+
     async def check_tokens(self, tenant: Tenant) -> None:
         """A generation may start while the tenant has tokens left this minute; else 429."""
         q = tenant.quota
