@@ -139,8 +139,11 @@ def create_app(
         logged,
         in_flight,
         (limits.feedback_rps, limits.feedback_burst),
+        limits.body_read_s,
     )
-    generation = GenerationRoutes(pipeline, upstreams, telemetry, usage, in_flight, limits.mib(limits.max_body_mib))
+    generation = GenerationRoutes(
+        pipeline, upstreams, telemetry, usage, in_flight, limits.mib(limits.max_body_mib), limits.body_read_s
+    )
     mirror.generate = generation.shadow
     make_room = None
     if policies is not None and policies.runtime.memory_budget_mib is not None and view.runtime.budgets_memory:

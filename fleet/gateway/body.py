@@ -38,6 +38,7 @@ from fleet.gateway.answers import decode_answer
 log = logging.getLogger("fleet.gateway.body")
 
 INLINE_BYTES = 64 * 1024  # bodies up to this size are decoded on the event loop
+BODY_READ_S = 30.0  # a body must have arrived whole this long after it was first read (the default)
 PER_TENANT = 2
 MAX_WAITING = 32
 
@@ -109,24 +110,38 @@ class Held:
         self.bytes += n
 
 
-async def read(request: Request, limit: int, held: Held | None = None) -> bytes:
+async def read(request: Request, limit: int, held: Held | None = None, within_s: float = BODY_READ_S) -> bytes:
     """The whole body, or ``BodyTooLarge`` as soon as it is known to exceed ``limit`` bytes;
-    every chunk is counted in ``held`` (a ``BodyBudget`` reservation) before it is kept."""
+    every chunk is counted in ``held`` (a ``BodyBudget`` reservation) before it is kept.
+    ``BodyTooSlow`` (408) if it has not all arrived ``within_s`` seconds: a caller sending a
+    byte at a time would otherwise hold its share of the bodies' budget for as long as it likes."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(f"request body of {declared} bytes is over the limit of {limit} bytes")
     chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise BodyTooLarge(f"request body is over the limit of {limit} bytes")
-            if held is not None:
-                held.add(len(chunk))
-            chunks.append(chunk)
+        async with asyncio.timeout(within_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise BodyTooLarge(f"request body is over the limit of {limit} bytes")
+                if held is not None:
+                    held.add(len(chunk))
+                chunks.append(chunk)
     except ClientDisconnect:  # nobody is waiting for the answer: counted as 499, not as the gateway's 500
         raise ClientGone("the client closed the connection before its body was read") from None
+    except TimeoutError:
+        raise BodyTooSlow(
+            f"the request body did not arrive within {within_s:g} s ({size} bytes came); expected it sent "
+            "at once (the gateway policy's body_read_s)"
+        ) from None
     return b"".join(chunks)
+
+
+class BodyTooSlow(FleetError):
+    """The body did not arrive within the gateway policy's ``body_read_s``."""
+
+    status = 408
 
 
 class ClientGone(FleetError):

@@ -42,12 +42,13 @@ class Rest:
         logged: labels.LoggedRequests,
         bodies_in_flight: bodies.BodyBudget,
         feedback_rate: tuple[float | None, int | None] = (None, None),
+        body_read_s: float = bodies.BODY_READ_S,
     ) -> None:
         """``feedback_rate``: (calls a second, burst) of ``POST /v1/feedback`` per tenant; None:
         the tenant's own quota's."""
         self.pipeline, self.store, self.gateway_id = pipeline, store, gateway_id
         self.max_body_bytes, self.logged, self.in_flight = max_body_bytes, logged, bodies_in_flight
-        self.feedback_rate = feedback_rate
+        self.feedback_rate, self.body_read_s = feedback_rate, body_read_s
 
     async def _decoded(self, request: Request, call: Call, decode: Callable[..., protocol.Decoded]) -> protocol.Decoded:
         """The body read and decoded, its bytes counted against the bodies in flight until then."""
@@ -57,7 +58,7 @@ class Rest:
                 f"Content-Encoding {encoding[:40]!r} is not accepted; expected an uncompressed body (identity)"
             )
         with self.in_flight.holding(call.tenant.name) as held:  # type: ignore[union-attr]
-            raw = await bodies.read(request, self.max_body_bytes, held)
+            raw = await bodies.read(request, self.max_body_bytes, held, self.body_read_s)
             return await self.pipeline.decode(call, raw, decode)
 
     def _call(self, request: Request, model: str, version: str | None = None) -> Call:
@@ -122,7 +123,7 @@ class Rest:
         if rps is not None:
             await self.pipeline.quotas.take_feedback(tenant.name, rps, burst or max(1, math.ceil(rps)))
         with self.in_flight.holding(tenant.name) as held:
-            raw = await bodies.read(request, self.max_body_bytes, held)
+            raw = await bodies.read(request, self.max_body_bytes, held, self.body_read_s)
             model, given = await self.pipeline.decoder.run(tenant.name, protocol.decode_feedback, raw)
         given = list({(x.request_id, x.row): x for x in given}.values())
         call.model = model

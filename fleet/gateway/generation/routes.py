@@ -96,9 +96,11 @@ class GenerationRoutes:
         usage: UsageMeter | None,
         in_flight: bodies.BodyBudget,
         max_body_bytes: int,
+        body_read_s: float = bodies.BODY_READ_S,
     ) -> None:
         self.pipeline, self.upstreams, self.telemetry, self.usage = pipeline, upstreams, telemetry, usage
         self.in_flight, self.max_body_bytes = in_flight, min(max_body_bytes, MAX_BODY_BYTES)
+        self.body_read_s = body_read_s
 
     async def close(self) -> None:
         """Nothing of its own: a replica's streams use its connection pool (``Upstreams``'s)."""
@@ -149,7 +151,7 @@ class GenerationRoutes:
         if encoding not in ("identity", ""):
             raise MalformedBody(f"Content-Encoding {encoding[:40]!r} is not accepted; expected an uncompressed body")
         with self.in_flight.holding(call.tenant.name) as held:  # type: ignore[union-attr]
-            return await bodies.read(request, self.max_body_bytes, held)
+            return await bodies.read(request, self.max_body_bytes, held, self.body_read_s)
 
     def _generation(self, call: Call) -> GenerationSpec:
         gen = call.spec.generation
