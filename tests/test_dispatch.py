@@ -307,3 +307,31 @@ def test_token_counts_a_replica_reports_past_what_the_request_could_make_are_a_b
                 await upstreams.close()
 
     run(scenario)
+
+
+def test_the_slot_and_replica_are_given_back_before_the_caller_is_handed_the_last_event(run) -> None:  # noqa: ANN001
+    """A caller slow to take the final event holds nothing of the version's: the model has
+    answered, so its slot, its replica's place and its connection are back first."""
+    from fleet.gateway.generation.stream import Stream
+
+    async def scenario() -> None:
+        async with Scripted(replica(STREAM)) as srv:
+            upstreams, telemetry = Upstreams(), Telemetry(lambda: iter(()))
+            upstreams.sync({("m", STABLE): (f"http://127.0.0.1:{srv.port}",)}, {"m": (4, 16, 2.0)})
+            try:
+                ex = exchange("generation", upstreams)
+                version, opened = await Dispatcher(upstreams, telemetry)(
+                    "m", TABLE, Choice(STABLE, "stable"), ex, 5000, "interactive"
+                )
+                pool = upstreams.pool("m", STABLE)
+                stream = Stream(
+                    "m", version, "t", opened, opened.first, ex.asked, ex.asked, ex.asked + 5, telemetry, None, int
+                )
+                held = []
+                async for event in stream.events():
+                    held.append((event.get("finish_reason"), pool.slots.in_use, pool.replicas[0].in_flight))  # type: ignore[union-attr]
+                assert held[-1] == ("length", 0, 0) and held[0][1:] == (1, 1), held
+            finally:
+                await upstreams.close()
+
+    run(scenario)

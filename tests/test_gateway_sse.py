@@ -187,3 +187,43 @@ def test_a_reader_that_falls_behind_pauses_the_connection_and_loses_nothing(run)
             assert srv.accepted == 1 and pool.stats()["idle"] == 1
 
     run(scenario)
+
+
+# -- the caller's side: EventStreamResponse --------------------------------------------------------
+def test_a_caller_that_stops_reading_is_cut_off_at_the_write_deadline_and_the_stream_closed(run) -> None:  # noqa: ANN001
+    """``send`` blocks from the third message on, as a socket whose buffers a caller no longer
+    empties does: the response gives up 0.2 s later, closes the event iterator (where the
+    generation's slot, replica connection and lease are given back) and marks the request."""
+    from fleet.gateway.generation.sse import EventStreamResponse
+
+    async def scenario() -> None:
+        closed = asyncio.Event()
+
+        async def events():  # noqa: ANN202 - an async generator of SSE chunks
+            try:
+                for i in range(1000):
+                    yield b"data: {}\n\n" + str(i).encode()
+            finally:
+                closed.set()
+
+        sent: list[dict] = []
+        stuck = asyncio.Event()
+
+        async def send(message: dict) -> None:
+            if len(sent) >= 2:
+                stuck.set()
+                await asyncio.Event().wait()  # never taken
+            sent.append(message)
+
+        async def receive() -> dict:
+            await asyncio.Event().wait()  # the caller never hangs up
+            return {"type": "http.disconnect"}
+
+        scope: dict = {"type": "http", "state": {}}
+        started = asyncio.get_running_loop().time()
+        await EventStreamResponse(events(), media_type="text/event-stream", write_s=0.2)(scope, receive, send)
+        took = asyncio.get_running_loop().time() - started
+        assert stuck.is_set() and closed.is_set() and scope["state"]["stalled"] is True
+        assert 0.15 <= took < 2.0 and len(sent) == 2  # the head and one event, then nothing more (uvloop: ms timers)
+
+    run(scenario)

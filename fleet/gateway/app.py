@@ -142,7 +142,14 @@ def create_app(
         limits.body_read_s,
     )
     generation = GenerationRoutes(
-        pipeline, upstreams, telemetry, usage, in_flight, limits.mib(limits.max_body_mib), limits.body_read_s
+        pipeline,
+        upstreams,
+        telemetry,
+        usage,
+        in_flight,
+        limits.mib(limits.max_body_mib),
+        limits.body_read_s,
+        limits.stream_write_s,
     )
     mirror.generate = generation.shadow
     make_room = None

@@ -54,7 +54,7 @@ from fleet.gateway.admin import json_response
 from fleet.gateway.answers import UpstreamError
 from fleet.gateway.fairqueue import PRIORITIES
 from fleet.gateway.generation import protocol
-from fleet.gateway.generation.sse import SSE_HEADERS, EventStreamResponse
+from fleet.gateway.generation.sse import SSE_HEADERS, WRITE_S, EventStreamResponse
 from fleet.gateway.generation.stream import GenerateExchange, Stream, count, prompt_bound
 from fleet.gateway.inputs import MalformedBody
 from fleet.gateway.pipeline import Call, Pipeline
@@ -97,10 +97,11 @@ class GenerationRoutes:
         in_flight: bodies.BodyBudget,
         max_body_bytes: int,
         body_read_s: float = bodies.BODY_READ_S,
+        stream_write_s: float = WRITE_S,
     ) -> None:
         self.pipeline, self.upstreams, self.telemetry, self.usage = pipeline, upstreams, telemetry, usage
         self.in_flight, self.max_body_bytes = in_flight, min(max_body_bytes, MAX_BODY_BYTES)
-        self.body_read_s = body_read_s
+        self.body_read_s, self.stream_write_s = body_read_s, stream_write_s
 
     async def close(self) -> None:
         """Nothing of its own: a replica's streams use its connection pool (``Upstreams``'s)."""
@@ -183,7 +184,12 @@ class GenerationRoutes:
             self._kept(kept, text)
             return json_response(answer.whole(text, final))
         call.state["streaming"] = True  # a concurrency lease is held until the stream ends, not its first byte
-        return EventStreamResponse(self._sse(answer, stream, kept), media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStreamResponse(
+            self._sse(answer, stream, kept),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+            write_s=self.stream_write_s,
+        )
 
     async def _sse(self, answer: protocol.Answer, stream: Stream, kept: _Kept) -> AsyncIterator[bytes]:
         first = True

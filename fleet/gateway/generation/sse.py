@@ -12,17 +12,20 @@ buffered beyond one event (``MAX_EVENT_BYTES``). The answer goes out through
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import orjson
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from fleet.gateway.answers import UpstreamError
 from fleet.gateway.h1client.connection import StreamedResponse
 from fleet.gateway.h1client.errors import HTTPClientError
 
 MAX_EVENT_BYTES = 64 * 1024  # one event from a model service; a longer one is a broken answer
+WRITE_S = 10.0  # the default write deadline of one event to the caller (the gateway policy's stream_write_s)
+log = logging.getLogger("fleet.gateway.sse")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # and nginx in front must not buffer
 
 
@@ -117,12 +120,32 @@ class EventStreamResponse(StreamingResponse):
     it (the same head and body messages), without its task group: the events are sent from
     the request's own task, and one small task listens for the caller leaving — which
     cancels the stream where it waits (for the replica's next event), so the replica's
-    connection is closed and the generation cancelled, as before."""
+    connection is closed and the generation cancelled, as before.
+
+    A caller that stays but stops reading is cut off too: each event must be taken within
+    ``write_s`` (once the socket's buffers are full, a write waits for the caller), else the
+    stream ends as if the caller had left — the generation cancelled, its slot, replica
+    connection and concurrency lease released — and the connection is closed (with it any
+    requests pipelined behind). Without it one such connection held a version's slot for as
+    long as it stayed open."""
+
+    def __init__(self, *args: Any, write_s: float = WRITE_S, **kwargs: Any) -> None:  # noqa: ANN401
+        super().__init__(*args, **kwargs)
+        self.write_s = write_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
         assert task is not None
         state = {"left": False, "done": False}
+        write_s = self.write_s
+
+        async def send_within(message: Message) -> None:
+            try:
+                async with asyncio.timeout(write_s):
+                    await send(message)
+            except TimeoutError:
+                scope.setdefault("state", {})["stalled"] = True
+                raise CallerStalled(f"the caller took no event for {write_s:g} s") from None
 
         def on_left(listener: asyncio.Task[None]) -> None:
             if state["done"] or listener.cancelled() or listener.exception() is not None:
@@ -134,14 +157,16 @@ class EventStreamResponse(StreamingResponse):
         listener.add_done_callback(on_left)
         iterator = self.body_iterator
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send_within({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async for chunk in iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send_within({"type": "http.response.body", "body": chunk, "more_body": True})
             state["done"] = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send_within({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not state["left"] or task.uncancel() > 0:
                 raise  # cancelled from outside: the server's shutdown
+        except CallerStalled as exc:  # returning unfinished: the server closes the connection
+            log.info("stream cut: %s", exc)
         finally:
             state["done"] = True
             listener.cancel()
@@ -150,6 +175,10 @@ class EventStreamResponse(StreamingResponse):
                 await aclose()  # left between two events: the generation's own cleanup runs now
         if self.background is not None:
             await self.background()
+
+
+class CallerStalled(Exception):  # noqa: N818 - not an error of anyone's request: the caller stopped reading
+    """An event was not taken by the caller within the write deadline."""
 
 
 async def _until_disconnect(receive: Receive) -> None:

@@ -175,8 +175,11 @@ class Stream:
                 if event.get("finish_reason") is not None:
                     self._spend(event, final=True)
                     self._ended(event)  # raises for a generation that failed
-                    yield event
+                    # the model has answered: its replica, connection and slot are given back
+                    # before the caller is handed the last event (a slow reader holds none of them)
                     await self._drain()
+                    await self.opened.close()
+                    yield event
                     return
                 self._spend(event)
                 yield event
