@@ -195,7 +195,10 @@ class ArmWindow:
 @runtime_checkable
 class MetricsSource(Protocol):
     """Where canary analysis reads what a version served: the gateways' own stats (embedded
-    default) or the Prometheus HTTP API (production)."""
+    default) or the Prometheus HTTP API (production). ``max_window_s``: the longest window
+    it can answer (the gateways keep the last 15 minutes); None: any."""
+
+    max_window_s: int | None
 
     def window(self, model: str, version: str, start: float, end: float) -> ArmWindow:
         """The version's counters over [start, end) (unix seconds); zeros when it served nothing."""

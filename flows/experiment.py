@@ -20,7 +20,9 @@ events.
 
 from __future__ import annotations
 
+import collections
 import time
+from collections.abc import Sequence
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -93,14 +95,24 @@ def experiment(
                     metric,
                     min_effect,
                 )
+                trouble: collections.deque[str] = collections.deque(maxlen=5)  # the last troubles, for the artifact
+                troubled = 0  # looks with trouble so far
                 while state.status == ExperimentStatus.RUNNING:
                     time.sleep(tick_s)
                     lease.check()
                     state, skipped = ab.look(state)
+                    if ab.unreadable:
+                        logger.warning("skipped log files that are not Parquet: %s", ", ".join(ab.unreadable))
+                        trouble.append(
+                            f"skipped {len(ab.unreadable)} unreadable log file(s), the first {ab.unreadable[0]}"
+                        )
                     if skipped is not None:
                         logger.warning("this look is skipped: %s", skipped)
+                        trouble.append(f"a look was skipped: {skipped}")
+                    troubled += bool(ab.unreadable) or skipped is not None
+                    _report(state, list(trouble), troubled)
+                    if skipped is not None:
                         continue
-                    _report(state)
                     logger.info("%s", state.summary)
             except BaseException as exc:  # an error (or a cancel) ends it too: recorded, and the split removed below
                 state = ab.stopped_by(state, exc)
@@ -120,7 +132,8 @@ def experiment(
     return Completed(message=state.summary)
 
 
-def _report(state: ExperimentState) -> None:
+def _report(state: ExperimentState, trouble: Sequence[str] = (), troubled: int = 0) -> None:
+    """The run's artifact; ``trouble``: the last looks skipped and files unread, of ``troubled``."""
     a, b = state.arms
     last = state.ticks[-1] if state.ticks else None
     lines = [
@@ -142,6 +155,8 @@ def _report(state: ExperimentState) -> None:
         ]
         if last.diff is not None:
             lines += [f"B - A = {last.diff:+.4g}, always-valid interval [{last.lo:+.4g}, {last.hi:+.4g}]", ""]
+    if trouble:
+        lines += [f"{troubled} look(s) had trouble; the last:", ""] + [f"- {t}" for t in trouble] + [""]
     svg = effect_svg(state.ticks, state.arms, state.metric, state.min_effect)
     lines.append(f"![effect over time]({svg_data_uri(svg)})")
     create_markdown_artifact(

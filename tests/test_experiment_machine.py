@@ -67,6 +67,16 @@ def test_a_new_experiment_reads_from_the_next_whole_second_and_waits_for_outcome
     assert after.ticks[-1].diff is None and after.evidence["looks"] == 1
 
 
+def test_a_late_look_reads_no_more_than_the_source_keeps() -> None:
+    """The gateways keep 15 minutes: a look 40 minutes after the last (a stalled process)
+    asks for the last 900 s only, rather than failing on a window no gateway has."""
+    state = begun()
+    a, b = reads(state, T0 + 2400.0, max_window_s=900)
+    assert (a.start, a.end) == (1_002_400 - 900, 1_002_400 - READ_SLACK_S) and (b.start, b.end) == (a.start, a.end)
+    assert reads(state, T0 + 2400.0)[0].start == 1_000_001  # a source that keeps everything: since the last look
+    assert reads(state, T0 + 5.0, max_window_s=900)[0].start == 1_000_001  # in time: nothing left out
+
+
 def test_the_served_totals_and_evidence_add_up_look_by_look() -> None:
     state = begun()
     for k in range(1, 6):

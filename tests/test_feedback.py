@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from fleet.catalog.policies.models import Outcome
@@ -107,6 +108,34 @@ def test_feedback_has_a_quota_of_its_own_and_an_id_labelled_many_times_counts_on
         assert len(rows) == 1 and rows["label"].tolist() == [0]  # the first logged request, the last label
     finally:
         e.stop()
+
+
+def test_a_log_file_that_is_not_parquet_is_skipped_and_named_never_the_end_of_a_read() -> None:
+    """A file cut short (or written over by hand) among the inference log's, the labels' and
+    the outcomes': the readers skip it, log it and name it; the good files are all read."""
+    from fleet.logs.feedback import write, write_outcomes
+    from fleet.logs.inference import InferenceLog, Sample
+    from fleet.store import MemoryStore
+
+    store, now = MemoryStore(), datetime.now(UTC)
+    log = InferenceLog(store, "gw")
+    for i in range(3):
+        features, outputs = np.array([[0.1, 0.2]], np.float32), np.array([[0.7, 0.3]], np.float32)
+        log.record(Sample(now.timestamp(), f"r{i}", "m", "1.0.0", "apps", 1.0, features, outputs, ("x", "y")))
+    assert log.flush() == 3
+    _, given = parse({"model": "m", "feedback": [{"request_id": "r0", "label": 1, "outcomes": {"clicked": 1}}]})
+    write(store, "m", "apps", given, "gw")
+    write_outcomes(store, "m", "apps", given, "gw")
+    hour = f"{now:%Y/%m/%d/%H}"
+    bad = [f"logs/{kind}/m/{hour}/0-broken-1.parquet" for kind in ("inference", "feedback", "outcomes")]
+    for key in bad:
+        store.put(key, b"PAR1 cut short")
+    unreadable: list[str] = []
+    frame = labelled(store, "m", now - timedelta(hours=1), now + timedelta(minutes=1), unreadable)
+    assert sorted(frame["request_id"]) == ["r0", "r1", "r2"] and frame.set_index("request_id")["label"]["r0"] == 1
+    outcomes = with_outcomes(store, "m", now - timedelta(hours=1), now + timedelta(minutes=1), ["clicked"], unreadable)
+    assert outcomes.set_index("request_id")["outcome:clicked"]["r0"] == 1
+    assert set(unreadable) == set(bad)
 
 
 @pytest.mark.parametrize(

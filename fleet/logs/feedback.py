@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from fleet.errors import FleetError, InvalidInput
-from fleet.logs.inference import read_window
+from fleet.logs.inference import read_parquet, read_window
 from fleet.names import check_name
 from fleet.types import ObjectStore
 
@@ -244,26 +244,30 @@ def write_outcomes(store: ObjectStore, model: str, tenant: str, labels: Sequence
     return _put(store, "outcomes", model, table, writer, now)
 
 
-def _hourly(store: ObjectStore, kind: str, model: str, start: datetime, end: datetime) -> list:
-    """The Parquet tables under ``logs/<kind>/<model>/`` of the hours from ``start`` to ``end``."""
-    import pyarrow.parquet as pq
-
+def _hourly(
+    store: ObjectStore, kind: str, model: str, start: datetime, end: datetime, unreadable: list[str] | None = None
+) -> list:
+    """The Parquet tables under ``logs/<kind>/<model>/`` of the hours from ``start`` to ``end``
+    (a file that is not Parquet skipped and named in ``unreadable``, as ``read_window`` does)."""
     tables = []
     hour = start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     while hour < end:
         for key in store.list(f"logs/{kind}/{model}/{hour:%Y/%m/%d/%H}/"):
-            tables.append(pq.read_table(io.BytesIO(store.get(key).data)))
+            if (table := read_parquet(store, key, unreadable)) is not None:
+                tables.append(table)
         hour += timedelta(hours=1)
     return tables
 
 
-def read_outcomes(store: ObjectStore, model: str, start: datetime, end: datetime):  # noqa: ANN201 - DataFrame
+def read_outcomes(  # noqa: ANN201 - DataFrame
+    store: ObjectStore, model: str, start: datetime, end: datetime, unreadable: list[str] | None = None
+):
     """Every outcome sent between ``start`` and ``end``, one row per (tenant, request id, row,
     name); the last one sent wins."""
     import pandas as pd
     import pyarrow as pa
 
-    tables = _hourly(store, "outcomes", model, start, end)
+    tables = _hourly(store, "outcomes", model, start, end, unreadable)
     if not tables:
         return pd.DataFrame({"ts": [], "request_id": [], "row": [], "tenant": [], "name": [], "value": []})
     frame = pa.concat_tables(tables).to_pandas().sort_values("ts", kind="stable")
@@ -273,17 +277,24 @@ def read_outcomes(store: ObjectStore, model: str, start: datetime, end: datetime
 OUTCOME_COLUMN = "outcome:{}"  # an outcome's column in with_outcomes: never a feature's or the log's own name
 
 
-def with_outcomes(store: ObjectStore, model: str, start: datetime, end: datetime, names: Sequence[str]):  # noqa: ANN201
+def with_outcomes(  # noqa: ANN201
+    store: ObjectStore,
+    model: str,
+    start: datetime,
+    end: datetime,
+    names: Sequence[str],
+    unreadable: list[str] | None = None,
+):
     """The inference log of [start, end) (its ``version`` says which arm answered) with one
     column ``outcome:<name>`` per outcome in ``names``: NaN where none was sent. Joined on
     tenant, request id and row; a request id logged twice by a tenant (the caller sets
     X-Request-Id) keeps its first row only, so one outcome never counts for several requests."""
     keys = ["tenant", "request_id", "row"]
     columns = {n: OUTCOME_COLUMN.format(n) for n in names}
-    window = read_window(store, model, start, end)
+    window = read_window(store, model, start, end, unreadable)
     if not window.empty:
         window = window.drop_duplicates(keys, keep="first")
-    sent = read_outcomes(store, model, start, end + timedelta(hours=LOOKBACK_H))
+    sent = read_outcomes(store, model, start, end + timedelta(hours=LOOKBACK_H), unreadable)
     sent = sent[sent["name"].isin(list(names))] if len(sent) else sent
     if window.empty or sent.empty:
         return window.assign(**{c: float("nan") for c in columns.values()})
@@ -297,22 +308,26 @@ def with_outcomes(store: ObjectStore, model: str, start: datetime, end: datetime
     return merged.assign(**{c: merged[c] if c in merged else float("nan") for c in columns.values()})
 
 
-def read_feedback(store: ObjectStore, model: str, start: datetime, end: datetime):  # noqa: ANN201 - DataFrame
+def read_feedback(  # noqa: ANN201 - DataFrame
+    store: ObjectStore, model: str, start: datetime, end: datetime, unreadable: list[str] | None = None
+):
     """Every label given between ``start`` and ``end`` (the last one wins for a tenant's request row)."""
     import pandas as pd
     import pyarrow as pa
 
-    tables = _hourly(store, "feedback", model, start, end)
+    tables = _hourly(store, "feedback", model, start, end, unreadable)
     if not tables:
         return pd.DataFrame({"ts": [], "request_id": [], "row": [], "tenant": [], "label": []})
     frame = pa.concat_tables(tables, promote_options="permissive").to_pandas().sort_values("ts", kind="stable")
     return frame.drop_duplicates(["tenant", "request_id", "row"], keep="last").reset_index(drop=True)
 
 
-def labelled(store: ObjectStore, model: str, start: datetime, end: datetime):  # noqa: ANN201 - DataFrame
+def labelled(  # noqa: ANN201 - DataFrame
+    store: ObjectStore, model: str, start: datetime, end: datetime, unreadable: list[str] | None = None
+):
     """The inference log of [start, end) with a ``label`` column (NaN where no feedback came)."""
-    window = read_window(store, model, start, end)
-    feedback = read_feedback(store, model, start, end + timedelta(hours=LOOKBACK_H))
+    window = read_window(store, model, start, end, unreadable)
+    feedback = read_feedback(store, model, start, end + timedelta(hours=LOOKBACK_H), unreadable)
     if window.empty:
         return window.assign(label=[])
     # a request id logged twice by a tenant (the caller sets X-Request-Id) keeps its first row

@@ -293,11 +293,14 @@ class InferenceLog:
         return self._buffered_rows
 
 
-def read_window(store: ObjectStore, model: str, start: datetime, end: datetime):  # noqa: ANN201 - DataFrame
-    """Every logged row of ``model`` with ``start <= ts < end`` as one pandas DataFrame."""
+def read_window(  # noqa: ANN201 - DataFrame
+    store: ObjectStore, model: str, start: datetime, end: datetime, unreadable: list[str] | None = None
+):
+    """Every logged row of ``model`` with ``start <= ts < end`` as one pandas DataFrame. A file
+    that is not Parquet (cut short, overwritten by hand) is skipped, named in the log and in
+    ``unreadable``: one bad file never ends a monitor or an experiment."""
     import pandas as pd
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     if start.tzinfo is None or end.tzinfo is None:
         raise ValueError("read_window needs timezone-aware datetimes")
@@ -305,10 +308,26 @@ def read_window(store: ObjectStore, model: str, start: datetime, end: datetime):
     hour = start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     while hour < end:
         for key in store.list(hour_prefix(model, hour)):
-            tables.append(pq.read_table(io.BytesIO(store.get(key).data)))
+            table = read_parquet(store, key, unreadable)
+            if table is not None:
+                tables.append(table)
         hour += timedelta(hours=1)
     if not tables:
         return pd.DataFrame({c: [] for c in META_COLUMNS})
     frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
     ts = frame["ts"]
     return frame[(ts >= pd.Timestamp(start)) & (ts < pd.Timestamp(end))].reset_index(drop=True)
+
+
+def read_parquet(store: ObjectStore, key: str, unreadable: list[str] | None = None):  # noqa: ANN201 - a pyarrow Table
+    """One log file's table; None (named in the log and in ``unreadable``) if it is not Parquet."""
+    import pyarrow.parquet as pq
+
+    data = store.get(key).data  # a store that cannot be read raises: that is not a bad file
+    try:
+        return pq.read_table(io.BytesIO(data))
+    except (ValueError, OSError) as exc:  # pyarrow's ArrowInvalid / ArrowIOError
+        log.warning("skipping %s: not a readable Parquet file (%s)", key, exc)
+        if unreadable is not None:
+            unreadable.append(key)
+        return None

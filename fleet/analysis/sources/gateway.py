@@ -85,6 +85,8 @@ class _Stats(BaseModel):
 
 
 class GatewayMetrics:
+    max_window_s: int | None = MAX_WINDOW_S
+
     def __init__(
         self, store: ObjectStore, admin_token: str, *, timeout_s: float = 5.0, clock: Callable[[], float] = time.time
     ) -> None:

@@ -27,6 +27,8 @@ from fleet.types import (
 
 
 class MemoryMetrics:
+    max_window_s: int | None = None
+
     def __init__(self) -> None:
         self._events: list[tuple[float, ArmWindow]] = []
         self._lock = threading.Lock()

@@ -46,6 +46,8 @@ _PAIR_OUTCOMES = ',outcome=~"agree|disagree"'  # both answers arrived: what agre
 
 
 class PrometheusMetrics:
+    max_window_s: int | None = None  # Prometheus keeps its retention: far longer than a look's gap
+
     def __init__(self, url: str, *, timeout_s: float = 10.0) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:

@@ -61,6 +61,7 @@ class Experiment:
         self.store, self.runtime, self.metrics, self.policies = store, runtime, metrics, policies
         self.router = Router(store)
         self.who, self.guard, self.clock, self.notify = who, guard, clock, notify
+        self.unreadable: list[str] = []  # the log files the last look skipped (not Parquet)
 
     def check(
         self, model: str, arms: list[str], metric: str, min_effect: float, alpha: float
@@ -144,11 +145,12 @@ class Experiment:
         """The counters first (the gateways' source reads only windows ending now, and reading
         the logs may take seconds), then the outcomes, then the stop key."""
         tick_a = tick_b = None
-        wanted = machine.reads(state, now)
+        wanted = machine.reads(state, now, self.metrics.max_window_s)
         if wanted is not None:
             tick_a, tick_b = (self.metrics.window(state.model, r.version, r.start, r.end) for r in wanted)
         end = datetime.fromtimestamp(now, UTC) + timedelta(seconds=1)
-        outcomes = _outcomes(self.store, state.model, state.metric, state.started_at, end)
+        self.unreadable = []
+        outcomes = _outcomes(self.store, state.model, state.metric, state.started_at, end, self.unreadable)
         stop = None
         if records.exists(self.store, stop_key(state.model)):
             stop = self.store.get(stop_key(state.model)).data.decode(errors="replace")
@@ -185,18 +187,21 @@ class Experiment:
         return True
 
 
-def _outcomes(store: ObjectStore, model: str, metric: str, start: datetime, end: datetime) -> dict[str, np.ndarray]:
-    """version → the metric of each logged request (row) that has one."""
+def _outcomes(
+    store: ObjectStore, model: str, metric: str, start: datetime, end: datetime, unreadable: list[str]
+) -> dict[str, np.ndarray]:
+    """version → the metric of each logged request (row) that has one; the log files that
+    could not be read are skipped and named in ``unreadable``."""
     from fleet.logs.feedback import OUTCOME_COLUMN, labelled, with_outcomes
 
     if metric == "accuracy":
-        frame = labelled(store, model, start, end)
+        frame = labelled(store, model, start, end, unreadable)
         if frame.empty:
             return {}
         frame = frame[frame["label"].notna()]
         column = (frame["prediction"] == frame["label"]).astype(np.float64)
     else:
-        frame = with_outcomes(store, model, start, end, [metric])
+        frame = with_outcomes(store, model, start, end, [metric], unreadable)
         if frame.empty:
             return {}
         name = OUTCOME_COLUMN.format(metric)

@@ -75,11 +75,15 @@ def start(
     )
 
 
-def reads(state: ExperimentState, now: float) -> tuple[Read, Read] | None:
+def reads(state: ExperimentState, now: float, max_window_s: int | None = None) -> tuple[Read, Read] | None:
     """The counters of A and B over the whole seconds since the last look, as the rollout
     reads them (``fleet.control.rollout.reading.tick_span``): a per-second source would count
-    a second read twice twice. None: no whole second since."""
+    a second read twice twice. None: no whole second since. Never longer than the source
+    keeps (``max_window_s``): after a look that came late, the seconds before are not read
+    (the guardrails miss them) rather than the look failing on a window nobody has."""
     since, upto = int(state.ticked_at), math.floor(now)
+    if max_window_s is not None:
+        since = max(since, upto - max_window_s)  # a window of upto - since seconds (the last one left out)
     if since >= upto:
         return None
     a, b = state.arms
