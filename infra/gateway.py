@@ -7,7 +7,8 @@ load balancer's target group points at; a PodDisruptionBudget keeps all but one 
 during node drains, and an HPA scales it on CPU.
 
 Its admin API is on: ``FLEET_ADMIN_TOKEN`` comes from a Secret made from the stack's secret
-``gatewayAdminToken``. Tenants' quotas are shared through the quota store
+``gatewayAdminToken``; ``/metrics`` needs a scrape token (``FLEET_METRICS_TOKEN``, derived from
+it: ``scrape_token``), which Prometheus's ServiceMonitor holds (infra/platform.py). Tenants' quotas are shared through the quota store
 (infra/quota_store.py): ``FLEET_REDIS_URL`` comes from a Secret of its own holding
 ``rediss://:<redisAuthToken>@<primary endpoint>:6379/0``, and the Deployment waits for the
 replication group. ``FLEET_GATEWAY_WORKERS`` processes serve each pod (the stack's
@@ -29,6 +30,8 @@ gateway, not to whichever one the Service picks.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass
 
 import pulumi
@@ -48,6 +51,16 @@ PRICES_ITEM = "prices.json"  # the key in the prices ConfigMap's data: FLEET_PRI
 MAX_DECODE_WORKERS = 4  # the gateway's own ceiling when it sizes the pool itself (fleet/gateway/body.py)
 USER_ID = 10001  # the numeric user and group of the gateway image (the repository's Dockerfile)
 ADMIN_TOKEN_ITEM = "token"  # the key in the Secret's data
+SCRAPE_TOKEN_ITEM = "scrape-token"  # the key of the scrape token, in the gateway's Secret and Prometheus's
+
+
+def scrape_token(admin_token: str) -> str:
+    """The token Prometheus scrapes ``/metrics`` with (the gateway's ``FLEET_METRICS_TOKEN``):
+    derived from the admin token, so it rotates with it and needs no config of its own, and
+    reveals nothing of it (an HMAC); it opens ``/metrics`` only, never the admin API."""
+    return hmac.new(admin_token.encode(), b"serving-fleet metrics scrape", hashlib.sha256).hexdigest()
+
+
 REDIS_URL_ITEM = "url"  # the key in the quota store Secret's data
 DRAIN_S = 10  # preStop: stay in the endpoints until kube-proxy on every node has dropped this pod
 # after SIGTERM: uvicorn's graceful shutdown (10 s), the inference log's last flush, the
@@ -101,6 +114,15 @@ class Gateway(pulumi.ComponentResource):
             string_data={ADMIN_TOKEN_ITEM: pulumi.Output.secret(args.admin_token)},
             opts=child,
         )
+        scrape = k8s.core.v1.Secret(
+            f"{name}-scrape-token",
+            metadata=owned,
+            type="Opaque",
+            string_data={
+                SCRAPE_TOKEN_ITEM: pulumi.Output.secret(pulumi.Output.from_input(args.admin_token).apply(scrape_token))
+            },
+            opts=child,
+        )
         redis = k8s.core.v1.Secret(
             f"{name}-redis",
             metadata=owned,
@@ -133,6 +155,10 @@ class Gateway(pulumi.ComponentResource):
                 {
                     "name": "FLEET_ADMIN_TOKEN",
                     "valueFrom": {"secretKeyRef": {"name": token.metadata.name, "key": ADMIN_TOKEN_ITEM}},
+                },
+                {
+                    "name": "FLEET_METRICS_TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": scrape.metadata.name, "key": SCRAPE_TOKEN_ITEM}},
                 },
                 {
                     "name": "FLEET_REDIS_URL",

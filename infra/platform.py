@@ -27,7 +27,7 @@ from infra.admission import NAME as GPU_ADMISSION
 from infra.charts import PROMETHEUS_URL, STORAGE_CLASS, install_charts
 from infra.config import GatewaySettings
 from infra.gateway import NAME as GATEWAY
-from infra.gateway import Gateway, GatewayArgs
+from infra.gateway import SCRAPE_TOKEN_ITEM, Gateway, GatewayArgs, scrape_token
 from infra.images import GATEWAY_REPOSITORY
 from infra.monitoring import alert_rules, dashboard
 from infra.namespaces import FLOWS_NS, GATEWAY_NS, KEDA_NS, MODELS_NS, MONITORING_NS
@@ -179,6 +179,19 @@ class Platform(pulumi.ComponentResource):
             spec={"groups": alert_rules(args.policies, models)},
             opts=monitoring,
         )
+        # /metrics names every tenant and version: Prometheus scrapes it with the scrape token
+        # (infra/gateway.py), from a Secret in its own namespace (a ServiceMonitor reads only those)
+        scrape = k8s.core.v1.Secret(
+            f"{name}-gateway-scrape-token",
+            metadata={"name": "fleet-gateway-scrape", "namespace": MONITORING_NS},
+            type="Opaque",
+            string_data={
+                SCRAPE_TOKEN_ITEM: pulumi.Output.secret(
+                    pulumi.Output.from_input(args.gateway_admin_token).apply(scrape_token)
+                )
+            },
+            opts=monitoring,
+        )
         k8s.apiextensions.CustomResource(
             f"{name}-gateway-monitor",
             api_version="monitoring.coreos.com/v1",
@@ -188,7 +201,17 @@ class Platform(pulumi.ComponentResource):
                 "selector": {"matchLabels": {"app.kubernetes.io/name": GATEWAY}},
                 "jobLabel": "app.kubernetes.io/name",
                 "namespaceSelector": {"matchNames": [GATEWAY_NS]},
-                "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+                "endpoints": [
+                    {
+                        "port": "http",
+                        "path": "/metrics",
+                        "interval": "15s",
+                        "authorization": {
+                            "type": "Bearer",
+                            "credentials": {"name": scrape.metadata["name"], "key": SCRAPE_TOKEN_ITEM},
+                        },
+                    }
+                ],
             },
             opts=monitoring,
         )

@@ -26,6 +26,8 @@ os.environ.update(
     AWS_SHARED_CREDENTIALS_FILE=os.devnull,
 )
 os.environ.pop("FLEET_STORE", None)
+# every gateway a test starts takes this scrape token for /metrics (tests/gateway_env.py's scrape)
+os.environ["FLEET_METRICS_TOKEN"] = "test-metrics-token"
 
 # pytest imports this file as ``conftest``; importing it again under another name (``from
 # tests.conftest import ...``) would run it twice: a second Prefect port, a second BentoML home,

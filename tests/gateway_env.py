@@ -180,12 +180,22 @@ def wait_for(condition, timeout: float = 10.0, what: str = "condition") -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+METRICS_TOKEN = "test-metrics-token"  # the scrape token tests/conftest.py gives every gateway
+
+
+def scrape(url: str, **params: str) -> str:
+    """The gateway's ``/metrics``, scraped as Prometheus does: with the scrape token."""
+    r = httpx.get(f"{url}/metrics", params=params, headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=10)
+    r.raise_for_status()
+    return r.text
+
+
 def metric(url: str, name: str, **labels: str) -> float:
     """Sum of the Prometheus samples called ``name`` whose labels include ``labels``."""
     from prometheus_client.parser import text_string_to_metric_families
 
     total = 0.0
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=5).text):
+    for family in text_string_to_metric_families(scrape(url)):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 total += sample.value

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.gateway_env import ADMIN_TOKEN, MODEL, GatewayEnv, metric, wait_for
+from tests.gateway_env import ADMIN_TOKEN, MODEL, GatewayEnv, metric, scrape, wait_for
 
 LIMITS = {"shadow_queue_mib": 1, "inference_log_buffer_mib": 1, "feedback_index_mib": 1}
 EXAMPLES = 2000
@@ -300,7 +300,7 @@ def test_after_the_fuzzing_the_gateway_is_live_and_within_its_budgets(gw: dict) 
 
     labels = [
         s.labels
-        for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+        for f in text_string_to_metric_families(scrape(url))
         for s in f.samples
         if s.name == "fleet_requests_total"
     ]

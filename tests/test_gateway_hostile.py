@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.gateway_env import MODEL, GatewayEnv, admin, infer, metric, wait_for
+from tests.gateway_env import MODEL, GatewayEnv, admin, infer, metric, scrape, wait_for
 
 ROW = [1.0, 0.0, 0.0, 0.0]
 
@@ -207,7 +207,7 @@ def test_unauthenticated_requests_to_made_up_names_leave_metrics_the_same_size(g
     from prometheus_client.parser import text_string_to_metric_families
 
     def series() -> set[tuple]:
-        text = httpx.get(f"{gw['url']}/metrics").text
+        text = scrape(gw["url"])
         return {
             (s.name, tuple(sorted(s.labels.items()))) for f in text_string_to_metric_families(text) for s in f.samples
         }
@@ -224,8 +224,13 @@ def test_unauthenticated_requests_to_made_up_names_leave_metrics_the_same_size(g
             timeout=15,
             what="earlier tests' log rows written (their series made)",
         )
+        wait_for(  # sampled once a second from the routing snapshot: its series is made by the first sample
+            lambda: metric(gw["url"], "fleet_version_replica_seconds_total") > 0,
+            timeout=15,
+            what="the replica-seconds series sampled",
+        )
         before = series()
-        size = len(client.get("/metrics").content)
+        size = len(scrape(gw["url"]))
         for name in names[5:]:
             assert client.post(f"/v2/models/{name}/infer", json=v2(ROW)).status_code == 401
             client.post(f"/v1/models/{name}:predict", json={"instances": [ROW]}, headers={"Authorization": "Bearer x"})
@@ -234,7 +239,7 @@ def test_unauthenticated_requests_to_made_up_names_leave_metrics_the_same_size(g
                 headers={"Authorization": f"Bearer {gw['keys']['apps']}"},
             )
     assert series() == before
-    assert len(httpx.get(f"{gw['url']}/metrics").content) < size + 2000  # only counters' digits grew
+    assert len(scrape(gw["url"])) < size + 2000  # only counters' digits grew
     assert metric(gw["url"], "fleet_auth_failures_total", surface="inference") >= 2 * 995
 
 
@@ -424,7 +429,7 @@ def test_large_requests_never_hold_the_event_loop(env) -> None:
 
     held = {
         s.labels.get("le", s.name): s.value
-        for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+        for f in text_string_to_metric_families(scrape(url))
         for s in f.samples
         if s.name.startswith("fleet_event_loop_held_seconds")
     }  # one scrape
@@ -463,3 +468,17 @@ def test_a_client_that_leaves_mid_body_is_counted_499_not_as_the_gateway_s_500(g
     )
     assert metric(gw["url"], "fleet_requests_total", tenant="third", code="500") == before_500
     assert post(gw, INFER, v2([1.0, 0.0, 0.0, 0.0]), tenant="third").status_code == 200
+
+
+def test_metrics_name_tenants_so_they_need_the_scrape_or_the_admin_token(gw: dict) -> None:
+    """/metrics shows every tenant's name, traffic and cost and every version: not to a caller
+    with no token or an inference key, only to Prometheus's scrape token or the admin's."""
+    url, before = gw["url"], metric(gw["url"], "fleet_auth_failures_total", surface="metrics")
+    for headers in ({}, {"Authorization": f"Bearer {gw['keys']['apps']}"}, {"Authorization": "Bearer x"}):
+        r = httpx.get(f"{url}/metrics", headers=headers, timeout=10)
+        assert r.status_code == 401 and "expected the scrape token" in r.json()["error"], r.text
+        assert "rivals" not in r.text and "fleet_requests_total" not in r.text
+    assert "fleet_requests_total" in scrape(url)  # the scrape token
+    with admin(url) as adm:
+        assert "fleet_requests_total" in adm.get("/metrics").text  # the admin token
+    assert metric(url, "fleet_auth_failures_total", surface="metrics") == before + 3

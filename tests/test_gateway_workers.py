@@ -20,7 +20,7 @@ import pytest
 from fleet.catalog import gateway_directory
 from fleet.gateway.quota import divide
 from fleet.gateway.workers import merge_expositions, worker_argv
-from tests.gateway_env import ADMIN_TOKEN, BODY, MODEL, GatewayEnv, metric, wait_for
+from tests.gateway_env import ADMIN_TOKEN, BODY, MODEL, GatewayEnv, metric, scrape, wait_for
 from tests.redis_env import RedisServer
 from tests.test_quota_redis import BURST, RPS, _flood, metered
 
@@ -72,14 +72,14 @@ def test_workers_share_one_quota_and_metrics_add_up(workers) -> None:
     own = [metric_of(r.url, "fleet_requests_total", worker="1") for r in _records(env)]
     assert all(n > 0 for n in own), f"each worker should have answered some requests: {own}"
     assert metric(url, "fleet_requests_total") == sum(own) == admitted + refused
-    text = httpx.get(f"{url}/metrics", timeout=5).text
+    text = scrape(url)
     assert 'worker="0"' in text and 'worker="1"' in text  # each worker's series, once each
 
 
 def metric_of(url: str, name: str, worker: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(f"{url}/metrics", params={"worker": worker}, timeout=5).text
+    text = scrape(url, worker=worker)
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 

@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from fleet.types import output_bucket
+from tests.gateway_env import scrape
 from tests.redis_env import RedisServer
 from tests.serving_env import FleetEnv
 
@@ -122,7 +123,7 @@ def test_oip_generate_and_generate_stream(fleet: dict) -> None:
 
 def usage(fleet: dict, tenant: str, version: str) -> tuple[float, float]:
     """(requests, tokens) the gateway metered for ``tenant`` on ``version`` so far."""
-    text = httpx.get(fleet["url"] + "/metrics", timeout=10).text
+    text = scrape(fleet["url"])
     found = {"requests": 0.0, "tokens": 0.0}
     for line in text.splitlines():
         for kind in found:
@@ -186,7 +187,7 @@ def test_unknown_keys_and_other_tenants_models(fleet: dict) -> None:
 
 def test_generation_is_measured_per_version(fleet: dict) -> None:
     client(fleet).completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, extra_body={"min_tokens": 4})
-    text = httpx.get(fleet["url"] + "/metrics", timeout=10).text
+    text = scrape(fleet["url"])
     ttft = [
         line
         for line in text.splitlines()
@@ -335,7 +336,7 @@ def test_exact_match_feedback_is_compared_with_the_logged_answer_and_counted_for
         headers={"Authorization": "Bearer e2e-admin-token"},
     ).json()["versions"]["1.0.0"]
     assert (window["labelled"], window["matched"]) == (2, 1)
-    metrics = httpx.get(fleet["url"] + "/metrics", timeout=10).text
+    metrics = scrape(fleet["url"])
     assert f'fleet_feedback_labels_total{{model="{MODEL}",outcome="match",version="1.0.0"}} 1.0' in metrics
     # the same label again, 40 times in a call and once more: stored, never counted twice (40
     # copies of one label used to trip the exact-match gate on their own)
@@ -394,7 +395,7 @@ def test_generations_are_mirrored_to_a_shadow_and_compared_off_the_callers_path(
         assert window["shadow_pairs"] >= before + 6, window
         assert served == {"1.0.0"}  # callers are answered by the stable only
         assert sum(window["output_tokens"]) >= 6 and sum(window["latency_ms"]) >= 6  # the shadow's own TTFT and lengths
-        metrics = httpx.get(fleet["url"] + "/metrics", timeout=10).text
+        metrics = scrape(fleet["url"])
         outcomes = [
             line
             for line in metrics.splitlines()
@@ -422,7 +423,7 @@ def test_a_callers_short_timeout_cut_mid_answer_is_never_the_versions_failure(fl
         return versions.get("1.1.0", {"requests": 0, "errors": {}})
 
     def caller_timeouts() -> float:
-        text = httpx.get(fleet["url"] + "/metrics", timeout=10).text
+        text = scrape(fleet["url"])
         return sum(
             float(line.split()[-1])
             for line in text.splitlines()

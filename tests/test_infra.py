@@ -444,6 +444,34 @@ def test_the_gateway_admin_token_comes_from_a_secret_and_no_stack_secret_is_ever
             assert value not in json.dumps(plain, default=str), f"{r.type} {r.name} holds a stack secret in plain text"
 
 
+def test_prometheus_scrapes_the_gateway_with_a_scrape_token_the_gateway_takes_and_never_the_admin_token(
+    stack: Build,
+) -> None:
+    """/metrics names every tenant: the gateway needs a token for it (FLEET_METRICS_TOKEN), and
+    Prometheus's ServiceMonitor sends one from a Secret in its namespace: the same value, derived
+    from the admin token, never the admin token itself (which opens the admin API)."""
+    from infra.gateway import scrape_token
+    from infra.namespaces import GATEWAY_NS, MONITORING_NS
+
+    token = scrape_token(ADMIN_TOKEN)
+    assert token != ADMIN_TOKEN and ADMIN_TOKEN not in token and len(token) == 64
+    scrapes = [r for r in stack.of_type("kubernetes:core/v1:Secret") if "scrape-token" in r.inputs["stringData"]]
+    by_ns = {r.inputs["metadata"]["namespace"]: r for r in scrapes}
+    assert sorted(by_ns) == sorted([GATEWAY_NS, MONITORING_NS]) and len(scrapes) == 2
+    assert all(r.inputs["stringData"] == {"scrape-token": token} and "stringData" in r.secret_inputs for r in scrapes)
+    _, container = _gateway(stack)
+    gateway_secret = by_ns[GATEWAY_NS]
+    ref = _env(container)["FLEET_METRICS_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": gateway_secret.state["metadata"]["name"], "key": "scrape-token"}
+    (monitor,) = [r for r in stack.of_type("kubernetes:monitoring.coreos.com/v1:ServiceMonitor")]
+    (endpoint,) = monitor.inputs["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics" and endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "fleet-gateway-scrape", "key": "scrape-token"},
+    }
+    assert by_ns[MONITORING_NS].inputs["metadata"]["name"] == "fleet-gateway-scrape"
+
+
 def test_grafana_and_prefects_database_use_the_stacks_passwords_and_keep_their_data(stack: Build) -> None:
     releases = {r.inputs["chart"]: r for r in stack.of_type("kubernetes:helm.sh/v3:Release")}
     grafana = releases["kube-prometheus-stack"].inputs["values"]["grafana"]["admin"]

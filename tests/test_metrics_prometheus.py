@@ -15,7 +15,7 @@ import pytest
 
 from fleet.analysis.sources.gateway import GatewayMetrics
 from fleet.analysis.sources.prometheus import PrometheusMetrics
-from tests.gateway_env import ADMIN_TOKEN, MODEL, GatewayEnv, infer, wait_for
+from tests.gateway_env import ADMIN_TOKEN, METRICS_TOKEN, MODEL, GatewayEnv, infer, wait_for
 from tests.serving_env import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -36,6 +36,7 @@ def prometheus_for(tmp_path: Path):
 global: {{scrape_interval: 1s, evaluation_interval: 1s}}
 scrape_configs:
   - job_name: fleet-gateway
+    authorization: {{type: Bearer, credentials: {METRICS_TOKEN}}}
     static_configs: [{{targets: ["{gateway_url.removeprefix("http://")}"]}}]
 """)
         log = open(tmp_path / "prometheus.log", "wb")

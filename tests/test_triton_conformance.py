@@ -18,7 +18,7 @@ from fleet.catalog.tenants import Quota, Tenants
 
 # first: loads tritonclient's protos (see _load_service)
 from fleet.gateway.grpc_codec import pb  # noqa: F401
-from tests.gateway_env import MODEL, GatewayEnv
+from tests.gateway_env import MODEL, GatewayEnv, scrape
 from tests.test_grpc import start_gateway
 
 # isort: split
@@ -178,5 +178,5 @@ def test_the_three_clients_get_the_same_answer(fleet: dict) -> None:
 
 
 def test_the_client_requests_are_counted_under_real_names(fleet: dict) -> None:
-    text = httpx.get(f"{fleet['url']}/metrics", timeout=5).text
+    text = scrape(fleet["url"])
     assert f'model="{MODEL}"' in text and 'tenant="apps"' in text

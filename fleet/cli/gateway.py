@@ -123,7 +123,7 @@ def gateway_cmd(
             f"(store {store.url})\n"
             f"  inference  {url}/v2/models/MODEL/infer\n  gRPC       {_grpc_line(app, shown)}\n"
             f"  health     {url}/v2/health/ready\n"
-            f"  metrics    {url}/metrics\n  admin API  {admin}\n"
+            f"  metrics    {url}/metrics ({_scrape()})\n  admin API  {admin}\n"
             f"  access log {'on' if access_log else 'off (--access-log)'}; Ctrl-C stops",
             markup=False,
             highlight=False,
@@ -185,7 +185,8 @@ def _workers_banner(n: int, host: str, shown: str, grpc_port: int | None) -> Cal
             f"(pids {', '.join(str(p.pid) for p in supervisor.procs if p)})\n"
             f"  inference  {url}/v2/models/MODEL/infer\n"
             f"  gRPC       {f'{shown}:{grpc_port}' if grpc_port else 'off (--grpc-port N)'}\n"
-            f"  health     {url}/v2/health/ready\n  metrics    {url}/metrics (all workers added up)\n"
+            f"  health     {url}/v2/health/ready\n  metrics    {url}/metrics (all workers added up; "
+            f"{_scrape()})\n"
             f"  workers    {', '.join(supervisor.private_urls)}\n  quotas     {quotas}\n  Ctrl-C stops",
             markup=False,
             highlight=False,
@@ -351,3 +352,10 @@ def _summary(settings, info: dict[str, str], seconds: float, grpc: str, workers:
         "fleet status shows versions, weights and replicas; Ctrl-C stops everything.",
     ]
     print("\n".join(lines), flush=True)
+
+
+def _scrape() -> str:
+    """Who may read /metrics (``fleet.gateway.health``), as the start-up lines say it."""
+    if os.environ.get("FLEET_METRICS_TOKEN") or os.environ.get("FLEET_ADMIN_TOKEN"):
+        return "with FLEET_METRICS_TOKEN or the admin token"
+    return "closed: set FLEET_METRICS_TOKEN for Prometheus"

@@ -2,6 +2,11 @@
 metrics (every worker's, whichever worker the scrape reached: ``fleet.gateway.workers``)
 and the windowed stats canary analysis reads (``/admin/stats``).
 
+``/metrics`` names every tenant, its traffic and cost, and every version (other tenants'
+pins included): it answers only a scrape with the scrape token (``FLEET_METRICS_TOKEN``, what
+Prometheus holds) or the admin token; anyone else gets 401 and is counted
+(``fleet_auth_failures_total{surface="metrics"}``).
+
 Readiness is a snapshot loaded: bad records are reported, not a reason to refuse traffic for
 every good model. Their keys and reasons name tenants, versions and the store: shown with
 the admin token only; anyone sees how many of each kind. Likewise the text of errors from
@@ -71,11 +76,11 @@ class Health:
 
     def admin(self, request: Request) -> bool:
         """Whether the request carries the admin token."""
-        scheme, _, value = request.headers.get("authorization", "").partition(" ")
-        token = self.settings.admin_token
-        return (
-            bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
-        )  # type: ignore[union-attr]
+        return _bearer(request, self.settings.admin_token)
+
+    def scraper(self, request: Request) -> bool:
+        """Whether the request carries the scrape token or the admin token."""
+        return _bearer(request, self.settings.metrics_token) or self.admin(request)
 
     async def ready(self, request: Request) -> Response:
         view = self.view
@@ -105,14 +110,25 @@ class Health:
         )
 
     async def metrics(self, request: Request) -> Response:
+        if not self.scraper(request):
+            self.telemetry.auth_failures.labels("metrics").inc()
+            return json_response(
+                {
+                    "error": "GET /metrics names every tenant and version: expected the scrape token "
+                    "(FLEET_METRICS_TOKEN) or the admin token as Authorization: Bearer <token>"
+                },
+                401,
+            )
         self.observe_store()
         own = self.telemetry.exposition()
         others = self.others
         if not others or request.query_params.get("worker"):
             return Response(own, media_type=_EXPOSITION)
-        # the whole gateway, whichever worker the scrape reached (fleet.gateway.workers)
+        # the whole gateway, whichever worker the scrape reached (fleet.gateway.workers), with the
+        # token the scrape came with
+        auth = {"Authorization": request.headers["authorization"]}
         try:
-            async with httpx.AsyncClient(timeout=SIBLING_SCRAPE_S) as client:
+            async with httpx.AsyncClient(timeout=SIBLING_SCRAPE_S, headers=auth) as client:
                 answers = await asyncio.gather(*(client.get(f"{u}/metrics", params={"worker": "1"}) for _, u in others))
             for a in answers:
                 a.raise_for_status()
@@ -142,3 +158,9 @@ class Health:
             "prediction_bins": PREDICTION_BINS,
             "versions": versions,
         }
+
+
+def _bearer(request: Request, token: str | None) -> bool:
+    """Whether ``request`` carries ``token`` as its bearer token (never, without a token set)."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    return bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())  # type: ignore[union-attr]

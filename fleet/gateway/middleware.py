@@ -120,6 +120,9 @@ class Settings:
     are policy (the ``gateway:`` section of ``fleet.catalog.policies.loader.Policies``)."""
 
     admin_token: str | None = None
+    # GET /metrics names every tenant and version: it needs this scrape token (FLEET_METRICS_TOKEN,
+    # what Prometheus is given) or the admin token
+    metrics_token: str | None = None
     public_url: str | None = None  # announced in the store so the control plane can reach it
     gateway_id: str = ""
     log_flush_s: float = 2.0
@@ -138,6 +141,7 @@ class Settings:
             )
         return cls(
             admin_token=os.environ.get("FLEET_ADMIN_TOKEN") or None,
+            metrics_token=os.environ.get("FLEET_METRICS_TOKEN") or None,
             public_url=public_url,
             gateway_id=gateway_directory.new_id(),
             decode_workers=int(raw) if raw else None,
