@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._scrape import SCRAPE  # noqa: E402
 from bench._wrk import Result, load  # noqa: E402
 
 
@@ -39,7 +40,7 @@ def _load(url: str, concurrency: int, total: int) -> Result:
 def _mean_batch(url: str) -> float | None:
     import httpx
 
-    text = httpx.get(f"{url}/metrics", timeout=5).text
+    text = httpx.get(f"{url}/metrics", timeout=5, headers=SCRAPE).text
     sums = [float(v) for v in re.findall(r"bentoml_service_adaptive_batch_size_sum\{[^}]*\} ([0-9.e+]+)", text)]
     counts = [float(v) for v in re.findall(r"bentoml_service_adaptive_batch_size_count\{[^}]*\} ([0-9.e+]+)", text)]
     return sum(sums) / sum(counts) if counts and sum(counts) else None

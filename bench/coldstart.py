@@ -48,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._scrape import SCRAPE  # noqa: E402
 from bench.generation import Bench, bench_policies, claim_root  # noqa: E402
 
 MODEL, SOURCE = "cold-clf", "demo-classifier"
@@ -129,7 +130,7 @@ class ColdBench(Bench):
         running = {d.version for d in self.runtime().list() if d.model == MODEL}
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            text = httpx.get(f"{self.gateway_url}/metrics", timeout=10).text
+            text = httpx.get(f"{self.gateway_url}/metrics", timeout=10, headers=SCRAPE).text
             listed = {v for v in _versions_in_flight(text) if v not in running}
             if not listed:
                 return

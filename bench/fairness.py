@@ -56,6 +56,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._scrape import SCRAPE  # noqa: E402
+
 MODEL = "demo-classifier"  # bench.gateway's model: its baseline helpers entitle tenants to it
 BODY = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 0.0, 0.0, 0.0]}]}
 STEADY_RPS = 40.0
@@ -397,7 +399,9 @@ def _tenant_codes(url: str, tenant: str) -> dict[str, int]:
 
     codes: dict[str, int] = {}
     for labels, value in re.findall(
-        r"^fleet_requests_total\{([^}]*)\} ([0-9.e+-]+)$", httpx.get(f"{url}/metrics", timeout=10).text, re.M
+        r"^fleet_requests_total\{([^}]*)\} ([0-9.e+-]+)$",
+        httpx.get(f"{url}/metrics", timeout=10, headers=SCRAPE).text,
+        re.M,
     ):
         found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
         if found.get("tenant") == tenant:
@@ -410,7 +414,7 @@ def _tenant_time(url: str, tenant: str) -> tuple[float, float]:
     """A tenant's (answers, seconds) in the gateway's ``fleet_request_duration_seconds``."""
     import httpx
 
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = httpx.get(f"{url}/metrics", timeout=10, headers=SCRAPE).text
     out = []
     for part in ("count", "sum"):
         out.append(

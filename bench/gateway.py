@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._scrape import SCRAPE  # noqa: E402
 from bench._wrk import Result, load  # noqa: E402
 
 MODEL = "demo-classifier"
@@ -100,7 +101,7 @@ def _gateway_codes(url: str) -> dict[str, int]:
     codes: dict[str, int] = {}
     for code, value in re.findall(
         r'^fleet_requests_total\{[^}]*code="(\d+)"[^}]*\} ([0-9.e+-]+)$',
-        httpx.get(f"{url}/metrics", timeout=5).text,
+        httpx.get(f"{url}/metrics", timeout=5, headers=SCRAPE).text,
         re.M,
     ):
         codes[code] = codes.get(code, 0) + int(float(value))
@@ -120,7 +121,7 @@ def _counters(url: str, pid: int) -> dict[str, float]:
     """The gateway's duration histograms' counts and sums, and its process's CPU seconds, now."""
     import httpx
 
-    text = httpx.get(f"{url}/metrics", timeout=5).text
+    text = httpx.get(f"{url}/metrics", timeout=5, headers=SCRAPE).text
     found = {
         name: sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} ([0-9.e+-]+)$", text, re.M)) for name in _SPLIT
     }

@@ -42,6 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._scrape import SCRAPE  # noqa: E402
 from bench._wrk import load  # noqa: E402
 from tests.gateway_env import MODEL, GatewayEnv  # noqa: E402
 
@@ -180,7 +181,7 @@ def _held_max(url: str) -> float:
 
     buckets = [
         (float(s.labels["le"]), s.value)
-        for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+        for f in text_string_to_metric_families(httpx.get(f"{url}/metrics", headers=SCRAPE).text)
         for s in f.samples
         if s.name == "fleet_event_loop_held_seconds_bucket"
     ]
