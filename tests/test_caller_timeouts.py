@@ -34,8 +34,9 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         canary = e.stub("1.1.0", "--delay-ms", str(CANARY_DELAY_MS))
         e.route(stable="1.0.0")
         e.route(canary="1.1.0", weight=10)
+        key = e.tenant("apps")  # before the gateway starts: its first snapshot has it
         url, _ = e.gateway()
-        yield {"env": e, "url": url, "canary": canary, "key": e.tenant("apps")}
+        yield {"env": e, "url": url, "canary": canary, "key": key}
     finally:
         e.stop()
 

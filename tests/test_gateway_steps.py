@@ -133,7 +133,7 @@ class FakeUpstreams:
     def _outcome(self, version: str) -> object:
         return self.outcomes.get(version.replace(".", "_"), np.zeros((1, 2), np.float32))
 
-    async def ready(self, model: str, version: str, deadline: float) -> str:
+    async def ready(self, model: str, version: str, deadline: float, tenant: str = "") -> str:
         self.asked.append(version)
         outcome = self._outcome(version)
         if isinstance(outcome, NoReplica | Starting):
