@@ -49,6 +49,17 @@ def client(fleet: dict, tenant: str = "apps") -> openai.OpenAI:
     return openai.OpenAI(base_url=fleet["url"] + "/v1", api_key=fleet["keys"][tenant], max_retries=0, timeout=60)
 
 
+def stats_window(fleet: dict, version: str) -> dict:
+    """What canary analysis reads of ``version``: the gateway's windowed stats of the last 15 minutes."""
+    versions = httpx.get(
+        f"{fleet['url']}/admin/stats/{MODEL}",
+        params={"window_s": 900},
+        timeout=10,
+        headers={"Authorization": "Bearer e2e-admin-token"},
+    ).json()["versions"]
+    return versions.get(version, {"requests": 0, "errors": {}})
+
+
 def engine(fleet: dict, version: str) -> dict:
     return httpx.post(fleet["replicas"][version] + "/engine", json={}, timeout=10).json()
 
@@ -203,12 +214,7 @@ def test_generation_is_measured_per_version(fleet: dict) -> None:
     ]
     assert completion and float(completion[0].split()[-1]) >= 4
     # what canary analysis reads: the time to first token as latency, time per token, output lengths
-    window = httpx.get(
-        f"{fleet['url']}/admin/stats/{MODEL}",
-        params={"window_s": 900},
-        timeout=10,
-        headers={"Authorization": "Bearer e2e-admin-token"},
-    ).json()["versions"]["1.0.0"]
+    window = stats_window(fleet, "1.0.0")
     assert (
         sum(window["latency_ms"]) == sum(window["output_tokens"]) >= sum(window["tpot_ms"]) >= 1
     )  # one token: no TPOT
@@ -329,24 +335,14 @@ def test_exact_match_feedback_is_compared_with_the_logged_answer_and_counted_for
     assert wrong.status_code == 422 and "demo-lm is generative: expected the text" in wrong.json()["error"]
     assert feedback([{"request_id": rid, "label": text}], fleet["keys"]["int8"]).status_code == 404
     # what canary analysis reads, and Prometheus
-    window = httpx.get(
-        f"{fleet['url']}/admin/stats/{MODEL}",
-        params={"window_s": 900},
-        timeout=10,
-        headers={"Authorization": "Bearer e2e-admin-token"},
-    ).json()["versions"]["1.0.0"]
+    window = stats_window(fleet, "1.0.0")
     assert (window["labelled"], window["matched"]) == (2, 1)
     metrics = scrape(fleet["url"])
     assert f'fleet_feedback_labels_total{{model="{MODEL}",outcome="match",version="1.0.0"}} 1.0' in metrics
     # the same label again, 40 times in a call and once more: stored, never counted twice (40
     # copies of one label used to trip the exact-match gate on their own)
     assert feedback([given[0]] * 40).json()["accepted"] == 1 and feedback([given[0]]).status_code == 200
-    again = httpx.get(
-        f"{fleet['url']}/admin/stats/{MODEL}",
-        params={"window_s": 900},
-        timeout=10,
-        headers={"Authorization": "Bearer e2e-admin-token"},
-    ).json()["versions"]["1.0.0"]
+    again = stats_window(fleet, "1.0.0")
     assert (again["labelled"], again["matched"]) == (2, 1)
     # the inference log holds the generation without its texts (policy texts: false)
     from fleet.logs.inference import digest, read_window
@@ -374,14 +370,11 @@ def test_generations_are_mirrored_to_a_shadow_and_compared_off_the_callers_path(
     """With a shadow set, each generation (streamed or not) is asked again of the shadow
     version, whole, after the caller's answer; the texts are compared and the shadow's time to
     first token, time per token and lengths land in its own windows."""
-    env, admin = fleet["env"], {"Authorization": "Bearer e2e-admin-token"}
+    env = fleet["env"]
     env.fleet("route", "set", MODEL, "--shadow", "1.2.0", "--shadow-percent", "100", "-r", "mirror to the int8 version")
 
     def shadow_window() -> dict:
-        versions = httpx.get(
-            f"{fleet['url']}/admin/stats/{MODEL}", params={"window_s": 900}, timeout=10, headers=admin
-        ).json()["versions"]
-        return versions.get("1.2.0", {"shadow_pairs": 0})
+        return {"shadow_pairs": 0, **stats_window(fleet, "1.2.0")}
 
     try:
         before, served = shadow_window()["shadow_pairs"], set()
@@ -414,13 +407,9 @@ def test_a_callers_short_timeout_cut_mid_answer_is_never_the_versions_failure(fl
     token). Each is a 504 (or the stream's error event) counted in
     ``fleet_caller_timeouts_total``; none is the version's error, nor held against its
     replica (three in a row used to eject it)."""
-    admin = {"Authorization": "Bearer e2e-admin-token"}
 
     def version_window() -> dict:
-        versions = httpx.get(
-            f"{fleet['url']}/admin/stats/{MODEL}", params={"window_s": 900}, timeout=10, headers=admin
-        ).json()["versions"]
-        return versions.get("1.1.0", {"requests": 0, "errors": {}})
+        return stats_window(fleet, "1.1.0")
 
     def caller_timeouts() -> float:
         text = scrape(fleet["url"])

@@ -44,7 +44,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, prefect_api: str) -> Iterato
 def send(fleet: dict, rows: np.ndarray, label: bool) -> int:
     """One request per row through the gateway; with ``label``, the true class fed back. Returns rows sent."""
     headers = {"Authorization": f"Bearer {fleet['key']}"}
-    feedback = []
+    feedback, sent = [], []
     with httpx.Client(base_url=fleet["url"], timeout=30, headers=headers) as client:
         for i, row in enumerate(rows):
             body = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": row.tolist()}]}
@@ -52,29 +52,33 @@ def send(fleet: dict, rows: np.ndarray, label: bool) -> int:
                 f"/v2/models/{MODEL}/infer", json=body, headers={"X-Fleet-Routing-Key": f"m-{time.time_ns()}-{i}"}
             )
             assert r.status_code == 200, r.text
+            sent.append(r.headers["x-request-id"])
             if label:
                 true = int(data.rule(row[None, :].astype(np.float32))[0] > data.THRESHOLD)
                 feedback.append({"request_id": r.headers["x-request-id"], "label": true})
         for start in range(0, len(feedback), 200):
             r = client.post("/v1/feedback", json={"model": MODEL, "feedback": feedback[start : start + 200]})
             assert r.status_code == 200 and r.json()["unknown"] == [], r.text
-    wait_logged(fleet, len(rows))
+    wait_logged(fleet, sent)
     return len(rows)
 
 
-def wait_logged(fleet: dict, rows: int, timeout: float = 30) -> None:
-    """Until the gateway's inference log (written every 2 s) holds ``rows`` rows."""
+def wait_logged(fleet: dict, ids: list[str], timeout: float = 30) -> None:
+    """Until the gateway's inference log (written every 2 s) holds every one of ``ids``: a count
+    of rows would also count an earlier test's rows flushed after ``clear_logs``, and return
+    before this test's last ones are written."""
     from datetime import UTC, datetime, timedelta
 
     from fleet.logs.inference import read_window
 
-    deadline = time.monotonic() + timeout
+    deadline, wanted = time.monotonic() + timeout, set(ids)
     while time.monotonic() < deadline:
         now = datetime.now(UTC)
-        if len(read_window(fleet["store"], MODEL, now - timedelta(hours=1), now + timedelta(minutes=1))) >= rows:
+        window = read_window(fleet["store"], MODEL, now - timedelta(hours=1), now + timedelta(minutes=1))
+        if wanted <= set(window.get("request_id", [])):
             return
         time.sleep(0.2)
-    raise AssertionError(f"the inference log did not reach {rows} rows within {timeout} s")
+    raise AssertionError(f"the inference log did not hold this test's {len(ids)} requests within {timeout} s")
 
 
 def clear_logs(fleet: dict) -> None:
@@ -109,13 +113,15 @@ def test_nulls_written_by_a_broken_producer_raise_an_alert(fleet: dict) -> None:
 
     clear_logs(fleet)
     send(fleet, np.random.default_rng(2).normal(size=(350, 4)).astype(np.float32), label=False)
-    key = next(k for k in fleet["store"].list(f"logs/inference/{MODEL}/"))
-    frame = pq.read_table(io.BytesIO(fleet["store"].get(key).data)).to_pandas()
-    frame.loc[frame.index[::3], "debt_ratio"] = np.nan  # a third of the values lost
-    out = io.BytesIO()
-    frame.to_parquet(out)
-    fleet["store"].put(key.replace(".parquet", "-broken.parquet"), out.getvalue())
-    fleet["store"].delete(key)
+    # every file the producer wrote loses a third of its values (one file might hold only a few
+    # rows: an earlier test's, flushed after clear_logs)
+    for key in list(fleet["store"].list(f"logs/inference/{MODEL}/")):
+        frame = pq.read_table(io.BytesIO(fleet["store"].get(key).data)).to_pandas()
+        frame.loc[frame.index[::3], "debt_ratio"] = np.nan  # a third of the values lost
+        out = io.BytesIO()
+        frame.to_parquet(out)
+        fleet["store"].put(key.replace(".parquet", "-broken.parquet"), out.getvalue())
+        fleet["store"].delete(key)
     state = monitor(MODEL, return_state=True)
     assert state.is_failed() and "retraining blocked" in state.message and "debt_ratio" in state.message
 

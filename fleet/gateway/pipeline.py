@@ -32,7 +32,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -52,8 +52,10 @@ from fleet.gateway.quota import Quotas
 from fleet.gateway.sinks import Recorder
 from fleet.gateway.telemetry import Telemetry
 from fleet.gateway.tensors import TensorExchange
+from fleet.gateway.upstream import Exchange
 from fleet.gateway.view import FleetView, Snapshot
 
+R = TypeVar("R")
 DEFAULT_SPEC = ModelSpec.model_validate(
     {
         "family": "unknown",
@@ -297,19 +299,8 @@ class Pipeline:
             self.telemetry.cache.labels(model, call.state["cache"]).inc()
         version, upstream_s = choice.version, 0.0
         if result is None:
-            tenant = call.tenant
             exchange = TensorExchange(features, self.dispatch.upstreams.parse)
-            version, result = await self.dispatch(
-                model,
-                call.table,  # type: ignore[arg-type]
-                choice,
-                exchange,
-                timeout_ms,
-                priority,
-                tenant.name,  # type: ignore[union-attr]
-                tenant.weight or 1.0,  # type: ignore[union-attr]
-                own_ms=float(spec.timeout_ms),
-            )
+            version, result = await self.ask(call, choice, exchange, timeout_ms, priority)
             upstream_s = exchange.took
             if cache is not None and version == choice.version:
                 cache.put(key, result)
@@ -330,6 +321,32 @@ class Pipeline:
             upstream_s=upstream_s,
         )
         return version, result, served
+
+    async def ask(
+        self,
+        call: Call,
+        choice: Choice,
+        exchange: Exchange[R],
+        timeout_ms: float,
+        priority: str,
+        first_ms: float | None = None,
+    ) -> tuple[str, R]:
+        """``call``'s request through the dispatch (``fleet.gateway.dispatch``), for every
+        protocol: its model, route table and tenant (whose turn it is, and its weight), the
+        model's own timeout beside the request's; ``first_ms``: a generation's first-token deadline."""
+        tenant = call.tenant
+        return await self.dispatch(
+            call.model,
+            call.table,  # type: ignore[arg-type]
+            choice,
+            exchange,
+            timeout_ms,
+            priority,
+            tenant.name,  # type: ignore[union-attr]
+            tenant.weight or 1.0,  # type: ignore[union-attr]
+            first_ms,
+            float(call.spec.timeout_ms),  # type: ignore[union-attr]
+        )
 
     def _cache(self, model: str, spec: ModelSpec) -> PredictionCache | None:
         if not spec.cache.enabled:

@@ -328,17 +328,8 @@ class GenerationRoutes:
         max_tokens = req.max_tokens or gen.default_max_tokens
         reserved = await quotas.reserve_tokens(tenant, max_tokens)  # type: ignore[arg-type]
         try:
-            version, opened = await self.pipeline.dispatch(
-                call.model,
-                call.table,  # type: ignore[arg-type]
-                choice,
-                exchange,
-                timeout_ms,
-                priority,
-                tenant.name,  # type: ignore[union-attr]
-                tenant.weight or 1.0,  # type: ignore[union-attr]
-                float(gen.first_token_timeout_ms),
-                own_ms,
+            version, opened = await self.pipeline.ask(
+                call, choice, exchange, timeout_ms, priority, float(gen.first_token_timeout_ms)
             )
         except BaseException:
             quotas.charge(tenant, -reserved)  # type: ignore[arg-type] # nothing was made: all given back

@@ -30,7 +30,7 @@ from fleet.catalog.tenants import Tenant
 from fleet.errors import FleetError
 from fleet.gateway.quota.buckets import LEASE_S
 from fleet.gateway.telemetry import Telemetry
-from fleet.types import QuotaBackend
+from fleet.types import QuotaBackend, Refusal
 
 __all__ = ["LEASE_SLACK_S", "OverQuota", "Quotas", "divide", "release"]
 
@@ -98,12 +98,7 @@ class Quotas:
             return
         refused = await self.backend.check_tokens(tenant.name, q.tokens_per_minute)
         if refused is not None:
-            self.telemetry.quota.labels(tenant.name).inc()
-            raise OverQuota(
-                f"tenant {tenant.name!r} has used its {q.tokens_per_minute} tokens a minute (its quota, "
-                f"prompt and completion); retry after {refused.wait_s:.2f} s",
-                refused.wait_s,
-            )
+            raise self._over_tokens(tenant, refused)
 
     async def reserve_tokens(self, tenant: Tenant, n: int) -> int:
         """A generation admitted: ``n`` tokens (its ``max_tokens``) taken from the budget at
@@ -115,13 +110,17 @@ class Quotas:
             return 0
         refused = await self.backend.reserve_tokens(tenant.name, q.tokens_per_minute, n)
         if refused is not None:
-            self.telemetry.quota.labels(tenant.name).inc()
-            raise OverQuota(
-                f"tenant {tenant.name!r} has used its {q.tokens_per_minute} tokens a minute (its quota, "
-                f"prompt and completion); retry after {refused.wait_s:.2f} s",
-                refused.wait_s,
-            )
+            raise self._over_tokens(tenant, refused)
         return n
+
+    def _over_tokens(self, tenant: Tenant, refused: Refusal) -> OverQuota:
+        """The 429 of a tenant out of tokens this minute (counted)."""
+        self.telemetry.quota.labels(tenant.name).inc()
+        return OverQuota(
+            f"tenant {tenant.name!r} has used its {tenant.quota.tokens_per_minute} tokens a minute (its quota, "  # type: ignore[union-attr]
+            f"prompt and completion); retry after {refused.wait_s:.2f} s",
+            refused.wait_s,
+        )
 
     def charge(self, tenant: Tenant, n: int) -> None:
         """``n`` more tokens spent (below 0: a reservation's unused part given back)."""
