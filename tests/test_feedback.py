@@ -181,9 +181,15 @@ def test_the_index_of_logged_requests_is_per_tenant_and_bounded_in_bytes() -> No
     assert logged.owned("m", "third", {("same-id", 0)}) == set()
     for i in range(100_000):  # far past the budget: the oldest go, one at a time
         logged.remember("m", "apps", f"r{i}", 60_000)
-    assert logged.bytes <= 32 * 1024  # half the budget is for the recent requests
+    assert logged.bytes <= 28 * 1024  # half of what the counted labels' eighth leaves is the recent requests'
     assert logged.owned("m", "apps", {("r99999", 59_999)}) == {("r99999", 59_999)}
     assert logged.owned("m", "apps", {("r0", 0)}) == set()
+    # an answer's label counts once; the memory of which were counted is bounded too
+    assert logged.first_labels("m", "apps", ["a", "a", "b"]) == [True, False, True]
+    assert logged.first_labels("m", "rivals", ["a"]) == [True]  # per tenant
+    logged.first_labels("m", "apps", [f"l{i}" for i in range(100_000)])
+    assert logged.bytes <= 64 * 1024  # all of it within the index's budget
+    assert logged.first_labels("m", "apps", ["a"]) == [True]  # long forgotten: counts again
 
 
 def test_labels_must_be_classes_of_the_model() -> None:

@@ -31,11 +31,14 @@ class LoggedRequests:
 
     Log files never change once written, so each is read once (its id columns only) and
     remembered; the gateway's own recent samples are known before they are flushed. Both are
-    bounded in bytes (half of ``max_bytes`` each): the least recently used go first, in O(1).
+    bounded in bytes, together within ``max_bytes``: an eighth for the answers a label was
+    counted for, the rest halved between the two; the least recently used go first, in O(1).
     """
 
     def __init__(self, store: ObjectStore, max_bytes: int = INDEX_BYTES) -> None:
         self.store, self.max_bytes = store, max_bytes
+        self._labelled_max = max_bytes // 8
+        self._half = (max_bytes - self._labelled_max) // 2  # the recent samples' and the files' each
         # (model, tenant, id) → (rows, answer or None)
         self._recent: OrderedDict[tuple[str, str, str], tuple[int, Answer | None]] = OrderedDict()
         self._recent_bytes = 0
@@ -56,7 +59,7 @@ class LoggedRequests:
 
     def first_labels(self, model: str, tenant: str, ids: list[str]) -> list[bool]:
         """For each id (in order): whether this is the first label counted for it (then it is
-        remembered). Bounded by ``max_bytes // 8``: past it the oldest are forgotten, and a label
+        remembered). Bounded by an eighth of ``max_bytes``: past it the oldest are forgotten, and a label
         for one of those counts again."""
         out = []
         with self._lock:
@@ -69,7 +72,7 @@ class LoggedRequests:
                 self._labelled[key] = None
                 self._labelled_bytes += _ENTRY_BYTES + len(model) + len(tenant) + len(rid)
                 out.append(True)
-            while self._labelled_bytes > self.max_bytes // 8:
+            while self._labelled_bytes > self._labelled_max:
                 (m, t, r), _ = self._labelled.popitem(last=False)
                 self._labelled_bytes -= _ENTRY_BYTES + len(m) + len(t) + len(r)
         return out
@@ -93,7 +96,7 @@ class LoggedRequests:
                 self._recent_bytes -= self._size(*key, old[1])
             self._recent[key] = (rows, answer)
             self._recent_bytes += self._size(*key, answer)
-            while self._recent_bytes > self.max_bytes // 2:
+            while self._recent_bytes > self._half:
                 evicted, (_, was) = self._recent.popitem(last=False)
                 self._recent_bytes -= self._size(*evicted, was)
 
@@ -160,10 +163,10 @@ class LoggedRequests:
         size = sum(_ENTRY_BYTES + len(t) + len(r) for t, r in index) + len(key)
         size += sum(_ANSWER_BYTES + len(v) for v, _ in answers.values())
         with self._lock:
-            if size <= self.max_bytes // 2:
+            if size <= self._half:
                 self._files[key] = (index, answers, size)
                 self._files_bytes += size
-            while self._files_bytes > self.max_bytes // 2:
+            while self._files_bytes > self._half:
                 _, (_, _, evicted) = self._files.popitem(last=False)
                 self._files_bytes -= evicted
         return index, answers
