@@ -275,3 +275,16 @@ def test_would_shed_answers_as_push_would_without_pushing() -> None:
     assert not q.would_shed("c")  # the queue is full, but a has more waiting: a's newest would go
     assert q.would_shed("b") is (q.push("b2", "b", "interactive", 1.0, 0.0) == "b2")  # b ties a once pushed: its own
     assert len(q) == 3
+
+
+def test_blocked_tenants_are_passed_over_and_keep_their_credit_and_place() -> None:
+    q: FairQueue[str] = FairQueue(max_per_tenant=100, max_total=300, aging_s=2.0)
+    backlog(q, "a", 20, weight=2.0)
+    backlog(q, "b", 20)
+    backlog(q, "c", 20, weight=1e-6)
+    assert q.pop(0.0) == "a0"  # a's turn: 2 of credit, 1 spent
+    assert [q.pop(0.0, blocked={"a"}) for _ in range(2)] == ["b0", "b1"]  # c's weight is tiny: b's every round
+    assert q.pop(0.0, blocked={"a", "b"}) == "c0"  # only c may go: its idle rounds are skipped at once
+    assert q.pop(0.0, blocked={"a", "b", "c"}) is None and q.waiting() == 56  # nobody may go: nothing lost
+    assert q.pop(0.0, blocked={"zz"}) == "a1"  # a tenant not waiting blocks nobody; a spends the credit it kept
+    assert drain(q, n=9) == ["b2", "a2", "a3", "b3", "a4", "a5", "b4", "a6", "a7"]  # and the round goes on, 2:1

@@ -153,7 +153,7 @@ def test_slots_hand_over_to_tenants_in_proportion_to_their_weights() -> None:
         async def wait(tenant: str, weight: float) -> None:
             await slots.acquire("interactive", "m:1", tenant, weight)
             order.append(tenant)
-            slots.release()
+            slots.release(tenant)
 
         tasks = [asyncio.create_task(wait(t, w)) for t, w in [("a", 1.0), ("b", 3.0)] for _ in range(40)]
         await asyncio.sleep(0)
@@ -177,7 +177,7 @@ def test_a_flooding_tenant_sheds_its_own_requests_and_the_other_tenants_are_admi
         async def wait(name: str, tenant: str) -> None:
             await slots.acquire("interactive", "m:1", tenant)
             admitted.append(name)
-            slots.release()
+            slots.release(tenant)
 
         flood = [asyncio.create_task(wait(f"f{i}", "flood")) for i in range(5)]
         calm = [asyncio.create_task(wait(f"c{i}", "calm")) for i in range(2)]
@@ -205,7 +205,7 @@ def test_a_full_line_pushes_out_the_newest_waiter_of_the_tenant_with_the_most() 
         async def wait(name: str, tenant: str) -> None:
             await slots.acquire("batch", "m:1", tenant)
             admitted.append(name)
-            slots.release()
+            slots.release(tenant)
 
         flood = [asyncio.create_task(wait(f"f{i}", "flood")) for i in range(4)]
         await asyncio.sleep(0)
@@ -247,8 +247,8 @@ def test_a_waiter_that_is_handed_the_slot_as_it_gives_up_passes_it_on() -> None:
             await first
         await second
         assert admitted == ["second"] and slots.in_use == 1 and slots.waiting() == 0
-        slots.release()
-        assert slots.in_use == 0
+        slots.release("b")
+        assert slots.in_use == 0 and slots.held == {}
 
     asyncio.run(scenario())
 
@@ -511,3 +511,36 @@ def test_bodies_in_flight_are_bounded_in_all_and_per_tenant() -> None:
             assert info.value.status == 503
         assert budget.held == 3_000  # what b and c held is given back when their requests end
     assert budget.held == 0 and budget._tenants == {}
+
+
+def test_a_tenant_holds_at_most_its_share_of_the_slots_and_others_take_the_rest() -> None:
+    async def scenario() -> None:
+        slots = Slots(limit=4, max_waiting=20, share=0.5)
+        assert slots.tenant_cap == 2
+        for _ in range(2):
+            await asyncio.wait_for(slots.acquire("interactive", "m:1", "greedy"), 1)
+        more = [asyncio.create_task(slots.acquire("interactive", "m:1", "greedy")) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert slots.in_use == 2 and slots.waiting_for("greedy") == 3  # two slots free, but not for it
+        await asyncio.wait_for(slots.acquire("interactive", "m:1", "other"), 1)  # another tenant goes at once
+        await asyncio.wait_for(slots.acquire("batch", "m:1", "third"), 1)
+        assert slots.in_use == 4 and slots.held == {"greedy": 2, "other": 1, "third": 1}
+        late = asyncio.create_task(slots.acquire("interactive", "m:1", "other"))
+        await asyncio.sleep(0)
+        slots.release("third")  # greedy waited first, but holds its share: other's goes
+        await asyncio.wait_for(late, 1)
+        assert slots.held == {"greedy": 2, "other": 2} and slots.waiting_for("greedy") == 3
+        slots.release("greedy")  # its own slot back: its next waiter takes it
+        await asyncio.sleep(0)
+        assert slots.held["greedy"] == 2 and slots.waiting_for("greedy") == 2
+        slots.release("other")
+        slots.release("other")  # slots free, and only a capped tenant waits: they stay free
+        assert slots.in_use == 2 and slots.waiting_for("greedy") == 2
+        slots.resize(4, 20, share=1.0)  # the policy lets one tenant hold everything: the line goes now
+        await asyncio.wait_for(asyncio.gather(*more), 1)
+        assert slots.in_use == 4 and slots.held == {"greedy": 4} and slots.waiting() == 0
+        for _ in range(4):
+            slots.release("greedy")
+        assert slots.in_use == 0 and slots.held == {}
+
+    asyncio.run(scenario())

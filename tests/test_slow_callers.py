@@ -1,11 +1,15 @@
 """Callers that send or read slowly hold nothing for long (a real gateway in front of a stub
 model): a body that trickles in is cut at the gateway policy's ``body_read_s`` (408) and its
-bytes leave the bodies' budget; the tenant beside it is served all the while. Streams a
-caller stops reading are proved on real processes in tests/test_generation.py."""
+bytes leave the bodies' budget; answers a caller does not read are cut at ``stream_write_s``
+and the connection dropped with what was buffered for it; the tenant beside it is served all
+the while. Streams a caller stops reading are proved on real processes in
+tests/test_generation.py."""
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
@@ -16,11 +20,12 @@ import pytest
 from tests.gateway_env import MODEL, GatewayEnv, infer, metric, wait_for
 
 BODY_READ_S = 1.0
+WRITE_S = 1.0
 
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    e = GatewayEnv(tmp_path_factory.mktemp("slow"), limits={"body_read_s": BODY_READ_S})
+    e = GatewayEnv(tmp_path_factory.mktemp("slow"), limits={"body_read_s": BODY_READ_S, "stream_write_s": WRITE_S})
     try:
         e.register("1.0.0")
         e.stub("1.0.0")
@@ -75,3 +80,54 @@ def test_a_body_that_trickles_in_is_cut_at_the_policys_deadline_and_frees_its_by
     finally:
         for s in held:
             s.close()
+
+
+def test_answers_a_caller_does_not_read_are_cut_at_the_write_deadline_and_the_connection_dropped(gw: dict) -> None:
+    """One connection, many large answers pipelined and none read: once the buffers between
+    are full, the answer being written waits for the caller; within ``stream_write_s`` the
+    gateway gives up on it and aborts the connection (its buffered bytes dropped)."""
+    host, port = urlsplit(gw["url"]).hostname, urlsplit(gw["url"]).port
+    rows = 2000
+    body = json.dumps(
+        {"inputs": [{"name": "features", "shape": [rows, 4], "datatype": "FP32", "data": [0.5] * (rows * 4)}]}
+    ).encode()
+    request = (
+        f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {gw['keys']['slow']}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a caller that reads nothing, with a small window
+    s.connect((host, port))
+    s.settimeout(30)
+    before = metric(gw["url"], "fleet_callers_stalled_total", kind="answer")
+
+    def pipeline() -> None:  # the gateway reads the next request only as answers go out: sends block
+        try:
+            for _ in range(200):  # about 100 KB of answer each: far past every buffer on the way
+                s.sendall(request)
+        except OSError:
+            pass  # cut off: what the test waits for
+
+    sender = threading.Thread(target=pipeline, daemon=True)
+    sender.start()
+    try:
+        wait_for(
+            lambda: metric(gw["url"], "fleet_callers_stalled_total", kind="answer") > before,
+            timeout=WRITE_S + 20,
+            what="the stalled answer to be cut",
+        )
+        with httpx.Client(base_url=gw["url"], timeout=10) as client:  # the tenant beside it is served meanwhile
+            assert infer(client, gw["keys"]["apps"]).status_code == 200
+        got, cut = 0, False
+        try:
+            while chunk := s.recv(65536):  # what was taken before the cut, then the end of it
+                got += len(chunk)
+        except ConnectionResetError:
+            cut = True
+        assert cut or got > 0  # the connection ended (reset, or closed after what was sent)
+        assert got < 200 * rows * 2 * 10  # far less than the 200 answers asked for: the rest was dropped
+        with httpx.Client(base_url=gw["url"], timeout=10) as client:  # and the stalled tenant, on a new connection
+            assert infer(client, gw["keys"]["slow"]).status_code == 200
+    finally:
+        s.close()
+        sender.join(timeout=10)

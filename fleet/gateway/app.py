@@ -165,7 +165,7 @@ def create_app(
         # with workers, each process holds its part of a replica's slots and of the wait queue
         n = settings.workers
         limits_ = {
-            m: (divide(s.concurrency, n), divide(s.max_queue, n), s.batch_aging_ms / 1000)
+            m: (divide(s.concurrency, n), divide(s.max_queue, n), s.batch_aging_ms / 1000, s.tenant_share)
             for m, s in (policies.models.items() if policies else [])
         }
         upstreams.sync(snap.endpoints, limits_)
@@ -308,7 +308,7 @@ def create_app(
         errors.fleet_error,
         errors.unexpected,
     )
-    return Headers(fast, telemetry, access=settings.access_log)
+    return Headers(fast, telemetry, access=settings.access_log, write_s=limits.stream_write_s)
 
 
 def grpc_address(gateway: ASGIApp) -> str | None:

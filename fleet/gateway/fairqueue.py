@@ -26,6 +26,9 @@ Guarantees:
   newest item of the tenant with the most items waiting, counting the pushed one (a tie
   sheds the pushed item). So a flooding tenant sheds its own requests, never another's
   while it has more waiting. ``resize()`` changes the bounds without shedding what waits.
+* Blocked tenants. ``pop`` may be told tenants not to serve now (``Slots``: those holding
+  their share of a version's slots); they keep their credit and place, and are served
+  again once no longer named.
 * Cost. ``push`` and ``pop`` are O(number of tenants waiting), amortised (a pop usually
   O(1)); ``remove`` is O(that tenant's queue); ``waiting`` and ``len`` are O(1).
 """
@@ -36,6 +39,7 @@ import math
 import sys
 from collections import deque
 from collections.abc import Hashable
+from collections.abc import Set as AbstractSet
 from itertools import count
 from typing import Generic, TypeVar
 
@@ -141,15 +145,25 @@ class FairQueue(Generic[T]):
         longest = max(self._round, key=lambda name: len(self._tenants[name]), default=None)
         return longest is None or longest == tenant or len(self._tenants[longest]) <= mine + 1
 
-    def pop(self, now: float) -> T | None:
-        """The next item by deficit round robin, or None if nothing waits."""
+    def pop(self, now: float, blocked: AbstractSet[str] = frozenset()) -> T | None:
+        """The next item by deficit round robin, or None if nothing waits. Tenants in
+        ``blocked`` (``Slots``: those holding their share of slots) are passed over, keeping
+        their credit and their place in the round; None if only they wait."""
+        eligible = len(self._round)
+        if blocked:
+            eligible -= sum(1 for name in blocked if name in self._tenants)
+            if eligible <= 0:
+                return None
         unserved = 0  # turns in a row that served nobody
         while self._round:
             name = self._round[0]
+            if name in blocked:
+                self._round.rotate(-1)
+                continue
             t = self._tenants[name]
             if t.deficit < 1.0:  # at the head with less than a request's credit: a new turn
-                if unserved >= len(self._round):
-                    self._skip_idle_rounds()
+                if unserved >= eligible:
+                    self._skip_idle_rounds(blocked)
                     unserved = 0
                 t.deficit += t.weight
                 if t.deficit < 1.0:
@@ -192,10 +206,11 @@ class FairQueue(Generic[T]):
             del self._tenants[name]
             self._round.remove(name)
 
-    def _skip_idle_rounds(self) -> None:
+    def _skip_idle_rounds(self, blocked: AbstractSet[str]) -> None:
         """A whole round served nobody (every weight < 1): add the credit of the rounds that
         would serve nobody either, at once, so a pop costs O(tenants) whatever the weights."""
-        rounds = min(math.ceil((1.0 - self._tenants[n].deficit) / self._tenants[n].weight) for n in self._round) - 1
+        names = [n for n in self._round if n not in blocked]
+        rounds = min(math.ceil((1.0 - self._tenants[n].deficit) / self._tenants[n].weight) for n in names) - 1
         if rounds > 0:
-            for name in self._round:
+            for name in names:
                 self._tenants[name].deficit += rounds * self._tenants[name].weight

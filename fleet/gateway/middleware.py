@@ -12,6 +12,7 @@ plain token, and means something only within that client's tenant (``fleet.logs.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -30,6 +31,7 @@ from fleet.errors import ConfigError, FleetError
 from fleet.gateway import quota
 from fleet.gateway.admin import json_response
 from fleet.gateway.body import DecodeBusy
+from fleet.gateway.generation.sse import CallerStalled
 from fleet.gateway.telemetry import UNKNOWN, Telemetry
 
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,128}")
@@ -151,10 +153,19 @@ class Settings:
 class Headers:
     """ASGI middleware: a request id for every request, the fleet headers on every answer,
     and each request that reached a model endpoint counted once it is answered, labelled
-    with what was established by then (``unknown`` / ``none`` for what was not)."""
+    with what was established by then (``unknown`` / ``none`` for what was not).
 
-    def __init__(self, app: ASGIApp, telemetry: Telemetry, access: bool = False) -> None:
-        self.app, self.telemetry, self.access = app, telemetry, access
+    And a write deadline on every answer: each message of it must be taken by the caller
+    within ``write_s`` (the gateway policy's ``stream_write_s``), and the last one drained
+    from the server's buffer within it too. A caller that stops reading (one connection with
+    pipelined requests behind an answer it never reads) otherwise held the answer's bytes
+    and the request's task for as long as it kept the connection open. Past it the
+    connection is aborted — not closed, which would wait for the bytes to drain — and
+    counted in ``fleet_callers_stalled_total``. (A stream's own deadline per event is
+    ``EventStreamResponse``'s; it marks the request ``stalled`` and this aborts.)"""
+
+    def __init__(self, app: ASGIApp, telemetry: Telemetry, access: bool = False, write_s: float = 10.0) -> None:
+        self.app, self.telemetry, self.access, self.write_s = app, telemetry, access, write_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -174,12 +185,46 @@ class Headers:
                     message["headers"].append((b"x-fleet-cache", state["cache"].encode()))
                 access = _http_access(scope) if self.access else None
                 close_request(self.telemetry, state, message["status"], started, access)
-            await send(message)
+            try:
+                async with asyncio.timeout(self.write_s):
+                    await send(message)
+                    if not message.get("more_body") and message["type"] == "http.response.body":
+                        await _drained(send)
+            except TimeoutError:
+                state["stalled"] = True
+                raise CallerStalled(f"the caller took no byte of the answer for {self.write_s:g} s") from None
 
         try:
             await self.app(scope, receive, send_with_headers)
+        except CallerStalled as exc:
+            log.info("answer cut: %s", exc)
         finally:
             quota.release(state)  # no answer was started (the client left): the lease goes all the same
+            if state.get("stalled"):
+                self.telemetry.stalled.labels("stream" if state.get("streaming") else "answer").inc()
+                _abort(send)
+
+
+def _connection(send: Send) -> Any:  # noqa: ANN401 - the server's own object
+    """The server's connection under ``send``: uvicorn's ``send`` is a method of its request
+    cycle, which holds the transport and its flow control; None under another server."""
+    return getattr(send, "__self__", None)
+
+
+async def _drained(send: Send) -> None:
+    """Until the server's buffer of this connection is below its low-water mark (uvicorn
+    writes a body to the transport at once and waits only before the next message)."""
+    flow = getattr(_connection(send), "flow", None)
+    if flow is not None and flow.write_paused:
+        await flow.drain()
+
+
+def _abort(send: Send) -> None:
+    """Drop the connection and the bytes buffered for it (``close()`` would wait for a
+    caller that does not read)."""
+    transport = getattr(_connection(send), "transport", None)
+    if transport is not None:
+        transport.abort()
 
 
 def _http_access(scope: Scope) -> tuple[str, str, str]:

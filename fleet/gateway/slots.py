@@ -9,11 +9,18 @@ cannot starve. The queue is bounded, so latency cannot grow without end: a tenan
 have ``max_per_tenant`` requests waiting, all tenants together ``max_waiting``; past the
 first the request is shed (503), and past the second the newest request of the tenant
 with the most waiting is, so a flooding tenant sheds its own requests, not another's.
+
+A tenant holds at most ``share`` of the slots at once (``tenant_share`` in the model's
+policy; at least one): past it, its requests wait in line while other tenants' take the
+free slots, and are served as its own slots come back. A tenant whose callers stall (a
+stream nobody reads, until the write deadline cuts it) so holds its share, never the
+version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 from fleet.errors import FleetError
@@ -37,12 +44,25 @@ class _Waiter:
 
 class Slots:
     def __init__(
-        self, limit: int, max_waiting: int, *, max_per_tenant: int | None = None, aging_s: float = BATCH_AGING_S
+        self,
+        limit: int,
+        max_waiting: int,
+        *,
+        max_per_tenant: int | None = None,
+        aging_s: float = BATCH_AGING_S,
+        share: float = 1.0,
     ) -> None:
-        self.limit, self.max_waiting = limit, max_waiting
+        self.limit, self.max_waiting, self.share = limit, max_waiting, share
         self.max_per_tenant = max_waiting if max_per_tenant is None else max_per_tenant
         self.in_use = 0
+        self.held: dict[str, int] = {}  # tenant → slots it holds (only tenants holding any)
+        self._full: set[str] = set()  # tenants holding their cap
         self._queue: FairQueue[_Waiter] = FairQueue(self.max_per_tenant, max_waiting, aging_s)
+
+    @property
+    def tenant_cap(self) -> int:
+        """The most slots one tenant may hold at once: its ``share`` of ``limit``, at least 1."""
+        return max(1, math.floor(self.limit * self.share + 1e-9))
 
     def waiting(self, priority: str | None = None) -> int:
         """Requests waiting, of every tenant: all, or those that asked for ``priority``."""
@@ -55,8 +75,10 @@ class Slots:
     async def acquire(self, priority: str, what: str, tenant: str = "", weight: float = 1.0) -> None:
         """Take a slot, waiting in ``tenant``'s ``priority`` line; cancellation (a deadline)
         leaves the line. ``QueueFull`` if the request is shed, now or while it waits."""
-        if self.in_use < self.limit and not self._queue:
+        # (a slot is free only while every waiter's tenant holds its cap: release() keeps it so)
+        if self.in_use < self.limit and tenant not in self._full:
             self.in_use += 1
+            self._take(tenant)
             return
         waiter = _Waiter(asyncio.get_running_loop().create_future(), tenant, what)
         shed = self._queue.push(waiter, tenant, priority, weight, time.monotonic())
@@ -75,12 +97,21 @@ class Slots:
         except BaseException:
             future = waiter.future
             if future.done() and not future.cancelled() and future.exception() is None:
-                self.release()  # the slot was handed over just as we gave up: pass it on
+                self.release(tenant)  # the slot was handed over just as we gave up: pass it on
             else:
                 self._queue.remove(waiter)
             raise
 
-    def release(self) -> None:
+    def release(self, tenant: str = "") -> None:
+        """Give back a slot ``tenant`` took: to the next waiter the fair queue names whose
+        tenant is under its cap, else it is free."""
+        left = self.held.get(tenant, 0) - 1
+        if left > 0:
+            self.held[tenant] = left
+        else:
+            self.held.pop(tenant, None)
+        if left < self.tenant_cap:
+            self._full.discard(tenant)
         if self.in_use > self.limit:  # over a cap lowered by resize(): the slot is gone, not handed on
             self.in_use -= 1
             return
@@ -88,13 +119,24 @@ class Slots:
             self.in_use -= 1
 
     def resize(
-        self, limit: int, max_waiting: int, *, max_per_tenant: int | None = None, aging_s: float | None = None
+        self,
+        limit: int,
+        max_waiting: int,
+        *,
+        max_per_tenant: int | None = None,
+        aging_s: float | None = None,
+        share: float | None = None,
     ) -> None:
         """A new limit (a policy change, a replica more or less): under a larger one, requests
         in line take the new slots now; over a smaller one, slots end as they are released.
         New queue bounds (``max_per_tenant`` None: ``max_waiting``, as in the constructor)
-        hold for later requests; none already waiting is shed."""
+        hold for later requests; none already waiting is shed. A new ``share``: slots held
+        past it end as they are released."""
         self.limit, self.max_waiting = limit, max_waiting
+        if share is not None:
+            self.share = share
+        cap = self.tenant_cap
+        self._full = {t for t, n in self.held.items() if n >= cap}
         self.max_per_tenant = max_waiting if max_per_tenant is None else max_per_tenant
         self._queue.resize(self.max_per_tenant, max_waiting)
         if aging_s is not None:  # the policy's batch_aging_ms
@@ -127,8 +169,14 @@ class Slots:
 
     def _hand_over(self) -> bool:
         """Give a held slot to the next waiter the fair queue names; False if nobody waits."""
-        while (waiter := self._queue.pop(time.monotonic())) is not None:
+        while (waiter := self._queue.pop(time.monotonic(), self._full)) is not None:
             if not waiter.future.done():  # not one that gave up (and is about to leave the line)
                 waiter.future.set_result(None)  # the slot moves to the waiter; in_use unchanged
+                self._take(waiter.tenant)
                 return True
         return False
+
+    def _take(self, tenant: str) -> None:
+        n = self.held[tenant] = self.held.get(tenant, 0) + 1
+        if n >= self.tenant_cap:
+            self._full.add(tenant)

@@ -144,6 +144,12 @@ class Telemetry:
             ["model", "version"],
             registry=r,
         )
+        self.stalled = Counter(
+            "fleet_callers_stalled",
+            "Answers cut because the caller did not take their bytes within the write deadline (stream_write_s)",
+            ["kind"],
+            registry=r,
+        )
         self.busy = Counter(
             "fleet_decode_refusals",
             "Large bodies refused: too many decoding or held at once, for a tenant or the gateway",

@@ -52,14 +52,15 @@ class TensorExchange:
     pool may hold replicas that take tensors and some that take JSON only, and a request may
     meet both when one replica fails over to the next); its answer, parsed.
 
-    ``asked``/``took`` are written by the dispatch: when the version was asked (after its
-    slot), and the seconds it took to answer (before the answer was parsed)."""
+    ``asked``/``took``/``tenant`` are written by the dispatch: when the version was asked
+    (after its slot), the seconds it took to answer (before the answer was parsed), and
+    whose slot it holds."""
 
     streams: ClassVar[bool] = False  # the answer is whole when the replica's exchange returns
     late: ClassVar[str] = (
         "{ref} did not answer within {ms:.0f} ms (X-Fleet-Timeout-Ms, capped by the model's timeout_ms)"
     )
-    __slots__ = ("_json", "_tensor", "asked", "features", "parse", "took")
+    __slots__ = ("_json", "_tensor", "asked", "features", "parse", "tenant", "took")
 
     def __init__(self, features: np.ndarray, parse: AnswerParser) -> None:
         self.features, self.parse = features, parse

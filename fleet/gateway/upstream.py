@@ -100,6 +100,7 @@ class Exchange(Protocol[R_co]):
     late: ClassVar[str]
     asked: float  # written by ``ask``: when the version was asked (after its slot), monotonic
     took: float  # written by ``ask``: seconds from then until a replica answered (its head, for a stream)
+    tenant: str  # written by ``ask``: whose slot the answer holds (a stream gives it back on close)
 
     def send(self, pool: Pool, replica: Replica) -> Awaitable[Any]:
         """Ask one replica; its answer's head (``h1.connection.Response`` or ``StreamedResponse``).
@@ -144,13 +145,17 @@ class Upstreams:
         return session
 
     def sync(
-        self, endpoints: dict[tuple[str, str], tuple[str, ...]], concurrency: dict[str, tuple[int, int, float]]
+        self,
+        endpoints: dict[tuple[str, str], tuple[str, ...]],
+        concurrency: dict[str, tuple[int, int, float] | tuple[int, int, float, float]],
     ) -> None:
         """Make the pools match the deployments; ``concurrency``: model → (per replica, max
-        waiting, seconds after which a waiting batch request counts as interactive)."""
+        waiting, seconds after which a waiting batch request counts as interactive[, the
+        share of the version's slots one tenant may hold: ``tenant_share``, default all])."""
         caps: dict[str, int] = {}  # per replica URL: the largest cap of the models it serves
         for key, urls in endpoints.items():
-            limit, waiting, aging_s = concurrency.get(key[0], (32, 256, BATCH_AGING_S))
+            limit, waiting, aging_s, *rest = concurrency.get(key[0], (32, 256, BATCH_AGING_S))
+            share = rest[0] if rest else 1.0
             pool = self._pools.get(key)
             if pool is None or [r.url for r in pool.replicas] != list(urls):
                 kept = {r.url: r for r in pool.replicas} if pool else {}
@@ -158,7 +163,7 @@ class Upstreams:
                 pool = self._pools[key] = Pool(
                     f"{key[0]}:{key[1]}", replicas, pool.slots if pool else Slots(limit, waiting)
                 )
-            pool.slots.resize(limit * len(urls), waiting, aging_s=aging_s)
+            pool.slots.resize(limit * len(urls), waiting, aging_s=aging_s, share=share)
             for url in urls:
                 caps[url] = max(caps.get(url, 0), limit)
         for key in set(self._pools) - set(endpoints):
@@ -238,6 +243,7 @@ class Upstreams:
                 await pool.slots.acquire(priority, pool.ref, tenant, weight)
                 kept = False
                 try:
+                    exchange.tenant = tenant
                     exchange.asked = asked = time.monotonic()
                     opened = await self._replica(pool, exchange, last_resort, by)
                     exchange.took = time.monotonic() - asked  # the version's own time: its wait for a slot left out
@@ -246,7 +252,7 @@ class Upstreams:
                     return result
                 finally:
                     if not kept:
-                        pool.slots.release()
+                        pool.slots.release(tenant)
         except TimeoutError:
             raise UpstreamTimeout(f"{pool.ref} did not answer within {remaining * 1000:.0f} ms") from None
 

@@ -19,8 +19,9 @@ class GatewaySpec(Spec):
     inflight_body_mib: float = Field(64.0, gt=0.0)  # all bodies held at once; a tenant gets half (503 / 429)
     admin_max_body_kib: float = Field(64.0, gt=0.0, le=4096.0)  # an admin API request body (413)
     body_read_s: float = Field(30.0, gt=0.0, le=600.0)  # a request body must arrive whole within this (408)
-    # each event of a streamed answer must be taken by the caller within this, else the stream
-    # is cut and what it held (slot, replica connection, concurrency lease) released
+    # each event of a streamed answer, and each answer's bytes, must be taken by the caller
+    # within this, else the answer is cut, the connection aborted and what it held (slot,
+    # replica connection, concurrency lease, buffered bytes) released
     stream_write_s: float = Field(10.0, gt=0.0, le=600.0)
     shadow_queue_mib: float = Field(64.0, gt=0.0)  # inputs and answers waiting to be mirrored
     inference_log_buffer_mib: float = Field(64.0, gt=0.0)  # sampled rows not yet written to the store

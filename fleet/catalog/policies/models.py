@@ -114,6 +114,10 @@ class ModelSpec(Spec):
     concurrency: int = Field(32, ge=1)  # in-flight requests per replica
     max_queue: int = Field(256, ge=0)  # requests waiting for a slot (all replicas) before new ones get 503
     batch_aging_ms: int = Field(2000, ge=0)  # a batch request waiting this long is served as if interactive
+    # the share of a version's slots (concurrency × replicas) one tenant may hold at once, at
+    # least one slot: past it its requests wait while other tenants' are served, so a tenant
+    # whose callers stall (or flood) holds its share, never the version (fleet.gateway.slots)
+    tenant_share: float = Field(0.5, gt=0.0, le=1.0)
     max_rows: int = Field(10_000, ge=1)  # rows (first dimension) one request may carry; more is 413
     cache: Cache = Field(default_factory=Cache)
     inference_log: InferenceLog = Field(default_factory=InferenceLog)

@@ -178,7 +178,7 @@ class EventStreamResponse(StreamingResponse):
 
 
 class CallerStalled(Exception):  # noqa: N818 - not an error of anyone's request: the caller stopped reading
-    """An event was not taken by the caller within the write deadline."""
+    """An answer's bytes (a stream's event) were not taken by the caller within the write deadline."""
 
 
 async def _until_disconnect(receive: Receive) -> None:

@@ -59,6 +59,7 @@ class Opened:
     events: Events
     first: dict[str, Any] = field(default_factory=dict)
     closed: bool = False
+    tenant: str = ""  # whose slot it holds (``Slots``' share per tenant)
 
     def give_up(self) -> bool:
         """The replica and the connection given back (the slot is not: ``close`` or the
@@ -73,7 +74,7 @@ class Opened:
 
     async def close(self) -> None:
         if self.give_up():
-            self.pool.slots.release()
+            self.pool.slots.release(self.tenant)
 
 
 class GenerateExchange:
@@ -84,11 +85,12 @@ class GenerateExchange:
     late: ClassVar[str] = (
         "{ref} sent no first token within {ms:.0f} ms (the policy's first_token_timeout_ms, capped by the request's timeout)"
     )
-    __slots__ = ("asked", "payload", "took")
+    __slots__ = ("asked", "payload", "tenant", "took")
 
     def __init__(self, payload: bytes) -> None:
         self.payload = payload
         self.asked = self.took = 0.0
+        self.tenant = ""
 
     def send(self, pool: Pool, replica: Replica) -> Any:  # noqa: ANN401 - the stream's coroutine, awaited by the dispatch
         return replica.session.stream(
@@ -99,7 +101,7 @@ class GenerateExchange:
         return _head_of(response)
 
     def opened(self, pool: Pool, replica: Replica, response: StreamedResponse) -> Opened:
-        return Opened(pool, replica, response, Events(response, pool.ref))
+        return Opened(pool, replica, response, Events(response, pool.ref), tenant=self.tenant)
 
     async def result(self, pool: Pool, opened: Opened) -> Opened:
         """The stream with its first event read; given up if none comes (the dispatch then
