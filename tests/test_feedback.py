@@ -181,7 +181,8 @@ def test_the_index_of_logged_requests_is_per_tenant_and_bounded_in_bytes() -> No
     assert logged.owned("m", "third", {("same-id", 0)}) == set()
     for i in range(100_000):  # far past the budget: the oldest go, one at a time
         logged.remember("m", "apps", f"r{i}", 60_000)
-    assert logged.bytes <= 28 * 1024  # half of what the counted labels' eighth leaves is the recent requests'
+    # the recent requests': half of what the counted labels' eighth and the listings' sixteenth leave
+    assert logged.bytes <= 26 * 1024 + 4 * 1024  # (and the listings the lookups made, within their sixteenth)
     assert logged.owned("m", "apps", {("r99999", 59_999)}) == {("r99999", 59_999)}
     assert logged.owned("m", "apps", {("r0", 0)}) == set()
     # an answer's label counts once; the memory of which were counted is bounded too
@@ -190,6 +191,51 @@ def test_the_index_of_logged_requests_is_per_tenant_and_bounded_in_bytes() -> No
     logged.first_labels("m", "apps", [f"l{i}" for i in range(100_000)])
     assert logged.bytes <= 64 * 1024  # all of it within the index's budget
     assert logged.first_labels("m", "apps", ["a"]) == [True]  # long forgotten: counts again
+
+
+def test_made_up_ids_cost_no_scan_of_the_log_and_another_gateways_flush_is_seen_within_a_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A flood of feedback for ids nobody logged used to list all 25 hours of the log per
+    call. Each hour's listing is remembered: 500 calls list each hour once; a file another
+    gateway writes is found once the listing of its (open) hour is ``LIST_EVERY_S`` old."""
+    from fleet.logs import logged as module
+    from fleet.logs.inference import GenSample, InferenceLog, digest
+    from fleet.store import MemoryStore
+
+    class Counting(MemoryStore):
+        lists = 0
+
+        def list(self, prefix: str = ""):  # noqa: ANN202 - MemoryStore's
+            Counting.lists += 1
+            return super().list(prefix)
+
+    clock = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    now = datetime(2026, 12, 6, 12, 30, tzinfo=UTC)  # half past: the hour before has settled
+
+    def logged_elsewhere(request_id: str) -> None:
+        log = InferenceLog(store, "gw-other")
+        log.record(
+            GenSample(now.timestamp(), request_id, "lm", "1.0.0", "apps", 80.0, 12.0, 14, 5, "stop", digest("x"), None, None)
+        )
+        assert log.flush() == 1
+
+    store = Counting()
+    logged_elsewhere("early")
+    here = module.LoggedRequests(store)
+    for i in range(500):
+        assert here.owned("lm", "apps", {(f"made-up-{i}", 0)}, now) == set()
+    assert Counting.lists == module.LOOKBACK_H + 1 == here.listings  # each hour of the window once
+    assert here.owned("lm", "apps", {("early", 0)}, now) == {("early", 0)}
+    logged_elsewhere("late")
+    assert here.owned("lm", "apps", {("late", 0)}, now) == set()  # within the second: not listed again yet
+    clock[0] += module.LIST_EVERY_S
+    assert here.owned("lm", "apps", {("late", 0)}, now) == {("late", 0)}
+    assert Counting.lists == module.LOOKBACK_H + 2  # only the open hour listed again
+    clock[0] += module.SETTLED_LIST_EVERY_S  # and a settled hour, rarely: a write retried long after
+    assert here.owned("lm", "apps", {("made-up", 0)}, now) == set()
+    assert Counting.lists == 2 * module.LOOKBACK_H + 3
 
 
 def test_labels_must_be_classes_of_the_model() -> None:

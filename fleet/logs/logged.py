@@ -4,12 +4,21 @@ A label (``POST /v1/feedback``) is accepted only for a request the log sampled, 
 tenant, in the last ``LOOKBACK_H`` hours; the gateway answers that from this index, not by
 reading the log per label. For generations it also keeps which version answered and the
 output's digest (exact-match feedback), and which answers a label was already counted for.
+
+An id it has not seen costs no scan of the log: each hour's listing of files is remembered
+and asked of the store again at most once a ``LIST_EVERY_S`` while the hour may still get
+files (until ``SETTLE_S`` after its end: a late flush, a retried write), and once a
+``SETTLED_LIST_EVERY_S`` after that; each file is read once. So a flood of made-up ids costs
+the store at most a listing a second per model, however many calls carry them, and a label
+for a request another gateway logged is found at most ``LIST_EVERY_S`` after that gateway
+flushed it. (A per-id lookup that needs no listing at all is the logs' own work to come.)
 """
 
 from __future__ import annotations
 
 import io
 import threading
+import time
 from collections import OrderedDict
 from datetime import UTC, datetime, timedelta
 
@@ -20,6 +29,10 @@ from fleet.types import ObjectStore
 INDEX_BYTES = 16 * 1024 * 1024
 _ENTRY_BYTES = 160  # one remembered request beyond its strings: key tuple, dict slot, int
 _ANSWER_BYTES = 140  # a generation's answer beside it: a tuple and a 32-character digest
+_KEY_BYTES = 60  # one listed key beyond its characters
+LIST_EVERY_S = 1.0  # an hour that may still get files is listed again at most this often
+SETTLE_S = 600.0  # after its end, an hour may still get files this long (a late flush, a retried write)
+SETTLED_LIST_EVERY_S = 300.0  # and is listed again this often after that, for a write later still
 
 
 Answer = tuple[str, str]  # a logged generation's (version, output digest)
@@ -30,15 +43,21 @@ class LoggedRequests:
     ``LOOKBACK_H`` hours; for generations also which version answered and its output's digest.
 
     Log files never change once written, so each is read once (its id columns only) and
-    remembered; the gateway's own recent samples are known before they are flushed. Both are
-    bounded in bytes, together within ``max_bytes``: an eighth for the answers a label was
-    counted for, the rest halved between the two; the least recently used go first, in O(1).
+    remembered; the gateway's own recent samples are known before they are flushed; each
+    hour's listing is remembered (see the module). All are bounded in bytes, together within
+    ``max_bytes``: an eighth for the answers a label was counted for, a sixteenth for the
+    listings, the rest halved between the other two; the least recently used go first, in O(1).
     """
 
     def __init__(self, store: ObjectStore, max_bytes: int = INDEX_BYTES) -> None:
         self.store, self.max_bytes = store, max_bytes
         self._labelled_max = max_bytes // 8
-        self._half = (max_bytes - self._labelled_max) // 2  # the recent samples' and the files' each
+        self._listed_max = max_bytes // 16
+        self._half = (max_bytes - self._labelled_max - self._listed_max) // 2  # the recent samples' and the files' each
+        # an hour's prefix → (when listed, monotonic; its keys; bytes)
+        self._listed: OrderedDict[str, tuple[float, tuple[str, ...], int]] = OrderedDict()
+        self._listed_bytes = 0
+        self.listings = 0  # listings asked of the store (what a flood of unknown ids would drive)
         # (model, tenant, id) → (rows, answer or None)
         self._recent: OrderedDict[tuple[str, str, str], tuple[int, Answer | None]] = OrderedDict()
         self._recent_bytes = 0
@@ -55,7 +74,7 @@ class LoggedRequests:
 
     @property
     def bytes(self) -> int:
-        return self._recent_bytes + self._files_bytes + self._labelled_bytes
+        return self._recent_bytes + self._files_bytes + self._labelled_bytes + self._listed_bytes
 
     def first_labels(self, model: str, tenant: str, ids: list[str]) -> list[bool]:
         """For each id (in order): whether this is the first label counted for it (then it is
@@ -124,7 +143,7 @@ class LoggedRequests:
         now = now or datetime.now(UTC)
         hour = (now - timedelta(hours=LOOKBACK_H)).replace(minute=0, second=0, microsecond=0)
         while missing and hour <= now:
-            for key in self.store.list(log_hour_prefix(model, hour)):
+            for key in self._keys(model, hour, now):
                 index, answers = self._index(key)
                 for rid, row in list(missing):
                     if row < index.get((tenant, rid), 0):
@@ -132,6 +151,32 @@ class LoggedRequests:
                         missing.discard((rid, row))
             hour += timedelta(hours=1)
         return found
+
+    def _keys(self, model: str, hour: datetime, now: datetime) -> tuple[str, ...]:
+        """The log files of ``model``'s ``hour``: remembered, listed again only as the module says."""
+        prefix = log_hour_prefix(model, hour)
+        settling = (now - hour - timedelta(hours=1)).total_seconds() < SETTLE_S
+        every = LIST_EVERY_S if settling else SETTLED_LIST_EVERY_S
+        at = time.monotonic()
+        with self._lock:
+            cached = self._listed.get(prefix)
+            if cached is not None and at - cached[0] < every:
+                self._listed.move_to_end(prefix)
+                return cached[1]
+        keys = tuple(self.store.list(prefix))
+        size = _ENTRY_BYTES + len(prefix) + sum(_KEY_BYTES + len(k) for k in keys)
+        with self._lock:
+            self.listings += 1
+            old = self._listed.pop(prefix, None)
+            if old is not None:
+                self._listed_bytes -= old[2]
+            if size <= self._listed_max:
+                self._listed[prefix] = (at, keys, size)
+                self._listed_bytes += size
+            while self._listed_bytes > self._listed_max:
+                _, (_, _, evicted) = self._listed.popitem(last=False)
+                self._listed_bytes -= evicted
+        return keys
 
     def _index(self, key: str) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], Answer]]:
         with self._lock:
