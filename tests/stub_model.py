@@ -12,6 +12,11 @@ another content type with 415, as the Bento does. ``--json-only`` leaves that ro
 service from before it: 404). Both routes compute from the FP32 features, so they answer the
 same to the bit. ``--flip`` inverts the probabilities (a shadow that disagrees).
 
+``POST /generate_stream`` answers the generation contract (``bentos/tiny_lm/service.py``)
+as a character-level model would: the prompt (or the messages' contents, joined) is its
+tokens, and the answer is ``max_tokens`` (default 16) tokens — the prompt's characters
+reversed, then ``.`` — one server-sent event per token, ``token_ms`` apart (``/_control``),
+then the final event with ``finish_reason`` ``length``; a body it cannot read is 400.
 ``GET /readyz`` is its health check. ``POST /_control`` changes delay, fail rate, flip or
 ``nan`` (answer NaN probabilities: a broken model) while it runs, sheds the next N requests
 with 503 (``shed_next``) or refuses them with 400 (``reject_next``) — on both routes — or
@@ -83,6 +88,7 @@ def make_app(delay_ms: float, fail_rate: float, flip: bool, json_only: bool = Fa
         "reject_next": 0,
         "nan": False,
         "truncate": False,
+        "token_ms": 0.0,
         "requests": 0,
         "failed": 0,
         "routes": {},
@@ -135,12 +141,41 @@ def make_app(delay_ms: float, fail_rate: float, flip: bool, json_only: bool = Fa
         headers = {"X-Fleet-Datatype": "FP32", "X-Fleet-Shape": f"{len(result)},{result.shape[1]}"}
         return Response(raw, media_type=TENSOR_TYPE, headers=headers)
 
+    async def generate_stream(request: Request) -> Response:
+        from starlette.responses import StreamingResponse
+
+        state["requests"] += 1
+        try:
+            body = json.loads(await request.body())
+            prompt = body.get("prompt")
+            if prompt is None:
+                prompt = "".join(m["content"] for m in body["messages"])
+            n = int(body.get("max_tokens") or 16)
+            if not isinstance(prompt, str) or not 1 <= n <= 4096:
+                raise ValueError("prompt or max_tokens")
+        except (ValueError, KeyError, TypeError) as exc:
+            return JSONResponse({"error": f"cannot read the request: {exc}"}, status_code=400)
+        if (failed := await faults()) is not None:
+            return failed
+        text = (prompt[::-1] + ".") * (n // (len(prompt) + 1) + 1)
+
+        async def events():  # noqa: ANN202 - SSE chunks
+            for i in range(n):
+                if state["token_ms"]:
+                    await asyncio.sleep(state["token_ms"] / 1000)
+                event = {"text": text[i], "completion_tokens": i + 1, "prompt_tokens": len(prompt)}
+                yield f"data: {json.dumps(event)}\n\n"
+            final = {"text": "", "completion_tokens": n, "prompt_tokens": len(prompt), "finish_reason": "length"}
+            yield f"data: {json.dumps(final | {'queue_s': 0.0, 'ttft_s': 0.0, 'tpot_s': 0.0})}\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
     async def readyz(_: Request) -> JSONResponse:
         return JSONResponse({"ready": True})
 
     async def control(request: Request) -> JSONResponse:
         changes = json.loads(await request.body())
-        known = ("delay_ms", "fail_rate", "flip", "shed_next", "reject_next", "nan", "truncate")
+        known = ("delay_ms", "fail_rate", "flip", "shed_next", "reject_next", "nan", "truncate", "token_ms")
         state.update({k: v for k, v in changes.items() if k in known})
         return JSONResponse(state)
 
@@ -149,6 +184,7 @@ def make_app(delay_ms: float, fail_rate: float, flip: bool, json_only: bool = Fa
 
     routes = [
         Route("/predict", predict, methods=["POST"]),
+        Route("/generate_stream", generate_stream, methods=["POST"]),
         Route("/readyz", readyz),
         Route("/_control", control, methods=["POST"]),
         Route("/_stats", stats),
