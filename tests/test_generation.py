@@ -5,20 +5,25 @@ OIP's generate extension over plain HTTP."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+import yaml
 
 from fleet.types import output_bucket
-from tests.gateway_env import scrape
+from tests.gateway_env import scrape, wait_for
 from tests.redis_env import RedisServer
-from tests.serving_env import FleetEnv
+from tests.serving_env import ROOT, FleetEnv
 
 MODEL = "demo-lm"
 PROMPT = "reverse abcd>"
@@ -436,3 +441,112 @@ def test_a_callers_short_timeout_cut_mid_answer_is_never_the_versions_failure(fl
         assert caller_timeouts() == counted + 4
         r = http.post("/v1/completions", json={**body, "max_tokens": 4, "min_tokens": 4}, headers=headers)
         assert r.status_code == 200 and r.headers["x-fleet-model-version"] == "1.1.0", r.text
+
+
+WRITE_S = 6.0  # the second gateway's stream_write_s
+
+
+def test_pipelined_streams_nobody_reads_hold_their_share_until_the_write_deadline_cuts_them(
+    fleet: dict, tmp_path: Path
+) -> None:
+    """A tenant pipelines streams on connections it never reads, against a gateway where
+    demo-lm has 4 slots (so a tenant's share is 2). Once the buffers are full, each
+    connection's stream in progress holds a slot, waiting for its caller: the hog holds 2
+    slots and no more, the other tenant's generations are served at once beside it (not
+    after the write deadline), and within ``stream_write_s`` the hog's streams are cut,
+    their connections dropped and every slot given back."""
+    env = fleet["env"]
+    doc = yaml.safe_load((ROOT / "policies" / "fleet.yaml").read_text())
+    doc["models"][MODEL]["concurrency"] = 4
+    doc.setdefault("gateway", {})["stream_write_s"] = WRITE_S
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "fleet.yaml").write_text(yaml.safe_dump(doc))
+    hog = env.fleet_json("tenants", "create", "hog", "--model", MODEL)["api_key"]
+    before, env.env["FLEET_POLICIES"] = env.env["FLEET_POLICIES"], str(tmp_path / "policies")
+    try:
+        url = env.start_gateway()
+    finally:
+        env.env["FLEET_POLICIES"] = before
+    gateway = env.procs[-1]
+
+    def in_flight() -> float:
+        return sum(
+            float(line.split()[-1])
+            for line in scrape(url).splitlines()
+            if line.startswith("fleet_version_in_flight{") and 'version="1.0.0"' in line
+        )
+
+    def cut() -> float:
+        return sum(
+            float(line.split()[-1])
+            for line in scrape(url).splitlines()
+            if line.startswith("fleet_callers_stalled_total") and 'kind="stream"' in line
+        )
+
+    body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 48, "min_tokens": 48, "stream": True})
+    request = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {hog}\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+    ).encode()
+    port = int(url.rsplit(":", 1)[1])
+    sockets = []
+    try:
+        for _ in range(4):  # more connections than the hog's share of slots
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            # small segments keep the gateway's send buffer small (on loopback it grows with the
+            # segment size, to megabytes: hundreds of streams to fill)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
+            s.connect(("127.0.0.1", port))
+            s.settimeout(30)
+            sockets.append(s)
+            threading.Thread(target=_send_all, args=(s, request * 40), daemon=True).start()
+        # stalled: the replica has answered all it was asked, yet the hog's streams hold their slots
+        wait_for(
+            lambda: (
+                in_flight() >= 2 and engine(fleet, "1.0.0")["running"] == 0 and engine(fleet, "1.0.0")["waiting"] == 0
+            ),
+            timeout=60,
+            what="the hog's streams stalled, holding slots",
+        )
+        assert in_flight() == 2  # its share, and no more: its other connections' streams wait
+        assert cut() == 0  # nothing cut yet: the write deadline has not passed
+        with httpx.Client(base_url=url, timeout=30) as http:  # the other tenant, beside it
+            for _ in range(3):
+                r = http.post(
+                    "/v1/completions",
+                    json={"model": MODEL, "prompt": PROMPT, "max_tokens": 8},
+                    headers={"Authorization": f"Bearer {fleet['keys']['apps']}"},
+                )
+                assert r.status_code == 200 and r.json()["choices"][0]["text"], r.text
+        assert cut() == 0  # served while the hog still held its slots, not after they were cut
+        wait_for(lambda: cut() >= 2, timeout=WRITE_S + 30, what="the stalled streams cut at the write deadline")
+        assert sum(_ended(s) for s in sockets) >= 2  # the cut streams' connections were dropped
+        for s in sockets:  # the hog goes (its queued streams, never started, with it)
+            s.close()
+        wait_for(lambda: in_flight() == 0, timeout=30, what="every slot given back")
+    finally:
+        for s in sockets:
+            s.close()
+        gateway.terminate()
+        gateway.wait(timeout=10)
+
+
+def _send_all(s: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # the gateway aborts the connection: what the test waits for
+        s.sendall(data)
+
+
+def _ended(s: socket.socket) -> bool:
+    """Whether the gateway dropped ``s``: what it had sent read, then a reset or the end."""
+    deadline = time.monotonic() + 2
+    try:
+        while time.monotonic() < deadline:
+            s.settimeout(max(deadline - time.monotonic(), 0.01))
+            if not s.recv(1 << 20):
+                return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        pass
+    return False  # still open: a stream under way or waiting
