@@ -15,11 +15,17 @@ mode — ``process`` (the default: large bodies decoded in a worker process) and
 once more with the default decode but the flooder under a 20 req/s quota, as every
 production tenant is (its requests past the quota are refused before their body is read).
 
-    .venv/bin/python bench/hostile.py [--requests 3000] [--rounds 2]
+    .venv/bin/python bench/hostile.py [--requests 3000] [--rounds 2] [--cells tensors|generation|all]
 
 Targets (issue 11): victim p99 under the flood within 1.5x of alone; liveness p99 under
 100 ms; the gateway's peak RSS under its baseline plus its configured budgets.
 Needs Debian's wrk (apt-get install -y wrk).
+
+``--cells generation`` (issue 28) runs two more cells against a real tiny-lm fleet instead:
+a tenant holding pipelined streams it never reads, and a tenant sending tiny timeouts at
+the canary (``bench/_hostile_gen.py`` says how; ``--seconds``, ``--hog-connections``,
+``--hog-pipelined``, ``--hog-rps``, ``--root``). Targets: the victim's TTFT p99 within 1.5x of alone; the canary's
+counted error rate unchanged.
 """
 
 from __future__ import annotations
@@ -258,7 +264,27 @@ def main() -> None:
         default="all",
         help="all: the rotation above; refused: only the bodies the gateway refuses (none reaches the model)",
     )
+    parser.add_argument("--cells", choices=["tensors", "generation", "all"], default="tensors")
+    parser.add_argument("--seconds", type=float, default=30.0, help="generation cells: seconds per phase")
+    parser.add_argument("--hog-connections", type=int, default=32, help="generation: the hog's connections")
+    parser.add_argument("--hog-pipelined", type=int, default=64, help="generation: streams pipelined on each")
+    parser.add_argument("--hog-rps", type=float, default=20.0, help="generation: the tiny-timeouts hog's rate")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        help="generation: a folder to keep the trained fleet in, and reuse it from (default: a temp one)",
+    )
     args = parser.parse_args()
+    if args.cells != "tensors":
+        from bench import _hostile_gen
+
+        with tempfile.TemporaryDirectory(prefix="fleet-hostile-gen-") as tmp:
+            root = args.root or Path(tmp)
+            root.mkdir(parents=True, exist_ok=True)
+            out = _hostile_gen.run(root, args.seconds, args.hog_connections, args.hog_pipelined, args.hog_rps)
+        _hostile_gen.report(out, args)
+        if args.cells == "generation":
+            return
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed; install it with: apt-get install -y wrk")
     budgets_mib = sum(LIMITS.values()) + CACHE_MIB
