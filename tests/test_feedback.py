@@ -217,7 +217,9 @@ def test_made_up_ids_cost_no_scan_of_the_log_and_another_gateways_flush_is_seen_
     def logged_elsewhere(request_id: str) -> None:
         log = InferenceLog(store, "gw-other")
         log.record(
-            GenSample(now.timestamp(), request_id, "lm", "1.0.0", "apps", 80.0, 12.0, 14, 5, "stop", digest("x"), None, None)
+            GenSample(
+                now.timestamp(), request_id, "lm", "1.0.0", "apps", 80.0, 12.0, 14, 5, "stop", digest("x"), None, None
+            )
         )
         assert log.flush() == 1
 
