@@ -12,9 +12,11 @@ for the same seconds:
   ``--hog-pipelined`` streamed completions on each (48 tokens: the context is 64), with a
   4 KiB receive buffer and 536-byte segments, and never reads: once the buffers between are full, the stream in
   progress on each connection waits for a caller that does not read. Reported: the
-  victim's TTFT, the stable version's slots in use over time (``fleet_version_in_flight``,
-  every 200 ms, until every slot is back), the streams cut at the write deadline
-  (``fleet_callers_stalled_total``) and the hog's connections the gateway ended.
+  victim's TTFT while the hog's first streams are stalled (``STALL_WINDOW_S``: what holding
+  slots costs others) and over the whole phase (its own generations' compute included), the
+  stable version's slots in use over time (``fleet_version_in_flight``, every 200 ms, until
+  every slot is back), the streams cut at the write deadline (``fleet_callers_stalled_total``)
+  and the hog's connections the gateway ended.
 * ``tiny timeouts``: stable 1.0.0 and a canary 1.1.0 at 10 %; the hog sends ``--hog-rps``
   completions a second at the canary by name (``demo-lm:1.1.0``) with
   ``X-Fleet-Timeout-Ms`` 0.01 (below ``min_timeout_ms``: 400, the canary never asked) and
@@ -49,11 +51,13 @@ if str(ROOT) not in sys.path:  # run as a hog's own process: ``python bench/_hos
     sys.path.insert(0, str(ROOT))
 
 from bench._scrape import SCRAPE  # noqa: E402
+from tests.gateway_env import dropped  # noqa: E402
 from tests.serving_env import FleetEnv  # noqa: E402
 
 MODEL = "demo-lm"
 ADMIN = {"Authorization": "Bearer e2e-admin-token"}
 VICTIM_CALLERS = 2
+STALL_WINDOW_S = 6.0  # the victim timed while the hog's first streams are stalled (the write deadline is 10 s)
 PROMPTS = ["reverse abcd>", "reverse hello>", "reverse stream>", "reverse fleet>"]
 
 
@@ -75,9 +79,11 @@ def _text(data: str) -> str:
 
 
 def _victim(url: str, key: str, seconds: float) -> dict:
-    """Streamed completions from ``VICTIM_CALLERS`` callers for ``seconds``: TTFTs (ms) and errors."""
+    """Streamed completions from ``VICTIM_CALLERS`` callers for ``seconds``: TTFTs (ms), and
+    those of the answers the canary gave apart (``canary``), and errors."""
     stop = time.monotonic() + seconds
     ttfts: list[float] = []
+    canary: list[float] = []
     errors: list[str] = []
 
     def caller(i: int) -> None:
@@ -103,10 +109,12 @@ def _victim(url: str, key: str, seconds: float) -> dict:
                     continue
                 if first is not None:
                     ttfts.append((first - sent) * 1e3)
+                    if r.headers.get("x-fleet-model-version") == "1.1.0":
+                        canary.append(ttfts[-1])
 
     with ThreadPoolExecutor(VICTIM_CALLERS) as pool:
         list(pool.map(caller, range(VICTIM_CALLERS)))
-    return {"ttft": ttfts, "errors": errors}
+    return {"ttft": ttfts, "canary": canary, "errors": errors}
 
 
 def _hog_streams(url: str, key: str, connections: int, pipelined: int) -> dict:
@@ -130,23 +138,7 @@ def _hog_streams(url: str, key: str, connections: int, pipelined: int) -> dict:
         sockets.append(s)
         threading.Thread(target=_send_all, args=(s, request * pipelined), daemon=True).start()
     sys.stdin.read()  # until the bench says stop
-    return {"ended": sum(_ended(s) for s in sockets)}
-
-
-def _ended(s: socket.socket) -> bool:
-    """Whether the gateway dropped ``s``: what it had sent read, then a reset or the end
-    (a connection still open keeps sending, or goes quiet: not ended after a second)."""
-    deadline = time.monotonic() + 1
-    try:
-        while time.monotonic() < deadline:
-            s.settimeout(max(deadline - time.monotonic(), 0.01))
-            if not s.recv(1 << 20):
-                return True
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        pass
-    return False
+    return {"ended": sum(dropped(s) for s in sockets)}
 
 
 def _send_all(s: socket.socket, data: bytes) -> None:
@@ -205,6 +197,10 @@ class _Sampler(threading.Thread):
         return self.samples
 
 
+def _engine(replica: str) -> dict:
+    return httpx.post(f"{replica}/engine", json={}, timeout=10).json()
+
+
 def _canary(url: str) -> dict:
     versions = httpx.get(f"{url}/admin/stats/{MODEL}", params={"window_s": 900}, headers=ADMIN, timeout=10).json()
     v = versions["versions"].get("1.1.0", {"requests": 0, "errors": {}})
@@ -230,20 +226,6 @@ def _delta(after: dict, before: dict) -> dict:
     return {k: after[k] - before[k] for k in after}
 
 
-def _timeouts_hog(url: str, key: str, stop: threading.Event, statuses: dict[int, int]) -> None:
-    with httpx.Client(timeout=30) as client:
-        n = 0
-        while not stop.is_set():
-            asked = "0.01" if n % 2 == 0 else "50"
-            n += 1
-            r = client.post(
-                f"{url}/v1/completions",
-                json={"model": f"{MODEL}:1.1.0", "prompt": PROMPTS[0], "max_tokens": 48, "min_tokens": 48},
-                headers={"Authorization": f"Bearer {key}", "X-Fleet-Timeout-Ms": asked},
-            )
-            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
-
-
 def _fleet(env: FleetEnv) -> dict[str, str]:
     """demo-lm 1.0.0 and 1.1.0 trained (unless the folder has them), routed stable 1.0.0, two
     tenants; their keys."""
@@ -266,19 +248,28 @@ def run(work: Path, seconds: float, connections: int, pipelined: int, hog_rps: f
     try:
         keys = _fleet(env)
         env.fleet("route", "set", MODEL, "--stable", "1.0.0", "--no-canary", "-r", "bench")
-        for v in ("1.0.0", "1.1.0"):
-            env.fleet_json("deploy", MODEL, v)
+        replicas = {v: env.fleet_json("deploy", MODEL, v)["endpoints"][0] for v in ("1.0.0", "1.1.0")}  # type: ignore[index]
         url = env.start_gateway()
         _victim(url, keys["victim"], 5)  # warm: connections, the replica's first batches
         out: dict = {}
 
         print(f"cell: stalled streams ({seconds:g} s alone, then {seconds:g} s beside the hog)", flush=True)
+        sampler = _Sampler(url)  # scraping /metrics as often alone as beside the hog: the same load
+        sampler.start()
         alone = _victim(url, keys["victim"], seconds)
         cuts = _scrape(url, "fleet_callers_stalled_total", kind="stream")
-        sampler = _Sampler(url)
-        sampler.start()
+        sampler.samples.clear()
         hog = _Hog("streams", url, keys["hog"], str(connections), str(pipelined))
         try:
+            # its first streams stalled: the hog holds every slot it may, and the replica is
+            # idle (it has answered them all); the victim beside that alone, within the write deadline
+            stable = replicas["1.0.0"]
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not (
+                sampler.samples and sampler.samples[-1] >= 16 and _engine(stable)["running"] == 0
+            ):
+                time.sleep(0.2)
+            stalled = _victim(url, keys["victim"], STALL_WINDOW_S)
             beside = _victim(url, keys["victim"], seconds)
             print("  waiting for every stalled stream to be cut and its slot given back ...", flush=True)
             deadline, idle = time.monotonic() + 180, 0
@@ -289,6 +280,7 @@ def run(work: Path, seconds: float, connections: int, pipelined: int, hog_rps: f
             ended = hog.stop()["ended"]
         out["streams"] = {
             "alone": alone,
+            "stalled": stalled,
             "beside": beside,
             "slots": sampler.stop(),
             "cut": _scrape(url, "fleet_callers_stalled_total", kind="stream") - cuts,
@@ -299,6 +291,7 @@ def run(work: Path, seconds: float, connections: int, pipelined: int, hog_rps: f
         print(f"cell: tiny timeouts at the canary ({hog_rps:g} requests a second)", flush=True)
         env.fleet("route", "set", MODEL, "--canary", "1.1.0", "--weight", "10", "-r", "bench")
         _wait_canary(url, keys["victim"])
+        _victim(url, keys["victim"], 5)  # warm: the canary replica's first batches
         before = _canary(url)
         alone = _victim(url, keys["victim"], seconds)
         mid = _canary(url)
@@ -322,6 +315,14 @@ def run(work: Path, seconds: float, connections: int, pipelined: int, hog_rps: f
         env.stop()
 
 
+def _stable(phase: dict) -> list[float]:
+    """The TTFTs of the answers stable gave (the canary's taken out, by value and count)."""
+    rest = list(phase["ttft"])
+    for x in phase["canary"]:
+        rest.remove(x)
+    return rest
+
+
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -338,11 +339,16 @@ def report(out: dict, args: argparse.Namespace) -> None:
         "| cell | TTFT p50 alone | p99 alone | p50 beside | p99 beside | p99 beside/alone | victim answers | errors |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for name in ("streams", "timeouts"):
-        a, b = out[name]["alone"], out[name]["beside"]
+    cells = [
+        (f"stalled streams: while the hog's first {STALL_WINDOW_S:g} s of stalls hold 16 slots", "streams", "stalled"),
+        ("stalled streams: the whole phase (the hog's own generations included)", "streams", "beside"),
+        ("tiny timeouts at the canary", "timeouts", "beside"),
+    ]
+    for title, name, phase in cells:
+        a, b = out[name]["alone"], out[name][phase]
         p99a, p99b = _pct(a["ttft"], 99), _pct(b["ttft"], 99)
         print(
-            f"| {name} | {_pct(a['ttft'], 50):.1f} ms | {p99a:.1f} ms | {_pct(b['ttft'], 50):.1f} ms | {p99b:.1f} ms | "
+            f"| {title} | {_pct(a['ttft'], 50):.1f} ms | {p99a:.1f} ms | {_pct(b['ttft'], 50):.1f} ms | {p99b:.1f} ms | "
             f"{p99b / p99a:.2f}x | {len(a['ttft'])} / {len(b['ttft'])} | {len(a['errors']) + len(b['errors'])} |"
         )
     s = out["streams"]
@@ -354,13 +360,22 @@ def report(out: dict, args: argparse.Namespace) -> None:
     )
     print("  slots in use over time (one sample a second):", " ".join(f"{x:.0f}" for x in slots[::5]))
     t = out["timeouts"]
+    a, b = t["alone"], t["beside"]
+    print(
+        f"tiny timeouts, by the version that answered the victim: canary TTFT p50 {_pct(a['canary'], 50):.1f} / "
+        f"p99 {_pct(a['canary'], 99):.1f} ms alone ({len(a['canary'])} answers), {_pct(b['canary'], 50):.1f} / "
+        f"{_pct(b['canary'], 99):.1f} ms beside ({len(b['canary'])}); stable p99 {_pct(_stable(a), 99):.1f} ms alone, "
+        f"{_pct(_stable(b), 99):.1f} ms beside"
+    )
     rate = {k: (v["errors"] / v["requests"] if v["requests"] else float("nan")) for k, v in t.items() if "canary" in k}
     print(
         f"tiny timeouts: canary counted {t['canary_alone']} alone (error rate {rate['canary_alone']:.3f}), "
         f"{t['canary_beside']} under attack (error rate {rate['canary_beside']:.3f}); "
         f"hog answers by status {t['hog_statuses']}; caller timeouts counted apart {t['caller_timeouts']:.0f}"
     )
-    errors = out["streams"]["beside"]["errors"] + out["timeouts"]["beside"]["errors"]
+    errors = (
+        out["streams"]["stalled"]["errors"] + out["streams"]["beside"]["errors"] + out["timeouts"]["beside"]["errors"]
+    )
     if errors:
         print("victim errors (first 5):", errors[:5])
 

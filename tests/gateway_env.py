@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -168,6 +169,22 @@ def infer(client: httpx.Client, key: str, body: dict | None = None, **headers: s
     return client.post(
         f"/v2/models/{MODEL}/infer", json=body or BODY, headers={"Authorization": f"Bearer {key}", **headers}
     )
+
+
+def dropped(s: socket.socket, within_s: float = 1.0) -> bool:
+    """Whether the server dropped the connection ``s``: what it had sent read, then a reset or
+    the end within ``within_s`` (one still open keeps sending, or goes quiet: False)."""
+    deadline = time.monotonic() + within_s
+    try:
+        while time.monotonic() < deadline:
+            s.settimeout(max(deadline - time.monotonic(), 0.01))
+            if not s.recv(1 << 20):
+                return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        pass
+    return False
 
 
 def wait_for(condition, timeout: float = 10.0, what: str = "condition") -> None:  # noqa: ANN001

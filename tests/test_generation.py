@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from fleet.types import output_bucket
-from tests.gateway_env import scrape, wait_for
+from tests.gateway_env import dropped, scrape, wait_for
 from tests.redis_env import RedisServer
 from tests.serving_env import ROOT, FleetEnv
 
@@ -521,7 +521,7 @@ def test_pipelined_streams_nobody_reads_hold_their_share_until_the_write_deadlin
                 assert r.status_code == 200 and r.json()["choices"][0]["text"], r.text
         assert cut() == 0  # served while the hog still held its slots, not after they were cut
         wait_for(lambda: cut() >= 2, timeout=WRITE_S + 30, what="the stalled streams cut at the write deadline")
-        assert sum(_ended(s) for s in sockets) >= 2  # the cut streams' connections were dropped
+        assert sum(dropped(s) for s in sockets) >= 2  # the cut streams' connections were dropped
         for s in sockets:  # the hog goes (its queued streams, never started, with it)
             s.close()
         wait_for(lambda: in_flight() == 0, timeout=30, what="every slot given back")
@@ -535,18 +535,3 @@ def test_pipelined_streams_nobody_reads_hold_their_share_until_the_write_deadlin
 def _send_all(s: socket.socket, data: bytes) -> None:
     with contextlib.suppress(OSError):  # the gateway aborts the connection: what the test waits for
         s.sendall(data)
-
-
-def _ended(s: socket.socket) -> bool:
-    """Whether the gateway dropped ``s``: what it had sent read, then a reset or the end."""
-    deadline = time.monotonic() + 2
-    try:
-        while time.monotonic() < deadline:
-            s.settimeout(max(deadline - time.monotonic(), 0.01))
-            if not s.recv(1 << 20):
-                return True
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        pass
-    return False  # still open: a stream under way or waiting
