@@ -544,3 +544,46 @@ def test_a_tenant_holds_at_most_its_share_of_the_slots_and_others_take_the_rest(
         assert slots.in_use == 0 and slots.held == {}
 
     asyncio.run(scenario())
+
+
+class _Cycle:
+    """uvicorn's request cycle as the write deadline sees it: a flow control paused until the
+    buffer is under the low-water mark, and a transport whose buffer the caller drains at
+    ``rate`` bytes a tick (``send`` is its method, as uvicorn's is)."""
+
+    def __init__(self, buffered: int, rate: int) -> None:
+        self.buffered, self.rate = buffered, rate
+        self.flow, self.transport = self, self
+
+    @property
+    def write_paused(self) -> bool:
+        return self.buffered > 16 * 1024
+
+    async def drain(self) -> None:
+        while self.write_paused:
+            await asyncio.sleep(0.01)
+            self.buffered = max(self.buffered - self.rate, 0)
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    async def send(self, message: dict) -> None: ...
+
+
+@pytest.mark.parametrize(("rate", "cut"), [(0, True), (100, False)])
+def test_an_answer_is_cut_only_when_no_byte_is_taken_within_the_write_deadline(rate: int, cut: bool) -> None:
+    """The write deadline is on progress: a caller taking 100 bytes a tick needs far longer
+    than the deadline for the whole answer and is not cut; one taking none is."""
+    from fleet.gateway.middleware import _drained
+
+    cycle = _Cycle(20 * 1024, rate)
+
+    async def scenario() -> None:
+        await _drained(cycle.send, 0.05)
+
+    if cut:
+        with pytest.raises(TimeoutError):
+            asyncio.run(scenario())
+    else:
+        asyncio.run(scenario())  # 4 KiB at 100 bytes a 10 ms tick: about 0.4 s, eight deadlines
+        assert not cycle.write_paused

@@ -131,3 +131,40 @@ def test_answers_a_caller_does_not_read_are_cut_at_the_write_deadline_and_the_co
     finally:
         s.close()
         sender.join(timeout=10)
+
+
+def test_a_caller_that_reads_a_large_answer_slowly_but_steadily_is_not_cut(gw: dict) -> None:
+    """An answer that takes longer than ``stream_write_s`` to arrive whole is not cut while its
+    caller keeps taking bytes. (Here the kernel's send buffer grows to take most of it; the
+    progress rule itself is tested in tests/test_gateway_parts.py.)"""
+    host, port = urlsplit(gw["url"]).hostname, urlsplit(gw["url"]).port
+    rows = 10_000  # an answer of about 200 KB: past the buffers on the way, so the gateway waits on the caller
+    body = json.dumps(
+        {"inputs": [{"name": "features", "shape": [rows, 4], "datatype": "FP32", "data": [0.5] * (rows * 4)}]}
+    ).encode()
+    before = metric(gw["url"], "fleet_callers_stalled_total", kind="answer")
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)  # the gateway's send buffer stays small
+        s.connect((host, port))
+        s.settimeout(30)
+        s.sendall(
+            (
+                f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Authorization: Bearer {gw['keys']['slow']}\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            + body
+        )
+        started, data = time.monotonic(), b""
+        while b"\r\n\r\n" not in data:
+            data += s.recv(2048)
+        head, _, got = data.partition(b"\r\n\r\n")
+        length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+        while len(got) < length:  # 4 KiB every 50 ms: 80 KiB/s, over two seconds for the whole answer
+            time.sleep(0.05)
+            chunk = s.recv(4096)
+            assert chunk, f"cut after {len(got)} of {length} bytes"
+            got += chunk
+    assert head.startswith(b"HTTP/1.1 200") and len(json.loads(got)["outputs"][0]["data"]) == rows * 2
+    assert time.monotonic() - started > WRITE_S  # it did take longer than the deadline
+    assert metric(gw["url"], "fleet_callers_stalled_total", kind="answer") == before

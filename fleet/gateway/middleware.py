@@ -156,8 +156,9 @@ class Headers:
     with what was established by then (``unknown`` / ``none`` for what was not).
 
     And a write deadline on every answer: each message of it must be taken by the caller
-    within ``write_s`` (the gateway policy's ``stream_write_s``), and the last one drained
-    from the server's buffer within it too. A caller that stops reading (one connection with
+    within ``write_s`` (the gateway policy's ``stream_write_s``), and once the last is
+    written the server's buffer must keep draining: ``write_s`` without a byte taken ends
+    it (a slow caller that reads is not cut, however large the answer). A caller that stops reading (one connection with
     pipelined requests behind an answer it never reads) otherwise held the answer's bytes
     and the request's task for as long as it kept the connection open. Past it the
     connection is aborted — not closed, which would wait for the bytes to drain — and
@@ -188,8 +189,8 @@ class Headers:
             try:
                 async with asyncio.timeout(self.write_s):
                     await send(message)
-                    if not message.get("more_body") and message["type"] == "http.response.body":
-                        await _drained(send)
+                if not message.get("more_body") and message["type"] == "http.response.body":
+                    await _drained(send, self.write_s)
             except TimeoutError:
                 state["stalled"] = True
                 raise CallerStalled(f"the caller took no byte of the answer for {self.write_s:g} s") from None
@@ -211,12 +212,23 @@ def _connection(send: Send) -> Any:  # noqa: ANN401 - the server's own object
     return getattr(send, "__self__", None)
 
 
-async def _drained(send: Send) -> None:
+async def _drained(send: Send, write_s: float) -> None:
     """Until the server's buffer of this connection is below its low-water mark (uvicorn
-    writes a body to the transport at once and waits only before the next message)."""
-    flow = getattr(_connection(send), "flow", None)
-    if flow is not None and flow.write_paused:
-        await flow.drain()
+    writes a body to the transport at once and waits only before the next message);
+    ``TimeoutError`` if ``write_s`` passes with no byte of it taken."""
+    connection = _connection(send)
+    flow, transport = getattr(connection, "flow", None), getattr(connection, "transport", None)
+    if flow is None or transport is None:
+        return
+    left = transport.get_write_buffer_size()
+    while flow.write_paused:
+        try:
+            async with asyncio.timeout(write_s):
+                await flow.drain()
+        except TimeoutError:
+            if transport.get_write_buffer_size() >= left:
+                raise
+            left = transport.get_write_buffer_size()  # slow, but taking bytes: wait on
 
 
 def _abort(send: Send) -> None:
