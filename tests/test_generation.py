@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import httpx
 import openai
@@ -446,35 +445,51 @@ def test_a_callers_short_timeout_cut_mid_answer_is_never_the_versions_failure(fl
 WRITE_S = 6.0  # the second gateway's stream_write_s
 
 
-def test_pipelined_streams_nobody_reads_hold_their_share_until_the_write_deadline_cuts_them(
-    fleet: dict, tmp_path: Path
-) -> None:
-    """A tenant pipelines streams on connections it never reads, against a gateway where
-    demo-lm has 4 slots (so a tenant's share is 2). Once the buffers are full, each
-    connection's stream in progress holds a slot, waiting for its caller: the hog holds 2
-    slots and no more, the other tenant's generations are served at once beside it (not
-    after the write deadline), and within ``stream_write_s`` the hog's streams are cut,
-    their connections dropped and every slot given back."""
+@pytest.fixture(scope="module")
+def small(fleet: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """A second gateway in front of the same replicas, where demo-lm has 4 slots per version
+    (so one tenant's share is 2) and ``stream_write_s`` is ``WRITE_S``; a tenant ``hog``, and
+    ``other``, pinned (as ``pinned`` is) to the slow version."""
     env = fleet["env"]
+    folder = tmp_path_factory.mktemp("small-policies")
     doc = yaml.safe_load((ROOT / "policies" / "fleet.yaml").read_text())
     doc["models"][MODEL]["concurrency"] = 4
     doc.setdefault("gateway", {})["stream_write_s"] = WRITE_S
-    (tmp_path / "policies").mkdir()
-    (tmp_path / "policies" / "fleet.yaml").write_text(yaml.safe_dump(doc))
+    (folder / "fleet.yaml").write_text(yaml.safe_dump(doc))
     hog = env.fleet_json("tenants", "create", "hog", "--model", MODEL)["api_key"]
-    before, env.env["FLEET_POLICIES"] = env.env["FLEET_POLICIES"], str(tmp_path / "policies")
+    other = env.fleet_json("tenants", "create", "other", "--model", MODEL)["api_key"]
+    env.fleet("route", "pin", MODEL, "other", "1.1.0", "-r", "a second tenant on the slow version")
+    before, env.env["FLEET_POLICIES"] = env.env["FLEET_POLICIES"], str(folder)
     try:
         url = env.start_gateway()
     finally:
         env.env["FLEET_POLICIES"] = before
     gateway = env.procs[-1]
+    try:
+        yield {"url": url, "hog": hog, "other": other}
+    finally:
+        gateway.terminate()
+        gateway.wait(timeout=10)
 
-    def in_flight() -> float:
-        return sum(
-            float(line.split()[-1])
-            for line in scrape(url).splitlines()
-            if line.startswith("fleet_version_in_flight{") and 'version="1.0.0"' in line
-        )
+
+def _gauge(url: str, name: str, version: str, **labels: str) -> float:
+    wanted = [f'version="{version}"', *(f'{k}="{v}"' for k, v in labels.items())]
+    return sum(
+        float(line.split()[-1])
+        for line in scrape(url).splitlines()
+        if line.startswith(name + "{") and all(w in line for w in wanted)
+    )
+
+
+def test_pipelined_streams_nobody_reads_hold_no_slot_and_are_cut_at_the_write_deadline(
+    fleet: dict, small: dict
+) -> None:
+    """A tenant pipelines streams on connections it never reads. Once the buffers are full,
+    each connection's stream in progress waits for its caller — but the model has answered it
+    and the gateway has read the rest ahead: the stalled streams hold no slot, another tenant
+    is served beside them at once, and within ``stream_write_s`` they are cut and their
+    connections dropped. (Before, each held its slot until then: four took the version.)"""
+    url = small["url"]
 
     def cut() -> float:
         return sum(
@@ -486,12 +501,13 @@ def test_pipelined_streams_nobody_reads_hold_their_share_until_the_write_deadlin
     body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 48, "min_tokens": 48, "stream": True})
     request = (
         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Authorization: Bearer {hog}\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+        f"Authorization: Bearer {small['hog']}\r\nContent-Length: {len(body)}\r\n\r\n{body}"
     ).encode()
     port = int(url.rsplit(":", 1)[1])
+    finished = engine(fleet, "1.0.0").get("finished_length", 0)
     sockets = []
     try:
-        for _ in range(4):  # more connections than the hog's share of slots
+        for _ in range(4):  # as many connections as the version has slots
             s = socket.socket()
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             # small segments keep the gateway's send buffer small (on loopback it grows with the
@@ -501,17 +517,19 @@ def test_pipelined_streams_nobody_reads_hold_their_share_until_the_write_deadlin
             s.settimeout(30)
             sockets.append(s)
             threading.Thread(target=_send_all, args=(s, request * 40), daemon=True).start()
-        # stalled: the replica has answered all it was asked, yet the hog's streams hold their slots
-        wait_for(
-            lambda: (
-                in_flight() >= 2 and engine(fleet, "1.0.0")["running"] == 0 and engine(fleet, "1.0.0")["waiting"] == 0
-            ),
-            timeout=60,
-            what="the hog's streams stalled, holding slots",
-        )
-        assert in_flight() == 2  # its share, and no more: its other connections' streams wait
-        assert cut() == 0  # nothing cut yet: the write deadline has not passed
-        with httpx.Client(base_url=url, timeout=30) as http:  # the other tenant, beside it
+
+        def stalled() -> bool:  # answers made, the replica idle though 40 were asked on each: callers hold them up
+            stats = engine(fleet, "1.0.0")
+            made = stats.get("finished_length", 0) - finished
+            return made >= 8 and stats["running"] == stats["waiting"] == 0 and in_flight() == 0
+
+        def in_flight() -> float:
+            return _gauge(url, "fleet_version_in_flight", "1.0.0")
+
+        # the streams stalled, and holding no slot (before, each held one: the wait timed out with 4)
+        wait_for(stalled, timeout=60, what="the hog's streams stalled on callers that do not read, holding no slot")
+        assert cut() == 0  # and the write deadline has not passed
+        with httpx.Client(base_url=url, timeout=30) as http:  # the other tenant, beside them
             for _ in range(3):
                 r = http.post(
                     "/v1/completions",
@@ -519,17 +537,39 @@ def test_pipelined_streams_nobody_reads_hold_their_share_until_the_write_deadlin
                     headers={"Authorization": f"Bearer {fleet['keys']['apps']}"},
                 )
                 assert r.status_code == 200 and r.json()["choices"][0]["text"], r.text
-        assert cut() == 0  # served while the hog still held its slots, not after they were cut
-        wait_for(lambda: cut() >= 2, timeout=WRITE_S + 30, what="the stalled streams cut at the write deadline")
-        assert sum(dropped(s) for s in sockets) >= 2  # the cut streams' connections were dropped
-        for s in sockets:  # the hog goes (its queued streams, never started, with it)
-            s.close()
-        wait_for(lambda: in_flight() == 0, timeout=30, what="every slot given back")
+        assert cut() == 0  # served while the hog's streams were still stalled, not after they were cut
+        wait_for(lambda: cut() >= 4, timeout=WRITE_S + 30, what="the stalled streams cut at the write deadline")
+        assert all(dropped(s) for s in sockets)  # with their connections (and what was pipelined behind)
+        assert in_flight() == 0
     finally:
         for s in sockets:
             s.close()
-        gateway.terminate()
-        gateway.wait(timeout=10)
+
+
+def test_a_tenant_holds_at_most_its_share_of_a_versions_slots(fleet: dict, small: dict) -> None:
+    """Four slow generations of one tenant at once (``pinned``, on the 40 ms-a-token version)
+    against 4 slots: it holds 2, its other two wait, and another tenant's request goes ahead
+    of them."""
+    url = small["url"]
+    body = {"model": f"{MODEL}:1.1.0", "prompt": PROMPT, "max_tokens": 40, "min_tokens": 40}
+
+    def generate(key: str, **extra: object) -> httpx.Response:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            return http.post("/v1/completions", json={**body, **extra}, headers={"Authorization": f"Bearer {key}"})
+
+    with ThreadPoolExecutor(4) as pool:
+        hogs = [pool.submit(generate, fleet["keys"]["pinned"]) for _ in range(4)]
+        wait_for(
+            lambda: (
+                _gauge(url, "fleet_version_in_flight", "1.1.0") == 2 and _gauge(url, "fleet_queue_depth", "1.1.0") == 2
+            ),
+            timeout=30,
+            what="the hog holding its share, two of its requests waiting",
+        )
+        r = generate(small["other"], max_tokens=2, min_tokens=2)  # another tenant: a slot is free for it
+        assert r.status_code == 200 and r.headers["x-fleet-model-version"] == "1.1.0", r.text
+        assert _gauge(url, "fleet_queue_depth", "1.1.0") >= 1  # the hog's still wait: the other went ahead
+        assert [f.result().status_code for f in hogs] == [200] * 4  # and are served as its own slots come back
 
 
 def _send_all(s: socket.socket, data: bytes) -> None:

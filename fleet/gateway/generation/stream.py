@@ -8,7 +8,9 @@ the generation's settings at ``POST /generate_stream`` and its first event is re
 the first-token deadline. The stream then stays open, holding the replica and the
 version's slot, until ``Stream.events`` ends or its caller leaves (``Opened.close``).
 
-``Stream`` reads the rest: each event as it comes, within the request's timeout. The
+``Stream`` reads the rest: each event as it comes, within the request's timeout, up to
+``READ_AHEAD`` events ahead of the caller, so the version is given back when the model has
+answered, not when a slow caller has read it. The
 tenant's token quota, from which the generation reserved its ``max_tokens`` when admitted,
 is charged as the answer streams (every ``CHARGE_EVERY`` tokens past the reservation; at the
 end, or when the caller leaves, the difference: what was not used is given back). The final event decides: a
@@ -45,6 +47,9 @@ CHARGE_EVERY = 16  # tokens charged to a tenant's token quota at a time while an
 # the rest) plus what the model's chat template adds: this many per message, and once more
 TEMPLATE_TOKENS = 16
 ERROR_HEAD_BYTES = 2048  # of an error answer's body, read for its message
+# events read from a replica ahead of the caller: a whole tiny-lm answer, and about 64 KiB of
+# parsed events at most per stream (bounded in all by the version's slots and tenant_share)
+READ_AHEAD = 128
 _STREAM_HEADERS = ((b"Content-Type", b"application/json"), (b"Accept", b"text/event-stream"))
 
 
@@ -170,41 +175,66 @@ class Stream:
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         """Every event to the final one; ``UpstreamError`` / ``UpstreamTimeout`` if the answer
-        breaks off. Closing the iterator early (the caller left) cancels the generation."""
+        breaks off. Closing the iterator early (the caller left) cancels the generation.
+
+        The replica's events are read ahead of the caller, up to ``READ_AHEAD`` (``_read``):
+        once the model has answered, its replica, connection and slot are given back, however
+        slowly the caller takes what is left (one that stops reading is cut at the write
+        deadline, holding only the events read for it). The request's deadline applies while
+        the caller waits for the model."""
+        ahead: asyncio.Queue[dict[str, Any] | BaseException] = asyncio.Queue(READ_AHEAD)
+        reader = asyncio.create_task(self._read(ahead))
         try:
-            event = self.first
             while True:
-                if event.get("finish_reason") is not None:
-                    self._spend(event, final=True)
-                    self._ended(event)  # raises for a generation that failed
-                    # the model has answered: its replica, connection and slot are given back
-                    # before the caller is handed the last event (a slow reader holds none of them)
-                    await self._drain()
-                    await self.opened.close()
-                    yield event
-                    return
-                self._spend(event)
-                yield event
                 try:
                     async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
-                        event = await anext(self.opened.events)
-                except StopAsyncIteration:
-                    raise self._failed(
-                        UpstreamError(f"{self.ref} ended its stream before it finished", "5xx")
-                    ) from None
+                        item = await ahead.get()
                 except TimeoutError:
                     raise self._late() from None
-                except UpstreamError as exc:
-                    raise self._failed(exc) from None
-                except HTTPClientError as exc:
-                    raise self._failed(UpstreamError(f"{self.ref} broke off: {type(exc).__name__}", "5xx")) from None
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.get("finish_reason") is not None:
+                    return
         finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
             if self.seen != self.charged:  # a caller that left pays for what was made for it, no more
                 self.charge(self.seen - self.charged)
                 self.charged = self.seen
             if not self.metered and self.seen:  # ended early: what it made is metered all the same
                 self._meter(self.seen)
             await self.opened.close()
+
+    async def _read(self, ahead: asyncio.Queue[dict[str, Any] | BaseException]) -> None:
+        """The replica's events into ``ahead`` (waiting while it is full), charged as they come;
+        at the final one, the generation judged and everything of the version's given back
+        before the event is handed on; a broken answer handed on as its error."""
+        try:
+            event = self.first
+            while True:
+                if event.get("finish_reason") is not None:
+                    self._spend(event, final=True)
+                    self._ended(event)  # raises for a generation that failed
+                    await self._drain()
+                    await self.opened.close()  # the model has answered: its replica, connection and slot
+                    await ahead.put(event)
+                    return
+                self._spend(event)
+                await ahead.put(event)
+                try:
+                    event = await anext(self.opened.events)
+                except StopAsyncIteration:
+                    raise self._failed(
+                        UpstreamError(f"{self.ref} ended its stream before it finished", "5xx")
+                    ) from None
+                except UpstreamError as exc:
+                    raise self._failed(exc) from None
+                except HTTPClientError as exc:
+                    raise self._failed(UpstreamError(f"{self.ref} broke off: {type(exc).__name__}", "5xx")) from None
+        except Exception as exc:  # noqa: BLE001 - the version's failure or the caller's deadline (or a bug), in its place
+            await ahead.put(exc)
 
     async def _drain(self) -> None:
         """Read the replica's stream to its end after the final event, so its connection goes
