@@ -22,6 +22,20 @@ class StoredObject:
     etag: str
 
 
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One key as a listing shows it, without reading the object.
+
+    ``token`` changes whenever the object does (S3: its ETag; file: size and mtime) but is
+    not necessarily the ETag ``get`` returns: compare tokens with tokens from ``scan`` only.
+    ``modified`` is when it was last written, in seconds since the epoch, on the store's clock.
+    """
+
+    key: str
+    token: str
+    modified: float
+
+
 @runtime_checkable
 class ObjectStore(Protocol):
     """A flat key → bytes store with conditional writes (the fleet's only durable state).
@@ -52,6 +66,13 @@ class ObjectStore(Protocol):
 
     def list(self, prefix: str = "") -> Iterator[str]:
         """Yield every key starting with ``prefix``, in ascending byte order."""
+
+    def scan(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """``list`` with each key's change token and write time: one request per 1,000 keys on S3."""
+
+    def get_if_changed(self, key: str, etag: str | None) -> StoredObject | None:
+        """The object, or None when its ETag is still ``etag`` (on S3 a conditional GET: 304,
+        no body); ``NotFound`` when the key does not exist."""
 
     def delete(self, key: str) -> None:
         """Remove the key; removing a missing key is not an error."""

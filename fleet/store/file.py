@@ -18,7 +18,7 @@ from pathlib import Path
 
 from fleet.errors import InvalidInput, NotFound, StoreUnavailable
 from fleet.store._shared import check_key, check_preconditions, check_prefix, content_etag
-from fleet.types import StoredObject
+from fleet.types import ObjectInfo, StoredObject
 
 _LOCK_STRIPES = 256
 
@@ -72,7 +72,25 @@ class FileStore:
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    def get_if_changed(self, key: str, etag: str | None) -> StoredObject | None:
+        obj = self.get(key)
+        return None if obj.etag == etag else obj
+
     def list(self, prefix: str = "") -> Iterator[str]:
+        yield from sorted(self._keys(prefix))
+
+    def scan(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        found = []
+        for key in self._keys(prefix):
+            try:
+                st = self._path(key).stat()
+            except FileNotFoundError:
+                continue  # deleted since the walk
+            # every write is a new file renamed over the key: a new inode, whatever the clock's grain
+            found.append(ObjectInfo(key, f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}", st.st_mtime))
+        yield from sorted(found, key=lambda info: info.key)
+
+    def _keys(self, prefix: str) -> list[str]:
         check_prefix(prefix)
         # Walk only the deepest directory the prefix names, not the whole store.
         head = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
@@ -84,7 +102,7 @@ class FileStore:
             if not rel:
                 dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             keys.extend(k for k in (rel + name for name in filenames) if k.startswith(prefix))
-        yield from sorted(keys)
+        return keys
 
     def delete(self, key: str) -> None:
         path = self._path(key)

@@ -13,7 +13,7 @@ from typing import Any
 
 from fleet.errors import ConfigError, NotFound, PreconditionFailed, StoreUnavailable
 from fleet.store._shared import check_key, check_prefix
-from fleet.types import StoredObject
+from fleet.types import ObjectInfo, StoredObject
 
 _PRECONDITION_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
 
@@ -43,6 +43,7 @@ class S3Store:
                 # Bounded: a CLI call against a silent endpoint fails in ~30 s, not minutes.
                 config=Config(
                     retries={"total_max_attempts": 3, "mode": "standard"},
+                    max_pool_connections=64,  # a gateway reads many records at once at start
                     connect_timeout=5,
                     read_timeout=10,
                 ),
@@ -69,28 +70,46 @@ class S3Store:
             resp = self._s3.put_object(Bucket=self.bucket, Key=self._full(key), Body=bytes(data), **kwargs)
         return resp["ETag"]
 
+    def get_if_changed(self, key: str, etag: str | None) -> StoredObject | None:
+        if etag is None:
+            return self.get(key)
+        resp = None
+        with self._errors(key, not_modified=True):
+            resp = self._s3.get_object(Bucket=self.bucket, Key=self._full(key), IfNoneMatch=etag)
+            resp = {**resp, "Body": resp["Body"].read()}
+        if resp is None:
+            return None
+        return StoredObject(key, resp["Body"], resp["ETag"])
+
     def list(self, prefix: str = "") -> Iterator[str]:
+        yield from (info.key for info in self.scan(prefix))
+
+    def scan(self, prefix: str = "") -> Iterator[ObjectInfo]:
         check_prefix(prefix)
         full = f"{self.prefix}/{prefix}" if self.prefix else prefix
         strip = len(self.prefix) + 1 if self.prefix else 0
         with self._errors(prefix):
             pages = self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full)
-            keys = [obj["Key"][strip:] for page in pages for obj in page.get("Contents", [])]
-        yield from keys
+            found = [
+                ObjectInfo(obj["Key"][strip:], obj["ETag"], obj["LastModified"].timestamp())
+                for page in pages
+                for obj in page.get("Contents", [])
+            ]
+        yield from found
 
     def delete(self, key: str) -> None:
         with self._errors(key):
             self._s3.delete_object(Bucket=self.bucket, Key=self._full(key))
 
-    def _errors(self, key: str, conditional: bool = False) -> _S3Errors:
-        return _S3Errors(self, key, conditional)
+    def _errors(self, key: str, conditional: bool = False, not_modified: bool = False) -> _S3Errors:
+        return _S3Errors(self, key, conditional, not_modified)
 
 
 class _S3Errors:
     """Translate botocore's exceptions into the fleet's, naming the key and the bucket."""
 
-    def __init__(self, store: S3Store, key: str, conditional: bool) -> None:
-        self.store, self.key, self.conditional = store, key, conditional
+    def __init__(self, store: S3Store, key: str, conditional: bool, not_modified: bool = False) -> None:
+        self.store, self.key, self.conditional, self.not_modified = store, key, conditional, not_modified
 
     def __enter__(self) -> None:
         return None
@@ -105,6 +124,8 @@ class _S3Errors:
         if isinstance(exc, ClientError):
             err = exc.response.get("Error", {})
             code = str(err.get("Code", ""))
+            if self.not_modified and (code in ("304", "NotModified")):
+                return True  # a conditional GET whose object is unchanged: the caller sees no answer
             if code in _PRECONDITION_CODES or (self.conditional and code == "NoSuchKey"):
                 raise PreconditionFailed(
                     f"conditional write of {where} failed ({code}): it changed or exists"
