@@ -370,7 +370,7 @@ def test_grpc_requests_are_counted_like_http_ones(fleet: dict, client: triton.In
         metric(fleet["url"], "fleet_requests_total", **labels, code="200"),
         metric(fleet["url"], "fleet_requests_total", model=MODEL, tenant="counted", code="404"),
     )
-    durations = metric(fleet["url"], "fleet_request_duration_seconds_count", **labels)
+    durations = metric(fleet["url"], "fleet_request_duration_seconds_count", model=MODEL, version="1.0.0")
     for seed in range(3):
         client.infer(MODEL, [features(sample(1, seed=100 + seed))], headers=auth(fleet, "counted"))
     http_answer(fleet, sample(1, seed=200), "counted")
@@ -380,7 +380,7 @@ def test_grpc_requests_are_counted_like_http_ones(fleet: dict, client: triton.In
         )
     )
     assert metric(fleet["url"], "fleet_requests_total", **labels, code="200") == ok + 4
-    assert metric(fleet["url"], "fleet_request_duration_seconds_count", **labels) == durations + 4
+    assert metric(fleet["url"], "fleet_request_duration_seconds_count", model=MODEL, version="1.0.0") == durations + 4
     assert metric(fleet["url"], "fleet_requests_total", model=MODEL, tenant="counted", code="404") == not_found + 1
     log = (fleet["env"].root / "gateway.out").read_text()  # and logged like HTTP ones (--access-log)
     assert re.search(

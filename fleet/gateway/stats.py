@@ -42,19 +42,23 @@ _WIDTH = _MATCHED + 1
 
 
 class _Series:
+    """One version's ring of one-second slots; a slot is allocated in the first second it
+    counts something, so a version asked once an hour holds one slot, not 900."""
+
     __slots__ = ("seconds", "slots")
 
     def __init__(self) -> None:
         self.seconds = [-1] * HORIZON_S
-        self.slots = [[0] * _WIDTH for _ in range(HORIZON_S)]
+        self.slots: list[list[int] | None] = [None] * HORIZON_S
 
     def slot(self, now: float) -> list[int]:
         sec = int(now)
         i = sec % HORIZON_S
-        if self.seconds[i] != sec:
+        slot = self.slots[i]
+        if self.seconds[i] != sec or slot is None:
             self.seconds[i] = sec
-            self.slots[i] = [0] * _WIDTH
-        return self.slots[i]
+            slot = self.slots[i] = [0] * _WIDTH
+        return slot
 
 
 class WindowedStats:
@@ -104,6 +108,14 @@ class WindowedStats:
         slot[_PAIRS] += 1
         slot[_AGREED] += agreed
 
+    def versions(self) -> set[tuple[str, str]]:
+        """The (model, version) pairs holding a series."""
+        return set(self._series)
+
+    def forget(self, model: str, version: str) -> None:
+        """Free a version's series (it left every route ``HORIZON_S`` ago: nothing left to read)."""
+        self._series.pop((model, version), None)
+
     def window(self, model: str, window_s: int) -> tuple[float, float, dict[str, dict]]:
         """(start, end, version → ArmWindow fields) over the last ``window_s`` whole seconds."""
         window_s = max(1, min(int(window_s), HORIZON_S))
@@ -117,7 +129,7 @@ class WindowedStats:
             total = np.zeros(_WIDTH, dtype=np.int64)
             for sec in range(start_sec, end_sec):
                 if series.seconds[sec % HORIZON_S] == sec:
-                    total += series.slots[sec % HORIZON_S]
+                    total += series.slots[sec % HORIZON_S]  # type: ignore[arg-type]
             t = total.tolist()
             out[version] = {
                 "requests": t[_REQ],

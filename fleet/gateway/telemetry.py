@@ -10,6 +10,14 @@ requests: ``model`` is a model the gateway serves (``unknown`` before that is kn
 for a request without a valid key or to a model that is not served), ``tenant`` an
 authenticated tenant (``unknown`` otherwise), ``version`` a version routing chose
 (``none`` before).
+
+What is kept is bounded at fleet size. The tenant label is on the counters a user reads per
+tenant (``fleet_requests_total``, ``fleet_quota_rejections_total``) and nowhere else: one
+sample per tenant, version and status code, not a histogram's 24. A tenant's samples are
+dropped after ``TENANT_IDLE_S`` without a request (Prometheus reads the counter starting
+again as a reset, which ``rate`` and ``increase`` handle). A version out of every route for
+``FORGET_AFTER_S`` — the windowed stats' whole horizon, so no window can still read it — has
+its windowed stats and every series labelled with it freed.
 """
 
 from __future__ import annotations
@@ -17,14 +25,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from fleet.gateway.stats import WindowedStats
+from fleet.gateway.stats import HORIZON_S, WindowedStats
 from fleet.types import LATENCY_BUCKETS_MS, OUTPUT_TOKEN_BUCKETS, PREDICTION_BINS, score_bins
+
+# a ``*_created`` sample beside every counter and histogram doubles the per-tenant lines of
+# /metrics; nothing here reads it (Prometheus detects resets without it)
+disable_created_metrics()
 
 _SECONDS = tuple(b / 1000 for b in LATENCY_BUCKETS_MS) + (float("inf"),)
 
@@ -58,6 +71,9 @@ class _Gauges(Collector):
 
 
 UNKNOWN = "unknown"
+FORGET_AFTER_S = float(HORIZON_S)  # a version out of every route keeps its series this long
+TENANT_IDLE_S = 900.0  # a tenant's samples without a request for this long are dropped
+PRUNE_S = 30.0  # how often both are looked at (from ``watch_loop``)
 HOLD_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, float("inf"))
 
 
@@ -77,7 +93,7 @@ class Telemetry:
         self.duration = Histogram(
             "fleet_request_duration_seconds",
             "Whole request in the gateway",
-            ["model", "version", "tenant"],
+            ["model", "version"],
             buckets=_SECONDS,
             registry=r,
         )
@@ -253,6 +269,11 @@ class Telemetry:
         )
         self._children: dict[tuple[str, str], tuple] = {}
         self._finished: dict[tuple[str, str, str, int], tuple] = {}
+        self._durations: dict[tuple[str, str], Any] = {}
+        self._used: dict[str, int] = {}  # tenant → the prune tick of its last request
+        self._tick = 0
+        self._unrouted: dict[tuple[str, str], float] = {}  # version → when it left every route (monotonic)
+        self._routed: set[tuple[str, str]] = set()
 
     def _version(self, model: str, version: str) -> tuple:
         """The labelled children of one version, looked up once (``labels()`` is not free)."""
@@ -320,14 +341,62 @@ class Telemetry:
 
     def finished(self, model: str, version: str, tenant: str, status: int, total_ms: float) -> None:
         key = (model, version, tenant, status)
-        children = self._finished.get(key)
-        if children is None:
-            children = self._finished[key] = (
-                self.requests.labels(model, version, tenant, str(status)),
-                self.duration.labels(model, version, tenant),
-            )
-        children[0].inc()
-        children[1].observe(total_ms / 1000)
+        counter = self._finished.get(key)
+        if counter is None:
+            counter = self._finished[key] = self.requests.labels(model, version, tenant, str(status))
+        counter.inc()
+        self._used[tenant] = self._tick
+        duration = self._durations.get((model, version))
+        if duration is None:
+            duration = self._durations[model, version] = self.duration.labels(model, version)
+        duration.observe(total_ms / 1000)
+
+    def quota_refused(self, tenant: str) -> None:
+        self.quota.labels(tenant).inc()
+        self._used[tenant] = self._tick
+
+    def routed(self, versions: set[tuple[str, str]], now: float | None = None) -> None:
+        """The versions the routes name now (each new snapshot); a version that left them is
+        forgotten ``FORGET_AFTER_S`` later unless routed again."""
+        now = time.monotonic() if now is None else now
+        for mv in self._routed - versions:
+            self._unrouted.setdefault(mv, now)
+        for mv in versions:
+            self._unrouted.pop(mv, None)
+        self._routed = set(versions)
+
+    def prune(self, now: float | None = None) -> None:
+        """Free what a version out of every route, or an idle tenant, holds (every ``PRUNE_S``)."""
+        now = time.monotonic() if now is None else now
+        self._tick += 1
+        for mv, since in list(self._unrouted.items()):
+            if now - since >= FORGET_AFTER_S:
+                self.forget(*mv)
+        idle_ticks = max(1, int(TENANT_IDLE_S / PRUNE_S))
+        idle = {t for t, tick in self._used.items() if self._tick - tick > idle_ticks}
+        if idle:
+            for key in [k for k in self._finished if k[2] in idle]:
+                del self._finished[key]
+            for tenant in idle:
+                del self._used[tenant]
+                self.requests.remove_by_labels({"tenant": tenant})
+                self.quota.remove_by_labels({"tenant": tenant})
+
+    def forget(self, model: str, version: str) -> None:
+        """Drop a version's windowed stats and every series labelled with it."""
+        self._unrouted.pop((model, version), None)
+        self.stats.forget(model, version)
+        self._children.pop((model, version), None)
+        self._durations.pop((model, version), None)
+        for key in [k for k in self._finished if k[:2] == (model, version)]:
+            del self._finished[key]
+        for metric in self._versioned():
+            metric.remove_by_labels({"model": model, "version": version})
+
+    def _versioned(self) -> Iterator[Any]:
+        for metric in vars(self).values():
+            if isinstance(metric, (Counter, Gauge, Histogram)) and {"model", "version"} <= set(metric._labelnames):
+                yield metric
 
     def shadow_result(self, model: str, version: str, outcome: str, shadow_ms: float | None, served_ms: float) -> None:
         self.shadow.labels(model, version, outcome).inc()
@@ -341,12 +410,16 @@ class Telemetry:
         """Measure the event loop forever: how late a timer fires (lag), and how much of that
         the process was computing (held: CPU time it used meanwhile). Lag alone also counts a
         machine too busy to schedule the gateway; held is what the gateway itself did."""
+        next_prune = time.monotonic() + PRUNE_S
         while True:
             t0, c0 = time.monotonic(), time.process_time()
             await asyncio.sleep(interval_s)
             lag = max(0.0, time.monotonic() - t0 - interval_s)
             self.loop_lag.observe(lag)
             self.loop_held.observe(max(0.0, min(lag, time.process_time() - c0)))
+            if t0 >= next_prune:
+                self.prune()
+                next_prune = t0 + PRUNE_S
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -63,7 +63,7 @@ class Quotas:
             if q.concurrency:
                 state["quota_lease"] = (self, tenant.name, lease)
             return
-        self.telemetry.quota.labels(tenant.name).inc()
+        self.telemetry.quota_refused(tenant.name)
         if refused.reason == "concurrency":
             raise OverQuota(
                 f"tenant {tenant.name!r} already has {q.concurrency} requests in flight (its quota); "
@@ -84,7 +84,7 @@ class Quotas:
         policy's ``feedback_rps`` / ``feedback_burst``), or ``OverQuota``."""
         refused = await self.backend.acquire(f"{tenant}/feedback", rps, burst, None, "")
         if refused is not None:
-            self.telemetry.quota.labels(tenant).inc()
+            self.telemetry.quota_refused(tenant)
             raise OverQuota(
                 f"tenant {tenant!r} is over its feedback quota of {rps:g} calls/s (burst {burst}; the gateway "
                 f"policy's feedback_rps, else its own quota's); retry after {refused.wait_s:.2f} s",
@@ -115,7 +115,7 @@ class Quotas:
 
     def _over_tokens(self, tenant: Tenant, refused: Refusal) -> OverQuota:
         """The 429 of a tenant out of tokens this minute (counted)."""
-        self.telemetry.quota.labels(tenant.name).inc()
+        self.telemetry.quota_refused(tenant.name)
         return OverQuota(
             f"tenant {tenant.name!r} has used its {tenant.quota.tokens_per_minute} tokens a minute (its quota, "  # type: ignore[union-attr]
             f"prompt and completion); retry after {refused.wait_s:.2f} s",
