@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from fleet import changes
 from fleet.errors import Conflict, IntegrityError, InvalidInput, NotFound, PreconditionFailed
 from fleet.types import ObjectStore
 
@@ -139,7 +140,9 @@ def exists(store: ObjectStore, key: str) -> bool:
 
 def create(store: ObjectStore, key: str, record: BaseModel) -> str:
     """Write a record that must not exist yet (``PreconditionFailed`` if it does)."""
-    return store.put(key, dump(record), if_none_match=True)
+    etag = store.put(key, dump(record), if_none_match=True)
+    changes.note(store, key, etag)  # gateways read routes and tenants from the change journal
+    return etag
 
 
 def update(
@@ -160,9 +163,10 @@ def update(
         after = change(before)
         try:
             if etag is None:
-                store.put(key, dump(after), if_none_match=True)
+                written = store.put(key, dump(after), if_none_match=True)
             else:
-                store.put(key, dump(after), if_match=etag)
+                written = store.put(key, dump(after), if_match=etag)
+            changes.note(store, key, written)
             return before, after
         except PreconditionFailed:
             # Jittered backoff so racing writers stop colliding in lock-step.

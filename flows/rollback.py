@@ -22,13 +22,13 @@ def rollback(model: str, to_version: str | None = None, reason: str = "rollback 
     ctx = fleet_context()
     store = ctx.store
     result = do_rollback(Router(store), model, to_version, why=reason, who=f"flow run {run_id()}", runtime=ctx.runtime)
-    pushed = gateway_directory.notify(store)
+    pushed = gateway_directory.tell(store)
     get_run_logger().info(
         "%s: traffic from %s to %s; gateways told: %s",
         model,
         result.from_version,
         result.to_version,
-        pushed or "none registered",
+        "through the change bus" if pushed is None else (pushed or "none registered"),
     )
     emit(
         "fleet.rollback.done",
@@ -45,5 +45,6 @@ def rollback(model: str, to_version: str | None = None, reason: str = "rollback 
         "to_version": result.to_version,
         "rejected": result.rejected,
         "revision": result.table.revision,
-        "gateways_notified": pushed,
+        "gateways_notified": pushed or {},
+        "change_bus": pushed is None,
     }

@@ -105,6 +105,29 @@ def test_a_route_push_reaches_every_worker(workers) -> None:
             )
 
 
+def test_a_key_revoked_through_one_worker_s_admin_api_is_refused_by_every_worker(workers) -> None:
+    """The admin write commits a journal entry and publishes it on the change bus (both
+    workers subscribe to FLEET_REDIS_URL): every worker drops the key, none after a poll of
+    the whole store. Converges; how fast is bench/scale.py's to measure."""
+    env, _, _, key = workers
+    records = _records(env)
+    for record in records:
+        assert infer_at(record.url, key).status_code == 200
+    revoked = httpx.post(
+        f"{records[0].url}/admin/tenants/metered/revoke",
+        json={},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        timeout=10,
+    )
+    assert revoked.status_code == 200, revoked.text
+    for record in records:
+        wait_for(lambda u=record.url: infer_at(u, key).status_code == 401, timeout=10, what=f"{record.url} to refuse")
+
+
+def infer_at(url: str, key: str) -> httpx.Response:
+    return httpx.post(f"{url}/v2/models/{MODEL}/infer", json=BODY, headers={"Authorization": f"Bearer {key}"}, timeout=5)
+
+
 def test_a_dead_worker_is_started_again_and_stopping_the_supervisor_stops_all(workers) -> None:
     env, url, proc, key = workers
     victim = _records(env)[0]

@@ -2,8 +2,14 @@
 
 Each gateway writes ``gateways/<id>.json`` when it starts and again every
 ``HEARTBEAT_S`` seconds; a record whose heartbeat is older than ``STALE_AFTER_S`` belongs
-to a gateway that is gone. Rollbacks push to every live gateway's admin API, and canary
+to a gateway that is gone, and one older than ``EXPIRE_AFTER_S`` is deleted by the next
+gateway that counts its peers. Rollbacks push to every live gateway's admin API, and canary
 analysis sums the windowed stats of every live gateway.
+
+Counting the live gateways (the divisor of a quota's local share) is one listing, whatever
+their number: a listing carries each record's write time, and a record is live when it was
+written within ``STALE_AFTER_S`` of the counting gateway's own last heartbeat — both times
+on the store's clock, so gateways' clocks need not agree.
 
 Trust model. A record is only as trustworthy as whoever can write ``gateways/`` in the
 store, so a URL read from it is not trusted on its say-so:
@@ -33,15 +39,18 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
-from fleet import audit, records
+from fleet import audit, changes, records
 from fleet.errors import ConfigError, IntegrityError
 from fleet.types import ObjectStore
 
 log = logging.getLogger("fleet.catalog.gateway_directory")
 
 PREFIX = "gateways/"
-HEARTBEAT_S = 2.0
-STALE_AFTER_S = 15.0
+HEARTBEAT_S = 5.0  # a PUT per process each beat: 2 s cost 2.5x as much for a staleness 5 s sooner
+STALE_AFTER_S = 20.0
+EXPIRE_AFTER_S = 300.0  # a record this much older than the counter's own is deleted
+EXPIRE_SLACK_S = 5.0  # listing times and heartbeats differ by a write's duration and the listing's grain
+EXPIRE_AT_ONCE = 100  # records deleted by one count at most (the rest at the next)
 SCOPED = "Fleet-Scoped"
 CREDENTIAL_TTL_S = 60
 PURPOSES = ("refresh", "stats")
@@ -80,17 +89,39 @@ def withdraw(store: ObjectStore, gateway_id: str) -> None:
     store.delete(key(gateway_id))
 
 
+def count_live(store: ObjectStore, gateway_id: str) -> int:
+    """How many gateways are live, by one listing (this one included); records of gateways
+    dead for ``EXPIRE_AFTER_S`` are deleted on the way."""
+    listed = [i for i in store.scan(PREFIX) if i.key.endswith(".json")]
+    mine = next((i.modified for i in listed if i.key == key(gateway_id)), None)
+    now = max((i.modified for i in listed), default=0.0) if mine is None else mine
+    dead = [i.key for i in listed if now - i.modified > EXPIRE_AFTER_S]
+    for k in dead[:EXPIRE_AT_ONCE]:
+        log.info("deleting %s: its gateway has not written it for %.0f s", k, EXPIRE_AFTER_S)
+        store.delete(k)
+    return max(1, sum(1 for i in listed if now - i.modified < STALE_AFTER_S))
+
+
 def live(store: ObjectStore) -> list[GatewayRecord]:
-    """Every gateway whose heartbeat is recent, oldest first; records left by dead ones are skipped."""
+    """Every gateway whose heartbeat is recent, oldest first: one listing, then only the
+    records written recently are read (in parallel); those left by dead ones are not."""
+    import concurrent.futures
+
+    listed = [i for i in store.scan(PREFIX) if i.key.endswith(".json")]
+    newest = max((i.modified for i in listed), default=0.0)
+    fresh = [i.key for i in listed if newest - i.modified < STALE_AFTER_S + EXPIRE_SLACK_S]
     now = audit.now()
-    found = []
-    for k in store.list(PREFIX):
+
+    def read(k: str) -> GatewayRecord | None:
         try:
-            record, _ = records.load_or_none(store, k, GatewayRecord)
+            return records.load_or_none(store, k, GatewayRecord)[0]
         except IntegrityError:
-            continue  # a half-written or foreign file is not a gateway
-        if record is not None and record.live(now):
-            found.append(record)
+            return None  # a half-written or foreign file is not a gateway
+
+    if not fresh:
+        return []
+    with concurrent.futures.ThreadPoolExecutor(min(16, len(fresh))) as pool:
+        found = [r for r in pool.map(read, fresh) if r is not None and r.live(now)]
     return sorted(found, key=lambda r: r.started_at)
 
 
@@ -140,6 +171,16 @@ def trusted(record: GatewayRecord, networks: list | None = None) -> bool:
     except ValueError:
         return parts.hostname == "localhost"
     return any(address in net for net in (trusted_networks() if networks is None else networks))
+
+
+def tell(store: ObjectStore, admin_token: str | None = None) -> dict[str, bool] | None:
+    """After a route or tenant change made in this thread: nothing when the change bus took it
+    (every subscribed gateway reads it now: None), else a push to every live gateway
+    (``notify``; what it returns). Called by every writer of what gateways serve — the CLI,
+    the admin API, rollbacks, the flows."""
+    if changes.published():
+        return None
+    return notify(store, admin_token)
 
 
 def notify(store: ObjectStore, admin_token: str | None = None, timeout_s: float = 0.5) -> dict[str, bool]:

@@ -67,6 +67,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     store: Annotated[
         str | None,
         typer.Option(
@@ -87,12 +88,31 @@ def _root(
     # print the store's own warning too. Servers (`fleet gateway`, `fleet up`) turn it back on.
     logging.getLogger("fleet.store").disabled = True
     _local_fleet_defaults()
+    ctx.call_on_close(_tell_gateways)
+
+
+def _tell_gateways() -> None:
+    """A command that changed a route or tenant tells the gateways before it exits: the change
+    bus did if it is configured and up, else a push to every live gateway (which would see it
+    at its next poll anyway; nothing is pushed without an admin token)."""
+    from fleet import changes
+
+    if not changes.noted():
+        return
+    from fleet.catalog import gateway_directory
+    from fleet.errors import FleetError
+    from fleet.store import open_store
+
+    try:
+        gateway_directory.tell(open_store())
+    except (FleetError, OSError):
+        pass
 
 
 def _local_fleet_defaults() -> None:
     """Next to a running ``fleet up`` (same folder), talk to its Prefect server and gateways
-    without exporting anything: PREFECT_API_URL and FLEET_ADMIN_TOKEN come from ``.fleet/``
-    when not set."""
+    without exporting anything: PREFECT_API_URL, FLEET_ADMIN_TOKEN and (with ``--gateways N``)
+    FLEET_REDIS_URL, the change bus, come from ``.fleet/`` when not set."""
     import json
 
     from fleet.processes import alive
@@ -100,6 +120,14 @@ def _local_fleet_defaults() -> None:
     if "FLEET_ADMIN_TOKEN" not in os.environ and os.path.exists(".fleet/admin-token"):
         with open(".fleet/admin-token") as f:
             os.environ["FLEET_ADMIN_TOKEN"] = f.read().strip()
+    if "FLEET_REDIS_URL" not in os.environ and os.path.exists(".fleet/run/redis.json"):
+        try:
+            with open(".fleet/run/redis.json") as f:
+                redis = json.load(f)
+        except (OSError, ValueError):
+            redis = {}
+        if redis.get("port") and alive(int(redis.get("pid", 0)), b"redis-server"):
+            os.environ["FLEET_REDIS_URL"] = f"redis://127.0.0.1:{int(redis['port'])}/0"
     if "PREFECT_API_URL" not in os.environ and os.path.exists(".fleet/run/prefect.json"):
         try:
             with open(".fleet/run/prefect.json") as f:

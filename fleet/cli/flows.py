@@ -313,13 +313,14 @@ def rollback_cmd(
 
         r = router()
         result = rollback(r, model, to, why=reason, runtime=packaged_runtime())
-        pushed = gateway_directory.notify(r.store)
+        pushed = gateway_directory.tell(r.store)
         out = {
             "from_version": result.from_version,
             "to_version": result.to_version,
             "rejected": result.rejected,
             "revision": result.table.revision,
-            "gateways_notified": pushed,
+            "gateways_notified": pushed or {},
+            "change_bus": pushed is None,
         }
     else:
         from flows.serve import ROLLBACK

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from fleet import audit, records
+from fleet import audit, changes, records
 from fleet.catalog.registry import Registry
 from fleet.catalog.rollouts import RolloutState
 from fleet.catalog.routes.store import Router
@@ -119,6 +119,7 @@ def remove(store: ObjectStore, key: str) -> str:
         store.delete(moved)
         raise Conflict(f"{key} changed while it was being moved aside; run `fleet doctor` again")
     store.delete(key)
+    changes.note(store, key, None)  # a gateway serving its last good copy lets it go
     return moved
 
 
@@ -147,7 +148,7 @@ def restore_route(store: ObjectStore, key: str, *, who: str | None = None) -> Ro
         }
     )
     try:
-        store.put(key, records.dump(table), if_match=etag)
+        changes.note(store, key, store.put(key, records.dump(table), if_match=etag))
     except PreconditionFailed:
         raise Conflict(f"{key} changed while it was being restored; run `fleet doctor` again") from None
     router = Router(store)

@@ -170,10 +170,15 @@ def admin_routes(
         except ValidationError as exc:
             raise InvalidInput("; ".join(explain(exc, model))) from None
 
+    def and_tell(work: Callable[[], Any]) -> Any:  # noqa: ANN401
+        """``work``, then the other gateways told in the same thread (the bus, else a push)."""
+        result = work()
+        gateway_directory.tell(store, token)
+        return result
+
     async def changed(work: Callable[[], Any], status: int = 200) -> Response:
-        result = await asyncio.to_thread(work)
+        result = await asyncio.to_thread(and_tell, work)
         on_change()
-        await asyncio.to_thread(gateway_directory.notify, store, token)
         return json_response(result, status)
 
     async def list_models(_: Request) -> Response:
@@ -205,12 +210,14 @@ def admin_routes(
 
     async def do_rollback(request: Request) -> Response:
         change, model = await body(request, RollbackRequest), request.path_params["model"]
-        result = await asyncio.to_thread(
-            rollback, router, model, change.to_version, why=change.reason, runtime=runtime, start_missing=False
+        result, pushed = await asyncio.to_thread(
+            lambda: (
+                rollback(router, model, change.to_version, why=change.reason, runtime=runtime, start_missing=False),
+                gateway_directory.tell(store, token),
+            )
         )
         on_change()
-        pushed = await asyncio.to_thread(gateway_directory.notify, store, token)
-        return json_response({**result.__dict__, "gateways_notified": pushed})
+        return json_response({**result.__dict__, "gateways_notified": pushed or {}, "change_bus": pushed is None})
 
     async def history(request: Request) -> Response:
         return json_response(await asyncio.to_thread(router.history, request.path_params["model"]))
@@ -230,7 +237,8 @@ def admin_routes(
                 "an optional burst, concurrency and tokens_per_minute"
             )
         tenant, key = await asyncio.to_thread(
-            functools.partial(tenants.create, new.name, parse_entitlements(new.models), quota, weight=new.weight)
+            and_tell,
+            functools.partial(tenants.create, new.name, parse_entitlements(new.models), quota, weight=new.weight),
         )
         on_change()
         return json_response({"tenant": tenant.name, "key_id": tenant.keys[0].id, "api_key": key}, status=201)

@@ -32,7 +32,7 @@ from fleet.catalog.policies.budgets import GatewaySpec
 from fleet.catalog.policies.loader import Policies
 from fleet.catalog.tenants import Quota
 from fleet.errors import FleetError
-from fleet.gateway import background, shadow
+from fleet.gateway import background, bus, shadow
 from fleet.gateway.activate import Activator
 from fleet.gateway.admin import admin_routes
 from fleet.gateway.body import BodyBudget, Decoder
@@ -170,6 +170,7 @@ def create_app(
         }
         upstreams.sync(snap.endpoints, limits_)
         activator.synced()
+        telemetry.routed({(m, v) for m, table in snap.routes.items() for v in table.referenced_versions()})
 
     server_info = {"name": "serving-fleet", "version": __version__, "extensions": ["generate"]}
     health = Health(view, telemetry, settings, backend, server_info)
@@ -201,6 +202,8 @@ def create_app(
                 background.write_activity(upstreams, record_activity, activity.activity_key(settings.gateway_id))
             ),
         ]
+        if bus_url := os.environ.get("FLEET_REDIS_URL"):
+            tasks.append(asyncio.create_task(bus.subscribe(bus_url, view.nudge, view.on_bus)))
         usage.start()
         record = None
         if settings.public_url:

@@ -1,9 +1,11 @@
 """What the gateway knows, as one immutable snapshot swapped in by a background refresher.
 
 Requests read only the snapshot (no store reads on the request path). The refresher polls
-the store every ``interval`` seconds and parses only the records whose ETag changed; an
-admin push (``wake``) makes it poll at once, so a rollback reaches a gateway in
-milliseconds, and within ``interval`` even without a push. Deployments are re-read from
+the change journal every ``interval`` seconds (one store request; ``fleet.gateway.sync``)
+and reads only the records it names; an admin push (``wake``) or a message on the change bus
+(``nudge``, ``fleet.gateway.bus``) makes it poll at once, so a rollback reaches a gateway in
+milliseconds, and within ``interval`` even without either. While the bus is up the journal
+is polled only every ``bus_interval``. Deployments are re-read from
 the runtime whenever routes change (so a route never gets ahead of the endpoints it
 needs) and every ``runtime_interval`` seconds otherwise. When the store cannot be read,
 the last good snapshot keeps serving and ``stale`` says so.
@@ -18,6 +20,7 @@ or pinned version without a readable manifest is answered 503 (``VersionUnavaila
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
@@ -26,14 +29,17 @@ from dataclasses import dataclass, field
 from fleet import records
 from fleet.catalog.registry import ModelVersion, Registry
 from fleet.catalog.routes.table import RouteTable
-from fleet.catalog.tenants import Quota, Tenant, key_index, lookup, misplaced
+from fleet.catalog.tenants import Quota, Tenant, key_index, lookup
+from fleet.catalog.tenants import misplaced as wrong_key
 from fleet.errors import FleetError, IntegrityError, NotFound
+from fleet.gateway.sync import READERS, RESYNC_S, RecordSync
 from fleet.runtime.base import Runtime
 from fleet.types import ObjectStore
 
 log = logging.getLogger("fleet.gateway")
 
 POLL_S = 0.25
+BUS_POLL_S = 2.0  # the journal's poll while the change bus is up (the bus says when to look)
 RUNTIME_POLL_S = 1.0
 
 
@@ -52,18 +58,25 @@ class Snapshot:
 
 class FleetView:
     def __init__(
-        self, store: ObjectStore, runtime: Runtime, interval: float = POLL_S, runtime_interval: float = RUNTIME_POLL_S
+        self,
+        store: ObjectStore,
+        runtime: Runtime,
+        interval: float = POLL_S,
+        runtime_interval: float = RUNTIME_POLL_S,
+        *,
+        resync_s: float = RESYNC_S,
     ) -> None:
         self.store, self.runtime = store, runtime
         self.interval, self.runtime_interval = interval, runtime_interval
+        self.bus_interval, self.bus_up = max(interval, BUS_POLL_S), False
         self.registry = Registry(store)
         self.snapshot = Snapshot()
         self.healthy = False  # the last refresh succeeded
         self.last_success = 0.0
         self.last_error = ""
-        self._etags: dict[str, str] = {}
-        self._records: dict[str, RouteTable | Tenant] = {}
-        self._bad: dict[str, records.BadRecord] = {}  # key → why it is skipped (records read)
+        self.sync = RecordSync(store, {"routes/": RouteTable, "tenants/": Tenant}, resync_s=resync_s)
+        self._misplaced: dict[str, records.BadRecord] = {}  # records at the wrong key (rebuilt with each snapshot)
+        self._misplaced_tenants: dict[str, records.BadRecord] = {}
         self._bad_manifests: dict[str, records.BadRecord] = {}  # rebuilt with each snapshot
         self._runtime_read_at = 0.0
         self._read_runtime = False  # re-read the runtime at the next refresh (a push, a started version)
@@ -88,61 +101,35 @@ class FleetView:
     @property
     def bad_records(self) -> list[records.BadRecord]:
         """Stored records this gateway skips (or serves from their last good copy), by key."""
-        found = {**self._bad, **self._bad_manifests}
+        found = {**self.sync.bad, **self._misplaced, **self._bad_manifests}
         return [found[k] for k in sorted(found)]
 
-    def _read(self, prefix: str, cls: type) -> tuple[dict[str, object], bool]:
-        """Records under ``prefix``; parse only those whose ETag changed. (records, changed).
-
-        A record that does not parse is reported and skipped; if an earlier copy of it was
-        good, that copy keeps serving (a bad write must not take a model or tenant away).
-        """
-        found, changed, listed = {}, False, set()
-        for key in self.store.list(prefix):
-            if not key.endswith(".json"):
-                continue
-            listed.add(key)
-            try:
-                obj = self.store.get(key)
-            except NotFound:
-                continue  # deleted between list and get
-            if self._etags.get(key) != obj.etag:
-                self._etags[key] = obj.etag
-                try:
-                    self._records[key] = records.parse(self.store, key, obj.data, cls)
-                    self._bad.pop(key, None)
-                    changed = True
-                except IntegrityError as exc:
-                    bad = records.BadRecord(key, str(exc), cls.__name__)
-                    if key in self._records:
-                        bad = records.BadRecord(key, f"{exc}; serving its last good copy", cls.__name__)
-                    records.report(bad)
-                    self._bad[key] = bad
-            if key in self._records:
-                found[key] = self._records[key]
-        gone = [k for k in self._etags if k.startswith(prefix) and k not in listed]
-        for k in gone:
-            self._etags.pop(k, None)
-            self._records.pop(k, None)
-            self._bad.pop(k, None)
-        return found, changed or bool(gone)
-
     def _manifests(self, routes: dict[str, RouteTable]) -> dict[tuple[str, str], ModelVersion]:
-        """The manifest of every version a route names; unreadable ones are reported."""
-        manifests: dict[tuple[str, str], ModelVersion] = {}
+        """The manifest of every version a route names (those not held yet read in parallel);
+        unreadable ones are reported."""
+        wanted = [(m, v) for m, table in routes.items() for v in sorted(table.referenced_versions())]
+        manifests = {mv: self.snapshot.manifests[mv] for mv in wanted if mv in self.snapshot.manifests}
+        missing = [mv for mv in wanted if mv not in manifests]
+
+        def read(mv: tuple[str, str]) -> ModelVersion | Exception:
+            try:
+                return self.registry.get(*mv)
+            except (IntegrityError, NotFound) as exc:
+                return exc
+
+        if len(missing) > 1:
+            with concurrent.futures.ThreadPoolExecutor(min(READERS, len(missing))) as pool:
+                got = list(pool.map(read, missing))
+        else:
+            got = [read(mv) for mv in missing]
         bad: dict[str, records.BadRecord] = {}
-        for model, table in routes.items():
-            for version in sorted(table.referenced_versions()):
-                cached = self.snapshot.manifests.get((model, version))
-                if cached is not None:
-                    manifests[model, version] = cached
-                    continue
-                try:
-                    manifests[model, version] = self.registry.get(model, version)
-                except (IntegrityError, NotFound) as exc:
-                    key = f"models/{model}/{version}/manifest.json"
-                    bad[key] = records.BadRecord(key, f"route of {model} names {version}: {exc}", "ModelVersion")
-                    records.report(bad[key])
+        for (model, version), found in zip(missing, got, strict=True):
+            if isinstance(found, Exception):
+                key = f"models/{model}/{version}/manifest.json"
+                bad[key] = records.BadRecord(key, f"route of {model} names {version}: {found}", "ModelVersion")
+                records.report(bad[key])
+            else:
+                manifests[model, version] = found
         self._bad_manifests = bad
         return manifests
 
@@ -158,8 +145,8 @@ class FleetView:
         """The next snapshot, or None if nothing changed. It is not published here: ``run``
         publishes it on the event loop together with the pools (``on_change``), so no request
         ever sees a route to a version whose replicas the pools do not hold yet."""
-        route_records, routes_changed = self._read("routes/", RouteTable)
-        tenant_records, tenants_changed = self._read("tenants/", Tenant)
+        changed = self.sync.poll()
+        routes_changed, tenants_changed = "routes/" in changed, "tenants/" in changed
         now = time.monotonic()
         endpoints, periodic = self.snapshot.endpoints, False
         force_runtime, self._read_runtime = force_runtime or self._read_runtime, False
@@ -176,24 +163,26 @@ class FleetView:
             or not self.snapshot.loaded_at
         ):
             return None
-        routes = {}
-        for key, table in route_records.items():
-            if key != f"routes/{table.model}.json":  # type: ignore[union-attr]
-                self._bad[key] = records.BadRecord(key, f"{key!r} holds the route of {table.model!r}", "RouteTable")  # type: ignore[union-attr]
-                records.report(self._bad[key])
+        routes, misplaced = {}, {}
+        for key, table in self.sync.of("routes/").items():
+            if key != f"routes/{table.model}.json":  # type: ignore[attr-defined]
+                misplaced[key] = records.BadRecord(key, f"{key!r} holds the route of {table.model!r}", "RouteTable")  # type: ignore[attr-defined]
+                records.report(misplaced[key])
                 continue
-            routes[table.model] = table  # type: ignore[union-attr]
+            routes[table.model] = table  # type: ignore[attr-defined]
         manifests = self._manifests(routes)
         routes = {model: _servable(table, manifests) for model, table in routes.items()}
-        placed = []
-        for key, tenant in tenant_records.items():
-            if (wrong := misplaced(key, tenant)) is not None:  # type: ignore[arg-type]
-                self._bad[key] = wrong
-                records.report(wrong)
-            else:
-                placed.append(tenant)
-        tenants = [self._with_defaults(t) for t in placed]  # type: ignore[arg-type]
-        keys = key_index(tenants)  # type: ignore[arg-type]
+        keys = self.snapshot.keys
+        if tenants_changed or not self.snapshot.loaded_at:  # 10,000 tenants: re-indexed only when one changed
+            placed, self._misplaced_tenants = [], {}
+            for key, tenant in self.sync.of("tenants/").items():
+                if (wrong := wrong_key(key, tenant)) is not None:  # type: ignore[arg-type]
+                    self._misplaced_tenants[key] = wrong
+                    records.report(wrong)
+                else:
+                    placed.append(tenant)
+            keys = key_index([self._with_defaults(t) for t in placed])  # type: ignore[arg-type]
+        self._misplaced = {**misplaced, **self._misplaced_tenants}
         return Snapshot(routes, keys, endpoints, manifests, time.time())
 
     def _with_defaults(self, t: Tenant) -> Tenant:
@@ -210,6 +199,15 @@ class FleetView:
         self._read_runtime = True
         if self._wake is not None:
             self._wake.set()
+
+    def nudge(self) -> None:
+        """Poll the journal now (the change bus said something changed): from the event loop only."""
+        if self._wake is not None:
+            self._wake.set()
+
+    def on_bus(self, up: bool) -> None:
+        """The change bus is up (poll slowly) or away (poll every ``interval`` again)."""
+        self.bus_up = up
 
     def read_runtime(self) -> None:
         """Re-read the runtime's deployments now (a version was started here): from the event loop only."""
@@ -231,7 +229,7 @@ class FleetView:
                     log.warning("cannot refresh routing state, serving the last good one: %s", exc)
                 self.healthy, self.last_error = False, str(exc)
             try:
-                await asyncio.wait_for(self._wake.wait(), self.interval)
+                await asyncio.wait_for(self._wake.wait(), self.bus_interval if self.bus_up else self.interval)
             except TimeoutError:
                 pass
             self._wake.clear()

@@ -54,7 +54,7 @@ class Experiment:
         who: str,
         guard: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
-        notify: Callable[[ObjectStore], object] = gateway_directory.notify,
+        notify: Callable[[ObjectStore], object] = gateway_directory.tell,
     ) -> None:
         """``guard`` raises (``Conflict``) once this run may no longer change the route: the
         flow passes its lease's ``check``."""

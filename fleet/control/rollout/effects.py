@@ -118,7 +118,7 @@ class Rollout:
         policy: RolloutPolicy,
         *,
         clock: Callable[[], float] = time.time,
-        notify: Callable[[ObjectStore], object] = gateway_directory.notify,
+        notify: Callable[[ObjectStore], object] = gateway_directory.tell,
         emit: Callable[[str, dict[str, Any]], None] = lambda event, payload: None,
         who: str = "",
         guard: Callable[[], None] = lambda: None,
