@@ -64,10 +64,14 @@ GATEWAY_WRITES = (
     "models/*/*/manifest.json",  # Registry.transition rewrites a version's manifest with its new state
     "logs/*",  # the inference log's Parquet batches
     "gateways/*",  # its heartbeat record
-    "usage/*",  # fleet.usage.meter: its usage and cost per hour (usage/<hour>/<gateway>.json)
+    "changes/*",  # fleet.changes: the journal entry after each route or tenant write of the admin API
+    "usage/*",  # fleet.usage.meter: its usage per hour (parts usage/<hour>/<gateway>/<n>.json, then the whole hour)
     "activity/*",  # fleet.logs.activity: when it last asked each version (lazy loading's idle clock)
 )
-GATEWAY_DELETES = ("gateways/*",)  # its record, withdrawn at shutdown; nothing else is ever deleted
+GATEWAY_DELETES = (
+    "gateways/*",  # its record, withdrawn at shutdown, and records of gateways dead for 5 minutes
+    "usage/*/*/*",  # the parts of an hour, once it is written whole (usage/<hour>/<gateway>/<n>.json)
+)
 # IAM's * matches "/" too, so models/*/*/manifest.json alone would also match a file named
 # manifest.json inside an artifact; the explicit Deny keeps artifacts out of reach whatever
 # an Allow says.
@@ -100,7 +104,7 @@ def gateway_policy(bucket_arn: str, key_arn: str, region: str) -> str:
                     "Resource": [f"{bucket_arn}/{k}" for k in GATEWAY_WRITES],
                 },
                 {
-                    "Sid": "WithdrawHeartbeat",
+                    "Sid": "DeleteOwnRecords",
                     "Effect": "Allow",
                     "Action": "s3:DeleteObject",
                     "Resource": [f"{bucket_arn}/{k}" for k in GATEWAY_DELETES],

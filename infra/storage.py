@@ -3,7 +3,8 @@
 Both buckets are private (every public-access block on, ACLs disabled), versioned, encrypted
 at rest and refuse plain-HTTP requests. The models bucket holds what ``FLEET_STORE`` points
 at — model versions, routes, tenants, the inference log — encrypted with a KMS key of the
-stack; overwritten and deleted objects stay recoverable for ``noncurrent_days``. The logs
+stack; overwritten and deleted objects stay recoverable for ``noncurrent_days`` (a day for
+the high-churn prefixes, ``CHURN_PREFIXES``). The logs
 bucket takes the load balancer's and the models bucket's access logs, encrypted with
 SSE-S3 (the load balancer cannot write with a KMS key) and expired after ``log_days``.
 """
@@ -16,6 +17,13 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
+
+# Prefixes rewritten every few seconds (the change journal, heartbeats, the idle clock) or
+# written and deleted (usage parts): their old copies are kept a day, not ``noncurrent_days``
+# (S3 honours the shorter of two overlapping expirations), and the delete markers left when
+# nothing else remains are removed.
+CHURN_PREFIXES = ("changes/", "gateways/", "activity/", "usage/")
+CHURN_NONCURRENT_DAYS = 1
 
 ALB_LOG_PREFIX = "alb"
 S3_LOG_PREFIX = "s3-access/models/"
@@ -119,7 +127,17 @@ class ModelStore(pulumi.ComponentResource):
                     "filter": {},
                     "noncurrent_version_expiration": {"noncurrent_days": args.noncurrent_days},
                     "abort_incomplete_multipart_upload": {"days_after_initiation": 7},
-                }
+                },
+                *(
+                    {
+                        "id": f"churn-{prefix.rstrip('/')}",
+                        "status": "Enabled",
+                        "filter": {"prefix": prefix},
+                        "noncurrent_version_expiration": {"noncurrent_days": CHURN_NONCURRENT_DAYS},
+                        "expiration": {"expired_object_delete_marker": True},
+                    }
+                    for prefix in CHURN_PREFIXES
+                ),
             ],
         )
         aws.s3.BucketLogging(

@@ -21,8 +21,8 @@ from fleet.store import open_store
 from fleet.types import ObjectStore
 from fleet.usage.meter import MAX_GAP_S, UsageMeter
 from fleet.usage.prices import Price, prices_from_plan, prices_from_stack
-from fleet.usage.records import TrafficRecord, UsageHour, hour_key
-from fleet.usage.rollup import rollup
+from fleet.usage.records import TrafficRecord, UsageHour, hour_key, part_key
+from fleet.usage.rollup import gateway_hour, rollup
 from tests.fakes import Clock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +56,8 @@ def sample(m: UsageMeter, clock: Clock, counts: dict, seconds: int, step: float 
 
 
 def stored(store: ObjectStore, hour: datetime, gateway: str = "gw-a") -> UsageHour:
-    return UsageHour.model_validate_json(store.get(hour_key(hour, gateway)).data)
+    """The gateway's hour as the rollup reads it: its whole file, or its parts summed."""
+    return gateway_hour(store, hour, gateway)
 
 
 # -- the meter ---------------------------------------------------------------------------------
@@ -106,24 +107,46 @@ def test_an_hour_boundary_splits_requests_and_replica_seconds_between_hour_files
     assert v15.replica_s_by_minute[0] == 10.0 and sum(v15.replica_s_by_minute) == 10.0
 
 
-def test_flush_rewrites_the_hour_with_cumulative_counts_and_loses_nothing_between_flushes(store: ObjectStore) -> None:
+def test_flush_appends_what_changed_and_writes_the_hour_whole_when_it_is_let_go(store: ObjectStore) -> None:
     m, clock = meter(store)
     for _ in range(3):
         m.served("acme", "demo", "1.0.0", 2, 0.5)
+    m.served("globex", "demo", "1.0.0", 1, 0.5)
     assert m.flush() == 1
-    assert [(t.requests, t.rows, t.upstream_s) for t in stored(store, H14).traffic] == [(3, 6, 1.5)]
+    assert [(t.requests, t.rows, t.upstream_s) for t in stored(store, H14).traffic] == [(3, 6, 1.5), (1, 1, 0.5)]
     assert m.flush() == 0  # nothing changed: nothing written
     clock.now += 600
     m.served("acme", "demo", "1.0.0", 1, 0.5)
     assert m.flush() == 1
-    assert [(t.requests, t.rows, t.upstream_s) for t in stored(store, H14).traffic] == [(4, 7, 2.0)]
-    # two hours on, the hour is written a last time and let go; the counters keep it
+    # the second part holds only what changed: one tenant, one request; the first is never rewritten
+    first, second = (UsageHour.model_validate_json(store.get(part_key(H14, "gw-a", n)).data) for n in (0, 1))
+    assert [(t.tenant, t.requests) for t in second.traffic] == [("acme", 1)] and len(first.traffic) == 2
+    assert [(t.requests, t.rows, t.upstream_s) for t in stored(store, H14).traffic] == [(4, 7, 2.0), (1, 1, 0.5)]
+    # two hours on, the hour is written whole, its parts deleted, and let go; the counters keep it
     clock.now = T0 + 2 * 3600
     m.served("acme", "demo", "1.0.0", 1, 0.5)
-    assert m.flush() == 1 and 14 * 3600 not in m._traffic
+    assert m.flush() == 2 and 14 * 3600 not in m._traffic
+    assert [k for k in store.list("usage/2026-12-01T14/")] == [hour_key(H14, "gw-a")]
     assert m.totals()[0]["acme", "demo", "1.0.0"] == (5, 8, 2.5, 0)
-    assert [t.requests for t in stored(store, H14).traffic] == [4]
+    assert [t.requests for t in stored(store, H14).traffic] == [4, 1]
     assert [t.requests for t in stored(store, H14 + timedelta(hours=2)).traffic] == [1]
+    assert m.close() == 1 and list(store.list("usage/2026-12-01T16/")) == [hour_key(H14 + timedelta(hours=2), "gw-a")]
+
+
+def test_a_gateway_that_dies_mid_hour_leaves_parts_the_rollup_reads_like_a_whole_file(store: ObjectStore) -> None:
+    m, clock = meter(store)
+    m.replicas({DEMO: 2}, clock.now)
+    for step in range(5):
+        sample(m, clock, {DEMO: 2}, 30)
+        m.served("acme", "demo", "1.0.0", step + 1, 0.25)
+        assert m.flush() == 1
+    from_parts = rollup(store, H14, H14 + timedelta(hours=1))  # the process dies here: parts only
+    assert len(list(store.list("usage/2026-12-01T14/gw-a/"))) == 5
+    m.close()
+    whole = rollup(store, H14, H14 + timedelta(hours=1))
+    assert list(store.list("usage/2026-12-01T14/")) == [hour_key(H14, "gw-a")]
+    assert from_parts.versions == whole.versions and from_parts.tenants == whole.tenants
+    assert whole.version(*DEMO).replica_s == 300.0 and whole.version(*DEMO).rows == 15
 
 
 def test_a_store_that_is_down_keeps_the_counts_until_a_flush_gets_through(
@@ -164,7 +187,7 @@ def test_each_file_names_the_price_and_its_source_and_none_when_unknown(store: O
     sample(m, clock, {DEMO: 1, ("other", "2.0.0"): 1}, 1)
     m.served("acme", "other", "2.0.0", 1, 0.1)
     m.flush()
-    raw = json.loads(store.get(hour_key(H14, "gw-a")).data)
+    raw = json.loads(store.get(part_key(H14, "gw-a", 0)).data)
     prices = {(v["model"], v["version"]): v["price"] for v in raw["versions"]}
     assert prices[DEMO] == {"usd_per_replica_hour": 2.0, "instance": "g5.xlarge", "source": PRICE.source}
     assert prices["other", "2.0.0"] == {"usd_per_replica_hour": None, "instance": None, "source": "none"}
@@ -265,7 +288,7 @@ def test_generations_count_tokens_and_cost_per_1k_tokens_and_tensor_hours_stay_a
     m2, _ = meter(store, "gw-b")
     m2.served("acme", "demo", "1.0.0", 2, 0.1)
     m2.flush()
-    assert b'"tokens"' not in store.get(hour_key(H14, "gw-b")).data  # readable by a gateway that predates tokens
+    assert b'"tokens"' not in store.get(part_key(H14, "gw-b", 0)).data  # readable by a gateway that predates tokens
 
 
 def test_a_version_without_price_or_without_replica_samples_costs_unknown_never_zero(store: ObjectStore) -> None:
@@ -294,7 +317,9 @@ def test_rollup_filters_by_tenant_model_and_window_and_skips_unreadable_files(st
     m.served("acme", "demo", "1.0.0", 1, 1.0)  # 19:00, outside a window that ends at 15:00
     m.flush()
     store.put("usage/2026-12-01T14/gw-broken.json", b"{not json")
-    store.put("usage/2026-12-01T14/gw-elsewhere.json", store.get(hour_key(H14, "gw-a")).data)  # another gateway's file
+    store.put(
+        "usage/2026-12-01T14/gw-elsewhere.json", store.get(hour_key(H14, "gw-a")).data
+    )  # another gateway's file (written whole: 5 h on)
 
     report = rollup(store, H14 + timedelta(minutes=30), H14 + timedelta(hours=1), tenant="acme")
     assert report.since == H14  # whole hours
@@ -339,6 +364,17 @@ def test_the_collector_exposes_usage_counters_replica_seconds_and_price(store: O
     ):
         assert line in text, f"{line} not in:\n{text}"
     assert 'fleet_version_price_usd_per_replica_hour{model="other"' not in text  # unknown: absent, not 0
+    # three hours on, acme's hour is let go: its series leave /metrics; back, with its whole total
+    clock.now += 3 * 3600
+    m.served("globex", "demo", "1.0.0", 1, 0.5)
+    m.flush()
+    text = generate_latest(registry).decode()
+    assert 'tenant="acme"' not in text and 'tenant="globex"' in text
+    m.served("acme", "demo", "1.0.0", 1, 0.5)
+    assert (
+        'fleet_usage_requests_total{model="demo",tenant="acme",version="1.0.0"} 2.0'
+        in generate_latest(registry).decode()
+    )
 
 
 # -- prices from the placement ----------------------------------------------------------------

@@ -12,13 +12,15 @@ What is counted
 Where it goes
     ``UsageMeter`` counts in memory on the gateway's event loop (``served``, ``replicas``: a
     few dict operations, no I/O, no lock). ``flush`` (a thread, every ``flush_s`` seconds,
-    and at shutdown) rewrites ``usage/<YYYY-MM-DDTHH>/<gateway id>.json``
-    (``fleet.usage.records``) for each UTC hour this gateway counted in, with its cumulative
-    counts for that hour, so a crash loses at most one flush interval. Replica-seconds are
+    and at shutdown) appends a part, ``usage/<YYYY-MM-DDTHH>/<gateway id>/<n>.json``, with
+    what was counted since the last part, for each UTC hour that changed; an hour let go
+    (and every hour at shutdown) is written whole once, its parts then deleted
+    (``fleet.usage.records``). A crash loses at most one flush interval. Replica-seconds are
     kept per minute of the hour, so the rollup (``fleet.usage.rollup``) can take the max
     across gateways minute by minute. ``collector()`` exposes the same counts to Prometheus
     (``fleet_usage_*_total``, ``fleet_version_replica_seconds_total``,
-    ``fleet_version_price_usd_per_replica_hour``).
+    ``fleet_version_price_usd_per_replica_hour``); a tenant's series only while the meter
+    holds an hour it was counted in (the last two or three).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ from fleet.usage.records import (
     VersionRecord,
     hour_key,
     hour_start,
+    part_key,
+    since,
     utc,
 )
 
@@ -113,7 +117,8 @@ class UsageMeter:
         # hours written for the last time and let go: still in the Prometheus counters
         self._closed_traffic: dict[tuple[str, str, str], _Counts] = {}
         self._closed_replica: dict[tuple[str, str], float] = {}
-        self._written: dict[int, bytes] = {}
+        self._written: dict[int, UsageHour] = {}  # hour → the hour as its parts (or whole file) hold it
+        self._parts: dict[int, list[str]] = {}  # hour → the parts written of it
         self._lock = threading.Lock()  # letting hours go vs a scrape; never taken on the event loop
         self._flush_lock = threading.Lock()
         self._stop = threading.Event()
@@ -178,31 +183,30 @@ class UsageMeter:
 
     # the flush thread --------------------------------------------------------------------
 
-    def flush(self) -> int:
-        """Rewrite the file of every hour counted in and changed since its last write; return
-        the files written. A failed write is logged and retried at the next flush; an hour
-        ended more than an hour ago is let go once written (nothing counts into it anymore)."""
+    def flush(self, whole: bool = False) -> int:
+        """Append a part for every hour counted in since the last one; write an hour let go
+        (every hour, with ``whole``) as one file and delete its parts. Returns the files
+        written. A failed write is logged and retried at the next flush; an hour ended more
+        than an hour ago is let go once written (nothing counts into it anymore)."""
         with self._flush_lock:
             current = hour_start(self._clock())
             written = 0
             for hour in sorted(set(self._traffic) | set(self._replica)):
+                closing = whole or hour <= current - 2 * HOUR_S
                 try:
-                    data = records.dump(self.record(hour))
+                    now = self.record(hour)
+                    data = records.dump(now)
                 except InvalidInput as exc:  # a count no JSON can hold: a bug, kept in memory and logged
                     log.error("usage of hour %s not written: %s", utc(hour), exc)
                     continue
-                if data != self._written.get(hour):
-                    key = hour_key(utc(hour), self.gateway_id)
-                    try:
-                        self.store.put(key, data)  # only this gateway writes its own files
-                    except (FleetError, OSError) as exc:
-                        if not self.failing:
-                            log.warning("cannot write usage file %s, keeping its counts to retry: %s", key, exc)
-                        self.failing = True
-                        continue
-                    self.failing = False
-                    self._written[hour] = data
-                    written += 1
+                try:
+                    written += self._close(hour, now, data) if closing else self._append(hour, now)
+                except (FleetError, OSError) as exc:
+                    if not self.failing:
+                        log.warning("cannot write usage of hour %s, keeping its counts to retry: %s", utc(hour), exc)
+                    self.failing = True
+                    continue
+                self.failing = False
                 if hour <= current - 2 * HOUR_S:
                     self._let_go(hour)
             if self.invalid_upstream:
@@ -211,6 +215,31 @@ class UsageMeter:
                     self.invalid_upstream,
                 )
             return written
+
+    def _append(self, hour: int, now: UsageHour) -> int:
+        """Write what the hour counted since its last part as a new part; 1 if one was written."""
+        part = since(now, self._written.get(hour))
+        if part is None:
+            return 0
+        parts = self._parts.setdefault(hour, [])
+        key = part_key(utc(hour), self.gateway_id, len(parts))
+        self.store.put(key, records.dump(part), if_none_match=True)  # a part is never rewritten
+        parts.append(key)
+        self._written[hour] = now
+        return 1
+
+    def _close(self, hour: int, now: UsageHour, data: bytes) -> int:
+        """Write the hour whole (unless its whole file is already current), then delete its
+        parts; 1 if a file was written."""
+        parts = self._parts.get(hour, [])
+        if not parts and self._written.get(hour) == now:
+            return 0  # its whole file is current
+        self.store.put(hour_key(utc(hour), self.gateway_id), data)  # only this gateway writes its own files
+        self._written[hour] = now
+        for key in parts:  # after the whole file: a reader that finds both takes the whole file
+            self.store.delete(key)
+        self._parts[hour] = []
+        return 1
 
     def record(self, hour: int) -> UsageHour:
         """This gateway's counts for the hour that starts at ``hour`` (unix seconds) as its file holds them."""
@@ -238,6 +267,7 @@ class UsageMeter:
             for key, minutes in self._replica.pop(hour, {}).items():
                 self._closed_replica[key] = self._closed_replica.get(key, 0.0) + sum(minutes)
             self._written.pop(hour, None)
+            self._parts.pop(hour, None)
 
     def price(self, model: str) -> Price | None:
         try:
@@ -267,13 +297,18 @@ class UsageMeter:
                 log.exception("usage flush failed")
 
     def close(self, timeout_s: float = 30.0) -> int:
-        """Stop the thread and write what is left; return the files written."""
+        """Stop the thread and write every hour whole; return the files written."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        return self.flush()
+        return self.flush(whole=True)
 
     # Prometheus --------------------------------------------------------------------------
+
+    def recent(self) -> set[tuple[str, str, str]]:
+        """The (tenant, model, version) counted in the hours this meter still holds (the last
+        two or three): what ``/metrics`` shows per tenant."""
+        return {key for per_hour in list(self._traffic.values()) for key in list(per_hour)}
 
     def totals(self) -> tuple[dict[tuple[str, str, str], tuple[int, int, float, int]], dict[tuple[str, str], float]]:
         """Since this meter started: (tenant, model, version) → (requests, rows, upstream s, tokens),
@@ -311,7 +346,12 @@ class _UsageCollector(Collector):
             "fleet_usage_upstream_seconds", "Seconds spent in the model service", labels=labels
         )
         tokens = CounterMetricFamily("fleet_usage_tokens", "Generation: prompt and completion tokens", labels=labels)
+        # a tenant not counted for two hours is left out (10,000 tenants that came once would
+        # otherwise stay in every scrape); counted again, it comes back with its whole total
+        recent = self._meter.recent()
         for key, (n, r, s, k) in sorted(traffic.items()):
+            if key not in recent:
+                continue
             requests.add_metric(list(key), n)
             rows.add_metric(list(key), r)
             upstream.add_metric(list(key), s)

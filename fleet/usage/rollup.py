@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from fleet import records
-from fleet.errors import InvalidInput
+from fleet.errors import InvalidInput, NotFound
 from fleet.types import ObjectStore
 from fleet.usage.records import (
     HOUR_FMT,
@@ -36,9 +36,10 @@ from fleet.usage.records import (
     PriceRecord,
     TrafficRecord,
     UsageHour,
-    hour_key,
     hour_start,
+    key_gateway,
     key_hour,
+    merge,
     utc,
 )
 
@@ -91,7 +92,7 @@ class Report:
     until: datetime
     versions: tuple[VersionUsage, ...]
     tenants: tuple[TenantUsage, ...]
-    files: int  # hour files read
+    files: int  # gateway-hours read (a whole-hour file, or the sum of its parts)
     skipped: tuple[records.BadRecord, ...]  # hour files that could not be read: left out
 
     def version(self, model: str, version: str) -> VersionUsage:
@@ -148,8 +149,10 @@ def _version_order(key: tuple[str, str]) -> tuple:
 
 
 def _read_hours(store: ObjectStore, first: int, until: float) -> tuple[list[UsageHour], list[records.BadRecord]]:
+    """Every gateway's hours in the window: its whole-hour file, or else the sum of its parts."""
     wanted = {f"{utc(h):{HOUR_FMT}}" for h in range(first, math.ceil(until), HOUR_S)}
-    hours: list[UsageHour] = []
+    whole: dict[tuple[str, str], UsageHour] = {}
+    parts: dict[tuple[str, str], list[UsageHour]] = {}
     bad: list[records.BadRecord] = []
 
     def keep(key: str) -> bool:
@@ -158,8 +161,10 @@ def _read_hours(store: ObjectStore, first: int, until: float) -> tuple[list[Usag
     for day in sorted({w[:11] for w in wanted}):  # one listing per day: "usage/2026-12-01T"
         good, unreadable = records.load_all(store, f"{PREFIX}{day}", UsageHour, keep=keep)
         bad += unreadable
-        for key, rec in good.items():
-            if key != hour_key(rec.hour, rec.gateway):
+        for key, rec in sorted(good.items()):
+            gateway, is_part = key_gateway(key)  # type: ignore[misc]
+            at = (f"{rec.hour:{HOUR_FMT}}", rec.gateway)
+            if (key_hour(key), gateway) != at:
                 found = records.BadRecord(
                     key,
                     f"{key!r} holds the usage of gateway {rec.gateway!r} for hour {rec.hour:{HOUR_FMT}}",
@@ -167,9 +172,23 @@ def _read_hours(store: ObjectStore, first: int, until: float) -> tuple[list[Usag
                 )
                 records.report(found)
                 bad.append(found)
+            elif is_part:
+                parts.setdefault(at, []).append(rec)
             else:
-                hours.append(rec)
+                whole[at] = rec
+    hours = list(whole.values())
+    hours += [merge(p) for at, p in parts.items() if at not in whole]  # parts a whole file replaced are left
     return hours, bad
+
+
+def gateway_hour(store: ObjectStore, hour: datetime, gateway: str) -> UsageHour:
+    """One gateway's hour as the rollup reads it (its whole file, or its parts summed);
+    ``NotFound`` when it wrote neither."""
+    start = hour_start(hour.timestamp())
+    for rec in _read_hours(store, start, start + 1)[0]:
+        if rec.gateway == gateway:
+            return rec
+    raise NotFound(f"gateway {gateway!r} wrote no usage for hour {utc(start):{HOUR_FMT}} in {store.url}")
 
 
 def _gather(
