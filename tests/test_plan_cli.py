@@ -148,7 +148,27 @@ def test_the_dev_stack_costs_what_its_parts_cost() -> None:
         "load balancer": [ALB_USD] * 2,
         "VPC interface endpoints": [4 * VPC_ENDPOINT_USD] * 2,
         "quota store (Valkey)": [VALKEY_NODE_USD["cache.t4g.small"]] * 2,  # one node in dev
+        # 2-3 gateway pods of one worker; the log's objects: none idle, 2 models busy on 3 at most
+        "gateway S3 requests": [2 * GATEWAY_PROCESS_USD, 3 * GATEWAY_PROCESS_USD],
+        "log S3 requests": [0.0, 3 * 2 * 3600 / 2.0 * 0.005 / 1000],
     }
+
+
+GATEWAY_PROCESS_USD = 3600 * (0.5 * 0.0004 + (1 / 5 + 1 / 5 + 1 / 30 + 1 / 10 + 2 / 300) * 0.005) / 1000
+
+
+def test_the_store_request_rows_use_the_gateway_s_own_rates() -> None:
+    from fleet.catalog import gateway_directory
+    from fleet.gateway import background, sync, view
+    from fleet.logs import inference
+    from fleet.planning import costs
+    from fleet.usage import meter
+
+    assert costs.GATEWAY_GET_PER_S == 1 / view.BUS_POLL_S
+    assert costs.GATEWAY_PUT_PER_S == pytest.approx(2 / gateway_directory.HEARTBEAT_S + 1 / meter.FLUSH_S)
+    every = gateway_directory.HEARTBEAT_S * background.PEER_COUNT_EVERY
+    assert costs.GATEWAY_LIST_PER_S == pytest.approx(1 / every + 2 / sync.RESYNC_S)
+    assert costs.LOG_PUT_PER_MODEL_S == 1 / inference.FLUSH_S
 
 
 def test_over_the_ceiling_is_said_and_a_named_guardrail_file_must_exist(tmp_path: Path) -> None:

@@ -38,8 +38,27 @@ INTERFACE_ENDPOINTS = (
 # IPv4s as it scales out), or by the month (KMS keys).
 COST_LEFT_OUT = (
     "data transfer, NAT data processing, ALB capacity units and public IPv4s, "
-    "EBS volumes, S3, ElastiCache backups, KMS keys, CloudWatch"
+    "EBS volumes, S3 storage, ElastiCache backups, KMS keys, CloudWatch"
 )
+
+# S3 requests (aws.amazon.com/s3/pricing, Standard, us-east-1), per request: GET; PUT and
+# LIST (DELETE is free).
+S3_GET_USD = 0.0004 / 1000
+S3_PUT_LIST_USD = 0.005 / 1000
+# What one gateway process asks the store, per second, steadily (the figures are the gateway's
+# own constants; tests/test_plan_cli.py checks they agree):
+# GET: the change journal every 2 s while the change bus (the stack's Valkey) is up
+# (fleet.gateway.view.BUS_POLL_S); PUT: its heartbeat every 5 s
+# (fleet.catalog.gateway_directory.HEARTBEAT_S), when it last asked each version at most as
+# often (fleet.logs.activity), a usage part every 30 s (fleet.usage.meter.FLUSH_S); LIST: the
+# peer count every 10 s (one listing) and the listings' comparison every 300 s
+# (fleet.gateway.sync.RESYNC_S; a page per 1,000 tenants, counted here as one each).
+GATEWAY_GET_PER_S = 1 / 2.0
+GATEWAY_PUT_PER_S = 1 / 5.0 + 1 / 5.0 + 1 / 30.0
+GATEWAY_LIST_PER_S = 1 / 10.0 + 2 / 300.0
+# The inference log (fleet.logs.inference.FLUSH_S): one object per model served every 2 s by
+# each process while the model has traffic; at the maximum size every model is taken as busy.
+LOG_PUT_PER_MODEL_S = 1 / 2.0
 
 
 @dataclass(frozen=True)
@@ -133,7 +152,33 @@ def stack_cost(plan: PlacementPlan, build: StackBuild, where: str) -> StackCost:
                 STACK_REDIS_KEY,
             )
         )
+    parts += store_requests(build, len(plan.models))
     return StackCost(tuple(parts))
+
+
+def store_requests(build: StackBuild, models: int) -> list[CostPart]:
+    """The S3 requests of the gateways' control plane and of the inference log, per hour,
+    at the stack's fewest and most gateway processes."""
+    low, high = build.gateway.processes
+    per_process = 3600 * (GATEWAY_GET_PER_S * S3_GET_USD + (GATEWAY_PUT_PER_S + GATEWAY_LIST_PER_S) * S3_PUT_LIST_USD)
+    log_per_process = 3600 * models * LOG_PUT_PER_MODEL_S * S3_PUT_LIST_USD
+    count = f"{low}-{high} processes" if low != high else f"{low} processes"
+    return [
+        CostPart(
+            "gateway S3 requests",
+            count,
+            (low * per_process, high * per_process),
+            f"{AWS_PRICE_SOURCE} (S3 requests), at the gateway's steady request rates",
+            AWS_PRICE_LABEL,
+        ),
+        CostPart(
+            "log S3 requests",
+            f"{high} proc × {models} models",
+            (0.0, high * log_per_process),
+            f"{AWS_PRICE_SOURCE} (S3 requests): none idle, every model busy at the maximum",
+            AWS_PRICE_LABEL,
+        ),
+    ]
 
 
 def _nodes(part: str, low: int, high: int, instance_type: str, hourly: float, source: str, label: str) -> CostPart:

@@ -168,6 +168,7 @@ STACK_SYSTEM_KEY = "systemNodes"
 STACK_AZ_KEY = "azCount"
 STACK_SINGLE_NAT_KEY = "singleNatGateway"
 STACK_REDIS_KEY = "redis"
+STACK_GATEWAY_KEY = "gateway"
 
 # ElastiCache for Valkey, on-demand, per node-hour (aws.amazon.com/elasticache/pricing; Valkey
 # is listed 20 % below Redis OSS for the same node type): the gateways' shared quota store
@@ -239,6 +240,21 @@ class RedisNodes(BaseModel):
         return self.hourly_usd if self.hourly_usd is not None else VALKEY_NODE_USD[self.node_type]
 
 
+class GatewayProcesses(BaseModel):
+    """How many gateway processes the stack runs (``serving-fleet:gateway``: pods × workers):
+    what the control plane's store requests scale with. Its other keys are infra's own."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+    min_replicas: int = Field(2, ge=1)
+    max_replicas: int = Field(6, ge=1)
+    workers: int = Field(2, ge=1, le=16)
+
+    @property
+    def processes(self) -> tuple[int, int]:
+        return self.min_replicas * self.workers, self.max_replicas * self.workers
+
+
 class StackBuild(BaseModel):
     """The keys of a stack file, besides the node pools, that decide what the stack pays for
     by the hour; names and defaults as in infra/config.py's Settings."""
@@ -249,6 +265,7 @@ class StackBuild(BaseModel):
     azCount: int = Field(2, ge=2, le=6)
     singleNatGateway: bool = False
     redis: RedisNodes = Field(default_factory=RedisNodes)
+    gateway: GatewayProcesses = Field(default_factory=GatewayProcesses)
 
     @property
     def nat_gateways(self) -> int:
@@ -262,7 +279,7 @@ def build_inputs(config: dict[str, Any], where: str) -> StackBuild:
     A value ``pulumi config set`` stored as text (``"3"``, ``"true"``, JSON) is read as Pulumi
     hands it to the program, so this agrees with ``pulumi up``.
     """
-    keys = (STACK_SYSTEM_KEY, STACK_AZ_KEY, STACK_SINGLE_NAT_KEY, STACK_REDIS_KEY)
+    keys = (STACK_SYSTEM_KEY, STACK_AZ_KEY, STACK_SINGLE_NAT_KEY, STACK_REDIS_KEY, STACK_GATEWAY_KEY)
     values = {k: _as_pulumi_reads(config[f"{PROJECT}:{k}"]) for k in keys if f"{PROJECT}:{k}" in config}
     try:
         return StackBuild.model_validate(values)
