@@ -171,7 +171,10 @@ class FleetView:
                 continue
             routes[table.model] = table  # type: ignore[attr-defined]
         manifests = self._manifests(routes)
-        routes = {model: _servable(table, manifests) for model, table in routes.items()}
+        readable: dict[str, set[str]] = {}
+        for model, version in manifests:
+            readable.setdefault(model, set()).add(version)
+        routes = {model: _servable(table, readable.get(model, set())) for model, table in routes.items()}
         keys = self.snapshot.keys
         if tenants_changed or not self.snapshot.loaded_at:  # 10,000 tenants: re-indexed only when one changed
             placed, self._misplaced_tenants = [], {}
@@ -235,11 +238,10 @@ class FleetView:
             self._wake.clear()
 
 
-def _servable(table: RouteTable, manifests: dict[tuple[str, str], ModelVersion]) -> RouteTable:
+def _servable(table: RouteTable, readable: set[str]) -> RouteTable:
     """The table as this gateway serves it: a canary or shadow without a readable manifest is
     dropped (its traffic stays on stable, as after a rollback); stable and pins stay, and a
     request for them is answered 503 until the manifest is fixed."""
-    readable = {version for (model, version) in manifests if model == table.model}
     update: dict[str, object] = {}
     if table.canary is not None and table.canary.version not in readable:
         update["canary"] = None
