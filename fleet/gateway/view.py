@@ -220,6 +220,7 @@ class FleetView:
         """Refresh forever; a failed refresh keeps the last good snapshot."""
         self._wake = asyncio.Event()
         while True:
+            started = time.monotonic()
             try:
                 snapshot = await asyncio.to_thread(self._poll)
                 if snapshot is not None:
@@ -231,8 +232,11 @@ class FleetView:
                 if self.healthy:
                     log.warning("cannot refresh routing state, serving the last good one: %s", exc)
                 self.healthy, self.last_error = False, str(exc)
+            # polls start every interval (a poll's own round trips included), never back to back
+            period = self.bus_interval if self.bus_up else self.interval
+            wait = max(period / 4, period - (time.monotonic() - started))
             try:
-                await asyncio.wait_for(self._wake.wait(), self.bus_interval if self.bus_up else self.interval)
+                await asyncio.wait_for(self._wake.wait(), wait)
             except TimeoutError:
                 pass
             self._wake.clear()
