@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from fleet import changes, records
-from fleet.catalog.registry import Registry
 from fleet.catalog.routes.store import Router
 from fleet.catalog.tenants import Quota, Tenant, Tenants
 from fleet.gateway.sync import RecordSync
@@ -26,7 +25,7 @@ from fleet.store import MemoryStore, open_store
 from fleet.types import ObjectStore
 from tests.fakes import FakeRuntime
 from tests.redis_env import RedisServer
-from tests.test_registry import META
+from tests.test_registry import register_demo
 
 WORKER = Path(__file__).with_name("storm_worker.py")
 
@@ -146,11 +145,7 @@ def _storm(store_url: str, writers: int, times: int) -> list[tuple[str, str]]:
 
 
 def _setup(store: ObjectStore, tmp_path: Path) -> None:
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "w").write_text("w")
-    reg = Registry(store)
-    for v in ("1.0.0", "1.1.0"):
-        reg.register("demo", v, tmp_path / "a", META)
+    reg = register_demo(store, tmp_path)
     Router(store, reg).set("demo", stable="1.0.0", canary="1.1.0", weight=1, why="start")
     Tenants(store).create("shared", {"demo": ["*"]})
 

@@ -125,7 +125,9 @@ def test_a_key_revoked_through_one_worker_s_admin_api_is_refused_by_every_worker
 
 
 def infer_at(url: str, key: str) -> httpx.Response:
-    return httpx.post(f"{url}/v2/models/{MODEL}/infer", json=BODY, headers={"Authorization": f"Bearer {key}"}, timeout=5)
+    return httpx.post(
+        f"{url}/v2/models/{MODEL}/infer", json=BODY, headers={"Authorization": f"Bearer {key}"}, timeout=5
+    )
 
 
 def test_a_dead_worker_is_started_again_and_stopping_the_supervisor_stops_all(workers) -> None:

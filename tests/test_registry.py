@@ -22,6 +22,16 @@ META = VersionMetadata(
 )
 
 
+def register_demo(store: ObjectStore, tmp_path: Path, versions: tuple[str, ...] = ("1.0.0", "1.1.0")) -> Registry:
+    """Versions of model ``demo``, a one-file artifact each: the start of the multi-process tests."""
+    (tmp_path / "a").mkdir(exist_ok=True)
+    (tmp_path / "a" / "w").write_text("w")
+    reg = Registry(store)
+    for v in versions:
+        reg.register("demo", v, tmp_path / "a", META)
+    return reg
+
+
 @pytest.fixture
 def artifact(tmp_path: Path) -> Path:
     root = tmp_path / "artifact"

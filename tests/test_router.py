@@ -17,7 +17,7 @@ from fleet.catalog.routes.table import Canary, RouteTable, Shadow
 from fleet.catalog.tenants import Tenants
 from fleet.errors import Forbidden, InvalidInput, NotFound
 from fleet.store import MemoryStore, open_store
-from tests.test_registry import META
+from tests.test_registry import META, register_demo
 
 WORKER = Path(__file__).with_name("race_worker.py")
 
@@ -188,11 +188,7 @@ def test_an_audit_gap_in_the_middle_is_rebuilt_exactly(router: Router) -> None:
 
 def test_route_updates_from_two_processes_keep_every_revision_and_state(store_url: str, tmp_path: Path) -> None:
     store = open_store(store_url)
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "w").write_text("w")
-    reg = Registry(store)
-    for v in ("1.0.0", "1.1.0"):
-        reg.register("demo", v, tmp_path / "a", META)
+    reg = register_demo(store, tmp_path)
     Router(store, reg).set("demo", stable="1.0.0", canary="1.1.0", weight=0, why="start")
     times = 8
     procs = [
