@@ -299,3 +299,30 @@ def test_a_writer_tells_gateways_by_the_bus_when_it_took_the_change_else_by_a_pu
     monkeypatch.setattr(changes.Bus, "publish", lambda self, entry: True)
     Tenants(store).create("b", {"demo": ["*"]})
     assert changes.published() and gd.tell(store) is None and pushed == ["push"]
+
+
+def test_a_flood_of_nudges_costs_at_most_one_poll_per_min_gap(run) -> None:  # noqa: ANN001
+    """Whoever can publish on the bus (or push) can wake the view as often as it likes: the
+    polls it causes are spaced MIN_GAP_S apart at least."""
+    import time
+
+    from fleet.gateway import view as view_module
+
+    counting = Counting(MemoryStore())
+    view = FleetView(counting, FakeRuntime(), interval=60.0)
+
+    async def scenario() -> None:
+        view.refresh()
+        counting.gets = 0
+        loop = asyncio.create_task(view.run(lambda s: None))
+        start = time.monotonic()
+        while time.monotonic() - start < 0.5:
+            view.nudge()
+            await asyncio.sleep(0.001)
+        elapsed = time.monotonic() - start
+        loop.cancel()
+        assert 2 <= counting.gets <= elapsed / 0.025 + 2, (counting.gets, elapsed)  # nudged ~every ms
+
+    assert view_module.MIN_GAP_S >= 0.025
+
+    run(scenario)

@@ -41,6 +41,7 @@ log = logging.getLogger("fleet.gateway")
 POLL_S = 0.25
 BUS_POLL_S = 2.0  # the journal's poll while the change bus is up (the bus says when to look)
 RUNTIME_POLL_S = 1.0
+MIN_GAP_S = 0.025  # between the starts of two polls, however often a push or the bus wakes the view
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,8 @@ class FleetView:
             wait = max(period / 4, period - (time.monotonic() - started))
             try:
                 await asyncio.wait_for(self._wake.wait(), wait)
+                # woken (a push, the bus): a flood of nudges costs at most one poll per MIN_GAP_S
+                await asyncio.sleep(max(0.0, MIN_GAP_S - (time.monotonic() - started)))
             except TimeoutError:
                 pass
             self._wake.clear()
