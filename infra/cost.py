@@ -4,7 +4,8 @@ The parts and their prices are ``fleet.planning.costs.stack_cost``'s, the same `
 row by row: system nodes (stack config), model nodes (the placement plan), and the EKS
 control plane, NAT gateways with their Elastic IPs, the load balancer, the VPC interface
 endpoints and the quota store's ElastiCache nodes at AWS list prices in us-east-1 (the table
-is in fleet/planning/stack.py, one place for both). Data transfer, load-balancer capacity units, NAT
+is in fleet/planning/stack.py, one place for both), and the S3 requests of the gateways'
+control plane and of the inference log. Data transfer, load-balancer capacity units, NAT
 data processing, EBS volumes, S3 storage and ElastiCache backups depend on traffic and data,
 and are left out.
 """
@@ -26,6 +27,8 @@ def usd_per_hour(stack: StackConfig, nat_gateways: int) -> dict[str, float]:
             "azCount": s.azCount,
             "singleNatGateway": s.singleNatGateway,
             "redis": s.redis.model_dump(),
+            # its processes decide the control plane's S3 requests (fleet plan reads the same keys)
+            "gateway": {k: getattr(s.gateway, k) for k in ("min_replicas", "max_replicas", "workers")},
         }
     )
     if build.nat_gateways != nat_gateways:  # a bug between network.py and fleet.planning.stack, not a config mistake
