@@ -133,6 +133,32 @@ def test_flush_appends_what_changed_and_writes_the_hour_whole_when_it_is_let_go(
     assert m.close() == 1 and list(store.list("usage/2026-12-01T16/")) == [hour_key(H14 + timedelta(hours=2), "gw-a")]
 
 
+def test_a_part_whose_write_landed_but_whose_answer_was_lost_is_counted_once(store: ObjectStore) -> None:
+    class LostAnswer:
+        """The store, but the next write of a part lands and then reports a timeout."""
+
+        def __init__(self, inner: ObjectStore) -> None:
+            self.inner, self.url, self.lose = inner, inner.url, True
+
+        def put(self, key: str, data: bytes, **kw) -> str:  # noqa: ANN003
+            etag = self.inner.put(key, data, **kw)
+            if self.lose and key.count("/") == 3:
+                self.lose = False
+                raise StoreUnavailable(f"read timeout on {key}")
+            return etag
+
+        def __getattr__(self, name: str):  # noqa: ANN204
+            return getattr(self.inner, name)
+
+    m, clock = meter(LostAnswer(store))  # type: ignore[arg-type]
+    m.served("acme", "demo", "1.0.0", 2, 0.5)
+    assert m.flush() == 0 and m.failing  # landed, but as far as the meter knows, not written
+    m.served("acme", "demo", "1.0.0", 3, 0.5)
+    assert m.flush() == 2  # the landed part is taken as written; the rest in the next part
+    assert len(list(store.list("usage/2026-12-01T14/gw-a/"))) == 2
+    assert [(t.requests, t.rows) for t in stored(store, H14).traffic] == [(2, 5)]  # nothing twice
+
+
 def test_a_gateway_that_dies_mid_hour_leaves_parts_the_rollup_reads_like_a_whole_file(store: ObjectStore) -> None:
     m, clock = meter(store)
     m.replicas({DEMO: 2}, clock.now)

@@ -37,7 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from fleet import records
-from fleet.errors import FleetError, InvalidInput
+from fleet.errors import FleetError, InvalidInput, PreconditionFailed
 from fleet.types import ObjectStore
 from fleet.usage.prices import Price
 from fleet.usage.records import (
@@ -50,6 +50,7 @@ from fleet.usage.records import (
     VersionRecord,
     hour_key,
     hour_start,
+    merge,
     part_key,
     since,
     utc,
@@ -223,7 +224,16 @@ class UsageMeter:
             return 0
         parts = self._parts.setdefault(hour, [])
         key = part_key(utc(hour), self.gateway_id, len(parts))
-        self.store.put(key, records.dump(part), if_none_match=True)  # a part is never rewritten
+        try:
+            self.store.put(key, records.dump(part), if_none_match=True)  # a part is never rewritten
+        except PreconditionFailed:
+            # an earlier write of this part landed though its answer was lost (only this process
+            # writes its parts): what it holds is written, the rest goes in the next part
+            landed = UsageHour.model_validate_json(self.store.get(key).data)
+            before = self._written.get(hour)
+            parts.append(key)
+            self._written[hour] = landed if before is None else merge([before, landed])
+            return 1 + self._append(hour, now)
         parts.append(key)
         self._written[hour] = now
         return 1
