@@ -322,3 +322,37 @@ def test_a_canary_killed_under_load_costs_callers_nothing(fleet: dict) -> None:
     assert failures == []
     assert before.get("1.1.0", 0) > 0 and after.get("1.1.0", 0) == 0 and after.get("1.0.0", 0) > 100
     fleet["env"].fleet("deploy", MODEL, "1.1.0")  # leave the fleet as it was
+
+
+def test_undeploy_takes_replicas_off_the_list_first_and_stops_them_after_the_drain(tmp_path: Path) -> None:
+    """A retired stable or a rolled-back canary: gateways that have not yet seen the route move
+    away still reach its replica for the drain, then it stops (a real process here)."""
+    import subprocess
+    import sys
+    import threading
+
+    from fleet.processes import alive
+    from fleet.runtime.local import LocalRuntime
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "bentoml-stand-in"], start_new_session=True
+    )
+    try:
+        folder = tmp_path / "run" / "demo" / "1.0.0"
+        folder.mkdir(parents=True)
+        replica = {"pid": proc.pid, "port": 1, "url": "http://127.0.0.1:1", "log": "x", "bento": "demo:1.0.0"}
+        (folder / "replica-0.json").write_text(json.dumps(replica))
+        runtime = LocalRuntime(tmp_path / "run")
+        assert [d.version for d in runtime.list()] == ["1.0.0"]
+        drain = threading.Thread(target=runtime.undeploy, args=("demo", "1.0.0"), kwargs={"drain_s": 3.0})
+        drain.start()
+        deadline = time.monotonic() + 2.5
+        while runtime.list() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert runtime.list() == [] and alive(proc.pid, b"bentoml")  # off the list, still serving
+        drain.join(30)
+        assert not drain.is_alive() and not alive(proc.pid, b"bentoml")  # stopped once drained
+        assert list(folder.glob("*.json")) == []
+    finally:
+        proc.kill()
+        proc.wait()

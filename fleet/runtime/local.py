@@ -250,12 +250,13 @@ class LocalRuntime:
         path.unlink(missing_ok=True)
         return listed, recorded
 
-    def undeploy(self, model: str, version: str) -> None:
-        """Stop every replica of the version (under its lock: a start in progress finishes first)."""
-        with self._locked(model, version):
-            for path, replica in self._replicas(model, version):
-                replica.stop()
-                path.unlink(missing_ok=True)
+    def undeploy(self, model: str, version: str, drain_s: float | None = None) -> None:
+        """Stop every replica of the version, drained (``unload``): they leave the list first
+        (under its lock: a start in progress finishes first), and stop ``DRAIN_S`` later, so
+        a gateway that has not yet seen the route move away, or re-read this list (every
+        second), still reaches them, and requests already sent finish. Retiring a previous
+        stable or rolling a canary back is never a caller's 503."""
+        self.unload([(model, version)], drain_s=drain_s)
 
     def unload(
         self,
