@@ -587,3 +587,40 @@ def test_an_answer_is_cut_only_when_no_byte_is_taken_within_the_write_deadline(r
     else:
         asyncio.run(scenario())  # 4 KiB at 100 bytes a 10 ms tick: about 0.4 s, eight deadlines
         assert not cycle.write_paused
+
+
+@pytest.mark.parametrize("callers", [True, False])
+def test_a_generation_s_deadline_is_judged_once_however_many_readers_see_it(callers: bool) -> None:
+    """The read-ahead sees the replica's "timeout" event while the caller's own clock runs out:
+    one caller timeout (or one version failure), the same error for both."""
+    from types import SimpleNamespace
+
+    from fleet.gateway.upstream import CallerTimeout, UpstreamTimeout
+    from fleet.gateway.generation.stream import Stream
+    from fleet.gateway.telemetry import Telemetry
+
+    telemetry, failures = Telemetry(lambda: iter(())), []
+    replica = SimpleNamespace(failed=lambda at: failures.append(at))
+    stream = Stream(
+        model="lm",
+        version="1.0.0",
+        tenant="acme",
+        opened=SimpleNamespace(replica=replica),  # type: ignore[arg-type]
+        first={},
+        asked=0.0,
+        first_at=0.0,
+        deadline=0.0,
+        telemetry=telemetry,
+        usage=None,
+        charge=lambda n: None,
+        callers=callers,
+    )
+    first, second = stream._late(), stream._late()
+    assert first is second and isinstance(first, CallerTimeout if callers else UpstreamTimeout)
+    text = telemetry.exposition().decode()
+    timeouts = [ln for ln in text.splitlines() if ln.startswith("fleet_caller_timeouts_total{")]
+    errors = [ln for ln in text.splitlines() if ln.startswith("fleet_version_errors_total{")]
+    if callers:
+        assert [ln.split()[-1] for ln in timeouts] == ["1.0"] and errors == [] and failures == []
+    else:
+        assert timeouts == [] and [ln.split()[-1] for ln in errors] == ["1.0"] and len(failures) == 1

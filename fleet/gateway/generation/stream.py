@@ -149,6 +149,9 @@ class Stream:
     charged: int = 0  # tokens charged to the quota so far: the reservation made at admission, at first
     metered: bool = False
     seen: int = 0  # tokens the last event counted (prompt and completion)
+    # the deadline's end, judged once: the replica's "timeout" event and the caller's own clock
+    # can both see it (the read-ahead and the caller run apart), and it is counted once
+    late: FleetError | None = field(default=None, init=False, repr=False)
 
     @property
     def ref(self) -> str:
@@ -256,14 +259,18 @@ class Stream:
 
     def _late(self) -> FleetError:
         """The request's deadline passed mid-answer: the version's failure only if it was the
-        model's own."""
+        model's own. Once per generation, however many of its readers see the deadline pass."""
+        if self.late is not None:
+            return self.late
         if self.callers:
             self.telemetry.caller_timeout(self.model, self.version)
-            return CallerTimeout(
+            self.late = CallerTimeout(
                 f"{self.ref} did not finish within the timeout this request allowed (shorter than the "
                 "model's own); not counted against the version"
             )
-        return self._failed(UpstreamTimeout(f"{self.ref} did not finish within the request's timeout"))
+        else:
+            self.late = self._failed(UpstreamTimeout(f"{self.ref} did not finish within the request's timeout"))
+        return self.late
 
     def _ended(self, final: dict[str, Any]) -> None:
         self.final = final
