@@ -595,9 +595,9 @@ def test_a_generation_s_deadline_is_judged_once_however_many_readers_see_it(call
     one caller timeout (or one version failure), the same error for both."""
     from types import SimpleNamespace
 
-    from fleet.gateway.upstream import CallerTimeout, UpstreamTimeout
     from fleet.gateway.generation.stream import Stream
     from fleet.gateway.telemetry import Telemetry
+    from fleet.gateway.upstream import CallerTimeout, UpstreamTimeout
 
     telemetry, failures = Telemetry(lambda: iter(())), []
     replica = SimpleNamespace(failed=lambda at: failures.append(at))
