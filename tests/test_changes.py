@@ -136,12 +136,15 @@ def _storm(store_url: str, writers: int, times: int) -> list[tuple[str, str]]:
         )
         for n in range(writers)
     ]
-    written = []
-    for p in procs:
-        out, _ = p.communicate(timeout=600)
-        assert p.returncode == 0
-        written += [tuple(w) for w in json.loads(out)]
-    return written
+    try:
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:  # a writer that failed or hung leaves none of the others running
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0] * writers
+    return [tuple(w) for out in outs for w in json.loads(out)]
 
 
 def _setup(store: ObjectStore, tmp_path: Path) -> None:
