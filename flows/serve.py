@@ -30,7 +30,19 @@ def deployments() -> list:
         ),
         *_monitoring_deployments(),
         _idle_unload(),
+        _commit_logs(),
     ]
+
+
+def _commit_logs():  # noqa: ANN202 - a prefect RunnerDeployment
+    from flows.logs import EVERY_S, commit_logs
+
+    return commit_logs.to_deployment(
+        name="commit-logs",
+        interval=EVERY_S,
+        tags=["fleet"],
+        description="Commit the gateways' staged logs into the log tables; compact and expire them",
+    )
 
 
 def _idle_unload():  # noqa: ANN202 - a prefect RunnerDeployment

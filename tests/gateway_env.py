@@ -62,8 +62,8 @@ class GatewayEnv:
         base = yaml.safe_load((ROOT / "policies" / "fleet.yaml").read_text())
         (root / "policies").mkdir(exist_ok=True)
         doc = {"models": {MODEL: model_policy(**policy)}, "rollout": base["rollout"], "monitoring": base["monitoring"]}
-        if limits:
-            doc["gateway"] = limits
+        # the log staged every 2 s (production's default is 60 s): a test sees what it sent at once
+        doc["gateway"] = {"inference_log_flush_s": 2, **(limits or {})}
         (root / "policies" / "fleet.yaml").write_text(yaml.safe_dump(doc))
         self.write_endpoints()
 

@@ -53,7 +53,7 @@ def test_labels_join_the_logged_requests_of_the_same_tenant_and_the_rest_are_rep
             )
             assert bad.status_code == 422 and "expected the true class as an integer" in bad.json()["error"]
         # gateway b learns of a's requests from the log in the store (after a flushed it)
-        wait_for(lambda: any(True for _ in e.store.list(f"logs/inference/{MODEL}/")), timeout=10, what="a flush")
+        wait_for(lambda: any(True for _ in e.store.list("logs/staging/inference/")), timeout=10, what="a flush")
         with httpx.Client(base_url=b, timeout=30) as client:
             r = client.post(
                 "/v1/feedback",
@@ -100,8 +100,8 @@ def test_feedback_has_a_quota_of_its_own_and_an_id_labelled_many_times_counts_on
         assert all(c.json()["accepted"] == 1 for c in calls[:3])  # 41 items, one id: one label
         refused = calls[3]
         assert "feedback quota of 0.1 calls/s" in refused.json()["error"] and int(refused.headers["retry-after"]) >= 1
-        assert len(list(e.store.list(f"logs/feedback/{MODEL}/"))) == 3  # nothing written past the quota
-        wait_for(lambda: any(True for _ in e.store.list(f"logs/inference/{MODEL}/")), timeout=10, what="a flush")
+        assert len(list(e.store.list("logs/staging/feedback/"))) == 3  # nothing written past the quota
+        wait_for(lambda: any(True for _ in e.store.list("logs/staging/inference/")), timeout=10, what="a flush")
         now = datetime.now(UTC)
         frame = labelled(e.store, MODEL, now - timedelta(hours=1), now + timedelta(minutes=1))
         rows = frame[frame["request_id"] == "order-7"]
@@ -126,8 +126,8 @@ def test_a_log_file_that_is_not_parquet_is_skipped_and_named_never_the_end_of_a_
     _, given = parse({"model": "m", "feedback": [{"request_id": "r0", "label": 1, "outcomes": {"clicked": 1}}]})
     write(store, "m", "apps", given, "gw")
     write_outcomes(store, "m", "apps", given, "gw")
-    hour = f"{now:%Y/%m/%d/%H}"
-    bad = [f"logs/{kind}/m/{hour}/0-broken-1.parquet" for kind in ("inference", "feedback", "outcomes")]
+    hour, ms = f"{now:%Y/%m/%d/%H}", int(now.timestamp() * 1000)
+    bad = [f"logs/staging/{kind}/{hour}/{ms}-{ms}-broken-1.parquet" for kind in ("inference", "feedback", "outcomes")]
     for key in bad:
         store.put(key, b"PAR1 cut short")
     unreadable: list[str] = []
@@ -197,8 +197,9 @@ def test_made_up_ids_cost_no_scan_of_the_log_and_another_gateways_flush_is_seen_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A flood of feedback for ids nobody logged used to list all 25 hours of the log per
-    call. Each hour's listing is remembered: 500 calls list each hour once; a file another
-    gateway writes is found once the listing of its (open) hour is ``LIST_EVERY_S`` old."""
+    call. The staged files are listed once a ``LIST_EVERY_S`` however many calls come; a file
+    another gateway stages is found once the listing is that old."""
+    from fleet.logs import ids
     from fleet.logs import logged as module
     from fleet.logs.inference import GenSample, InferenceLog, digest
     from fleet.store import MemoryStore
@@ -212,7 +213,7 @@ def test_made_up_ids_cost_no_scan_of_the_log_and_another_gateways_flush_is_seen_
 
     clock = [1000.0]
     monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
-    now = datetime(2026, 12, 6, 12, 30, tzinfo=UTC)  # half past: the hour before has settled
+    now = datetime(2026, 12, 6, 12, 30, tzinfo=UTC)
 
     def logged_elsewhere(request_id: str) -> None:
         log = InferenceLog(store, "gw-other")
@@ -227,17 +228,15 @@ def test_made_up_ids_cost_no_scan_of_the_log_and_another_gateways_flush_is_seen_
     logged_elsewhere("early")
     here = module.LoggedRequests(store)
     for i in range(500):
-        assert here.owned("lm", "apps", {(f"made-up-{i}", 0)}, now) == set()
-    assert Counting.lists == module.LOOKBACK_H + 1 == here.listings  # each hour of the window once
+        made_up = f"made-up-{i}" if i % 2 else ids.new(int(now.timestamp() * 1000) - i * 1000)
+        assert here.owned("lm", "apps", {(made_up, 0)}, now) == set()
+    assert Counting.lists == 1 == here.listings  # one listing for 500 calls
     assert here.owned("lm", "apps", {("early", 0)}, now) == {("early", 0)}
     logged_elsewhere("late")
     assert here.owned("lm", "apps", {("late", 0)}, now) == set()  # within the second: not listed again yet
     clock[0] += module.LIST_EVERY_S
     assert here.owned("lm", "apps", {("late", 0)}, now) == {("late", 0)}
-    assert Counting.lists == module.LOOKBACK_H + 2  # only the open hour listed again
-    clock[0] += module.SETTLED_LIST_EVERY_S  # and a settled hour, rarely: a write retried long after
-    assert here.owned("lm", "apps", {("made-up", 0)}, now) == set()
-    assert Counting.lists == 2 * module.LOOKBACK_H + 3
+    assert Counting.lists == 2
 
 
 def test_labels_must_be_classes_of_the_model() -> None:

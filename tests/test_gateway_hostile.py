@@ -20,9 +20,11 @@ import httpx
 import numpy as np
 import pytest
 
+from fleet.logs import ids
 from tests.gateway_env import MODEL, GatewayEnv, admin, infer, metric, scrape, wait_for
 
 ROW = [1.0, 0.0, 0.0, 0.0]
+UUID7 = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 
 
 def v2(data: object, shape: object = (1, 4), datatype: object = "FP32", **extra: object) -> dict:
@@ -244,12 +246,15 @@ def test_unauthenticated_requests_to_made_up_names_leave_metrics_the_same_size(g
 
 
 def test_request_ids_are_unguessable_and_a_clients_id_is_scoped_to_its_tenant(gw: dict) -> None:
+    before = time.time()
     made = [post(gw, INFER, v2(ROW)).headers["x-request-id"] for _ in range(50)]
-    assert all(re.fullmatch(r"[0-9a-f]{32}", rid) for rid in made) and len(set(made)) == 50
-    assert len({rid[:8] for rid in made}) == 50  # no shared prefix: not a process prefix plus a counter
+    assert all(re.fullmatch(UUID7, rid) for rid in made) and len(set(made)) == 50
+    # UUIDv7: the time (what a label's lookup needs) and then 74 random bits, not a process prefix and a counter
+    assert all(before - 1 <= ids.time_of(rid) <= time.time() + 1 for rid in made)
+    assert len({rid[-12:] for rid in made}) == 50 and len({rid[15:18] for rid in made}) > 25
     for hostile in (b"a b", b"x" * 129, b"../../etc", "ümlaut".encode()):  # not a plain token: replaced, never echoed
         given = post(gw, INFER, v2(ROW), **{"X-Request-Id": hostile}).headers["x-request-id"]
-        assert re.fullmatch(r"[0-9a-f]{32}", given), given
+        assert re.fullmatch(UUID7, given), given
 
     same = "order-4711"
     mine = post(gw, INFER, v2([1, 0, 0, 0]), "apps", **{"X-Request-Id": same})
@@ -264,7 +269,7 @@ def test_request_ids_are_unguessable_and_a_clients_id_is_scoped_to_its_tenant(gw
     from fleet.logs.feedback import labelled
 
     e = gw["env"]
-    wait_for(lambda: any(True for _ in e.store.list(f"logs/inference/{MODEL}/")), timeout=15, what="the log flushed")
+    wait_for(lambda: any(True for _ in e.store.list("logs/staging/inference/")), timeout=15, what="the log flushed")
     now = datetime.now(UTC)
 
     def joined() -> dict:

@@ -25,14 +25,16 @@ def window(store) -> object:  # noqa: ANN001
     return read_window(store, "demo", now - timedelta(hours=2), now + timedelta(minutes=1))
 
 
-def test_a_flush_writes_one_parquet_file_with_one_row_per_input_row() -> None:
+def test_a_flush_stages_one_parquet_file_with_one_row_per_input_row() -> None:
     store = MemoryStore()
     log = InferenceLog(store, "gw1")
     for i in range(3):
         log.record(sample(i))
-    assert log.flush() == 6
-    keys = list(store.list("logs/inference/demo/"))
-    assert len(keys) == 1 and keys[0].endswith("-gw1-000001.parquet")
+    log.record(Sample(time.time(), "x", "other", "2.0.0", "apps", 1.0, np.ones((1, 2)), np.ones((1, 3)), ("a", "b")))
+    assert log.flush() == 7
+    keys = list(store.list("logs/"))
+    # one file for every model and layout in the flush, named by its rows' oldest and newest times
+    assert len(keys) == 1 and keys[0].startswith("logs/staging/inference/") and "-gw1-" in keys[0]
     frame = window(store)
     assert list(frame.columns) == [
         "ts",
@@ -84,8 +86,10 @@ def test_rows_land_in_the_hour_they_were_served_and_the_window_filters_by_time()
     log.record(sample(0, ts=old))
     log.record(sample(1))
     log.flush()
-    hours = {k.split("/")[3:7].__str__() for k in store.list("logs/inference/demo/")}
-    assert len(hours) == 2
+    (key,) = store.list("logs/staging/inference/")
+    oldest, newest = (int(t) for t in key.rsplit("/", 1)[1].split("-")[:2])
+    assert oldest == int(old * 1000) and newest >= oldest + 3 * 3600 * 1000 - 1000
+    assert key.split("/")[3:7] == f"{datetime.fromtimestamp(old, UTC):%Y/%m/%d/%H}".split("/")  # the oldest row's hour
     assert set(window(store)["request_id"]) == {"r1"}  # the last two hours only
 
 

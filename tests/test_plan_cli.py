@@ -150,7 +150,19 @@ def test_the_dev_stack_costs_what_its_parts_cost() -> None:
         "quota store (Valkey)": [VALKEY_NODE_USD["cache.t4g.small"]] * 2,  # one node in dev
         # 2-3 gateway pods of one worker; the log's objects: none idle, 2 models busy on 3 at most
         "gateway S3 requests": [2 * GATEWAY_PROCESS_USD, 3 * GATEWAY_PROCESS_USD],
-        "log S3 requests": [0.0, 3 * 2 * 3600 / 2.0 * 0.005 / 1000],
+        # staged files (3 processes, a minute each), a commit a minute (4 PUTs and a data file per
+        # busy model; 4 GETs and one per staged file; 5 LISTs), each model-hour compacted once
+        "log S3 requests": [
+            0.0,
+            round(  # as printed: to 6 places
+                3600
+                * (
+                    (3 / 60 + (4 + 2) / 60 + 2 / 3600 + 5 / 60) * 0.005 / 1000
+                    + (3 / 60 + 4 / 60 + 2 / 3600) * 0.0004 / 1000
+                ),
+                6,
+            ),
+        ],
     }
 
 
@@ -160,7 +172,7 @@ GATEWAY_PROCESS_USD = 3600 * (0.5 * 0.0004 + (1 / 5 + 1 / 5 + 1 / 30 + 1 / 10 + 
 def test_the_store_request_rows_use_the_gateway_s_own_rates() -> None:
     from fleet.catalog import gateway_directory
     from fleet.gateway import background, sync, view
-    from fleet.logs import inference
+    from fleet.logs import committer, inference
     from fleet.planning import costs
     from fleet.usage import meter
 
@@ -168,7 +180,8 @@ def test_the_store_request_rows_use_the_gateway_s_own_rates() -> None:
     assert costs.GATEWAY_PUT_PER_S == pytest.approx(2 / gateway_directory.HEARTBEAT_S + 1 / meter.FLUSH_S)
     every = gateway_directory.HEARTBEAT_S * background.PEER_COUNT_EVERY
     assert costs.GATEWAY_LIST_PER_S == pytest.approx(1 / every + 2 / sync.RESYNC_S)
-    assert costs.LOG_PUT_PER_MODEL_S == 1 / inference.FLUSH_S
+    assert costs.LOG_STAGED_PER_PROCESS_S == 1 / inference.FLUSH_S
+    assert costs.LOG_COMMIT_EVERY_S == committer.EVERY_S
 
 
 def test_over_the_ceiling_is_said_and_a_named_guardrail_file_must_exist(tmp_path: Path) -> None:

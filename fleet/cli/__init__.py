@@ -15,7 +15,7 @@ import typer
 from pydantic import ValidationError
 
 from fleet import __version__
-from fleet.cli import doctor, experiments, flows, gateway, models, plan, policies, route, serving, tenants, usage
+from fleet.cli import doctor, experiments, flows, gateway, logs, models, plan, policies, route, serving, tenants, usage
 from fleet.cli._output import fail
 from fleet.errors import FleetError
 from fleet.validation import explain
@@ -54,6 +54,7 @@ app.command("demo")(flows.demo_cmd)
 app.command("plan")(plan.plan_cmd)
 app.command("doctor")(doctor.doctor_cmd)
 app.command("usage")(usage.usage_cmd)
+app.add_typer(logs.app, name="logs")
 
 # Options of the root that are also taken after the subcommand (`fleet models list --store X`).
 GLOBAL_OPTIONS = ("--store",)

@@ -97,7 +97,8 @@ def create_app(
     inference_log = InferenceLog(
         view.store,
         settings.gateway_id,
-        flush_s=settings.log_flush_s,
+        flush_s=settings.log_flush_s if settings.log_flush_s is not None else limits.inference_log_flush_s,
+        flush_bytes=limits.mib(limits.inference_log_flush_mib),
         max_bytes=limits.mib(limits.inference_log_buffer_mib),
         on_written=lambda m, n: telemetry.log_rows.labels(m, "written").inc(n),
         on_dropped=lambda m, n: telemetry.log_rows.labels(m, "dropped").inc(n),

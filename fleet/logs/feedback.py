@@ -1,7 +1,9 @@
 """Ground-truth labels for earlier requests, joined to the inference log by tenant and request id.
 
-``logs/feedback/<model>/<yyyy>/<mm>/<dd>/<hh>/<unix ms>-<writer>-<seq>.parquet``: one row per
-label — ``ts``, ``request_id``, ``row``, ``tenant``, ``label``. Labels are accepted only for
+The feedback table (``fleet.logs.tables``): one row per label — ``ts``, ``model``,
+``request_id``, ``tenant``, ``row``, ``label``; staged by the gateway as one file per
+feedback request before it answers (so an acknowledged label is stored), committed by the
+committer; outcomes likewise in the outcomes table. Labels are accepted only for
 requests the inference log holds *of the same tenant*, and a request id is only ever
 looked up within its tenant: two tenants sending the same ``X-Request-Id`` have two
 requests, and neither can label, overwrite or learn of the other's. Ids not found come
@@ -18,19 +20,21 @@ column where feedback exists: what concept-drift monitoring and retraining read.
 
 from __future__ import annotations
 
-import io
-import itertools
 import math
 import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from fleet.errors import FleetError, InvalidInput
-from fleet.logs.inference import read_parquet, read_window
+from fleet.logs.inference import read_window
 from fleet.names import check_name
 from fleet.types import ObjectStore
+
+if TYPE_CHECKING:
+    from fleet.logs.reading import Reading
 
 LOOKBACK_H = 24  # how far back a label may point
 MAX_LABELS = 10_000  # labels in one feedback request
@@ -174,9 +178,6 @@ def _short(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-_seq = itertools.count(1)
-
-
 def write(
     store: ObjectStore,
     model: str,
@@ -185,92 +186,82 @@ def write(
     writer: str,
     matched: Sequence[tuple[str, bool]] | None = None,
 ) -> str:
-    """Store accepted labels (items with one: outcomes go to ``write_outcomes``) as one Parquet
-    file; return its key. For a generative model ``matched`` is each label's (version that
-    answered, whether its output matched)."""
+    """Stage accepted labels (items with one: outcomes go to ``write_outcomes``) as one file of
+    the feedback table; return its key. For a generative model ``matched`` is each label's
+    (version that answered, whether its output matched)."""
     import pyarrow as pa
 
     from fleet.logs.inference import digest
 
-    now = time.time()
-    columns = {
-        "ts": pa.array([int(now * 1000)] * len(labels), pa.timestamp("ms", tz="UTC")),
-        "request_id": [x.request_id for x in labels],
-        "row": pa.array([x.row for x in labels], pa.int32()),
-        "tenant": [tenant] * len(labels),
-    }
+    n = len(labels)
+    columns = _head(model, tenant, [x.request_id for x in labels], [x.row for x in labels])
     if matched is None:
         columns["label"] = pa.array([x.label for x in labels], pa.int64())
     else:
-        columns["version"] = [v for v, _ in matched]
+        columns["version"] = pa.array([v for v, _ in matched], pa.string())
         columns["match"] = pa.array([m for _, m in matched], pa.bool_())
-        columns["label_digest"] = [digest(str(x.label)) for x in labels]
-    table = pa.table(columns)
-    return _put(store, "feedback", model, table, writer, now)
+        columns["label_digest"] = pa.array([digest(str(x.label)) for x in labels], pa.string())
+    return _stage(store, "feedback", columns, n, writer)
 
 
-def _put(store: ObjectStore, kind: str, model: str, table, writer: str, now: float) -> str:  # noqa: ANN001 - a pyarrow Table
-    """Write ``table`` as ``logs/<kind>/<model>/<yyyy>/<mm>/<dd>/<hh>/<ms>-<writer>-<seq>.parquet``
-    (never over another file); return its key."""
-    import pyarrow.parquet as pq
+def _head(model: str, tenant: str, ids: list[str], rows: list[int]) -> dict:
+    import pyarrow as pa
 
-    out = io.BytesIO()
-    pq.write_table(table, out, compression="zstd")
-    hour = datetime.fromtimestamp(now, UTC)
-    key = f"logs/{kind}/{check_name('model', model)}/{hour:%Y/%m/%d/%H}/{int(now * 1000)}-{writer}-{next(_seq):06d}.parquet"
-    store.put(key, out.getvalue(), if_none_match=True)
-    return key
+    now = int(time.time() * 1e6)
+    return {
+        "ts": pa.array([now] * len(ids), pa.timestamp("us", tz="UTC")),
+        "model": pa.array([check_name("model", model)] * len(ids), pa.string()),
+        "request_id": pa.array(ids, pa.string()),
+        "tenant": pa.array([tenant] * len(ids), pa.string()),
+        "row": pa.array(rows, pa.int32()),
+    }
+
+
+def _stage(store: ObjectStore, table: str, columns: dict, n: int, writer: str) -> str:
+    """Stage ``columns`` (the rest of the table's columns null) as one file; return its key."""
+    import pyarrow as pa
+
+    from fleet.logs.staging import stage
+    from fleet.logs.tables import arrow_schema
+
+    schema = arrow_schema(table)
+    data = pa.Table.from_arrays(
+        [columns[f.name].cast(f.type) if f.name in columns else pa.nulls(n, f.type) for f in schema], schema=schema
+    )
+    return stage(store, table, data, writer)
 
 
 def write_outcomes(store: ObjectStore, model: str, tenant: str, labels: Sequence[Label], writer: str) -> str | None:
-    """Store the accepted items' outcomes as one Parquet file, one row per (request, row,
-    name): ``logs/outcomes/<model>/<yyyy>/<mm>/<dd>/<hh>/...``. None when there are none."""
+    """Stage the accepted items' outcomes as one file of the outcomes table, one row per
+    (request, row, name). None when there are none."""
     import pyarrow as pa
 
     rows = [(x.request_id, x.row, name, value) for x in labels for name, value in x.outcomes]
     if not rows:
         return None
-    now = time.time()
-    table = pa.table(
-        {
-            "ts": pa.array([int(now * 1000)] * len(rows), pa.timestamp("ms", tz="UTC")),
-            "request_id": [r[0] for r in rows],
-            "row": pa.array([r[1] for r in rows], pa.int32()),
-            "tenant": [tenant] * len(rows),
-            "name": [r[2] for r in rows],
-            "value": pa.array([r[3] for r in rows], pa.float64()),
-        }
-    )
-    return _put(store, "outcomes", model, table, writer, now)
+    columns = _head(model, tenant, [r[0] for r in rows], [r[1] for r in rows])
+    columns["name"] = pa.array([r[2] for r in rows], pa.string())
+    columns["value"] = pa.array([r[3] for r in rows], pa.float64())
+    return _stage(store, "outcomes", columns, len(rows), writer)
 
 
-def _hourly(
-    store: ObjectStore, kind: str, model: str, start: datetime, end: datetime, unreadable: list[str] | None = None
-) -> list:
-    """The Parquet tables under ``logs/<kind>/<model>/`` of the hours from ``start`` to ``end``
-    (a file that is not Parquet skipped and named in ``unreadable``, as ``read_window`` does)."""
-    tables = []
-    hour = start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
-    while hour < end:
-        for key in store.list(f"logs/{kind}/{model}/{hour:%Y/%m/%d/%H}/"):
-            if (table := read_parquet(store, key, unreadable)) is not None:
-                tables.append(table)
-        hour += timedelta(hours=1)
-    return tables
+def _read(store: ObjectStore, table: str, model: str, start: datetime, end: datetime, unreadable, reading):  # noqa: ANN001, ANN202
+    from fleet.logs.reading import read
+
+    return read(store, table, model, start, end, None, unreadable, reading).to_pandas()
 
 
 def read_outcomes(  # noqa: ANN201 - DataFrame
-    store: ObjectStore, model: str, start: datetime, end: datetime, unreadable: list[str] | None = None
+    store: ObjectStore,
+    model: str,
+    start: datetime,
+    end: datetime,
+    unreadable: list[str] | None = None,
+    reading: Reading | None = None,
 ):
     """Every outcome sent between ``start`` and ``end``, one row per (tenant, request id, row,
     name); the last one sent wins."""
-    import pandas as pd
-    import pyarrow as pa
-
-    tables = _hourly(store, "outcomes", model, start, end, unreadable)
-    if not tables:
-        return pd.DataFrame({"ts": [], "request_id": [], "row": [], "tenant": [], "name": [], "value": []})
-    frame = pa.concat_tables(tables).to_pandas().sort_values("ts", kind="stable")
+    frame = _read(store, "outcomes", model, start, end, unreadable, reading).sort_values("ts", kind="stable")
     return frame.drop_duplicates(["tenant", "request_id", "row", "name"], keep="last").reset_index(drop=True)
 
 
@@ -309,16 +300,15 @@ def with_outcomes(  # noqa: ANN201
 
 
 def read_feedback(  # noqa: ANN201 - DataFrame
-    store: ObjectStore, model: str, start: datetime, end: datetime, unreadable: list[str] | None = None
+    store: ObjectStore,
+    model: str,
+    start: datetime,
+    end: datetime,
+    unreadable: list[str] | None = None,
+    reading: Reading | None = None,
 ):
     """Every label given between ``start`` and ``end`` (the last one wins for a tenant's request row)."""
-    import pandas as pd
-    import pyarrow as pa
-
-    tables = _hourly(store, "feedback", model, start, end, unreadable)
-    if not tables:
-        return pd.DataFrame({"ts": [], "request_id": [], "row": [], "tenant": [], "label": []})
-    frame = pa.concat_tables(tables, promote_options="permissive").to_pandas().sort_values("ts", kind="stable")
+    frame = _read(store, "feedback", model, start, end, unreadable, reading).sort_values("ts", kind="stable")
     return frame.drop_duplicates(["tenant", "request_id", "row"], keep="last").reset_index(drop=True)
 
 

@@ -23,12 +23,14 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,9 +38,13 @@ from fleet.errors import FleetError
 from fleet.names import check_name
 from fleet.types import ObjectStore
 
+if TYPE_CHECKING:
+    from fleet.logs.reading import Reading
+
 log = logging.getLogger("fleet.logs.inference")
 
-FLUSH_S = 2.0
+FLUSH_S = 60.0  # a gateway process stages its samples this often (the policy's gateway.inference_log_flush_s)
+FLUSH_BYTES = 16 * 1024 * 1024  # or as soon as this much is buffered (gateway.inference_log_flush_mib)
 MAX_BYTES = 64 * 1024 * 1024
 SAMPLE_OVERHEAD = 400  # bytes per sample beyond its arrays: ids, names, the object itself
 META_COLUMNS = ("ts", "request_id", "row", "model", "version", "tenant", "latency_ms")
@@ -116,15 +122,24 @@ def feature_names(profile: dict | None, width: int) -> tuple[str, ...]:
     return names if len(names) == width else tuple(f"f{i}" for i in range(width))
 
 
+def _strings(values: list, owner):  # noqa: ANN001, ANN202 - a pyarrow Array per row
+    """Per-request strings repeated per row by Arrow (a dictionary cast to strings), not as
+    numpy string arrays: that took 50 ms for 100k rows in the writer thread, holding the GIL and
+    so the gateway's event loop."""
+    import pyarrow as pa
+
+    return pa.DictionaryArray.from_arrays(owner, pa.array(values, pa.string())).cast(pa.string())
+
+
 def gen_table(samples: Sequence[GenSample]):  # noqa: ANN201 - a pyarrow.Table
-    """One row per sampled generation; ``prompt`` and ``output`` are null where not kept."""
+    """One row per sampled generation, in the inference table's columns (no features)."""
     import pyarrow as pa
 
     columns = {
-        "ts": pa.array([int(s.ts * 1000) for s in samples], pa.timestamp("ms", tz="UTC")),
-        "request_id": pa.array([s.request_id for s in samples], pa.string()),
+        "ts": pa.array([int(s.ts * 1e6) for s in samples], pa.timestamp("us", tz="UTC")),
+        **{c: pa.array([getattr(s, c) for s in samples], pa.string()) for c in ("model", "request_id", "tenant")},
         "row": pa.array([0] * len(samples), pa.int32()),
-        **{c: pa.array([getattr(s, c) for s in samples], pa.string()) for c in ("model", "version", "tenant")},
+        "version": pa.array([s.version for s in samples], pa.string()),
         **{c: pa.array([getattr(s, c) for s in samples], pa.float64()) for c in ("latency_ms", "ttft_ms")},
         **{c: pa.array([getattr(s, c) for s in samples], pa.int32()) for c in ("prompt_tokens", "completion_tokens")},
         **{
@@ -132,37 +147,56 @@ def gen_table(samples: Sequence[GenSample]):  # noqa: ANN201 - a pyarrow.Table
             for c in ("finish_reason", "output_digest", "prompt", "output")
         },
     }
-    return pa.table(columns)
+    return _conform(pa.table(columns))
 
 
-def to_table(samples: Sequence[Sample] | Sequence[GenSample]):  # noqa: ANN201 - a pyarrow.Table
-    """One table of the samples' rows. Per-request strings are repeated per row by Arrow
-    (a dictionary cast to strings), not as numpy string arrays: that took 50 ms for 100k
-    rows in the writer thread, holding the GIL and so the gateway's event loop."""
+def tabular_table(samples: Sequence[Sample]):  # noqa: ANN201 - a pyarrow.Table
+    """One row per input row of samples sharing one layout: the features as one list each."""
     import pyarrow as pa
 
-    if isinstance(samples[0], GenSample):
-        return gen_table(samples)  # type: ignore[arg-type]
     rows = [s.rows for s in samples]
-    names = samples[0].feature_names
+    width = len(samples[0].feature_names)
     features = np.concatenate([s.features.reshape(s.rows, -1) for s in samples]).astype(np.float64)
     outputs = [s.outputs.reshape(s.rows, -1) for s in samples]
     owner = pa.array(np.repeat(np.arange(len(samples), dtype=np.int32), rows))  # row → its sample
-
-    def per_row(values: list[str]):  # noqa: ANN202 - a pyarrow.Array
-        return pa.DictionaryArray.from_arrays(owner, pa.array(values, pa.string())).cast(pa.string())
-
     columns = {
-        "ts": pa.array(np.repeat([int(s.ts * 1000) for s in samples], rows), pa.timestamp("ms", tz="UTC")),
-        "request_id": per_row([s.request_id for s in samples]),
+        "ts": pa.array(np.repeat([int(s.ts * 1e6) for s in samples], rows), pa.timestamp("us", tz="UTC")),
+        **{c: _strings([getattr(s, c) for s in samples], owner) for c in ("model", "request_id", "tenant")},
         "row": pa.array(np.concatenate([np.arange(n) for n in rows]), pa.int32()),
-        **{c: per_row([getattr(s, c) for s in samples]) for c in ("model", "version", "tenant")},
+        "version": _strings([s.version for s in samples], owner),
         "latency_ms": pa.array(np.repeat([s.latency_ms for s in samples], rows), pa.float64()),
-        **{name: pa.array(features[:, i]) for i, name in enumerate(names)},
+        "features": pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), width).cast(
+            pa.list_(pa.float64())
+        ),
         "prediction": pa.array(np.concatenate([o.argmax(axis=1) for o in outputs]).astype(np.int64)),
         "score": pa.array(np.concatenate([o[:, -1] for o in outputs]).astype(np.float64)),
     }
-    return pa.table(columns)
+    return _conform(pa.table(columns))
+
+
+def _conform(table):  # noqa: ANN001, ANN202
+    """``table`` with every column of the inference table, in its order and types (nulls where absent)."""
+    import pyarrow as pa
+
+    from fleet.logs.tables import arrow_schema
+
+    schema = arrow_schema("inference")
+    columns = [
+        table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def to_table(samples: Sequence[Sample] | Sequence[GenSample]):  # noqa: ANN201 - a pyarrow.Table
+    """The samples' rows in the inference table's columns (any mix of models and layouts)."""
+    import pyarrow as pa
+
+    groups: dict[tuple, list] = {}
+    for s in samples:
+        groups.setdefault(_layout(s), []).append(s)
+    parts = [gen_table(group) if isinstance(group[0], GenSample) else tabular_table(group) for group in groups.values()]
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
 
 def _warm() -> None:
@@ -174,22 +208,33 @@ def _warm() -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    ts = pa.array(np.zeros(1, dtype=np.int64), pa.timestamp("ms", tz="UTC"))
+    from fleet.logs.tables import arrow_schema
+
+    ts = pa.array(np.zeros(1, dtype=np.int64), pa.timestamp("us", tz="UTC"))
     pq.write_table(pa.table({"ts": ts}), io.BytesIO(), compression="zstd")
+    arrow_schema("inference")  # pyiceberg's import, once
 
 
 class InferenceLog:
+    """The gateway's writer: samples buffered in memory, staged as one Parquet file per flush
+    (every model in it) every ``flush_s`` or as soon as ``flush_bytes`` are buffered, whichever
+    comes first. A sample is logged once its file is staged; until then a killed process loses
+    it (at most ``flush_s`` or ``flush_bytes`` of samples)."""
+
     def __init__(
         self,
         store: ObjectStore,
         writer_id: str,
         *,
         flush_s: float = FLUSH_S,
+        flush_bytes: int = FLUSH_BYTES,
         max_bytes: int = MAX_BYTES,
+        features: Callable[[str, int], tuple[str, ...]] | None = None,
         on_written: Callable[[str, int], None] = lambda model, rows: None,
         on_dropped: Callable[[str, int], None] = lambda model, rows: None,
     ) -> None:
         self.store, self.writer_id, self.flush_s, self.max_bytes = store, writer_id, flush_s, max_bytes
+        self.flush_bytes = min(flush_bytes, max_bytes // 2)
         self._on_written, self._on_dropped = on_written, on_dropped
         self._buffer: deque[Sample | GenSample] = deque()  # dropping the oldest must not cost O(n) on the request path
         self._buffered_rows = 0
@@ -197,8 +242,9 @@ class InferenceLog:
         self._writing_bytes = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._full = threading.Event()  # flush_bytes are buffered: write now
         self._thread: threading.Thread | None = None
-        self._seq = 0
+        self.files = 0  # staged files written
         _warm()
         self.failing = False  # the last write failed
 
@@ -217,6 +263,8 @@ class InferenceLog:
                 self._buffered_rows -= oldest.rows
                 self._buffered_bytes -= oldest.nbytes
                 self._on_dropped(oldest.model, oldest.rows)
+            if self._buffered_bytes >= self.flush_bytes:
+                self._full.set()
 
     @property
     def buffered_rows(self) -> int:
@@ -231,58 +279,57 @@ class InferenceLog:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.flush_s):
+        deadline = time.monotonic() + self.flush_s
+        while not self._stop.is_set():
+            self._full.wait(max(0.0, deadline - time.monotonic()))
+            if self._stop.is_set():
+                return
+            self._full.clear()
             self.flush()
+            deadline = time.monotonic() + (self.flush_s if not self.failing else min(self.flush_s, 2.0))
 
     def flush(self) -> int:
-        """Write everything buffered; return the rows written. Failed groups go back to the buffer."""
+        """Stage everything buffered as one file; return the rows written. On failure the samples
+        go back to the buffer (the oldest dropped first if over ``max_bytes``)."""
         with self._lock:
             batch, self._buffer, self._buffered_rows = self._buffer, deque(), 0
             self._writing_bytes, self._buffered_bytes = self._buffered_bytes, 0
-        groups: dict[tuple, list[Sample | GenSample]] = {}
-        for s in batch:
-            hour = datetime.fromtimestamp(s.ts, UTC).replace(minute=0, second=0, microsecond=0)
-            groups.setdefault((s.model, hour, _layout(s)), []).append(s)
-        written = 0
-        for (model, hour, _), samples in groups.items():
-            try:
-                self._write(model, hour, samples)
-            except (FleetError, OSError) as exc:
-                self._written(samples)
-                if not self.failing:
-                    log.warning(
-                        "cannot write the inference log, keeping %d rows buffered: %s",
-                        sum(s.rows for s in samples),
-                        exc,
-                    )
-                self.failing = True
-                for s in samples:
-                    self.record(s)  # back in line, oldest dropped first if over max_bytes
-                continue
-            self._written(samples)
-            self.failing = False
-            rows = sum(s.rows for s in samples)
-            written += rows
-            self._on_written(model, rows)
-        return written
-
-    def _written(self, samples: list[Sample]) -> None:
-        """The write of ``samples`` is over (either way): their memory is no longer held here."""
+        if not batch:
+            with self._lock:
+                self._writing_bytes = 0
+            return 0
+        try:
+            self._write(list(batch))
+        except (FleetError, OSError) as exc:
+            with self._lock:
+                self._writing_bytes = 0
+            if not self.failing:
+                log.warning("cannot write the inference log, keeping %d rows buffered: %s", _rows(batch), exc)
+            self.failing = True
+            for s in batch:
+                self.record(s)
+            return 0
         with self._lock:
-            self._writing_bytes -= sum(s.nbytes for s in samples)
+            self._writing_bytes = 0
+        self.failing = False
+        rows: dict[str, int] = {}
+        for s in batch:
+            rows[s.model] = rows.get(s.model, 0) + s.rows
+        for model, n in rows.items():
+            self._on_written(model, n)
+        return sum(rows.values())
 
-    def _write(self, model: str, hour: datetime, samples: list[Sample]) -> None:
-        import pyarrow.parquet as pq
+    def _write(self, samples: list[Sample | GenSample]) -> None:
+        from fleet.logs.staging import stage
 
-        out = io.BytesIO()
-        pq.write_table(to_table(samples), out, compression="zstd")
-        self._seq += 1
-        key = f"{hour_prefix(model, hour)}{int(time.time() * 1000)}-{self.writer_id}-{self._seq:06d}.parquet"
-        self.store.put(key, out.getvalue(), if_none_match=True)
+        names = {s.model: list(s.feature_names) for s in samples if isinstance(s, Sample)}
+        stage(self.store, "inference", to_table(samples), self.writer_id, names)
+        self.files += 1
 
     def close(self, timeout_s: float = 30.0) -> int:
         """Stop the writer thread and write what is buffered; return rows still unwritten."""
         self._stop.set()
+        self._full.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
         deadline = time.monotonic() + timeout_s
@@ -293,41 +340,62 @@ class InferenceLog:
         return self._buffered_rows
 
 
+def _rows(samples: Iterable[Sample | GenSample]) -> int:
+    return sum(s.rows for s in samples)
+
+
+GEN_COLUMNS = ("ttft_ms", "prompt_tokens", "completion_tokens", "finish_reason", "output_digest", "prompt", "output")
+
+
 def read_window(  # noqa: ANN201 - DataFrame
-    store: ObjectStore, model: str, start: datetime, end: datetime, unreadable: list[str] | None = None
+    store: ObjectStore,
+    model: str,
+    start: datetime,
+    end: datetime,
+    unreadable: list[str] | None = None,
+    reading: Reading | None = None,
+    *,
+    columns: Sequence[str] | None = None,
 ):
-    """Every logged row of ``model`` with ``start <= ts < end`` as one pandas DataFrame. A file
-    that is not Parquet (cut short, overwritten by hand) is skipped, named in the log and in
-    ``unreadable``: one bad file never ends a monitor or an experiment."""
+    """Every logged row of ``model`` with ``start <= ts < end`` as one pandas DataFrame:
+    ``ts``, ``request_id``, ``row``, ``model``, ``version``, ``tenant``, ``latency_ms``, then
+    one column per feature (its name), ``prediction`` and ``score`` where the model is tabular,
+    the generation's columns where it is generative. Committed and staged rows (see
+    ``fleet.logs.reading``); a staged file that is not Parquet is skipped, named in the log and
+    in ``unreadable``: one bad file never ends a monitor or an experiment. ``columns``: only
+    these of the table's columns (the features are the column ``features``)."""
+    from fleet.logs import reading as reads
+
+    reading = reading if reading is not None else reads.Reading()
+    table = reads.read(store, "inference", model, start, end, tuple(columns) if columns else None, unreadable, reading)
+    return frame_of(store, model, table, reading)
+
+
+def frame_of(store: ObjectStore, model: str, table, reading: Reading | None = None):  # noqa: ANN001, ANN201
+    """The inference table's rows as the frame ``read_window`` returns (features by name)."""
     import pandas as pd
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    if start.tzinfo is None or end.tzinfo is None:
-        raise ValueError("read_window needs timezone-aware datetimes")
-    tables = []
-    hour = start.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
-    while hour < end:
-        for key in store.list(hour_prefix(model, hour)):
-            table = read_parquet(store, key, unreadable)
-            if table is not None:
-                tables.append(table)
-        hour += timedelta(hours=1)
-    if not tables:
-        return pd.DataFrame({c: [] for c in META_COLUMNS})
-    frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
-    ts = frame["ts"]
-    return frame[(ts >= pd.Timestamp(start)) & (ts < pd.Timestamp(end))].reset_index(drop=True)
+    from fleet.logs import reading as reads
 
-
-def read_parquet(store: ObjectStore, key: str, unreadable: list[str] | None = None):  # noqa: ANN201 - a pyarrow Table
-    """One log file's table; None (named in the log and in ``unreadable``) if it is not Parquet."""
-    import pyarrow.parquet as pq
-
-    data = store.get(key).data  # a store that cannot be read raises: that is not a bad file
-    try:
-        return pq.read_table(io.BytesIO(data))
-    except (ValueError, OSError) as exc:  # pyarrow's ArrowInvalid / ArrowIOError
-        log.warning("skipping %s: not a readable Parquet file (%s)", key, exc)
-        if unreadable is not None:
-            unreadable.append(key)
-        return None
+    rest = [c for c in table.column_names if c not in ("features", "prediction", "score", *GEN_COLUMNS)]
+    keep = [c for c in META_COLUMNS if c in rest] + [c for c in rest if c not in META_COLUMNS]
+    out = table.select(keep)
+    if "features" in table.column_names and table.num_rows and table.column("features").null_count < table.num_rows:
+        lists = table.column("features").combine_chunks()
+        width = int(pc.max(pc.list_value_length(lists)).as_py() or 0)
+        names = reads.features(store, model, width, reading)
+        flat = np.asarray(pc.list_flatten(lists.fill_null(pa.scalar([math.nan] * width, lists.type))))
+        matrix = flat.reshape(-1, width) if width else flat.reshape(table.num_rows, 0)
+        for i, name in enumerate(names):
+            out = out.append_column(name, pa.array(matrix[:, i]))
+        for c in ("prediction", "score"):
+            out = out.append_column(c, table.column(c))
+    gen = [c for c in GEN_COLUMNS if c in table.column_names]
+    if gen and table.column("output_digest" if "output_digest" in gen else gen[0]).null_count < table.num_rows:
+        for c in gen:
+            out = out.append_column(c, table.column(c))
+    if not out.num_rows:
+        return pd.DataFrame({c: [] for c in out.column_names or META_COLUMNS})
+    return out.to_pandas()

@@ -5,13 +5,15 @@ tenant, in the last ``LOOKBACK_H`` hours; the gateway answers that from this ind
 reading the log per label. For generations it also keeps which version answered and the
 output's digest (exact-match feedback), and which answers a label was already counted for.
 
-An id it has not seen costs no scan of the log: each hour's listing of files is remembered
-and asked of the store again at most once a ``LIST_EVERY_S`` while the hour may still get
-files (until ``SETTLE_S`` after its end: a late flush, a retried write), and once a
-``SETTLED_LIST_EVERY_S`` after that; each file is read once. So a flood of made-up ids costs
-the store at most a listing a second per model, however many calls carry them, and a label
-for a request another gateway logged is found at most ``LIST_EVERY_S`` after that gateway
-flushed it. (A per-id lookup that needs no listing at all is the logs' own work to come.)
+An id it has not seen costs a bounded lookup, never a scan of a day. The gateway's ids are
+UUIDv7 (``fleet.logs.ids``): the id says when the request came, so only the files of that
+hour (and the next: a long answer) can hold it. Of those, the table's scan planning keeps the
+files whose ``request_id`` bounds include it (ids sort by time, so a file of a minute's
+commit covers a minute of ids), and each file is read once (its id columns) and remembered.
+Staged files (not committed yet) come from one listing of the staging prefix, asked again at
+most once a ``LIST_EVERY_S`` however many calls come. An id a caller chose has no time: it is
+looked for in the last ``UNTIMED_LOOKBACK_H`` hours only. A label for a request another
+gateway logged is found once that gateway has staged it (its flush interval).
 """
 
 from __future__ import annotations
@@ -22,17 +24,21 @@ import time
 from collections import OrderedDict
 from datetime import UTC, datetime, timedelta
 
+from fleet.errors import NotFound
+from fleet.logs import ids
 from fleet.logs.feedback import LOOKBACK_H
-from fleet.logs.inference import hour_prefix as log_hour_prefix
+from fleet.logs.staging import Staged, listed
+from fleet.logs.tables import scan, tables_for, window_filter
 from fleet.types import ObjectStore
 
 INDEX_BYTES = 16 * 1024 * 1024
 _ENTRY_BYTES = 160  # one remembered request beyond its strings: key tuple, dict slot, int
 _ANSWER_BYTES = 140  # a generation's answer beside it: a tuple and a 32-character digest
 _KEY_BYTES = 60  # one listed key beyond its characters
-LIST_EVERY_S = 1.0  # an hour that may still get files is listed again at most this often
-SETTLE_S = 600.0  # after its end, an hour may still get files this long (a late flush, a retried write)
-SETTLED_LIST_EVERY_S = 300.0  # and is listed again this often after that, for a write later still
+LIST_EVERY_S = 1.0  # the staged files are listed again at most this often
+MAX_ANSWER_S = 3600.0  # a request's rows are logged at most this long after its id was made
+UNTIMED_LOOKBACK_H = 2  # an id a caller chose (no time in it) is looked for this far back
+MAX_PLANNED_IDS = 1000  # ids of one lookup the scan's planning prunes by (more: the window's files)
 
 
 Answer = tuple[str, str]  # a logged generation's (version, output digest)
@@ -43,8 +49,8 @@ class LoggedRequests:
     ``LOOKBACK_H`` hours; for generations also which version answered and its output's digest.
 
     Log files never change once written, so each is read once (its id columns only) and
-    remembered; the gateway's own recent samples are known before they are flushed; each
-    hour's listing is remembered (see the module). All are bounded in bytes, together within
+    remembered; the gateway's own recent samples are known before they are flushed; the
+    staging listing is remembered (see the module). All are bounded in bytes, together within
     ``max_bytes``: an eighth for the answers a label was counted for, a sixteenth for the
     listings, the rest halved between the other two; the least recently used go first, in O(1).
     """
@@ -54,17 +60,17 @@ class LoggedRequests:
         self._labelled_max = max_bytes // 8
         self._listed_max = max_bytes // 16
         self._half = (max_bytes - self._labelled_max - self._listed_max) // 2  # the recent samples' and the files' each
-        # an hour's prefix → (when listed, monotonic; its keys; bytes)
-        self._listed: OrderedDict[str, tuple[float, tuple[str, ...], int]] = OrderedDict()
-        self._listed_bytes = 0
+        # the staged files, when listed (monotonic)
+        self._listed: tuple[float, tuple[Staged, ...]] | None = None
         self.listings = 0  # listings asked of the store (what a flood of unknown ids would drive)
+        self.plans = 0  # scans of the table planned
         # (model, tenant, id) → (rows, answer or None)
         self._recent: OrderedDict[tuple[str, str, str], tuple[int, Answer | None]] = OrderedDict()
         self._recent_bytes = 0
-        # key → (index (tenant, id) → rows, answers (tenant, id) → answer, bytes)
-        self._files: OrderedDict[str, tuple[dict[tuple[str, str], int], dict[tuple[str, str], Answer], int]] = (
-            OrderedDict()
-        )
+        # (model, key) → (index (tenant, id) → rows, answers (tenant, id) → answer, bytes)
+        self._files: OrderedDict[
+            tuple[str, str], tuple[dict[tuple[str, str], int], dict[tuple[str, str], Answer], int]
+        ] = OrderedDict()
         self._files_bytes = 0
         # (model, tenant, id) of generations an exact-match label was counted for, most recent
         # last: a label sent again is not counted again (bounded: the oldest are forgotten)
@@ -74,7 +80,10 @@ class LoggedRequests:
 
     @property
     def bytes(self) -> int:
-        return self._recent_bytes + self._files_bytes + self._labelled_bytes + self._listed_bytes
+        listed = self._listed[1] if self._listed is not None else ()
+        return (
+            self._recent_bytes + self._files_bytes + self._labelled_bytes + sum(_KEY_BYTES + len(s.key) for s in listed)
+        )
 
     def first_labels(self, model: str, tenant: str, ids: list[str]) -> list[bool]:
         """For each id (in order): whether this is the first label counted for it (then it is
@@ -140,56 +149,86 @@ class LoggedRequests:
                 if entry is not None and row < entry[0]:
                     found[rid, row] = entry[1]
         missing = wanted - set(found)
+        if not missing:
+            return found
         now = now or datetime.now(UTC)
-        hour = (now - timedelta(hours=LOOKBACK_H)).replace(minute=0, second=0, microsecond=0)
-        while missing and hour <= now:
-            for key in self._keys(model, hour, now):
-                index, answers = self._index(key)
+        windows: dict[tuple[datetime, datetime], set[str]] = {}
+        for rid, _ in missing:
+            windows.setdefault(self._window(rid, now), set()).add(rid)
+        for (start, end), rids in windows.items():
+            for key in self._files_for(model, start, end, rids):
+                index, answers = self._index(model, key)
                 for rid, row in list(missing):
-                    if row < index.get((tenant, rid), 0):
+                    if rid in rids and row < index.get((tenant, rid), 0):
                         found[rid, row] = answers.get((tenant, rid))
                         missing.discard((rid, row))
-            hour += timedelta(hours=1)
+                if not missing:
+                    return found
         return found
 
-    def _keys(self, model: str, hour: datetime, now: datetime) -> tuple[str, ...]:
-        """The log files of ``model``'s ``hour``: remembered, listed again only as the module says."""
-        prefix = log_hour_prefix(model, hour)
-        settling = (now - hour - timedelta(hours=1)).total_seconds() < SETTLE_S
-        every = LIST_EVERY_S if settling else SETTLED_LIST_EVERY_S
-        at = time.monotonic()
-        with self._lock:
-            cached = self._listed.get(prefix)
-            if cached is not None and at - cached[0] < every:
-                self._listed.move_to_end(prefix)
-                return cached[1]
-        keys = tuple(self.store.list(prefix))
-        size = _ENTRY_BYTES + len(prefix) + sum(_KEY_BYTES + len(k) for k in keys)
-        with self._lock:
-            self.listings += 1
-            old = self._listed.pop(prefix, None)
-            if old is not None:
-                self._listed_bytes -= old[2]
-            if size <= self._listed_max:
-                self._listed[prefix] = (at, keys, size)
-                self._listed_bytes += size
-            while self._listed_bytes > self._listed_max:
-                _, (_, _, evicted) = self._listed.popitem(last=False)
-                self._listed_bytes -= evicted
+    @staticmethod
+    def _window(request_id: str, now: datetime) -> tuple[datetime, datetime]:
+        """Where a request's rows can be: from its id's time to ``MAX_ANSWER_S`` later (a
+        UUIDv7); the last ``UNTIMED_LOOKBACK_H`` hours for an id a caller chose. Never before
+        ``LOOKBACK_H`` ago."""
+        floor = now - timedelta(hours=LOOKBACK_H)
+        made = ids.time_of(request_id)
+        if made is None:
+            start = now - timedelta(hours=UNTIMED_LOOKBACK_H)
+            start = start.replace(minute=0, second=0, microsecond=0)  # whole hours: windows are shared
+            return max(start, floor.replace(minute=0, second=0, microsecond=0)), now + timedelta(hours=1)
+        at = datetime.fromtimestamp(made, UTC)
+        return max(at - timedelta(seconds=1), floor), at + timedelta(seconds=MAX_ANSWER_S)
+
+    def _files_for(self, model: str, start: datetime, end: datetime, rids: set[str]) -> list[str]:
+        """The keys of the log files that may hold ``rids`` of ``model`` in [start, end): staged
+        files overlapping it (one listing, remembered as the module says) and committed files the
+        table's scan plans (pruned by partition, then by the bounds of ``request_id``)."""
+        keys = [s.key for s in self._staged(end) if s.overlaps(start, end)]
+        logs = tables_for(self.store)
+        table = logs.table("inference") if logs is not None else None
+        if table is not None and table.current_snapshot() is not None:
+            from pyiceberg.expressions import In
+
+            self.plans += 1
+            by_id = In("request_id", rids) if len(rids) <= MAX_PLANNED_IDS else None
+            _, tasks = scan(table, window_filter(model, start, end, by_id), ("request_id",))
+            keys += [logs.key_of(t.file.file_path) for t in tasks]
         return keys
 
-    def _index(self, key: str) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], Answer]]:
+    def _staged(self, end: datetime) -> tuple[Staged, ...]:
+        """The staged inference files: listed again at most once a ``LIST_EVERY_S`` (the staging
+        prefix holds only what is not committed yet, so the listing stays short)."""
+        at = time.monotonic()
         with self._lock:
-            if key in self._files:
-                self._files.move_to_end(key)
-                index, answers, _ = self._files[key]
-                return index, answers
+            if self._listed is not None and at - self._listed[0] < LIST_EVERY_S:
+                return self._listed[1]
+        found = tuple(listed(self.store, "inference"))
+        with self._lock:
+            self.listings += 1
+            size = sum(_KEY_BYTES + len(s.key) for s in found)
+            self._listed = (at, found if size <= self._listed_max else ())
+        return self._listed[1]
+
+    def _index(self, model: str, key: str) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], Answer]]:
+        with self._lock:
+            cached = self._files.get((model, key))
+            if cached is not None:
+                self._files.move_to_end((model, key))
+                return cached[0], cached[1]
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
-        data = io.BytesIO(self.store.get(key).data)
-        generations = "output_digest" in pq.read_schema(data).names
-        columns = ["request_id", "row", "tenant"] + (["version", "output_digest"] if generations else [])
-        table = pq.read_table(data, columns=columns)
+        try:
+            data = io.BytesIO(self.store.get(key).data)
+        except NotFound:  # a staged file committed meanwhile: its rows are in a committed file
+            return {}, {}
+        try:
+            table = pq.read_table(data, columns=["model", "request_id", "row", "tenant", "version", "output_digest"])
+        except (ValueError, OSError):
+            return {}, {}
+        table = table.filter(pc.equal(table.column("model"), model))
+        generations = table.num_rows > 0 and table.column("output_digest").null_count < table.num_rows
         answers: dict[tuple[str, str], Answer] = {}
         if generations:  # one row per generation
             tenants, rids, versions, digests = (
@@ -209,7 +248,7 @@ class LoggedRequests:
         size += sum(_ANSWER_BYTES + len(v) for v, _ in answers.values())
         with self._lock:
             if size <= self._half:
-                self._files[key] = (index, answers, size)
+                self._files[model, key] = (index, answers, size)
                 self._files_bytes += size
             while self._files_bytes > self._half:
                 _, (_, _, evicted) = self._files.popitem(last=False)

@@ -56,9 +56,20 @@ S3_PUT_LIST_USD = 0.005 / 1000
 GATEWAY_GET_PER_S = 1 / 2.0
 GATEWAY_PUT_PER_S = 1 / 5.0 + 1 / 5.0 + 1 / 30.0
 GATEWAY_LIST_PER_S = 1 / 10.0 + 2 / 300.0
-# The inference log (fleet.logs.inference.FLUSH_S): one object per model served every 2 s by
-# each process while the model has traffic; at the maximum size every model is taken as busy.
-LOG_PUT_PER_MODEL_S = 1 / 2.0
+# The log tables (fleet.logs): each gateway process stages one file per flush, every model in
+# it, at most every 60 s (fleet.logs.inference.FLUSH_S) while it has traffic; the committer
+# runs every 60 s (fleet.logs.committer.EVERY_S) and writes per run one data file per busy
+# model (partition) of the inference table, an intent, a manifest, a manifest list and the
+# table's metadata (PUTs), reads each staged file and the table's metadata and lists the four
+# staging prefixes (GET, LIST); compaction rewrites each model-hour once (one PUT, and reads).
+# Feedback and outcomes add one staged file per feedback call: not counted (the plan knows no
+# feedback rate).
+LOG_STAGED_PER_PROCESS_S = 1 / 60.0
+LOG_COMMIT_EVERY_S = 60.0
+LOG_COMMIT_PUTS = 4  # intent, manifest, manifest list, metadata, beside one data file per busy model
+LOG_COMMIT_GETS = 4  # metadata, manifest list, manifests read back, beside one GET per staged file
+LOG_COMMIT_LISTS = 5  # the four tables' staging and the intents
+SECONDS_PER_MONTH = 730 * 3600
 
 
 @dataclass(frozen=True)
@@ -156,13 +167,24 @@ def stack_cost(plan: PlacementPlan, build: StackBuild, where: str) -> StackCost:
     return StackCost(tuple(parts))
 
 
+def log_requests(processes: int, models: int) -> tuple[float, float, float]:
+    """The log tables' S3 requests per second at ``processes`` busy gateway processes and
+    ``models`` busy models: (PUT, GET, LIST)."""
+    staged = processes * LOG_STAGED_PER_PROCESS_S
+    commits = 1 / LOG_COMMIT_EVERY_S
+    puts = staged + commits * (LOG_COMMIT_PUTS + models) + models / 3600
+    gets = staged + commits * LOG_COMMIT_GETS + models / 3600
+    return puts, gets, commits * LOG_COMMIT_LISTS
+
+
 def store_requests(build: StackBuild, models: int) -> list[CostPart]:
-    """The S3 requests of the gateways' control plane and of the inference log, per hour,
-    at the stack's fewest and most gateway processes."""
+    """The S3 requests of the gateways' control plane and of the log tables, per hour, at the
+    stack's fewest and most gateway processes."""
     low, high = build.gateway.processes
     per_process = 3600 * (GATEWAY_GET_PER_S * S3_GET_USD + (GATEWAY_PUT_PER_S + GATEWAY_LIST_PER_S) * S3_PUT_LIST_USD)
-    log_per_process = 3600 * models * LOG_PUT_PER_MODEL_S * S3_PUT_LIST_USD
     count = f"{low}-{high} processes" if low != high else f"{low} processes"
+    puts, gets, lists = log_requests(high, models)
+    objects = puts * SECONDS_PER_MONTH
     return [
         CostPart(
             "gateway S3 requests",
@@ -173,12 +195,21 @@ def store_requests(build: StackBuild, models: int) -> list[CostPart]:
         ),
         CostPart(
             "log S3 requests",
-            f"{high} proc × {models} models",
-            (0.0, high * log_per_process),
-            f"{AWS_PRICE_SOURCE} (S3 requests): none idle, every model busy at the maximum",
+            f"{_short(objects)} obj/mo",
+            (0.0, 3600 * ((puts + lists) * S3_PUT_LIST_USD + gets * S3_GET_USD)),
+            f"{AWS_PRICE_SOURCE} (S3 requests): none idle; at the most, every process and model busy: "
+            f"{_short(puts * SECONDS_PER_MONTH)} PUT, {_short(gets * SECONDS_PER_MONTH)} GET, "
+            f"{_short(lists * SECONDS_PER_MONTH)} LIST a month (staged files, commits, compaction)",
             AWS_PRICE_LABEL,
         ),
     ]
+
+
+def _short(n: float) -> str:
+    for unit, size in (("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f}"
 
 
 def _nodes(part: str, low: int, high: int, instance_type: str, hourly: float, source: str, label: str) -> CostPart:

@@ -25,6 +25,9 @@ class GatewaySpec(Spec):
     stream_write_s: float = Field(10.0, gt=0.0, le=600.0)
     shadow_queue_mib: float = Field(64.0, gt=0.0)  # inputs and answers waiting to be mirrored
     inference_log_buffer_mib: float = Field(64.0, gt=0.0)  # sampled rows not yet written to the store
+    # a gateway process stages its sampled rows as one file this often, or once this much is buffered
+    inference_log_flush_s: float = Field(60.0, ge=0.5, le=3600.0)
+    inference_log_flush_mib: float = Field(16.0, gt=0.0)
     feedback_index_mib: float = Field(16.0, gt=0.0)  # recent sampled request ids, for feedback joins
     # POST /v1/feedback calls one tenant may make, in a bucket of their own beside its request
     # quota (shared through Redis like it): past it 429 before the body is read, nothing
