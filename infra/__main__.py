@@ -17,6 +17,7 @@ from fleet.errors import FleetError  # noqa: E402
 from fleet.usage.prices import prices_from_plan, write_prices  # noqa: E402
 from infra import config as cfg  # noqa: E402
 from infra.addons import AFTER_NODES, BEFORE_NODES, ClusterAddons, ClusterAddonsArgs  # noqa: E402
+from infra.analytics import Analytics, AnalyticsArgs  # noqa: E402
 from infra.cluster import Cluster, ClusterArgs  # noqa: E402
 from infra.cost import usd_per_hour  # noqa: E402
 from infra.edge import Edge, EdgeArgs  # noqa: E402
@@ -84,7 +85,9 @@ nodes = NodeGroups(
     opts=pulumi.ResourceOptions(depends_on=[*cluster.node_policy_attachments, *node_addons.addons.values()]),
 )
 cluster_addons = addons("addons", AFTER_NODES, [nodes])  # pods: they need nodes to run on
-store = ModelStore(name, ModelStoreArgs(s.logRetentionDays, s.noncurrentVersionDays, tags))
+store = ModelStore(name, ModelStoreArgs(s.logRetentionDays, s.noncurrentVersionDays, tags, s.logs.retention_days))
+# the log tables' Glue database and the Athena workgroup that queries them
+analytics = Analytics(name, AnalyticsArgs(name, stack.region, store.models_bucket, store.key_arn, s.logs, tags))
 images = ImageRegistry(name, ImageRegistryArgs(name, stack.families, tags))
 
 
@@ -94,9 +97,13 @@ def irsa(role: str, namespace: str, account: str, policy: pulumi.Input[str]) -> 
     )
 
 
-store_access = pulumi.Output.all(store.models_bucket_arn, store.key_arn)
-gateway_role = irsa("gateway", GATEWAY_NS, GATEWAY_SA, store_access.apply(lambda v: gateway_policy(*v, stack.region)))
-flows_role = irsa("flows", FLOWS_NS, FLOWS_SA, store_access.apply(lambda v: flows_policy(*v, stack.region)))
+store_access = pulumi.Output.all(store.models_bucket_arn, store.key_arn, analytics.catalog_arns)
+gateway_role = irsa(
+    "gateway", GATEWAY_NS, GATEWAY_SA, store_access.apply(lambda v: gateway_policy(v[0], v[1], stack.region, v[2]))
+)
+flows_role = irsa(
+    "flows", FLOWS_NS, FLOWS_SA, store_access.apply(lambda v: flows_policy(v[0], v[1], stack.region, v[2]))
+)
 autoscaler_role = irsa("cluster-autoscaler", "kube-system", "cluster-autoscaler", cluster.name.apply(autoscaler_policy))
 
 edge = Edge(
@@ -153,6 +160,7 @@ Platform(
         quota_store.group,
         s.vpcCidr,
         gateway_prices,
+        analytics.log_catalog,
     ),
     opts=pulumi.ResourceOptions(depends_on=[nodes, *cluster_addons.addons.values()]),
 )
@@ -172,3 +180,6 @@ pulumi.export(cfg.OUT_PLACEMENT, stack.plan.to_dict())
 pulumi.export(cfg.OUT_MAX_GPUS, stack.plan.max_gpus)
 pulumi.export(cfg.OUT_USD_PER_HOUR, usd_per_hour(stack, network.nat_gateways))
 pulumi.export(cfg.OUT_REDIS_ENDPOINT, quota_store.primary_endpoint)
+pulumi.export(cfg.OUT_LOG_DATABASE, analytics.database_name)
+pulumi.export(cfg.OUT_ATHENA_WORKGROUP, analytics.workgroup_name)
+pulumi.export(cfg.OUT_ATHENA_RESULTS_BUCKET, analytics.results_bucket)

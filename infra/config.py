@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fleet.catalog.policies.loader import Policies, load_policies
 from fleet.errors import ConfigError
+from fleet.logs.committer import RETENTION_DAYS
 from fleet.planning.placement import PlacementPlan
 from fleet.planning.planner import plan
 from fleet.planning.stack import PROJECT, NodePool, RedisNodes, SystemNodes, models_from_config, pools_from_config
@@ -52,6 +54,9 @@ OUT_PLACEMENT = "placement"
 OUT_MAX_GPUS = "maxGpus"
 OUT_USD_PER_HOUR = "usdPerHour"
 OUT_REDIS_ENDPOINT = "redisEndpoint"  # the quota store's primary endpoint (host name; the token is not in it)
+OUT_LOG_DATABASE = "logDatabase"  # the Glue database of the logs' Iceberg tables (FLEET_LOG_CATALOG=glue:<it>)
+OUT_ATHENA_WORKGROUP = "athenaWorkgroup"  # where to query them: `aws athena start-query-execution --work-group`
+OUT_ATHENA_RESULTS_BUCKET = "athenaResultsBucket"  # that workgroup's query results (expire after a week)
 
 ADMIN_TOKEN_KEY = "gatewayAdminToken"  # secret: FLEET_ADMIN_TOKEN of every gateway (turns on its admin API)
 GRAFANA_PASSWORD_KEY = "grafanaAdminPassword"  # secret: Grafana's admin password (kube-prometheus-stack)
@@ -151,6 +156,31 @@ class GatewaySettings(_Cfg):
         return self
 
 
+ATHENA_MIN_CUTOFF_BYTES = 10 * 2**20  # Athena's smallest per-query cutoff: 10 MB (its MB and GB are binary)
+AthenaLimitGb = checked(
+    float,
+    f"a number of GB >= {ATHENA_MIN_CUTOFF_BYTES / 2**30} (10 MB, Athena's smallest cutoff)",
+    lambda gb: math.isfinite(gb) and gb * 2**30 >= ATHENA_MIN_CUTOFF_BYTES,
+)
+
+
+class LogSettings(_Cfg):
+    """``serving-fleet:logs``: the Iceberg tables of the inference log, feedback, outcomes and
+    usage (the models bucket's ``logs/``, infra/storage.py) and the Athena workgroup that
+    queries them (infra/analytics.py)."""
+
+    # rows older are dropped by the committer, which must be run with the same number (its
+    # default is this one's); lifecycle expires the tables' data files a week after that
+    retention_days: int = Field(RETENTION_DAYS, ge=1)
+    # what one query may scan before Athena cancels it (it bills per byte scanned)
+    athena_bytes_scanned_limit_gb: AthenaLimitGb = 10.0
+
+    @property
+    def athena_bytes_scanned_limit(self) -> int:
+        """The cutoff in bytes, as Athena takes it."""
+        return round(self.athena_bytes_scanned_limit_gb * 2**30)
+
+
 class Settings(_Cfg):
     """The ``serving-fleet:<key>`` entries; field names are the config keys."""
 
@@ -169,7 +199,8 @@ class Settings(_Cfg):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     redis: RedisNodes = Field(default_factory=RedisNodes)  # the gateways' shared quota store (fleet.planning.stack)
     rootVolumeGib: int = Field(200, ge=50, le=16384)  # model node disks: images and weights are large
-    logRetentionDays: int = Field(30, ge=1)  # logs bucket expiry
+    logRetentionDays: int = Field(30, ge=1)  # logs bucket expiry (access logs; the log tables: logs.retention_days)
+    logs: LogSettings = Field(default_factory=LogSettings)  # the log tables and Athena (infra/analytics.py)
     noncurrentVersionDays: int = Field(30, ge=1)  # overwritten or deleted objects kept this long
     policies: str = "policies"  # policy folder, relative to the project root
     addonVersions: dict[ADDONS, AddonVersion] = Field(default_factory=dict)  # pins; default: EKS's for the version

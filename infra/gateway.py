@@ -94,6 +94,7 @@ class GatewayArgs:
         "{}"  # FLEET_PRICES_FILE's JSON: fleet.usage.prices.write_prices(prices_from_plan(...)); {}: cost unknown
     )
     trusted_networks: str = ""  # FLEET_GATEWAY_NETWORKS: where the other gateways' pod IPs are
+    log_catalog: pulumi.Input[str] = ""  # FLEET_LOG_CATALOG: glue:<database> of the log tables (infra/analytics.py)
 
 
 class Gateway(pulumi.ComponentResource):
@@ -169,6 +170,7 @@ class Gateway(pulumi.ComponentResource):
                 {"name": "FLEET_PRICES_FILE", "value": f"{PRICES_DIR}/{PRICES_ITEM}"},
                 {"name": "FLEET_POLICIES", "value": POLICY_DIR},
                 {"name": "FLEET_STORE", "value": args.store_url},
+                {"name": "FLEET_LOG_CATALOG", "value": args.log_catalog},  # it reads committed rows
                 {"name": "FLEET_RUNTIME", "value": "kubernetes"},
                 {"name": "FLEET_KUBE_NAMESPACE", "value": args.models_namespace},
                 # an admin change is pushed to every pod's announced IP: only inside the VPC

@@ -5,10 +5,11 @@ through the cluster's OIDC provider, and carries one inline policy (or, for an E
 the AWS managed policy made for it):
 
 - gateway: read the models bucket; write only what the data plane and its admin API write
-  (``GATEWAY_WRITES``: routes, tenants, audit events, version manifests, the inference log,
+  (``GATEWAY_WRITES``: routes, tenants, audit events, version manifests, staged log files,
   its heartbeat, usage and activity records), delete only its heartbeat record, and never touch a version's
-  artifact files (an explicit Deny).
-- flows (Prefect jobs: rollout, monitor, retrain): read and write the models bucket.
+  artifact files (an explicit Deny); read the log tables' Glue catalog entries.
+- flows (Prefect jobs: rollout, monitor, retrain, the log committer): read and write the
+  models bucket; read, create and update the log tables in their Glue database.
 - cluster-autoscaler: resize only this cluster's node groups.
 - the EBS CSI driver (infra/addons.py): AWS's AmazonEBSCSIDriverPolicy.
 
@@ -62,7 +63,7 @@ GATEWAY_WRITES = (
     "tenants/*",  # Tenants: records and key hashes (admin tenant create / revoke)
     "events/*",  # fleet.audit: route revisions and version-state events
     "models/*/*/manifest.json",  # Registry.transition rewrites a version's manifest with its new state
-    "logs/*",  # the inference log's Parquet batches
+    "logs/staging/*",  # the logs' Parquet, staged for the committer (a flow), which alone writes logs/tables/
     "gateways/*",  # its heartbeat record
     "changes/*",  # fleet.changes: the journal entry after each route or tenant write of the admin API
     "usage/*",  # fleet.usage.meter: its usage per hour (parts usage/<hour>/<gateway>/<n>.json, then the whole hour)
@@ -89,8 +90,23 @@ def _use_store_key(key_arn: str, region: str) -> dict:
     }
 
 
-def gateway_policy(bucket_arn: str, key_arn: str, region: str) -> str:
-    """Read the whole store; write only the keys the data plane and the admin API write, never artifacts."""
+# The log tables' catalog (infra/analytics.py): the gateway reads committed partitions, the
+# committer creates the tables on its first run and commits (a new metadata location) after.
+# CreateDatabase because every run first asks pyiceberg to create the namespace if it is
+# missing, which calls it and takes "already exists" for yes; on these ARNs it can only ever
+# name the database Pulumi made.
+GLUE_READ = ("glue:GetDatabase", "glue:GetTable", "glue:GetTables")
+GLUE_COMMIT = (*GLUE_READ, "glue:CreateTable", "glue:UpdateTable", "glue:CreateDatabase")
+
+
+def _log_catalog(sid: str, actions: tuple[str, ...], catalog: list[str]) -> dict:
+    """``actions`` on ``catalog``: the ARNs of the Glue catalog, the logs' database and its tables."""
+    return {"Sid": sid, "Effect": "Allow", "Action": list(actions), "Resource": list(catalog)}
+
+
+def gateway_policy(bucket_arn: str, key_arn: str, region: str, catalog: list[str]) -> str:
+    """Read the whole store; write only the keys the data plane and the admin API write, never
+    artifacts; read the log tables' catalog."""
     return json.dumps(
         {
             "Version": "2012-10-17",
@@ -116,12 +132,14 @@ def gateway_policy(bucket_arn: str, key_arn: str, region: str) -> str:
                     "Resource": f"{bucket_arn}/{ARTIFACTS}",
                 },
                 _use_store_key(key_arn, region),
+                _log_catalog("ReadLogTables", GLUE_READ, catalog),
             ],
         }
     )
 
 
-def flows_policy(bucket_arn: str, key_arn: str, region: str) -> str:
+def flows_policy(bucket_arn: str, key_arn: str, region: str, catalog: list[str]) -> str:
+    """Read and write the whole store (the committer's logs/ included); create and commit the log tables."""
     return json.dumps(
         {
             "Version": "2012-10-17",
@@ -134,6 +152,7 @@ def flows_policy(bucket_arn: str, key_arn: str, region: str) -> str:
                     "Resource": f"{bucket_arn}/*",
                 },
                 _use_store_key(key_arn, region),
+                _log_catalog("CommitLogTables", GLUE_COMMIT, catalog),
             ],
         }
     )

@@ -61,6 +61,7 @@ class PlatformArgs:
     redis_group: pulumi.Resource  # the quota store's replication group: the gateway waits for it
     vpc_cidr: str = "10.0.0.0/16"  # where gateway pods live: the network pushes between them may use
     gateway_prices: str = "{}"  # the gateway's FLEET_PRICES_FILE (fleet.usage.prices.write_prices of the plan's prices)
+    log_catalog: pulumi.Input[str] = ""  # the gateway's FLEET_LOG_CATALOG: glue:<database> (infra/analytics.py)
 
 
 def model_quota(plan: PlacementPlan) -> dict[str, str]:
@@ -241,6 +242,7 @@ class Platform(pulumi.ComponentResource):
                 redis_url=args.redis_url,
                 trusted_networks=args.vpc_cidr,
                 prices=args.gateway_prices,
+                log_catalog=args.log_catalog,
             ),
             opts=pulumi.ResourceOptions(
                 parent=self,

@@ -18,6 +18,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import re
 import runpy
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -262,3 +263,31 @@ def example(stack: str) -> Build:
     if stack not in _BUILDS:
         _BUILDS[stack] = build(stack)
     return _BUILDS[stack]
+
+
+# --- IAM, as AWS evaluates one identity policy ------------------------------------------------
+
+
+def as_list(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else value
+
+
+def iam_matches(pattern: str, value: str) -> bool:
+    """IAM's wildcards in actions and resources: * is any run of characters ("/" included), ? one."""
+    return re.fullmatch(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."), value) is not None
+
+
+def iam_allows(policy: list[dict], action: str, resource: str) -> bool:
+    """IAM's evaluation within one policy: an explicit Deny wins, else any Allow, else denied."""
+    hits = [
+        s["Effect"]
+        for s in policy
+        if any(iam_matches(a, action) for a in as_list(s["Action"]))
+        and any(iam_matches(r, resource) for r in as_list(s["Resource"]))
+    ]
+    return "Deny" not in hits and "Allow" in hits
+
+
+def role_policy(build: Build, role: str) -> list[dict]:
+    """The statements of the inline policy of the IRSA role ``<stack name>-<role>``."""
+    return json.loads(build.one("aws:iam/rolePolicy:RolePolicy", f"-{role}").inputs["policy"])["Statement"]

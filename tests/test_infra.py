@@ -21,6 +21,8 @@ from infra_harness import (
     stack_config,
     takes_tags,
 )
+from infra_harness import as_list as _list
+from infra_harness import iam_allows as _allows
 from k8s_schemas import json_ints, validate
 
 from fleet.catalog.policies.loader import load_policies
@@ -66,11 +68,12 @@ def test_both_example_stacks_build_with_their_outputs(stack: Build) -> None:
 def test_cost_per_hour_of_the_example_stacks() -> None:
     # dev: EKS 0.10 + 1 NAT 0.05 + ALB 0.0225 + 2 ECR endpoints × 2 AZs 0.04 + 2-3 × t3.large 0.0832
     # + m6i.large 1-2 × 0.096 + g5.xlarge 1.006 + 1 × cache.t4g.small (Valkey) 0.0256 + the S3
-    # requests of 2-3 gateway processes (and, at the maximum, of the log of 2 busy models)
-    assert example("dev").outputs["usdPerHour"] == {"min": 1.53, "max": 1.77}
+    # requests of 2-3 gateway processes (and, at the maximum, of the log tables: the processes' staged
+    # files and the committer's requests for 2 busy models, fleet.planning.costs.log_requests)
+    assert example("dev").outputs["usdPerHour"] == {"min": 1.53, "max": 1.72}
     # prod: 3 NATs, 6 endpoint-AZs, 3-6 × m6i.xlarge, 2 × cache.t4g.small, and the model nodes of
-    # `fleet plan --stack prod` (24.36-49.33), 6-24 gateway processes' S3 requests (and 5 models' log)
-    assert example("prod").outputs["usdPerHour"] == {"min": 25.38, "max": 52.2}
+    # `fleet plan --stack prod` (24.36-49.33), 6-24 gateway processes' S3 requests (and the log tables' of 5 models)
+    assert example("prod").outputs["usdPerHour"] == {"min": 25.38, "max": 51.13}
     assert (example("dev").outputs["maxGpus"], example("prod").outputs["maxGpus"]) == (1, 21)
 
 
@@ -159,7 +162,7 @@ def _for_bucket(stack: Build, type_: str, bucket: dict) -> dict:
 
 def test_buckets_are_private_versioned_encrypted_and_tls_only(stack: Build) -> None:
     buckets = [r.state for r in stack.of_type("aws:s3/bucket:Bucket")]
-    assert len(buckets) == 2
+    assert len(buckets) == 3  # models, access logs, Athena's query results
     for bucket in buckets:
         block = _for_bucket(stack, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", bucket)
         assert all(
@@ -189,10 +192,18 @@ def test_buckets_are_private_versioned_encrypted_and_tls_only(stack: Build) -> N
             days = json.loads(stack_config(stack.stack)["serving-fleet:noncurrentVersionDays"])
             assert lifecycle[0]["noncurrentVersionExpiration"]["noncurrentDays"] == days
             # every prefix rewritten every few seconds keeps its old copies a day, not `days`
-            churn = {r["filter"]["prefix"]: r for r in lifecycle[1:]}
+            churn = {r["filter"]["prefix"]: r for r in lifecycle if r["id"].startswith("churn-")}
             assert set(churn) == {"changes/", "gateways/", "activity/", "usage/"}
             assert all(r["noncurrentVersionExpiration"]["noncurrentDays"] == 1 < days for r in churn.values())
             assert all(r["expiration"] == {"expiredObjectDeleteMarker": True} for r in churn.values())
+            # the rest are the log tables' (tests/test_infra_logs.py)
+            assert all(r["filter"]["prefix"].startswith("logs/") for r in lifecycle[1 + len(churn) :])
+        elif "athena-results" in bucket["bucket"]:  # rows of the tables: the store's key, kept a week
+            sse = rule["applyServerSideEncryptionByDefault"]
+            assert sse["sseAlgorithm"] == "aws:kms"
+            assert sse["kmsMasterKeyId"] == stack.one("aws:kms/key:Key", "models").state["arn"]
+            (expire,) = lifecycle
+            assert expire["filter"] == {} and expire["expiration"] == {"days": 7}
         else:  # the load balancer can only write its logs to SSE-S3 buckets
             assert rule["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
             days = json.loads(stack_config(stack.stack)["serving-fleet:logRetentionDays"])
@@ -253,22 +264,6 @@ def test_each_irsa_role_trusts_exactly_one_service_account(stack: Build) -> None
         }
 
 
-def _matches(pattern: str, value: str) -> bool:
-    """IAM's wildcards in actions and resources: * is any run of characters ("/" included), ? one."""
-    return re.fullmatch(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", "."), value) is not None
-
-
-def _allows(policy: list[dict], action: str, resource: str) -> bool:
-    """IAM's evaluation within one policy: an explicit Deny wins, else any Allow, else denied."""
-    hits = [
-        s["Effect"]
-        for s in policy
-        if any(_matches(a, action) for a in _list(s["Action"]))
-        and any(_matches(r, resource) for r in _list(s["Resource"]))
-    ]
-    return "Deny" not in hits and "Allow" in hits
-
-
 # key → may the gateway write it; the keys are what fleet.catalog.routes.store, fleet.catalog.tenants, fleet.audit,
 # Registry.transition, fleet.catalog.gateway_directory, the inference log, fleet.usage.meter and fleet.logs.activity write
 GATEWAY_KEYS = {
@@ -278,7 +273,8 @@ GATEWAY_KEYS = {
     "events/demo-classifier/versions/20250101T000000Z-0a1b2c3d.json": True,
     "models/demo-classifier/1.2.0/manifest.json": True,
     "gateways/3f2a9c.json": True,
-    "logs/inference/demo-classifier/2025/01/01/00/1735689600000-3f2a9c-1.parquet": True,
+    "logs/staging/inference/2025/01/01/00/1735689600000-1735689659000-3f2a9c-1.parquet": True,  # staged log
+    "logs/staging/feedback/2025/01/01/00/1735689600000-1735689659000-3f2a9c-2.parquet": True,
     "usage/2026-12-01T10/3f2a9c.json": True,  # fleet.usage.meter's hourly file (refused before: metering failed on AWS)
     "usage/2026-12-01T10/3f2a9c/000004.json": True,  # ... and its parts while the hour is open
     "changes/journal.json": True,  # fleet.changes: the entry after an admin API write (refused: the write half done)
@@ -288,6 +284,13 @@ GATEWAY_KEYS = {
     "models/demo-classifier/1.2.0/registering.json": False,  # registration is the flows' work
     "rollouts/demo-classifier.json": False,
     "manifest.json": False,
+    # the log tables and the committer's own keys: only the committer (a flow) writes them
+    "logs/tables/inference/data/model=demo-classifier/ts_hour=2025-01-01-00/00000-0-a1b2.parquet": False,
+    "logs/tables/inference/metadata/00007-c3d4.metadata.json": False,
+    "logs/commits/inference/intents/3f2a9c.json": False,
+    "logs/rejected/inference/2025/01/01/00/1735689600000-1735689659000-3f2a9c-1.parquet": False,
+    "logs/committer/lease": False,
+    "logs/inference/demo-classifier/2025/01/01/00/1735689600000-3f2a9c-1.parquet": False,  # the old layout
 }
 
 
@@ -310,6 +313,9 @@ def test_the_gateway_writes_exactly_what_its_data_plane_and_admin_api_write_and_
         "s3:DeleteObject",
         "kms:Decrypt",
         "kms:GenerateDataKey",
+        "glue:GetDatabase",  # the log tables' catalog, read only
+        "glue:GetTable",
+        "glue:GetTables",
     }
     key_arn = stack.one("aws:kms/key:Key", "models").state["arn"]
     (kms,) = [s for s in policy if s["Resource"] == key_arn]
@@ -333,10 +339,6 @@ def test_the_flows_read_and_write_the_whole_store_and_no_role_has_a_wildcard_act
     assert resize["Condition"] == {
         "StringEquals": {f"aws:ResourceTag/k8s.io/cluster-autoscaler/serving-fleet-{stack.stack}": "owned"}
     }
-
-
-def _list(value: str | list[str]) -> list[str]:
-    return [value] if isinstance(value, str) else value
 
 
 # --- tags -------------------------------------------------------------------------------------
@@ -984,7 +986,7 @@ def test_the_quota_store_config_is_checked() -> None:
     rg = built.one("aws:elasticache/replicationGroup:ReplicationGroup").inputs
     assert (rg["nodeType"], rg["numCacheClusters"], rg["multiAzEnabled"]) == ("cache.r7g.large", 3, True)
     # 1.4809-1.6601 without the store, + 3 × 0.2, + the S3 requests of 2-3 gateway processes and the log
-    assert built.outputs["usdPerHour"] == {"min": 2.1, "max": 2.35}
+    assert built.outputs["usdPerHour"] == {"min": 2.1, "max": 2.3}
     dev["serving-fleet:gateway"] = json.dumps({"workers": 3, "cpu": 2})
     with pytest.raises(
         pulumi.RunError,

@@ -11,6 +11,8 @@ from pulumi_policy import EnforcementLevel, ReportViolation, ResourceValidationA
 
 COST_TAGS = ("team", "model", "env")
 TAGGABLE = {
+    "aws:athena/workgroup:Workgroup",
+    "aws:glue/catalogDatabase:CatalogDatabase",
     "aws:ec2/eip:Eip",
     "aws:ec2/instance:Instance",
     "aws:ec2/internetGateway:InternetGateway",
