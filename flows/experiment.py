@@ -2,7 +2,9 @@
 outcome, decided by an always-valid interval (``fleet.analysis.ab``).
 
 A (the stable) and B share the traffic by the canary split, sticky by routing key. Each
-tick reads every logged request's outcome since the start, per arm, and the gateways'
+tick commits what the gateways staged (unless the committer is at it), adds the outcomes
+committed since the last tick to each arm's sums (``fleet.logs.increments``: a tick reads
+what is new, not everything since the start), and reads the gateways'
 counters for the guardrails (``fleet.analysis.sequential.guardrails``: B's errors and p99 against
 A's); the experiment ends on a winner, no difference, out of time, or stopped (a guardrail
 or ``fleet experiment stop``). Traffic then goes back to A alone; with ``promote`` a winning

@@ -6,6 +6,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
+import pytest
 
 from fleet.logs.inference import InferenceLog, Sample, feature_names, read_window
 from fleet.store import MemoryStore
@@ -115,3 +116,37 @@ def test_the_buffer_stays_under_its_byte_budget_whatever_size_the_samples_are() 
     assert sum(dropped) == 40 + 3 * 40_000  # every small sample, then the oldest large ones, counted
     log.record(sample(200, rows=200_000))  # larger than the whole budget: dropped at once, nothing evicted
     assert dropped[-1] == 200_000 and log.buffered_rows == 80_000
+
+
+def test_a_full_buffer_flushes_before_the_interval_and_a_down_store_is_not_hammered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Flush by bytes: a buffer past ``flush_bytes`` is staged at once, not after ``flush_s``.
+    With the store down, the samples put back make the buffer full again; the writer then
+    tries again every ``RETRY_S``, not in a loop."""
+    from fleet.logs import inference
+
+    monkeypatch.setattr(inference, "RETRY_S", 30.0)  # no retry within the test, however slow the machine
+    store = DownStore(down=False)
+    log = InferenceLog(store, "gw1", flush_s=3600, flush_bytes=4 * sample(0).nbytes)
+    log.start()
+    try:
+        for i in range(4):
+            log.record(sample(i))
+        deadline = time.monotonic() + 10
+        while not list(store.list("logs/staging/")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(list(store.list("logs/staging/"))) == 1 and log.buffered_rows == 0  # long before an hour
+        store.down.set()
+        for i in range(4, 8):
+            log.record(sample(i))  # full again: the writer tries, fails, and puts them back
+        deadline = time.monotonic() + 10
+        while store.refused < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.refused == 1 and log.failing
+        time.sleep(0.5)  # well within RETRY_S: a loop on the full buffer would have tried again by now
+        assert store.refused == 1 and log.buffered_rows == 8
+    finally:
+        store.down.clear()
+        assert log.close(timeout_s=5) == 0
+    assert len(list(store.list("logs/staging/"))) == 2

@@ -228,3 +228,166 @@ def test_logs_query_runs_sql_over_the_tables(tmp_path: Path) -> None:
     assert json.loads(asked.stdout) == [{"model": "alpha", "n": 30}, {"model": "beta", "n": 12}]
     refused = runner.invoke(app, ["logs", "query", "SELECT * FROM read_csv('/etc/passwd')"], env=env)
     assert refused.exit_code != 0 and "Permission Error" in str(refused.exception)  # nothing outside the tables
+
+
+def _stage_outcomes(store, rows: list[tuple[float, str, float]]) -> None:  # noqa: ANN001
+    import pyarrow as pa
+
+    from fleet.logs.staging import stage
+    from fleet.logs.tables import arrow_schema
+
+    n = len(rows)
+    data = pa.table(
+        {
+            "ts": pa.array([int(t * 1e6) for t, _, _ in rows], pa.timestamp("us", tz="UTC")),
+            "model": ["alpha"] * n,
+            "request_id": [r for _, r, _ in rows],
+            "tenant": ["apps"] * n,
+            "row": pa.array([0] * n, pa.int32()),
+            "name": ["clicked"] * n,
+            "value": [v for _, _, v in rows],
+        }
+    ).cast(arrow_schema("outcomes"))
+    stage(store, "outcomes", data, "gw")
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_an_experiments_looks_read_only_what_was_committed_since_and_give_todays_intervals(
+    tmp_path: Path, restart: bool
+) -> None:
+    """Three days of an experiment's requests and outcomes, committed in batches: outcomes
+    that come before their request is committed, outcomes sent again with another value,
+    requests logged twice. Looks every few hours read only the files committed since the
+    last; each look's per-arm statistics equal those of reading everything since the start,
+    as every look did before. With ``restart`` the flow starts again from its stored state
+    before each look (the open window is read again)."""
+    from fleet.analysis.ab import arm_stats, arm_stats_of_sums
+    from fleet.logs.feedback import OUTCOME_COLUMN, with_outcomes
+    from fleet.logs.increments import SETTLE, OutcomeJoin
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    rng = np.random.default_rng(7)
+    start = (datetime.now(UTC) - timedelta(days=3)).replace(minute=0, second=0, microsecond=0)
+    column = OUTCOME_COLUMN.format("clicked")
+    join = OutcomeJoin(store, "alpha", "clicked", start, {}, None)
+    settled: dict = {}
+    until = None
+    log = InferenceLog(store, "gw")
+    late: list[tuple[float, str, float]] = []  # outcomes staged before their requests are
+    reads = []
+    for hours in range(0, 64, 4):  # 4 hours of traffic, committed, then a look
+        outcomes = late
+        late = []
+        for i in range(hours * 20, (hours + 4) * 20):  # 20 requests an hour
+            at = start.timestamp() + i * 180 + 1
+            version = ("1.0.0", "2.0.0")[i % 2]
+            rid = f"q{i}" if i % 50 else f"q{i - 1}"  # now and then an id logged again: its first counts
+            log.record(Sample(at, rid, "alpha", version, "apps", 1.0, np.zeros((1, 2)), np.ones((1, 2)), ("a", "b")))
+            if rng.random() < 0.7:
+                value = float(rng.random() < 0.3 + 0.1 * (i % 2))
+                sent = (at + rng.uniform(60, 4 * 3600), rid, value)
+                (late if i % 7 == 0 else outcomes).append(sent)
+                if i % 11 == 0:  # sent again, later, with the other value: the last counts
+                    outcomes.append((sent[0] + 60, rid, 1.0 - value))
+        if hours % 8 == 4:  # some outcomes of this batch committed before its requests
+            _stage_outcomes(store, outcomes)
+            committer.run(store, maintain=False)
+            log.flush()
+        else:
+            log.flush()
+            _stage_outcomes(store, outcomes)
+        committer.run(store, maintain=False)
+        end = start + timedelta(hours=hours + 4)
+        if restart:
+            join = OutcomeJoin(store, "alpha", "clicked", start, settled, until)
+        looked = join.look(end)
+        settled, until = looked.settled, looked.settled_until
+        assert until == max(start, end - SETTLE)
+        reads.append((looked.full, looked.rows, 80 + len(outcomes)))
+        full = with_outcomes(store, "alpha", start, end, ["clicked"])
+        full = full[full[column].notna()]
+        for version in ("1.0.0", "2.0.0"):
+            want = arm_stats(version, full[full["version"] == version][column].to_numpy())
+            got = arm_stats_of_sums(version, looked.sums.get(version, (0, 0.0, 0.0)))
+            assert got.n == want.n and got.mean == pytest.approx(want.mean, rel=1e-12)
+            assert got.var == pytest.approx(want.var, rel=1e-9)
+    assert sum(n for n, _, _ in settled.values()) > 0  # most of it settled: read no more
+    if not restart:  # after the first look, each reads the rows committed since it and no other
+        assert reads[0][0] and not any(full for full, _, _ in reads[1:])
+        assert all(read == new for _, read, new in reads[1:]), reads
+
+
+def test_the_readme_queries_run_and_answer(tmp_path: Path) -> None:
+    """Every ``fleet logs query`` line of the README, run as written against committed rows."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from fleet.cli import app
+    from fleet.logs.feedback import parse, write
+
+    url = f"file://{tmp_path / 'store'}"
+    store = open_store(url)
+    log = InferenceLog(store, "gw")
+    _samples(log, "demo-classifier", 0, 40, "d")
+    log.flush()
+    _, given = parse(
+        {"model": "demo-classifier", "feedback": [{"request_id": f"d-{i}", "label": 1} for i in range(10)]}
+    )
+    write(store, "demo-classifier", "apps", given, "gw")
+    committer.run(store, maintain=False)
+    lines = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("fleet logs query ")]
+    assert len(lines) == 3
+    runner = CliRunner()
+    answers = []
+    for line in lines:
+        args = shlex.split(line)[1:] + ["--json"]
+        result = runner.invoke(app, args, env={"FLEET_STORE": url})
+        assert result.exit_code == 0, (line, result.output, result.exception)
+        answers.append(json.loads(result.stdout))
+    p99, hourly, matched = answers
+    assert [r["tenant"] for r in p99] == ["apps"] and p99[0]["requests"] == 40
+    assert sum(r["requests"] for r in hourly) == 40
+    assert matched == [{"version": "1.0.0", "match_rate": 1.0, "labels": 10}]  # every prediction was class 1
+
+
+def test_a_label_finds_its_request_in_its_hour_and_an_unknown_id_costs_a_bounded_lookup(tmp_path: Path) -> None:
+    """A day of committed log, 24 model-hours: a label for a gateway-made (UUIDv7) id reads
+    the files of its hour whose id bounds hold it; a made-up id of the same form costs no
+    more; an id a caller chose is looked for in the last two hours only."""
+    from fleet.logs import ids
+    from fleet.logs.logged import LoggedRequests
+    from fleet.store import FileStore
+
+    class Counting(FileStore):
+        gets = 0
+
+        def get(self, key: str):  # noqa: ANN202 - FileStore's
+            Counting.gets += 1
+            return super().get(key)
+
+    store = Counting(tmp_path / "store")
+    log = InferenceLog(store, "gw")
+    now = time.time()
+    made: dict[int, list[str]] = {}
+    for hours_back in range(24):
+        at = now - hours_back * 3600 - 60
+        made[hours_back] = [ids.new(int((at + i) * 1000)) for i in range(30)]
+        for i, rid in enumerate(made[hours_back]):
+            log.record(
+                Sample(at + i, rid, "alpha", "1.0.0", "apps", 1.0, np.zeros((1, 2)), np.ones((1, 2)), ("a", "b"))
+            )
+        log.flush()
+        committer.run(store, maintain=False)  # a commit an hour: 24 files
+    table = tables.tables_for(store).table("inference", fresh=True)
+    assert len(list(table.scan().plan_files())) >= 24
+    for wanted in (made[5][7], made[20][0], ids.new(int((now - 5 * 3600) * 1000))):
+        index = LoggedRequests(store)
+        Counting.gets = 0
+        found = index.owned("alpha", "apps", {(wanted, 0)})
+        assert found == ({(wanted, 0)} if wanted in made[5] + made[20] else set())
+        assert Counting.gets <= 2, Counting.gets  # its hour's file (and the next hour's), not the day's 24
+    index = LoggedRequests(store)
+    Counting.gets = 0
+    assert index.owned("alpha", "apps", {("order-4711", 0)}) == set()
+    assert Counting.gets <= 3  # the last two hours' files, whatever the id

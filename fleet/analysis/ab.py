@@ -73,6 +73,15 @@ def arm_stats(version: str, values: np.ndarray) -> ArmStats:
     return ArmStats(version, n, float(values.mean()), float(values.var(ddof=1)) if n > 1 else 0.0)
 
 
+def arm_stats_of_sums(version: str, sums: tuple[int, float, float]) -> ArmStats:
+    """The same from the arm's count, sum and sum of squares (``fleet.logs.increments``)."""
+    n, s1, s2 = sums
+    if n <= 0:
+        return ArmStats(version, 0, math.nan, math.nan)
+    mean = s1 / n
+    return ArmStats(version, int(n), mean, max(0.0, (s2 - s1 * mean) / (n - 1)) if n > 1 else 0.0)
+
+
 def interval(a: ArmStats, b: ArmStats, alpha: float, tau: float, span: float) -> Interval | None:
     """The always-valid interval of ``b.mean - a.mean``; None before ``MIN_PER_ARM`` each.
     ``span``: the outcome's range (max - min; 1 for accuracy and 0/1 outcomes)."""

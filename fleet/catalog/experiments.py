@@ -62,6 +62,12 @@ class ExperimentState(BaseModel):
     served: dict[str, dict] = {}  # both arms' gateway totals since the start (guardrails)
     ticked_at: float = 0.0
     ticks: list[Tick] = []
+    # Requests logged before ``settled_until`` can get no new outcome (a label points at most
+    # a day back): their outcomes are kept as each arm's sufficient statistics, version →
+    # (n, sum, sum of squares), and the flow keeps the rest up to date a look at a time
+    # (fleet.logs.increments)
+    settled_until: datetime | None = None
+    settled: dict[str, tuple[int, float, float]] = {}
 
 
 def state_key(model: str) -> str:

@@ -284,7 +284,7 @@ def with_outcomes(  # noqa: ANN201
     columns = {n: OUTCOME_COLUMN.format(n) for n in names}
     window = read_window(store, model, start, end, unreadable)
     if not window.empty:
-        window = window.drop_duplicates(keys, keep="first")
+        window = _first(window, keys)
     sent = read_outcomes(store, model, start, end + timedelta(hours=LOOKBACK_H), unreadable)
     sent = sent[sent["name"].isin(list(names))] if len(sent) else sent
     if window.empty or sent.empty:
@@ -312,6 +312,14 @@ def read_feedback(  # noqa: ANN201 - DataFrame
     return frame.drop_duplicates(["tenant", "request_id", "row"], keep="last").reset_index(drop=True)
 
 
+def _first(window, keys: list[str]):  # noqa: ANN001, ANN202 - a DataFrame
+    """The earliest logged row of each key (files are read in no particular order)."""
+    repeated = window.duplicated(keys, keep=False)
+    if not repeated.any():
+        return window
+    return window.sort_values("ts", kind="stable").drop_duplicates(keys, keep="first").sort_index()
+
+
 def labelled(  # noqa: ANN201 - DataFrame
     store: ObjectStore, model: str, start: datetime, end: datetime, unreadable: list[str] | None = None
 ):
@@ -322,7 +330,7 @@ def labelled(  # noqa: ANN201 - DataFrame
         return window.assign(label=[])
     # a request id logged twice by a tenant (the caller sets X-Request-Id) keeps its first row
     # only, so one label never counts for several requests (as with_outcomes)
-    window = window.drop_duplicates(["tenant", "request_id", "row"], keep="first")
+    window = _first(window, ["tenant", "request_id", "row"])
     # a request id means something only within its tenant: the join is on all three
     # reindex: a generative model's label files have no label column (match, label_digest instead)
     columns = ["tenant", "request_id", "row", "label"]

@@ -45,6 +45,7 @@ log = logging.getLogger("fleet.logs.inference")
 
 FLUSH_S = 60.0  # a gateway process stages its samples this often (the policy's gateway.inference_log_flush_s)
 FLUSH_BYTES = 16 * 1024 * 1024  # or as soon as this much is buffered (gateway.inference_log_flush_mib)
+RETRY_S = 2.0  # a failed flush is tried again this often (or at flush_s if shorter)
 MAX_BYTES = 64 * 1024 * 1024
 SAMPLE_OVERHEAD = 400  # bytes per sample beyond its arrays: ids, names, the object itself
 META_COLUMNS = ("ts", "request_id", "row", "model", "version", "tenant", "latency_ms")
@@ -281,12 +282,16 @@ class InferenceLog:
     def _run(self) -> None:
         deadline = time.monotonic() + self.flush_s
         while not self._stop.is_set():
-            self._full.wait(max(0.0, deadline - time.monotonic()))
+            wait = max(0.0, deadline - time.monotonic())
+            if self.failing:  # a store that is down is asked again on the clock, not at every sample
+                self._stop.wait(wait)
+            else:
+                self._full.wait(wait)
             if self._stop.is_set():
                 return
             self._full.clear()
             self.flush()
-            deadline = time.monotonic() + (self.flush_s if not self.failing else min(self.flush_s, 2.0))
+            deadline = time.monotonic() + (min(self.flush_s, RETRY_S) if self.failing else self.flush_s)
 
     def flush(self) -> int:
         """Stage everything buffered as one file; return the rows written. On failure the samples

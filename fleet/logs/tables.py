@@ -179,6 +179,7 @@ class LogTables:
         self.location = f"{store.url.rstrip('/')}/{WAREHOUSE.rstrip('/')}"  # type: ignore[attr-defined]
         self.namespace = self.spec.removeprefix("glue:") if self.spec.startswith("glue:") else NAMESPACE
         self._catalog = None
+        self._created = False
         self._loaded: dict[str, _Loaded] = {}
         self._lock = threading.Lock()
 
@@ -196,16 +197,30 @@ class LogTables:
 
             return GlueCatalog("fleet", **props)
         from pyiceberg.catalog.sql import SqlCatalog
+        from sqlalchemy.exc import OperationalError
 
         if self.spec.startswith("sqlite:///"):
             Path(self.spec.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        return SqlCatalog("fleet", uri=self.spec, warehouse=self.location, **props)
+        for attempt in range(5):
+            try:  # several processes opening a new catalog race to create its tables
+                return SqlCatalog("fleet", uri=self.spec, warehouse=self.location, **props)
+            except OperationalError:
+                if attempt == 4:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def create(self) -> None:
-        """Make the namespace and every table that is missing (the committer's first run)."""
+        """Make the namespace and every table that is missing (the committer's first run; once
+        per process: with Glue, creating a table that exists still writes a metadata file)."""
+        if self._created:
+            return
         catalog = self.catalog
-        catalog.create_namespace_if_not_exists(self.namespace)
+        if self.namespace not in {n[0] for n in catalog.list_namespaces()}:
+            catalog.create_namespace_if_not_exists(self.namespace)
         for name in TABLES:
+            if catalog.table_exists(f"{self.namespace}.{name}"):
+                continue
             catalog.create_table_if_not_exists(
                 f"{self.namespace}.{name}",
                 schema=_schema(name),
@@ -213,6 +228,7 @@ class LogTables:
                 location=f"{self.location}/{name}",
                 properties=PROPERTIES,
             )
+        self._created = True
 
     def table(self, name: str, *, fresh: bool = False):  # noqa: ANN201 - a pyiceberg Table, or None if not made yet
         """The table as of its newest metadata (asked again at most every ``REFRESH_S``)."""

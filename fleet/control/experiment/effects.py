@@ -16,8 +16,6 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-import numpy as np
-
 from fleet import records
 from fleet.analysis.ab import check_min_effect
 from fleet.analysis.sources import MetricsUnavailable
@@ -29,6 +27,7 @@ from fleet.catalog.registry import State as VersionState
 from fleet.catalog.routes.store import Router
 from fleet.control.experiment import machine
 from fleet.errors import Conflict, InvalidInput
+from fleet.logs.increments import Looked, OutcomeJoin
 from fleet.runtime.base import Runtime
 from fleet.types import MetricsSource, ObjectStore
 
@@ -61,7 +60,9 @@ class Experiment:
         self.store, self.runtime, self.metrics, self.policies = store, runtime, metrics, policies
         self.router = Router(store)
         self.who, self.guard, self.clock, self.notify = who, guard, clock, notify
-        self.unreadable: list[str] = []  # the log files the last look skipped (not Parquet)
+        self.unreadable: list[str] = []  # the staged log files the last look's commit refused (not Parquet)
+        self._join: tuple[tuple, OutcomeJoin] | None = None  # the running experiment's (fleet.logs.increments)
+        self.looked: Looked | None = None  # what the last look read
 
     def check(
         self, model: str, arms: list[str], metric: str, min_effect: float, alpha: float
@@ -149,12 +150,44 @@ class Experiment:
         if wanted is not None:
             tick_a, tick_b = (self.metrics.window(state.model, r.version, r.start, r.end) for r in wanted)
         end = datetime.fromtimestamp(now, UTC) + timedelta(seconds=1)
-        self.unreadable = []
-        outcomes = _outcomes(self.store, state.model, state.metric, state.started_at, end, self.unreadable)
+        looked = self._outcomes(state, end)
+        self.looked = looked
         stop = None
         if records.exists(self.store, stop_key(state.model)):
             stop = self.store.get(stop_key(state.model)).data.decode(errors="replace")
-        return machine.Look(now, tick_a, tick_b, outcomes, stop)
+        return machine.Look(
+            now,
+            tick_a,
+            tick_b,
+            sums=looked.sums,
+            settled=looked.settled,
+            settled_until=looked.settled_until,
+            stop=stop,
+        )
+
+    def _outcomes(self, state: ExperimentState, end: datetime) -> Looked:
+        """What was staged is committed first (unless the committer is at it: then its last
+        commit is what this look reads), then the join takes what was committed since the last
+        look. Staged files the commit refused (not the table's Parquet) are named in
+        ``unreadable``."""
+        from fleet.logs import committer, tables
+
+        self.unreadable = []
+        if tables.tables_for(self.store) is not None:
+            try:
+                done = committer.run(self.store, who=self.who, maintain=False)
+                self.unreadable = [key for d in done for key in d.rejected]
+            except Conflict:
+                pass
+        key = (state.model, state.run_id, state.started_at)
+        if self._join is None or self._join[0] != key:
+            join = OutcomeJoin(
+                self.store, state.model, state.metric, state.started_at, state.settled, state.settled_until
+            )
+            self._join = (key, join)
+        looked = self._join[1].look(end)
+        self.unreadable += looked.unreadable
+        return looked
 
     def stopped_by(self, state: ExperimentState, error: BaseException) -> ExperimentState:
         """The state as ended by ``error``; stored only while this run holds the lease (a run
@@ -185,26 +218,3 @@ class Experiment:
         except Conflict:
             return False
         return True
-
-
-def _outcomes(
-    store: ObjectStore, model: str, metric: str, start: datetime, end: datetime, unreadable: list[str]
-) -> dict[str, np.ndarray]:
-    """version → the metric of each logged request (row) that has one; the log files that
-    could not be read are skipped and named in ``unreadable``."""
-    from fleet.logs.feedback import OUTCOME_COLUMN, labelled, with_outcomes
-
-    if metric == "accuracy":
-        frame = labelled(store, model, start, end, unreadable)
-        if frame.empty:
-            return {}
-        frame = frame[frame["label"].notna()]
-        column = (frame["prediction"] == frame["label"]).astype(np.float64)
-    else:
-        frame = with_outcomes(store, model, start, end, [metric], unreadable)
-        if frame.empty:
-            return {}
-        name = OUTCOME_COLUMN.format(metric)
-        frame = frame[frame[name].notna()]
-        column = frame[name].astype(np.float64)
-    return {str(v): column[frame["version"] == v].to_numpy() for v in frame["version"].unique()}

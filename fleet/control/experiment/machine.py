@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from fleet.analysis import sequential
-from fleet.analysis.ab import arm_stats, decide, interval, thinned
+from fleet.analysis.ab import arm_stats, arm_stats_of_sums, decide, interval, thinned
 from fleet.analysis.sources import empty_window, sum_windows
 from fleet.catalog.experiments import ExperimentState, ExperimentStatus, Tick
 from fleet.catalog.policies.rollout import RolloutPolicy
@@ -40,6 +40,11 @@ class Look:
     tick_a: ArmWindow | None = None  # the counters ``reads`` named; None: no whole second to read
     tick_b: ArmWindow | None = None
     outcomes: Mapping[str, np.ndarray] | None = None  # version → the metric of each logged request with one
+    # or, kept up to date a look at a time (fleet.logs.increments): version → (n, sum, sum of
+    # squares) of every outcome so far; and the settled part of those, for the state
+    sums: Mapping[str, tuple[int, float, float]] | None = None
+    settled: Mapping[str, tuple[int, float, float]] | None = None
+    settled_until: datetime | None = None
     stop: str | None = None  # who asked to stop and why; None: nobody
     unavailable: str | None = None  # the look failed (metrics or logs unreadable): why
 
@@ -104,8 +109,11 @@ def step(state: ExperimentState, look: Look, policy: RolloutPolicy) -> Experimen
         return state.model_copy(update={"status": ExperimentStatus.OUT_OF_TIME, "summary": summary})
     (a, b), values = state.arms, look.outcomes or {}
     harm, served, evidence, read_upto = _guardrails(state, look, policy)
-    stats_a = arm_stats(a, values.get(a, np.empty(0)))
-    stats_b = arm_stats(b, values.get(b, np.empty(0)))
+    if look.sums is not None:
+        stats_a, stats_b = (arm_stats_of_sums(v, look.sums.get(v, (0, 0.0, 0.0))) for v in (a, b))
+    else:
+        stats_a = arm_stats(a, values.get(a, np.empty(0)))
+        stats_b = arm_stats(b, values.get(b, np.empty(0)))
     found = interval(stats_a, stats_b, state.alpha, state.min_effect, state.span)
     decision = decide(stats_a, stats_b, found, state.min_effect, out_of_time, state.metric)
     status, winner, summary = decision.status, decision.winner, decision.summary
@@ -132,6 +140,8 @@ def step(state: ExperimentState, look: Look, policy: RolloutPolicy) -> Experimen
             "served": served,
             "evidence": evidence,
             "ticks": thinned([*state.ticks, point]),
+            "settled": dict(look.settled) if look.settled is not None else state.settled,
+            "settled_until": look.settled_until or state.settled_until,
         }
     )
 
