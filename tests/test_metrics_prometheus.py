@@ -136,7 +136,8 @@ def test_prometheus_and_the_gateway_agree_on_what_each_version_served(tmp_path: 
         assert slow.errors["5xx"] > 0  # the canary's injected 500s
         from fleet.analysis.histograms import histogram_quantile
 
-        fast_p99 = histogram_quantile(0.99, prometheus.window(MODEL, "1.0.0", start, end).latency_ms)
-        assert histogram_quantile(0.99, slow.latency_ms) > fast_p99  # 20 ms vs 5 ms upstream
+        # the medians: 20 ms vs 5 ms upstream (a p99 of ~150 requests is one stall of a busy machine)
+        fast_p50 = histogram_quantile(0.5, prometheus.window(MODEL, "1.0.0", start, end).latency_ms)
+        assert histogram_quantile(0.5, slow.latency_ms) > fast_p50
     finally:
         e.stop()
