@@ -108,6 +108,8 @@ def experiment(
                         trouble.append(
                             f"skipped {len(ab.unreadable)} unreadable log file(s), the first {ab.unreadable[0]}"
                         )
+                    if ab.commit_failed is not None:
+                        trouble.append(f"the staged logs could not be committed: {ab.commit_failed}")
                     if skipped is not None:
                         logger.warning("this look is skipped: %s", skipped)
                         trouble.append(f"a look was skipped: {skipped}")

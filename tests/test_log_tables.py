@@ -386,8 +386,13 @@ def test_a_label_finds_its_request_in_its_hour_and_an_unknown_id_costs_a_bounded
         Counting.gets = 0
         found = index.owned("alpha", "apps", {(wanted, 0)})
         assert found == ({(wanted, 0)} if wanted in made[5] + made[20] else set())
-        assert Counting.gets <= 2, Counting.gets  # its hour's file (and the next hour's), not the day's 24
+        # its hour's file (and the next hour's) whose id bounds hold it, not the day's 24
+        assert index.files_read <= 2 and index.plans == 1 and Counting.gets == 0, (index.files_read, Counting.gets)
     index = LoggedRequests(store)
-    Counting.gets = 0
     assert index.owned("alpha", "apps", {("order-4711", 0)}) == set()
-    assert Counting.gets <= 3  # the last two hours' files, whatever the id
+    assert index.files_read <= 3  # the last two hours' files, whatever the id
+    # ten thousand made-up ids of one hour: one plan of that hour, not one per id
+    flood = {(ids.new(int((now - 7 * 3600) * 1000) + i), 0) for i in range(10_000)}
+    index = LoggedRequests(store)
+    assert index.owned("alpha", "apps", flood) == set()
+    assert index.plans <= 2 * 10 and index.files_read <= 2 * 10  # chunks of 1,000 ids, a file or two each

@@ -6,21 +6,27 @@ A run, per table, under the lease ``logs/committer/lease`` (one committer per st
    of one commit) left by a committer that died: if the table has a snapshot with
    ``fleet.intent = <id>`` the rows are in, and its staged files are deleted; if not, the
    commit never happened and its files are still staged. Either way the intent goes.
-2. **Commit.** Up to ``MAX_FILES`` staged files (``MAX_BYTES``) are read; one that is not
+2. **Commit.** Up to ``MAX_FILES`` staged files (about ``MAX_BYTES``) are read, and commits
+   follow one another until staging is empty or ``BUDGET_S`` is spent; one that is not
    Parquet, or not the table's columns, is moved to ``logs/rejected/``. The intent is
    written, then the rows are appended as one snapshot (atomic in the catalog) carrying the
    intent's id, then the staged files and the intent are deleted. A kill at any point leaves
    either no snapshot (the files are committed by the next run) or a snapshot and its intent
    (recovered by step 1): every staged row ends in the table exactly once.
-3. **Compact.** An hour of a model that ended more than ``SETTLE_S`` ago and holds more than
-   one file is rewritten as one (``fleet.op = compact``: incremental readers skip it); the
-   files it replaced are deleted once no kept snapshot can read them.
+3. **Compact.** An hour of a model that ended more than ``SETTLE_S`` ago and holds two files
+   smaller than ``SMALL_FILE`` is rewritten, sorted by ``request_id`` (snapshots marked
+   ``fleet.op = compact``: incremental readers skip them); the files it replaced are deleted
+   once no kept snapshot can read them.
+5. **Fencing.** The tables refuse a commit whose base is not the newest metadata (no retry,
+   ``commit.retry.num-retries = 0``): a committer that lost its lease while stalled fails
+   its append instead of doubling rows its successor committed.
 4. **Expire.** Rows older than ``retention_days`` are deleted (whole hours: metadata only);
    snapshots older than ``SNAPSHOT_KEEP_S`` are expired, and the files only they read deleted.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -40,7 +46,9 @@ COMMITS = staging.COMMITS
 LEASE_KEY = "logs/committer/lease"
 EVERY_S = 60.0  # the committer's schedule (flows/logs.py)
 MAX_FILES = 2_000  # staged files in one commit
-MAX_BYTES = 512 * 1024 * 1024  # and their bytes
+MAX_BYTES = 512 * 1024 * 1024  # and about this many bytes of rows (a batch of READERS files past it at most)
+BUDGET_S = 45.0  # a run commits batch after batch for at most this long (a backlog is caught up)
+SMALL_FILE = 8 * 1024 * 1024  # a model-hour is compacted while it has two files smaller than this
 READERS = 16  # staged files read (and deleted) at once
 SETTLE_S = 3600.0  # an hour is compacted once it ended this long ago (late flushes and retries are in)
 COMPACT_LOOKBACK_H = 6  # settled hours looked at for compaction in one run
@@ -94,54 +102,79 @@ def recover(store: ObjectStore, name: str, table) -> int:  # noqa: ANN001 - a py
 
 
 def commit(
-    store: ObjectStore, logs: tables.LogTables, name: str, *, check: Callable[[], None] = lambda: None
+    store: ObjectStore,
+    logs: tables.LogTables,
+    name: str,
+    *,
+    check: Callable[[], None] = lambda: None,
+    budget_s: float = BUDGET_S,
 ) -> Committed:
-    """Steps 1 and 2 for table ``name``; ``check`` is asked before every write only the
-    committer may make (the lease's)."""
-    import pyarrow as pa
-
+    """Steps 1 and 2 for table ``name``: commits of at most ``MAX_FILES`` files and about
+    ``MAX_BYTES`` each, one after the other, until staging is drained or ``budget_s`` is
+    spent (a backlog is caught up, never read into memory at once). ``check`` is asked
+    before every write only the committer may make (the lease's)."""
     done = Committed(name)
     table = logs.table(name, fresh=True)
     done.recovered = recover(store, name, table)
-    listed = sorted(staging.listed(store, name), key=lambda s: s.key)[:MAX_FILES]
-    if not listed:
-        return done
+    pending = sorted(staging.listed(store, name), key=lambda s: s.key)
+    started = time.monotonic()
+    while pending and time.monotonic() - started < budget_s:
+        taken = _commit_once(store, table, name, pending, done, check)
+        pending = pending[taken:]
+    return done
+
+
+def _commit_once(
+    store: ObjectStore, table, name: str, pending: list, done: Committed, check: Callable[[], None]
+) -> int:  # noqa: ANN001
+    """One commit of the first staged files of ``pending``; returns how many were taken."""
+    import pyarrow as pa
+
     schema = table.schema().as_arrow()  # the catalog numbered the fields: its own ids, by name
+    parts, keys, features, size, taken = [], [], {}, 0, 0
     with ThreadPoolExecutor(READERS) as pool:
-        found = list(pool.map(lambda s: (s.key, staging.read(store, s.key, done.rejected)), listed))
-    parts, keys, features, size = [], [], {}, 0
-    for key, data in found:
-        if data is None:
-            continue
-        try:
-            part = data.select(schema.names).cast(schema)
-        except (KeyError, ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            log.warning("rejecting %s: not the %s table's columns (%s)", key, name, exc)
-            done.rejected.append(key)
-            continue
-        parts.append(part)
-        keys.append(key)
-        features.update(staging.features_of(data))
-        size += part.nbytes
-        if size >= MAX_BYTES:
-            break
-    for key in done.rejected:
-        _reject(store, key)
+        while taken < len(pending) and len(keys) < MAX_FILES and size < MAX_BYTES:
+            batch = pending[taken : taken + READERS]
+            taken += len(batch)
+            rejected: list[str] = []
+            read = functools.partial(_read_staged, store, rejected)
+            for item, data in zip(batch, pool.map(read, batch), strict=True):
+                if data is None:
+                    continue
+                try:
+                    part = data.select(schema.names).cast(schema)
+                except (KeyError, ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    log.warning("rejecting %s: not the %s table's columns (%s)", item.key, name, exc)
+                    rejected.append(item.key)
+                    continue
+                parts.append(part)
+                keys.append(item.key)
+                features.update(staging.features_of(data))
+                size += part.nbytes
+            for key in rejected:
+                _reject(store, key)
+            done.rejected += rejected
     if not parts:
-        return done
+        return taken
     if features:
         _set_features(table, features, check)
     intent_id = uuid.uuid4().hex
     check()
     store.put(_intent_key(name, intent_id), json.dumps({"keys": keys}).encode(), if_none_match=True)
-    rows = pa.concat_tables(parts)
+    # sorted by request_id within each file: a label's lookup reads one row group's ids
+    rows = pa.concat_tables(parts).sort_by([("model", "ascending"), ("request_id", "ascending")])
     check()
     table.append(rows, snapshot_properties={"fleet.intent": intent_id, "fleet.op": "commit"})
     _delete_all(store, keys)
     store.delete(_intent_key(name, intent_id))
-    done.files, done.rows = len(keys), rows.num_rows
+    done.files += len(keys)
+    done.rows += rows.num_rows
     done.snapshot_id = table.current_snapshot().snapshot_id
-    return done
+    return taken
+
+
+def _read_staged(store: ObjectStore, rejected: list[str], item: staging.Staged):  # noqa: ANN202 - a pyarrow Table or None
+    return staging.read(store, item.key, rejected)
 
 
 def _reject(store: ObjectStore, key: str) -> None:
@@ -182,11 +215,11 @@ def compact(table, name: str, now: datetime, check: Callable[[], None] = lambda:
         groups.setdefault(tuple(task.file.partition), []).append(task)
     count, replaced = 0, []
     for (model, hour), group in groups.items():
-        if len(group) < 2:
-            continue
+        if sum(t.file.file_size_in_bytes < SMALL_FILE for t in group) < 2:
+            continue  # one file, or a big hour written as several big ones: nothing to gain
         at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(hours=hour)
         where = tables.window_filter(model, at, at + timedelta(hours=1))
-        rows = table.scan(row_filter=where).to_arrow()
+        rows = table.scan(row_filter=where).to_arrow().sort_by("request_id")
         check()
         table.overwrite(rows, overwrite_filter=where, snapshot_properties={"fleet.op": "compact"})
         count += 1

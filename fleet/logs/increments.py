@@ -70,6 +70,11 @@ def added_files(table: Any, since: int | None, model: str) -> list[str] | None:
     return found
 
 
+def _snapshot_id(table: Any) -> int | None:
+    snapshot = table.current_snapshot() if table is not None else None
+    return snapshot.snapshot_id if snapshot is not None else None
+
+
 @dataclass
 class Looked:
     """What one look gives the experiment: every version's sums so far, the settled part of
@@ -113,6 +118,16 @@ class OutcomeJoin:
         if logs is None:  # a store with no tables (the memory store): every look reads everything staged
             found.sums, found.full = self._everything(end, found.unreadable), True
             return found
+        settled, until = dict(self.settled), self.until
+        try:
+            return self._look(logs, end, found)
+        except BaseException:
+            # a look that failed halfway leaves no half-updated join: the next reads the open window again
+            self._db, self._sums, self._cursor = None, {}, {}
+            self.settled, self.until = settled, until
+            raise
+
+    def _look(self, logs: tables.LogTables, end: datetime, found: Looked) -> Looked:
         requests, outcomes = logs.table("inference", fresh=True), logs.table(self._source, fresh=True)
         new = None
         if self._db is not None:
@@ -126,8 +141,8 @@ class OutcomeJoin:
             found.files += sum(len(f) for f in new)
             self._add(self._read_files(new[0], "inference"), self._read_files(new[1], self._source), found)
         self._cursor = {
-            "inference": requests.current_snapshot().snapshot_id if requests and requests.current_snapshot() else None,
-            self._source: outcomes.current_snapshot().snapshot_id if outcomes and outcomes.current_snapshot() else None,
+            "inference": _snapshot_id(requests),
+            self._source: _snapshot_id(outcomes),
         }
         self._settle(max(self.until, end - SETTLE))
         found.sums = {v: self._total(v) for v in set(self._sums) | set(self.settled)}
@@ -177,22 +192,28 @@ class OutcomeJoin:
         return pa.concat_tables(parts)
 
     def _rebuild(self, requests: Any, outcomes: Any, end: datetime, found: Looked) -> None:
-        from fleet.logs import reading
+        """The open window read whole, at exactly the snapshots the cursor will name (no upper
+        bound on a request's time: a row of that snapshot is counted now or never)."""
+        import pyarrow as pa
 
         self._db, self._sums = self._open(), {}
-        seen = reading.Reading()
-        start = self.until
-        got_requests = reading.read(
-            self.store, "inference", self.model, max(self.started_at, start - BLOCK), end, self._columns("inference"),
-            staged=False, reading=seen,
-        )  # fmt: skip
-        self._block(got_requests)
-        got_outcomes = reading.read(
-            self.store, self._source, self.model, start, end + SETTLE, self._columns(self._source), staged=False,
-            reading=seen,
-        )  # fmt: skip
-        found.files, found.full = seen.files, True
-        self._add(got_requests, got_outcomes, found)
+        parts = []
+        far = end + timedelta(days=3650)
+        for table, name, start in (
+            (requests, "inference", max(self.started_at, self.until - BLOCK)),
+            (outcomes, self._source, self.until),
+        ):
+            columns = self._columns(name)
+            if table is None or table.current_snapshot() is None:
+                parts.append(self._read_files([], name))
+                continue
+            planned = tables.scan(table, tables.window_filter(self.model, start, far), columns, _snapshot_id(table))
+            found.files += len(planned[1])
+            got = tables.read(planned).select(list(columns)) if planned[1] else self._read_files([], name)
+            parts.append(got.cast(pa.schema([tables.arrow_schema(name).field(c) for c in columns])))
+        found.full = True
+        self._block(parts[0])
+        self._add(parts[0], parts[1], found)
 
     # -- the join -----------------------------------------------------------------------------
 

@@ -306,13 +306,17 @@ class InferenceLog:
         try:
             self._write(list(batch))
         except (FleetError, OSError) as exc:
-            with self._lock:
-                self._writing_bytes = 0
             if not self.failing:
                 log.warning("cannot write the inference log, keeping %d rows buffered: %s", _rows(batch), exc)
             self.failing = True
+            self._requeue(batch)
+            return 0
+        except Exception:  # noqa: BLE001 - samples that cannot be made a table are dropped, never the writer
+            log.exception("dropping %d inference log rows that could not be written", _rows(batch))
+            with self._lock:
+                self._writing_bytes = 0
             for s in batch:
-                self.record(s)
+                self._on_dropped(s.model, s.rows)
             return 0
         with self._lock:
             self._writing_bytes = 0
@@ -323,6 +327,20 @@ class InferenceLog:
         for model, n in rows.items():
             self._on_written(model, n)
         return sum(rows.values())
+
+    def _requeue(self, batch: deque[Sample | GenSample]) -> None:
+        """A batch that could not be written goes back in front of what came meanwhile, and the
+        oldest samples are dropped first while over ``max_bytes``."""
+        with self._lock:
+            self._writing_bytes = 0
+            self._buffer.extendleft(reversed(batch))
+            self._buffered_rows += _rows(batch)
+            self._buffered_bytes += sum(s.nbytes for s in batch)
+            while self._buffered_bytes > self.max_bytes and self._buffer:
+                oldest = self._buffer.popleft()
+                self._buffered_rows -= oldest.rows
+                self._buffered_bytes -= oldest.nbytes
+                self._on_dropped(oldest.model, oldest.rows)
 
     def _write(self, samples: list[Sample | GenSample]) -> None:
         from fleet.logs.staging import stage

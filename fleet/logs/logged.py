@@ -64,6 +64,7 @@ class LoggedRequests:
         self._listed: tuple[float, tuple[Staged, ...]] | None = None
         self.listings = 0  # listings asked of the store (what a flood of unknown ids would drive)
         self.plans = 0  # scans of the table planned
+        self.files_read = 0  # committed files read (their matching row groups' id columns)
         # (model, tenant, id) → (rows, answer or None)
         self._recent: OrderedDict[tuple[str, str, str], tuple[int, Answer | None]] = OrderedDict()
         self._recent_bytes = 0
@@ -152,51 +153,78 @@ class LoggedRequests:
         if not missing:
             return found
         now = now or datetime.now(UTC)
-        windows: dict[tuple[datetime, datetime], set[str]] = {}
+        buckets: dict[tuple[datetime, datetime], set[str]] = {}
         for rid, _ in missing:
-            windows.setdefault(self._window(rid, now), set()).add(rid)
-        for (start, end), rids in windows.items():
-            for key in self._files_for(model, start, end, rids):
+            buckets.setdefault(self._window(rid, now), set()).add(rid)
+        staged = self._staged()  # listed before the table is loaded: see _committed
+        for (start, end), rids in buckets.items():
+            for key in (s.key for s in staged if s.overlaps(start, end)):
                 index, answers = self._index(model, key)
-                for rid, row in list(missing):
-                    if rid in rids and row < index.get((tenant, rid), 0):
-                        found[rid, row] = answers.get((tenant, rid))
-                        missing.discard((rid, row))
-                if not missing:
-                    return found
+                self._match(tenant, rids, index, answers, missing, found)
+            if any(rid in rids for rid, _ in missing):
+                for index, answers in self._committed(model, start, end, {r for r, _ in missing if r in rids}):
+                    self._match(tenant, rids, index, answers, missing, found)
         return found
+
+    def _match(self, tenant: str, rids: set[str], index: dict, answers: dict, missing: set, found: dict) -> None:
+        for rid, row in list(missing):
+            if rid in rids and row < index.get((tenant, rid), 0):
+                found[rid, row] = answers.get((tenant, rid))
+                missing.discard((rid, row))
 
     @staticmethod
     def _window(request_id: str, now: datetime) -> tuple[datetime, datetime]:
-        """Where a request's rows can be: from its id's time to ``MAX_ANSWER_S`` later (a
-        UUIDv7); the last ``UNTIMED_LOOKBACK_H`` hours for an id a caller chose. Never before
-        ``LOOKBACK_H`` ago."""
-        floor = now - timedelta(hours=LOOKBACK_H)
+        """Where a request's rows can be, in whole hours (so one lookup's ids share few windows):
+        the hour its id was made and the next (an answer may take up to ``MAX_ANSWER_S``) for an
+        id the gateway made; the last ``UNTIMED_LOOKBACK_H`` hours for one a caller chose.
+        Never before ``LOOKBACK_H`` ago."""
+        floor = (now - timedelta(hours=LOOKBACK_H)).replace(minute=0, second=0, microsecond=0)
         made = ids.time_of(request_id)
         if made is None:
-            start = now - timedelta(hours=UNTIMED_LOOKBACK_H)
-            start = start.replace(minute=0, second=0, microsecond=0)  # whole hours: windows are shared
-            return max(start, floor.replace(minute=0, second=0, microsecond=0)), now + timedelta(hours=1)
-        at = datetime.fromtimestamp(made, UTC)
-        return max(at - timedelta(seconds=1), floor), at + timedelta(seconds=MAX_ANSWER_S)
+            start = (now - timedelta(hours=UNTIMED_LOOKBACK_H)).replace(minute=0, second=0, microsecond=0)
+            return max(start, floor), now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+        hour = datetime.fromtimestamp(made, UTC).replace(minute=0, second=0, microsecond=0)
+        return max(hour, floor), hour + timedelta(hours=1) + timedelta(seconds=MAX_ANSWER_S)
 
-    def _files_for(self, model: str, start: datetime, end: datetime, rids: set[str]) -> list[str]:
-        """The keys of the log files that may hold ``rids`` of ``model`` in [start, end): staged
-        files overlapping it (one listing, remembered as the module says) and committed files the
-        table's scan plans (pruned by partition, then by the bounds of ``request_id``)."""
-        keys = [s.key for s in self._staged(end) if s.overlaps(start, end)]
+    def _committed(self, model: str, start: datetime, end: datetime, rids: set[str]):  # noqa: ANN202 - an iterator
+        """The (index, answers) of ``rids`` in the committed files of [start, end): the table's
+        scan keeps the files whose ``request_id`` bounds hold one of them, and each file is read
+        for those ids only (their row groups, the id columns). The table is loaded no earlier
+        than the staging listing was taken, so a file committed and unstaged before that
+        listing is in it."""
         logs = tables_for(self.store)
-        table = logs.table("inference") if logs is not None else None
-        if table is not None and table.current_snapshot() is not None:
-            from pyiceberg.expressions import In
+        if logs is None:
+            return
+        listed_at = self._listed[0] if self._listed is not None else 0.0
+        table = logs.table("inference", fresh_since=listed_at)
+        if table is None or table.current_snapshot() is None:
+            return
+        from pyiceberg.expressions import In
 
+        wanted = sorted(rids)
+        for i in range(0, len(wanted), MAX_PLANNED_IDS):
+            chunk = wanted[i : i + MAX_PLANNED_IDS]
             self.plans += 1
-            by_id = In("request_id", rids) if len(rids) <= MAX_PLANNED_IDS else None
-            _, tasks = scan(table, window_filter(model, start, end, by_id), ("request_id",))
-            keys += [logs.key_of(t.file.file_path) for t in tasks]
-        return keys
+            _, tasks = scan(table, window_filter(model, start, end, In("request_id", chunk)), ("request_id",))
+            for task in tasks:
+                self.files_read += 1
+                yield self._read_ids(table, task.file.file_path, model, chunk)
 
-    def _staged(self, end: datetime) -> tuple[Staged, ...]:
+    def _read_ids(self, table, path: str, model: str, chunk: list[str]):  # noqa: ANN001, ANN202
+        """(index, answers) of ``chunk`` in one committed file: only the row groups whose
+        ``request_id`` statistics hold one (a file is sorted by it) and only the id columns."""
+        import pyarrow.parquet as pq
+
+        columns = ["model", "request_id", "row", "tenant", "version", "output_digest"]
+        if path.startswith("s3://"):
+            bucket, rest = path.removeprefix("s3://").split("/", 1)
+            where, fs = f"{bucket}/{rest}", table.io.fs_by_scheme("s3", bucket)
+        else:
+            where, fs = path.removeprefix("file://").removeprefix("file:"), None
+        found = pq.read_table(where, filesystem=fs, columns=columns, filters=[("request_id", "in", chunk)])
+        return self._indexed(found, model)
+
+    def _staged(self) -> tuple[Staged, ...]:
         """The staged inference files: listed again at most once a ``LIST_EVERY_S`` (the staging
         prefix holds only what is not committed yet, so the listing stays short)."""
         at = time.monotonic()
@@ -206,44 +234,27 @@ class LoggedRequests:
         found = tuple(listed(self.store, "inference"))
         with self._lock:
             self.listings += 1
-            size = sum(_KEY_BYTES + len(s.key) for s in found)
-            self._listed = (at, found if size <= self._listed_max else ())
-        return self._listed[1]
+            self._listed = (at, found)  # kept whatever its size: a backlog must not hide its requests
+        return found
 
     def _index(self, model: str, key: str) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], Answer]]:
+        """A staged file's index for ``model`` (read once, its id columns; remembered)."""
         with self._lock:
             cached = self._files.get((model, key))
             if cached is not None:
                 self._files.move_to_end((model, key))
                 return cached[0], cached[1]
-        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
         try:
             data = io.BytesIO(self.store.get(key).data)
-        except NotFound:  # a staged file committed meanwhile: its rows are in a committed file
+        except NotFound:  # committed meanwhile: the table, loaded after the listing, has it
             return {}, {}
         try:
             table = pq.read_table(data, columns=["model", "request_id", "row", "tenant", "version", "output_digest"])
         except (ValueError, OSError):
             return {}, {}
-        table = table.filter(pc.equal(table.column("model"), model))
-        generations = table.num_rows > 0 and table.column("output_digest").null_count < table.num_rows
-        answers: dict[tuple[str, str], Answer] = {}
-        if generations:  # one row per generation
-            tenants, rids, versions, digests = (
-                table.column(c).to_pylist() for c in ("tenant", "request_id", "version", "output_digest")
-            )
-            answers = {(t, r): (v, d) for t, r, v, d in zip(tenants, rids, versions, digests, strict=True)}
-            index = dict.fromkeys(answers, 1)
-        else:
-            # grouped by Arrow: one Python object per request, not three per row (a 10,000-row
-            # request would otherwise hold the GIL, and the gateway's loop, for tens of ms)
-            grouped = table.group_by(["tenant", "request_id"]).aggregate([("row", "max")])
-            index = {
-                (t, r): int(m) + 1
-                for t, r, m in zip(*(grouped.column(c).to_pylist() for c in ("tenant", "request_id", "row_max")))
-            }
+        index, answers = self._indexed(table, model)
         size = sum(_ENTRY_BYTES + len(t) + len(r) for t, r in index) + len(key)
         size += sum(_ANSWER_BYTES + len(v) for v, _ in answers.values())
         with self._lock:
@@ -253,4 +264,26 @@ class LoggedRequests:
             while self._files_bytes > self._half:
                 _, (_, _, evicted) = self._files.popitem(last=False)
                 self._files_bytes -= evicted
+        return index, answers
+
+    @staticmethod
+    def _indexed(table, model: str) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], Answer]]:  # noqa: ANN001
+        import pyarrow.compute as pc
+
+        table = table.filter(pc.equal(table.column("model"), model))
+        generations = table.num_rows > 0 and table.column("output_digest").null_count < table.num_rows
+        answers: dict[tuple[str, str], Answer] = {}
+        if generations:  # one row per generation
+            tenants, rids, versions, digests = (
+                table.column(c).to_pylist() for c in ("tenant", "request_id", "version", "output_digest")
+            )
+            answers = {(t, r): (v, d) for t, r, v, d in zip(tenants, rids, versions, digests, strict=True)}
+            return dict.fromkeys(answers, 1), answers
+        # grouped by Arrow: one Python object per request, not three per row (a 10,000-row
+        # request would otherwise hold the GIL, and the gateway's loop, for tens of ms)
+        grouped = table.group_by(["tenant", "request_id"]).aggregate([("row", "max")])
+        index = {
+            (t, r): int(m) + 1
+            for t, r, m in zip(*(grouped.column(c).to_pylist() for c in ("tenant", "request_id", "row_max")))
+        }
         return index, answers

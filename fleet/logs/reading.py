@@ -3,15 +3,20 @@
 The committed part is an Iceberg scan: its planning prunes files by partition (the model, the
 window's hours) and by column bounds, and reads only the columns asked for. The staged part
 is one listing of ``logs/staging/<table>/`` (it holds only what the committer has not taken
-yet) and the files whose rows' times overlap the window. The table's snapshot is taken
-before the listing: a file committed in between is then still listed, or its rows are in a
-newer snapshot and this read misses them (as a read a moment earlier would); a file both
-committed and still staged (a committer that died before deleting it) is known by its
-commit intent and read once. ``Reading`` says what a read cost.
+yet) and the files whose rows' times overlap the window.
+
+The order makes each row counted at most once: the staging listing first, then the table's
+snapshot (loaded after it), then the commit intents. A listed file already committed in
+that snapshot is either gone when read (the committer deletes staged files before their
+intent) or named by an intent whose snapshot is in it: not read twice. A file committed
+after the snapshot is read from staging if it is still there; if it was deleted in
+between, this read misses its rows (the next read has them). ``Reading`` says what a read
+cost.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -55,11 +60,11 @@ def read(
     schema = tables.arrow_schema(name)
     wanted = columns or tuple(schema.names)
     parts = []
-    table = None
-    logs = tables.tables_for(store) if committed else None
-    if logs is not None:
-        table = logs.table(name)
-    if table is not None and table.current_snapshot() is not None:
+    listed_at = time.monotonic()
+    candidates = [s for s in staging.listed(store, name) if s.overlaps(start, end)] if staged else []
+    logs = tables.tables_for(store) if committed or candidates else None
+    table = logs.table(name, fresh_since=listed_at) if logs is not None else None
+    if committed and table is not None and table.current_snapshot() is not None:
         planned = tables.scan(table, tables.window_filter(model, start, end, extra), wanted)
         _, tasks = planned
         reading.files += len(tasks)
@@ -68,10 +73,10 @@ def read(
         reading.snapshot_id = table.current_snapshot().snapshot_id
         if tasks:
             parts.append(tables.read(planned).select(list(wanted)))
-    if staged:
+    if candidates:
         done = committed_keys(store, name, table) if table is not None else set()
-        for item in staging.listed(store, name):
-            if item.key in done or not item.overlaps(start, end):
+        for item in candidates:
+            if item.key in done:
                 continue
             found = staging.read(store, item.key, unreadable)
             if found is None:

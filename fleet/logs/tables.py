@@ -123,6 +123,12 @@ PROPERTIES = {
     "format-version": "2",
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "20",
+    # small row groups: a file is sorted by request_id (fleet.logs.committer), so a label's
+    # lookup reads the id columns of the one row group whose statistics hold its id
+    "write.parquet.row-group-limit": "65536",
+    # no silent rebase of a commit onto another writer's: a committer that lost its lease and
+    # wakes up fails its append instead of doubling rows the new one committed
+    "commit.retry.num-retries": "0",
 }
 
 
@@ -138,19 +144,15 @@ def catalog_spec(store: ObjectStore) -> str | None:
 
 
 def _io_properties(store: ObjectStore) -> dict[str, str]:
-    """How pyiceberg's FileIO reaches the store's bucket: the store's own endpoint and credentials."""
+    """How pyiceberg's FileIO reaches the store's bucket: its endpoint and region. Credentials
+    are left to the AWS default chain (environment, IRSA, instance profile) so that they
+    refresh; a copy frozen here would expire under a long-running gateway or committer."""
     client = getattr(store, "_s3", None)
     if client is None:
         return {}
     props = {"s3.region": client.meta.region_name or "us-east-1"}
     if client.meta.endpoint_url and "amazonaws.com" not in client.meta.endpoint_url:
         props["s3.endpoint"] = client.meta.endpoint_url
-    credentials = client._request_signer._credentials  # noqa: SLF001 - boto3 keeps them here
-    if credentials is not None:
-        frozen = credentials.get_frozen_credentials()
-        props |= {"s3.access-key-id": frozen.access_key, "s3.secret-access-key": frozen.secret_key}
-        if frozen.token:
-            props["s3.session-token"] = frozen.token
     return props
 
 
@@ -230,13 +232,14 @@ class LogTables:
             )
         self._created = True
 
-    def table(self, name: str, *, fresh: bool = False):  # noqa: ANN201 - a pyiceberg Table, or None if not made yet
-        """The table as of its newest metadata (asked again at most every ``REFRESH_S``)."""
+    def table(self, name: str, *, fresh: bool = False, fresh_since: float = 0.0):  # noqa: ANN201 - a pyiceberg Table, or None if not made yet
+        """The table as of its newest metadata, asked again at most every ``REFRESH_S`` (or now
+        with ``fresh``, or if it was loaded before ``fresh_since``, a monotonic time)."""
         from pyiceberg.exceptions import NoSuchTableError
 
         now = time.monotonic()
         loaded = self._loaded.get(name)
-        if loaded is not None and not fresh and now - loaded.at < REFRESH_S:
+        if loaded is not None and not fresh and now - loaded.at < REFRESH_S and loaded.at >= fresh_since:
             return loaded.table
         try:
             table = self.catalog.load_table(f"{self.namespace}.{name}")

@@ -12,6 +12,7 @@ rolled out.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -42,6 +43,9 @@ def ask_to_stop(store: ObjectStore, model: str, asked: str) -> None:
     store.put(stop_key(model), asked.encode())
 
 
+log = logging.getLogger("fleet.control.experiment")
+
+
 class Experiment:
     def __init__(
         self,
@@ -63,6 +67,7 @@ class Experiment:
         self.unreadable: list[str] = []  # the staged log files the last look's commit refused (not Parquet)
         self._join: tuple[tuple, OutcomeJoin] | None = None  # the running experiment's (fleet.logs.increments)
         self.looked: Looked | None = None  # what the last look read
+        self.commit_failed: str | None = None  # why the last look's commit failed, if it did
 
     def check(
         self, model: str, arms: list[str], metric: str, min_effect: float, alpha: float
@@ -172,13 +177,16 @@ class Experiment:
         ``unreadable``."""
         from fleet.logs import committer, tables
 
-        self.unreadable = []
+        self.unreadable, self.commit_failed = [], None
         if tables.tables_for(self.store) is not None:
             try:
                 done = committer.run(self.store, who=self.who, maintain=False)
                 self.unreadable = [key for d in done for key in d.rejected]
             except Conflict:
-                pass
+                pass  # the committer is at it: this look reads its last commit
+            except Exception as exc:  # noqa: BLE001 - a commit that failed is not the experiment's end
+                log.warning("could not commit the staged logs before this look (it reads what is committed): %s", exc)
+                self.commit_failed = str(exc)
         key = (state.model, state.run_id, state.started_at)
         if self._join is None or self._join[0] != key:
             join = OutcomeJoin(
