@@ -35,8 +35,7 @@ GLUE_NAME_MAX = 255  # Glue's limit for a database name; Athena's is the same
 # tenant, "row", latency_ms; a classifier's request logs a row per input row, and its first,
 # "row" = 0, stands for the request) and feedback (a generative model's labels: version,
 # match). Each looks back a bounded time: Iceberg prunes the hour(ts) partitions by it.
-# No error rate: the log holds answered requests only (a failed one is never sampled), so
-# no table has a failure to count; Prometheus's request metrics have it.
+# A failed request is sampled like an answer, with its HTTP status and no prediction.
 NAMED_QUERIES = {
     "p99-latency": (
         "p99 latency per tenant (last 24 hours), slowest first",
@@ -45,6 +44,15 @@ FROM inference
 WHERE ts >= current_timestamp - INTERVAL '1' DAY AND "row" = 0
 GROUP BY tenant
 ORDER BY p99_latency_ms DESC""",
+    ),
+    "error-rate": (
+        "Error rate per version per hour (last 24 hours) of the sampled requests: answered 5xx, timed out or unreachable",
+        """SELECT model, version, date_trunc('hour', ts) AS hour, count(DISTINCT request_id) AS requests,
+  CAST(count(DISTINCT CASE WHEN status >= 500 THEN request_id END) AS double) / count(DISTINCT request_id) AS error_rate
+FROM inference
+WHERE ts >= current_timestamp - INTERVAL '1' DAY
+GROUP BY model, version, date_trunc('hour', ts)
+ORDER BY model, version, hour""",
     ),
     "match-rate": (
         "Label match rate per version of each generative model (last 7 days): answers equal to their label",

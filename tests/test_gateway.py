@@ -364,6 +364,34 @@ def test_the_inference_log_holds_what_was_served_and_a_clean_shutdown_flushes_it
     assert (frame["latency_ms"] > 0).all() and set(frame["prediction"]) <= {0, 1}
 
 
+def test_a_failed_request_is_logged_with_its_status_and_no_prediction(env) -> None:
+    """The log's error rate per version is a query: a sampled request the version failed is a
+    row with its status; the readers of answers (monitor, experiments, feedback) skip it."""
+    e = env(inference_log={"sample_rate": 1.0})
+    e.register("1.0.0")
+    e.stub("1.0.0", "--fail-rate", "1.0")
+    e.route(stable="1.0.0")
+    key = e.tenant("apps")
+    url, proc = e.gateway()
+    body = {"inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+    with httpx.Client(base_url=url, timeout=30) as client:
+        codes = [infer(client, key, body).status_code for _ in range(5)]
+    assert all(c >= 500 for c in codes), codes
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+    from datetime import UTC, datetime, timedelta
+
+    from fleet.logs.reading import read
+
+    now = datetime.now(UTC)
+    rows = read(e.store, "inference", MODEL, now - timedelta(minutes=5), now + timedelta(minutes=1))
+    assert rows.num_rows == 5 and set(rows.column("status").to_pylist()) == set(codes)
+    assert rows.column("prediction").null_count == 5 and rows.column("version").to_pylist() == ["1.0.0"] * 5
+    from fleet.logs.inference import read_window
+
+    assert read_window(e.store, MODEL, now - timedelta(minutes=5), now + timedelta(minutes=1)).empty
+
+
 def test_the_store_going_down_leaves_the_gateway_serving_from_the_last_good_state(env, monkeypatch) -> None:
     import boto3
     from moto.server import ThreadedMotoServer

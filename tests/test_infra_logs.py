@@ -82,7 +82,8 @@ def test_the_workgroup_enforces_its_configuration_with_the_byte_cutoff_and_resul
 
 def test_the_saved_queries_answer_the_usual_questions_in_the_workgroup_and_database(stack: Build) -> None:
     queries = {q.inputs["name"]: q.inputs for q in stack.of_type("aws:athena/namedQuery:NamedQuery")}
-    assert set(queries) == {"p99-latency", "match-rate"}
+    assert set(queries) == {"p99-latency", "match-rate", "error-rate"}
+    assert "status >= 500" in queries["error-rate"]["query"]
     for query in queries.values():
         assert query["database"] == _database(stack) and query["workgroup"] == f"serving-fleet-{stack.stack}-logs"
         assert "ts >= current_timestamp - INTERVAL" in query["query"]  # bounded: hour(ts) partitions are pruned
@@ -95,6 +96,7 @@ def test_the_saved_queries_answer_the_usual_questions_in_the_workgroup_and_datab
 SQL_WORDS = {
     "select", "from", "where", "and", "group", "by", "order", "desc", "as", "interval", "day", "cast",
     "double", "is", "not", "null", "current_timestamp", "count", "avg", "approx_percentile",
+    "distinct", "case", "when", "then", "end", "date_trunc", "hour",
 }  # fmt: skip
 
 

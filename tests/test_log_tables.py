@@ -330,6 +330,22 @@ def test_the_readme_queries_run_and_answer(tmp_path: Path) -> None:
     store = open_store(url)
     log = InferenceLog(store, "gw")
     _samples(log, "demo-classifier", 0, 40, "d")
+    at = time.time()
+    for i in range(10):  # ten requests that failed: logged with their status, never labelled
+        log.record(
+            Sample(
+                at,
+                f"e-{i}",
+                "demo-classifier",
+                "1.0.0",
+                "apps",
+                9.0,
+                np.zeros((1, 2)),
+                np.empty((1, 0)),
+                ("a", "b"),
+                503,
+            )
+        )
     log.flush()
     _, given = parse(
         {"model": "demo-classifier", "feedback": [{"request_id": f"d-{i}", "label": 1} for i in range(10)]}
@@ -345,9 +361,11 @@ def test_the_readme_queries_run_and_answer(tmp_path: Path) -> None:
         result = runner.invoke(app, args, env={"FLEET_STORE": url})
         assert result.exit_code == 0, (line, result.output, result.exception)
         answers.append(json.loads(result.stdout))
-    p99, hourly, matched = answers
-    assert [r["tenant"] for r in p99] == ["apps"] and p99[0]["requests"] == 40
-    assert sum(r["requests"] for r in hourly) == 40
+    p99, errors, matched = answers
+    assert [r["tenant"] for r in p99] == ["apps"] and p99[0]["requests"] == 50
+    assert sum(r["requests"] for r in errors) == 50
+    failed = sum(r["error_rate"] * r["requests"] for r in errors)
+    assert round(failed) == 10  # the ten 503s
     assert matched == [{"version": "1.0.0", "match_rate": 1.0, "labels": 10}]  # every prediction was class 1
 
 

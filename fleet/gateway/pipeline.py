@@ -300,7 +300,21 @@ class Pipeline:
         version, upstream_s = choice.version, 0.0
         if result is None:
             exchange = TensorExchange(features, self.dispatch.upstreams.parse)
-            version, result = await self.ask(call, choice, exchange, timeout_ms, priority)
+            try:
+                version, result = await self.ask(call, choice, exchange, timeout_ms, priority)
+            except Exception as exc:
+                self.recorder.failed(
+                    model=model,
+                    version=choice.version,
+                    tenant=call.tenant.name,  # type: ignore[union-attr]
+                    request_id=call.request_id,
+                    spec=spec,
+                    manifest=manifest,
+                    features=features,
+                    status=getattr(exc, "status", 500),
+                    total_ms=(time.monotonic() - call.started) * 1e3,
+                )
+                raise
             upstream_s = exchange.took
             if cache is not None and version == choice.version:
                 cache.put(key, result)

@@ -68,3 +68,29 @@ class Recorder:
                 )
             )
             self.logged.remember(model, tenant, request_id, rows)
+
+    def failed(
+        self,
+        *,
+        model: str,
+        version: str,
+        tenant: str,
+        request_id: str,
+        spec: ModelSpec,
+        manifest: ModelVersion,
+        features: np.ndarray,
+        status: int,
+        total_ms: float,
+    ) -> None:
+        """A request the version did not answer, sampled like an answer: the log's error rate
+        per version is then a query (no prediction; never a feedback join)."""
+        if spec.inference_log.sample_rate and random.random() < spec.inference_log.sample_rate:
+            rows = len(features)
+            names = feature_names(manifest.baseline_profile, features.shape[-1] if features.ndim == 2 else 1)
+            empty = np.empty((rows, 0), np.float32)
+            self.log.record(
+                Sample(
+                    time.time(), request_id, model, version, tenant, total_ms, features.reshape(rows, -1), empty, names,
+                    status,
+                )
+            )  # fmt: skip

@@ -175,7 +175,7 @@ class OutcomeJoin:
 
     def _columns(self, name: str) -> tuple[str, ...]:
         if name == "inference":
-            return (*_KEY, "version", "prediction", "ts")
+            return (*_KEY, "version", "prediction", "ts", "status")
         return (*_KEY, "label", "ts") if name == "feedback" else (*_KEY, "name", "value", "ts")
 
     def _read_files(self, paths: list[str], name: str):  # noqa: ANN202 - a pyarrow Table
@@ -224,7 +224,7 @@ class OutcomeJoin:
         import pyarrow.compute as pc
 
         ts = requests.column("ts")
-        before = requests.filter(pc.less(ts, pa.scalar(self.until, ts.type)))
+        before = requests.filter(pc.less(ts, pa.scalar(self.until, ts.type))).drop_columns("status")
         self._db.register("blockers", before)
         self._db.execute(
             'INSERT INTO req SELECT tenant, request_id, "row", NULL, NULL, min(ts) FROM blockers GROUP BY ALL '
@@ -257,9 +257,14 @@ class OutcomeJoin:
 
         db = self._db
         found.rows += new_requests.num_rows + new_outcomes.num_rows
-        ts = new_requests.column("ts")
-        keep = pc.greater_equal(ts, pa.scalar(self.until, ts.type)) if new_requests.num_rows else None
-        requests = new_requests.filter(keep) if keep is not None else new_requests
+        ts, status = new_requests.column("ts"), new_requests.column("status")
+        requests = new_requests
+        if new_requests.num_rows:  # the open window's answered requests (a failed one has no outcome to count)
+            answered = pc.or_kleene(pc.is_null(status), pc.less(status, 400))
+            requests = new_requests.filter(
+                pc.and_kleene(pc.greater_equal(ts, pa.scalar(self.until, ts.type)), answered)
+            )
+        requests = requests.drop_columns("status")
         if self.metric == "accuracy":
             outcomes = new_outcomes.filter(pc.is_valid(new_outcomes.column("label")))
             outcomes = outcomes.rename_columns([*_KEY, "value", "ts"])

@@ -60,8 +60,9 @@ class Sample:
     tenant: str
     latency_ms: float
     features: np.ndarray  # [rows, features]
-    outputs: np.ndarray  # [rows, classes]
+    outputs: np.ndarray  # [rows, classes]; [rows, 0] for a request that failed
     feature_names: tuple[str, ...]
+    status: int = 200  # the HTTP status the caller got: a failed request is logged too (no outputs)
 
     @property
     def rows(self) -> int:
@@ -110,7 +111,7 @@ def digest(text: str) -> str:
 
 
 def _layout(sample: Sample | GenSample) -> tuple:
-    return sample.layout if isinstance(sample, GenSample) else (sample.feature_names, sample.outputs.shape[-1])
+    return sample.layout if isinstance(sample, GenSample) else (sample.feature_names, sample.outputs.shape[-1] or 0)
 
 
 def hour_prefix(model: str, at: datetime) -> str:
@@ -141,6 +142,7 @@ def gen_table(samples: Sequence[GenSample]):  # noqa: ANN201 - a pyarrow.Table
         **{c: pa.array([getattr(s, c) for s in samples], pa.string()) for c in ("model", "request_id", "tenant")},
         "row": pa.array([0] * len(samples), pa.int32()),
         "version": pa.array([s.version for s in samples], pa.string()),
+        "status": pa.array([200] * len(samples), pa.int32()),
         **{c: pa.array([getattr(s, c) for s in samples], pa.float64()) for c in ("latency_ms", "ttft_ms")},
         **{c: pa.array([getattr(s, c) for s in samples], pa.int32()) for c in ("prompt_tokens", "completion_tokens")},
         **{
@@ -169,9 +171,11 @@ def tabular_table(samples: Sequence[Sample]):  # noqa: ANN201 - a pyarrow.Table
         "features": pa.FixedSizeListArray.from_arrays(pa.array(features.reshape(-1)), width).cast(
             pa.list_(pa.float64())
         ),
-        "prediction": pa.array(np.concatenate([o.argmax(axis=1) for o in outputs]).astype(np.int64)),
-        "score": pa.array(np.concatenate([o[:, -1] for o in outputs]).astype(np.float64)),
+        "status": pa.array(np.repeat([s.status for s in samples], rows), pa.int32()),
     }
+    if outputs[0].shape[-1]:  # answered: a layout's outputs all have its width
+        columns["prediction"] = pa.array(np.concatenate([o.argmax(axis=1) for o in outputs]).astype(np.int64))
+        columns["score"] = pa.array(np.concatenate([o[:, -1] for o in outputs]).astype(np.float64))
     return _conform(pa.table(columns))
 
 
@@ -402,6 +406,11 @@ def frame_of(store: ObjectStore, model: str, table, reading: Reading | None = No
 
     from fleet.logs import reading as reads
 
+    if "status" in table.column_names:  # the answered rows: a failed request has no prediction to judge
+        import pyarrow.compute as pc_
+
+        status = table.column("status")
+        table = table.filter(pc_.or_kleene(pc_.is_null(status), pc_.less(status, 400))).drop_columns("status")
     rest = [c for c in table.column_names if c not in ("features", "prediction", "score", *GEN_COLUMNS)]
     keep = [c for c in META_COLUMNS if c in rest] + [c for c in rest if c not in META_COLUMNS]
     out = table.select(keep)

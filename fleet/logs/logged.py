@@ -41,6 +41,7 @@ UNTIMED_LOOKBACK_H = 2  # an id a caller chose (no time in it) is looked for thi
 MAX_PLANNED_IDS = 1000  # ids of one lookup the scan's planning prunes by (more: the window's files)
 
 
+ID_COLUMNS = ("model", "request_id", "row", "tenant", "version", "output_digest", "status")
 Answer = tuple[str, str]  # a logged generation's (version, output digest)
 
 
@@ -215,7 +216,7 @@ class LoggedRequests:
         ``request_id`` statistics hold one (a file is sorted by it) and only the id columns."""
         import pyarrow.parquet as pq
 
-        columns = ["model", "request_id", "row", "tenant", "version", "output_digest"]
+        columns = list(ID_COLUMNS)
         if path.startswith("s3://"):
             bucket, rest = path.removeprefix("s3://").split("/", 1)
             where, fs = f"{bucket}/{rest}", table.io.fs_by_scheme("s3", bucket)
@@ -251,7 +252,7 @@ class LoggedRequests:
         except NotFound:  # committed meanwhile: the table, loaded after the listing, has it
             return {}, {}
         try:
-            table = pq.read_table(data, columns=["model", "request_id", "row", "tenant", "version", "output_digest"])
+            table = pq.read_table(data, columns=list(ID_COLUMNS))
         except (ValueError, OSError):
             return {}, {}
         index, answers = self._indexed(table, model)
@@ -270,7 +271,12 @@ class LoggedRequests:
     def _indexed(table, model: str) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], Answer]]:  # noqa: ANN001
         import pyarrow.compute as pc
 
-        table = table.filter(pc.equal(table.column("model"), model))
+        status = table.column("status")  # a failed request was logged too: it has no answer to label
+        table = table.filter(
+            pc.and_kleene(
+                pc.equal(table.column("model"), model), pc.or_kleene(pc.is_null(status), pc.less(status, 400))
+            )
+        )
         generations = table.num_rows > 0 and table.column("output_digest").null_count < table.num_rows
         answers: dict[tuple[str, str], Answer] = {}
         if generations:  # one row per generation

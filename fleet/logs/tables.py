@@ -5,7 +5,8 @@ a query's ``ts`` range prunes hours by itself), in the store under ``logs/tables
 
 - ``inference``: one row per logged input row (a generation: one row per answer); the
   features as one ``list<double>`` (their names are the table property
-  ``fleet.features.<model>``), so every model shares one schema;
+  ``fleet.features.<model>``), so every model shares one schema; ``status`` the HTTP status
+  the caller got (a sampled request that failed is logged too, with no prediction);
 - ``feedback``: one row per label (``label`` for a class, ``version``/``match``/
   ``label_digest`` for a generation's exact-match label);
 - ``outcomes``: one row per (request, row, outcome name).
@@ -78,6 +79,7 @@ def _schema(name: str):  # noqa: ANN202 - a pyiceberg Schema
             NestedField(16, "output_digest", StringType(), required=False),
             NestedField(17, "prompt", StringType(), required=False),
             NestedField(18, "output", StringType(), required=False),
+            NestedField(19, "status", IntegerType(), required=False),  # the caller's HTTP status
         ],
         "feedback": [
             NestedField(5, "row", IntegerType(), required=True),
