@@ -352,7 +352,8 @@ def test_the_readme_queries_run_and_answer(tmp_path: Path) -> None:
     )
     write(store, "demo-classifier", "apps", given, "gw")
     committer.run(store, maintain=False)
-    lines = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("fleet logs query ")]
+    section = (ROOT / "README.md").read_text().split("## The log tables", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("fleet logs query ")]
     assert len(lines) == 3
     runner = CliRunner()
     answers = []
