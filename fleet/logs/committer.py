@@ -241,23 +241,31 @@ def expire(
     from pyiceberg.expressions import LessThan
 
     garbage = f"{COMMITS}{name}/garbage/"
-    if replaced:
-        store.put(f"{garbage}{int(now.timestamp() * 1000)}-{uuid.uuid4().hex[:8]}.json", json.dumps(replaced).encode())
+
+    def set_aside(paths: list[str]) -> None:
+        """Files the current snapshot no longer reads, named by its time (the table's clock,
+        the one snapshots are expired by): deleted once every older snapshot is gone."""
+        stamp = table.current_snapshot().timestamp_ms
+        store.put(f"{garbage}{stamp}-{uuid.uuid4().hex[:8]}.json", json.dumps(paths).encode())
+
     if table.current_snapshot() is None:
         return 0, 0
+    if replaced:
+        set_aside(replaced)
     cutoff = (now - timedelta(days=retention_days)).replace(minute=0, second=0, microsecond=0)
     old = [t.file.file_path for t in tables.scan(table, LessThan("ts", cutoff.isoformat()), ("ts",))[1]]
     if old:
         check()
         table.delete(LessThan("ts", cutoff.isoformat()), snapshot_properties={"fleet.op": "retention"})
-        store.put(f"{garbage}{int(now.timestamp() * 1000)}-{uuid.uuid4().hex[:8]}.json", json.dumps(old).encode())
-    keep_from = now - timedelta(seconds=SNAPSHOT_KEEP_S)
-    expired = [s.snapshot_id for s in table.metadata.snapshots if s.timestamp_ms < keep_from.timestamp() * 1000]
+        set_aside(old)
+    # on the table's own clock (its snapshots' times), as the files set aside are named
+    keep_from_ms = table.current_snapshot().timestamp_ms - SNAPSHOT_KEEP_S * 1000
+    expired = [s.snapshot_id for s in table.metadata.snapshots if s.timestamp_ms < keep_from_ms]
     current = table.current_snapshot().snapshot_id
     expired = [s for s in expired if s != current]
     if expired:
         lists = [s.manifest_list for s in table.metadata.snapshots if s.snapshot_id in set(expired)]
-        store.put(f"{garbage}{int(now.timestamp() * 1000)}-{uuid.uuid4().hex[:8]}.json", json.dumps(lists).encode())
+        set_aside(lists)
         check()
         table.maintenance.expire_snapshots().by_ids(expired).commit()
     # files set aside before every kept snapshot was taken are read by none of them

@@ -161,17 +161,22 @@ class LoggedRequests:
         for (start, end), rids in buckets.items():
             for key in (s.key for s in staged if s.overlaps(start, end)):
                 index, answers = self._index(model, key)
-                self._match(tenant, rids, index, answers, missing, found)
+                self._match(model, tenant, rids, index, answers, missing, found)
             if any(rid in rids for rid, _ in missing):
                 for index, answers in self._committed(model, start, end, {r for r, _ in missing if r in rids}):
-                    self._match(tenant, rids, index, answers, missing, found)
+                    self._match(model, tenant, rids, index, answers, missing, found)
         return found
 
-    def _match(self, tenant: str, rids: set[str], index: dict, answers: dict, missing: set, found: dict) -> None:
+    def _match(
+        self, model: str, tenant: str, rids: set[str], index: dict, answers: dict, missing: set, found: dict
+    ) -> None:
         for rid, row in list(missing):
-            if rid in rids and row < index.get((tenant, rid), 0):
+            rows = index.get((tenant, rid), 0)
+            if rid in rids and row < rows:
                 found[rid, row] = answers.get((tenant, rid))
                 missing.discard((rid, row))
+                # remembered as a recent request: a label sent again, or its other rows, cost no read
+                self.remember(model, tenant, rid, rows, answers.get((tenant, rid)))
 
     @staticmethod
     def _window(request_id: str, now: datetime) -> tuple[datetime, datetime]:
