@@ -2,8 +2,11 @@
 
 Every ``EVERY_S`` it commits what the gateways staged into the log tables, compacts the
 settled hours, deletes rows past retention (``FLEET_LOG_RETENTION_DAYS``, default 30) and
-expires old snapshots. One run at a time per store (a lease): a run that finds another
-still going says so and ends.
+expires old snapshots. Then, under the same lease, it copies each usage hour that is final
+(``USAGE_FINAL_H`` after its start: the gateways have let it go) from the usage files into
+the usage table, one commit per hour that also records the hour as done (the table property
+``fleet.usage.through``), so an hour is copied once whatever kills a run. One run at a time
+per store (a lease): a run that finds another still going says so and ends.
 """
 
 from __future__ import annotations
@@ -14,7 +17,12 @@ from prefect import flow, get_run_logger
 
 from fleet.logs.committer import EVERY_S, RETENTION_DAYS
 
-__all__ = ["EVERY_S", "commit_logs"]
+__all__ = ["EVERY_S", "commit_logs", "copy_usage"]
+
+USAGE_FINAL_H = 3  # an hour's usage files are final this long after its start (let go after two)
+USAGE_FIRST_H = 48  # a table with no usage yet starts this far back
+USAGE_PER_RUN = 72  # hours copied in one run at most (a longer backlog is caught up over runs)
+THROUGH = "fleet.usage.through"
 
 
 @flow(name="commit-logs", flow_run_name="commit logs")
@@ -28,7 +36,13 @@ def commit_logs(retention_days: int | None = None) -> list[dict]:
     logger = get_run_logger()
     days = retention_days or int(os.environ.get("FLEET_LOG_RETENTION_DAYS", RETENTION_DAYS))
     try:
-        done = run(open_store(), who="flow commit-logs", retention_days=days)
+        store = open_store()
+        done = run(
+            store,
+            who="flow commit-logs",
+            retention_days=days,
+            also=lambda logs, check: copy_usage(store, logs, check, log=logger.info),
+        )
     except Conflict as exc:
         logger.info("another committer is running: %s", exc)
         return []
@@ -47,3 +61,57 @@ def commit_logs(retention_days: int | None = None) -> list[dict]:
                 d.deleted,
             )
     return [asdict(d) for d in done]
+
+
+def copy_usage(store, logs, check, *, now=None, log=lambda *a: None) -> list[str]:  # noqa: ANN001
+    """Copy every final usage hour not copied yet into the usage table (oldest first, at most
+    ``USAGE_PER_RUN``); return the hours copied."""
+    from datetime import UTC, datetime, timedelta
+
+    from fleet.logs.committer import append_through
+    from fleet.usage.records import HOUR_FMT
+    from fleet.usage.rollup import hour_files
+
+    table = logs.table("usage", fresh=True)
+    now = now or datetime.now(UTC)
+    last = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=USAGE_FINAL_H)
+    through = table.properties.get(THROUGH)
+    hour = (
+        datetime.strptime(through, HOUR_FMT).replace(tzinfo=UTC) + timedelta(hours=1)
+        if through
+        else last - timedelta(hours=USAGE_FIRST_H)
+    )
+    copied = []
+    while hour <= last and len(copied) < USAGE_PER_RUN:
+        files, bad = hour_files(store, hour)
+        for b in bad:
+            log("usage file %s left out of the usage table: %s", b.key, b.reason)
+        append_through(table, _usage_rows(hour, files), THROUGH, f"{hour:{HOUR_FMT}}", check)
+        copied.append(f"{hour:{HOUR_FMT}}")
+        hour += timedelta(hours=1)
+    if copied:
+        log("usage hours copied into the usage table: %s to %s", copied[0], copied[-1])
+    return copied
+
+
+def _usage_rows(hour, files):  # noqa: ANN001, ANN202 - a pyarrow Table in the usage table's columns
+    import pyarrow as pa
+
+    from fleet.logs.tables import arrow_schema
+
+    traffic = [(f.gateway, t) for f in files for t in f.traffic]
+    schema = arrow_schema("usage")
+    return pa.table(
+        {
+            "ts": pa.array([hour] * len(traffic), schema.field("ts").type),
+            "model": [t.model for _, t in traffic],
+            "tenant": [t.tenant for _, t in traffic],
+            "version": [t.version for _, t in traffic],
+            "gateway": [g for g, _ in traffic],
+            "requests": pa.array([t.requests for _, t in traffic], pa.int64()),
+            "rows": pa.array([t.rows for _, t in traffic], pa.int64()),
+            "upstream_s": pa.array([t.upstream_s for _, t in traffic], pa.float64()),
+            "tokens": pa.array([t.tokens for _, t in traffic], pa.int64()),
+        },
+        schema=schema,
+    )

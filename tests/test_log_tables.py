@@ -354,7 +354,7 @@ def test_the_readme_queries_run_and_answer(tmp_path: Path) -> None:
     committer.run(store, maintain=False)
     section = (ROOT / "README.md").read_text().split("## The log tables", 1)[1].split("\n## ", 1)[0]
     lines = [line for line in section.splitlines() if line.startswith("fleet logs query ")]
-    assert len(lines) == 3
+    assert len(lines) == 4
     runner = CliRunner()
     answers = []
     for line in lines:
@@ -362,7 +362,7 @@ def test_the_readme_queries_run_and_answer(tmp_path: Path) -> None:
         result = runner.invoke(app, args, env={"FLEET_STORE": url})
         assert result.exit_code == 0, (line, result.output, result.exception)
         answers.append(json.loads(result.stdout))
-    p99, errors, matched = answers
+    p99, errors, _, matched = answers
     assert [r["tenant"] for r in p99] == ["apps"] and p99[0]["requests"] == 50
     assert sum(r["requests"] for r in errors) == 50
     failed = sum(r["error_rate"] * r["requests"] for r in errors)
@@ -415,3 +415,47 @@ def test_a_label_finds_its_request_in_its_hour_and_an_unknown_id_costs_a_bounded
     index = LoggedRequests(store)
     assert index.owned("alpha", "apps", flood) == set()
     assert index.plans <= 2 * 10 and index.files_read <= 2 * 10  # chunks of 1,000 ids, a file or two each
+
+
+def test_final_usage_hours_are_copied_into_the_usage_table_once(tmp_path: Path) -> None:
+    """Every gateway's usage of an hour that is final becomes rows of the usage table, in one
+    commit that records the hour done: a second run copies nothing again, a later one the
+    hours that became final since; a gateway that died mid-hour counts by its parts."""
+    from fleet import records
+    from fleet.logs.query import run as query
+    from fleet.usage.records import TrafficRecord, UsageHour, hour_key, part_key
+    from flows.logs import USAGE_FINAL_H, copy_usage
+
+    store = open_store(f"file://{tmp_path / 'store'}")
+    now = datetime(2026, 12, 7, 12, 30, tzinfo=UTC)
+    final = now.replace(minute=0) - timedelta(hours=USAGE_FINAL_H)  # 09:00: the last final hour
+
+    def usage(hour: datetime, gateway: str, tenant: str, n: int, part: int | None = None) -> None:
+        rec = UsageHour(
+            hour=hour,
+            gateway=gateway,
+            traffic=[
+                TrafficRecord(tenant=tenant, model="alpha", version="1.0.0", requests=n, rows=2 * n, upstream_s=n / 10)
+            ],
+            versions=[],
+        )
+        store.put(hour_key(hour, gateway) if part is None else part_key(hour, gateway, part), records.dump(rec))
+
+    for back in range(3):
+        usage(final - timedelta(hours=back), "gw-a", "acme", 10 + back)
+        usage(final - timedelta(hours=back), "gw-b", "globex", 5)
+    usage(final, "gw-dead", "acme", 3, part=1)  # died mid-hour: its parts count
+    usage(final, "gw-dead", "acme", 4, part=2)
+    usage(final + timedelta(hours=1), "gw-a", "acme", 99)  # not final yet
+    logs = tables.tables_for(store)
+    logs.create()
+    copied = copy_usage(store, logs, lambda: None, now=now)
+    assert copied[-1] == f"{final:%Y-%m-%dT%H}" and len(copied) == 49  # the first run looks 48 hours back
+    assert copy_usage(store, logs, lambda: None, now=now) == []  # done: nothing twice
+    answer = query(
+        store, 'SELECT tenant, sum(requests) AS n, sum("rows") AS r FROM usage GROUP BY tenant ORDER BY tenant'
+    )
+    assert answer.rows == [("acme", 10 + 11 + 12 + 3 + 4, 2 * (10 + 11 + 12 + 3 + 4)), ("globex", 15, 30)]
+    later = copy_usage(store, logs, lambda: None, now=now + timedelta(hours=1))
+    assert later == [f"{final + timedelta(hours=1):%Y-%m-%dT%H}"]
+    assert query(store, "SELECT sum(requests) FROM usage").rows == [(10 + 11 + 12 + 3 + 4 + 15 + 99,)]

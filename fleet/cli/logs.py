@@ -23,7 +23,8 @@ def commit_cmd(
     ] = True,
     json: JsonFlag = False,
 ) -> None:
-    """Commit the staged log files into the tables now (the commit-logs flow does it every minute).
+    """Commit the staged log files into the tables now (the commit-logs flow does it every minute),
+    and copy the final usage hours into the usage table.
 
     One committer runs at a time per store: if the flow is committing, this says so and stops.
     """
@@ -43,14 +44,25 @@ def commit_cmd(
                 highlight=False,
             )
 
-    done = run(open_store(), who="fleet logs commit", retention_days=retention_days, maintain=maintain, progress=shown)
+    from flows.logs import copy_usage
+
+    store = open_store()
+
+    def usage(logs, check) -> None:  # noqa: ANN001
+        hours = copy_usage(store, logs, check)
+        if hours and not json:
+            err_console.print(f"usage: hours {hours[0]} to {hours[-1]} copied", markup=False, highlight=False)
+
+    done = run(
+        store, who="fleet logs commit", retention_days=retention_days, maintain=maintain, progress=shown, also=usage
+    )
     if json:
         emit_json([asdict(d) for d in done])
 
 
 @app.command("query")
 def query_cmd(
-    sql: Annotated[str, typer.Argument(help="SQL over the views inference, feedback, outcomes.")],
+    sql: Annotated[str, typer.Argument(help="SQL over the views inference, feedback, outcomes, usage.")],
     max_rows: Annotated[
         int, typer.Option("--max-rows", min=1, max=1_000_000, help="Print at most this many rows.")
     ] = 1000,

@@ -282,6 +282,18 @@ def expire(
     return len(expired), deleted
 
 
+def append_through(table, rows, key: str, value: str, check: Callable[[], None] = lambda: None) -> None:  # noqa: ANN001
+    """Append ``rows`` and set the table property ``key`` to ``value`` in one commit: how a
+    writer of rows derived from other records (the usage hours) says what it has done, so
+    that a run killed before the commit does it again and one killed after does not."""
+    check()
+    with table.transaction() as tx:
+        if rows.num_rows:
+            data = rows.cast(table.schema().as_arrow())
+            tx.append(data, snapshot_properties={"fleet.op": "commit", key: value})
+        tx.set_properties({key: value})
+
+
 def run(
     store: ObjectStore,
     *,
@@ -290,8 +302,10 @@ def run(
     now: datetime | None = None,
     maintain: bool = True,
     progress: Callable[[Committed], None] = lambda c: None,
+    also: Callable[[tables.LogTables, Callable[[], None]], None] | None = None,
 ) -> list[Committed]:
-    """One committer run over every table, under the lease (``Conflict`` if another holds it)."""
+    """One committer run over every table, under the lease (``Conflict`` if another holds it);
+    ``also`` then writes more under it."""
     from fleet import leases
 
     logs = tables.tables_for(store)
@@ -318,6 +332,8 @@ def run(
                 log.info("%s: %s in %.2f s", name, done, time.monotonic() - started)
                 progress(done)
                 out.append(done)
+            if also is not None:  # more writes of the tables, under the same lease (flows/logs.py: usage)
+                also(logs, lease.check)
     finally:
         lease.release()
     return out

@@ -1,6 +1,6 @@
 """SQL over the log tables with DuckDB: ``fleet logs query "SELECT ..."``.
 
-Each table is a view named after it (``inference``, ``feedback``, ``outcomes``)
+Each table is a view named after it (``inference``, ``feedback``, ``outcomes``, ``usage``)
 over the data files of its current snapshot, as an Arrow dataset: DuckDB pushes the query's
 column list and filters into the scan, so a query reads the columns and row groups it needs
 (a ``WHERE model = ... AND ts >= ...`` also skips whole files by their statistics). Rows not

@@ -1,6 +1,6 @@
 """The logs as Apache Iceberg tables: their schemas, partitions, catalog and scans.
 
-Three tables, each partitioned by ``model`` and ``hour(ts)`` (Iceberg's hidden partitioning:
+Four tables, each partitioned by ``model`` and ``hour(ts)`` (Iceberg's hidden partitioning:
 a query's ``ts`` range prunes hours by itself), in the store under ``logs/tables/<table>/``:
 
 - ``inference``: one row per logged input row (a generation: one row per answer); the
@@ -9,9 +9,10 @@ a query's ``ts`` range prunes hours by itself), in the store under ``logs/tables
   the caller got (a sampled request that failed is logged too, with no prediction);
 - ``feedback``: one row per label (``label`` for a class, ``version``/``match``/
   ``label_digest`` for a generation's exact-match label);
-- ``outcomes``: one row per (request, row, outcome name).
-
-(Usage stays in its hourly files, ``fleet.usage.records``: one small object per gateway-hour.)
+- ``outcomes``: one row per (request, row, outcome name);
+- ``usage``: one row per (hour, gateway, tenant, model, version) of served traffic, copied
+  from the usage files (``fleet.usage.records``) once the hour is final (``flows/logs.py``);
+  the files stay the source of ``fleet usage`` and its costs.
 
 Gateways never write a table: they stage Parquet files under ``logs/staging/`` (see
 ``fleet.logs.staging``) and the committer (``fleet.logs.committer``, one per store) makes
@@ -39,7 +40,7 @@ from fleet.errors import ConfigError
 from fleet.types import ObjectStore
 
 NAMESPACE = "fleet_logs"  # the catalog's namespace (with Glue: the database named in FLEET_LOG_CATALOG)
-TABLES = ("inference", "feedback", "outcomes")
+TABLES = ("inference", "feedback", "outcomes", "usage")
 WAREHOUSE = "logs/tables/"
 FEATURES_PROPERTY = "fleet.features.{}"  # a model's feature names, as JSON, in the inference table's properties
 REFRESH_S = 1.0  # a reader asks the catalog for a table's newest metadata at most this often
@@ -58,6 +59,18 @@ def _schema(name: str):  # noqa: ANN202 - a pyiceberg Schema
         TimestamptzType,
     )
 
+    if name == "usage":  # ts: the hour's start
+        return Schema(
+            NestedField(1, "ts", TimestamptzType(), required=True),
+            NestedField(2, "model", StringType(), required=True),
+            NestedField(3, "tenant", StringType(), required=True),
+            NestedField(4, "version", StringType(), required=True),
+            NestedField(5, "gateway", StringType(), required=True),
+            NestedField(6, "requests", LongType(), required=True),
+            NestedField(7, "rows", LongType(), required=True),
+            NestedField(8, "upstream_s", DoubleType(), required=True),
+            NestedField(9, "tokens", LongType(), required=True),
+        )
     head = [
         NestedField(1, "ts", TimestamptzType(), required=True),
         NestedField(2, "model", StringType(), required=True),

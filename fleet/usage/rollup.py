@@ -181,6 +181,13 @@ def _read_hours(store: ObjectStore, first: int, until: float) -> tuple[list[Usag
     return hours, bad
 
 
+def hour_files(store: ObjectStore, hour: datetime) -> tuple[list[UsageHour], list[records.BadRecord]]:
+    """Every gateway's usage of one UTC hour as the rollup reads it (a whole file, or the sum
+    of a gateway's parts), and the files that could not be read."""
+    start = hour_start(hour.timestamp())
+    return _read_hours(store, start, start + 1)
+
+
 def gateway_hour(store: ObjectStore, hour: datetime, gateway: str) -> UsageHour:
     """One gateway's hour as the rollup reads it (its whole file, or its parts summed);
     ``NotFound`` when it wrote neither."""
