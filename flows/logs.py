@@ -81,16 +81,24 @@ def copy_usage(store, logs, check, *, now=None, log=lambda *a: None) -> list[str
         if through
         else last - timedelta(hours=USAGE_FIRST_H)
     )
-    copied = []
-    while hour <= last and len(copied) < USAGE_PER_RUN:
-        files, bad = hour_files(store, hour)
-        for b in bad:
-            log("usage file %s left out of the usage table: %s", b.key, b.reason)
-        append_through(table, _usage_rows(hour, files), THROUGH, f"{hour:{HOUR_FMT}}", check)
+    if hour > last:
+        return []
+    last = min(last, hour + timedelta(hours=USAGE_PER_RUN - 1))
+    by_hour, bad = hour_files(store, hour, last)
+    for b in bad:
+        log("usage file %s left out of the usage table: %s", b.key, b.reason)
+    # one commit per hour with traffic (it records the hours before it done too), and one for
+    # the empty hours after the last: a quiet fleet costs a commit a run, not one per hour
+    copied, pending = [], hour
+    while hour <= last:
         copied.append(f"{hour:{HOUR_FMT}}")
+        if hour in by_hour:
+            append_through(table, _usage_rows(hour, by_hour[hour]), THROUGH, copied[-1], check)
+            pending = hour + timedelta(hours=1)
         hour += timedelta(hours=1)
-    if copied:
-        log("usage hours copied into the usage table: %s to %s", copied[0], copied[-1])
+    if pending <= last:
+        append_through(table, _usage_rows(last, []), THROUGH, copied[-1], check)
+    log("usage hours copied into the usage table: %s to %s", copied[0], copied[-1])
     return copied
 
 

@@ -150,15 +150,15 @@ def test_the_dev_stack_costs_what_its_parts_cost() -> None:
         "quota store (Valkey)": [VALKEY_NODE_USD["cache.t4g.small"]] * 2,  # one node in dev
         # 2-3 gateway pods of one worker; the log's objects: none idle, 2 models busy on 3 at most
         "gateway S3 requests": [2 * GATEWAY_PROCESS_USD, 3 * GATEWAY_PROCESS_USD],
-        # staged files (3 processes, a minute each), a commit a minute (4 PUTs and a data file per
+        # staged files (3 processes, a minute each), a commit every 5 minutes (4 PUTs and a data file per
         # busy model; 4 GETs and one per staged file; 5 LISTs), each model-hour compacted once
         "log S3 requests": [
             0.0,
             round(  # as printed: to 6 places
                 3600
                 * (
-                    (3 / 60 + (4 + 2) / 60 + 2 / 3600 + 5 / 60) * 0.005 / 1000
-                    + (3 / 60 + 4 / 60 + 2 / 3600) * 0.0004 / 1000
+                    (3 / 60 + (4 + 2) / 300 + 2 / 3600 + 5 / 300) * 0.005 / 1000
+                    + (3 / 60 + 4 / 300 + 2 / 3600) * 0.0004 / 1000
                 ),
                 6,
             ),

@@ -23,7 +23,7 @@ def commit_cmd(
     ] = True,
     json: JsonFlag = False,
 ) -> None:
-    """Commit the staged log files into the tables now (the commit-logs flow does it every minute),
+    """Commit the staged log files into the tables now (the commit-logs flow does it every 5 minutes),
     and copy the final usage hours into the usage table.
 
     One committer runs at a time per store: if the flow is committing, this says so and stops.

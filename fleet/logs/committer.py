@@ -44,7 +44,7 @@ log = logging.getLogger("fleet.logs.committer")
 
 COMMITS = staging.COMMITS
 LEASE_KEY = "logs/committer/lease"
-EVERY_S = 60.0  # the committer's schedule (flows/logs.py)
+EVERY_S = 300.0  # the committer's schedule (flows/logs.py): readers read what is staged meanwhile
 MAX_FILES = 2_000  # staged files in one commit
 MAX_BYTES = 512 * 1024 * 1024  # and about this many bytes of rows (a batch of READERS files past it at most)
 BUDGET_S = 45.0  # a run commits batch after batch for at most this long (a backlog is caught up)

@@ -205,13 +205,16 @@ class LoggedRequests:
         table = logs.table("inference", fresh_since=listed_at)
         if table is None or table.current_snapshot() is None:
             return
-        from pyiceberg.expressions import In
+        from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual
 
         wanted = sorted(rids)
         for i in range(0, len(wanted), MAX_PLANNED_IDS):
             chunk = wanted[i : i + MAX_PLANNED_IDS]
             self.plans += 1
-            _, tasks = scan(table, window_filter(model, start, end, In("request_id", chunk)), ("request_id",))
+            # the chunk's id range, not an IN list (pyiceberg prunes by bounds for at most 200
+            # values): ids sort by time, so a sorted chunk's range is narrow
+            span = And(GreaterThanOrEqual("request_id", chunk[0]), LessThanOrEqual("request_id", chunk[-1]))
+            _, tasks = scan(table, window_filter(model, start, end, span), ("request_id",))
             for task in tasks:
                 self.files_read += 1
                 yield self._read_ids(table, task.file.file_path, model, chunk)

@@ -58,14 +58,14 @@ GATEWAY_PUT_PER_S = 1 / 5.0 + 1 / 5.0 + 1 / 30.0
 GATEWAY_LIST_PER_S = 1 / 10.0 + 2 / 300.0
 # The log tables (fleet.logs): each gateway process stages one file per flush, every model in
 # it, at most every 60 s (fleet.logs.inference.FLUSH_S) while it has traffic; the committer
-# runs every 60 s (fleet.logs.committer.EVERY_S) and writes per run one data file per busy
+# runs every 300 s (fleet.logs.committer.EVERY_S) and writes per run one data file per busy
 # model (partition) of the inference table, an intent, a manifest, a manifest list and the
 # table's metadata (PUTs), reads each staged file and the table's metadata and lists the four
 # staging prefixes (GET, LIST); compaction rewrites each model-hour once (one PUT, and reads).
 # Feedback and outcomes add one staged file per feedback call: not counted (the plan knows no
 # feedback rate).
 LOG_STAGED_PER_PROCESS_S = 1 / 60.0
-LOG_COMMIT_EVERY_S = 60.0
+LOG_COMMIT_EVERY_S = 300.0
 LOG_COMMIT_PUTS = 4  # intent, manifest, manifest list, metadata, beside one data file per busy model
 LOG_COMMIT_GETS = 4  # metadata, manifest list, manifests read back, beside one GET per staged file
 LOG_COMMIT_LISTS = 5  # the four tables' staging and the intents

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from fleet import records
@@ -181,11 +181,17 @@ def _read_hours(store: ObjectStore, first: int, until: float) -> tuple[list[Usag
     return hours, bad
 
 
-def hour_files(store: ObjectStore, hour: datetime) -> tuple[list[UsageHour], list[records.BadRecord]]:
-    """Every gateway's usage of one UTC hour as the rollup reads it (a whole file, or the sum
-    of a gateway's parts), and the files that could not be read."""
-    start = hour_start(hour.timestamp())
-    return _read_hours(store, start, start + 1)
+def hour_files(
+    store: ObjectStore, first: datetime, last: datetime
+) -> tuple[dict[datetime, list[UsageHour]], list[records.BadRecord]]:
+    """Every gateway's usage of the UTC hours ``first`` to ``last`` (both included) as the
+    rollup reads them (a whole file, or the sum of a gateway's parts), by hour; and the files
+    that could not be read. One listing per day."""
+    files, bad = _read_hours(store, hour_start(first.timestamp()), hour_start(last.timestamp()) + 1)
+    by_hour: dict[datetime, list[UsageHour]] = {}
+    for f in files:
+        by_hour.setdefault(f.hour.astimezone(UTC), []).append(f)
+    return by_hour, bad
 
 
 def gateway_hour(store: ObjectStore, hour: datetime, gateway: str) -> UsageHour:
