@@ -230,6 +230,13 @@ def test_the_bus_nudges_gateways_and_they_poll_while_it_is_away(tmp_path: Path, 
             await until(lambda: view.bus_up, "subscribed again")
             keys = {k for k, _ in written}
             await until(lambda: all(view.sync._etags.get(k) == store.get(k).etag for k in keys), "converged")
+
+            def same() -> bool:  # the records read are not yet the snapshot served: wait for that too
+                fresh = FleetView(store, FakeRuntime())
+                fresh.refresh()
+                return view.snapshot.keys == fresh.snapshot.keys and view.snapshot.routes == fresh.snapshot.routes
+
+            await until(same, "the snapshot served equals a fresh read")
         finally:
             loop.cancel()
             sub.cancel()
