@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fleet.errors import FleetError
-from fleet.names import check_name
 from fleet.types import ObjectStore
 
 if TYPE_CHECKING:
@@ -112,10 +111,6 @@ def digest(text: str) -> str:
 
 def _layout(sample: Sample | GenSample) -> tuple:
     return sample.layout if isinstance(sample, GenSample) else (sample.feature_names, sample.outputs.shape[-1] or 0)
-
-
-def hour_prefix(model: str, at: datetime) -> str:
-    return f"logs/inference/{check_name('model', model)}/{at:%Y/%m/%d/%H}/"
 
 
 def feature_names(profile: dict | None, width: int) -> tuple[str, ...]:

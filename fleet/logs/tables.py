@@ -277,15 +277,6 @@ class LogTables:
         return path.removeprefix(base)
 
 
-@dataclass(frozen=True)
-class Planned:
-    """What a scan will read: its data files (paths, and their bytes) and the snapshot."""
-
-    paths: tuple[str, ...]
-    bytes: int
-    snapshot_id: int | None
-
-
 def window_filter(model: str, start: datetime, end: datetime, extra: Any = None):  # noqa: ANN201 - a BooleanExpression
     from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
 
@@ -313,14 +304,6 @@ def read(scan_and_tasks: tuple[Any, list]):  # noqa: ANN201 - a pyarrow Table
     scan, tasks = scan_and_tasks
     return ArrowScan(scan.table_metadata, scan.io, scan.projection(), scan.row_filter, scan.case_sensitive).to_table(
         tasks
-    )
-
-
-def planned(tasks: list) -> Planned:
-    return Planned(
-        tuple(t.file.file_path for t in tasks),
-        sum(t.file.file_size_in_bytes for t in tasks),
-        None,
     )
 
 
