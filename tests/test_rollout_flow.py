@@ -370,7 +370,10 @@ def test_deployments_and_the_cli_start_and_follow_the_flows(fleet: dict) -> None
         # the previous stable kept warm, as the shipped policy does (600 s): the rollback is a
         # route change. A cold one (rollback_window_s: 0) would start a replica on these two
         # cores beside the one serving 60 req/s, whose batch queue then sheds (503) past 250 ms
-        warm = {**FAST, "rollback_window_s": 600}
+        # The hold deadline is a test speed, not what is tested here (the CLI and deployments):
+        # beside CI's other workers one run's canary still had early slow answers in its p99 tail
+        # at 90 s into the 50 % step (16/1,995 above 3x the stable's p99, bound 1.5 % vs 1 %)
+        warm = {**FAST, "rollback_window_s": 600, "hold_deadline_s": 240}
         sets = [a for k, v in warm.items() if k != "gates" for a in ("--set", f"{k}={v}")]
         sets += [a for k, v in FAST["gates"].items() for a in ("--set", f"gates.{k}={v}")]
         out = subprocess.run(
@@ -379,7 +382,7 @@ def test_deployments_and_the_cli_start_and_follow_the_flows(fleet: dict) -> None
             cwd=env.root,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=600,
         )
         assert out.returncode == 0, out.stderr + (env.root / "flows-serve.log").read_text()[-3000:]
         assert "/runs/flow-run/" in out.stderr and "step 50%" in out.stderr and "promoted" in out.stdout
