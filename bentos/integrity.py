@@ -109,6 +109,13 @@ def file_digest(path: str | os.PathLike[str]) -> tuple[str, int] | None:
     return result
 
 
+def remember(path: str | os.PathLike[str], signature: tuple[int, ...], digest: tuple[str, int]) -> None:
+    """Take ``digest`` as ``path``'s (sha256, size) while its stat signature is ``signature``:
+    what another process verified (``weights.py``'s record), so it is not hashed again here.
+    A file changed since has another signature (its ctime moved) and is hashed."""
+    _MEMO[os.path.abspath(path)] = (tuple(signature), (digest[0], int(digest[1])))
+
+
 def check_folder(folder: str | os.PathLike[str], listing: Listing, *, exact: bool = False) -> list[str]:
     """Every difference between ``folder`` and ``listing``, as readable lines; [] when they match.
 

@@ -1,7 +1,8 @@
-"""Packaging: one Bento per version, labelled with its artifact; BentoML's store is a cache of
-the registry, so an entry built from another artifact under the same tag, or whose files were
-changed, is replaced. A served model whose files differ from the manifest never starts; the
-image digest Kubernetes deploys by is recorded by ``fleet package``."""
+"""Packaging: one Bento per version, labelled with its artifact and holding code only (no
+weights: a replica takes them from the node cache, fetched from the store at start); a Bento
+built from another artifact under the same tag is rebuilt. A served model whose files differ
+from the manifest never starts; the image digest Kubernetes deploys by is recorded by
+``fleet package``."""
 
 from __future__ import annotations
 
@@ -48,7 +49,15 @@ def test_a_bento_of_another_artifact_under_the_same_tag_is_rebuilt(
 
     assert rebuilt.built and bentoml.bentos.get(rebuilt.bento).info.labels["artifact-sha256"] == b.artifact_sha256
     assert any("rebuilding it from the registry" in line for line in lines)
-    assert bentoml.models.get(f"{model}:1.0.0").info.labels["artifact-sha256"] == b.artifact_sha256
+    # code only: BentoML's model store gets nothing, the Bento names no model and carries no weights
+    held = bentoml.bentos.get(rebuilt.bento)
+    assert held.info.models == [] and not list(Path(held.path).rglob("model.pt"))
+    assert not any(m.tag.name == model for m in bentoml.models.list())
+    build = json.loads((Path(held.path) / "src" / "fleet_build.json").read_text())
+    assert (
+        build["artifact_sha256"] == b.artifact_sha256 and build["artifact_prefix"] == f"models/{model}/1.0.0/artifact/"
+    )
+    assert (tmp_path / "cache" / b.artifact_sha256 / "model.pt").is_file()  # cached for a replica on this machine
     # the same artifact under another policy is another build: fleet_build.json is what the service reads
     changed = spec.model_copy(update={"concurrency": spec.concurrency + 1})
     lines.clear()
@@ -63,54 +72,57 @@ def test_a_bento_of_another_artifact_under_the_same_tag_is_rebuilt(
     assert not package(Registry(second), model, "1.0.0", changed, ArtifactCache(tmp_path / "cache")).built
 
 
-def test_a_changed_byte_in_the_model_store_stops_the_service_before_it_is_ready(tmp_path: Path) -> None:
-    """As a user meets it: `fleet deploy` fails at once naming the file and both hashes (the
-    service checks before it loads), so does the Bento started as its container image starts,
-    the fix the error names repairs it, and the image digest is recorded for Kubernetes."""
+def test_a_changed_byte_in_the_cache_or_the_store_stops_the_service_before_it_is_ready(tmp_path: Path) -> None:
+    """As a user meets it: `fleet deploy` verifies the cached artifact and repairs a changed
+    byte before a replica starts; a replica whose cached files changed anyway refuses them
+    at import, naming the file, both hashes and the fix; the Bento started as its container
+    image starts (no weights in it) fetches them from the store and refuses a changed object
+    there the same way; the image digest is recorded for Kubernetes."""
     env = FleetEnv(tmp_path)
     model = "demo-classifier"
     try:
         env.fleet("models", "train", model, "1.0.0", "--rows", "500", "--epochs", "1")
         env.fleet("package", model, "1.0.0")
         mv = Registry(FileStore(tmp_path / "store")).get(model, "1.0.0")
-        weights = Path(env.env["BENTOML_HOME"]) / "models" / model / "1.0.0" / "model.pt"
+        weights = tmp_path / "cache" / mv.artifact_sha256 / "model.pt"
         data = bytearray(weights.read_bytes())
         data[len(data) // 2] ^= 0x01
         weights.write_bytes(bytes(data))
+        expected, actual = mv.files["model.pt"].sha256, hashlib.sha256(data).hexdigest()
 
-        started = time.monotonic()
-        failed = subprocess.run(
+        deployed = subprocess.run(
             [FLEET, "deploy", model, "1.0.0"], env=env.env, cwd=tmp_path, capture_output=True, text=True, timeout=300
         )
-        refused_after = time.monotonic() - started
-        assert failed.returncode == 1, failed.stderr
-        assert f"{model}:1.0.0 exited while starting" in failed.stderr  # exited: no wait for a readiness timeout
-        expected, actual = mv.files["model.pt"].sha256, hashlib.sha256(data).hexdigest()
-        assert (
-            f"model.pt: expected sha256 {expected} ({len(data)} bytes), got {actual} ({len(data)} bytes)"
-            in failed.stderr
-        )
-        assert f"fleet package {model} 1.0.0 --force" in failed.stderr
-        assert refused_after < 60, f"refused only after {refused_after:.0f} s"
-        assert not env.fleet_json("status")[0]["replicas"]
-        # The image's start-up: `bentoml containerize` copies the Bento with its models, and the
-        # container serves that folder with BENTOML_CONTAINERIZED set (BentoML's own Dockerfile)
-        code, output = _serve_as_its_image(env, f"{model}:1.0.0", tmp_path / "image")
-        assert code == 1 and f"{tmp_path}/image/models/{model}/1.0.0 do not match the manifest" in output
-        assert f"model.pt: expected sha256 {expected} ({len(data)} bytes), got {actual}" in output
+        assert deployed.returncode == 0, deployed.stderr
+        assert f"model.pt: expected sha256 {expected} ({len(data)} bytes), got {actual}" in deployed.stderr
+        assert "removing it and downloading it again" in deployed.stderr
+        answer = httpx.post(f"{env.fleet_json('deploy', model, '1.0.0')['endpoints'][0]}/metadata", json={}, timeout=10)
+        assert answer.json()["artifact_sha256"] == mv.artifact_sha256
+        env.fleet("undeploy", model, "1.0.0")
 
-        repaired = subprocess.run(
-            [FLEET, "package", model, "1.0.0", "--force"],
-            env=env.env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
+        # changed after the check: the replica itself refuses (as `fleet up` starts it: no store)
+        weights.write_bytes(bytes(data))
+        started = time.monotonic()
+        code, output = _serve_as_its_image(
+            env, f"{model}:1.0.0", tmp_path / "local", FLEET_CACHE_DIR=str(tmp_path / "cache"), FLEET_STORE=None
         )
-        assert repaired.returncode == 0 and "no longer matches the manifest" in repaired.stderr, repaired.stderr
-        (url,) = env.fleet_json("deploy", model, "1.0.0")["endpoints"]
-        answer = httpx.post(f"{url}/metadata", json={}, timeout=10).json()
-        assert answer["artifact_sha256"] == mv.artifact_sha256
+        assert code == 1 and time.monotonic() - started < 60, output[-3000:]
+        assert f"model.pt: expected sha256 {expected} ({len(data)} bytes), got {actual} ({len(data)} bytes)" in output
+        assert "`fleet package` caches them again" in output
+
+        # The image's start-up: `bentoml containerize` copies the Bento (code only) and the
+        # container serves it with BENTOML_CONTAINERIZED set; its replica fetches from the store
+        stored = tmp_path / "store" / "models" / model / "1.0.0" / "artifact" / "model.pt"
+        registered = stored.read_bytes()
+        stored.write_bytes(bytes(data))  # changed after registration
+        code, output = _serve_as_its_image(env, f"{model}:1.0.0", tmp_path / "image")
+        assert not [p for p in (tmp_path / "image" / "models").rglob("*") if p.is_file()]  # BentoML's models: none
+        assert code == 1 and "model.pt: the store's copy fails its checksum" in output, output[-3000:]
+        assert f"expected sha256 {expected} ({len(data)} bytes) as the manifest lists, got sha256 {actual}" in output
+        assert not (tmp_path / "node-cache" / mv.artifact_sha256).exists()
+        # the fetch phase began and never ended: no worker, no /readyz
+        assert re.search(r"fleet-phase \d+ fetch ", output) and not re.search(r"fleet-phase \d+ fetched ", output)
+        stored.write_bytes(registered)
 
         digest = "sha256:" + hashlib.sha256(b"the pushed image").hexdigest()
         repo = "123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/tabular-mlp"
@@ -128,10 +140,12 @@ def test_a_changed_byte_in_the_model_store_stops_the_service_before_it_is_ready(
         env.stop()
 
 
-def _serve_as_its_image(env: FleetEnv, bento: str, folder: Path) -> tuple[int, str]:
-    """Serve ``bento`` as its container would: exported with its models into ``folder`` and
-    started from there, with an empty BentoML home and respawning off. Returns its exit code
-    and output; one still serving after 120 s is stopped and fails the test."""
+def _serve_as_its_image(env: FleetEnv, bento: str, folder: Path, **overrides: str | None) -> tuple[int, str]:
+    """Serve ``bento`` as its container would: exported into ``folder`` and started from there,
+    with an empty BentoML home, respawning off, the store to fetch its weights from and an empty
+    node cache (``node-cache`` beside ``folder``), as the model Deployment gives it; ``overrides``
+    set (or, as None, remove) variables. Returns its exit code and output; one still serving
+    after 120 s is stopped and fails the test."""
     import tarfile
 
     from fleet.processes import stop_group
@@ -145,7 +159,17 @@ def _serve_as_its_image(env: FleetEnv, bento: str, folder: Path) -> tuple[int, s
     )
     with tarfile.open(folder.with_suffix(".bento")) as archive:
         archive.extractall(folder, filter="data")
-    container = {**env.env, "BENTOML_HOME": str(folder.parent / "empty-home"), "BENTOML_CONTAINERIZED": "true"}
+    container = {
+        **env.env,
+        "BENTOML_HOME": str(folder.parent / "empty-home"),
+        "BENTOML_CONTAINERIZED": "true",
+        "FLEET_CACHE_DIR": str(folder.parent / "node-cache"),
+    }
+    for name, value in overrides.items():
+        if value is None:
+            container.pop(name, None)
+        else:
+            container[name] = value
     proc = subprocess.Popen(
         [
             str(Path(FLEET).with_name("python")),

@@ -4,6 +4,7 @@ the tensor-parallel degree it leads to, the GPU type, and what reaches the engin
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -342,6 +343,11 @@ def test_the_engine_is_told_its_degree_gpu_type_and_kv_budget(prod) -> None:  # 
         "FLEET_KV_CACHE_GIB": "40",
         "FLEET_KV_CACHE_TOKENS": "131072",
         "FLEET_CONTEXT_TOKENS": "16384",
+        # the weights fetch (fleet.runtime.kubernetes.node_cache): 16 GETs per GPU, at most 64
+        "FLEET_CACHE_DIR": "/var/cache/fleet-weights",
+        # its weights twice (stable and canary) and 10 %: the node cache's budget
+        "FLEET_CACHE_MAX_BYTES": str(math.ceil(prod.placement("llm-70b").weights_gib * 2 * 1.1 * 2**30)),
+        "FLEET_FETCH_CONCURRENCY": "64",
     }
     resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == "8"  # the degree is also what the pod asks for

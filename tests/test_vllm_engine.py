@@ -118,6 +118,7 @@ def test_engine_args_follow_the_policy_placement_and_environment() -> None:
     assert args == {
         "model": "/models/demo-lm",
         "tokenizer": "/models/demo-lm",
+        "load_format": "auto",  # no files named: vLLM looks
         "dtype": "bfloat16",
         "max_model_len": 64,
         "max_num_seqs": 48,
@@ -128,6 +129,9 @@ def test_engine_args_follow_the_policy_placement_and_environment() -> None:
         "seed": 0,
         "disable_log_stats": False,
     }
+    # the fetched folder's safetensors, never a pickle beside them
+    files = ["config.json", "model.safetensors", "pytorch_model.bin"]
+    assert engine_args("/m", generation={}, context=64, env={}, files=files)["load_format"] == "safetensors"
     env = {"FLEET_GPU_MEMORY_UTILIZATION": "0.3", "FLEET_VLLM_ENFORCE_EAGER": "1", "FLEET_VLLM_DTYPE": "float16"}
     args = engine_args("/m", generation={}, context=2048, env=env, gpu_memory_gib=14.0, gpu_total_bytes=140 * 2**30)
     assert (

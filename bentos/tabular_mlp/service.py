@@ -2,9 +2,10 @@
 
 A thin shell: resources, traffic and batching come from ``fleet_build.json``, which
 ``fleet package`` writes into the build from the model's policy; the model is the
-checksum-verified artifact imported into BentoML's model store as ``<model>:<version>``.
+checksum-verified artifact in the node's cache (``weights.model_dir``: fetched from the store
+at start when it is not there; the Bento and its image hold no weights).
 
-Each phase of a start is marked in the log (``phases.mark``: imports, the files' check, the
+Each phase of a start is marked in the log (``phases.mark``: imports, the weights' fetch, the files' check, the
 model loaded, a warm-up inference before ready), which ``bench/coldstart.py`` reads. BentoML's
 server process imports this module to learn the service's settings and then starts a worker
 that imports it again: torch (``model``, about a second here) is imported by the worker alone,
@@ -50,17 +51,21 @@ from pathlib import Path
 import bentoml
 import numpy as np
 from bentoml.exceptions import BadInput, BentoMLException
-from integrity import verify_folder  # noqa: I001 - the Bento holds these files at its root
+from integrity import verify_folder
 from starlette.requests import Request
 from starlette.responses import Response
+from weights import model_dir  # noqa: I001 - the Bento holds these files at its root
 
 mark("imported")
 
 BUILD = json.loads((Path(__file__).with_name("fleet_build.json")).read_text())
-MODEL = bentoml.models.BentoModel(BUILD["bento_model"])
+mark("fetch")
+MODEL_DIR = model_dir(BUILD)  # the node cache's verified copy, fetched from the store if not there
+mark("fetched")
 REMEDY = (
     f"expected the files of {BUILD['model']}:{BUILD['version']} as registered; on a fleet machine "
-    f"`fleet package {BUILD['model']} {BUILD['version']} --force` imports them again from the registry"
+    f"`fleet package {BUILD['model']} {BUILD['version']}` caches them again from the registry; in the "
+    "cluster the replica fetches them again at its next start"
 )
 BATCHING = {
     "batchable": BUILD["batching"]["batchable"],
@@ -77,7 +82,8 @@ def verify_model(path: str) -> None:
     verify_folder(path, BUILD["files"], BUILD["artifact_sha256"], remedy=REMEDY)
 
 
-verify_model(MODEL.resolve().path)
+if MODEL_DIR is not None:  # None while `bentoml build` imports this module
+    verify_model(MODEL_DIR)
 INPUTS = 0  # features per row: set by the worker from the model's config (``__init__``), before any request
 mark("verified")
 
@@ -139,15 +145,13 @@ class TensorProbabilities(bentoml.IODescriptor):
     traffic=BUILD["traffic"],
 )
 class TabularClassifier:
-    model_ref = MODEL
-
     def __init__(self) -> None:
         global INPUTS
         mark("worker")
         from model import Predictor  # torch: imported by the worker only (the server process never needs it)
 
-        verify_model(self.model_ref.path)
-        self.predictor = Predictor(self.model_ref.path, quantize=BUILD["quantize"])
+        verify_model(MODEL_DIR)
+        self.predictor = Predictor(MODEL_DIR, quantize=BUILD["quantize"])
         INPUTS = int(self.predictor.config["inputs"])
         self.faults = self.predictor.faults  # built into a version on purpose, to rehearse rollbacks
         mark("loaded")

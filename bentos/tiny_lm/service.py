@@ -1,6 +1,8 @@
 """BentoML service for one version of a generative (causal LM) model.
 
-A thin shell around an engine over the version's ``save_pretrained`` folder — the family's
+A thin shell around an engine over the version's ``save_pretrained`` folder (the node cache's
+verified copy, fetched from the store at start when it is not there: ``weights.model_dir``;
+vLLM loads it from there too, never from the image) — the family's
 own trained model, or any Hugging Face causal LM registered the same way. The engine is
 ``engine.Engine`` (our KV cache and continuous batching, on CPU or CUDA) or, on CUDA with
 ``vllm`` installed, ``vllm_engine.VLLMEngine`` (vLLM's ``AsyncLLM`` behind the same
@@ -53,14 +55,18 @@ from pydantic import BaseModel, Field
 from scheduler import Event, Params, QueueFull, Scheduler, TooLong
 from vllm_args import engine_args, gpu_total_bytes
 from vllm_engine import VLLMEngine
+from weights import model_dir
 
 mark("imported")
 
 BUILD = json.loads((Path(__file__).with_name("fleet_build.json")).read_text())
-MODEL = bentoml.models.BentoModel(BUILD["bento_model"])
+mark("fetch")
+MODEL_DIR = model_dir(BUILD)  # the node cache's verified copy, fetched from the store if not there
+mark("fetched")
 REMEDY = (
     f"expected the files of {BUILD['model']}:{BUILD['version']} as registered; on a fleet machine "
-    f"`fleet package {BUILD['model']} {BUILD['version']} --force` imports them again from the registry"
+    f"`fleet package {BUILD['model']} {BUILD['version']}` caches them again from the registry; in the "
+    "cluster the replica fetches them again at its next start"
 )
 GENERATION = {
     "max_running": 32,
@@ -85,7 +91,8 @@ def verify_model(path: str) -> None:
     verify_folder(path, BUILD["files"], BUILD["artifact_sha256"], remedy=REMEDY)
 
 
-verify_model(MODEL.resolve().path)
+if MODEL_DIR is not None:  # None while `bentoml build` imports this module
+    verify_model(MODEL_DIR)
 mark("verified")
 
 
@@ -119,8 +126,6 @@ def _event(e: Event) -> dict:
 
 @bentoml.service(name=BUILD["service_name"], resources=BUILD["resources"], traffic=BUILD["traffic"])
 class TextGenerator:
-    model_ref = MODEL
-
     def __init__(self) -> None:
         mark("worker")
         # torch and transformers: imported by BentoML's worker only (its server process imports
@@ -129,7 +134,7 @@ class TextGenerator:
         from engine import Engine
         from transformers import AutoConfig, AutoTokenizer
 
-        path = self.model_ref.path
+        path = MODEL_DIR
         verify_model(path)
         device = resolve_device(os.environ.get("FLEET_DEVICE"), torch.cuda.is_available())
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -155,6 +160,7 @@ class TextGenerator:
                 env=os.environ,
                 gpu_memory_gib=float(ACCELERATOR.get("gpu_memory_gib", 0.0)),
                 gpu_total_bytes=gpu_total_bytes(),
+                files=BUILD["files"],
             )
             self.engine = VLLMEngine(tokenizer, args, max_waiting=GENERATION["max_waiting"])
         else:

@@ -9,14 +9,17 @@ request's ``Params`` and the version's policy (``vllm_engine.py`` passes them to
   ``tensor_parallel_size``, the policy's ``gpu_memory_gib`` over the GPU's memory
   (``gpu_total_bytes``) → ``gpu_memory_utilization`` (``FLEET_GPU_MEMORY_UTILIZATION``
   overrides), ``FLEET_VLLM_DTYPE`` (default bfloat16: vLLM's attention kernels are for
-  16-bit) and ``FLEET_VLLM_ENFORCE_EAGER`` (1: no CUDA graphs, a faster start).
+  16-bit) and ``FLEET_VLLM_ENFORCE_EAGER`` (1: no CUDA graphs, a faster start). The model
+  is the local folder the replica fetched into the node cache (``weights.model_dir``), never
+  the image nor a hub; ``load_format`` follows the manifest's files (``safetensors`` when it
+  lists any: vLLM then reads those alone, memory-mapped, and never unpickles a ``.bin``).
   ``generation.kv_budget_tokens`` and ``max_prefill_tokens`` have no counterpart: vLLM's
   cache is what the memory left after the weights holds, in blocks, and it chunks prefills.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 try:  # in the repo, a package; in a Bento, files at its root
@@ -57,6 +60,20 @@ def gpu_memory_utilization(override: str | None, gpu_memory_gib: float, gpu_tota
     return DEFAULT_GPU_MEMORY_UTILIZATION
 
 
+def load_format(files: Iterable[str]) -> str:
+    """vLLM's ``load_format`` for a folder holding ``files`` (the manifest's paths).
+
+    >>> load_format(["config.json", "model-00001-of-00002.safetensors"]), load_format(["pytorch_model.bin"])
+    ('safetensors', 'pt')
+    """
+    names = list(files)
+    if any(n.endswith(".safetensors") for n in names):
+        return "safetensors"
+    if any(n.endswith((".bin", ".pt", ".pth")) for n in names):
+        return "pt"
+    return "auto"
+
+
 def engine_args(
     model_path: str,
     *,
@@ -65,6 +82,7 @@ def engine_args(
     env: Mapping[str, str],
     gpu_memory_gib: float = 0.0,
     gpu_total_bytes: int = 0,
+    files: Iterable[str] = (),
 ) -> dict[str, Any]:
     """``AsyncEngineArgs`` keyword arguments for a version's folder and its policy.
 
@@ -75,6 +93,7 @@ def engine_args(
     return {
         "model": model_path,
         "tokenizer": model_path,
+        "load_format": load_format(files),
         "dtype": env.get("FLEET_VLLM_DTYPE") or "bfloat16",
         "max_model_len": min(int(context), sized_for),
         "max_num_seqs": int(generation.get("max_running", 32)),

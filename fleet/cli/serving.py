@@ -63,8 +63,8 @@ def package_cmd(
     force: Annotated[
         bool,
         typer.Option(
-            help="Rebuild even if the Bento exists; model files in BentoML's store that differ from the manifest are "
-            "imported again."
+            help="Rebuild even if a Bento of this artifact and policy exists (the Bento holds code only; the weights "
+            "are verified and cached again in the local artifact cache)."
         ),
     ] = False,
     image_digest: Annotated[

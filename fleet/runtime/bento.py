@@ -1,12 +1,17 @@
-"""Packaging: one Bento per model version, built from the verified artifact.
+"""Packaging: one Bento per model version, holding code only — never the weights.
 
-``package`` imports the artifact into BentoML's model store as ``<model>:<version>`` and
-builds a Bento of the model's family (``bentos/<family>/``) with the policy's resources,
-traffic and batching written into ``fleet_build.json``, with the manifest's file listing:
-the service checks its model files against it before it loads them (``bentos/integrity.py``,
-copied into every Bento). Packages are pinned to what this environment runs and never locked
-against an index, so a build reaches no registry and changes nothing in the project's venv.
-BentoML keeps its stores under ``$BENTOML_HOME`` (default ``./.fleet/bentoml``).
+``package`` builds a Bento of the model's family (``bentos/<family>/``) with the policy's
+resources, traffic and batching written into ``fleet_build.json``, with the artifact's SHA-256,
+its key prefix in the store and the manifest's file listing. The weights stay out of the Bento
+and so out of every image built from it (llm-70b's 130 GiB could not be pushed to ECR, whose
+layers stop at 52,000 MiB): a replica takes them at start from the node's cache, fetching them
+from the store if they are not there, verified file by file against the listing before it
+loads anything (``bentos/weights.py``, ``fetch.py``, ``integrity.py``, copied into every
+Bento). With a ``cache``, ``package`` also verifies and caches the artifact in this machine's
+artifact cache, the folder a local replica (``fleet up``) reads through the same code.
+Packages are pinned to what this environment runs and never locked against an index, so a
+build reaches no registry and changes nothing in the project's venv. BentoML keeps its stores
+under ``$BENTOML_HOME`` (default ``./.fleet/bentoml``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass
 from importlib.metadata import version as installed
 from pathlib import Path
 
-from bentos import integrity
+from bentos import integrity, weights
 from fleet.catalog.policies.models import ModelSpec
 from fleet.catalog.registry import ModelVersion, Registry
 from fleet.errors import FleetError, InvalidInput
@@ -35,9 +40,12 @@ DEFAULT_HOME = ".fleet/bentoml"
 # CUDA build of the same release. A family's ``PACKAGES`` are pinned the same way; its
 # ``GPU_PACKAGES`` (pinned in the family, e.g. vLLM, whose wheel is CUDA-only and never in
 # the lock) go only into the Bentos of models whose policy asks for a GPU.
-PINNED = ("torch", "numpy")
-# Shipped in every Bento beside the family's files (from bentos/): the check at load, the marks of a start's phases.
-SHARED_FILES = ("integrity.py", "phases.py")
+# boto3: a replica fetches its weights from S3 at start (bentos/fetch.py).
+PINNED = ("torch", "numpy", "boto3")
+# Shipped in every Bento beside the family's files (from bentos/): the check at load, the marks
+# of a start's phases, the node cache and the fetch that fill a replica's model folder.
+SHARED_FILES = ("integrity.py", "phases.py", "weights.py", "fetch.py")
+WEIGHTS_LABEL = ("weights", "fetched-at-start")  # a Bento without it holds a model: rebuilt
 # On Bentos whose service checks its model files at load; one built before that is rebuilt.
 INTEGRITY_LABEL = ("integrity", "sha256-at-load")
 BUILD_LABEL = "build-sha256"  # of fleet_build.json and the service files: a changed policy or service rebuilds it
@@ -91,7 +99,7 @@ def package(
     model: str,
     version: str,
     spec: ModelSpec,
-    cache: ArtifactCache,
+    cache: ArtifactCache | None,
     *,
     quantize: bool = False,
     batchable: bool = True,
@@ -99,6 +107,9 @@ def package(
     log: Callable[[str], None] = lambda _: None,
 ) -> Packaged:
     """Build (or find) the Bento of ``model:version``; ``log`` gets progress lines.
+
+    ``cache``: also verify and cache the artifact there, for a replica on this machine
+    (``None`` for an image built for the cluster, whose replicas fetch their own).
 
     ``batchable=False`` builds a variant without adaptive batching (tag suffix
     ``-nobatch``), for comparing the two in ``bench/batching.py``.
@@ -109,7 +120,7 @@ def package(
     import bentoml
 
     mv = registry.get(model, version)
-    build = _build_config(mv, spec, f"{model}:{bento_version(version, False)}", quantize, batchable)
+    build = _build_config(mv, spec, quantize, batchable)
     # what the service reads at import (resources, traffic, batching, generation) and the code it
     # runs: a Bento built from another policy or another service is not this one, even from the
     # same artifact (a fleet upgrade's service reaches a version at its next package or deploy)
@@ -126,10 +137,13 @@ def package(
     if _exists(bentoml.bentos.get, bento_tag):
         held_labels = bentoml.bentos.get(bento_tag).info.labels
         built_from = held_labels.get("artifact-sha256")
-        checks = held_labels.get(INTEGRITY_LABEL[0]) == INTEGRITY_LABEL[1]
+        checks = held_labels.get(INTEGRITY_LABEL[0]) == INTEGRITY_LABEL[1] and (
+            held_labels.get(WEIGHTS_LABEL[0]) == WEIGHTS_LABEL[1]
+        )
         same_policy = held_labels.get(BUILD_LABEL) == build_sha
         if not force and built_from == mv.artifact_sha256 and checks and same_policy:
             log(f"Bento {bento_tag} already built")
+            _cache_artifact(cache, registry, mv, log)
             return Packaged(bento_tag, model_tag, mv.artifact_sha256, built=False)
         if built_from != mv.artifact_sha256:
             log(
@@ -137,7 +151,7 @@ def package(
                 f"(another store using this BentoML home?): rebuilding it from the registry"
             )
         elif not checks:
-            log(f"Bento {bento_tag} predates the check of its model files at load: rebuilding it")
+            log(f"Bento {bento_tag} predates the check of its model files at load or holds its weights: rebuilding it")
         elif not same_policy:
             log(
                 f"Bento {bento_tag} was built from another policy or service code (its fleet_build.json or "
@@ -145,10 +159,8 @@ def package(
             )
         bentoml.bentos.delete(bento_tag)
 
-    log(f"verifying and caching the artifact of {mv.ref}")
+    _cache_artifact(cache, registry, mv, log)
     labels = {"model": model, "version": version, "artifact-sha256": mv.artifact_sha256}
-    with cache.use(registry, model, version, log=log) as artifact:  # not evicted while BentoML copies it
-        _import_model(model_tag, mv, artifact, labels, log)
 
     shared = Path(integrity.__file__).parent
     with tempfile.TemporaryDirectory(prefix="fleet-bento-") as ctx:
@@ -160,6 +172,8 @@ def package(
         log(f"building Bento {bento_tag}")
         _forget_bento_modules()
         cwd = os.getcwd()  # a build that fails inside its context may leave the process there, and it is deleted next
+        building = os.environ.get(weights.BUILDING)
+        os.environ[weights.BUILDING] = "1"  # the service's import at build fetches and checks no weights
         try:
             bento = bentoml.bentos.build(
                 family.SERVICE,
@@ -169,6 +183,7 @@ def package(
                     **labels,
                     "quantize": "int8" if quantize else "none",
                     INTEGRITY_LABEL[0]: INTEGRITY_LABEL[1],
+                    WEIGHTS_LABEL[0]: WEIGHTS_LABEL[1],
                     BUILD_LABEL: build_sha,
                 },
                 include=[*family.BENTO_FILES, *SHARED_FILES, "fleet_build.json"],
@@ -180,6 +195,10 @@ def package(
         finally:
             os.chdir(cwd)
             _forget_bento_modules()
+            if building is None:
+                os.environ.pop(weights.BUILDING, None)
+            else:
+                os.environ[weights.BUILDING] = building
     log(f"built Bento {bento.tag}")
     return Packaged(str(bento.tag), model_tag, mv.artifact_sha256, built=True)
 
@@ -217,38 +236,16 @@ def python_packages(family: object, spec: ModelSpec) -> list[str]:
     return packages
 
 
-def _import_model(
-    model_tag: str, mv: ModelVersion, artifact: Path, labels: dict[str, str], log: Callable[[str], None]
+def _cache_artifact(
+    cache: ArtifactCache | None, registry: Registry, mv: ModelVersion, log: Callable[[str], None]
 ) -> None:
-    """Make BentoML's model ``model_tag`` hold exactly the verified artifact of ``mv``.
-
-    BentoML's store is a cache of the registry, which is the truth: an entry holding another
-    artifact, or whose files no longer match the manifest, is replaced.
-    """
-    import bentoml
-
-    if _exists(bentoml.models.get, model_tag):
-        stored = bentoml.models.get(model_tag)
-        held = stored.info.labels.get("artifact-sha256")
-        if held != mv.artifact_sha256:
-            log(
-                f"BentoML model {model_tag} holds artifact {str(held)[:12]}, not {mv.artifact_sha256[:12]} of "
-                f"{mv.ref}: replacing it"
-            )
-        elif problems := integrity.check_folder(stored.path, manifest_listing(mv)):
-            log(
-                f"BentoML model {model_tag} no longer matches the manifest of {mv.ref} ({'; '.join(problems)}): replacing it"
-            )
-        else:
-            return
-        bentoml.models.delete(model_tag)
-    else:
-        log(f"importing {mv.ref} into the BentoML model store")
-    with bentoml.models.create(model_tag, labels=labels, metadata={"framework": mv.framework}) as bm:
-        shutil.copytree(artifact, bm.path, dirs_exist_ok=True)
+    """Verify and cache ``mv``'s artifact in ``cache`` (the folder a local replica reads), if given."""
+    if cache is not None:
+        log(f"verifying and caching the artifact of {mv.ref} in {cache.root}")
+        cache.prefetch(registry, mv.model, mv.version, log=log)
 
 
-def _build_config(mv: ModelVersion, spec: ModelSpec, model_tag: str, quantize: bool, batchable: bool) -> dict:
+def _build_config(mv: ModelVersion, spec: ModelSpec, quantize: bool, batchable: bool) -> dict:
     resources: dict[str, object] = {"cpu": str(spec.resources.cpu), "memory": f"{spec.resources.memory_gib}Gi"}
     accelerator: dict[str, object] = {}
     if spec.resources.gpu > 0:
@@ -259,8 +256,9 @@ def _build_config(mv: ModelVersion, spec: ModelSpec, model_tag: str, quantize: b
         "model": mv.model,
         "version": mv.version,
         "service_name": mv.model,
-        "bento_model": model_tag,
         "artifact_sha256": mv.artifact_sha256,
+        # where a replica fetches the files from, under FLEET_STORE (fleet.catalog.registry's layout)
+        "artifact_prefix": f"models/{mv.model}/{mv.version}/artifact/",
         "files": manifest_listing(mv),  # what the service checks its model folder against before loading
         "quantize": quantize,
         "resources": resources,

@@ -17,6 +17,10 @@ without waiting, skipping any it cannot have. An entry larger than the whole bud
 served while in use and removed after. Recency is the entry folder's mtime, touched on
 every use. ``prefetch`` caches a version's artifact ahead of its first use (a canary's, when
 its rollout starts).
+
+A local replica reads its weights from here (``bentos/weights.py``'s ``NodeCache``: the same
+layout and the same locks, so an entry a replica serves is never evicted under it); in the
+cluster each node has such a cache of its own, filled by the replicas from the store.
 """
 
 from __future__ import annotations

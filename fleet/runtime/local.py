@@ -202,6 +202,9 @@ class LocalRuntime:
         log = folder / f"replica-{slot}.log"
         cmd = [sys.executable, "-m", "bentoml", "serve", bento, "--host", "127.0.0.1", "--port", str(port)]
         env = replica_env({**os.environ, "BENTOML_DO_NOT_TRACK": "true", **self.env})
+        # the replica loads its weights from the fleet's artifact cache (bentos/weights.py); `bentoml
+        # serve` runs the service from the Bento's own folder, so a relative path would miss it
+        env["FLEET_CACHE_DIR"] = str(Path(env.get("FLEET_CACHE_DIR") or ".fleet/cache").resolve())
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 cmd,

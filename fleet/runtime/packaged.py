@@ -1,7 +1,9 @@
 """Packaging as the CLI and the flows use it, and the runtime that packages on first deploy.
 
 ``package_version`` is ``fleet.runtime.bento.package`` with this environment's policies,
-store and artifact cache (``FLEET_CACHE_DIR``, default ``.fleet/cache``); ``record_image``
+store and artifact cache (``FLEET_CACHE_DIR``, default ``.fleet/cache``: the folder a local
+replica reads its weights from; ``cache_weights=False`` for an image built for the cluster,
+whose replicas fetch their own); ``record_image``
 records a version's image digest in that store (``fleet.runtime.images``); ``packaged_runtime``
 is ``open_runtime()`` whose local kind calls it the first time a version is deployed.
 """
@@ -36,6 +38,7 @@ def package_version(
     policies: str | Path | None = None,
     quantize: bool = False,
     force: bool = False,
+    cache_weights: bool = True,
     log: Callable[[str], None] = lambda _: None,
 ) -> Any:  # noqa: ANN401 - a fleet.runtime.bento.Packaged
     from fleet.catalog.policies.loader import load_policies
@@ -44,7 +47,7 @@ def package_version(
     from fleet.store import open_store
 
     loaded = load_policies(policies_path(policies))
-    cache = artifact_cache(loaded.runtime.artifact_cache_mib)
+    cache = artifact_cache(loaded.runtime.artifact_cache_mib) if cache_weights else None
     return package(
         Registry(open_store()), model, version, loaded.model(model), cache, quantize=quantize, force=force, log=log
     )

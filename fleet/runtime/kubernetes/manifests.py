@@ -7,6 +7,12 @@ Where a version runs comes from the placement plan that ``infra/`` writes into t
 node group, replica bounds, and what the engine is told in its env (``engine_env``: GPU type,
 tensor-parallel degree, memory share, KV cache). KEDA scales between the floor and
 ``max_replicas`` on the placement's triggers from Prometheus (``scaling_triggers``).
+
+The image holds code only: the replica fetches its weights from the store (``FLEET_STORE``,
+read through the model service account's IAM role) into the node's cache, a hostPath shared
+by the replicas on the node (``fleet.runtime.kubernetes.node_cache``), verified before it
+reports ready. A tensor-parallel replica gets a memory-backed ``/dev/shm``, counted in its
+memory request and limit (a memory emptyDir is charged to the container's memory).
 """
 
 from __future__ import annotations
@@ -18,6 +24,13 @@ import re
 from typing import Any
 
 from fleet.planning.placement import GPU_RESOURCE, ModelPlacement, PlacementPlan
+from fleet.runtime.kubernetes.node_cache import (
+    CACHE_MOUNT,
+    NODE_CACHE_PATH,
+    cache_budget_bytes,
+    fetch_concurrency,
+    shm_bytes,
+)
 
 NAMESPACE = "models"
 CONFIG_MAP = "fleet-runtime"
@@ -33,6 +46,9 @@ VERSION_ANNOTATION = "fleet.io/version"  # the exact semver ('+' is not allowed 
 COOLDOWN_S = 300  # KEDA's cooldownPeriod for an eager model (whose floor is at least 1: never scaled to zero)
 LAZY_COOLDOWN_S = 60  # a lazy one's: its activity trigger already waited idle_unload_s
 ACTIVITY_ONLY = "1000000000"  # the activity trigger's target: never reached, so it never adds replicas
+# The model pods' service account: infra/ binds it (IRSA) to a role that may read the models
+# bucket's artifacts and manifests only — what a replica fetches its weights with.
+MODEL_SERVICE_ACCOUNT = "fleet-model"
 
 
 def config_map_data(
@@ -104,8 +120,15 @@ def manifests(
     prometheus_url: str,
     namespace: str = NAMESPACE,
     timeout_ms: int = 5000,
+    store_url: str | None = None,
+    cache_bytes: int | None = None,
 ) -> list[dict]:
-    """Deployment, Service, PodDisruptionBudget and ScaledObject of one version (pure)."""
+    """Deployment, Service, PodDisruptionBudget and ScaledObject of one version (pure).
+
+    ``store_url``: where the replica fetches its weights (``FLEET_STORE``; without it the
+    node's cache must already hold them). ``cache_bytes``: the node cache's budget
+    (``node_cache.cache_budget_bytes`` over the node group's placements; default: this one's).
+    """
     name, selector = object_name(model, version), {"app.kubernetes.io/instance": object_name(model, version)}
     meta = {
         "name": name,
@@ -113,7 +136,9 @@ def manifests(
         "labels": labels(model, version),
         "annotations": {VERSION_ANNOTATION: version},
     }
-    requests: dict[str, Any] = {"cpu": f"{placement.cpu:g}", "memory": f"{math.ceil(placement.memory_gib * 1024)}Mi"}
+    shm = shm_bytes(placement)
+    memory_mib = math.ceil(placement.memory_gib * 1024) + shm // 2**20  # /dev/shm's pages are the container's
+    requests: dict[str, Any] = {"cpu": f"{placement.cpu:g}", "memory": f"{memory_mib}Mi"}
     limits: dict[str, Any] = {"memory": requests["memory"]}  # no CPU limit: throttling hurts latency
     if placement.gpus:
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(placement.gpus)  # extended resources: limits == requests
@@ -131,9 +156,14 @@ def manifests(
             {"name": "FLEET_MODEL", "value": model},
             {"name": "FLEET_VERSION", "value": version},
             *engine_env(placement),
+            *weights_env(placement, store_url, cache_bytes),
+        ],
+        "volumeMounts": [
+            {"name": "weights", "mountPath": CACHE_MOUNT},
+            *([{"name": "shm", "mountPath": "/dev/shm"}] if shm else []),
         ],
         "resources": {"requests": requests, "limits": limits},
-        # weights load before /readyz answers: allow up to 15 minutes before liveness counts
+        # weights are fetched and loaded before /readyz answers: allow up to 15 minutes before liveness counts
         "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": 90},
         "readinessProbe": probe,
         "livenessProbe": {
@@ -148,7 +178,14 @@ def manifests(
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
+    volumes: list[dict[str, Any]] = [
+        # DirectoryOrCreate: the kubelet makes it (root's); the init container hands it to the image's user
+        {"name": "weights", "hostPath": {"path": NODE_CACHE_PATH, "type": "DirectoryOrCreate"}}
+    ]
+    if shm:
+        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm // 2**20}Mi"}})
     pod = {
+        "serviceAccountName": MODEL_SERVICE_ACCOUNT,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": BENTO_UID,
@@ -156,7 +193,9 @@ def manifests(
             "fsGroup": BENTO_GID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
+        "initContainers": [_cache_owner(image)],
         "containers": [container],
+        "volumes": volumes,
         "nodeSelector": placement.node_selector,
         "tolerations": placement.tolerations,
         "terminationGracePeriodSeconds": math.ceil(timeout_ms / 1000) + 15,  # the longest request, then some
@@ -213,6 +252,39 @@ def manifests(
         },
     }
     return [deployment, service, budget, scaler]
+
+
+def weights_env(placement: ModelPlacement, store_url: str | None, cache_bytes: int | None) -> list[dict[str, str]]:
+    """Where the replica finds its weights (``bentos/weights.py`` reads these): the node cache
+    in the container, its budget, and the store to fetch from."""
+    budget = cache_bytes if cache_bytes is not None else cache_budget_bytes([placement], placement.node_group)
+    env = [
+        {"name": "FLEET_CACHE_DIR", "value": CACHE_MOUNT},
+        {"name": "FLEET_CACHE_MAX_BYTES", "value": str(budget)},
+        {"name": "FLEET_FETCH_CONCURRENCY", "value": str(fetch_concurrency(placement))},
+    ]
+    if store_url:
+        env.append({"name": "FLEET_STORE", "value": store_url})
+    return env
+
+
+def _cache_owner(image: str) -> dict:
+    """An init container that gives the node's cache folder to the image's user. A hostPath the
+    kubelet creates is root's 0755, and fsGroup does not apply to hostPath volumes; it runs as
+    root with CHOWN alone, on that folder alone (idempotent: every pod on the node runs it)."""
+    return {
+        "name": "weights-cache-owner",
+        "image": image,
+        "command": ["sh", "-c", f"chmod 0750 {CACHE_MOUNT} && chown {BENTO_UID}:{BENTO_GID} {CACHE_MOUNT}"],
+        "volumeMounts": [{"name": "weights", "mountPath": CACHE_MOUNT}],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "16Mi"}},
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
+        },
+    }
 
 
 def scaling_triggers(

@@ -36,9 +36,10 @@ from fleet.runtime.kubernetes.manifests import (
     object_name,
     placement_from_dict,
 )
+from fleet.runtime.kubernetes.node_cache import cache_budget_bytes
 from fleet.types import Deployment, ObjectStore
 
-READY_TIMEOUT_S = 900.0  # pulling a large image and loading weights onto GPUs takes minutes
+READY_TIMEOUT_S = 900.0  # fetching weights into the node cache and loading them onto GPUs takes minutes
 # Kinds this runtime writes, in the order undeploy removes them (the scaler first, so KEDA
 # does not scale a Deployment that is going away).
 KINDS = (
@@ -134,6 +135,8 @@ class KubernetesRuntime:
             prometheus_url=prometheus,
             namespace=self.namespace,
             timeout_ms=timeouts.get(model, 5000),
+            store_url=self.store.url,  # the replica fetches its weights from the fleet's store
+            cache_bytes=cache_budget_bytes(placements.values(), placement.node_group),
         ):
             self.api.apply(obj)
         return Deployment(model, version, self._wait_ready(model, version, floor))
