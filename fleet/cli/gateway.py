@@ -52,12 +52,23 @@ def gateway_cmd(
             "are exact across them with FLEET_REDIS_URL; without it each enforces its share.",
         ),
     ] = 1,
+    admin_port: Annotated[
+        int | None,
+        typer.Option(
+            "--admin-port",
+            min=1,
+            max=65535,
+            envvar="FLEET_ADMIN_PORT",
+            help="Serve the admin API (/admin/...) on this port of --host only: --port answers it with 404. "
+            "The gateway announces this port to the control plane. Off when not given (both on --port).",
+        ),
+    ] = None,
     worker_fds: Annotated[
         str | None,
         typer.Option(
             "--worker-fds",
             hidden=True,
-            help="Internal: SHARED,PRIVATE listening socket descriptors a --workers supervisor hands a worker.",
+            help="Internal: SHARED,PRIVATE[,ADMIN] listening socket descriptors a --workers supervisor hands a worker.",
         ),
     ] = None,
 ) -> None:
@@ -70,17 +81,24 @@ def gateway_cmd(
     is polled every 2 s (without it, every 0.25 s).
 
     Byte budgets come from the policies' gateway: section. FLEET_DECODE_WORKERS: processes that decode large bodies (0: on the event loop).
+    FLEET_GATEWAY_KEEPALIVE_S: how long an idle connection stays open (default 75; above a load balancer's idle timeout).
     """
     import dataclasses
 
     from fleet.catalog.policies.loader import load_policies
     from fleet.gateway import FleetView, Settings, create_app
     from fleet.gateway import workers as gw_workers
+    from fleet.gateway.listeners import AdminOffPublicPorts, keep_alive_s
     from fleet.local.up import check_port_free, serve_gateway
     from fleet.store import open_store
     from fleet.usage.prices import gateway_prices
 
     _gateway_logging(access_log)
+    keep_alive_s()  # a bad FLEET_GATEWAY_KEEPALIVE_S is one clear error before anything starts
+    if admin_port is not None and admin_port == port:
+        from fleet.errors import InvalidInput
+
+        raise InvalidInput(f"--admin-port {admin_port} is --port too; expected a port of its own for the admin API")
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
     if workers > 1 and worker_fds is None:
         from fleet.errors import InvalidInput
@@ -92,16 +110,23 @@ def gateway_cmd(
         load_policies(policies)  # one clear error here, rather than one from every worker
         if grpc_port:
             check_port_free(grpc_port, "gateway's gRPC endpoint", "--grpc-port", host)
-        _supervise(workers, host, port, sys.argv[1:], _workers_banner(workers, host, shown, grpc_port))
+        _supervise(
+            workers, host, port, sys.argv[1:], _workers_banner(workers, host, shown, grpc_port), admin_port=admin_port
+        )
         return
     if grpc_port and worker_fds is None:
         check_port_free(grpc_port, "gateway's gRPC endpoint", "--grpc-port", host)
-    sockets = None
+    sockets, admin_sockets = None, None
     if worker_fds is not None:  # a worker: its sockets come from the supervisor
-        shared_fd, private_fd = (int(x) for x in worker_fds.split(","))
+        shared_fd, private_fd, *admin_fd = (int(x) for x in worker_fds.split(","))
         sockets = [gw_workers.from_fd(shared_fd), gw_workers.from_fd(private_fd)]
+        admin_sockets = [gw_workers.from_fd(fd) for fd in admin_fd]
         # announced (and reached by the control plane) at its own port
         public_url = gw_workers.with_port(public_url or f"http://{shown}:{port}", sockets[1].getsockname()[1])
+    elif admin_port is not None:
+        admin_sockets = [gw_workers.listening_socket(host, admin_port, reuse_port=False)]
+        # the control plane pushes to /admin/...: announce the admin port
+        public_url = gw_workers.with_port(public_url or f"http://{shown}:{port}", admin_port)
     settings = dataclasses.replace(
         Settings.from_env(public_url=public_url or f"http://{shown}:{port}"),
         access_log=access_log,
@@ -120,6 +145,8 @@ def gateway_cmd(
         if worker_fds is not None:
             return  # the supervisor reports for all of them
         admin = "on (FLEET_ADMIN_TOKEN)" if settings.admin_token else "off (set FLEET_ADMIN_TOKEN to turn it on)"
+        if settings.admin_token and admin_port is not None:
+            admin += f", on port {admin_port} only"
         console.print(
             f"gateway {settings.gateway_id} listening on http://{f'[{host}]' if ':' in host else host}:{port} "
             f"(store {store.url})\n"
@@ -132,10 +159,15 @@ def gateway_cmd(
             soft_wrap=True,
         )
 
-    serve_gateway(app, port, ready, host=host, sockets=sockets)
+    served = app
+    if admin_port is not None:  # the admin API off the port a load balancer reaches
+        served = AdminOffPublicPorts(app, {sockets[0].getsockname()[1] if sockets else port})
+    serve_gateway(served, port, ready, host=host, sockets=sockets, admin_sockets=admin_sockets)
 
 
-def _supervise(n: int, host: str, port: int, argv: list[str], on_ready: Callable[[Any], None]) -> None:
+def _supervise(
+    n: int, host: str, port: int, argv: list[str], on_ready: Callable[[Any], None], admin_port: int | None = None
+) -> None:
     """N worker processes (``fleet <argv> --worker-fds ...``) on shared sockets, until stopped;
     ``on_ready(supervisor)`` once every one of them is ready."""
     import signal
@@ -146,9 +178,10 @@ def _supervise(n: int, host: str, port: int, argv: list[str], on_ready: Callable
         n,
         host,
         port,
-        lambda i, a, b: gw_workers.worker_argv(argv, i, a, b),
+        lambda i, *fds: gw_workers.worker_argv(argv, i, *fds),
         dict(os.environ),
         lambda line: err_console.print(line, markup=False),
+        admin_port=admin_port,
     )
 
     asked = []

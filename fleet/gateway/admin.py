@@ -49,6 +49,7 @@ from fleet.validation import checked, explain
 
 Handler = Callable[[Request], Awaitable[Response]]
 ADMIN_BODY_BYTES = 64 * 1024
+ADMIN_PREFIX = "/admin/"  # every route below; fleet.gateway.listeners keeps them off the public port
 _REASON = Field(min_length=1, max_length=2000, pattern=r"\S")  # a reason, not blanks
 _VERSION = Field(None, min_length=1, max_length=128)
 

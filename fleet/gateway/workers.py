@@ -95,15 +95,18 @@ class Supervisor:
         n: int,
         host: str,
         port: int,
-        worker_cmd: Callable[[int, int, int], list[str]],
+        worker_cmd: Callable[..., list[str]],
         env: dict[str, str],
         log: Callable[[str], None],
+        admin_port: int | None = None,
     ) -> None:
         if not 2 <= n <= MAX_WORKERS:
             raise ConfigError(f"--workers {n}; expected 1 (one process) to {MAX_WORKERS}")
         self.n, self.host, self.port, self.worker_cmd, self.log = n, host, port, worker_cmd, log
         self.shared = [listening_socket(host, port, reuse_port=True) for _ in range(n)]
         self.private = [listening_socket(host, 0, reuse_port=False) for _ in range(n)]
+        # the admin port (fleet.gateway.listeners), shared like the public one
+        self.admin = [listening_socket(host, admin_port, reuse_port=True) for _ in range(n)] if admin_port else []
         self.port = self.shared[0].getsockname()[1]  # the one bound, when 0 was asked for
         shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else f"[{host}]" if ":" in host else host
         self.private_urls = [f"http://{shown}:{s.getsockname()[1]}" for s in self.private]
@@ -114,14 +117,14 @@ class Supervisor:
         self._stopping = False
 
     def start(self, i: int) -> None:
-        shared, private = self.shared[i], self.private[i]
-        cmd = self.worker_cmd(i, shared.fileno(), private.fileno())
+        fds = [self.shared[i].fileno(), self.private[i].fileno(), *([self.admin[i].fileno()] if self.admin else [])]
+        cmd = self.worker_cmd(i, *fds)
         self.started_at[i] = time.monotonic()
         self.procs[i] = subprocess.Popen(
             cmd,
             env={**self.env, WORKER_ENV: f"{i}/{self.n}"},
             stdin=subprocess.DEVNULL,
-            pass_fds=(shared.fileno(), private.fileno()),
+            pass_fds=tuple(fds),
             start_new_session=True,
         )
 
@@ -193,11 +196,11 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        for sock in self.shared + self.private:
+        for sock in self.shared + self.private + self.admin:
             sock.close()
 
 
-def worker_argv(argv: Iterable[str], i: int, shared_fd: int, private_fd: int) -> list[str]:
+def worker_argv(argv: Iterable[str], i: int, shared_fd: int, private_fd: int, *admin_fd: int) -> list[str]:
     """The parent's own ``fleet gateway`` command line, run as worker ``i`` on its sockets."""
     out, skip = [], False
     for arg in argv:
@@ -210,7 +213,8 @@ def worker_argv(argv: Iterable[str], i: int, shared_fd: int, private_fd: int) ->
         if arg.startswith("--workers="):
             continue
         out.append(arg)
-    return [sys.executable, "-m", "fleet", *out, "--worker-fds", f"{shared_fd},{private_fd}"]
+    fds = ",".join(str(fd) for fd in (shared_fd, private_fd, *admin_fd))
+    return [sys.executable, "-m", "fleet", *out, "--worker-fds", fds]
 
 
 def siblings() -> list[tuple[int, str]]:

@@ -301,13 +301,23 @@ def serve_gateway(
     on_ready: Callable[[], None],
     host: str = "127.0.0.1",
     sockets: list[socket.socket] | None = None,
+    admin_sockets: list[socket.socket] | None = None,
 ) -> None:
     """Run the gateway until Ctrl-C / SIGTERM; ``on_ready`` once it accepts requests.
 
     ``sockets``: listen on these (a worker's, handed over by ``fleet.gateway.workers``)
-    instead of binding ``host:port``; the worker then also stops when its parent is gone."""
+    instead of binding ``host:port``; the worker then also stops when its parent is gone.
+    ``admin_sockets``: listen on these too (the admin port, ``fleet.gateway.listeners``).
+    An idle connection stays open ``FLEET_GATEWAY_KEEPALIVE_S`` (``listeners.keep_alive_s``)."""
     import uvicorn
     import uvloop
+
+    from fleet.gateway.listeners import keep_alive_s
+    from fleet.gateway.workers import listening_socket
+
+    listen = sockets
+    if admin_sockets:
+        listen = [*(sockets or [listening_socket(host, port, reuse_port=False)]), *admin_sockets]
 
     server = uvicorn.Server(
         uvicorn.Config(
@@ -319,6 +329,8 @@ def serve_gateway(
             loop="none",
             http="httptools",
             timeout_graceful_shutdown=10,
+            # longer than the idle timeout of a load balancer in front (infra/edge.py), else 502s
+            timeout_keep_alive=keep_alive_s(),  # type: ignore[arg-type] - uvicorn takes any number of seconds
             # X-Forwarded-For from 127.0.0.1 only (uvicorn's default trust):
             # no proxy the gateway runs behind is that, so it only cost CPU
             proxy_headers=False,
@@ -335,7 +347,7 @@ def serve_gateway(
         try:
             if sockets is not None:
                 asyncio.get_running_loop().create_task(orphaned(os.getppid()))
-            await server.serve(sockets=sockets)
+            await server.serve(sockets=listen)
         except SystemExit:  # uvicorn's way of failing to start (a port in use, a lifespan error); it logged why
             raise StartFailed("the gateway did not start; the lines above say why") from None
 
