@@ -18,7 +18,7 @@ from k8s_schemas import validate
 from fleet.catalog.policies.loader import load_policies
 from fleet.catalog.registry import Registry
 from fleet.errors import ConfigError, IntegrityError, InvalidInput, NotFound
-from fleet.planning.placement import GPU_RESOURCE
+from fleet.planning.placement import GPU_RESOURCE, MODEL_NODE_TOLERATION
 from fleet.planning.planner import plan
 from fleet.planning.stack import placement_inputs, read_stack_file
 from fleet.runtime import images, open_runtime
@@ -203,7 +203,10 @@ def test_deploy_writes_a_gpu_deployment_from_the_placement_and_waits_for_ready_p
     assert bento["resources"]["limits"][GPU_RESOURCE] == bento["resources"]["requests"][GPU_RESOURCE] == "8"  # TP 8
     assert {"name": "FLEET_TENSOR_PARALLEL", "value": "8"} in bento["env"]
     assert pod["nodeSelector"] == {"fleet.io/node-group": "a100-8"}
-    assert pod["tolerations"] == [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["tolerations"] == [
+        MODEL_NODE_TOLERATION,
+        {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+    ]
     assert (
         bento["readinessProbe"]["httpGet"]["path"] == "/readyz"
         and bento["livenessProbe"]["httpGet"]["path"] == "/livez"
@@ -235,11 +238,12 @@ def test_an_isolated_model_tolerates_its_dedicated_taint_and_a_shared_one_gets_a
     assert embed["nodeSelector"] == {"fleet.io/node-group": "a10g-1"}
 
 
-def test_cpu_model_asks_for_no_gpu_and_tolerates_no_taint(kube: FakeKube) -> None:
+def test_cpu_model_asks_for_no_gpu_and_tolerates_only_the_model_node_taint(kube: FakeKube) -> None:
     rt = runtime(kube, on_sleep=lambda n: kube.scale_up())
     assert len(rt.deploy("demo-classifier", "1.0.0", replicas=2).endpoints) == 2
     spec = objects_of(kube, "demo-classifier", "1.0.0")["Deployment"]["spec"]["template"]["spec"]
-    assert GPU_RESOURCE not in spec["containers"][0]["resources"]["limits"] and spec["tolerations"] == []
+    assert GPU_RESOURCE not in spec["containers"][0]["resources"]["limits"]
+    assert spec["tolerations"] == [MODEL_NODE_TOLERATION]  # a model node, not a GPU one
 
 
 def test_replicas_raise_the_scaling_floor_within_the_policy_bounds(kube: FakeKube) -> None:

@@ -9,7 +9,7 @@ import pytest
 from fleet.catalog.policies.loader import Policies
 from fleet.errors import ConfigError
 from fleet.planning.memory import BYTES_PER_PARAM, KV_DEFAULT_SHARE, RUNTIME_OVERHEAD, replica_gpu_memory_gib
-from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, POOL_LABEL, PlacementError
+from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, MODEL_NODE_TOLERATION, POOL_LABEL, PlacementError
 from fleet.planning.planner import plan
 from fleet.planning.stack import NodePool, models_from_config, placement_inputs, pools_from_config, read_stack_file
 
@@ -127,7 +127,12 @@ def test_memory_is_weights_plus_kv_cache_plus_overhead() -> None:
 def test_cpu_model_goes_to_a_cpu_pool_and_gpu_nodes_stay_free() -> None:
     result = plan(policies({"tiny": model(0.01, gpu=0, replicas=(1, 2))}), pools(A10G_SLICED, CPU))
     tiny = result.placement("tiny")
-    assert (tiny.node_group, tiny.gpus, tiny.tensor_parallel, tiny.tolerations) == ("cpu", 0, 0, [])
+    assert (tiny.node_group, tiny.gpus, tiny.tensor_parallel, tiny.tolerations) == (
+        "cpu",
+        0,
+        0,
+        [MODEL_NODE_TOLERATION],
+    )
     assert tiny.node_selector == {POOL_LABEL: "cpu"}
     (group,) = result.node_groups
     assert (group.name, group.taints, group.min_size, group.max_size) == (
@@ -146,7 +151,10 @@ def test_small_models_share_time_sliced_gpus() -> None:
     for name in ("a", "b"):
         placed = result.placement(name)
         assert (placed.node_group, placed.gpus, placed.shared_gpu) == ("a10g-1", 1, True)
-        assert placed.tolerations == [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+        assert placed.tolerations == [
+            MODEL_NODE_TOLERATION,
+            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+        ]
     (group,) = result.node_groups
     assert group.models == ("a", "b") and group.gpu_slices == 4
     # 5 replicas at max of 1 vCPU each: 3 fit a node (3.6 vCPU), so 2 nodes; 2 replicas at min fit 1
@@ -380,6 +388,7 @@ def test_fleet_plan_table_and_a_missing_stack(tmp_path) -> None:  # noqa: ANN001
     root = Path(__file__).resolve().parent.parent
     out = _fleet("plan", "-s", str(root / "Pulumi.dev.yaml"), "--policies", str(root / "policies"))
     assert out.exit_code == 0, out.output
-    assert "model nodes: at most 1 GPU, 1.10-1.20 USD/hour" in out.output  # cpu 1-2 × 0.096 + a10g-1 1 × 1.006
+    # Karpenter's limits: cpu 1-3 × 0.096, a10g-1 1-2 × 1.006 (each with one canary's surge)
+    assert "model nodes: at most 2 GPUs, 1.10-2.30 USD/hour" in out.output
     with pytest.raises(ConfigError, match="Pulumi.nope.yaml: not found"):
         _fleet("plan", "-s", "nope")

@@ -15,7 +15,7 @@ import pytest
 
 from fleet.errors import ConfigError
 from fleet.planning.costs import ALB_USD, EKS_CONTROL_PLANE_USD, NAT_GATEWAY_USD, PUBLIC_IPV4_USD, VPC_ENDPOINT_USD
-from fleet.planning.stack import VALKEY_NODE_USD, build_inputs, gpu_ceiling, guardrail_config_file
+from fleet.planning.stack import RDS_POSTGRES_USD, VALKEY_NODE_USD, build_inputs, gpu_ceiling, guardrail_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = str(Path(sys.executable).with_name("fleet"))
@@ -28,7 +28,13 @@ COST_ROW = re.compile(rf"^(?P<part>.*?)\s+(?P<min>{USD})\s+(?P<max>{USD})\s+(?P<
 
 def fleet_plan(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
     """The real command, from the project root as the README runs it, on an 80-column screen."""
-    env = {**os.environ, "COLUMNS": str(WIDTH), "FLEET_STORE": "file:///nonexistent-not-needed"}
+    # PYTHONPATH: this checkout's fleet, whatever copy the script's environment has installed
+    env = {
+        **os.environ,
+        "COLUMNS": str(WIDTH),
+        "FLEET_STORE": "file:///nonexistent-not-needed",
+        "PYTHONPATH": str(ROOT),
+    }
     env.pop("FLEET_POLICIES", None)
     proc = subprocess.run([FLEET, "plan", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     if ok:
@@ -63,8 +69,9 @@ def test_plan_fits_80_columns_and_keeps_every_name_whole(stack: str) -> None:
     assert not too_wide, f"lines wider than {WIDTH}: {too_wide}"
     models = [m["model"] for m in data["models"]]
     groups = [g["name"] for g in data["node_groups"]]
-    # a model is in the placement and node-group tables, a node group in those and the cost table
-    for names, tables in ((models, 2), (groups, 3)):
+    # a model is in the placement and taint tables, a node group (a NodePool) in those, the
+    # NodePool table and the cost table
+    for names, tables in ((models, 2), (groups, 4)):
         for name in names:
             found = sum(len(whole(name).findall(line)) for line in lines)
             assert found >= tables, f"{name} is whole on {found} lines, expected {tables}: {lines}"
@@ -87,9 +94,7 @@ def test_cost_rows_name_their_source_and_add_up_to_the_total(stack: str) -> None
     *parts, total = rows
     assert total["part"].strip() == "total" and len(parts) >= 6
     for row in parts:
-        assert re.fullmatch(r"AWS us-east-1|systemNodes|nodePools \S+", row["source"]), (
-            f"no price source: {row.string!r}"
-        )
+        assert re.fullmatch(r"AWS us-east-1|systemNodes|nodePools", row["source"]), f"no price source: {row.string!r}"
     for side in ("min", "max"):
         assert sum(float(r[side]) for r in parts) == pytest.approx(float(total[side]), abs=1e-9 + 5e-5 * len(parts))
     text = "\n".join(lines)
@@ -106,9 +111,11 @@ def test_json_has_the_cost_parts_their_sources_and_the_gpu_ceiling(stack: str) -
         assert sum(p["usd_per_hour"][side] for p in parts) == pytest.approx(cost["usd_per_hour"][side])
     by_part = {p["part"]: p for p in parts}
     assert by_part["system nodes"]["source"] == f"Pulumi.{stack}.yaml: systemNodes.hourly_usd"
-    for g in data["node_groups"]:
-        assert by_part[f"node group {g['name']}"]["source"] == f"Pulumi.{stack}.yaml: nodePools[{g['pool']}].hourly_usd"
-        assert tuple(by_part[f"node group {g['name']}"]["usd_per_hour"]) == pytest.approx(tuple(g["usd_per_hour"]))
+    assert {p["name"] for p in data["node_pools"]} == {g["name"] for g in data["node_groups"]}
+    for p in data["node_pools"]:
+        assert by_part[f"node pool {p['name']}"]["source"] == f"Pulumi.{stack}.yaml: nodePools[{p['pool']}].hourly_usd"
+        assert tuple(by_part[f"node pool {p['name']}"]["usd_per_hour"]) == pytest.approx(tuple(p["usd_per_hour"]))
+    assert not any(part.startswith("node group") for part in by_part)  # no managed node groups for models
     assert all(
         by_part[p]["source"].startswith("AWS list price")
         for p in ("EKS control plane", "NAT gateways", "load balancer")
@@ -135,19 +142,21 @@ def test_whole_stack_total_is_the_readme_s_and_the_gpu_ceiling_is_shown(stack: s
 
 
 def test_the_dev_stack_costs_what_its_parts_cost() -> None:
-    # dev: 2-3 × t3.large, 1-2 × m6i.large, 1 × g5.xlarge, one NAT for two AZs, one ALB, ECR's two
-    # interface endpoints in each of the two AZs
+    # dev: 2-3 × t3.xlarge, NodePools cpu (1-2 × m6i.large + 1 node of canary surge: max_nodes 3)
+    # and a10g-1 (1 × g5.xlarge + 1 for a canary of embed-small), one NAT for two AZs, one ALB,
+    # ECR's two interface endpoints in each of the two AZs, one Valkey node, Prefect's db.t4g.small
     parts = {p["part"]: p["usd_per_hour"] for p in plan_json("dev")["cost"]["parts"]}
     assert {k: pytest.approx(v) for k, v in parts.items()} == {
-        "system nodes": [2 * 0.0832, 3 * 0.0832],
-        "node group a10g-1": [1.006, 1.006],
-        "node group cpu": [0.096, 2 * 0.096],
+        "system nodes": [2 * 0.1664, 3 * 0.1664],
+        "node pool a10g-1": [1.006, 2 * 1.006],
+        "node pool cpu": [0.096, 3 * 0.096],
         "EKS control plane": [EKS_CONTROL_PLANE_USD] * 2,
         "NAT gateways": [NAT_GATEWAY_USD] * 2,
         "NAT Elastic IPs": [PUBLIC_IPV4_USD] * 2,
         "load balancer": [ALB_USD] * 2,
         "VPC interface endpoints": [4 * VPC_ENDPOINT_USD] * 2,
         "quota store (Valkey)": [VALKEY_NODE_USD["cache.t4g.small"]] * 2,  # one node in dev
+        "Prefect database (RDS)": [RDS_POSTGRES_USD["db.t4g.small"]] * 2,  # single-AZ in dev
         # 2-3 gateway pods of one worker; the log's objects: none idle, 2 models busy on 3 at most
         "gateway S3 requests": [2 * GATEWAY_PROCESS_USD, 3 * GATEWAY_PROCESS_USD],
         # staged files (3 processes, a minute each), a commit every 5 minutes (4 PUTs and a data file per
@@ -298,3 +307,25 @@ def test_the_plan_shows_each_replica_s_gpu_type_degree_and_memory_breakdown() ->
     assert re.search(r"^llm-7b\s+A10G\s+1\s+13\.04\s+4\.00\s+architecture\s+20\.45\s*$", text, re.M)
     assert re.search(r"^embed-small\s+A10G shared\s+1\s+0\.20\s+-\s+-\s+2\.00\*\s*$", text, re.M)
     assert re.search(r"^demo-lm\s+CPU\s+-\s+0\.01\s+<0\.01\s+30% of weights\s+-\s*$", text, re.M)
+
+
+def test_the_plan_prints_the_nodepools_with_capacity_taints_limits_and_cost_bounds() -> None:
+    """prod: llm-70b's p4d pool on-demand only (large), embed-small's spot first; every pool
+    tainted for models; limits and cost bounds at the canary surge; what max_nodes cut said."""
+    data = plan_json("prod")
+    pools = {p["name"]: p for p in data["node_pools"]}
+    assert pools["a100-8"]["capacity_types"] == ["on-demand"]
+    assert pools["a10g-1"]["capacity_types"] == ["spot", "on-demand"]
+    assert pools["a10g-1-llm-7b"]["nodes"] == [1, 4, 6] and pools["a10g-1-llm-7b"]["surge_short"] == 2
+    assert pools["a10g-1-llm-7b"]["limits"] == {"cpu": "24", "memory": "96Gi", "nodes": "6", "nvidia.com/gpu": "6"}
+    assert pools["a10g-1-llm-7b"]["usd_per_hour"] == pytest.approx([1.006, 6 * 1.006])
+    assert all(["fleet.io/model-node", "true", "NoSchedule"] in p["taints"] for p in pools.values())
+    assert data["max_gpus"] == sum(int(p["limits"].get("nvidia.com/gpu", 0)) for p in pools.values()) == 24
+    text = fleet_plan("-s", "prod").stdout
+    assert re.search(r"^a10g-1-llm-7b\s+g5\.xlarge\s+on-demand\s+1-4\+2\s+cpu 24\s+1\.01-6\.04\s*$", text, re.M), text
+    assert re.search(r"^a10g-1\s+g5\.xlarge\s+spot\s+1-1\+1\s+cpu 8\s+1\.01-2\.01\s*$", text, re.M)
+    assert re.search(r"^\s+nvidia\.com/gpu 16\s*$", text, re.M)  # a100-8's GPU limit, on a line of its own
+    assert re.search(r"^a10g-1-llm-7b\s+nvidia\.com/gpu=present:NoSchedule\s+llm-7b\s*$", text, re.M)
+    assert re.search(r"^\s+fleet\.io/dedicated=llm-7b:NoSchedule\s*$", text, re.M)
+    joined = " ".join(text.split())
+    assert "canary surge: a100-8 needs 2 nodes more than nodePools[a100-8].max_nodes allows" in joined

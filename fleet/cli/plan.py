@@ -1,5 +1,7 @@
-"""``fleet plan``: the placement plan of a stack — where each model runs, the node-group sizes,
-what the whole stack costs per hour and how its GPUs compare with the guardrails' ceiling.
+"""``fleet plan``: the placement plan of a stack — where each model runs, the Karpenter
+NodePools of the model nodes (instance type, capacity type, taints, limits with the canary
+surge, cost bounds), what the whole stack costs per hour and how its GPUs compare with the
+guardrails' ceiling.
 
 Only gathers inputs (the policies, the node pools, system nodes and network of
 ``Pulumi.<stack>.yaml`` as ``fleet.planning.stack`` parses them, the guardrail pack's config) and prints
@@ -27,8 +29,9 @@ from fleet.cli._output import JsonFlag, console, emit_json
 if TYPE_CHECKING:  # imported where used: `fleet --help` stays fast
     from collections.abc import Sequence
 
-    from fleet.planning.costs import InferenceCost, StackCost
-    from fleet.planning.placement import ModelPlacement, NodeGroupPlan, PlacementPlan
+    from fleet.planning.costs import EksSupport, InferenceCost, StackCost
+    from fleet.planning.karpenter import NodePoolPlan
+    from fleet.planning.placement import ModelPlacement, PlacementPlan
     from fleet.planning.stack import GpuCeiling
 
 StackOpt = Annotated[
@@ -58,7 +61,8 @@ def plan_cmd(
     what scales each model and its cost per 1,000 inferences, node-group sizes, the whole
     stack's cost per hour and the GPU ceiling."""
     from fleet.catalog.policies.loader import load_policies
-    from fleet.planning.costs import inference_costs, stack_cost
+    from fleet.planning.costs import eks_support, inference_costs, stack_cost
+    from fleet.planning.karpenter import node_pools
     from fleet.planning.planner import plan
     from fleet.planning.stack import (
         build_inputs,
@@ -75,15 +79,20 @@ def plan_cmd(
     pools, models = placement_inputs(config, str(path), loaded)
     result = plan(loaded, pools, models)
     per_inference = inference_costs(result, pools)
-    cost = stack_cost(result, build_inputs(config, str(path)), path.name)
+    build = build_inputs(config, str(path))
+    cost = stack_cost(result, build, path.name, pools=pools)
+    karpenter = node_pools(result, pools)
+    gpus = sum(p.limit_gpus for p in karpenter)  # what the NodePools' limits let Karpenter launch
     ceiling = (
         gpu_ceiling(guardrails, required=True) if guardrails else gpu_ceiling(guardrail_config_file(path, policies))
     )
     if json:
-        within = None if ceiling.max_gpus is None else result.max_gpus <= ceiling.max_gpus
+        within = None if ceiling.max_gpus is None else gpus <= ceiling.max_gpus
         emit_json(
             {
                 **result.to_dict(),
+                "node_pools": [p.to_dict() for p in karpenter],
+                "max_gpus": gpus,
                 "cost": cost.to_dict(),
                 "gpu_ceiling": {**ceiling.to_dict(), "within": within},
                 "per_inference": [c.to_dict() for c in per_inference],
@@ -94,13 +103,14 @@ def plan_cmd(
         _placement_table(result, path),
         _memory_table(result),
         _scaling_table(result, per_inference),
-        _node_group_table(result),
+        _node_pool_table(karpenter),
+        _taint_table(karpenter),
         _cost_table(cost, path),
     )
     for table in tables:
         console.print(table)
         console.print()
-    for line in _summary(result, cost, ceiling):
+    for line in _summary(result, karpenter, cost, ceiling, eks_support(build.kubernetesVersion)):
         console.print(line, markup=False, highlight=False)
 
 
@@ -195,18 +205,39 @@ def _scaling_table(result: PlacementPlan, per_inference: Sequence[InferenceCost]
     return t
 
 
-def _node_group_table(result: PlacementPlan) -> Table:
-    t = _table("node groups")
-    _name_column(t, "node group")
+def _node_pool_table(pools: Sequence[NodePoolPlan]) -> Table:
+    t = _table("model nodes: Karpenter NodePools (limits include one canary's surge)")
+    t.caption = Text("nodes: min (min_replicas) - max (max_replicas) + canary surge; USD/h on demand")
+    t.caption_justify = "left"
+    _name_column(t, "node pool")
     _name_column(t, "instance")
-    _text_column(t, "GPUs / node")
+    _name_column(t, "capacity")  # one type per line
     _text_column(t, "nodes", right=True)
-    _text_column(t, "max GPUs", right=True)
-    _name_column(t, "models")  # one per line
-    for g in result.node_groups:
+    _name_column(t, "limits")  # one resource per line
+    _text_column(t, "USD/h", right=True)
+    for p in pools:
+        low, high = p.usd_per_hour
         _row(
-            t, g.name, g.instance_type, _per_node(g), f"{g.min_size}-{g.max_size}", str(g.max_gpus), "\n".join(g.models)
+            t,
+            p.name,
+            p.instance_type,
+            "\n".join(p.capacity_types),
+            f"{p.min_nodes}-{p.max_nodes}+{p.surge_nodes}",
+            "\n".join(f"{k} {v}" for k, v in p.limits.items()),
+            f"{low:.2f}-{high:.2f}",
+            end_section=True,
         )
+    return t
+
+
+def _taint_table(pools: Sequence[NodePoolPlan]) -> Table:
+    t = _table("NodePool taints (model pods tolerate them) and models")
+    _name_column(t, "node pool")
+    _name_column(t, "taints")  # one per line
+    _name_column(t, "models")  # one per line
+    for p in pools:
+        taints = "\n".join(f"{k}={v}:{e}" for k, v, e in p.taints)
+        _row(t, p.name, taints, "\n".join(p.models), end_section=True)
     return t
 
 
@@ -234,19 +265,28 @@ def _cost_table(cost: StackCost, path: Path) -> Table:
     return t
 
 
-def _summary(result: PlacementPlan, cost: StackCost, ceiling: GpuCeiling) -> list[str]:
-    """The totals in words: model nodes, GPUs against the guardrails' ceiling, the whole stack."""
-    low, high = result.usd_per_hour
+def _summary(
+    result: PlacementPlan, pools: Sequence[NodePoolPlan], cost: StackCost, ceiling: GpuCeiling, eks: EksSupport
+) -> list[str]:
+    """The totals in words: model nodes at the NodePools' limits, GPUs against the guardrails'
+    ceiling, surge the pools' max_nodes cut, the whole stack."""
+    low, high = sum(p.usd_per_hour[0] for p in pools), sum(p.usd_per_hour[1] for p in pools)
     unused = f"; unused pools: {', '.join(result.unused_pools)}" if result.unused_pools else ""
-    gpus = f"{result.max_gpus} GPU{'' if result.max_gpus == 1 else 's'}"
+    count = sum(p.limit_gpus for p in pools)
+    gpus = f"{count} GPU{'' if count == 1 else 's'}"
     lines = [f"model nodes: at most {gpus}, {low:.2f}-{high:.2f} USD/hour{unused}"]
+    for p in pools:
+        if p.surge_short:
+            lines.append(
+                f"canary surge: {p.name} needs {p.surge_short} node{'' if p.surge_short == 1 else 's'} more than "
+                f"nodePools[{p.pool}].max_nodes allows: a canary at peak waits for its stable to scale down"
+            )
     if ceiling.max_gpus is None:
         lines.append(f"GPU ceiling: at most {gpus}; none known ({ceiling.source})")
     else:
-        over = (
-            " — OVER the ceiling: the guardrails will refuse `pulumi up`" if result.max_gpus > ceiling.max_gpus else ""
-        )
+        over = " — OVER the ceiling: the guardrails will refuse `pulumi up`" if count > ceiling.max_gpus else ""
         lines.append(f"GPU ceiling: at most {gpus} of the guardrail's {ceiling.max_gpus} ({ceiling.source}){over}")
+    lines.append(eks.note)
     low, high = cost.usd_per_hour
     lines.append(f"whole stack: {low:.2f}-{high:.2f} USD/hour on demand; left out: {cost.left_out}")
     return lines
@@ -263,9 +303,3 @@ def _gpus(m: ModelPlacement) -> str:
     if m.shared_gpu:
         return "1 shared"
     return f"{m.gpus} (tensor parallel)" if m.tensor_parallel > 1 else "1"
-
-
-def _per_node(g: NodeGroupPlan) -> str:
-    if not g.gpus_per_node:
-        return "0"
-    return f"{g.gpus_per_node} × {g.gpu_slices} shares" if g.gpu_slices > 1 else str(g.gpus_per_node)

@@ -12,11 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from datetime import UTC, date, datetime
 from typing import Any
 
+from fleet.planning.karpenter import node_pools
 from fleet.planning.node_groups import capacity, demand
 from fleet.planning.placement import PlacementPlan
-from fleet.planning.stack import STACK_POOLS_KEY, STACK_REDIS_KEY, STACK_SYSTEM_KEY, NodePool, StackBuild
+from fleet.planning.stack import (
+    STACK_POOLS_KEY,
+    STACK_PREFECT_DB_KEY,
+    STACK_REDIS_KEY,
+    STACK_SYSTEM_KEY,
+    NodePool,
+    StackBuild,
+)
 
 # The fixed parts of a stack's hourly cost, in USD per hour: AWS list prices in us-east-1,
 # the region of the example stacks (nodes are priced by the stack file's hourly_usd). One
@@ -26,6 +35,19 @@ from fleet.planning.stack import STACK_POOLS_KEY, STACK_REDIS_KEY, STACK_SYSTEM_
 AWS_PRICE_SOURCE = "AWS list price, us-east-1"
 AWS_PRICE_LABEL = "AWS us-east-1"
 EKS_CONTROL_PLANE_USD = 0.10  # per cluster-hour, standard support (aws.amazon.com/eks/pricing)
+EKS_EXTENDED_SUPPORT_USD = 0.60  # per cluster-hour once a version is past standard support (same page)
+# EKS's Kubernetes calendar (docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html):
+# minor → (end of standard support, end of extended support). Standard support is 14 months
+# from EKS's release, extended 12 more, at six times the price; past that EKS upgrades the
+# cluster itself. A version newer than the table is taken as standard and said so.
+EKS_VERSIONS = {
+    "1.30": (date(2025, 7, 23), date(2026, 7, 23)),
+    "1.31": (date(2025, 11, 26), date(2026, 11, 26)),
+    "1.32": (date(2026, 3, 23), date(2027, 3, 23)),
+    "1.33": (date(2026, 7, 29), date(2027, 7, 29)),
+    "1.34": (date(2026, 12, 2), date(2027, 12, 2)),
+    "1.35": (date(2027, 3, 27), date(2028, 3, 27)),
+}
 NAT_GATEWAY_USD = 0.045  # per NAT gateway-hour, before $0.045/GB processed (aws.amazon.com/vpc/pricing)
 PUBLIC_IPV4_USD = 0.005  # per public IPv4 address-hour: each NAT gateway's Elastic IP (same page)
 ALB_USD = 0.0225  # per Application Load Balancer-hour, before LCUs (aws.amazon.com/elasticloadbalancing/pricing)
@@ -38,7 +60,8 @@ INTERFACE_ENDPOINTS = (
 # IPv4s as it scales out), or by the month (KMS keys).
 COST_LEFT_OUT = (
     "data transfer, NAT data processing, ALB capacity units and public IPv4s, "
-    "EBS volumes, S3 storage, ElastiCache backups, KMS keys, CloudWatch"
+    "EBS volumes, S3 storage, RDS storage and backups, ElastiCache backups, SQS and EventBridge, "
+    "KMS keys, CloudWatch"
 )
 
 # S3 requests (aws.amazon.com/s3/pricing, Standard, us-east-1), per request: GET; PUT and
@@ -105,9 +128,64 @@ def _usd(pair: tuple[float, float]) -> tuple[float, float]:
     return round(pair[0], 6), round(pair[1], 6)
 
 
-def stack_cost(plan: PlacementPlan, build: StackBuild, where: str) -> StackCost:
+@dataclass(frozen=True)
+class EksSupport:
+    """Where a Kubernetes minor stands in EKS's calendar on a day, and its control plane's price."""
+
+    version: str
+    support: str  # "standard", "extended", "ended" or "unknown" (newer than EKS_VERSIONS)
+    until: date | None  # the end of the period it is in
+    usd_per_hour: float
+
+    @property
+    def count(self) -> str:
+        """The cost table's count column (narrow: the table fits 80 columns)."""
+        return f"{self.version}, {self.support}"
+
+    @property
+    def note(self) -> str:
+        """One line for under the table: the support period and what follows it."""
+        price = f"control plane {self.usd_per_hour:.2f} USD/hour"
+        if self.support == "unknown":
+            return (
+                f"Kubernetes {self.version}: not in EKS_VERSIONS (fleet/planning/costs.py), priced as standard support"
+            )
+        if self.support == "standard":
+            return (
+                f"Kubernetes {self.version}: EKS standard support until {self.until.isoformat()} ({price}; "
+                f"{EKS_EXTENDED_SUPPORT_USD:.2f} in extended support after it)"
+            )
+        if self.support == "extended":
+            return (
+                f"Kubernetes {self.version}: EKS extended support until {self.until.isoformat()} ({price}); "
+                "upgrade to return to standard support's price"
+            )
+        return f"Kubernetes {self.version}: EKS support has ended; upgrade (EKS upgrades such a cluster itself)"
+
+
+def eks_support(version: str, today: date | None = None) -> EksSupport:
+    """``version``'s EKS support on ``today`` (UTC today by default)."""
+    today = today or datetime.now(UTC).date()
+    if version not in EKS_VERSIONS:
+        newest = max(EKS_VERSIONS, key=lambda v: tuple(map(int, v.split("."))))
+        if tuple(map(int, version.split("."))) > tuple(map(int, newest.split("."))):
+            return EksSupport(version, "unknown", None, EKS_CONTROL_PLANE_USD)
+        return EksSupport(version, "ended", None, EKS_EXTENDED_SUPPORT_USD)
+    standard, extended = EKS_VERSIONS[version]
+    if today <= standard:
+        return EksSupport(version, "standard", standard, EKS_CONTROL_PLANE_USD)
+    if today <= extended:
+        return EksSupport(version, "extended", extended, EKS_EXTENDED_SUPPORT_USD)
+    return EksSupport(version, "ended", extended, EKS_EXTENDED_SUPPORT_USD)
+
+
+def stack_cost(
+    plan: PlacementPlan, build: StackBuild, where: str, today: date | None = None, *, pools: Sequence[NodePool]
+) -> StackCost:
     """Every part of the stack that ``pulumi up`` builds and AWS bills by the hour; ``where``
-    (the stack file's name) goes into the sources of the node prices."""
+    (the stack file's name) goes into the sources of the node prices, ``pools`` (the stack's node
+    pools) size the Karpenter NodePools. The control plane is
+    priced by the stack's Kubernetes version on ``today`` (standard or extended support)."""
     system = build.systemNodes
     parts = [
         _nodes(
@@ -120,22 +198,25 @@ def stack_cost(plan: PlacementPlan, build: StackBuild, where: str) -> StackCost:
             STACK_SYSTEM_KEY,
         )
     ]
+    # the model nodes: each Karpenter NodePool from the nodes its models' minimum holds to its
+    # limit (canary surge included), at the pool's on-demand price
     parts += [
         _nodes(
-            f"node group {g.name}",
-            g.min_size,
-            g.max_size,
-            g.instance_type,
-            g.hourly_usd,
-            f"{where}: {STACK_POOLS_KEY}[{g.pool}].hourly_usd",
-            f"{STACK_POOLS_KEY} {g.pool}",
+            f"node pool {p.name}",
+            p.min_nodes,
+            p.limit_nodes,
+            p.instance_type,
+            p.hourly_usd,
+            f"{where}: {STACK_POOLS_KEY}[{p.pool}].hourly_usd",
+            STACK_POOLS_KEY,  # the table's column is narrow: the pool is in the full source
         )
-        for g in plan.node_groups
+        for p in node_pools(plan, pools)
     ]
     nats = build.nat_gateways
+    eks = eks_support(build.kubernetesVersion, today)
     per_az = f"1 for {build.azCount} AZs" if build.singleNatGateway else f"{nats}, 1 per AZ"
     parts += [
-        _fixed("EKS control plane", 1, "1 cluster", EKS_CONTROL_PLANE_USD),
+        _fixed("EKS control plane", 1, eks.count, eks.usd_per_hour),
         _fixed("NAT gateways", nats, per_az, NAT_GATEWAY_USD),
         _fixed("NAT Elastic IPs", nats, f"{nats}", PUBLIC_IPV4_USD),
         _fixed("load balancer", 1, "1 ALB", ALB_USD),
@@ -163,6 +244,24 @@ def stack_cost(plan: PlacementPlan, build: StackBuild, where: str) -> StackCost:
                 STACK_REDIS_KEY,
             )
         )
+    db = build.prefectDatabase
+    if db.external_host is None:  # else the database is someone else's bill
+        instances = 2 if build.env == "prod" else 1  # Multi-AZ: a standby
+        count = f"{db.instance_class}{', Multi-AZ' if instances == 2 else ''}"
+        if db.hourly_usd is None:
+            parts.append(_fixed("Prefect database (RDS)", instances, count, db.usd_per_instance))
+        else:
+            parts.append(
+                _nodes(
+                    "Prefect database (RDS)",
+                    instances,
+                    instances,
+                    db.instance_class,
+                    db.hourly_usd,
+                    f"{where}: {STACK_PREFECT_DB_KEY}.hourly_usd",
+                    STACK_PREFECT_DB_KEY,
+                )
+            )
     parts += store_requests(build, len(plan.models))
     return StackCost(tuple(parts))
 

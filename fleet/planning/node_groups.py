@@ -1,4 +1,5 @@
 """Node groups: how many nodes of each pool the placed models need, and their labels and taints.
+Each becomes a Karpenter NodePool (fleet.planning.karpenter), which adds the canary surge.
 
 A node group is a pool's nodes shared by the models placed on it, or kept for one isolated
 model (``dedicated_to``, tainted). Its size is what first-fit-decreasing packing of every
@@ -61,8 +62,8 @@ def node_groups(placed: Sequence[ModelPlacement], pools: Sequence[NodePool]) -> 
         dedicated_to = members[0].model if members[0].isolated_for else None
         slices = 1 if dedicated_to else pool.gpu_slices
         cap = capacity(pool, slices)
-        at_max = _pack([demand(m) for m in members for _ in range(m.max_replicas)], cap)
-        at_min = _pack([demand(m) for m in members for _ in range(m.min_replicas)], cap)
+        at_max = pack([demand(m) for m in members for _ in range(m.max_replicas)], cap)
+        at_min = pack([demand(m) for m in members for _ in range(m.min_replicas)], cap)
         min_size = max(at_min, pool.min_nodes)
         out.append(
             NodeGroupPlan(
@@ -71,7 +72,6 @@ def node_groups(placed: Sequence[ModelPlacement], pools: Sequence[NodePool]) -> 
                 instance_type=pool.instance_type,
                 gpus_per_node=pool.gpus,
                 gpu_slices=slices,
-                capacity_type=pool.capacity_type,
                 min_size=min_size,
                 max_size=max(at_max, min_size, 1),
                 hourly_usd=pool.hourly_usd,
@@ -96,8 +96,9 @@ def demand(m: ModelPlacement) -> tuple[int, float, float]:
     return m.gpus, m.cpu, m.memory_gib
 
 
-def _pack(demands: list[tuple[int, float, float]], cap: tuple[int, float, float]) -> int:
-    """Nodes that first-fit-decreasing packing needs for ``demands`` (each fits one node)."""
+def pack(demands: list[tuple[int, float, float]], cap: tuple[int, float, float]) -> int:
+    """Nodes that first-fit-decreasing packing needs for ``demands`` (each fits one node); also
+    what a canary's surge adds (fleet.planning.karpenter)."""
     free: list[list[float]] = []
     for d in sorted(demands, reverse=True):
         for node in free:

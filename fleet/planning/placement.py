@@ -21,6 +21,10 @@ from fleet.errors import FleetError
 GPU_RESOURCE = "nvidia.com/gpu"  # extended resource the NVIDIA device plugin advertises
 POOL_LABEL = "fleet.io/node-group"  # node label: the node group a node belongs to
 DEDICATED_KEY = "fleet.io/dedicated"  # label and taint of a node group kept for one model
+# Taint on every model node (Karpenter's NodePools, fleet.planning.karpenter): platform pods,
+# which do not tolerate it, stay on the system nodes; every model pod tolerates it.
+MODEL_NODE_KEY = "fleet.io/model-node"
+MODEL_NODE_TOLERATION = {"key": MODEL_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}
 SLICES_LABEL = "nvidia.com/device-plugin.config"  # picks the device plugin's sharing config
 
 
@@ -83,8 +87,8 @@ class ModelPlacement:
 
     @property
     def tolerations(self) -> list[dict[str, str]]:
-        """Kubernetes tolerations for the taints of its node group."""
-        out = []
+        """Kubernetes tolerations for the taints of its node group (a model node's, always)."""
+        out = [dict(MODEL_NODE_TOLERATION)]
         if self.gpus:
             out.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
         if self.isolated_for:
@@ -99,7 +103,6 @@ class NodeGroupPlan:
     instance_type: str
     gpus_per_node: int
     gpu_slices: int
-    capacity_type: str
     min_size: int
     max_size: int
     hourly_usd: float  # one node

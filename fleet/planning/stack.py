@@ -72,7 +72,10 @@ class NodePool(BaseModel):
     gpu_slices: int = Field(1, ge=1, le=16)  # replicas sharing one GPU (time-slicing); 1 = whole GPUs
     min_nodes: int = Field(0, ge=0)
     max_nodes: int = Field(10, ge=1)  # cap on all node groups made from this pool
-    capacity_type: Literal["ON_DEMAND", "SPOT"] = "ON_DEMAND"
+    # Karpenter's capacity types for the NodePools made from this pool (fleet.planning.karpenter):
+    # None (default): by the models' class, spot allowed for small models, on-demand for large;
+    # ON_DEMAND: never spot; SPOT: spot allowed, though never for a large model
+    capacity_type: Literal["ON_DEMAND", "SPOT"] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> NodePool:
@@ -169,6 +172,11 @@ STACK_AZ_KEY = "azCount"
 STACK_SINGLE_NAT_KEY = "singleNatGateway"
 STACK_REDIS_KEY = "redis"
 STACK_GATEWAY_KEY = "gateway"
+STACK_K8S_KEY = "kubernetesVersion"
+STACK_PREFECT_DB_KEY = "prefectDatabase"
+# The default Kubernetes minor of a stack (infra/config.py's too): in EKS standard support
+# until 2027-03-27 (fleet.planning.costs.EKS_VERSIONS, which prices the control plane by it).
+KUBERNETES_VERSION = "1.35"
 
 # ElastiCache for Valkey, on-demand, per node-hour (aws.amazon.com/elasticache/pricing; Valkey
 # is listed 20 % below Redis OSS for the same node type): the gateways' shared quota store
@@ -176,6 +184,10 @@ STACK_GATEWAY_KEY = "gateway"
 # remembered rather than fetched (the build machine cannot reach it), and not re-checked:
 # check them. Another node type states its price in the stack file (redis.hourly_usd).
 VALKEY_NODE_USD = {"cache.t4g.micro": 0.0128, "cache.t4g.small": 0.0256, "cache.t4g.medium": 0.0520}
+# RDS for PostgreSQL, on-demand, single-AZ, per instance-hour (aws.amazon.com/rds/postgresql/pricing,
+# us-east-1); Multi-AZ (one standby) is twice that. Prefect's database (infra/prefect_db.py).
+# Recorded as remembered, like VALKEY_NODE_USD: another class states its price (prefectDatabase.hourly_usd).
+RDS_POSTGRES_USD = {"db.t4g.micro": 0.016, "db.t4g.small": 0.032, "db.t4g.medium": 0.065, "db.t4g.large": 0.129}
 # The CrossGuard pack policies/guardrails refuses a stack whose GPU node groups can scale past
 # this config value (policies/guardrails/fleet_guardrails/compute.py, gpu-ceiling).
 GUARDRAIL_CEILING_POLICY = "gpu-ceiling"
@@ -202,6 +214,33 @@ class SystemNodes(BaseModel):
         if self.min_size > self.max_size:
             raise expected(f"an integer <= max_size ({self.max_size})", field="min_size", got=self.min_size)
         return self
+
+
+class PrefectDb(BaseModel):
+    """What ``serving-fleet:prefectDatabase`` (infra/config.py's PrefectDatabaseSettings, which
+    checks the rest) says about the price of Prefect's database: no instance with
+    ``external_host``; Multi-AZ (two instances' price) when env is prod."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+    instance_class: str = "db.t4g.small"
+    external_host: str | None = None
+    hourly_usd: float | None = Field(None, ge=0.0)  # single-AZ; default: the recorded list price
+
+    @model_validator(mode="after")
+    def _priced(self) -> PrefectDb:
+        if self.external_host is None and self.hourly_usd is None and self.instance_class not in RDS_POSTGRES_USD:
+            raise expected(
+                f"the on-demand USD price of one {self.instance_class} instance per hour (a price is recorded "
+                f"only for {', '.join(RDS_POSTGRES_USD)})",
+                field="hourly_usd",
+                got=None,
+            )
+        return self
+
+    @property
+    def usd_per_instance(self) -> float:
+        return self.hourly_usd if self.hourly_usd is not None else RDS_POSTGRES_USD[self.instance_class]
 
 
 class RedisNodes(BaseModel):
@@ -266,6 +305,9 @@ class StackBuild(BaseModel):
     singleNatGateway: bool = False
     redis: RedisNodes = Field(default_factory=RedisNodes)
     gateway: GatewayProcesses = Field(default_factory=GatewayProcesses)
+    kubernetesVersion: str = Field(KUBERNETES_VERSION, pattern=r"^1\.\d{2}$")  # prices the control plane
+    prefectDatabase: PrefectDb = Field(default_factory=PrefectDb)
+    env: str = "dev"  # prod: Prefect's database is Multi-AZ
 
     @property
     def nat_gateways(self) -> int:
@@ -279,8 +321,21 @@ def build_inputs(config: dict[str, Any], where: str) -> StackBuild:
     A value ``pulumi config set`` stored as text (``"3"``, ``"true"``, JSON) is read as Pulumi
     hands it to the program, so this agrees with ``pulumi up``.
     """
-    keys = (STACK_SYSTEM_KEY, STACK_AZ_KEY, STACK_SINGLE_NAT_KEY, STACK_REDIS_KEY, STACK_GATEWAY_KEY)
+    keys = (
+        STACK_SYSTEM_KEY,
+        STACK_AZ_KEY,
+        STACK_SINGLE_NAT_KEY,
+        STACK_REDIS_KEY,
+        STACK_GATEWAY_KEY,
+        STACK_K8S_KEY,
+        STACK_PREFECT_DB_KEY,
+        "env",
+    )
     values = {k: _as_pulumi_reads(config[f"{PROJECT}:{k}"]) for k in keys if f"{PROJECT}:{k}" in config}
+    if "env" in values:
+        values["env"] = str(config[f"{PROJECT}:env"])
+    if STACK_K8S_KEY in values:  # text, as Pulumi hands a string key: "1.30" is not the number 1.3
+        values[STACK_K8S_KEY] = str(config[f"{PROJECT}:{STACK_K8S_KEY}"])
     try:
         return StackBuild.model_validate(values)
     except ValidationError as exc:
