@@ -35,6 +35,60 @@ def serve_cmd() -> None:
     serve()
 
 
+@app.command("deploy")
+def deploy_cmd(
+    image: Annotated[
+        str, typer.Option("--image", help="The flows image, <repository>:<tag> (Dockerfile.flows), pushed to ECR.")
+    ],
+    work_pool: Annotated[str, typer.Option("--work-pool", help="The Kubernetes work pool.")] = "fleet-kubernetes",
+    json: JsonFlag = False,
+) -> None:
+    """Register every deployment `fleet flows serve` serves, schedules included, on the cluster's
+    Kubernetes work pool: the Prefect worker there runs each flow run as a Job of IMAGE.
+
+    Needs PREFECT_API_URL (and PREFECT_API_AUTH_STRING: the server has basic auth) pointed at the
+    cluster's Prefect server, and FLEET_STORE at its store (the per-model monitors are scheduled
+    for the models registered there).
+    """
+    from flows.serve import deploy, schedules
+
+    _api_url()
+    repository, _, tag = image.rpartition(":")
+    if not repository or not tag or "/" in tag:
+        raise InvalidInput(f"--image {image!r}; expected <repository>:<tag>, e.g. <account>.dkr.ecr.../flows:0.1.0")
+    pool = _work_pool(work_pool)
+    if pool.type != "kubernetes":
+        raise ConfigError(
+            f"work pool {work_pool!r} is of type {pool.type!r}; expected 'kubernetes' (the one the cluster's "
+            "Prefect worker polls; `fleet flows serve` runs the local fleet's flows)"
+        )
+    made = deploy(image, work_pool)
+    rows = [{"deployment": f"{d.flow_name}/{d.name}", "schedules": list(schedules(d))} for d in made]
+    if json:
+        emit_json({"work_pool": work_pool, "image": image, "deployments": rows})
+        return
+    for row in rows:
+        console.print(f"{row['deployment']:<40} {', '.join(row['schedules']) or 'on demand'}")
+    err_console.print(f"{len(rows)} deployments on work pool {work_pool} with image {image}")
+
+
+def _work_pool(name: str) -> Any:  # noqa: ANN401 - a prefect WorkPool
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    async def read() -> Any:  # noqa: ANN401
+        async with get_client() as client:
+            return await client.read_work_pool(name)
+
+    try:
+        return asyncio.run(read())
+    except ObjectNotFound:
+        raise NotFound(
+            f"work pool {name!r} does not exist on {_api_url()}; the cluster's Prefect worker creates it when it "
+            "starts (infra/charts.py)"
+        ) from None
+
+
 def _api_url() -> str:
     url = os.environ.get("PREFECT_API_URL")
     if not url:
