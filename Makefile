@@ -49,9 +49,10 @@ format: $(STAMP)
 	$(BIN)/ruff format --quiet .
 	$(BIN)/ruff check --quiet --fix .
 
-# Debian packages the tests run for real (Prometheus scraping a gateway, Redis for shared quotas), or the benchmarks
-# (wrk, nginx). Installed once, with apt-get (as root, else through sudo).
-TEST_PACKAGES  := prometheus redis-server
+# Debian packages the tests run for real (Prometheus scraping a gateway and its promtool, Redis for shared quotas,
+# Alertmanager's amtool checking the alerting config), or the benchmarks (wrk, nginx). Installed once, with
+# apt-get (as root, else through sudo).
+TEST_PACKAGES  := prometheus redis-server prometheus-alertmanager
 BENCH_PACKAGES := wrk nghttp2-client nginx-light
 define apt_install
 	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

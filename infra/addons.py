@@ -1,6 +1,7 @@
 """ClusterAddons: the cluster's own components as EKS managed add-ons, versioned per Kubernetes version.
 
-vpc-cni and kube-proxy are what a node needs to turn Ready, so they come before the node
+vpc-cni (with its network policy agent on: infra/netpol.py) and kube-proxy are what a node needs
+to turn Ready, so they come before the node
 groups; coredns, the EBS CSI driver (volumes for Prometheus and Prefect's database) and
 metrics-server (the gateway's HPA reads CPU through it) run as pods and come after. EKS
 installs vpc-cni, kube-proxy and coredns itself when it creates a cluster, unmanaged;
@@ -17,6 +18,7 @@ that wants every change reviewed pins versions in ``addonVersions`` (add-on → 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import pulumi
@@ -24,9 +26,12 @@ import pulumi_aws as aws
 
 from infra import waited_for
 from infra.identity import IrsaRole, IrsaRoleArgs
+from infra.netpol import VPC_CNI_CONFIGURATION
 
 BEFORE_NODES = ("vpc-cni", "kube-proxy")  # keep ADDONS in infra/config.py the union of both
 AFTER_NODES = ("coredns", "aws-ebs-csi-driver", "metrics-server")
+# add-on → its configuration values (the add-on's JSON schema: `aws eks describe-addon-configuration`)
+CONFIGURATION = {"vpc-cni": VPC_CNI_CONFIGURATION}  # the node agent enforces NetworkPolicies
 # add-on → (namespace, service account, AWS managed policy) of its IRSA role
 IRSA = {
     "aws-ebs-csi-driver": (
@@ -87,6 +92,7 @@ class ClusterAddons(pulumi.ComponentResource):
                 addon_name=addon,
                 addon_version=version,
                 service_account_role_arn=role.arn if role else None,
+                configuration_values=json.dumps(CONFIGURATION[addon]) if addon in CONFIGURATION else None,
                 resolve_conflicts_on_create="OVERWRITE",
                 resolve_conflicts_on_update="OVERWRITE",
                 tags=args.tags,

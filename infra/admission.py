@@ -1,7 +1,8 @@
 """The cluster's own rules: ValidatingAdmissionPolicies (CEL, in the API server).
 
 ``gpu_pod_policy``: GPU pods must tolerate the GPU taint. ``gateway_scaling_policy``: the
-gateway may change nothing of a ScaledObject but a lazy model's floor, from 0 to 1. The first,
+gateway may change nothing of a ScaledObject but a lazy model's floor, from 0 to 1 (or send
+that same 1 again: every gateway process that sees the cold start sends the wake). The first,
 in detail:
 
 Model pods are created by the Kubernetes runtime and by whoever runs ``kubectl``, not by
@@ -67,10 +68,13 @@ def gpu_pod_policy() -> tuple[dict, dict]:
 GATEWAY_SCALING = "fleet-gateway-scaling"
 # What the gateway may change in a ScaledObject: a lazy model's floor, from 0 to 1
 # (fleet.runtime.kubernetes.runtime KubernetesRuntime.activate wakes a version scaled to zero). Nothing
-# else in spec; metadata only as the API server itself moves it.
+# else in spec; metadata only as the API server itself moves it. A floor already at 1 may be
+# "raised" to 1 again: every gateway process that sees a cold start sends the wake, and the API
+# server runs admission on that no-op patch too; refusing it turned a race the fleet wins into
+# a 403, a 503 to the caller and the runtime's back-off of up to 120 s.
 LAZY_ONLY = "has(oldObject.metadata.labels) && 'fleet.io/loading' in oldObject.metadata.labels && oldObject.metadata.labels['fleet.io/loading'] == 'lazy'"
-ZERO_TO_ONE = (
-    "has(oldObject.spec.minReplicaCount) && oldObject.spec.minReplicaCount == 0"
+TO_ONE = (
+    "has(oldObject.spec.minReplicaCount) && oldObject.spec.minReplicaCount in [0, 1]"
     " && has(object.spec.minReplicaCount) && object.spec.minReplicaCount == 1"
 )
 ONLY_THE_FLOOR = (
@@ -86,7 +90,7 @@ SAME_METADATA = (
 
 def gateway_scaling_policy(gateway_account: str, models_namespace: str) -> tuple[dict, dict]:
     """(ValidatingAdmissionPolicy spec, its binding's spec): the gateway's service account may
-    only raise a lazy model's ScaledObject's ``minReplicaCount`` from 0 to 1 in the models
+    only raise a lazy model's ScaledObject's ``minReplicaCount`` from 0 to 1 (or to 1 again) in the models
     namespace (the idle-unload flow, another account, sets it back to 0).
 
     RBAC cannot say which fields a ``patch`` may touch; without this, the Role that lets the
@@ -118,9 +122,9 @@ def gateway_scaling_policy(gateway_account: str, models_namespace: str) -> tuple
                 "message": "the gateway may change only spec.minReplicaCount of a ScaledObject (scaling a lazy version from zero)",
             },
             {
-                "expression": ZERO_TO_ONE,
+                "expression": TO_ONE,
                 "reason": "Forbidden",
-                "message": "the gateway may only raise spec.minReplicaCount from 0 to 1",
+                "message": "the gateway may only raise spec.minReplicaCount from 0 to 1 (or leave it at 1)",
             },
             {
                 "expression": SAME_METADATA,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.config import LogSettings
+from infra.config_sections import LogSettings
 from infra.storage import LOG_TABLE_ROOT, private_bucket
 
 ENGINE = "Athena engine version 3"

@@ -7,16 +7,26 @@ pool. Each is a child of the Platform component, on the system nodes unless it s
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, SLICES_LABEL, PlacementPlan
-from infra.namespaces import FLOWS_NS, FLOWS_SA, KEDA_NS, MONITORING_NS, ON_SYSTEM
+from infra.alerting import SECRET_NAME as ALERTING_SECRET
+from infra.alerting import AlertingSettings, alertmanager_values, secret_items
+from infra.flow_jobs import WORK_POOL, flow_run_job_template
+from infra.monitoring import eks_values
+from infra.namespaces import (
+    FLOWS_NS,
+    KEDA_NS,
+    MONITORING_NS,
+    ON_SYSTEM,
+    PREFECT_AUTH_SECRET,
+    PREFECT_DB_SECRET,
+    WORKER_SA,
+)
 
-WORK_POOL = "fleet-kubernetes"
 PROMETHEUS_URL = f"http://kps-prometheus.{MONITORING_NS}.svc:9090"  # kube-prometheus-stack, fullnameOverride kps
 PREFECT_IMAGE_TAG = "3.9.1-python3.11"  # the Prefect release the flows are written against (requirements.lock)
 # Every chart at an exact version. The default values and values.schema.json of each, as the
@@ -27,7 +37,7 @@ CHARTS = {
     "nvidia-device-plugin": ("https://nvidia.github.io/k8s-device-plugin", "0.17.1"),
     "keda": ("https://kedacore.github.io/charts", "2.17.2"),
     "kube-prometheus-stack": ("https://prometheus-community.github.io/helm-charts", "79.7.1"),
-    "cluster-autoscaler": ("https://kubernetes.github.io/autoscaler", "9.43.1"),
+    "cluster-autoscaler": ("https://kubernetes.github.io/autoscaler", "9.59.0"),
     # Prefect's charts are released together with date versions; PREFECT_IMAGE_TAG pins what runs
     "prefect-server": ("https://prefecthq.github.io/prefect-helm", "2026.8.18172642"),
     "prefect-worker": ("https://prefecthq.github.io/prefect-helm", "2026.8.18172642"),
@@ -36,30 +46,7 @@ CHARTS = {
 }
 STORAGE_CLASS = "gp3"  # the cluster's default: encrypted gp3 volumes through the EBS CSI driver
 PROMETHEUS_STORAGE = "50Gi"
-PREFECT_DB_STORAGE = "20Gi"
 GRAFANA_SECRET = "grafana-admin"
-# The Kubernetes work pool's base job template: prefect-kubernetes 0.8.0's default
-# (KubernetesWorker.get_default_base_job_template(), taken 2026-12-01), with this fleet's
-# namespace, service account and default requests (flow_run_job_template sets them).
-JOB_TEMPLATE = Path(__file__).with_name("prefect-kubernetes-job-template.json")
-FLOW_JOB_DEFAULTS = {
-    "namespace": FLOWS_NS,
-    "service_account_name": FLOWS_SA,
-    "cpu_request": "500m",
-    "memory_request": "1Gi",
-    "memory_limit": "2Gi",
-    "finished_job_ttl": 86400,
-}
-
-
-def flow_run_job_template() -> dict:
-    """The work pool's base job template: flow runs as Jobs in the flows namespace, under the
-    flows' service account (their IAM role), with requests the namespace quota accepts."""
-    template = json.loads(JOB_TEMPLATE.read_text())
-    variables = template["variables"]["properties"]
-    for name, value in FLOW_JOB_DEFAULTS.items():
-        variables[name]["default"] = value
-    return template
 
 
 def device_plugin_config(plan: PlacementPlan) -> dict[str, str]:
@@ -84,9 +71,10 @@ def install_charts(
     region: str,
     kubernetes_version: str,
     autoscaler_role_arn: pulumi.Input[str],
-    flows_role_arn: pulumi.Input[str],
     grafana_admin_password: pulumi.Input[str],
-    prefect_db_password: pulumi.Input[str],
+    prefect_secrets: Sequence[pulumi.Resource] = (),
+    alerting: AlertingSettings | None = None,
+    alert_secrets: Mapping[str, pulumi.Input[str]] | None = None,
 ) -> tuple[k8s.helm.v3.Release, k8s.helm.v3.Release]:
     """Every release, named ``<name>-<chart>``; ``child(*depends)``: the Platform's options for a
     child that waits for ``depends``. Returns (KEDA, kube-prometheus-stack): what the
@@ -114,6 +102,20 @@ def install_charts(
         string_data={"admin-user": "admin", "admin-password": pulumi.Output.secret(grafana_admin_password)},
         opts=child(namespaces[MONITORING_NS]),
     )
+    # the receivers' secrets (infra/alerting.py): a Secret the Alertmanager pods mount, so the
+    # chart's values (and the Helm release) only name files
+    alert_secrets = dict(alert_secrets or {})
+    alerting_depends = []
+    if alert_secrets:
+        alerting_depends.append(
+            k8s.core.v1.Secret(
+                f"{name}-alerting",
+                metadata={"name": ALERTING_SECRET, "namespace": MONITORING_NS},
+                type="Opaque",
+                string_data={k: pulumi.Output.secret(v) for k, v in secret_items(alert_secrets).items()},
+                opts=child(namespaces[MONITORING_NS]),
+            )
+        )
 
     on_gpu_nodes = {
         # every GPU node, dedicated ones included, and nowhere else (as the device plugin)
@@ -159,7 +161,8 @@ def install_charts(
                     },
                 }
             },
-            "alertmanager": {"alertmanagerSpec": {"nodeSelector": ON_SYSTEM}},
+            "alertmanager": alertmanager_values(alerting or AlertingSettings(), set(alert_secrets), ON_SYSTEM),
+            **eks_values(),  # no scrape targets or alerts for what EKS hides (its control plane, kube-proxy)
             "grafana": {
                 "nodeSelector": ON_SYSTEM,
                 "sidecar": {"dashboards": {"enabled": True, "label": "grafana_dashboard"}},
@@ -173,6 +176,7 @@ def install_charts(
         },
         namespaces[MONITORING_NS],
         grafana_admin,
+        *alerting_depends,
     )
     release(
         "dcgm-exporter",
@@ -208,19 +212,20 @@ def install_charts(
         FLOWS_NS,
         {
             "global": {"prefect": {"image": {"prefectTag": PREFECT_IMAGE_TAG}}},
-            "server": {"nodeSelector": ON_SYSTEM},
-            # the bundled PostgreSQL with the stack's secret password (the chart and its
-            # subchart keep it in Secrets) on a volume: not the chart's default password, and
-            # flow-run history that outlives the pod
-            "postgresql": {
-                "auth": {"password": pulumi.Output.secret(prefect_db_password)},
-                "primary": {
-                    "persistence": {"enabled": True, "storageClass": STORAGE_CLASS, "size": PREFECT_DB_STORAGE},
-                    "nodeSelector": ON_SYSTEM,
-                },
+            # the API behind basic auth: the worker, its flow-run Jobs and `fleet flows deploy`
+            # send the auth string (infra/flows_cluster.py); the UI asks for it
+            "server": {
+                "nodeSelector": ON_SYSTEM,
+                "basicAuth": {"enabled": True, "existingSecret": PREFECT_AUTH_SECRET},
             },
+            # PostgreSQL on RDS, or a database the stack names (infra/prefect_db.py), not the
+            # chart's bundled one: its connection string from a Secret, never in the values
+            "postgresql": {"enabled": False},
+            "secret": {"create": False},
+            "externalDatabase": {"existingSecret": PREFECT_DB_SECRET, "connectionStringSecretKey": "connection-string"},
         },
         namespaces[FLOWS_NS],
+        *prefect_secrets,
     )
     release(
         "prefect-worker",
@@ -229,7 +234,12 @@ def install_charts(
             "worker": {
                 "image": {"prefectTag": f"{PREFECT_IMAGE_TAG}-kubernetes"},
                 "apiConfig": "selfHostedServer",
-                "selfHostedServerApiConfig": {"apiUrl": f"http://prefect-server.{FLOWS_NS}.svc.cluster.local:4200/api"},
+                "selfHostedServerApiConfig": {
+                    "apiUrl": f"http://prefect-server.{FLOWS_NS}.svc.cluster.local:4200/api",
+                    # with existingSecret the chart also tells the worker to hand the auth string
+                    # on to each Job as a secretKeyRef (PREFECT_INTEGRATIONS_KUBERNETES_WORKER_API_AUTH_STRING_*)
+                    "basicAuth": {"enabled": True, "existingSecret": PREFECT_AUTH_SECRET},
+                },
                 # the worker creates the pool with this template; when the pool exists, the chart's
                 # init container (sync-base-job-template) applies it each time a worker pod starts
                 "config": {
@@ -239,13 +249,12 @@ def install_charts(
                 },
                 "nodeSelector": ON_SYSTEM,
             },
-            "serviceAccount": {
-                "create": True,
-                "name": FLOWS_SA,
-                "annotations": {"eks.amazonaws.com/role-arn": flows_role_arn},
-            },
+            # the worker only starts Jobs in this namespace (the chart's Role); no IAM role: the
+            # Jobs run as the flows' account (infra/flows_cluster.py), which has one
+            "serviceAccount": {"create": True, "name": WORKER_SA},
         },
         namespaces[FLOWS_NS],
         server,
+        *prefect_secrets,
     )
     return keda, prometheus

@@ -1,15 +1,18 @@
 """Cluster: the EKS control plane, its OIDC provider (for IRSA) and the role its nodes use.
 
 Access uses EKS access entries (``authentication_mode: API``) rather than the aws-auth
-ConfigMap; whoever runs ``pulumi up`` becomes cluster admin. Kubernetes secrets are
+ConfigMap; whoever runs ``pulumi up`` becomes cluster admin, and so does every role in the
+stack's ``adminRoleArns`` (an access entry with ``AmazonEKSClusterAdminPolicy``, cluster-wide):
+the people who operate the cluster assume that role, rather than sharing the deployer's. Kubernetes secrets are
 envelope-encrypted with a KMS key of the stack, and the control plane logs API, audit and
 authenticator events.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
@@ -31,6 +34,17 @@ class ClusterArgs:
     subnet_ids: list[pulumi.Input[str]]  # private and public: EKS places its ENIs in them
     api_access_cidrs: list[str]
     tags: dict[str, str]
+    admin_role_arns: list[str] = field(default_factory=list)  # the stack's adminRoleArns
+
+
+def admin_policy_arn(principal_arn: str) -> str:
+    """EKS's cluster-admin access policy, in the principal's partition (aws, aws-cn, aws-us-gov).
+
+    >>> admin_policy_arn("arn:aws:iam::123456789012:role/ops")
+    'arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy'
+    """
+    partition = principal_arn.split(":")[1]
+    return f"arn:{partition}:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
 
 
 def kubeconfig(name: str, endpoint: str, ca: str, region: str) -> str:
@@ -105,6 +119,25 @@ class Cluster(pulumi.ComponentResource):
             tags=args.tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[attached]),
         )
+        for arn in args.admin_role_arns:
+            # named by the ARN, not its place in the list: removing one role leaves the others alone
+            key = hashlib.sha256(arn.encode()).hexdigest()[:8]
+            entry = aws.eks.AccessEntry(
+                f"{name}-admin-{key}",
+                cluster_name=cluster.name,
+                principal_arn=arn,
+                type="STANDARD",
+                tags=args.tags,
+                opts=child,
+            )
+            aws.eks.AccessPolicyAssociation(
+                f"{name}-admin-{key}",
+                cluster_name=cluster.name,
+                principal_arn=entry.principal_arn,
+                policy_arn=admin_policy_arn(arn),
+                access_scope={"type": "cluster"},
+                opts=child,
+            )
         issuer_url = cluster.identities.apply(lambda ids: ids[0].oidcs[0].issuer)
         oidc = aws.iam.OpenIdConnectProvider(
             f"{name}-oidc", url=issuer_url, client_id_lists=["sts.amazonaws.com"], tags=args.tags, opts=child

@@ -12,6 +12,7 @@ Prefect server's database; ``redisAuthToken``, the AUTH token of the gateways' q
 (infra/quota_store.py). ``parse`` checks that each is there and long enough without ever
 keeping or showing it; ``load`` hands them on only as secret Outputs (``require_secret``), so
 Pulumi encrypts them wherever they go and they never reach a stack output in plain text.
+Three more are optional, each the secret of an alerting receiver (``infra.alerting.ALERT_SECRETS``).
 """
 
 from __future__ import annotations
@@ -19,23 +20,39 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from fleet.catalog.policies.loader import Policies, load_policies
 from fleet.errors import ConfigError
-from fleet.logs.committer import RETENTION_DAYS
+from fleet.planning import system_pool
+from fleet.planning.costs import EKS_VERSIONS, eks_support
 from fleet.planning.placement import PlacementPlan
 from fleet.planning.planner import plan
-from fleet.planning.stack import PROJECT, NodePool, RedisNodes, SystemNodes, models_from_config, pools_from_config
+from fleet.planning.stack import (
+    KUBERNETES_VERSION,
+    PROJECT,
+    NodePool,
+    RedisNodes,
+    SystemNodes,
+    models_from_config,
+    pools_from_config,
+)
 from fleet.validation import checked, expected, explain, hint, problem
+from infra.alerting import ALERT_SECRETS, AlertingSettings, secret_problems
+from infra.config_sections import GatewaySettings, LogSettings, PrefectDatabaseSettings, _Cfg
 
 ROOT = Path(__file__).resolve().parent.parent  # where Pulumi.yaml is
+# keys an older stack file may still have → what to do instead (an error, so nobody sets one
+# and believes it took effect)
+RETIRED = {
+    "rootVolumeGib": "nothing: remove the key; each model NodePool's disk is sized from its models' weights "
+    "and instance type (`fleet plan` prints it; fleet.planning.karpenter)",
+}
 ADDONS = Literal["vpc-cni", "kube-proxy", "coredns", "aws-ebs-csi-driver", "metrics-server"]  # infra/addons.py
 
 # Stack output names: scripts (`pulumi stack output NAME`) and other stacks read these.
@@ -103,82 +120,19 @@ CertificateArn = checked(
     "an ACM certificate ARN like 'arn:aws:acm:us-east-1:123456789012:certificate/<id>'",
     re.compile(r"arn:aws[a-z-]*:acm:[a-z0-9-]+:\d{12}:certificate/[A-Za-z0-9-]+").fullmatch,
 )
-KubernetesVersion = checked(str, "a Kubernetes minor version like '1.33'", re.compile(r"1\.\d{2}").fullmatch)
+KubernetesVersion = checked(str, "a Kubernetes minor version like '1.35'", re.compile(r"1\.\d{2}").fullmatch)
 AddonVersion = checked(
     str, "an EKS add-on version like 'v1.19.5-eksbuild.1'", re.compile(r"v\d+\.\d+\.\d+-eksbuild\.\d+").fullmatch
+)
+# an IAM role (any path) or user: the principals an EKS access entry takes
+IamPrincipalArn = checked(
+    str,
+    "an IAM role or user ARN like 'arn:aws:iam::123456789012:role/platform-admins'",
+    re.compile(r"arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]{1,512}").fullmatch,
 )
 Label = checked(
     str, "1-63 lowercase letters, digits or '-'", re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?").fullmatch
 )
-
-
-class _Cfg(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-
-class GatewaySettings(_Cfg):
-    image_tag: str = Field("0.1.0", min_length=1)  # in the gateway's ECR repository (tags are immutable)
-    min_replicas: int = Field(2, ge=1)  # >= 2 so a node drain never takes the whole gateway
-    max_replicas: int = Field(6, ge=1)
-    # processes per pod on one SO_REUSEPORT socket (FLEET_GATEWAY_WORKERS, the default of
-    # `fleet gateway --workers`); they share quotas through the quota store
-    workers: int = Field(2, ge=1, le=16)
-    cpu: float = Field(gt=0.0)  # the pod's CPU request; default one per worker, and never less
-    memory_gib: float = Field(1.0, gt=0.0)
-    node_port: int = Field(30080, ge=30000, le=32767)  # the load balancer's target port on the nodes
-
-    @model_validator(mode="before")
-    @classmethod
-    def _cpu_per_worker_by_default(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "cpu" not in data:
-            default = cls.model_fields["workers"].default
-            workers = data.get("workers", default)
-            valid = isinstance(workers, int) and not isinstance(workers, bool)  # else its own error says so
-            return {**data, "cpu": float(workers if valid else default)}
-        return data
-
-    @model_validator(mode="after")
-    def _min_below_max(self) -> GatewaySettings:
-        if self.min_replicas > self.max_replicas:
-            raise expected(
-                f"an integer <= max_replicas ({self.max_replicas})", field="min_replicas", got=self.min_replicas
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _one_cpu_per_worker(self) -> GatewaySettings:
-        # each worker is a single-threaded event loop that can keep a CPU busy; the scheduler
-        # places pods by this request, so less would put more workers on a node than it has CPUs
-        if self.cpu < self.workers:
-            raise expected(
-                f"a number >= workers ({self.workers}): one CPU per worker process", field="cpu", got=self.cpu
-            )
-        return self
-
-
-ATHENA_MIN_CUTOFF_BYTES = 10 * 2**20  # Athena's smallest per-query cutoff: 10 MB (its MB and GB are binary)
-AthenaLimitGb = checked(
-    float,
-    f"a number of GB >= {ATHENA_MIN_CUTOFF_BYTES / 2**30} (10 MB, Athena's smallest cutoff)",
-    lambda gb: math.isfinite(gb) and gb * 2**30 >= ATHENA_MIN_CUTOFF_BYTES,
-)
-
-
-class LogSettings(_Cfg):
-    """``serving-fleet:logs``: the Iceberg tables of the inference log, feedback, outcomes and
-    usage (the models bucket's ``logs/``, infra/storage.py) and the Athena workgroup that
-    queries them (infra/analytics.py)."""
-
-    # rows older are dropped by the committer, which must be run with the same number (its
-    # default is this one's); lifecycle expires the tables' data files a week after that
-    retention_days: int = Field(RETENTION_DAYS, ge=1)
-    # what one query may scan before Athena cancels it (it bills per byte scanned)
-    athena_bytes_scanned_limit_gb: AthenaLimitGb = 10.0
-
-    @property
-    def athena_bytes_scanned_limit(self) -> int:
-        """The cutoff in bytes, as Athena takes it."""
-        return round(self.athena_bytes_scanned_limit_gb * 2**30)
 
 
 class Settings(_Cfg):
@@ -190,20 +144,24 @@ class Settings(_Cfg):
     vpcCidr: VpcCidr = "10.0.0.0/16"
     azCount: int = Field(2, ge=2, le=6)
     singleNatGateway: bool = False  # one NAT for all AZs: cheaper, but one AZ's outage cuts egress
-    kubernetesVersion: KubernetesVersion = "1.33"
+    kubernetesVersion: KubernetesVersion = (
+        KUBERNETES_VERSION  # in EKS standard support: fleet.planning.costs.EKS_VERSIONS
+    )
     apiAccessCidrs: list[Cidr] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)  # Kubernetes API
     allowedCidrs: list[Cidr] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)  # the HTTPS listener
+    adminRoleArns: list[IamPrincipalArn] = Field(default_factory=list)  # cluster admins: EKS access entries
     systemNodes: SystemNodes
     nodePools: list[Any]  # validated by fleet.planning.stack.pools_from_config
     models: list[str] | None = None  # served by this stack; default every model in the policies
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     redis: RedisNodes = Field(default_factory=RedisNodes)  # the gateways' shared quota store (fleet.planning.stack)
-    rootVolumeGib: int = Field(200, ge=50, le=16384)  # model node disks: images and weights are large
     logRetentionDays: int = Field(30, ge=1)  # logs bucket expiry (access logs; the log tables: logs.retention_days)
     logs: LogSettings = Field(default_factory=LogSettings)  # the log tables and Athena (infra/analytics.py)
+    prefectDatabase: PrefectDatabaseSettings = Field(default_factory=PrefectDatabaseSettings)  # infra/prefect_db.py
     noncurrentVersionDays: int = Field(30, ge=1)  # overwritten or deleted objects kept this long
     policies: str = "policies"  # policy folder, relative to the project root
     addonVersions: dict[ADDONS, AddonVersion] = Field(default_factory=dict)  # pins; default: EKS's for the version
+    alerting: AlertingSettings = Field(default_factory=AlertingSettings)  # Alertmanager's receivers (infra/alerting.py)
 
     @model_validator(mode="after")
     def _prod_api_is_not_open(self) -> Settings:
@@ -215,6 +173,35 @@ class Settings(_Cfg):
                 "internet otherwise)",
                 field="apiAccessCidrs",
                 got=open_,
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _kubernetes_version_is_offered(self) -> Settings:
+        """EKS creates clusters on versions in standard or extended support only; past both it
+        upgrades them itself. Extended support is allowed, and priced (six times standard)."""
+        support = eks_support(self.kubernetesVersion)
+        if support.support == "ended":
+            offered = [v for v in EKS_VERSIONS if eks_support(v).support in ("standard", "extended")]
+            raise expected(
+                f"a version EKS still supports: {', '.join(offered)} (standard support is $0.10 per hour, "
+                "extended $0.60; fleet.planning.costs.EKS_VERSIONS)",
+                field="kubernetesVersion",
+                got=self.kubernetesVersion,
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _system_pool_holds_the_platform(self) -> Settings:
+        """The system nodes hold the platform's pods and the gateways, at the minimum and at the
+        maximum (fleet.planning.system_pool); an undersized pool leaves pods pending at peak."""
+        g, sys_ = self.gateway, self.systemNodes
+        found = system_pool.problems(
+            sys_.instance_type, sys_.min_size, sys_.max_size, (g.min_replicas, g.max_replicas), g.cpu, g.memory_gib
+        )
+        if found:
+            raise expected(
+                "a system pool that holds them: " + "; ".join(found), field="systemNodes", got=sys_.model_dump()
             )
         return self
 
@@ -329,11 +316,14 @@ def parse(raw: dict[str, str], stack: str, region: str | None) -> StackConfig:
     problems += [bad for name in SECRETS if (bad := _secret_problem(name, raw.get(name), where))]
     values: dict[str, Any] = {}
     for key, value in raw.items():
-        if key in SECRETS:
-            continue  # checked above; the value stays out of Settings and every message
+        if key in SECRETS or key in ALERT_SECRETS:
+            continue  # checked above (alerting's below); the value stays out of Settings and every message
         field = Settings.model_fields.get(key)
+        if key in RETIRED:
+            problems.append(problem(f"{where}: {PROJECT}:{key}", "no longer used", RETIRED[key]))
+            continue
         if field is None:
-            known = [*Settings.model_fields, *SECRETS]
+            known = [*Settings.model_fields, *SECRETS, *ALERT_SECRETS]
             problems.append(
                 problem(f"{where}: {PROJECT}:{key}", "unknown key", f"one of {', '.join(known)}{hint(key, known)}")
             )
@@ -346,6 +336,8 @@ def parse(raw: dict[str, str], stack: str, region: str | None) -> StackConfig:
         settings = Settings.model_validate(values)
     except ValidationError as exc:
         problems += [f"{where}: {PROJECT}:{line}" for line in explain(exc, Settings)]
+    else:
+        problems += secret_problems(settings.alerting, raw, where)  # optional secrets, each for a receiver
     if problems:
         raise ConfigError("\n".join(problems))
     policies = load_policies(ROOT / settings.policies)
@@ -368,4 +360,5 @@ def load() -> StackConfig:
             raw[key.removeprefix("config:")] = value  # old-style keys read "project:config:key"
     stack = parse(raw, pulumi.get_stack(), pulumi.Config("aws").get("region"))
     config = pulumi.Config(PROJECT)
-    return dataclasses.replace(stack, secrets={name: config.require_secret(name) for name in SECRETS})
+    present = [*SECRETS, *(name for name in ALERT_SECRETS if name in raw)]  # the alerting ones are optional
+    return dataclasses.replace(stack, secrets={name: config.require_secret(name) for name in present})

@@ -24,8 +24,17 @@ program's ``prices_from_plan`` of the placement plan, what ``fleet plan`` prints
 ``PRICES_DIR``. Each worker process would otherwise start a pool of decode processes sized
 from the node's CPUs (``os.cpu_count`` sees the node, not the pod's request);
 ``FLEET_DECODE_WORKERS`` is set from the pod's CPU instead (``decode_workers``). Each pod announces its own
-address (``--public-url http://$(POD_IP):8000``), so an admin change is pushed to every
-gateway, not to whichever one the Service picks.
+address (``--public-url http://$(POD_IP):8002``, its admin port), so an admin change is pushed
+to every gateway, not to whichever one the Service picks.
+
+The admin API listens on ``ADMIN_PORT`` only (``fleet gateway --admin-port``; on the public
+port the gateway answers ``/admin/...`` with 404, fleet/gateway/listeners.py). The NodePort
+Service behind the load balancer exposes the public port alone; a ClusterIP Service of its own
+(``fleet-gateway-admin``) exposes the admin port inside the cluster, for an operator's
+``kubectl port-forward`` (the flows reach each pod at its announced address). An idle
+connection stays open ``keep_alive_s`` (``FLEET_GATEWAY_KEEPALIVE_S``), longer than the load
+balancer's idle timeout (infra/edge.py), so the load balancer never reuses a connection the
+gateway has just closed.
 """
 
 from __future__ import annotations
@@ -39,12 +48,14 @@ import pulumi_kubernetes as k8s
 
 from fleet.planning.placement import POOL_LABEL
 from infra import waited_for
-from infra.config import GatewaySettings
+from infra.config_sections import GatewaySettings
 from infra.nodegroups import SYSTEM_GROUP
 
 NAME = "fleet-gateway"
 PORT = 8000
 GRPC_PORT = 8001  # OIP over gRPC (Triton's port); in-cluster clients reach it through the Service
+ADMIN_PORT = 8002  # the admin API, inside the cluster only (a ClusterIP Service; never the NodePort)
+ADMIN_SERVICE = "fleet-gateway-admin"
 POLICY_DIR = "/etc/fleet/policies"
 PRICES_DIR = "/etc/fleet/prices"
 PRICES_ITEM = "prices.json"  # the key in the prices ConfigMap's data: FLEET_PRICES_FILE = PRICES_DIR/PRICES_ITEM
@@ -95,6 +106,9 @@ class GatewayArgs:
     )
     trusted_networks: str = ""  # FLEET_GATEWAY_NETWORKS: where the other gateways' pod IPs are
     log_catalog: pulumi.Input[str] = ""  # FLEET_LOG_CATALOG: glue:<database> of the log tables (infra/analytics.py)
+    keep_alive_s: int = (
+        75  # FLEET_GATEWAY_KEEPALIVE_S: infra.edge.gateway_keep_alive_s of the load balancer's idle timeout
+    )
 
 
 class Gateway(pulumi.ComponentResource):
@@ -146,11 +160,17 @@ class Gateway(pulumi.ComponentResource):
                 "--port",
                 str(PORT),
                 "--public-url",
-                f"http://$(POD_IP):{PORT}",
+                f"http://$(POD_IP):{ADMIN_PORT}",
                 "--grpc-port",
                 str(GRPC_PORT),
+                "--admin-port",
+                str(ADMIN_PORT),
             ],
-            "ports": [{"name": "http", "containerPort": PORT}, {"name": "grpc", "containerPort": GRPC_PORT}],
+            "ports": [
+                {"name": "http", "containerPort": PORT},
+                {"name": "grpc", "containerPort": GRPC_PORT},
+                {"name": "admin", "containerPort": ADMIN_PORT},
+            ],
             "env": [
                 {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                 {
@@ -166,6 +186,7 @@ class Gateway(pulumi.ComponentResource):
                     "valueFrom": {"secretKeyRef": {"name": redis.metadata.name, "key": REDIS_URL_ITEM}},
                 },
                 {"name": "FLEET_GATEWAY_WORKERS", "value": str(s.workers)},
+                {"name": "FLEET_GATEWAY_KEEPALIVE_S", "value": str(args.keep_alive_s)},
                 {"name": "FLEET_DECODE_WORKERS", "value": str(decode_workers(s.cpu, s.workers))},
                 {"name": "FLEET_PRICES_FILE", "value": f"{PRICES_DIR}/{PRICES_ITEM}"},
                 {"name": "FLEET_POLICIES", "value": POLICY_DIR},
@@ -256,6 +277,17 @@ class Gateway(pulumi.ComponentResource):
                 "ports": [
                     {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "appProtocol": "kubernetes.io/h2c"}
                 ],
+            },
+            opts=child,
+        )
+        # the admin API for whoever is inside the cluster (kubectl port-forward service/fleet-gateway-admin)
+        k8s.core.v1.Service(
+            f"{name}-admin-service",
+            metadata={**meta, "name": ADMIN_SERVICE},
+            spec={
+                "type": "ClusterIP",
+                "selector": LABELS,
+                "ports": [{"name": "admin", "port": ADMIN_PORT, "targetPort": "admin"}],
             },
             opts=child,
         )

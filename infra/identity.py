@@ -77,6 +77,7 @@ GATEWAY_DELETES = (
 # manifest.json inside an artifact; the explicit Deny keeps artifacts out of reach whatever
 # an Allow says.
 ARTIFACTS = "models/*/*/artifact/*"
+MANIFESTS = "models/*/*/manifest.json"
 
 
 def _use_store_key(key_arn: str, region: str) -> dict:
@@ -153,6 +154,25 @@ def flows_policy(bucket_arn: str, key_arn: str, region: str, catalog: list[str])
                 },
                 _use_store_key(key_arn, region),
                 _log_catalog("CommitLogTables", GLUE_COMMIT, catalog),
+            ],
+        }
+    )
+
+
+def model_policy(bucket_arn: str, key_arn: str, region: str) -> str:
+    """A model replica's: read the registered versions' manifests and artifacts (its weights,
+    fetched at start, bentos/weights.py), nothing else of the store."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "ReadArtifacts",
+                    "Effect": "Allow",
+                    "Action": "s3:GetObject",
+                    "Resource": [f"{bucket_arn}/{MANIFESTS}", f"{bucket_arn}/{ARTIFACTS}"],
+                },
+                _use_store_key(key_arn, region),
             ],
         }
     )

@@ -1,4 +1,6 @@
-"""ImageRegistry: one ECR repository per model family, and one for the gateway.
+"""ImageRegistry: one ECR repository per model family, one for the gateway and one for the
+flows (Dockerfile.flows: the gateway image plus torch and prefect-kubernetes, run by the
+Prefect worker as flow-run Jobs).
 
 Tags are immutable, so a version tag always names the image that was tested; every push is
 scanned for vulnerabilities; untagged images (superseded build layers) expire after a week.
@@ -13,6 +15,7 @@ import pulumi
 import pulumi_aws as aws
 
 GATEWAY_REPOSITORY = "gateway"
+FLOWS_REPOSITORY = "flows"
 UNTAGGED_DAYS = 7
 
 LIFECYCLE = json.dumps(
@@ -42,13 +45,13 @@ class ImageRegistryArgs:
 
 
 class ImageRegistry(pulumi.ComponentResource):
-    urls: dict[str, pulumi.Output[str]]  # family (or "gateway") → repository URL
+    urls: dict[str, pulumi.Output[str]]  # family (or "gateway", "flows") → repository URL
 
     def __init__(self, name: str, args: ImageRegistryArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("serving-fleet:infra:ImageRegistry", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.urls = {}
-        for family in (*args.families, GATEWAY_REPOSITORY):
+        for family in (*args.families, GATEWAY_REPOSITORY, FLOWS_REPOSITORY):
             repo = aws.ecr.Repository(
                 f"{name}-{family}",
                 name=f"{args.prefix}/{family}",

@@ -13,7 +13,7 @@ model nodes are for models.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -24,13 +24,18 @@ from fleet.runtime.kubernetes.manifests import CONFIG_MAP, config_map_data
 from infra import waited_for
 from infra.admission import GATEWAY_SCALING, gateway_scaling_policy, gpu_pod_policy
 from infra.admission import NAME as GPU_ADMISSION
+from infra.alerting import AlertingSettings
+from infra.alerting import warnings as alerting_warnings
 from infra.charts import PROMETHEUS_URL, STORAGE_CLASS, install_charts
-from infra.config import GatewaySettings
+from infra.config_sections import GatewaySettings
+from infra.flows_cluster import FlowsClusterArgs, flows_cluster
 from infra.gateway import NAME as GATEWAY
 from infra.gateway import SCRAPE_TOKEN_ITEM, Gateway, GatewayArgs, scrape_token
 from infra.images import GATEWAY_REPOSITORY
 from infra.monitoring import alert_rules, dashboard
 from infra.namespaces import FLOWS_NS, GATEWAY_NS, KEDA_NS, MODELS_NS, MONITORING_NS
+from infra.netpol import network_policies
+from infra.pod_security import pod_security_labels
 from infra.runtime_access import runtime_roles
 
 # Pods that ask for nothing in a namespace with a ResourceQuota are refused; these defaults
@@ -50,6 +55,7 @@ class PlatformArgs:
     store_url: pulumi.Input[str]
     gateway_role_arn: pulumi.Input[str]
     flows_role_arn: pulumi.Input[str]
+    model_role_arn: pulumi.Input[str]  # the model pods' (fleet-model): reads the artifacts they fetch
     autoscaler_role_arn: pulumi.Input[str]
     gateway: GatewaySettings
     gateway_image_tag: str
@@ -62,6 +68,11 @@ class PlatformArgs:
     vpc_cidr: str = "10.0.0.0/16"  # where gateway pods live: the network pushes between them may use
     gateway_prices: str = "{}"  # the gateway's FLEET_PRICES_FILE (fleet.usage.prices.write_prices of the plan's prices)
     log_catalog: pulumi.Input[str] = ""  # the gateway's FLEET_LOG_CATALOG: glue:<database> (infra/analytics.py)
+    gateway_keep_alive_s: int = 75  # the gateway's FLEET_GATEWAY_KEEPALIVE_S: above the load balancer's idle timeout
+    alerting: AlertingSettings = field(default_factory=AlertingSettings)  # Alertmanager's receivers
+    alert_secrets: dict[str, pulumi.Input[str]] = field(default_factory=dict)  # key → secret Output, those set
+    prefect_database_url: pulumi.Input[str] = ""  # a secret Output: the Prefect server's database (infra/prefect_db.py)
+    log_retention_days: int = 30  # the flows' FLEET_LOG_RETENTION_DAYS: the stack's logs.retention_days
 
 
 def model_quota(plan: PlacementPlan) -> dict[str, str]:
@@ -90,11 +101,26 @@ class Platform(pulumi.ComponentResource):
         namespaces = {
             ns: k8s.core.v1.Namespace(
                 f"{name}-{ns}",
-                metadata={"name": ns, "labels": {"app.kubernetes.io/part-of": "serving-fleet"}},
+                metadata={
+                    "name": ns,
+                    "labels": {
+                        "app.kubernetes.io/part-of": "serving-fleet",
+                        **pod_security_labels(ns, args.kubernetes_version),  # infra/pod_security.py says why
+                    },
+                },
                 opts=self._opts,
             )
             for ns in (GATEWAY_NS, MODELS_NS, FLOWS_NS, MONITORING_NS, KEDA_NS)
         }
+        # who may reach whom (infra/netpol.py)
+        for policy in network_policies(GATEWAY_NS, MODELS_NS, FLOWS_NS, MONITORING_NS, args.vpc_cidr):
+            meta = policy["metadata"]
+            k8s.networking.v1.NetworkPolicy(
+                f"{name}-netpol-{meta['namespace']}-{meta['name']}",
+                metadata=meta,
+                spec=policy["spec"],
+                opts=self._child(namespaces[meta["namespace"]]),
+            )
         gw = args.gateway
         quotas = {
             MODELS_NS: model_quota(args.plan),
@@ -146,6 +172,24 @@ class Platform(pulumi.ComponentResource):
             spec=binding,
             opts=self._child(scaling_policy),
         )
+        # what each flow-run Job reads, and the Prefect server's database and API auth Secrets
+        prefect_secrets = flows_cluster(
+            name,
+            self._child,
+            namespaces,
+            FlowsClusterArgs(
+                store_url=args.store_url,
+                region=args.region,
+                log_catalog=args.log_catalog,
+                log_retention_days=args.log_retention_days,
+                gateway_networks=args.vpc_cidr,
+                policy_files=args.policy_files,
+                flows_role_arn=args.flows_role_arn,
+                admin_token=args.gateway_admin_token,
+                prefect_database_url=args.prefect_database_url,
+                prefect_auth_from=args.prefect_db_password,
+            ),
+        )
         keda, prometheus = install_charts(
             name,
             self._child,
@@ -155,11 +199,15 @@ class Platform(pulumi.ComponentResource):
             region=args.region,
             kubernetes_version=args.kubernetes_version,
             autoscaler_role_arn=args.autoscaler_role_arn,
-            flows_role_arn=args.flows_role_arn,
             grafana_admin_password=args.grafana_admin_password,
-            prefect_db_password=args.prefect_db_password,
+            prefect_secrets=prefect_secrets,
+            alerting=args.alerting,
+            alert_secrets=args.alert_secrets,
         )
 
+        # a stack without receivers is valid (nowhere to page yet) but says so on every preview
+        for line in alerting_warnings(args.alerting):
+            pulumi.log.warn(line, resource=self)
         monitoring = self._child(namespaces[MONITORING_NS], prometheus)
         k8s.core.v1.ConfigMap(
             f"{name}-dashboard",
@@ -177,7 +225,7 @@ class Platform(pulumi.ComponentResource):
             api_version="monitoring.coreos.com/v1",
             kind="PrometheusRule",
             metadata={"name": "serving-fleet", "namespace": MONITORING_NS},
-            spec={"groups": alert_rules(args.policies, models)},
+            spec={"groups": alert_rules(args.policies, models, args.alerting.runbook_url)},
             opts=monitoring,
         )
         # /metrics names every tenant and version: Prometheus scrapes it with the scrape token
@@ -217,7 +265,7 @@ class Platform(pulumi.ComponentResource):
             opts=monitoring,
         )
 
-        runtime_roles(name, self._child, namespaces, keda)
+        runtime_roles(name, self._child, namespaces, keda, args.model_role_arn)
         families = sorted({m.family for m in args.plan.models})
         images = pulumi.Output.all(**{f: args.images[f] for f in families}).apply(lambda urls: dict(urls))
         timeouts = {m: args.policies.models[m].timeout_ms for m in models}
@@ -243,6 +291,7 @@ class Platform(pulumi.ComponentResource):
                 trusted_networks=args.vpc_cidr,
                 prices=args.gateway_prices,
                 log_catalog=args.log_catalog,
+                keep_alive_s=args.gateway_keep_alive_s,
             ),
             opts=pulumi.ResourceOptions(
                 parent=self,

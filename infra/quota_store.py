@@ -28,6 +28,7 @@ import pulumi
 import pulumi_aws as aws
 
 from fleet.planning.stack import RedisNodes
+from infra import from_nodes_only
 
 PORT = 6379
 ENGINE = "valkey"
@@ -78,23 +79,8 @@ class QuotaStore(pulumi.ComponentResource):
         super().__init__("serving-fleet:infra:QuotaStore", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         s, tags = args.settings, args.tags
-        sg = aws.ec2.SecurityGroup(
-            f"{name}-quotas",
-            vpc_id=args.vpc_id,
-            description="gateway quota store: TLS on 6379 from the cluster's nodes",
-            tags={**tags, "Name": f"{name}-quotas"},
-            opts=child,
-        )
-        aws.vpc.SecurityGroupIngressRule(
-            f"{name}-quotas-from-nodes",
-            security_group_id=sg.id,
-            ip_protocol="tcp",
-            from_port=PORT,
-            to_port=PORT,
-            referenced_security_group_id=args.node_security_group_id,
-            description="Redis protocol (TLS) from the nodes the gateways run on",
-            tags=tags,
-            opts=child,
+        sg_id = from_nodes_only(
+            f"{name}-quotas", args.vpc_id, PORT, args.node_security_group_id, "gateway quota store: TLS", tags, child
         )
         subnets = aws.elasticache.SubnetGroup(
             f"{name}-quotas",
@@ -116,7 +102,7 @@ class QuotaStore(pulumi.ComponentResource):
             multi_az_enabled=replicated,
             port=PORT,
             subnet_group_name=subnets.name,
-            security_group_ids=[sg.id],
+            security_group_ids=[sg_id],
             at_rest_encryption_enabled=True,  # with the service's KMS key
             transit_encryption_enabled=True,
             transit_encryption_mode="required",  # "preferred" would still take plain-text clients

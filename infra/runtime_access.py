@@ -1,6 +1,8 @@
 """The Kubernetes runtime's access to the models namespace: a Role and RoleBinding for the
 flows, which deploy model versions, and for the gateway, which reads them and wakes a lazy one
-(``fleet.runtime.kubernetes.runtime``). Children of the Platform component."""
+(``fleet.runtime.kubernetes.runtime``); and the model pods' own ServiceAccount, whose IAM role
+(``infra.identity.model_policy``) reads the artifacts their replicas fetch. Children of the
+Platform component."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from collections.abc import Callable, Mapping
 import pulumi
 import pulumi_kubernetes as k8s
 
-from fleet.runtime.kubernetes.manifests import CONFIG_MAP, MANAGED
+from fleet.runtime.kubernetes.manifests import CONFIG_MAP, MANAGED, MODEL_SERVICE_ACCOUNT
 from infra.gateway import NAME as GATEWAY
 from infra.namespaces import FLOWS_NS, FLOWS_SA, GATEWAY_NS, MODELS_NS
 
@@ -19,6 +21,7 @@ def runtime_roles(
     child: Callable[..., pulumi.ResourceOptions],
     namespaces: Mapping[str, k8s.core.v1.Namespace],
     keda: k8s.helm.v3.Release,
+    model_role_arn: pulumi.Input[str],
 ) -> None:
     """Roles in the models namespace: the flows deploy model versions; the gateway reads them
     and wakes a lazy one scaled to zero (a patch of its ScaledObject's floor, which the
@@ -68,3 +71,16 @@ def runtime_roles(
             subjects=[{"kind": "ServiceAccount", "name": account, "namespace": ns}],
             opts=opts,
         )
+    # every model Deployment runs as this account (fleet.runtime.kubernetes.manifests): its
+    # replicas fetch their weights from the store with its role (IRSA), and nothing else
+    k8s.core.v1.ServiceAccount(
+        f"{name}-model-pods",
+        metadata={
+            "name": MODEL_SERVICE_ACCOUNT,
+            "namespace": MODELS_NS,
+            "labels": MANAGED,
+            "annotations": {"eks.amazonaws.com/role-arn": model_role_arn},
+        },
+        automount_service_account_token=False,  # a replica never calls the Kubernetes API
+        opts=child(namespaces[MODELS_NS]),
+    )

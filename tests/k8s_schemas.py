@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 
-KUBERNETES_VERSION = "1.33"  # kubernetesVersion of the example stacks
+KUBERNETES_VERSION = "1.35"  # kubernetesVersion of the example stacks
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CRD_SCHEMAS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "keda-scaledobject.schema.json",

@@ -17,7 +17,8 @@ import pytest
 import yaml
 from infra_harness import Build, example
 
-from infra.charts import CHARTS, FLOW_JOB_DEFAULTS, WORK_POOL
+from infra.charts import CHARTS
+from infra.flow_jobs import FLOW_JOB_DEFAULTS, WORK_POOL
 from infra.namespaces import FLOWS_NS, FLOWS_SA
 
 FIXTURES = Path(__file__).parent / "fixtures" / "charts"
@@ -30,7 +31,10 @@ def stack(request: pytest.FixtureRequest) -> Build:
 
 
 def releases(stack: Build) -> dict[str, dict]:
-    return {r.inputs["chart"]: r.inputs for r in stack.of_type("kubernetes:helm.sh/v3:Release")}
+    """The stack's Helm releases from chart repositories, by chart. Karpenter's comes from an OCI
+    registry, its files vendored with its CRDs: tests/test_karpenter.py checks it the same way."""
+    found = stack.of_type("kubernetes:helm.sh/v3:Release")
+    return {r.inputs["chart"]: r.inputs for r in found if not r.inputs["chart"].startswith("oci://")}
 
 
 def chart_files(chart: str) -> Path:
@@ -156,3 +160,21 @@ def test_the_worker_reaches_the_server_and_flow_runs_start_in_the_flows_namespac
     assert container["resources"]["requests"] == {"cpu": "{{ cpu_request }}", "memory": "{{ memory_request }}"}
     assert manifest["metadata"]["namespace"] == "{{ namespace }}"
     assert manifest["spec"]["template"]["spec"]["serviceAccountName"] == "{{ service_account_name }}"
+
+
+def test_the_cluster_autoscaler_chart_grants_what_its_image_reads(stack: Build) -> None:
+    """cluster-autoscaler 1.33+ lists VolumeAttachments (to count a node's attached volumes);
+    chart 9.43.1 ran image v1.33 without that permission (added in chart 9.46), so the
+    autoscaler logged forbidden errors on every loop. The image follows the cluster's minor:
+    the pinned chart must be released for at least that minor, and its ClusterRole (vendored
+    from the chart's own template) must let it read VolumeAttachments."""
+    chart = yaml.safe_load((chart_files("cluster-autoscaler") / "Chart.yaml").read_text())
+    tag = releases(stack)["cluster-autoscaler"]["values"]["image"]["tag"]
+    cluster = tuple(int(p) for p in tag.removeprefix("v").split(".")[:2])
+    assert tuple(int(p) for p in chart["appVersion"].split(".")[:2]) >= cluster, (chart["appVersion"], tag)
+    role = (chart_files("cluster-autoscaler") / "templates" / "clusterrole.yaml").read_text()
+    rules = yaml.safe_load("\n".join(line for line in role.splitlines() if "{{" not in line))["rules"]
+    reads = {r for rule in rules if "storage.k8s.io" in rule.get("apiGroups", []) for r in rule["resources"]}
+    assert "volumeattachments" in reads and {"list", "watch"} <= {
+        v for rule in rules if "volumeattachments" in rule.get("resources", []) for v in rule["verbs"]
+    }

@@ -136,3 +136,17 @@ def test_the_architecture_note_opens_with_the_tree_and_the_layer_rule() -> None:
         for module in re.split(r"\s*[|:]\s*", layer):
             assert module.split(".")[-1] in opening, f"the opening does not show layer {module}"
     assert "lint-imports" in opening or "import-linter" in opening
+
+
+def test_the_quick_start_sets_every_secret_the_program_requires() -> None:
+    """The README's `pulumi up` steps set, with `--secret`, every key infra/config.py requires
+    (the quick start once set three of four, and `pulumi preview` stopped on redisAuthToken)."""
+    from infra.config import SECRETS
+
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Production infrastructure (Pulumi)")
+    block = text[text.index("```sh", start) : text.index("```\n", text.index("```sh", start) + 5)]
+    set_there = set(re.findall(r"pulumi config set --secret (\w+)", block))
+    assert set_there == set(SECRETS), (sorted(set(SECRETS) - set_there), sorted(set_there - set(SECRETS)))
+    words = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight")
+    assert f"the {words[len(SECRETS)]} `pulumi config set --secret` keys below" in text

@@ -1,86 +1,22 @@
-"""The CrossGuard pack (policies/guardrails/): it passes what the Pulumi program registers for
-both example stacks, catches each deliberately broken variant, and every policy has a passing
-and a failing case of its own."""
+"""The CrossGuard pack (policies/guardrails/) over what the Pulumi program registers: it passes
+both example stacks, catches each deliberately broken variant (naming what broke), and the
+pack builds. Each policy alone, on hand-made resources: tests/test_guardrails_gpu.py and
+tests/test_guardrails_policies.py; how the pack is run as the engine runs it:
+tests/guardrails_harness.py."""
 
 from __future__ import annotations
 
 import copy
 import json
 import runpy
-import sys
 from collections.abc import Callable
 
 import pulumi_policy
 import pytest
+from guardrails_harness import NODE_CLASS, NODE_POOL, PACK, guard, pack_config, policies_of, run_pack
 from infra_harness import ROOT, Registered, example, takes_tags
-from pulumi_policy import (
-    PolicyCustomTimeouts,
-    PolicyResource,
-    PolicyResourceOptions,
-    ResourceValidationArgs,
-    ResourceValidationPolicy,
-    StackValidationArgs,
-)
 
-PACK = ROOT / "policies" / "guardrails"
-sys.path.insert(0, str(PACK))  # the pack imports its policies as a sibling package, as here
-
-import fleet_guardrails as guard  # noqa: E402
-from fleet_guardrails.compute import pod_gpu_problems  # noqa: E402
-
-Violation = tuple[str, str]  # (policy name, message)
-
-
-def pack_config(stack: str) -> dict:
-    return json.loads((PACK / f"{stack}.json").read_text())
-
-
-def _options(parent: str | None = None) -> PolicyResourceOptions:
-    return PolicyResourceOptions(False, [], None, [], PolicyCustomTimeouts(0, 0, 0), [], parent)
-
-
-def _stack_resources(resources: list[Registered]) -> list[PolicyResource]:
-    """PolicyResources as the engine builds them for stack policies: outputs, parents, dependencies."""
-    made = {
-        r.urn: PolicyResource(
-            r.type, {**r.inputs, **r.state}, r.urn, r.name, _options(r.parent or None), None, None, [], {}
-        )
-        for r in resources
-    }
-    for r in resources:
-        p = made[r.urn]
-        p.parent = made.get(r.parent)
-        p.dependencies = [made[d] for d in r.dependencies if d in made]
-        p.property_dependencies = {
-            k: [made[u] for u in urns if u in made] for k, urns in r.property_dependencies.items()
-        }
-    return list(made.values())
-
-
-def run_pack(resources: list[Registered], config: dict) -> list[Violation]:
-    """Every policy of the pack over ``resources``: resource policies see inputs, stack policies outputs."""
-    found: list[Violation] = []
-    stack_resources = _stack_resources(resources)
-    for policy in guard.POLICIES:
-
-        def report(message: str, urn: str | None = None, name: str = policy.name) -> None:
-            found.append((name, message))
-
-        settings = config.get(policy.name, {})
-        if isinstance(policy, ResourceValidationPolicy):
-            for r in resources:
-                if r.custom:
-                    policy.validate(
-                        ResourceValidationArgs(r.type, r.inputs, r.urn, r.name, _options(), None, settings), report
-                    )
-        else:
-            policy.validate(StackValidationArgs(stack_resources, settings), report)
-    return found
-
-
-def policies_of(violations: list[Violation]) -> set[str]:
-    return {name for name, _ in violations}
-
+pod_gpu_problems = guard.compute.pod_gpu_problems  # the pack is importable once guardrails_harness put it on the path
 
 # --- the program's own resources ------------------------------------------------------------
 
@@ -94,9 +30,31 @@ def _find(resources: list[Registered], type_: str, name_contains: str = "") -> R
     return next(r for r in resources if r.type == type_ and name_contains in r.name)
 
 
-def _untaint(rs: list[Registered]) -> None:
-    group = _find(rs, "aws:eks/nodeGroup:NodeGroup", "a100-8")
-    group.inputs["taints"] = []
+def _both(r: Registered) -> tuple[dict, ...]:
+    """A resource's inputs (what resource policies see) and its state (stack policies')."""
+    return (r.inputs, r.state) if r.state else (r.inputs,)
+
+
+def _pool_spec(rs: list[Registered], name: str) -> tuple[dict, ...]:
+    return tuple(props["spec"] for props in _both(_find(rs, NODE_POOL, f"-karpenter-{name}")) if "spec" in props)
+
+
+def _untaint_pool(rs: list[Registered]) -> None:
+    for spec in _pool_spec(rs, "a100-8"):
+        template = spec["template"]["spec"]
+        template["taints"] = [t for t in template["taints"] if t["key"] != "nvidia.com/gpu"]
+
+
+def _untainted_gpu_node_group(rs: list[Registered]) -> None:
+    """A managed GPU node group beside the system one, as someone might add: the system group's
+    registered resource, made a GPU group (NVIDIA AMI, g5.xlarge, up to 3 nodes) without the taint."""
+    system = _find(rs, "aws:eks/nodeGroup:NodeGroup", "-system")
+    group = copy.deepcopy(system)
+    group.name, group.urn = system.name.replace("-system", "-gpu"), system.urn.replace("-system", "-gpu")
+    for props in _both(group):
+        props.update(nodeGroupName="gpu", instanceTypes=["g5.xlarge"], amiType="AL2023_x86_64_NVIDIA", taints=[])
+        props["scalingConfig"] = {"minSize": 0, "desiredSize": 0, "maxSize": 3}
+    rs.append(group)
 
 
 def _suspend_versioning(rs: list[Registered]) -> None:
@@ -158,9 +116,24 @@ def _open_api(rs: list[Registered]) -> None:
 
 
 def _hop_limit_2(rs: list[Registered]) -> None:
-    _find(rs, "aws:ec2/launchTemplate:LaunchTemplate", "a100-8").inputs["metadataOptions"][
+    _find(rs, "aws:ec2/launchTemplate:LaunchTemplate", "-system").inputs["metadataOptions"][
         "httpPutResponseHopLimit"
     ] = 2
+
+
+def _node_class_hop_limit_2(rs: list[Registered]) -> None:
+    for props in _both(_find(rs, NODE_CLASS, "-karpenter-a100-8-class")):
+        props["spec"]["metadataOptions"]["httpPutResponseHopLimit"] = 2
+
+
+def _node_class_imdsv1(rs: list[Registered]) -> None:
+    for props in _both(_find(rs, NODE_CLASS, "-karpenter-a100-8-class")):
+        props["spec"]["metadataOptions"]["httpTokens"] = "optional"
+
+
+def _node_class_untagged(rs: list[Registered]) -> None:
+    for props in _both(_find(rs, NODE_CLASS, "-karpenter-a100-8-class")):
+        del props["spec"]["tags"]["team"]
 
 
 def _ssh_from_anywhere(rs: list[Registered]) -> None:
@@ -204,13 +177,38 @@ def _redis_from_anywhere(rs: list[Registered]) -> None:
     rule.inputs["cidrIpv4"] = "0.0.0.0/0"
 
 
+def _no_gpu_limit(rs: list[Registered]) -> None:
+    for spec in _pool_spec(rs, "a100-8"):
+        del spec["limits"]["nvidia.com/gpu"]
+
+
 def _unknown_gpu_type(rs: list[Registered]) -> None:
-    _find(rs, "aws:eks/nodeGroup:NodeGroup", "a100-8").inputs["instanceTypes"] = ["p9.96xlarge"]
-    _find(rs, "aws:eks/nodeGroup:NodeGroup", "a100-8").state["instanceTypes"] = ["p9.96xlarge"]
+    """A GPU type the pack cannot count, in a NodePool without a GPU limit to count instead."""
+    _no_gpu_limit(rs)
+    for spec in _pool_spec(rs, "a100-8"):
+        (types,) = [
+            r for r in spec["template"]["spec"]["requirements"] if r["key"] == "node.kubernetes.io/instance-type"
+        ]
+        types["values"] = ["p9.96xlarge"]
 
 
-BROKEN: dict[str, tuple[Callable[[list[Registered]], None], str]] = {
-    "gpu node group without taint": (_untaint, "gpu-node-groups-tainted"),
+def _cpu_pool_opened_to_every_type(rs: list[Registered]) -> None:
+    """The CPU NodePool with its instance-type requirement dropped: it can now launch GPU nodes,
+    untainted and with no GPU limit."""
+    for spec in _pool_spec(rs, "cpu"):
+        template = spec["template"]["spec"]
+        template["requirements"] = [
+            r for r in template["requirements"] if r["key"] != "node.kubernetes.io/instance-type"
+        ]
+
+
+BROKEN: dict[str, tuple[Callable[[list[Registered]], None], str | frozenset[str]]] = {
+    "GPU NodePool without the GPU taint": (_untaint_pool, "gpu-node-groups-tainted"),
+    # 3 more GPUs also take prod past its ceiling (24, all its NodePools' GPU limits)
+    "managed GPU node group without taint": (
+        _untainted_gpu_node_group,
+        frozenset({"gpu-node-groups-tainted", "gpu-ceiling"}),
+    ),
     "models bucket versioning suspended": (_suspend_versioning, "bucket-versioned"),
     "logs bucket without encryption": (_drop_encryption, "bucket-encrypted"),
     "public access block loosened": (_unblock, "bucket-never-public"),
@@ -221,9 +219,17 @@ BROKEN: dict[str, tuple[Callable[[list[Registered]], None], str]] = {
     "no admission policy for GPU pods": (_no_gpu_admission_policy, "gpu-pods-admission"),
     "GPU admission policy that only warns": (_admission_policy_that_only_warns, "gpu-pods-admission"),
     "Kubernetes API open to the internet": (_open_api, "eks-api-cidrs"),
-    "IMDS hop limit 2": (_hop_limit_2, "imds-hop-limit"),
+    "system nodes' launch template with IMDS hop limit 2": (_hop_limit_2, "imds-hop-limit"),
+    "EC2NodeClass with IMDS hop limit 2": (_node_class_hop_limit_2, "imds-hop-limit"),
+    "EC2NodeClass that allows IMDSv1": (_node_class_imdsv1, "imds-hop-limit"),
+    "EC2NodeClass whose nodes lack the team tag": (_node_class_untagged, "cost-tags"),
     "SSH open to the internet": (_ssh_from_anywhere, "no-open-ingress"),
+    "GPU NodePool without a GPU limit": (_no_gpu_limit, "gpu-ceiling"),
     "GPU instance type the ceiling cannot count": (_unknown_gpu_type, "gpu-ceiling"),
+    "CPU NodePool opened to every instance type": (
+        _cpu_pool_opened_to_every_type,
+        frozenset({"gpu-node-groups-tainted", "gpu-ceiling"}),
+    ),
     "quota store not encrypted at rest": (_cache_not_encrypted_at_rest, "cache-encrypted"),
     "quota store without TLS": (_cache_without_tls, "cache-encrypted"),
     "quota store that still takes plain-text clients": (_cache_tls_only_preferred, "cache-encrypted"),
@@ -238,14 +244,58 @@ def test_each_deliberately_broken_variant_is_caught_by_its_policy(variant: str) 
     resources = copy.deepcopy(example("prod").resources)
     breaks(resources)
     violations = run_pack(resources, pack_config("prod"))
-    assert policies_of(violations) == {policy}, violations
+    assert policies_of(violations) == ({policy} if isinstance(policy, str) else policy), violations
 
 
 def test_a_stack_over_its_gpu_ceiling_is_refused() -> None:
-    violations = run_pack(example("prod").resources, {"gpu-ceiling": {"maxGpus": 20}})
+    # prod's GPU NodePools (Pulumi.prod.yaml's plan) and their spec.limits:
+    #   a100-8         p4d.24xlarge (8 GPUs), nodes "2" → nvidia.com/gpu "16"  (2 × 8)
+    #   a10g-1         g5.xlarge (1 GPU),     nodes "2" → nvidia.com/gpu "2"   (2 × 1)
+    #   a10g-1-llm-7b  g5.xlarge (1 GPU),     nodes "6" → nvidia.com/gpu "6"   (6 × 1)
+    #   cpu            m6i.2xlarge: no GPUs, no GPU limit
+    # 16 + 2 + 6 = 24 GPUs, prod.json's maxGpus exactly; one fewer is refused.
+    assert example("prod").outputs["maxGpus"] == 24  # the plan's own count agrees
+    violations = run_pack(example("prod").resources, {"gpu-ceiling": {"maxGpus": 23}})
     (message,) = [m for p, m in violations if p == "gpu-ceiling"]
-    assert "can scale to 21 GPUs" in message and "ceiling maxGpus is 20" in message
-    assert "a100-8 2 × 8" in message
+    assert "can scale to 24 GPUs" in message and "ceiling maxGpus is 23" in message
+    for line in (
+        "NodePool a100-8 16 by its nvidia.com/gpu limit",
+        "NodePool a10g-1 2 by its nvidia.com/gpu limit",
+        "NodePool a10g-1-llm-7b 6 by its nvidia.com/gpu limit",
+    ):
+        assert line in message, message
+    assert "NodePool cpu" not in message
+    assert run_pack(example("prod").resources, {"gpu-ceiling": {"maxGpus": 24}}) == []
+
+
+def test_the_broken_node_pools_are_named_in_their_messages() -> None:
+    """What the Karpenter variants report, on the program's own a100-8 NodePool and EC2NodeClass."""
+
+    def messages(breaks: Callable[[list[Registered]], None], policy: str) -> list[str]:
+        resources = copy.deepcopy(example("prod").resources)
+        breaks(resources)
+        return [m for p, m in run_pack(resources, pack_config("prod")) if p == policy]
+
+    (taint,) = messages(_untaint_pool, "gpu-node-groups-tainted")
+    assert taint.startswith("GPU NodePool a100-8 must carry the taint nvidia.com/gpu=present:NoSchedule")
+    assert "(got fleet.io/model-node=true:NoSchedule)" in taint
+    (group,) = messages(_untainted_gpu_node_group, "gpu-node-groups-tainted")
+    assert "GPU node group gpu must carry the taint nvidia.com/gpu=present:NO_SCHEDULE (got none)" in group
+    (over,) = messages(_untainted_gpu_node_group, "gpu-ceiling")
+    assert "can scale to 27 GPUs" in over and "serving-fleet-prod-gpu 3 × 1" in over  # 24 + 3 × g5.xlarge
+    (hops,) = messages(_node_class_hop_limit_2, "imds-hop-limit")
+    assert hops.startswith("EC2NodeClass a100-8: IMDS hop limit 2; expected 1")
+    (v1,) = messages(_node_class_imdsv1, "imds-hop-limit")
+    assert v1.startswith("EC2NodeClass a100-8: httpTokens is 'optional'; expected 'required'")
+    (tags,) = messages(_node_class_untagged, "cost-tags")
+    assert tags.startswith("EC2NodeClass a100-8 lacks the cost tag(s) team in spec.tags")
+    (unbounded,) = messages(_no_gpu_limit, "gpu-ceiling")
+    assert unbounded.startswith("NodePool a100-8 can launch GPU nodes but has no spec.limits['nvidia.com/gpu']")
+    assert "cannot count" not in unbounded  # p4d.24xlarge is known: only the limit is missing
+    (unknown,) = messages(_unknown_gpu_type, "gpu-ceiling")
+    assert "NodePool a100-8" in unknown and "cannot count the GPUs of instance type(s) p9.96xlarge" in unknown
+    opened = messages(_cpu_pool_opened_to_every_type, "gpu-node-groups-tainted")
+    assert [m.split(" must")[0] for m in opened] == ["GPU NodePool cpu"]
 
 
 def test_taggable_covers_every_taggable_type_the_program_uses() -> None:
@@ -266,319 +316,6 @@ def test_the_kubernetes_runtimes_deployments_pass_the_pod_policy() -> None:
             assert pod_gpu_problems({**pod, "tolerations": []}), p.model
 
 
-# --- each policy alone ----------------------------------------------------------------------
-
-
-def _resource(policy: ResourceValidationPolicy, type_: str, props: dict, config: dict | None = None) -> list[str]:
-    found: list[str] = []
-    policy.validate(
-        ResourceValidationArgs(type_, props, f"urn:{type_}::r", "r", _options(), None, config or {}),
-        lambda message, urn=None: found.append(message),
-    )
-    return found
-
-
-def _stack(policy, resources: list[PolicyResource], config: dict | None = None) -> list[str]:  # noqa: ANN001
-    found: list[str] = []
-    policy.validate(StackValidationArgs(resources, config or {}), lambda message, urn=None: found.append(message))
-    return found
-
-
-def _pr(type_: str, name: str, props: dict, deps: dict | None = None) -> PolicyResource:
-    return PolicyResource(
-        type_, props, f"urn:pulumi:s::p::{type_}::{name}", name, _options(), None, None, [], deps or {}
-    )
-
-
-NG = "aws:eks/nodeGroup:NodeGroup"
-TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}
-
-
-def test_gpu_node_groups_tainted() -> None:
-    policy = guard.gpu_node_groups_tainted
-    assert _resource(policy, NG, {"instanceTypes": ["m6i.large"], "amiType": "AL2023_x86_64_STANDARD"}) == []
-    assert _resource(policy, NG, {"instanceTypes": ["g5.xlarge"], "taints": [TAINT]}) == []
-    (message,) = _resource(
-        policy,
-        NG,
-        {
-            "nodeGroupName": "gpu",
-            "amiType": "AL2023_x86_64_NVIDIA",
-            "taints": [{**TAINT, "effect": "PREFER_NO_SCHEDULE"}],
-        },
-    )
-    assert "GPU node group gpu must carry the taint nvidia.com/gpu=present:NO_SCHEDULE" in message
-    assert "got nvidia.com/gpu=present:PREFER_NO_SCHEDULE" in message
-
-
-def test_gpu_pods_admission() -> None:
-    from infra.admission import NAME, gpu_pod_policy
-
-    policy, deploy = guard.gpu_pods_admission, "kubernetes:apps/v1:Deployment"
-    spec, binding = gpu_pod_policy()
-    vap = _pr(
-        "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy",
-        "p",
-        {"metadata": {"name": NAME}, "spec": spec},
-    )
-    bound = _pr(
-        "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding",
-        "b",
-        {"metadata": {"name": NAME}, "spec": binding},
-    )
-    assert _stack(policy, [vap, bound]) == []
-    (missing,) = _stack(policy, [vap])
-    assert "no ValidatingAdmissionPolicy bound with Deny" in missing
-    warn_only = _pr(bound.resource_type, "b", {"spec": {**binding, "validationActions": ["Warn", "Audit"]}})
-    assert _stack(policy, [vap, warn_only])
-    toothless = _pr(
-        vap.resource_type, "p", {"metadata": {"name": NAME}, "spec": {**spec, "validations": []}}
-    )  # no rule
-    assert _stack(policy, [toothless, bound])
-
-    def workload(resources: dict, tolerations: list) -> PolicyResource:
-        return _pr(
-            deploy,
-            "w",
-            {
-                "metadata": {"name": "w"},
-                "spec": {
-                    "template": {
-                        "spec": {"containers": [{"name": "c", "resources": resources}], "tolerations": tolerations}
-                    }
-                },
-            },
-        )
-
-    exists = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    assert _stack(policy, [vap, bound, workload({"limits": {"cpu": "1"}}, [])]) == []  # no GPUs, no demands
-    assert _stack(policy, [vap, bound, workload({"limits": {"nvidia.com/gpu": "2"}}, exists)]) == []
-    assert _stack(policy, [vap, bound, workload({"limits": {"nvidia.com/gpu": 1}}, [{"operator": "Exists"}])]) == []
-    (no_limit,) = _stack(policy, [vap, bound, workload({"requests": {"nvidia.com/gpu": "1"}}, exists)])
-    assert "Deployment w: container c requests nvidia.com/gpu without a limit" in no_limit
-    (unequal,) = _stack(
-        policy, [vap, bound, workload({"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2"}}, exists)]
-    )
-    assert "requests 1 GPUs but limits 2" in unequal
-    wrong_value = [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "yes", "effect": "NoSchedule"}]
-    (untolerated,) = _stack(policy, [vap, bound, workload({"limits": {"nvidia.com/gpu": "1"}}, wrong_value)])
-    assert "does not tolerate the nvidia.com/gpu:NoSchedule taint" in untolerated
-
-
-def test_the_admission_policys_cel_states_the_python_rule() -> None:
-    """The CEL runs in the API server, not here; what can be checked is that each rule the
-    Python check knows has its expression, over every container kind, with a message."""
-    from infra import admission
-
-    spec, binding = admission.gpu_pod_policy()
-    assert spec["failurePolicy"] == "Fail" and binding["validationActions"] == ["Deny"]
-    assert "initContainers" in admission.CONTAINERS
-    (condition,) = spec["matchConditions"]  # only pods that ask for GPUs are evaluated
-    assert "variables." not in condition["expression"] and "nvidia.com/gpu" in condition["expression"]
-    assert "limits" in condition["expression"] and "requests" in condition["expression"]
-    (rule,) = spec["validations"]
-    assert (
-        "tolerations" in rule["expression"] and "'present'" in rule["expression"] and "NoSchedule" in rule["expression"]
-    )
-    assert rule["message"]
-
-
-def test_eks_api_cidrs() -> None:
-    policy, cluster = guard.eks_api_cidrs, "aws:eks/cluster:Cluster"
-    assert _resource(policy, cluster, {"vpcConfig": {"publicAccessCidrs": ["203.0.113.0/24"]}}) == []
-    assert _resource(policy, cluster, {"vpcConfig": {"endpointPublicAccess": False}}) == []
-    (open_,) = _resource(policy, cluster, {"vpcConfig": {"publicAccessCidrs": ["10.0.0.0/8", "::/0"]}})
-    assert "open to ['10.0.0.0/8', '::/0']" in open_
-    assert _resource(policy, cluster, {"vpcConfig": {}})  # AWS's default is 0.0.0.0/0
-    assert _resource(policy, cluster, {"vpcConfig": {}}, {"allowOpen": True}) == []  # a dev stack may say so
-
-
-def test_imds_hop_limit() -> None:
-    policy, template = guard.imds_hop_limit, "aws:ec2/launchTemplate:LaunchTemplate"
-    assert (
-        _resource(policy, template, {"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 1}}) == []
-    )
-    (hops,) = _resource(policy, template, {"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 2}})
-    assert "hop limit 2; expected 1" in hops
-    assert len(_resource(policy, template, {})) == 2  # IMDSv1 allowed and AWS's default hop limit
-
-
-def test_no_open_ingress() -> None:
-    policy = guard.no_open_ingress
-    rule = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
-    assert _resource(policy, rule, {"ipProtocol": "tcp", "fromPort": 443, "toPort": 443, "cidrIpv4": "0.0.0.0/0"}) == []
-    assert _resource(policy, rule, {"ipProtocol": "tcp", "fromPort": 22, "toPort": 22, "cidrIpv4": "10.0.0.0/16"}) == []
-    (ssh,) = _resource(policy, rule, {"ipProtocol": "tcp", "fromPort": 22, "toPort": 22, "cidrIpv6": "::/0"})
-    assert "inbound tcp 22-22 from the whole internet" in ssh
-    assert _resource(policy, rule, {"ipProtocol": "-1", "cidrIpv4": "0.0.0.0/0"})  # everything
-    legacy = {"type": "ingress", "protocol": "tcp", "fromPort": 80, "toPort": 80, "cidrBlocks": ["0.0.0.0/0"]}
-    assert _resource(policy, "aws:ec2/securityGroupRule:SecurityGroupRule", legacy)
-    assert _resource(policy, "aws:ec2/securityGroupRule:SecurityGroupRule", {**legacy, "type": "egress"}) == []
-    inline = {"ingress": [{"protocol": "tcp", "fromPort": 30080, "toPort": 30080, "cidrBlocks": ["0.0.0.0/0"]}]}
-    assert _resource(policy, "aws:ec2/securityGroup:SecurityGroup", inline)
-
-
-def test_cache_encrypted() -> None:
-    policy, group = guard.cache_encrypted, "aws:elasticache/replicationGroup:ReplicationGroup"
-    good = {"engine": "valkey", "atRestEncryptionEnabled": True, "transitEncryptionEnabled": True}
-    assert _resource(policy, group, good) == []
-    assert _resource(policy, group, {**good, "transitEncryptionMode": "required"}) == []
-    (at_rest,) = _resource(policy, group, {**good, "atRestEncryptionEnabled": False})
-    assert "at_rest_encryption_enabled is False; expected true" in at_rest
-    (tls,) = _resource(policy, group, {**good, "transitEncryptionEnabled": None})
-    assert "transit_encryption_enabled is None; expected true" in tls
-    (preferred,) = _resource(policy, group, {**good, "transitEncryptionMode": "preferred"})
-    assert "'preferred', which still accepts plain-text clients" in preferred
-    assert len(_resource(policy, group, {"engine": "redis"})) == 2  # Redis OSS's defaults: neither
-    cluster = "aws:elasticache/cluster:Cluster"
-    (standalone,) = _resource(policy, cluster, {"engine": "valkey", "numCacheNodes": 1})
-    assert "a standalone valkey cluster cannot encrypt at rest" in standalone
-    assert _resource(policy, cluster, {"engine": "redis", "replicationGroupId": "rg"}) == []  # a member of a group
-    assert _resource(policy, cluster, {"engine": "memcached"}) == []
-    assert _resource(policy, "aws:ec2/vpc:Vpc", {}) == []
-
-
-def test_no_open_ingress_covers_the_redis_port() -> None:
-    rule = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
-    (redis,) = _resource(
-        guard.no_open_ingress, rule, {"ipProtocol": "tcp", "fromPort": 6379, "toPort": 6379, "cidrIpv4": "0.0.0.0/0"}
-    )
-    assert "inbound tcp 6379-6379 from the whole internet" in redis
-    assert (
-        _resource(
-            guard.no_open_ingress,
-            rule,
-            {"ipProtocol": "tcp", "fromPort": 6379, "toPort": 6379, "referencedSecurityGroupId": "sg-nodes"},
-        )
-        == []
-    )
-
-
-def test_https_only_listeners() -> None:
-    policy, listener = guard.https_only_listeners, "aws:lb/listener:Listener"
-    assert _resource(policy, listener, {"protocol": "HTTPS", "port": 443, "certificateArn": "arn:cert"}) == []
-    redirect = [{"type": "redirect", "redirect": {"protocol": "HTTPS", "port": "443", "statusCode": "HTTP_301"}}]
-    assert _resource(policy, listener, {"protocol": "HTTP", "port": 80, "defaultActions": redirect}) == []
-    (plain,) = _resource(policy, listener, {"protocol": "HTTP", "port": 80, "defaultActions": [{"type": "forward"}]})
-    assert "uses HTTP; expected HTTPS" in plain
-    assert _resource(policy, listener, {"port": 80})  # no protocol: AWS's default is HTTP
-    assert "without a certificate_arn" in _resource(policy, listener, {"protocol": "HTTPS", "port": 443})[0]
-    classic = {"listeners": [{"lbProtocol": "http", "lbPort": 80, "instancePort": 80, "instanceProtocol": "http"}]}
-    assert _resource(policy, "aws:elb/loadBalancer:LoadBalancer", classic)
-
-
-def test_cost_tags() -> None:
-    policy = guard.cost_tags
-    tags = {"team": "ml", "model": "shared", "env": "dev"}
-    assert _resource(policy, "aws:ec2/vpc:Vpc", {"tags": tags}) == []
-    assert _resource(policy, "aws:ec2/vpc:Vpc", {"tags": {"model": "m"}, "tagsAll": {"team": "ml", "env": "dev"}}) == []
-    assert _resource(policy, "aws:iam/rolePolicy:RolePolicy", {"policy": "{}"}) == []  # takes no tags
-    assert _resource(policy, "kubernetes:core/v1:Namespace", {"metadata": {}}) == []  # not AWS
-    (message,) = _resource(policy, "aws:ec2/vpc:Vpc", {"tags": {"team": "ml", "model": ""}})
-    assert message.startswith("Vpc r lacks the cost tag(s) model, env")
-    assert _resource(policy, "aws:s3/bucket:Bucket", {})  # taggable but untagged
-    assert _resource(policy, "aws:newservice/thing:Thing", {"tags": {}})  # any AWS resource with tags
-
-
-S3 = "aws:s3/"
-
-
-def _bucket_set(**overrides: dict | None) -> list[PolicyResource]:
-    """A bucket and its companions, linked by property dependencies with no values (a preview)."""
-    bucket = _pr(f"{S3}bucket:Bucket", "b", {"bucket": "b-123"})
-    parts = {
-        "sse": (
-            f"{S3}bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
-            {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "aws:kms"}}]},
-        ),
-        "versioning": (f"{S3}bucketVersioning:BucketVersioning", {"versioningConfiguration": {"status": "Enabled"}}),
-        "block": (
-            f"{S3}bucketPublicAccessBlock:BucketPublicAccessBlock",
-            {k: True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")},
-        ),
-        "policy": (
-            f"{S3}bucketPolicy:BucketPolicy",
-            {
-                "policy": json.dumps(
-                    {
-                        "Statement": [
-                            {
-                                "Effect": "Deny",
-                                "Principal": "*",
-                                "Action": "s3:*",
-                                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-                            }
-                        ]
-                    }
-                )
-            },
-        ),
-    }
-    out = [bucket]
-    for key, (type_, props) in parts.items():
-        props = overrides.get(key, props)
-        if props is not None:
-            out.append(_pr(type_, f"b-{key}", props, {"bucket": [bucket]}))
-    return out
-
-
-def test_bucket_encrypted() -> None:
-    assert _stack(guard.bucket_encrypted, _bucket_set()) == []
-    sse_s3 = {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}]}
-    assert _stack(guard.bucket_encrypted, _bucket_set(sse=sse_s3)) == []
-    (message,) = _stack(guard.bucket_encrypted, _bucket_set(sse=None))
-    assert message.startswith("bucket b-123 has no default encryption")
-    # linked by value when the engine recorded no property dependencies
-    bucket = _pr(f"{S3}bucket:Bucket", "c", {"bucket": "c-1"})
-    sse = _pr(
-        f"{S3}bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
-        "c-sse",
-        {"bucket": "c-1", **sse_s3},
-    )
-    assert _stack(guard.bucket_encrypted, [bucket, sse]) == []
-    other = _pr(f"{S3}bucket:Bucket", "d", {"bucket": "d-1"})
-    assert len(_stack(guard.bucket_encrypted, [bucket, sse, other])) == 1  # one config does not cover two buckets
-
-
-def test_bucket_versioned() -> None:
-    assert _stack(guard.bucket_versioned, _bucket_set()) == []
-    (suspended,) = _stack(
-        guard.bucket_versioned, _bucket_set(versioning={"versioningConfiguration": {"status": "Suspended"}})
-    )
-    assert "bucket b-123 is not versioned (got Suspended)" in suspended
-    (none,) = _stack(guard.bucket_versioned, _bucket_set(versioning=None))
-    assert "got no BucketVersioning" in none
-    inline = _pr(f"{S3}bucketV2:BucketV2", "old", {"bucket": "old", "versioning": {"enabled": True}})
-    assert _stack(guard.bucket_versioned, [inline]) == []  # the deprecated inline form counts
-
-
-def test_bucket_never_public() -> None:
-    assert _stack(guard.bucket_never_public, _bucket_set()) == []
-    loose = {k: True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls")}
-    assert "lacks a BucketPublicAccessBlock" in _stack(guard.bucket_never_public, _bucket_set(block=loose))[0]
-    open_policy = {
-        "policy": json.dumps(
-            {"Statement": [{"Sid": "All", "Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "s3:GetObject"}]}
-        )
-    }
-    (message,) = _stack(guard.bucket_never_public, _bucket_set(policy=open_policy))
-    assert "allows s3:GetObject to everyone (statement All)" in message
-    resources = _bucket_set()
-    resources[0].props["acl"] = "public-read"
-    assert "public ACL 'public-read'" in _stack(guard.bucket_never_public, resources)[0]
-
-
-def test_gpu_ceiling() -> None:
-    groups = [
-        _pr(NG, "a", {"instanceTypes": ["g5.12xlarge"], "scalingConfig": {"maxSize": 2.0}, "taints": [TAINT]}),
-        _pr(NG, "cpu", {"instanceTypes": ["m6i.large"], "scalingConfig": {"maxSize": 50}}),
-        _pr("aws:ec2/instance:Instance", "box", {"instanceType": "p4d.24xlarge"}),
-    ]
-    assert _stack(guard.gpu_ceiling, groups, {"maxGpus": 16}) == []  # 2 × 4 + 8; CPU nodes do not count
-    (over,) = _stack(guard.gpu_ceiling, groups, {"maxGpus": 15})
-    assert "can scale to 16 GPUs (a 2 × 4; box 1 × 8); its ceiling maxGpus is 15" in over
-
-
 # --- the pack itself ------------------------------------------------------------------------
 
 
@@ -592,6 +329,20 @@ def test_the_pack_entry_point_builds_a_mandatory_pack_of_every_policy(monkeypatc
     assert len({p.name for p in guard.POLICIES}) == len(guard.POLICIES) == 12
 
 
+def test_the_pack_reads_props_as_the_engine_wraps_them() -> None:
+    """The engine wraps props in pulumi_policy's proxies: a list arrives as a Sequence that is no
+    ``list``, a dict as a Mapping. ``as_list`` once took such a list for one item, and the taint
+    policy crashed on every node group in a real `pulumi preview`."""
+    from fleet_guardrails._common import as_list, plain
+    from pulumi_policy.proxy import unknown_checking_proxy
+
+    props = unknown_checking_proxy({"instanceTypes": ["g5.xlarge", "g5.2xlarge"], "spec": {"a": [{"b": 1}]}})
+    assert not isinstance(props["instanceTypes"], list)
+    assert as_list(props["instanceTypes"]) == ["g5.xlarge", "g5.2xlarge"]
+    assert as_list("g5.xlarge") == ["g5.xlarge"] and as_list(None) == []
+    assert plain(props["spec"]) == {"a": [{"b": 1}]}
+
+
 @pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_each_stack_has_a_pack_config_with_a_ceiling_above_its_plan(stack: str) -> None:
     config = pack_config(stack)
@@ -601,7 +352,7 @@ def test_each_stack_has_a_pack_config_with_a_ceiling_above_its_plan(stack: str) 
 
 def test_the_gateway_may_only_raise_a_lazy_scaledobjects_floor_from_0_to_1() -> None:
     """The gateway's Role may patch ScaledObjects (to wake a lazy version); the admission
-    policy keeps that to a lazy model's floor, 0 → 1. Its CEL is evaluated here with
+    policy keeps that to a lazy model's floor, 0 → 1 (and the same wake again, 1 → 1). Its CEL is evaluated here with
     cel-python, against ScaledObjects the runtime writes, as the API server would."""
     import copy
 
@@ -656,7 +407,12 @@ def test_the_gateway_may_only_raise_a_lazy_scaledobjects_floor_from_0_to_1() -> 
 
     assert refused(lazy, changed(lazy, minReplicaCount=1)) == []  # the wake: 0 → 1, the server's fields moving
     assert any("from 0 to 1" in m for m in refused(lazy, changed(lazy, minReplicaCount=5)))
+    assert any("from 0 to 1" in m for m in refused(lazy, changed(lazy, minReplicaCount=2)))  # 0 → 2
     woken = changed(lazy, minReplicaCount=1)
+    # another gateway process's wake of the same cold start: 1 → 1, a no-op the API server still admits
+    same = copy.deepcopy(woken)
+    assert refused(woken, same) == []
+    assert any("from 0 to 1" in m for m in refused(woken, changed(woken, minReplicaCount=2)))  # 1 → 2
     assert any("from 0 to 1" in m for m in refused(woken, changed(woken, minReplicaCount=0)))  # unloading is the flow's
     assert any("lazy model" in m for m in refused(eager, changed(eager, minReplicaCount=0)))  # an eager floor: never
     assert any(

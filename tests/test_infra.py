@@ -66,15 +66,26 @@ def test_both_example_stacks_build_with_their_outputs(stack: Build) -> None:
 
 
 def test_cost_per_hour_of_the_example_stacks() -> None:
-    # dev: EKS 0.10 + 1 NAT 0.05 + ALB 0.0225 + 2 ECR endpoints × 2 AZs 0.04 + 2-3 × t3.large 0.0832
-    # + m6i.large 1-2 × 0.096 + g5.xlarge 1.006 + 1 × cache.t4g.small (Valkey) 0.0256 + the S3
-    # requests of 2-3 gateway processes (and, at the maximum, of the log tables: the processes' staged
-    # files and the committer's requests for 2 busy models, fleet.planning.costs.log_requests)
-    assert example("dev").outputs["usdPerHour"] == {"min": 1.53, "max": 1.72}
-    # prod: 3 NATs, 6 endpoint-AZs, 3-6 × m6i.xlarge, 2 × cache.t4g.small, and the model nodes of
-    # `fleet plan --stack prod` (24.36-49.33), 6-24 gateway processes' S3 requests (and the log tables' of 5 models)
-    assert example("prod").outputs["usdPerHour"] == {"min": 25.38, "max": 51.13}
-    assert (example("dev").outputs["maxGpus"], example("prod").outputs["maxGpus"]) == (1, 21)
+    # dev: EKS 0.10 (1.35, standard support) + 1 NAT 0.05 + ALB 0.0225 + 2 ECR endpoints × 2 AZs 0.04
+    # + 2-3 × t3.xlarge 0.1664 + Karpenter's m6i.large 1-3 × 0.096 and g5.xlarge 1-2 × 1.006 (the
+    # limits hold one canary's surge) + 1 × cache.t4g.small (Valkey) 0.0256 + db.t4g.small 0.032
+    # (Prefect) + the S3 requests of 2-3 gateway processes (and, at the maximum, of the log tables:
+    # the processes' staged files and the committer's for 2 busy models, fleet.planning.costs.log_requests)
+    assert example("dev").outputs["usdPerHour"] == {"min": 1.73, "max": 3.1}
+    # prod: 3 NATs, 6 endpoint-AZs, 3-5 × m6i.2xlarge, 2 × cache.t4g.small, db.t4g.small Multi-AZ,
+    # the NodePools of `fleet plan --stack prod` (24.36-52.74), 6-24 gateway processes' S3 requests
+    # (and the log tables' of 5 models)
+    assert example("prod").outputs["usdPerHour"] == {"min": 26.02, "max": 55.36}
+    # what the NodePools' nvidia.com/gpu limits let Karpenter launch
+    assert (example("dev").outputs["maxGpus"], example("prod").outputs["maxGpus"]) == (2, 24)
+
+
+def test_a_retired_key_is_refused_saying_what_replaced_it() -> None:
+    config = {**stack_config("dev"), "serving-fleet:rootVolumeGib": "300"}
+    with pytest.raises(
+        pulumi.RunError, match=r"serving-fleet:rootVolumeGib: no longer used — expected nothing: remove"
+    ):
+        build("dev", config)
 
 
 def test_a_config_mistake_stops_the_program_with_one_clear_message() -> None:
@@ -98,45 +109,43 @@ def test_a_config_mistake_stops_the_program_with_one_clear_message() -> None:
 # --- node groups from the placement plan ----------------------------------------------------
 
 
-def test_node_groups_have_the_sizes_labels_and_taints_of_the_plan(stack: Build) -> None:
+def _custom(stack: Build, kind: str) -> dict[str, dict]:
+    """The stack's Karpenter objects of ``kind`` (NodePool, EC2NodeClass) by name, as sent."""
+    return {r.inputs["metadata"]["name"]: r.inputs for r in stack.resources if r.type.endswith(f":{kind}")}
+
+
+def test_model_node_pools_have_the_instance_type_labels_and_taints_of_the_plan(stack: Build) -> None:
     planned = {g.name: g for g in expected_plan(stack.stack).node_groups}
-    groups = {r.inputs["nodeGroupName"]: r for r in stack.of_type("aws:eks/nodeGroup:NodeGroup")}
-    assert set(groups) == set(planned) | {"system"}
+    pools = _custom(stack, "NodePool")
+    assert set(pools) == set(planned)  # one Karpenter NodePool per node group of the plan
+    groups = {r.inputs["nodeGroupName"] for r in stack.of_type("aws:eks/nodeGroup:NodeGroup")}
+    assert groups == {"system"}  # the only managed node group
     for name, group in planned.items():
-        inputs = groups[name].inputs
-        sizes = inputs["scalingConfig"]
-        low = 0 if group.gpus_per_node and group.hourly_usd >= 5.0 else group.min_size  # expensive GPUs start at zero
-        assert (sizes["minSize"], sizes["maxSize"], sizes["desiredSize"]) == (low, group.max_size, low)
-        assert inputs["instanceTypes"] == [group.instance_type]
-        taints = {(t["key"], t["value"], t["effect"]) for t in inputs.get("taints", [])}
-        if group.gpus_per_node:
-            assert (GPU_RESOURCE, "present", "NO_SCHEDULE") in taints and inputs["amiType"] == "AL2023_x86_64_NVIDIA"
-            # the autoscaler waits for the device plugin on a node it knows has GPUs
-            assert inputs["labels"] == {
-                **group.labels,
-                "k8s.amazonaws.com/accelerator": inputs["labels"]["k8s.amazonaws.com/accelerator"],
-            }
-            assert inputs["labels"]["k8s.amazonaws.com/accelerator"].startswith("nvidia")
-        else:
-            assert (
-                taints == set() and inputs["amiType"] == "AL2023_x86_64_STANDARD" and inputs["labels"] == group.labels
-            )
+        template = pools[name]["spec"]["template"]
+        requirements = {r["key"]: r["values"] for r in template["spec"]["requirements"]}
+        assert requirements["node.kubernetes.io/instance-type"] == [group.instance_type]
+        assert template["metadata"]["labels"] == group.labels
+        taints = {(t["key"], t["value"], t["effect"]) for t in template["spec"]["taints"]}
+        assert ("fleet.io/model-node", "true", "NoSchedule") in taints  # platform pods stay off
+        assert ((GPU_RESOURCE, "present", "NoSchedule") in taints) == bool(group.gpus_per_node)
         if group.dedicated_to:
-            assert (DEDICATED_KEY, group.dedicated_to, "NO_SCHEDULE") in taints
-    system = groups["system"].inputs
+            assert (DEDICATED_KEY, group.dedicated_to, "NoSchedule") in taints
+    system = stack.one("aws:eks/nodeGroup:NodeGroup").inputs
     assert system["labels"] == {POOL_LABEL: "system"} and not system.get("taints")
 
 
 def test_prod_runs_the_70b_model_tensor_parallel_on_a100s_and_isolates_llm_7b() -> None:
-    groups = {r.inputs["nodeGroupName"]: r.inputs for r in example("prod").of_type("aws:eks/nodeGroup:NodeGroup")}
-    assert groups["a100-8"]["instanceTypes"] == ["p4d.24xlarge"] and groups["a100-8"]["scalingConfig"]["maxSize"] == 2
-    assert groups["a10g-1-llm-7b"]["labels"][DEDICATED_KEY] == "llm-7b"
-    assert groups["a10g-1"]["labels"]["nvidia.com/device-plugin.config"] == "slices-4"
-    assert "a10g-4" not in groups  # a pool no model needed makes no node group
+    pools = _custom(example("prod"), "NodePool")
+    a100 = pools["a100-8"]["spec"]
+    (types,) = [r["values"] for r in a100["template"]["spec"]["requirements"] if r["key"].endswith("instance-type")]
+    assert types == ["p4d.24xlarge"] and int(a100["limits"]["nodes"]) >= 2  # 2 at peak, + a canary's surge
+    assert pools["a10g-1-llm-7b"]["spec"]["template"]["metadata"]["labels"][DEDICATED_KEY] == "llm-7b"
+    assert pools["a10g-1"]["spec"]["template"]["metadata"]["labels"]["nvidia.com/device-plugin.config"] == "slices-4"
+    assert "a10g-4" not in pools  # a pool no model needed makes no NodePool
 
 
-def test_every_node_group_has_a_launch_template_with_a_large_encrypted_root_volume_and_imdsv2(stack: Build) -> None:
-    root_gib = json.loads(stack_config(stack.stack)["serving-fleet:rootVolumeGib"])
+def test_the_system_group_has_a_launch_template_with_an_encrypted_root_volume_and_imdsv2(stack: Build) -> None:
+    system = json.loads(stack_config(stack.stack)["serving-fleet:systemNodes"])
     templates = {r.name: r.inputs for r in stack.of_type("aws:ec2/launchTemplate:LaunchTemplate")}
     for group in stack.of_type("aws:eks/nodeGroup:NodeGroup"):
         assert "diskSize" not in group.inputs  # the template's volume is the one used
@@ -144,8 +153,7 @@ def test_every_node_group_has_a_launch_template_with_a_large_encrypted_root_volu
         (volume,) = template["blockDeviceMappings"]
         assert volume["deviceName"] == "/dev/xvda"
         assert volume["ebs"]["encrypted"] == "true" and volume["ebs"]["volumeType"] == "gp3"
-        expected = 50 if group.inputs["nodeGroupName"] == "system" else root_gib
-        assert volume["ebs"]["volumeSize"] == expected
+        assert volume["ebs"]["volumeSize"] == system.get("root_volume_gib", 50)
         assert template["metadataOptions"]["httpTokens"] == "required"
         assert template["metadataOptions"]["httpPutResponseHopLimit"] == 1  # pods cannot take the node's role
         assert {s["resourceType"] for s in template["tagSpecifications"]} == {"instance", "volume"}
@@ -248,7 +256,8 @@ def _role(stack: Build, role: str) -> tuple[dict, list[dict]]:
 def test_each_irsa_role_trusts_exactly_one_service_account(stack: Build) -> None:
     for role, subject in (
         ("gateway", "fleet:fleet-gateway"),
-        ("flows", "flows:prefect-worker"),
+        ("flows", "flows:fleet-flows"),  # the flow-run Jobs' account, not the worker's
+        ("models", "models:fleet-model"),  # the model pods': they fetch their weights
         ("cluster-autoscaler", "kube-system:cluster-autoscaler"),
     ):
         trust, _ = _role(stack, role)
@@ -341,6 +350,29 @@ def test_the_flows_read_and_write_the_whole_store_and_no_role_has_a_wildcard_act
     }
 
 
+def test_model_pods_read_only_manifests_and_artifacts_with_their_own_role(stack: Build) -> None:
+    """Weights are fetched at start (bentos/weights.py) with the models' IRSA role: it reads a
+    version's manifest and artifact files, and nothing else of the store (no routes, tenants, logs)."""
+    bucket = stack.one("aws:s3/bucket:Bucket", "models").state["arn"]
+    _, policy = _role(stack, "models")
+    for key in ("models/llm-7b/1.0.0/manifest.json", "models/llm-7b/1.0.0/artifact/weights/model-00001.safetensors"):
+        assert _allows(policy, "s3:GetObject", f"{bucket}/{key}"), key
+        assert not _allows(policy, "s3:PutObject", f"{bucket}/{key}"), key
+    for key in GATEWAY_KEYS:
+        if not key.startswith("models/"):
+            assert not _allows(policy, "s3:GetObject", f"{bucket}/{key}"), key
+    assert {a for s in policy for a in _list(s["Action"])} == {"s3:GetObject", "kms:Decrypt", "kms:GenerateDataKey"}
+    # the model pods' ServiceAccount carries it, and every model Deployment runs as that account
+    (account,) = [
+        r.inputs["metadata"]
+        for r in stack.of_type("kubernetes:core/v1:ServiceAccount")
+        if r.inputs["metadata"]["name"] == "fleet-model"
+    ]
+    assert account["namespace"] == "models"
+    role = stack.one("aws:iam/role:Role", "-models")
+    assert role.urn in stack.one("kubernetes:core/v1:ServiceAccount", "-model-pods").property_dependencies["metadata"]
+
+
 # --- tags -------------------------------------------------------------------------------------
 
 
@@ -352,11 +384,13 @@ def test_every_taggable_aws_resource_carries_the_cost_tags(stack: Build) -> None
         tags = r.inputs.get("tags") or {}
         assert all(tags.get(k) for k in COST_TAGS), f"{r.type} {r.name} lacks cost tags: {tags}"
         assert tags["env"] == stack.stack and tags["team"] == "ml-platform"
-    models = {
-        r.inputs["nodeGroupName"]: r.inputs["tags"]["model"] for r in stack.of_type("aws:eks/nodeGroup:NodeGroup")
-    }
+    assert stack.one("aws:eks/nodeGroup:NodeGroup").inputs["tags"]["model"] == "shared"  # the system nodes
+    # Karpenter tags the model nodes it launches with its EC2NodeClass's tags
+    for name, nodeclass in _custom(stack, "EC2NodeClass").items():
+        tags = nodeclass["spec"]["tags"]
+        assert all(tags.get(k) for k in COST_TAGS), f"EC2NodeClass {name} lacks cost tags: {tags}"
     if stack.stack == "prod":
-        assert models["a100-8"] == "llm-70b" and models["system"] == "shared"
+        assert _custom(stack, "EC2NodeClass")["a100-8"]["spec"]["tags"]["model"] == "llm-70b"
 
 
 # --- Kubernetes objects -----------------------------------------------------------------------
@@ -403,6 +437,8 @@ def test_every_kubernetes_object_is_valid_against_its_schema(stack: Build) -> No
         "ServiceMonitor",
     }
     for obj in objects:
+        if obj["kind"] in ("NodePool", "EC2NodeClass"):
+            continue  # against Karpenter's CRD schemas: tests/test_karpenter.py
         validate(obj)
 
 
@@ -427,9 +463,14 @@ def test_each_gateway_pod_announces_its_own_address(stack: Build) -> None:
     _, container = _gateway(stack)
     args = container["args"]
     assert args[:4] == ["--host", "0.0.0.0", "--port", "8000"]  # after the image's entry point, `fleet gateway`
-    assert args[args.index("--public-url") + 1] == "http://$(POD_IP):8000"  # Kubernetes expands $(POD_IP)
+    # Kubernetes expands $(POD_IP); the control plane pushes to the admin port (tests/test_network_access.py)
+    assert args[args.index("--public-url") + 1] == "http://$(POD_IP):8002"
     assert _env(container)["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-    assert container["ports"] == [{"name": "http", "containerPort": 8000}, {"name": "grpc", "containerPort": 8001}]
+    assert container["ports"] == [
+        {"name": "http", "containerPort": 8000},
+        {"name": "grpc", "containerPort": 8001},
+        {"name": "admin", "containerPort": 8002},
+    ]
     assert args[args.index("--grpc-port") + 1] == "8001"  # OIP over gRPC, on the port the Service names
     services = {s.inputs["metadata"]["name"]: s.inputs["spec"] for s in stack.of_type("kubernetes:core/v1:Service")}
     assert [p["name"] for p in services["fleet-gateway"]["ports"]] == ["http"]  # the NodePort one: HTTP only
@@ -493,15 +534,12 @@ def test_grafana_and_prefects_database_use_the_stacks_passwords_and_keep_their_d
     ]
     assert secret.inputs["stringData"][grafana["passwordKey"]] == SECRET_CONFIG[f"{PROJECT}:grafanaAdminPassword"]
     assert secret.inputs["metadata"]["namespace"] == releases["kube-prometheus-stack"].inputs["namespace"]
-    server = releases["prefect-server"]
-    database = server.inputs["values"]["postgresql"]
-    assert database["auth"]["password"] == SECRET_CONFIG[f"{PROJECT}:prefectDbPassword"] != "prefect-rocks"
-    assert "values" in server.secret_inputs
-    assert database["primary"]["persistence"]["enabled"] is True
+    # Prefect's database is RDS (or the stack's), its password in a Secret: tests/test_flows_cluster.py
+    server = releases["prefect-server"].inputs["values"]
+    assert server["postgresql"] == {"enabled": False} and server["externalDatabase"]["existingSecret"]
     storage = {
         r.inputs["metadata"]["name"]: r.inputs for r in stack.of_type("kubernetes:storage.k8s.io/v1:StorageClass")
     }
-    assert storage[database["primary"]["persistence"]["storageClass"]]["provisioner"] == "ebs.csi.aws.com"
     prometheus = releases["kube-prometheus-stack"].inputs["values"]["prometheus"]["prometheusSpec"]["storageSpec"]
     claim = prometheus["volumeClaimTemplate"]["spec"]
     assert claim["storageClassName"] in storage and claim["resources"]["requests"]["storage"]
@@ -734,7 +772,7 @@ def test_the_readmes_first_targeted_up_names_the_gateway_repository_and_every_pa
 
 
 def _kubernetes_version(stack: Build) -> str:
-    return stack_config(stack.stack).get("serving-fleet:kubernetesVersion", "1.33")
+    return stack_config(stack.stack).get("serving-fleet:kubernetesVersion", "1.35")
 
 
 def test_cluster_addons_are_managed_by_eks_at_its_default_version_for_the_clusters_kubernetes(stack: Build) -> None:
@@ -816,11 +854,11 @@ def test_the_dependency_edges_that_matter(stack: Build) -> None:
     assert stack.one("aws:elasticache/replicationGroup:ReplicationGroup").urn in deployment.dependencies
 
 
-def test_expensive_gpu_groups_start_at_zero_and_only_in_zones_that_offer_their_type() -> None:
+def test_gpu_nodes_launch_only_in_zones_that_offer_their_type() -> None:
     from infra_harness import OFFERINGS
 
     prod = example("prod")
-    groups = {r.inputs["nodeGroupName"]: r.inputs for r in prod.of_type("aws:eks/nodeGroup:NodeGroup")}
+    classes = _custom(prod, "EC2NodeClass")
     subnets = {
         r.state.get("id") or r.id: r.inputs["availabilityZone"]
         for r in prod.of_type("aws:ec2/subnet:Subnet")
@@ -830,12 +868,12 @@ def test_expensive_gpu_groups_start_at_zero_and_only_in_zones_that_offer_their_t
     p4d = [n for n, g in planned.items() if g.instance_type == "p4d.24xlarge"]
     assert p4d
     for name in p4d:
-        assert groups[name]["scalingConfig"]["minSize"] == 0 == groups[name]["scalingConfig"]["desiredSize"]
-        zones = {subnets[s] for s in groups[name]["subnetIds"]}
+        zones = {subnets[t["id"]] for t in classes[name]["spec"]["subnetSelectorTerms"]}
         assert zones and all("p4d.24xlarge" in OFFERINGS[z] or "*" in OFFERINGS[z] for z in zones)
         assert len(zones) < len(set(subnets.values()))  # the zone without it is left out
-    cheap = [n for n, g in planned.items() if g.gpus_per_node and g.hourly_usd < 5.0]
-    assert all(groups[n]["scalingConfig"]["minSize"] == planned[n].min_size for n in cheap)
+    # Karpenter has no minimum: nothing is launched (or paid) until a model's pods ask, and a
+    # type the account has no quota for fails at launch, not at `pulumi up`
+    assert all("minSize" not in str(p["spec"]) for p in _custom(prod, "NodePool").values())
 
 
 def test_a_gpu_type_no_zone_of_the_stack_offers_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -985,8 +1023,8 @@ def test_the_quota_store_config_is_checked() -> None:
     built = build("dev", dev)
     rg = built.one("aws:elasticache/replicationGroup:ReplicationGroup").inputs
     assert (rg["nodeType"], rg["numCacheClusters"], rg["multiAzEnabled"]) == ("cache.r7g.large", 3, True)
-    # 1.4809-1.6601 without the store, + 3 × 0.2, + the S3 requests of 2-3 gateway processes and the log
-    assert built.outputs["usdPerHour"] == {"min": 2.1, "max": 2.29}
+    # 1.6793-3.0437 without the store and S3, + 3 × 0.2, + the S3 requests of 2-3 gateway processes and the log
+    assert built.outputs["usdPerHour"] == {"min": 2.3, "max": 3.68}
     dev["serving-fleet:gateway"] = json.dumps({"workers": 3, "cpu": 2})
     with pytest.raises(
         pulumi.RunError,

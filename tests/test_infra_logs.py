@@ -290,6 +290,6 @@ def test_the_gateway_is_told_the_log_catalog(stack: Build) -> None:
 
 def test_the_default_retention_is_the_committers() -> None:
     from fleet.logs.committer import RETENTION_DAYS
-    from infra.config import LogSettings
+    from infra.config_sections import LogSettings
 
     assert LogSettings().retention_days == RETENTION_DAYS  # a shorter one here would expire files it still reads

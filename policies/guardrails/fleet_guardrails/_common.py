@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pulumi_policy import PolicyResource
@@ -46,7 +46,7 @@ GPUS_PER_INSTANCE = {
     "p5e.48xlarge": 8,
     "p5en.48xlarge": 8,
 }
-_GPU_FAMILY = re.compile(r"(g|p)\d+[a-z]*\.")  # g4dn., g5., g6e., p4d., p5en. ...
+_GPU_FAMILY = re.compile(r"(g|p)r?\d+[a-z]*\.")  # g4dn., g5., g6e., gr6., p4d., p5en. ...
 
 
 def get(value: Any, *path: str | int, default: Any = None) -> Any:
@@ -62,9 +62,24 @@ def get(value: Any, *path: str | int, default: Any = None) -> Any:
 
 
 def as_list(value: Any) -> list:
+    """A list of ``value``'s items (``[value]`` for a scalar). The engine hands policies its
+    properties wrapped in pulumi_policy's proxies, which are Sequences and Mappings, not
+    lists and dicts: both are read here."""
     if value is None:
         return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return list(value)
+    return [value]
+
+
+def plain(value: Any) -> Any:
+    """``value`` with the engine's proxies turned into dicts and lists (reading an unknown
+    value on the way raises pulumi_policy's UnknownValueError, as any read does)."""
+    if isinstance(value, Mapping):
+        return {k: plain(value[k]) for k in value}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [plain(v) for v in value]
+    return value
 
 
 def gpus_of(instance_type: str) -> int | None:
@@ -72,6 +87,11 @@ def gpus_of(instance_type: str) -> int | None:
     if instance_type in GPUS_PER_INSTANCE:
         return GPUS_PER_INSTANCE[instance_type]
     return None if _GPU_FAMILY.match(instance_type) else 0
+
+
+def is_gpu_family(family: str) -> bool:
+    """``g5`` → True, ``m6i`` → False: the families whose types ``gpus_of`` counts as GPU types."""
+    return _GPU_FAMILY.match(f"{family}.") is not None
 
 
 def is_gpu_node_group(props: Mapping[str, Any]) -> bool:

@@ -1,9 +1,14 @@
-"""GPUs: GPU node groups are tainted, the cluster refuses pods that want GPUs without
-tolerating the taint and setting limits (an admission policy the stack must carry), and a
-stack never scales past its GPU ceiling (``maxGpus`` from the pack's config)."""
+"""GPUs: GPU nodes are tainted, the cluster refuses pods that want GPUs without tolerating
+the taint and setting limits (an admission policy the stack must carry), and a stack never
+scales past its GPU ceiling (``maxGpus`` from the pack's config).
+
+GPU nodes come from Karpenter NodePools (the model nodes, infra/karpenter.py) and, should a
+stack add one, from EKS managed node groups or plain instances: each is checked the same way.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pulumi_policy import (
@@ -16,7 +21,25 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from fleet_guardrails._common import GPU_RESOURCE, GPU_TAINT_VALUE, as_list, get, gpus_of, is_gpu_node_group
+from fleet_guardrails._common import (
+    GPU_RESOURCE,
+    GPU_TAINT_VALUE,
+    as_list,
+    get,
+    gpus_of,
+    is_gpu_node_group,
+    plain,
+)
+from fleet_guardrails.karpenter import (
+    NODE_POOL,
+    gpu_limit,
+    gpus_per_node,
+    instance_types,
+    launches_gpus,
+    node_limit,
+    pool_name,
+    taints,
+)
 
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 EC2_INSTANCE = "aws:ec2/instance:Instance"
@@ -30,6 +53,26 @@ POD_SPEC = {
     "kubernetes:batch/v1:Job": ("spec", "template", "spec"),
     "kubernetes:batch/v1:CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
 }
+
+
+def _gpu_nodes_tainted(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if args.resource_type == NODE_POOL:
+        _node_pool_tainted(args, report)
+    elif args.resource_type == NODE_GROUP:
+        _node_group_tainted(args, report)
+
+
+def _node_pool_tainted(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if not launches_gpus(args.props):
+        return
+    found = taints(args.props)
+    if not any(t.get("key") == GPU_RESOURCE and t.get("effect") == "NoSchedule" for t in found):
+        got = ", ".join(f"{t.get('key')}={t.get('value')}:{t.get('effect')}" for t in found) or "none"
+        report(
+            f"GPU NodePool {pool_name(args.props, args.name)} must carry the taint "
+            f"{GPU_RESOURCE}={GPU_TAINT_VALUE}:NoSchedule in spec.template.spec.taints (got {got}), "
+            "so only pods that asked for GPUs land on its nodes"
+        )
 
 
 def _node_group_tainted(args: ResourceValidationArgs, report: ReportViolation) -> None:
@@ -88,10 +131,54 @@ def _gpus(resource: Any) -> tuple[int, int | None, list[str]]:
     return 1, gpus_of(kind), [kind]
 
 
+def _node_pool_gpus(r: Any, ceiling: int, report: ReportViolation) -> tuple[int, str] | None:
+    """(GPUs at most, how counted) of a NodePool that can launch GPU nodes: its nvidia.com/gpu
+    limit, or its node limit × GPUs per node where that is less. Without a GPU limit it is
+    refused: Karpenter counts GPUs only against that limit, and the instance types its
+    requirements allow need not be ones the pack can count."""
+    props = r.props
+    if not launches_gpus(props):
+        return None
+    name = pool_name(props, r.name)
+    named, limit = gpu_limit(props)
+    if not named:
+        unknown = [t for t in instance_types(props) or [] if gpus_of(t) is None]
+        also = (
+            f"; and it cannot count the GPUs of instance type(s) {', '.join(unknown)} "
+            "(not among the GPU types fleet_guardrails/_common.py knows)"
+            if unknown
+            else ""
+        )
+        report(
+            f"NodePool {name} can launch GPU nodes but has no spec.limits[{GPU_RESOURCE!r}]: no limit of Karpenter's "
+            f"bounds the GPUs it adds{also}; expected a GPU limit that keeps the stack within maxGpus {ceiling}",
+            r.urn,
+        )
+        return None
+    if limit is None:
+        report(
+            f"NodePool {name}: spec.limits[{GPU_RESOURCE!r}] is {get(props, 'spec', 'limits', GPU_RESOURCE)!r}; "
+            "expected a whole number of GPUs",
+            r.urn,
+        )
+        return None
+    gpus, line = math.floor(limit), f"NodePool {name} {math.floor(limit)} by its {GPU_RESOURCE} limit"
+    nodes, per_node = node_limit(props), gpus_per_node(props)
+    if nodes is not None and per_node is not None and nodes * per_node < gpus:
+        gpus, line = nodes * per_node, f"NodePool {name} {nodes} × {per_node} by its node limit"
+    return gpus, line
+
+
 def _gpu_ceiling(args: StackValidationArgs, report: ReportViolation) -> None:
     ceiling = args.get_config()["maxGpus"]
     total, lines = 0, []
     for r in args.resources:
+        if r.resource_type == NODE_POOL:
+            counted = _node_pool_gpus(r, ceiling, report)
+            if counted:
+                total += counted[0]
+                lines.append(counted[1])
+            continue
         if r.resource_type not in (NODE_GROUP, EC2_INSTANCE):
             continue
         if r.resource_type == NODE_GROUP and not is_gpu_node_group(r.props):
@@ -108,13 +195,14 @@ def _gpu_ceiling(args: StackValidationArgs, report: ReportViolation) -> None:
             total += nodes * per_node
             lines.append(f"{r.name} {nodes} × {per_node}")
     if total > ceiling:
-        report(f"this stack can scale to {total} GPUs ({'; '.join(lines)}); its ceiling maxGpus is {ceiling}")
+        report(f"this stack can scale to {total} GPUs ({'; '.join(sorted(lines))}); its ceiling maxGpus is {ceiling}")
 
 
 gpu_node_groups_tainted = ResourceValidationPolicy(
     name="gpu-node-groups-tainted",
-    description=f"EKS node groups with GPUs carry the {GPU_RESOURCE} NoSchedule taint.",
-    validate=_node_group_tainted,
+    description=f"Karpenter NodePools that can launch GPU nodes, and EKS node groups with GPUs, carry the "
+    f"{GPU_RESOURCE} NoSchedule taint.",
+    validate=_gpu_nodes_tainted,
     enforcement_level=EnforcementLevel.MANDATORY,
 )
 VAP = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
@@ -135,7 +223,7 @@ def _gpu_admission(args: StackValidationArgs, report: ReportViolation) -> None:
                 for rule in as_list(get(spec, "matchConstraints", "resourceRules"))
             )
             text = " ".join(str(v.get("expression", "")) for v in as_list(spec.get("validations")))
-            if on_pods and GPU_RESOURCE in str(spec) and "tolerations" in text:
+            if on_pods and GPU_RESOURCE in str(plain(spec)) and "tolerations" in text:
                 policies[get(r.props, "metadata", "name")] = r
         path = POD_SPEC.get(r.resource_type)
         if path is not None:
@@ -165,7 +253,8 @@ gpu_pods_admission = StackValidationPolicy(
 )
 gpu_ceiling = StackValidationPolicy(
     name="gpu-ceiling",
-    description="All GPU node groups at their maximum size stay within the stack's maxGpus.",
+    description="All GPU NodePools at their GPU limits, GPU node groups at their maximum size and GPU instances "
+    "stay within the stack's maxGpus.",
     validate=_gpu_ceiling,
     enforcement_level=EnforcementLevel.MANDATORY,
     config_schema=PolicyConfigSchema(properties={"maxGpus": {"type": "integer", "minimum": 0}}, required=["maxGpus"]),

@@ -1,6 +1,7 @@
 """Who can reach what: the Kubernetes API only from the CIDRs a stack names, no inbound rule
 open to the internet except HTTPS (the edge's 443), and nodes whose instance metadata a pod
-cannot reach (IMDSv2, hop limit 1: every workload has its own IAM role through IRSA)."""
+cannot reach (IMDSv2, hop limit 1: every workload has its own IAM role through IRSA) — the
+system nodes' launch template and every Karpenter EC2NodeClass (the model nodes)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pulumi_policy import (
     ResourceValidationPolicy,
 )
 
-from fleet_guardrails._common import as_list
+from fleet_guardrails._common import as_list, get
+from fleet_guardrails.karpenter import NODE_CLASS, NODE_CLASS_METADATA_DEFAULTS, pool_name
 
 CLUSTER = "aws:eks/cluster:Cluster"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -45,16 +47,22 @@ def _api_cidrs(args: ResourceValidationArgs, report: ReportViolation) -> None:
 
 
 def _hop_limit(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    if args.resource_type != LAUNCH_TEMPLATE:
+    if args.resource_type == LAUNCH_TEMPLATE:
+        # EC2's own defaults allow IMDSv1: a launch template says both
+        what, options = f"launch template {args.name}", args.props.get("metadataOptions") or {}
+    elif args.resource_type == NODE_CLASS:
+        # an absent field takes the CRD's default (IMDSv2, hop limit 1)
+        what = f"EC2NodeClass {pool_name(args.props, args.name)}"
+        options = {**NODE_CLASS_METADATA_DEFAULTS, **(get(args.props, "spec", "metadataOptions", default={}))}
+        if options.get("httpEndpoint") == "disabled":
+            return  # no instance metadata at all: nothing for a pod to reach
+    else:
         return
-    options = args.props.get("metadataOptions") or {}
     if options.get("httpTokens") != "required":
-        report(
-            f"launch template {args.name}: httpTokens is {options.get('httpTokens')!r}; expected 'required' (IMDSv2 only)"
-        )
+        report(f"{what}: httpTokens is {options.get('httpTokens')!r}; expected 'required' (IMDSv2 only)")
     if options.get("httpPutResponseHopLimit") != 1:
         report(
-            f"launch template {args.name}: IMDS hop limit {options.get('httpPutResponseHopLimit')!r}; expected 1, "
+            f"{what}: IMDS hop limit {options.get('httpPutResponseHopLimit')!r}; expected 1, "
             "so that pods cannot take the node's role (they have their own through IRSA)"
         )
 
@@ -110,7 +118,7 @@ eks_api_cidrs = ResourceValidationPolicy(
 )
 imds_hop_limit = ResourceValidationPolicy(
     name="imds-hop-limit",
-    description="Launch templates require IMDSv2 with a hop limit of 1.",
+    description="Launch templates and Karpenter EC2NodeClasses require IMDSv2 with a hop limit of 1.",
     validate=_hop_limit,
     enforcement_level=EnforcementLevel.MANDATORY,
 )
