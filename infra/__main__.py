@@ -216,6 +216,7 @@ Platform(
         alert_secrets={k: v for k, v in stack.secrets.items() if k in ALERT_SECRETS},
         prefect_database_url=prefect_db.connection_url,
         log_retention_days=s.logs.retention_days,
+        model_pools=model_pools,
     ),
     opts=pulumi.ResourceOptions(depends_on=[nodes, *cluster_addons.addons.values()]),
 )

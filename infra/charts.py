@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, SLICES_LABEL, PlacementPlan
+from fleet.planning.placement import DEDICATED_KEY, GPU_RESOURCE, MODEL_NODE_TOLERATION, SLICES_LABEL, PlacementPlan
 from infra.alerting import SECRET_NAME as ALERTING_SECRET
 from infra.alerting import AlertingSettings, alertmanager_values, secret_items
 from infra.flow_jobs import WORK_POOL, flow_run_job_template
@@ -118,10 +118,12 @@ def install_charts(
         )
 
     on_gpu_nodes = {
-        # every GPU node, dedicated ones included, and nowhere else (as the device plugin)
+        # every GPU node, dedicated ones included, and nowhere else (as the device plugin); every
+        # model node also carries Karpenter's model-node taint (fleet.planning.karpenter)
         "tolerations": [
             {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
             {"key": DEDICATED_KEY, "operator": "Exists", "effect": "NoSchedule"},
+            dict(MODEL_NODE_TOLERATION),
         ],
         "affinity": {
             "nodeAffinity": {

@@ -13,14 +13,17 @@ model nodes are for models.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from fleet.catalog.policies.loader import Policies
+from fleet.planning.karpenter import NodePoolPlan
 from fleet.planning.placement import GPU_RESOURCE, PlacementPlan
 from fleet.runtime.kubernetes.manifests import CONFIG_MAP, config_map_data
+from fleet.runtime.kubernetes.node_cache import shm_bytes
 from infra import waited_for
 from infra.admission import GATEWAY_SCALING, gateway_scaling_policy, gpu_pod_policy
 from infra.admission import NAME as GPU_ADMISSION
@@ -73,14 +76,21 @@ class PlatformArgs:
     alert_secrets: dict[str, pulumi.Input[str]] = field(default_factory=dict)  # key → secret Output, those set
     prefect_database_url: pulumi.Input[str] = ""  # a secret Output: the Prefect server's database (infra/prefect_db.py)
     log_retention_days: int = 30  # the flows' FLEET_LOG_RETENTION_DAYS: the stack's logs.retention_days
+    model_pools: tuple[NodePoolPlan, ...] = ()  # Karpenter's NodePools: the models' GPU quota is their limits
 
 
-def model_quota(plan: PlacementPlan) -> dict[str, str]:
-    """ResourceQuota of the models namespace: GPUs are what the node groups can hold; CPU,
-    memory and pods allow every model at max_replicas twice over (stable and canary)."""
-    units = sum(g.max_size * g.gpus_per_node * g.gpu_slices for g in plan.node_groups)
+def model_quota(plan: PlacementPlan, pools: Sequence[NodePoolPlan] = ()) -> dict[str, str]:
+    """ResourceQuota of the models namespace: GPUs are what the NodePools' limits can hold
+    (one canary's surge included; the plan's node groups where no pool is given); CPU, memory
+    (a tensor-parallel replica's /dev/shm included) and pods allow every model at max_replicas
+    twice over (stable and canary)."""
+    slices = {g.name: g.gpu_slices for g in plan.node_groups}
+    if pools:
+        units = sum(p.limit_nodes * p.gpus_per_node * slices[p.name] for p in pools)
+    else:
+        units = sum(g.max_size * g.gpus_per_node * g.gpu_slices for g in plan.node_groups)
     cpu = 2 * sum(m.max_replicas * m.cpu for m in plan.models)
-    memory = 2 * sum(m.max_replicas * m.memory_gib for m in plan.models)
+    memory = 2 * sum(m.max_replicas * (m.memory_gib + shm_bytes(m) / 2**30) for m in plan.models)
     pods = 2 * sum(m.max_replicas for m in plan.models)
     return {
         f"requests.{GPU_RESOURCE}": str(units),
@@ -123,7 +133,7 @@ class Platform(pulumi.ComponentResource):
             )
         gw = args.gateway
         quotas = {
-            MODELS_NS: model_quota(args.plan),
+            MODELS_NS: model_quota(args.plan, args.model_pools),
             GATEWAY_NS: {
                 f"requests.{GPU_RESOURCE}": "0",
                 "requests.cpu": f"{2 * gw.max_replicas * gw.cpu:g}",

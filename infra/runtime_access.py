@@ -72,7 +72,8 @@ def runtime_roles(
             opts=opts,
         )
     # every model Deployment runs as this account (fleet.runtime.kubernetes.manifests): its
-    # replicas fetch their weights from the store with its role (IRSA), and nothing else
+    # replicas fetch their weights from the store with its role (IRSA), and nothing else. Its
+    # token stays mounted: IRSA is reported to fail without it, and the account has no RBAC binding
     k8s.core.v1.ServiceAccount(
         f"{name}-model-pods",
         metadata={
@@ -81,6 +82,5 @@ def runtime_roles(
             "labels": MANAGED,
             "annotations": {"eks.amazonaws.com/role-arn": model_role_arn},
         },
-        automount_service_account_token=False,  # a replica never calls the Kubernetes API
         opts=child(namespaces[MODELS_NS]),
     )

@@ -684,12 +684,24 @@ def test_the_runtime_config_map_carries_the_plan_and_quotas_follow_it(stack: Bui
     assert json.loads(cm["data"]["placement.json"]) == json.loads(json.dumps(expected.to_dict()))
     assert set(json.loads(cm["data"]["images.json"])) == {m.family for m in expected.models}
     quotas = {o["metadata"]["namespace"]: o["spec"]["hard"] for o in _manifests(stack) if o["kind"] == "ResourceQuota"}
-    assert quotas["models"] == model_quota(expected)
-    gpu_units = sum(g.max_size * g.gpus_per_node * g.gpu_slices for g in expected.node_groups)
+    from test_karpenter import expected_pools
+
+    pools = expected_pools(stack.stack)
+    assert quotas["models"] == model_quota(expected, pools)
+    # what Karpenter may launch, a canary's surge included: a canary at peak is not refused by the
+    # quota the pools were sized for (each GPU counted once per time-slice)
+    slices = {g.name: g.gpu_slices for g in expected.node_groups}
+    gpu_units = sum((p.max_nodes + p.surge_nodes) * p.gpus_per_node * slices[p.name] for p in pools)
+    assert gpu_units > sum(g.max_size * g.gpus_per_node * g.gpu_slices for g in expected.node_groups)
     assert (
         quotas["models"][f"requests.{GPU_RESOURCE}"] == str(gpu_units)
         and quotas["fleet"][f"requests.{GPU_RESOURCE}"] == "0"
     )
+    # memory: every model at max_replicas twice, a tensor-parallel replica's /dev/shm included
+    from fleet.runtime.kubernetes.node_cache import shm_bytes
+
+    memory = 2 * sum(m.max_replicas * (m.memory_gib + shm_bytes(m) / 2**30) for m in expected.models)
+    assert quotas["models"]["requests.memory"] == f"{memory:g}Gi"
 
 
 def test_the_engine_learns_its_gpu_type_and_tensor_parallel_degree_through_the_config_map() -> None:

@@ -407,3 +407,32 @@ def test_model_pods_tolerate_every_taint_of_their_pool_and_platform_pods_none(st
     assert platform  # the gateway at least
     for pod in platform:
         assert not _tolerates(pod.get("tolerations") or [], MODEL_NODE_TAINT)
+
+
+@pytest.mark.parametrize("chart", ["nvidia-device-plugin", "dcgm-exporter"])
+def test_the_gpu_daemonsets_tolerate_every_taint_of_every_gpu_pool(stack: Build, chart: str) -> None:
+    """Without the device plugin a GPU node never advertises nvidia.com/gpu and every GPU model
+    pod stays Pending; without the DCGM exporter the gpu_utilization trigger reads nothing."""
+    (release,) = [r for r in stack.of_type("kubernetes:helm.sh/v3:Release") if r.inputs["chart"] == chart]
+    tolerations = release.inputs["values"]["tolerations"]
+    gpu_pools = [p for p in expected_pools(stack.stack) if p.gpus_per_node]
+    assert gpu_pools
+    for p in gpu_pools:
+        for taint in p.taints:
+            assert _tolerates(tolerations, taint), f"{chart} does not tolerate {taint} of NodePool {p.name}"
+
+
+@pytest.mark.parametrize(
+    ("floor", "expected"), [(2, {"minAvailable": 2}), (1, {"minAvailable": 1}), (0, {"maxUnavailable": 1})]
+)
+def test_an_eviction_never_takes_a_version_below_its_floor(floor: int, expected: dict) -> None:
+    """Karpenter drains through the eviction API: the version's PodDisruptionBudget is what
+    keeps consolidation and drift from taking its last replicas (a lazy one, floor 0, may go)."""
+    from fleet.runtime.kubernetes.manifests import manifests, placement_from_dict
+
+    raw = next(m for m in example("prod").outputs["placement"]["models"] if m["model"] == "llm-7b")
+    placed = placement_from_dict(json.loads(json.dumps(raw)))
+    objs = manifests("llm-7b", "1.0.0", "image:x", placed, floor=floor, prometheus_url="http://p")
+    (budget,) = [o for o in objs if o["kind"] == "PodDisruptionBudget"]
+    spec = {k: v for k, v in budget["spec"].items() if k != "selector"}
+    assert spec == expected

@@ -416,3 +416,27 @@ def test_coldstart_reports_the_fetch_phase_from_the_replicas_marks() -> None:
     row = phases(0.5, 9.0, [*server, *worker, (2, "worker", 7.75), (2, "loaded", 8.0), (2, "warm", 8.5)])
     assert list(row) == list(PHASES)
     assert (row["server fetch"], row["server verify"], row["worker fetch"]) == (3.0, 0.5, 0.25)
+
+
+def test_the_cache_owner_script_hands_the_folder_over_once_and_changes_nothing_after(tmp_path: Path) -> None:
+    """The init container runs as root with CHOWN only, on every pod of the node: the second
+    pod finds the folder the image user's, where a chmod would need FOWNER and fail."""
+    import os
+    import shutil
+    import subprocess
+
+    from fleet.runtime.kubernetes.manifests import BENTO_GID, BENTO_UID, cache_owner_script
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and util-linux's setpriv to drop every capability but CHOWN")
+    folder = tmp_path / "weights"
+    folder.mkdir(mode=0o755)
+    as_init = ["setpriv", "--bounding-set=-all,+chown", "--inh-caps=-all", "sh", "-c", cache_owner_script(str(folder))]
+    for attempt in ("first pod", "second pod"):
+        done = subprocess.run(as_init, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, f"{attempt}: {done.stderr}"
+        st = folder.stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (BENTO_UID, BENTO_GID, 0o750), attempt
+    # the command before: on the folder the first pod handed over, chmod without FOWNER fails
+    old = f"chmod 0750 {folder} && chown {BENTO_UID}:{BENTO_GID} {folder}"
+    assert subprocess.run([*as_init[:3], "sh", "-c", old], capture_output=True, timeout=30).returncode != 0

@@ -28,8 +28,8 @@ same name. Pure: ``node_pools`` decides sizes, capacity type and disk; ``node_po
   let at most one node of a model pool go at a time, and none of a large pool for
   ``Underutilized`` (moving a large replica costs minutes of weights loading: only empty
   nodes are removed and drifted ones replaced). Karpenter evicts through the eviction API,
-  so each version's PodDisruptionBudget (fleet.runtime.kubernetes.manifests) also holds: a
-  node's drain waits while evicting would take a version past it. Karpenter's budgets count
+  so each version's PodDisruptionBudget (fleet.runtime.kubernetes.manifests: ``minAvailable``
+  its floor) also holds: a node's drain waits while evicting would take a version below it. Karpenter's budgets count
   nodes, the PDBs count replicas; together at most one node's replicas move at a time and
   never more than the PDB allows of one version. ``expireAfter: Never``: an expiry is
   forceful and would evict at the minimum; nodes are replaced by drift (a new AMI), which

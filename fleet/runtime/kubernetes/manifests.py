@@ -229,7 +229,13 @@ def manifests(
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": meta,
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+        # an eviction (a node drain, Karpenter's consolidation or drift) never takes the version
+        # below its floor: a replica back costs minutes of fetching and loading weights. A lazy
+        # version (floor 0) may lose one at a time.
+        "spec": {
+            **({"minAvailable": floor} if floor > 0 else {"maxUnavailable": 1}),
+            "selector": {"matchLabels": selector},
+        },
     }
     # the admission policy lets the gateway wake only a lazy model's scaler: it reads this label
     scaler_meta = {**meta, "labels": {**meta["labels"], LOADING_LABEL: placement.loading}}
@@ -268,14 +274,22 @@ def weights_env(placement: ModelPlacement, store_url: str | None, cache_bytes: i
     return env
 
 
+def cache_owner_script(folder: str) -> str:
+    """The init container's shell: the folder to the image's user, mode 0750, unless it is already theirs."""
+    owner = f"{BENTO_UID}:{BENTO_GID}"
+    return f'[ "$(stat -c %u:%g {folder})" = "{owner}" ] || {{ chmod 0750 {folder} && chown {owner} {folder}; }}'
+
+
 def _cache_owner(image: str) -> dict:
     """An init container that gives the node's cache folder to the image's user. A hostPath the
     kubelet creates is root's 0755, and fsGroup does not apply to hostPath volumes; it runs as
-    root with CHOWN alone, on that folder alone (idempotent: every pod on the node runs it)."""
+    root with CHOWN alone, on that folder alone. Every pod on the node runs it, so it changes
+    nothing once the folder is the user's (root may not chmod a folder it does not own without
+    FOWNER, which it does not have)."""
     return {
         "name": "weights-cache-owner",
         "image": image,
-        "command": ["sh", "-c", f"chmod 0750 {CACHE_MOUNT} && chown {BENTO_UID}:{BENTO_GID} {CACHE_MOUNT}"],
+        "command": ["sh", "-c", cache_owner_script(CACHE_MOUNT)],
         "volumeMounts": [{"name": "weights", "mountPath": CACHE_MOUNT}],
         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "16Mi"}},
         "securityContext": {
