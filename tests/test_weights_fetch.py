@@ -324,27 +324,23 @@ def test_a_local_replica_reads_the_fleets_artifact_cache_through_the_same_code(t
 
 
 def test_the_model_deployment_mounts_the_node_cache_and_gives_a_tensor_parallel_replica_shared_memory() -> None:
-    from fleet.planning.placement import ModelPlacement
+    from dataclasses import replace
+
     from fleet.runtime.kubernetes.manifests import MODEL_SERVICE_ACCOUNT, manifests
     from fleet.runtime.kubernetes.node_cache import CACHE_MOUNT, NODE_CACHE_PATH, node_cache_bytes, shm_bytes
 
     image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/serving-fleet-prod/llm@sha256:" + "a" * 64
-    tp = ModelPlacement(
+    tp = replace(  # llm-70b: tensor-parallel over a p4d's 8 A100s
+        _single_gpu(),
         model="llm-70b",
-        family="llm",
         node_group="p4d",
         pool="a100",
         instance_type="p4d.24xlarge",
         gpus=8,
         tensor_parallel=8,
-        shared_gpu=False,
         gpu_memory_gib=300,
         cpu=40,
         memory_gib=200,
-        min_replicas=1,
-        max_replicas=2,
-        target_qps_per_replica=2,
-        target_p99_ms=5000,
         gpu_type="A100-40GB",
         weights_gib=130,
     )
