@@ -60,9 +60,21 @@ def live_desired_size(cluster: str, group: str) -> int | None:
         return None
     try:
         found = aws.eks.get_node_group(cluster_name=cluster, node_group_name=group)
-    except Exception:  # noqa: BLE001 - the first `up`: no cluster or group yet (EKS: ResourceNotFoundException)
-        return None
+    except Exception as exc:  # noqa: BLE001 - the provider's invoke error carries EKS's message
+        if is_not_found(str(exc)):
+            return None  # the first `up`: no cluster or group yet
+        # anything else (credentials, throttling): sending the minimum would shrink a scaled-out group
+        raise pulumi.RunError(
+            f"could not read node group {group} of cluster {cluster} to keep its desired size: {exc}; "
+            "expected to read it (or EKS's ResourceNotFoundException on a first `up`): run again"
+        ) from None
     return int(found.scaling_configs[0].desired_size) if found.scaling_configs else None
+
+
+def is_not_found(message: str) -> bool:
+    """Does an invoke's error say the cluster or group does not exist (rather than that the
+    lookup failed)? EKS answers ResourceNotFoundException; the provider words it as below."""
+    return any(m in message for m in ("ResourceNotFoundException", "couldn't find resource", "No cluster found"))
 
 
 class NodeGroups(pulumi.ComponentResource):

@@ -436,3 +436,35 @@ def test_an_eviction_never_takes_a_version_below_its_floor(floor: int, expected:
     (budget,) = [o for o in objs if o["kind"] == "PodDisruptionBudget"]
     spec = {k: v for k, v in budget["spec"].items() if k != "selector"}
     assert spec == expected
+
+
+def test_the_system_groups_size_is_read_live_and_only_a_missing_group_counts_as_new(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lookup that failed for another reason (credentials, throttling) must stop the program:
+    taking it for a new group would send the minimum and shrink a scaled-out system pool."""
+    from types import SimpleNamespace
+
+    import pulumi
+    import pulumi_aws as aws
+    from pulumi.runtime import settings
+
+    import infra.nodegroups as ng
+
+    monkeypatch.setattr(settings, "get_monitor", lambda: None)  # as under `pulumi up`, not the mocks
+    answer: dict = {}
+
+    def get_node_group(**kwargs):  # noqa: ANN003, ANN202
+        if "error" in answer:
+            raise Exception(answer["error"])  # noqa: TRY002 - what the provider's invoke raises
+        return SimpleNamespace(scaling_configs=[SimpleNamespace(desired_size=5)])
+
+    monkeypatch.setattr(aws.eks, "get_node_group", get_node_group)
+    assert ng.live_desired_size("serving-fleet-dev", "system") == 5
+    answer["error"] = "reading EKS Node Group: ResourceNotFoundException: No node group found for name: system."
+    assert ng.live_desired_size("serving-fleet-dev", "system") is None
+    answer["error"] = (
+        "operation error EKS: DescribeNodegroup, https response error StatusCode: 429, ThrottlingException"
+    )
+    with pytest.raises(pulumi.RunError, match="could not read node group system of cluster serving-fleet-dev"):
+        ng.live_desired_size("serving-fleet-dev", "system")
