@@ -1,5 +1,7 @@
 """``canary_rollout(model, version, **policy_overrides)``: preflight → deploy → shadow → weight
-steps → approval → promote, or roll back; the Prefect flow composes ``fleet.control.rollout.effects``.
+steps → approval → promote, or roll back; with ``strategy="blue-green"``: preflight → deploy
+green at the stable's replica count → shadow → approval → switch → bake → promote, or switch
+back. The Prefect flow composes ``fleet.control.rollout.effects``.
 
 Every decision is in ``fleet.control.rollout.machine`` and every write in its executor
 ``fleet.control.rollout.effects.Rollout``; this module only orders
@@ -7,12 +9,16 @@ the calls, sleeps between ticks, holds the rollout lease, asks for approval thro
 Prefect pause, and reports. The lease is kept alive by a heartbeat for the whole run —
 through a deploy that packages and waits for readiness, and through the approval pause —
 and is the ``Rollout``'s guard, so a run that lost it stops before its next route change
-or state write. Reports: a table artifact of every step's gates after each tick, a
+or state write. Each phase's task runs are named after it ("deploy green 1.1.0 x2 ...", "shadow tick",
+"step 2 at 50% tick", "bake tick"), so the run's graph in the UI reads as its phases; the
+switch itself is the event ``fleet.rollout.switched``. Reports: a table
+artifact of every step's gates after each tick, a
 markdown summary at the end, and ``fleet.rollout.*`` events. A rollback ends the run
 Failed with a message that names the breached gate; it is never reported as a success.
 
     from flows.rollout import canary_rollout
     canary_rollout("demo-classifier", "1.1.0", steps=[20, 50, 100], analysis_window_s=5)
+    canary_rollout("demo-classifier", "1.1.0", strategy="blue-green", bake_s=120)
 """
 
 from __future__ import annotations
@@ -61,6 +67,19 @@ def prefetch(model: str, version: str, cache_mib: float | None) -> str:
 @task(name="deploy canary", cache_policy=NO_CACHE, timeout_seconds=900)
 def deploy(rollout: Rollout, state: RolloutState) -> RolloutState:
     return rollout.deploy(state)
+
+
+def _deploy_name(state: RolloutState) -> str:
+    if state.strategy == "blue-green":
+        return f"deploy green {state.version} x{state.replicas} (blue {state.champion} held at x{state.replicas})"
+    return f"deploy canary {state.version}"
+
+
+def _tick_name(state: RolloutState) -> str:
+    """The next tick's name in the run graph: the phase it judges."""
+    if state.phase == Phase.STEP:
+        return f"step {state.step + 1} at {state.weight:g}% tick"
+    return f"{state.phase} tick"
 
 
 def _retry_unless_conflict(task: Any, task_run: Any, state: State) -> bool:  # noqa: ANN401 - Prefect's hook signature
@@ -124,7 +143,7 @@ def _summary(state: RolloutState) -> str:
     lines = [
         f"# Rollout of {state.model}:{state.version} — {state.phase}",
         "",
-        f"Champion: {state.champion}. Run: {state.run_id}.",
+        f"Strategy: {state.strategy}. Champion: {state.champion}. Run: {state.run_id}.",
         "",
     ]
     if state.reason:
@@ -170,10 +189,11 @@ def canary_rollout(model: str, version: str, **policy_overrides: Any) -> State:
                 except Exception as exc:  # noqa: BLE001 - packaging fetches it again, and says what is wrong
                     logger.warning("prefetch of %s:%s's artifact failed: %s", model, version, exc)
             if state.phase == Phase.DEPLOY:
-                state = deploy(rollout, state)
-            while state.phase in (Phase.SHADOW, Phase.STEP, Phase.APPROVAL):
+                state = deploy.with_options(task_run_name=_deploy_name(state))(rollout, state)
+            while state.phase in (Phase.SHADOW, Phase.STEP, Phase.BAKE, Phase.APPROVAL):
                 if state.phase == Phase.APPROVAL:
-                    logger.info("waiting for approval before 100%%: fleet rollout approve %s", model)
+                    before = "the switch" if state.strategy == "blue-green" else "100%"
+                    logger.info("waiting for approval before %s: fleet approve %s", before, model)
                     silence = Approval(
                         approve=False, by="nobody", note=f"no answer within {policy.hold_deadline_s:g} s"
                     )
@@ -186,7 +206,7 @@ def canary_rollout(model: str, version: str, **policy_overrides: Any) -> State:
                     state = rollout.approve(state, answer.approve, answer.by, answer.note)
                     continue
                 time.sleep(_next_look(policy.analysis_window_s))
-                state = tick(rollout, state)
+                state = tick.with_options(task_run_name=_tick_name(state))(rollout, state)
             if state.phase == Phase.PROMOTE:
                 state = promote(rollout, state)
     finally:
@@ -197,5 +217,10 @@ def canary_rollout(model: str, version: str, **policy_overrides: Any) -> State:
     if state.phase == Phase.PROMOTED:
         logger.info("promoted %s:%s; %s stays warm for %g s", model, version, state.champion, policy.rollback_window_s)
         keep_warm_then_retire(rollout, state)
-        return Completed(message=f"promoted {model}:{version} through {len(policy.steps)} steps")
+        how = (
+            f"after a {policy.bake_s:g} s bake"
+            if state.strategy == "blue-green"
+            else f"through {len(policy.steps)} steps"
+        )
+        return Completed(message=f"promoted {model}:{version} {how}")
     return Failed(message=f"{model}:{version} {state.phase.replace('_', ' ')}: {state.reason}")

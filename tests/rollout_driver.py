@@ -30,6 +30,7 @@ from fleet.control.rollout.machine import (
     Save,
     SetRoute,
     Transition,
+    schedule,
     step,
 )
 from fleet.control.rollout.reading import Read, needs
@@ -84,6 +85,7 @@ class Run:
 
     def __init__(self, policy: RolloutPolicy, canary: Traffic = GOOD, rps: float = 40.0) -> None:
         self.policy, self.canary, self.rps = policy, canary, rps
+        self.replicas = 1  # blue's, for a blue-green Begin
         self.now = T0
         self.route = Route(STABLE, revision=1, updated_by="ops", reason="first")
         self.state: RolloutState | None = None
@@ -102,7 +104,8 @@ class Run:
 
     def begin(self, running: bool | None = None, version: str = CANARY) -> Transition:
         at = datetime.fromtimestamp(self.now, UTC)
-        return self.do(Begin(MODEL, version, "run-1", self.now, at, self.route, running))
+        strategy = self.policy.strategy
+        return self.do(Begin(MODEL, version, "run-1", self.now, at, self.route, running, strategy, self.replicas))
 
     def to_first_arm(self) -> Transition:
         self.begin()
@@ -134,6 +137,9 @@ class Run:
     def window(self, read: Read) -> ArmWindow:
         share = (self.route.weight if self.route.canary == CANARY else 0.0) / 100
         if read.arm == "canary":
+            if self.route.shadow == CANARY and not share:  # the shadow phase: a mirrored share, the stable whole
+                share = self.policy.shadow_percent / 100
+                return served(read.version, read.start, read.end, self.rps * share, self.canary)
             return served(read.version, read.start, read.end, self.rps * share, self.canary)
         return served(read.version, read.start, read.end, self.rps * (1 - share), GOOD)
 
@@ -181,17 +187,25 @@ def check(before: RolloutState | None, obs: Observation, t: Transition, policy: 
     if after is None:
         return
     came_from = before.phase if before is not None and before.version == after.version else None
+    steps = schedule(after, policy)  # the canary's steps, or blue-green's one switch
     if after.phase == Phase.PROMOTE and came_from != Phase.PROMOTE:
-        assert came_from == Phase.STEP and before.step == len(policy.steps) - 1, "promote only after the last step"
+        assert came_from in (Phase.STEP, Phase.BAKE) and before.step == len(steps) - 1, "promote only after the last step"
+        if came_from == Phase.BAKE:
+            assert obs.now - before.step_started >= policy.bake_s, "promote only after the whole bake"
     if after.phase == Phase.PROMOTED and came_from != Phase.PROMOTED:
         assert came_from == Phase.PROMOTE and isinstance(obs, Promoting)
-    assert after.weight in {0.0, *map(float, policy.steps)}, "weight only from the policy's steps"
-    if after.phase == Phase.STEP:
-        assert after.weight == float(policy.steps[after.step])
+    assert after.weight in {0.0, *steps}, "weight only from the policy's steps"
+    assert (after.phase == Phase.STEP) <= (after.strategy == "canary"), "weight steps are the canary's"
+    assert (after.phase == Phase.BAKE) <= (after.strategy == "blue-green"), "a bake is blue-green's"
+    if after.phase in (Phase.STEP, Phase.BAKE):
+        assert after.weight == steps[after.step]
     for change in actions:
         if isinstance(change, SetRoute) and change.fields.get("canary"):
-            assert change.fields["canary"]["weight"] in policy.steps
+            assert change.fields["canary"]["weight"] in steps
             assert came_from in (Phase.DEPLOY, Phase.SHADOW, Phase.STEP, Phase.APPROVAL), "weight only once deployed"
+            if after.strategy == "blue-green":  # one switch of everything, blue the stable behind it
+                assert change.fields["canary"]["weight"] == 100 and after.phase == Phase.BAKE
+                assert after.switched_at is not None
             assert not isinstance(obs, Deployed) or obs.failed is None
     if after.phase in TERMINAL and came_from not in TERMINAL and came_from is not None:
         assert actions, "ending a rollout is never silent"

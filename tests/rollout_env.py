@@ -113,6 +113,46 @@ class Load:
         return f"{self.ok + len(self.failures)} requests, {len(self.failures)} caller-visible failures, by version {self.by_version}"
 
 
+class Watch(threading.Thread):
+    """For the blue-green tests and bench/bluegreen.py: every 20 ms the route revision each
+    gateway serves, every 0.25 s blue's ready replicas."""
+
+    def __init__(self, fleet: dict, blue: str) -> None:
+        super().__init__(daemon=True)
+        self.urls, self.blue = fleet["urls"], blue
+        from fleet.runtime.local import LocalRuntime
+
+        self.runtime = LocalRuntime(fleet["env"].root / "run")
+        self.revisions: dict[str, list[tuple[float, int]]] = {u: [] for u in self.urls}
+        self.blue_ready: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        headers = {"Authorization": "Bearer e2e-admin-token"}
+        last_health = 0.0
+        with httpx.Client(timeout=5, headers=headers) as client:
+            while not self.stop.wait(0.02):
+                for url in self.urls:
+                    answer = client.get(f"{url}/admin/stats/{MODEL}", params={"window_s": 1})
+                    self.revisions[url].append((time.time(), answer.json()["revision"]))
+                if time.monotonic() - last_health >= 0.25:
+                    last_health = time.monotonic()
+                    health = self.runtime.health(MODEL, self.blue)
+                    self.blue_ready.append((time.time(), sum(health.values())))
+
+    def seen_at(self, url: str, revision: int) -> float:
+        """When ``url`` first served ``revision`` or later."""
+        return next(t for t, r in self.revisions[url] if r >= revision)
+
+
+def route_changes(fleet: dict) -> list[tuple[int, float, str]]:
+    """(revision, written at, reason) of every route change, oldest first."""
+    from fleet.catalog.routes.store import Router
+
+    events = Router(fleet["store"]).history(MODEL)
+    return [(e.after["revision"], e.at.timestamp(), e.why) for e in events if e.kind == "route" and e.after]
+
+
 @contextlib.contextmanager
 def environment(env: FleetEnv) -> Iterator[None]:
     """This process sees the fleet's environment (flows called in-process read it)."""

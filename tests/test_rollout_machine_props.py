@@ -36,17 +36,22 @@ POLICIES = [
     policy(shadow_percent=10, shadow_duration_s=120),
     policy(steps=[100], manual_approval=True),
     policy(steps=[100], method="sequential", min_samples=20),
+    policy(strategy="blue-green", bake_s=120),
+    policy(strategy="blue-green", bake_s=60, method="sequential", min_samples=20, analysis_window_s=2),
+    policy(strategy="blue-green", bake_s=90, shadow_percent=10, shadow_duration_s=60, manual_approval=True),
 ]
 TRAFFIC = [Traffic(), Traffic(errors=0.2), Traffic(latency_ms=40.0), Traffic(scores=(0.95,)), None]
 AT = datetime.fromtimestamp(T0, UTC)
 
 
 @st.composite
-def states(draw: st.DrawFn, steps: list[float]) -> RolloutState:
-    phase = draw(st.sampled_from(list(Phase)))
+def states(draw: st.DrawFn, steps: list[float], strategy: str = "canary") -> RolloutState:
+    other = Phase.STEP if strategy == "blue-green" else Phase.BAKE  # each strategy's own serving phase
+    phase = draw(st.sampled_from([p for p in Phase if p != other]))
     last = len(steps) - 1
     index = {
         Phase.STEP: draw(st.integers(0, last)),
+        Phase.BAKE: last,
         Phase.APPROVAL: last - 1,  # waiting before the 100 % step, the last
         Phase.PROMOTE: last,
         Phase.PROMOTED: last,
@@ -54,13 +59,15 @@ def states(draw: st.DrawFn, steps: list[float]) -> RolloutState:
     }.get(phase, -1)
     weight = float(steps[index]) if index >= 0 and phase not in (Phase.ROLLED_BACK, Phase.REJECTED) else 0.0
     reports = []
-    if phase in (Phase.SHADOW, Phase.STEP):
-        reports = [StepReport(phase="shadow" if phase == Phase.SHADOW else "step", weight=weight, started=T0)]
+    if phase in (Phase.SHADOW, Phase.STEP, Phase.BAKE):
+        reports = [StepReport(phase=str(phase), weight=weight, started=T0)]
     return RolloutState(
         model=MODEL,
         version=CANARY,
         champion=STABLE,
         run_id="run-1",
+        strategy=strategy,
+        switched_at=T0 if phase == Phase.BAKE else None,
         phase=phase,
         step=index,
         weight=weight,
@@ -75,7 +82,7 @@ def route_left(state: RolloutState) -> Route:
     """The route as the rollout left it in ``state``."""
     if state.phase == Phase.SHADOW:
         return Route(STABLE, shadow=CANARY, revision=2)
-    if state.step >= 0 and state.phase in (Phase.STEP, Phase.APPROVAL, Phase.PROMOTE):
+    if state.step >= 0 and state.phase in (Phase.STEP, Phase.BAKE, Phase.APPROVAL, Phase.PROMOTE):
         return Route(STABLE, CANARY, state.weight, revision=2)
     if state.phase == Phase.PROMOTED:
         return Route(CANARY, revision=3)
@@ -111,14 +118,15 @@ def observations(draw: st.DrawFn, state: RolloutState, policy_: object) -> Obser
         return RouteMoved(moved)
     version = draw(st.sampled_from([CANARY, "1.2.0", STABLE]))
     running = draw(st.sampled_from([True, False, None]))
-    return Begin(MODEL, version, "run-2", now, AT, route, running)
+    return Begin(MODEL, version, "run-2", now, AT, route, running, policy_.strategy, 2)  # type: ignore[attr-defined]
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_transition_keeps_the_invariants(data: st.DataObject) -> None:
     policy_ = data.draw(st.sampled_from(POLICIES))
-    state = data.draw(states([float(w) for w in policy_.steps]))
+    bg = policy_.strategy == "blue-green"
+    state = data.draw(states([100.0] if bg else [float(w) for w in policy_.steps], policy_.strategy))
     obs = data.draw(observations(state, policy_))
     try:
         t = step(state, obs, policy_)

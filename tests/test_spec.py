@@ -266,8 +266,8 @@ def test_tenant_entitled_to_unknown_model(tmp_path):
             "default",
             "bake_time_s",
             300,
-            "steps, analysis_window_s, min_samples, gates, shadow_percent, shadow_duration_s, manual_approval, "
-            "rollback_window_s, hold_deadline_s, offline_tolerance",
+            "strategy, steps, bake_s, analysis_window_s, min_samples, gates, shadow_percent, shadow_duration_s, "
+            "manual_approval, rollback_window_s, hold_deadline_s, offline_tolerance",
         ),
     ],
 )

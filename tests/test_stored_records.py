@@ -14,6 +14,9 @@ from fleet.catalog.experiments import ExperimentState, ExperimentStatus
 from fleet.catalog.rollouts import TERMINAL, Phase, RolloutState
 
 RECORDS = Path(__file__).parent / "fixtures" / "records"
+# fields added since those records were written, as an older record reads them: a rollout begun
+# before blue-green was a canary with one replica, never switched
+ADDED = {"strategy": "canary", "replicas": 1, "switched_at": None}
 
 
 @pytest.mark.parametrize(
@@ -30,8 +33,10 @@ def test_a_stored_rollout_reads_and_writes_back_unchanged(name: str, phase: Phas
     state = RolloutState.model_validate_json(data)
     assert state.phase is phase and state.done == (phase in TERMINAL)
     again = records.dump(state)
-    assert json.loads(again) == json.loads(data)
-    assert again == data  # byte for byte, even: the phase is written as the same string
+    assert json.loads(again) == {**json.loads(data), **ADDED}
+    # the phase is written as the same string; nothing else stored changes
+    assert records.dump(RolloutState.model_validate_json(again)) == again
+    assert f'"phase":"{phase}"' in again.decode().replace(" ", "")
 
 
 def test_a_stored_experiment_reads_and_writes_back_unchanged() -> None:
@@ -48,7 +53,7 @@ def test_a_stored_experiment_reads_and_writes_back_unchanged() -> None:
 
 
 def test_the_stored_strings_of_phases_and_statuses_do_not_change() -> None:
-    stored = "preflight deploy shadow step approval promote promoted rolled_back rejected".split()
+    stored = "preflight deploy shadow step bake approval promote promoted rolled_back rejected".split()
     assert [str(p) for p in Phase] == stored
     assert [str(s) for s in ExperimentStatus] == ["running", "winner", "no_difference", "out_of_time", "stopped"]
     assert {str(p) for p in TERMINAL} == {"promoted", "rolled_back", "rejected"}

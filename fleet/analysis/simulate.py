@@ -1,4 +1,4 @@
-"""Simulated canary rollouts: seeded request streams judged tick by tick by the real
+"""Simulated rollouts (canary steps or a blue-green switch and bake): seeded request streams judged tick by tick by the real
 ``fleet.analysis.canary`` (fixed) or ``fleet.analysis.sequential`` verdicts, and by Flagger's default checks.
 
 Used by ``bench/rollout.py`` (many rollouts per scenario, the figures in the docs) and by
@@ -12,6 +12,9 @@ policies are compared on the same traffic. Latency is lognormal around a 10 ms m
 scores Beta(2, 5); all binned exactly as the gateway bins them (LATENCY_BUCKETS_MS with the
 "le" rule, PREDICTION_BINS). Failed requests get no latency or score, as in the gateway's
 stats. Time is from the canary's first request to the verdict, a multiple of the tick.
+
+A blue-green policy is one step at 100 % that may not advance before ``bake_s``, judged
+against the stable's last ``BASELINE_S`` at full traffic before the switch, as the rollout is.
 """
 
 from __future__ import annotations
@@ -24,12 +27,21 @@ from fleet.analysis.canary import judge
 from fleet.analysis.histograms import histogram_quantile
 from fleet.analysis.sequential import Arms, Evidence
 from fleet.analysis.sequential import judge as sequential_judge
-from fleet.catalog.policies.rollout import RolloutPolicy
+from fleet.catalog.policies.rollout import RolloutPolicy, judged
 from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmWindow
 
 BASE_MS, SIGMA, BASE_ERR = 10.0, 0.4, 0.001
 N_LAT = len(LATENCY_BUCKETS_MS) + 1
 FLAGGER_INTERVAL_S, FLAGGER_THRESHOLD, FLAGGER_MIN_SUCCESS, FLAGGER_MAX_P99_MS = 60.0, 5, 99.0, 500.0
+BASELINE_S = 300.0  # the stable's traffic before a blue-green switch (fleet.control.rollout.reading)
+
+
+def plan(policy: RolloutPolicy) -> tuple[tuple[float, ...], float]:
+    """(the weights served in turn, the least time each must last): the canary's steps, or
+    blue-green's one switch that lasts the bake."""
+    if policy.strategy == "blue-green":
+        return (100.0,), policy.bake_s
+    return tuple(float(w) for w in policy.steps), 0.0
 
 
 @dataclass(frozen=True)
@@ -120,10 +132,19 @@ def run(stream: Stream, policy: RolloutPolicy) -> Result:
     return run_sequential(stream, policy) if policy.method == "sequential" else run_fixed(stream, policy)
 
 
+def _before(stream: Stream, policy: RolloutPolicy) -> ArmWindow | None:
+    """Blue-green's baseline: the stable's requests of the ``BASELINE_S`` before the switch."""
+    if policy.strategy != "blue-green":
+        return None
+    n = min(len(stream.times), int(len(stream.times) * BASELINE_S / stream.horizon_s))
+    return stream.stable.window("stable", 0, n, -BASELINE_S, 0.0)
+
+
 def run_fixed(stream: Stream, policy: RolloutPolicy) -> Result:
     t, kc, ks, tick = 0.0, 0, 0, policy.analysis_window_s
-    baseline = None
-    for weight in policy.steps:
+    baseline = _before(stream, policy)
+    steps, lasts = plan(policy)
+    for weight in steps:
         t0, kc0, ks0 = t, kc, ks
         while t + tick <= stream.horizon_s:
             c, s = stream.route(t, t + tick, weight)
@@ -136,7 +157,7 @@ def run_fixed(stream: Stream, policy: RolloutPolicy) -> Result:
             if verdict.outcome == "rollback":
                 deadline = [g.gate for g in verdict.breaches] == ["deadline"]
                 return Result("rollback", t, kc, int(stream.canary.err[kc]), deadline)
-            if verdict.outcome == "advance":
+            if verdict.outcome == "advance" and t - t0 >= lasts:
                 baseline = stable
                 break
         else:
@@ -149,7 +170,9 @@ def run_sequential(stream: Stream, policy: RolloutPolicy) -> Result:
     the e-processes, and the bounds read both arms since the canary's first request."""
     t, kc, ks, tick = 0.0, 0, 0, policy.analysis_window_s
     evidence = Evidence()
-    for step, weight in enumerate(policy.steps):
+    baseline = _before(stream, policy)
+    steps, lasts = plan(policy)
+    for step, weight in enumerate(steps):
         t0, kc0, ks0 = t, kc, ks
         while t + tick <= stream.horizon_s:
             c, s = stream.route(t, t + tick, weight)
@@ -159,7 +182,7 @@ def run_sequential(stream: Stream, policy: RolloutPolicy) -> Result:
                 tick_canary=stream.canary.window("canary", before_c, kc, t - tick, t),
                 tick_stable=stream.stable.window("stable", before_s, ks, t - tick, t),
                 canary_all=stream.canary.window("canary", 0, kc, 0.0, t),
-                stable_all=stream.stable.window("stable", 0, ks, 0.0, t),
+                stable_all=stream.stable.window("stable", 0, ks, 0.0, t) if ks or baseline is None else baseline,
                 step_canary=stream.canary.window("canary", kc0, kc, t0, t),
                 step_stable=stream.stable.window("stable", ks0, ks, t0, t),
             )
@@ -167,7 +190,7 @@ def run_sequential(stream: Stream, policy: RolloutPolicy) -> Result:
             if verdict.outcome == "rollback":
                 deadline = [g.gate for g in verdict.breaches] == ["deadline"]
                 return Result("rollback", t, kc, int(stream.canary.err[kc]), deadline)
-            if verdict.outcome == "advance":
+            if verdict.outcome == "advance" and t - t0 >= lasts:
                 break
         else:
             return Result("unfinished", t, kc, int(stream.canary.err[kc]))
@@ -229,7 +252,7 @@ def simulated(policy: RolloutPolicy) -> RolloutPolicy:
     gates = policy.gates.model_copy(
         update={"max_tpot_p99_ratio": None, "max_output_length_psi": None, "max_exact_match_drop": None}
     )
-    return policy.model_copy(update={"gates": gates})
+    return judged(policy, policy.strategy).model_copy(update={"gates": gates})
 
 
 def scenarios_for(policy: RolloutPolicy) -> list[Scenario]:
@@ -253,7 +276,10 @@ def estimate(
     if rps <= 0:
         raise ValueError(f"rps must be > 0, got {rps}")
     policy = simulated(policy)
-    horizon = len(policy.steps) * policy.hold_deadline_s + 120
+    steps, lasts = plan(policy)
+    horizon = len(steps) * max(policy.hold_deadline_s, lasts) + 120
+    if policy.strategy == "blue-green":
+        horizon += BASELINE_S  # the stream's requests before the switch are the baseline's
     found = []
     for k, scenario in enumerate(scenarios_for(policy)):
         results = [run(Stream((seed, k, i), rps, horizon, scenario, base_errors), policy) for i in range(runs)]

@@ -1,4 +1,4 @@
-"""``rollouts/<model>.json``: where a model's canary rollout stands (the stored record).
+"""``rollouts/<model>.json``: where a model's rollout (canary or blue-green) stands (the stored record).
 
 ``fleet.control.rollout.machine`` decides every transition of this record and
 ``fleet.control.rollout.effects`` writes it (conditionally on its ETag, under the rollout
@@ -25,7 +25,8 @@ class Phase(StrEnum):
     DEPLOY = "deploy"  # preflight passed: the canary is to be started (no traffic yet)
     SHADOW = "shadow"  # the canary answers a mirrored share of requests; callers never see it
     STEP = "step"  # the canary serves the policy's weight of ``step``, judged tick by tick
-    APPROVAL = "approval"  # waiting for a person before the 100 % step (``manual_approval``)
+    BAKE = "bake"  # blue-green: green serves 100 % since the switch, blue ready to switch back
+    APPROVAL = "approval"  # waiting for a person before the 100 % step or the switch (``manual_approval``)
     PROMOTE = "promote"  # every step passed: the canary is to become the stable
     PROMOTED = "promoted"  # terminal: the canary is the stable
     ROLLED_BACK = "rolled_back"  # terminal: traffic back on the champion, the canary rejected and stopped
@@ -33,6 +34,8 @@ class Phase(StrEnum):
 
 
 TERMINAL = frozenset({Phase.PROMOTED, Phase.ROLLED_BACK, Phase.REJECTED})
+SERVING = frozenset({Phase.STEP, Phase.BAKE})  # the new version serves callers, judged tick by tick
+JUDGED = frozenset({Phase.SHADOW, Phase.STEP, Phase.BAKE})  # ... or a mirrored share of them
 
 
 class StepReport(BaseModel):
@@ -40,7 +43,7 @@ class StepReport(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    phase: str  # shadow | step
+    phase: str  # shadow | step | bake
     weight: float
     started: float
     ended: float | None = None
@@ -59,6 +62,7 @@ class RolloutState(BaseModel):
     version: str
     champion: str  # the stable version the rollout started from
     run_id: str
+    strategy: str = "canary"  # canary | blue-green (the policy's, when the rollout began)
     phase: Phase = Phase.PREFLIGHT
     step: int = -1  # index into the policy's steps; -1 before the first
     weight: float = 0.0
@@ -74,6 +78,8 @@ class RolloutState(BaseModel):
     step_of: float = 0.0  # the step_started step_served belongs to (a restarted step starts over)
     evidence: dict[str, Any] | None = None
     ticked_at: float = 0.0  # the whole second up to which both arms were read
+    replicas: int = 1  # the new version's replicas (blue-green: the stable's count when it began)
+    switched_at: float | None = None  # blue-green: when 100 % went to green (the rollout clock)
     preflight: list[dict[str, str]] = []
     reason: str = ""
     breached: list[str] = []

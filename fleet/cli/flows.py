@@ -149,6 +149,14 @@ def rollout_cmd(
     set_: Annotated[
         list[str], typer.Option("--set", help="Override a rollout-policy key, e.g. --set steps=[10,100].")
     ] = [],  # noqa: B006
+    strategy: Annotated[
+        str | None,
+        typer.Option(
+            "--strategy",
+            help="canary (weight steps beside the stable) or blue-green (green at the stable's replica count, "
+            "one switch of 100%, a bake with switch-back on a breach). Default: the rollout policy's.",
+        ),
+    ] = None,
     follow: Annotated[bool, typer.Option(help="Follow progress until the run ends.")] = True,
     dry_run: Annotated[
         bool,
@@ -171,19 +179,26 @@ def rollout_cmd(
     ] = None,
     json: JsonFlag = False,
 ) -> None:
-    """Start a canary rollout of VERSION and follow it: weights, verdicts, the run in the UI.
+    """Start a rollout of VERSION (canary or blue-green) and follow it: phases, weights, verdicts, the run in the UI.
 
     Exits 0 when the version was promoted (the run goes on to retire the previous stable
-    after the rollback window), 1 when it was rolled back or refused.
+    after the rollback window), 1 when it was rolled back or refused. `fleet rollback MODEL`
+    ends it at once: a blue-green rollout switches back to blue.
     """
     from fleet.catalog.policies.loader import load_policies
     from fleet.control.rollout.effects import apply_overrides
 
     overrides = _parse_overrides(set_)
+    if strategy is not None:
+        if strategy not in ("canary", "blue-green"):
+            raise InvalidInput(f"--strategy {strategy!r}; expected canary or blue-green")
+        overrides["strategy"] = strategy
     # refuse a bad override here, in a second, rather than in a flow run that fails later
     policy = apply_overrides(load_policies(os.environ.get("FLEET_POLICIES", "policies")).rollout_for(model), overrides)
     if dry_run:
-        _dry_run(model, version, policy, rps, json)
+        from fleet.cli.dry_run import dry_run as simulate_rollouts
+
+        simulate_rollouts(model, version, policy, rps, json)
         return
     from flows.serve import ROLLOUT
 
@@ -202,93 +217,6 @@ def rollout_cmd(
         raise FlowFailed(f"rollout of {model}:{version} ended {final.lower()}: {message} ({link})")
     if not json:
         console.print(f"[green]{message}[/]", soft_wrap=True)  # one line, for whoever greps it
-
-
-DRY_RUN_WINDOW_S = 300  # the stable's recent traffic the dry run simulates
-
-
-def _dry_run(model: str, version: str, policy: Any, rps: float | None, json: bool) -> None:  # noqa: ANN401
-    """Simulated rollouts under the policy (fleet.analysis.simulate, as bench/rollout.py runs them)."""
-    from fleet.analysis.simulate import BASE_ERR, NOT_SIMULATED, estimate
-    from fleet.cli._output import table
-
-    rate, seen_errors, source = _traffic(model, policy, rps)
-    base_errors = BASE_ERR if seen_errors is None else seen_errors
-    if not json:
-        err_console.print(
-            f"simulating rollouts of {model}:{version} at {rate:.3g} req/s ({source}), stable errors "
-            f"{base_errors:.2%}{'' if seen_errors is not None else ' (assumed)'}, method "
-            f"{policy.method}..."
-        )
-    found = estimate(policy, rate, base_errors)
-    if json:
-        emit_json(
-            {
-                "model": model,
-                "version": version,
-                "rps": rate,
-                "traffic_from": source,
-                "stable_errors": base_errors,
-                "method": policy.method,
-                "estimates": [e.__dict__ for e in found],
-                "not_simulated": NOT_SIMULATED,
-            }
-        )
-        return
-    rows = []
-    for e in found:
-        share = e.rolled_back if e.bad else e.promoted
-        when = "-" if e.median_s is None else f"{e.median_s:.0f} s (p90 {e.p90_s:.0f} s)"
-        rows.append(
-            [
-                e.canary,
-                f"{'caught' if e.bad else 'promoted'} {share:.0%}",
-                when,
-                f"{e.canary_requests:.0f}",
-                f"{e.canary_failures:.1f}",
-            ]
-        )
-    table(
-        f"{model}: {policy.method} method, steps {policy.steps} %, {found[0].runs} simulated rollouts each",
-        ["canary", "ends as it should", "median time", "canary requests", "of them failed"],
-        rows,
-    )
-    err_console.print(f"[dim]{NOT_SIMULATED}[/]")
-
-
-def _traffic(model: str, policy: Any, rps: float | None) -> tuple[float, float | None, str]:  # noqa: ANN401
-    """(requests/s, the stable's error rate if seen, where the figure comes from)."""
-    if rps is not None:
-        return rps, None, "--rps"
-    from fleet.analysis.sources import MetricsUnavailable, open_metrics
-    from fleet.catalog.routes.store import Router
-    from fleet.store import open_store
-
-    store = open_store()
-    try:
-        stable = Router(store).get(model).stable
-    except NotFound:  # planning before the first version: the policy's estimate is all there is
-        stable = None
-    seen = None
-    if stable is not None:
-        now = time.time()
-        try:
-            seen = open_metrics(store=store).window(model, stable, now - DRY_RUN_WINDOW_S, now)
-        except (MetricsUnavailable, ConfigError) as exc:  # the estimate falls back on the policy's figure
-            err_console.print(f"[dim]the stable's traffic could not be read ({exc})[/]")
-            seen = None
-    if seen is not None and seen.requests > 0:
-        return (
-            seen.requests / DRY_RUN_WINDOW_S,
-            seen.error_count / seen.requests,
-            f"{model}:{stable}'s last {DRY_RUN_WINDOW_S // 60} minutes",
-        )
-    if policy.expected_rps is not None:
-        return policy.expected_rps, None, "the rollout policy's expected_rps: no traffic seen in the last 5 minutes"
-    raise InvalidInput(
-        f"{model} served no traffic in the last {DRY_RUN_WINDOW_S // 60} minutes and its rollout policy "
-        "sets no expected_rps; expected --rps N (requests/s) to simulate"
-    )
 
 
 def _follow(model: str, version: str, flow_run_id: Any, warm_s: float, *, quiet: bool) -> tuple[str, str]:  # noqa: ANN401
@@ -415,8 +343,9 @@ def demo_cmd(
 ) -> None:
     """Run the scripted scenario on the local fleet (start it first with `fleet up`, same folder).
 
-    A good version promoted, a bad one rolled back, drift → retrain → a new version promoted,
-    a corrupted batch → an alert with retraining blocked. A few minutes; ends with a table.
+    A good version promoted through canary steps, another blue-green, a bad one rolled back,
+    drift → retrain → a new version promoted, a corrupted batch → an alert with retraining
+    blocked. A few minutes; ends with a table.
     """
     from fleet.cli._output import table
     from fleet.local.demo import run, summary_table

@@ -171,7 +171,9 @@ def _ago(seconds: float) -> str:
 def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False) -> None:
     """Models, versions, weights, replicas and their health; each version's loading mode (eager or
     lazy), whether it is loaded, starting or unloaded, and when a gateway last sent it a request."""
+    from fleet import records
     from fleet.catalog.policies.loader import load_policies
+    from fleet.catalog.rollouts import RolloutState, state_key
     from fleet.catalog.routes.store import Router
     from fleet.catalog.routes.table import RouteTable
     from fleet.cli.doctor import skipped
@@ -190,12 +192,16 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
     bad = scan(reg.store, history=False, bad_manifests=bad_manifests)
     unreadable = {f.key for f in bad}
     tables: dict[str, RouteTable] = {}
+    rollouts: dict[str, RolloutState | None] = {}
     for mv in versions:
         # a model whose route is unreadable is shown without traffic; doctor's list says why
         if mv.model not in tables:
             key = f"routes/{mv.model}.json"
             tables[mv.model] = RouteTable(model=mv.model) if key in unreadable else router.get(mv.model)
         t = tables[mv.model]
+        if mv.model not in rollouts:
+            rollouts[mv.model] = records.load_or_none(reg.store, state_key(mv.model), RolloutState)[0]
+        rolling = rollouts[mv.model]
         role = []
         if t.stable == mv.version:
             role.append(f"stable {100 - (t.canary.weight if t.canary else 0):g}%")
@@ -204,6 +210,9 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
         if t.shadow and t.shadow.version == mv.version:
             role.append(f"shadow {t.shadow.percent:g}%")
         role += [f"pin {tenant}" for tenant, v in sorted(t.pins.items()) if v == mv.version]
+        if rolling is not None and not rolling.done and mv.version in (rolling.version, rolling.champion):
+            name = ("green" if mv.version == rolling.version else "blue") if rolling.strategy == "blue-green" else ""
+            role.append(f"{name or rolling.strategy} ({rolling.phase})" if name else f"rollout: {rolling.phase}")
         health = runtime.health(mv.model, mv.version) if (mv.model, mv.version) in running else {}
         spec = specs.get(mv.model)
         last = asked.get((mv.model, mv.version))

@@ -149,9 +149,12 @@ class Health:
     def stats(self, model: str, window_s: int) -> dict[str, Any]:
         """The model's windowed stats per version, as ``/admin/stats`` answers them."""
         start, end, versions = self.telemetry.stats.window(model, window_s)
+        table = self.view.snapshot.routes.get(model)
         return {
             "model": model,
             "gateway": self.settings.gateway_id,
+            # the route revision this gateway serves now (-1: none): how far a route change got
+            "revision": table.revision if table is not None else -1,
             "start": start,
             "end": end,
             "latency_buckets_ms": list(LATENCY_BUCKETS_MS),

@@ -1,10 +1,12 @@
 """``fleet demo``: the whole loop, scripted, on the local fleet that ``fleet up`` runs.
 
 1. a good version is trained and promoted through every canary step;
-2. a bad one (a fifth of its requests fail) is rolled back automatically;
-3. drifted traffic with its true labels fed back → monitor sees drift → retrain → the new
+2. another good one is rolled out blue-green: started beside the stable, switched to in one
+   route change, baked, kept;
+3. a bad one (a fifth of its requests fail) is rolled back automatically;
+4. drifted traffic with its true labels fed back → monitor sees drift → retrain → the new
    version is promoted;
-4. a corrupted batch (a value a million times off in one row of six) → monitor raises an
+5. a corrupted batch (a value a million times off in one row of six) → monitor raises an
    alert and retraining is blocked.
 
 Every step runs as a Prefect flow run against fleet up's server, so each shows in the UI;
@@ -225,9 +227,9 @@ def run(model: str, say: Callable[[str], None]) -> list[StepResult]:
         )
         say(f"{'ok' if ok else 'UNEXPECTED'}: {outcome}")
 
-    def train_and_roll_out(version: str, config: TrainConfig) -> Any:  # noqa: ANN401 - a Prefect State
+    def train_and_roll_out(version: str, config: TrainConfig, **policy: Any) -> Any:  # noqa: ANN401 - a Prefect State
         train_and_register(store, model, version, config, parent=router.get(model).stable)
-        return canary_rollout(model, version, **DEMO_ROLLOUT, return_state=True)
+        return canary_rollout(model, version, **{**DEMO_ROLLOUT, **policy}, return_state=True)
 
     def traffic_then_monitor(rows: np.ndarray, what: str, **monitor_args: Any) -> Any:  # noqa: ANN401
         started = time.time()
@@ -246,6 +248,13 @@ def run(model: str, say: Callable[[str], None]) -> list[StepResult]:
             "promoted through every step",
             lambda: train_and_roll_out(good, TrainConfig(seed=11, epochs=15)),
             lambda s: (s.is_completed(), s.message),
+        )
+        green = next_version(registry, model)
+        step(
+            f"roll out a good {green} blue-green",
+            "switched to at once, baked, kept",
+            lambda: train_and_roll_out(green, TrainConfig(seed=13, epochs=15), strategy="blue-green", bake_s=15),
+            lambda s: (s.is_completed() and "bake" in (s.message or ""), s.message),
         )
         bad = next_version(registry, model)
         step(

@@ -1,5 +1,5 @@
-"""A rollout policy (``rollout:``): the canary's steps, the gates each step is judged by, and
-how long and how surely."""
+"""A rollout policy (``rollout:``): its strategy (canary steps or one blue-green switch), the
+gates each step is judged by, and how long and how surely."""
 
 from __future__ import annotations
 
@@ -30,15 +30,25 @@ class Gates(Spec):
     bake_latency_floor_ms: float | None = Field(None, gt=0.0)
 
 
+Strategy = Literal["canary", "blue-green"]
+
+
 class RolloutPolicy(Spec):
+    # "canary": the new version takes ``steps`` of the traffic in turn beside the stable.
+    # "blue-green": the new version (green) is started at the stable's (blue's) replica count,
+    # optionally shadowed, then takes 100 % in one switch and bakes for ``bake_s`` on the same
+    # gates; a breach switches back to blue, which stays at full capacity until the bake ends
+    # and ready for ``rollback_window_s`` after. ``steps`` is the canary's only.
+    strategy: Strategy = "canary"
     steps: Steps
+    bake_s: float = Field(300.0, ge=0.0)  # blue-green: how long green serves everything before promotion
     analysis_window_s: float = Field(gt=0.0)
     min_samples: int = Field(ge=1)  # per step and arm, before any verdict
     gates: Gates
     shadow_percent: float = Field(0.0, ge=0.0, le=100.0)
     shadow_duration_s: float = Field(0.0, ge=0.0)
-    # no bake_time_s: the 100 % step is judged against the stable's baseline before promotion,
-    # like every step, and rollback_window_s keeps the previous stable warm after it
+    # a canary's 100 % step is judged against the stable's baseline before promotion, like
+    # every step; rollback_window_s keeps the previous stable warm after it (both strategies)
     manual_approval: bool = False
     rollback_window_s: float = Field(600.0, ge=0.0)
     hold_deadline_s: float = Field(gt=0.0)  # "not enough data" for longer than this fails the step
@@ -50,3 +60,9 @@ class RolloutPolicy(Spec):
     max_false_rollback_rate: float = Field(0.01, gt=0.0, lt=0.5)  # sequential: of a canary no worse than stable
     power: float = Field(0.8, gt=0.5, lt=1.0)  # sequential: of not promoting a canary exactly at a margin
     expected_rps: float | None = Field(None, gt=0.0)  # the model's traffic, for `fleet rollout --dry-run`
+
+
+def judged(policy: RolloutPolicy, strategy: str) -> RolloutPolicy:
+    """The policy as a rollout of ``strategy`` is judged by: blue-green's one step is 100 %
+    (the verdicts read ``steps`` to know which step decides and whether the stable serves beside)."""
+    return policy.model_copy(update={"steps": [100]}) if strategy == "blue-green" else policy

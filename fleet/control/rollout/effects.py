@@ -1,4 +1,4 @@
-"""The canary rollout's executor: it gathers observations, asks the pure state machine
+"""The rollout's executor (canary or blue-green): it gathers observations, asks the pure state machine
 (``fleet.control.rollout.machine.step``) what to do, and does it.
 
 ``rollouts/<model>.json`` holds where a rollout is (``fleet.catalog.rollouts.RolloutState``);
@@ -9,7 +9,8 @@ calls these in order and sleeps between ticks, so a flow that died is resumed â€
 back â€” by the next run from the stored state alone.
 
 Invariant: routing never points at a version that is not running. The canary is deployed
-and ready before it gets weight; a rollback moves traffic first and undeploys after; the
+and ready before it gets weight (blue-green's green at the stable's replica count, with the
+stable's own floor held there, so the stable keeps full capacity through the bake); a rollback moves traffic first and undeploys after; the
 previous stable is undeployed only after the rollback window, and only if nothing routes
 to it any more.
 
@@ -40,7 +41,7 @@ from fleet.analysis.sources import MetricsUnavailable
 from fleet.catalog import gateway_directory
 from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.catalog.registry import Registry, State
-from fleet.catalog.rollouts import Phase, RolloutState, state_key
+from fleet.catalog.rollouts import JUDGED, RolloutState, state_key
 from fleet.catalog.routes.rollback import rollback
 from fleet.catalog.routes.store import Router
 from fleet.catalog.routes.table import RouteTable
@@ -147,7 +148,9 @@ class Rollout:
         table = self.router.get(model)
         resuming = stored is not None and not stored.done and stored.version == version
         running = self._running(model, version) if resuming else None
-        seen = Begin(model, version, run_id, self.clock(), audit.now(), route_of(table), running)
+        strategy = self.policy.strategy
+        replicas = self._replicas(model, table.stable) if strategy == "blue-green" and table.stable else 1
+        seen = Begin(model, version, run_id, self.clock(), audit.now(), route_of(table), running, strategy, replicas)
         return self._act(stored, seen)  # type: ignore[return-value] - begin always yields a state
 
     def run_preflight(self, state: RolloutState) -> RolloutState:
@@ -158,10 +161,15 @@ class Rollout:
         found = preflight.checks(candidate, champion, self.policy.offline_tolerance)
         return self._act(state, Checked(tuple(found), candidate.state == State.REGISTERED))
 
-    def deploy(self, state: RolloutState, replicas: int = 1) -> RolloutState:
-        """Run the canary and wait until it is ready; only then does it get traffic."""
+    def deploy(self, state: RolloutState) -> RolloutState:
+        """Run the canary (``state.replicas`` of it) and wait until it is ready; only then does it
+        get traffic. Blue-green first holds the stable at that count, so that it keeps its
+        capacity while green serves everything (KEDA would otherwise scale it down as its
+        traffic left) and a switch back lands on replicas already running."""
         try:
-            self.runtime.deploy(state.model, state.version, replicas)
+            if state.strategy == "blue-green":
+                self.runtime.deploy(state.model, state.champion, state.replicas)
+            self.runtime.deploy(state.model, state.version, state.replicas)
         except FleetError as exc:
             return self._act(state, Deployed(self.clock(), failed=str(exc)))
         now = self.clock()
@@ -169,7 +177,7 @@ class Rollout:
 
     def tick(self, state: RolloutState) -> tuple[RolloutState, Verdict | None]:
         """Judge the current step's traffic so far and act on the verdict."""
-        if state.phase not in (Phase.SHADOW, Phase.STEP):
+        if state.phase not in JUDGED:
             return state, None
         route = route_of(self.router.get(state.model))
         now = self.clock()
@@ -207,6 +215,11 @@ class Rollout:
     # -- observing ------------------------------------------------------------------------
     def _running(self, model: str, version: str) -> bool:
         return any(d.model == model and d.version == version for d in self.runtime.list())
+
+    def _replicas(self, model: str, version: str) -> int:
+        """How many replicas of ``version`` run now (at least one): green's count."""
+        found = [len(d.endpoints) for d in self.runtime.list() if d.model == model and d.version == version]
+        return max(1, *found) if found else 1
 
     def _baseline(self, state: RolloutState, now: float) -> ArmWindow | None:
         """The stable's traffic before the rollout, when the first step may begin now; None when

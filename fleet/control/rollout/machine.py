@@ -1,4 +1,4 @@
-"""Every decision of a canary rollout, as one pure function: ``step(state, observation, policy)``.
+"""Every decision of a rollout, canary or blue-green, as one pure function: ``step(state, observation, policy)``.
 
 ``step`` takes the stored ``RolloutState`` (``fleet.catalog.rollouts``), one observation of
 the world that the executor (``fleet.control.rollout.effects.Rollout``) gathered — the route
@@ -11,7 +11,10 @@ executor must read for the next observation is ``needs(state, policy, now)``
 
 Phases (``fleet.catalog.rollouts.Phase``): ``preflight`` → ``deploy`` → ``shadow`` (optional)
 → ``step`` (one per weight of the policy) → ``approval`` (optional, before 100 %) →
-``promote`` → ``promoted``; or ``rolled_back`` or ``rejected``. A finished rollout takes only
+``promote`` → ``promoted``; or ``rolled_back`` or ``rejected``. Blue-green (``strategy``) has
+one step instead of the weights, ``bake``: entered by switching 100 % to green at once (as
+the route's canary, so a request green fails is still answered by blue, the stable), left by
+promotion once green passed its gates for ``bake_s``, or by switching back. A finished rollout takes only
 ``Begin`` (a new rollout replaces it); an approver's answer or a promotion for it is refused
 with ``Conflict``, and every other observation leaves it as it is.
 
@@ -30,7 +33,7 @@ from typing import Any
 
 from fleet.analysis.canary import Verdict
 from fleet.catalog.policies.rollout import RolloutPolicy
-from fleet.catalog.rollouts import Phase, RolloutState, StepReport
+from fleet.catalog.rollouts import JUDGED, Phase, RolloutState, StepReport
 from fleet.catalog.routes.table import Canary, Shadow
 from fleet.control.rollout.reading import judge_tick
 from fleet.errors import Conflict, InvalidInput
@@ -63,6 +66,8 @@ class Begin:
     at: datetime  # the wall clock, for started_at
     route: Route
     running: bool | None = None  # for a resumed rollout: does the canary still run? (None: not looked)
+    strategy: str = "canary"  # the policy's, for a new rollout
+    replicas: int = 1  # the new version's: blue-green starts green at the stable's count
 
 
 @dataclass(frozen=True)
@@ -230,11 +235,13 @@ def _begin(stored: RolloutState | None, obs: Begin, acts: list[Action]) -> Trans
         version=obs.version,
         champion=route.stable,
         run_id=obs.run_id,
+        strategy=obs.strategy,
+        replicas=obs.replicas,
         started_at=obs.at,
         updated_at=obs.at,
     )
     acts.append(Save(state))
-    acts.append(_event("started", state, champion=route.stable))
+    acts.append(_event("started", state, champion=route.stable, replicas=obs.replicas))
     return Transition(state, tuple(acts))
 
 
@@ -247,9 +254,9 @@ def _recover(state: RolloutState, obs: Begin, acts: list[Action]) -> Transition:
     routed = version in (route.canary, route.shadow, route.stable)
     if not obs.running and state.phase != Phase.PROMOTED:
         return _rollback(state, "the canary was not running when the interrupted rollout resumed", [], acts)
-    if state.phase in (Phase.STEP, Phase.SHADOW) and not routed:
+    if state.phase in JUDGED and not routed:
         return _ended_elsewhere(state, route, acts)
-    if state.phase in (Phase.STEP, Phase.SHADOW):  # the step starts over: its window before the crash is not trusted
+    if state.phase in JUDGED:  # the step (or bake) starts over: its window before the crash is not trusted
         state = _save(acts, state, step_started=obs.now)
     return Transition(state, tuple(acts))
 
@@ -288,10 +295,10 @@ def _deployed(state: RolloutState, obs: Deployed, policy: RolloutPolicy, acts: l
 def _next_step(
     state: RolloutState, policy: RolloutPolicy, now: float, baseline: ArmWindow | None, acts: list[Action]
 ) -> Transition:
-    index = state.step + 1
-    if index >= len(policy.steps):
+    index, steps = state.step + 1, schedule(state, policy)
+    if index >= len(steps):
         return Transition(_save(acts, state, phase=Phase.PROMOTE), tuple(acts))
-    weight = float(policy.steps[index])
+    weight = float(steps[index])
     if weight >= 100 and policy.manual_approval and state.phase != Phase.APPROVAL:
         state = _save(acts, state, phase=Phase.APPROVAL)
         acts.append(_event("awaiting-approval", state))
@@ -301,18 +308,30 @@ def _next_step(
         # was at full traffic just before the rollout: the same load, not a step's share of it.
         state = state.model_copy(update={"baseline": asdict(baseline)})
     canary = Canary(version=state.version, weight=weight)
-    acts.append(_route(state, f"step {index + 1}/{len(policy.steps)} at {weight:g}%", canary=canary.model_dump()))
-    report = StepReport(phase="step", weight=weight, started=now)
-    state = _save(
-        acts, state, phase=Phase.STEP, step=index, weight=weight, step_started=now, reports=[*state.reports, report]
-    )
-    acts.append(_event("step", state, step=index + 1, steps=len(policy.steps)))
+    if state.strategy == "blue-green":  # one switch of everything; blue stays the stable behind it
+        why, phase, switched = f"switch: 100% to {state.version}, {state.champion} kept ready", Phase.BAKE, now
+    else:
+        why, phase, switched = f"step {index + 1}/{len(steps)} at {weight:g}%", Phase.STEP, None
+    acts.append(_route(state, why, canary=canary.model_dump()))
+    report = StepReport(phase=str(phase), weight=weight, started=now)
+    changes = {"step": index, "weight": weight, "step_started": now, "reports": [*state.reports, report]}
+    state = _save(acts, state, phase=phase, switched_at=switched, **changes)
+    if switched is not None:
+        acts.append(_event("switched", state, blue=state.champion, green=state.version, bake_s=policy.bake_s))
+    else:
+        acts.append(_event("step", state, step=index + 1, steps=len(steps)))
     return Transition(state, tuple(acts))
+
+
+def schedule(state: RolloutState, policy: RolloutPolicy) -> tuple[float, ...]:
+    """The weights the new version serves in turn: the policy's steps, or blue-green's one switch
+    (by the strategy the rollout began with: a resumed run keeps it whatever the policy says now)."""
+    return (100.0,) if state.strategy == "blue-green" else tuple(float(w) for w in policy.steps)
 
 
 def _tick(state: RolloutState, obs: Looked, policy: RolloutPolicy, acts: list[Action]) -> Transition:
     """Judge the current step's traffic so far and act on the verdict."""
-    if state.phase not in (Phase.SHADOW, Phase.STEP):
+    if state.phase not in JUDGED:
         return Transition(state)
     route, version = obs.route, state.version
     shadowing = state.phase == Phase.SHADOW and route.shadow is not None
@@ -336,9 +355,9 @@ def _tick(state: RolloutState, obs: Looked, policy: RolloutPolicy, acts: list[Ac
             "ticks": state.reports[-1].ticks + 1,
         }
     )
-    if verdict.outcome == "hold" or (
-        verdict.outcome != "rollback" and state.phase == Phase.SHADOW and now - t0 < policy.shadow_duration_s
-    ):  # a hold, or gates that pass while the shadow phase still runs its full duration
+    lasts = {Phase.SHADOW: policy.shadow_duration_s, Phase.BAKE: policy.bake_s}.get(state.phase, 0.0)
+    if verdict.outcome == "hold" or (verdict.outcome != "rollback" and now - t0 < lasts):
+        # a hold, or gates that pass while the shadow phase (or the bake) still runs its full duration
         state = _save(acts, state, reports=[*state.reports[:-1], report])
         acts.append(_event("verdict", state, outcome=verdict.outcome, summary=verdict.summary))
         return Transition(state, tuple(acts), verdict)
@@ -349,7 +368,8 @@ def _tick(state: RolloutState, obs: Looked, policy: RolloutPolicy, acts: list[Ac
         acts.append(_event("verdict", state, outcome=verdict.outcome, summary=verdict.summary))
         gates = [g.gate for g in verdict.breaches]
         summary = verdict.summary.removeprefix("roll back: ")
-        reason = f"gate {', '.join(gates)} breached at {state.weight:g}%: {summary}"
+        at = f"{now - t0:.0f} s into the bake, switched back to {state.champion}" if state.phase == Phase.BAKE else ""
+        reason = f"gate {', '.join(gates)} breached {at or f'at {state.weight:g}%'}: {summary}"
         return _with_verdict(_rollback(state, reason, gates, acts), verdict)
     # the stable at full traffic before the rollout is the better baseline, unless it saw
     # less than this step did (a rollout started right after traffic did): keep the larger.
@@ -377,8 +397,9 @@ def _promote(state: RolloutState, obs: Promoting, acts: list[Action]) -> Transit
     if state.phase != Phase.PROMOTE:
         raise Conflict(f"the rollout of {state.model}:{state.version} is {state.phase}, not ready to promote")
     shadow = {"shadow": None} if obs.route.shadow == state.version else {}
-    acts.append(_route(state, "promoted: every step passed", stable=state.version, canary=None, **shadow))
-    state = _save(acts, state, phase=Phase.PROMOTED, weight=100.0, reason="every step passed")
+    passed = "the bake passed" if state.strategy == "blue-green" else "every step passed"
+    acts.append(_route(state, f"promoted: {passed}", stable=state.version, canary=None, **shadow))
+    state = _save(acts, state, phase=Phase.PROMOTED, weight=100.0, reason=passed)
     acts.append(_event("promoted", state, previous=state.champion))
     return Transition(state, tuple(acts))
 
@@ -420,6 +441,7 @@ def _event(name: str, state: RolloutState, **extra: Any) -> Emit:
         "model": state.model,
         "version": state.version,
         "phase": str(state.phase),
+        "strategy": state.strategy,
         "weight": state.weight,
         "run_id": state.run_id,
         **extra,

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, replace
 from fleet.analysis import sequential
 from fleet.analysis.canary import Verdict, judge
 from fleet.analysis.sources import empty_window, sum_windows
-from fleet.catalog.policies.rollout import RolloutPolicy
-from fleet.catalog.rollouts import Phase, RolloutState, arm_window
+from fleet.catalog.policies.rollout import RolloutPolicy, judged
+from fleet.catalog.rollouts import JUDGED, SERVING, Phase, RolloutState, arm_window
 from fleet.types import ArmWindow
 
 READ_SLACK_S = 0.001  # a tick reads [since, upto - this): whole seconds, never the second at upto
@@ -44,14 +44,14 @@ class Needs:
 
 def needs(state: RolloutState, policy: RolloutPolicy, now: float) -> Needs:
     ticks: tuple[Read, ...] = ()
-    if state.phase == Phase.STEP and policy.method == "sequential":
+    if state.phase in SERVING and policy.method == "sequential":
         since, upto = tick_span(state, now)
         if since < upto:  # [since, upto): whole seconds, the one still running left for the next tick
             ticks = (
                 Read("canary", state.version, since, upto - READ_SLACK_S),
                 Read("stable", state.champion, since, upto - READ_SLACK_S),
             )
-    elif state.phase in (Phase.SHADOW, Phase.STEP):
+    elif state.phase in JUDGED:
         t0 = state.step_started
         ticks = (Read("stable", state.champion, t0, now), Read("canary", state.version, t0, now))
     baseline = Read("baseline", state.champion, now - BASELINE_S, now) if _may_begin_steps(state, policy, now) else None
@@ -62,7 +62,8 @@ def _may_begin_steps(state: RolloutState, policy: RolloutPolicy, now: float) -> 
     """Whether the observation may take the rollout to its first weight step."""
     if state.step != -1:
         return False
-    paused = policy.steps[0] >= 100 and policy.manual_approval  # the first step waits for approval
+    first = 100.0 if state.strategy == "blue-green" else policy.steps[0]
+    paused = first >= 100 and policy.manual_approval  # the first step (or the switch) waits for approval
     if state.phase == Phase.DEPLOY:
         return not (policy.shadow_percent > 0 and policy.shadow_duration_s > 0) and not paused
     if state.phase == Phase.SHADOW:
@@ -83,14 +84,15 @@ def judge_tick(
 ) -> tuple[Verdict, RolloutState, ArmWindow | None]:
     """(verdict, the state with the sequential totals and evidence updated, the step's stable
     window when the fixed method judged it — a baseline candidate)."""
-    if state.phase == Phase.STEP and policy.method == "sequential":
+    policy = judged(policy, state.strategy)
+    if state.phase in SERVING and policy.method == "sequential":
         verdict, state = _sequential(state, policy, now, canary, stable)
         return verdict, state, None
     t0 = state.step_started
     canary = canary or empty_window(state.model, state.version, t0, now)
     stable = stable or empty_window(state.model, state.champion, t0, now)
     reference, concurrent = stable, True
-    if state.phase == Phase.STEP and state.weight >= 100 and state.baseline:
+    if state.phase in SERVING and state.weight >= 100 and state.baseline:
         reference, concurrent = arm_window(state.baseline), False
     verdict = judge(
         reference,
@@ -115,6 +117,10 @@ def _sequential(
         tick_c = empty_window(state.model, state.version, since, since)
         tick_s = empty_window(state.model, state.champion, since, since)
         upto = since
+    elif state.weight >= 100:
+        # at 100 % the stable answers only the canary's failed requests again: a sample the
+        # canary chose, not the stable's traffic (beside it, its own baseline stands in)
+        tick_s = empty_window(state.model, state.champion, since, upto)
     kept = state.step_served if state.step_of == state.step_started else {}
 
     def plus(totals: dict[str, dict], arm: str, window: ArmWindow) -> ArmWindow:

@@ -1,0 +1,144 @@
+"""Blue-green by name: the machine's decisions (pure), the executor against fakes (green at
+blue's replica count, blue held and kept), the simulator and ``fleet rollout --dry-run``.
+The real fleet under load is test_bluegreen_flow's."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from fleet.analysis.simulate import estimate
+from fleet.catalog.registry import State
+from fleet.catalog.rollouts import Phase
+from fleet.control.rollout.machine import Checked, Deployed, Emit, RollBack, SetRoute
+from tests.rollout_driver import CANARY, PASS, STABLE, Run, Traffic, policy
+from tests.test_rollout import MODEL, traffic, world  # noqa: F401 - the executor's fixture
+
+BAKE_S = 180.0
+
+
+def bg(**overrides: object):  # noqa: ANN201 - a RolloutPolicy
+    return policy(strategy="blue-green", bake_s=BAKE_S, **overrides)
+
+
+def events(t) -> list[str]:  # noqa: ANN001
+    return [a.event.removeprefix("fleet.rollout.") for a in t.actions if isinstance(a, Emit)]
+
+
+def test_green_takes_everything_in_one_switch_bakes_its_whole_window_then_is_promoted() -> None:
+    run = Run(bg())
+    run.replicas = 3
+    t = run.begin()
+    assert (t.state.strategy, t.state.replicas) == ("blue-green", 3)
+    run.do(Checked(PASS, registered=True))
+    t = run.do(Deployed(run.now, baseline=run._baseline()))
+    switch = [a for a in t.actions if isinstance(a, SetRoute)]
+    assert len(switch) == 1 and switch[0].fields == {"canary": {"version": CANARY, "weight": 100.0}}
+    assert switch[0].why == f"switch: 100% to {CANARY}, {STABLE} kept ready"
+    assert (t.state.phase, t.state.weight, t.state.switched_at) == (Phase.BAKE, 100.0, run.now)
+    assert events(t) == ["deployed", "switched"] and t.state.baseline is not None  # judged against blue's before
+    assert (run.route.stable, run.route.canary, run.route.weight) == (STABLE, CANARY, 100.0)  # blue stays the stable
+    # gates that pass early do not end the bake: green serves every second of it
+    while run.now + run.policy.analysis_window_s - t.state.step_started < BAKE_S:
+        t = run.tick()
+        assert t.state.phase == Phase.BAKE, (run.now, t.verdict and t.verdict.summary)
+    assert t.verdict.outcome == "advance"  # it had passed, and still waited
+    t = run.tick()
+    assert t.state.phase == Phase.PROMOTE and run.now - t.state.step_started >= BAKE_S
+    t = run.promote()
+    assert t.state.phase == Phase.PROMOTED and t.state.reason == "the bake passed"
+    assert (run.route.stable, run.route.canary) == (CANARY, None)
+    assert [r.phase for r in t.state.reports] == ["bake"]
+
+
+def test_a_breach_during_the_bake_switches_back_to_blue_at_once() -> None:
+    run = Run(bg(), canary=Traffic(errors=0.2))
+    run.to_first_arm()
+    t = run.tick()
+    assert t.state.phase == Phase.ROLLED_BACK and isinstance(t.actions[2], RollBack)
+    assert "into the bake, switched back to 1.0.0" in t.state.reason and "error_rate" in t.state.breached
+    assert (run.route.stable, run.route.canary) == (STABLE, None)
+
+
+def test_the_shadow_phase_and_approval_come_before_the_switch() -> None:
+    run = Run(bg(shadow_percent=20, shadow_duration_s=120, manual_approval=True))
+    t = run.to_first_arm()
+    assert t.state.phase == Phase.SHADOW and run.route.shadow == CANARY and run.route.canary is None
+    for _ in range(3):
+        t = run.tick()
+    assert t.state.phase == Phase.APPROVAL and run.route.canary is None  # nothing switched yet
+    t = run.answer(True)
+    assert t.state.phase == Phase.BAKE and run.route.weight == 100 and run.route.shadow is None
+    assert [r.phase for r in t.state.reports] == ["shadow", "bake"]
+
+
+def test_a_resumed_run_keeps_the_strategy_it_began_with() -> None:
+    run = Run(bg())
+    run.to_first_arm()
+    run.policy = policy()  # the policy changed under the stored rollout
+    t = run.tick()
+    assert t.state.phase == Phase.BAKE and t.state.strategy == "blue-green"
+
+
+def test_the_executor_starts_green_at_blues_replica_count_and_keeps_blue_whole(world: dict) -> None:  # noqa: F811
+    r, runtime, router = world["rollout"], world["runtime"], world["router"]
+    runtime.running[MODEL, "1.0.0"] = 3
+    r.policy = r.policy.model_copy(update={"strategy": "blue-green", "bake_s": 120.0})
+    traffic(world, {"1.0.0": (30, 0, 10)}, seconds=300)  # blue before: the bake's baseline
+    state = r.run_preflight(r.begin(MODEL, "1.1.0", "run-1"))
+    assert state.replicas == 3
+    state = r.deploy(state)
+    assert runtime.running[MODEL, "1.1.0"] == 3 and runtime.running[MODEL, "1.0.0"] == 3
+    assert runtime.log == ["deploy demo:1.0.0", "deploy demo:1.1.0"]  # blue's floor held first, then green
+    assert state.phase == "bake" and router.get(MODEL).canary.weight == 100
+    traffic(world, {"1.1.0": (30, 0, 10)})
+    state, verdict = r.tick(state)
+    assert verdict.outcome == "advance" and state.phase == "bake"  # 60 s of a 120 s bake
+    assert runtime.running[MODEL, "1.0.0"] == 3  # blue whole through the bake
+    traffic(world, {"1.1.0": (30, 0, 10)})
+    state, _ = r.tick(state)
+    state = r.promote(r.tick(state)[0] if state.phase == "bake" else state)
+    assert state.phase == "promoted" and router.get(MODEL).stable == "1.1.0"
+    assert runtime.running[MODEL, "1.0.0"] == 3  # kept for the rollback window ...
+    assert r.retire_previous(state) and (MODEL, "1.0.0") not in runtime.running  # ... then stopped
+
+
+def test_the_executor_switches_back_and_stops_green_on_a_breach(world: dict) -> None:  # noqa: F811
+    r, runtime, router = world["rollout"], world["runtime"], world["router"]
+    runtime.running[MODEL, "1.0.0"] = 2
+    r.policy = r.policy.model_copy(update={"strategy": "blue-green", "bake_s": 300.0})
+    traffic(world, {"1.0.0": (30, 0, 10)}, seconds=300)
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    traffic(world, {"1.1.0": (30, 0.2, 10)})
+    state, verdict = r.tick(state)
+    assert verdict.outcome == "rollback" and state.phase == "rolled_back"
+    table = router.get(MODEL)
+    assert (table.stable, table.canary) == ("1.0.0", None)
+    assert runtime.running == {(MODEL, "1.0.0"): 2}  # blue as it was, green gone
+    assert world["registry"].states(MODEL)["1.1.0"] == State.REJECTED
+
+
+@pytest.mark.parametrize("method", ["fixed", "sequential"])
+def test_the_simulator_bakes_a_good_green_and_catches_bad_ones(method: str) -> None:
+    p = bg(method=method, analysis_window_s=10, min_samples=50, gates={"max_error_rate_increase": 0.01})
+    found = {e.canary: e for e in estimate(p, rps=20, runs=10)}
+    good = found["good"]
+    assert good.promoted >= 0.8 and good.median_s >= BAKE_S  # never promoted before the bake ends
+    worst = found["errors +4 pp (4x the margin)"]
+    assert worst.rolled_back >= 0.8 and worst.median_s < BAKE_S  # switched back inside the bake
+
+
+def test_dry_run_says_it_simulates_a_blue_green_switch(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+    from fleet.cli import app
+
+    monkeypatch.setenv("FLEET_STORE", f"file://{tmp_path}/store")
+    runner = CliRunner()
+    result = runner.invoke(
+        app,
+        ["rollout", "demo-classifier", "9.9.9", "--strategy", "blue-green", "--dry-run", "--rps", "20"]
+        + ["--set", "bake_s=60", "--set", "hold_deadline_s=120"],  # a short horizon: a quick simulation
+    )
+    assert result.exit_code == 0, result.output
+    assert "blue-green, one switch then a 60 s bake" in result.output
+    bad = runner.invoke(app, ["rollout", "demo-classifier", "9.9.9", "--strategy", "purple", "--dry-run"])
+    assert bad.exit_code != 0 and "expected canary or blue-green" in str(bad.exception or bad.output)
