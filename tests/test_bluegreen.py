@@ -142,3 +142,21 @@ def test_dry_run_says_it_simulates_a_blue_green_switch(monkeypatch: pytest.Monke
     assert "blue-green, one switch then a 60 s bake" in result.output
     bad = runner.invoke(app, ["rollout", "demo-classifier", "9.9.9", "--strategy", "purple", "--dry-run"])
     assert bad.exit_code != 0 and "expected canary or blue-green" in str(bad.exception or bad.output)
+
+
+def test_fleet_rollback_during_the_bake_switches_back_at_once_and_ends_the_rollout(world: dict) -> None:  # noqa: F811
+    from fleet.catalog.routes.rollback import rollback
+
+    r, runtime, router = world["rollout"], world["runtime"], world["router"]
+    r.policy = r.policy.model_copy(update={"strategy": "blue-green", "bake_s": 300.0})
+    traffic(world, {"1.0.0": (30, 0, 10)}, seconds=300)
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    assert state.phase == "bake"
+    done = rollback(router, MODEL, why="an operator saw a bad dashboard", who="ops")  # what `fleet rollback` runs
+    assert (done.from_version, done.to_version) == ("1.1.0", "1.0.0")
+    table = router.get(MODEL)
+    assert (table.stable, table.canary) == ("1.0.0", None)  # every request on blue, at once
+    traffic(world, {"1.0.0": (30, 0, 10)})
+    state, _ = r.tick(state)
+    assert state.phase == "rolled_back" and state.breached == ["route"] and "changed outside" in state.reason
+    assert runtime.running.get((MODEL, "1.0.0")) == 1 and (MODEL, "1.1.0") not in runtime.running
