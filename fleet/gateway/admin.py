@@ -9,9 +9,10 @@ Input is as hostile here as anywhere: a body is read only after the token checke
 only up to ``max_body_bytes`` (413); bodies are strict pydantic models (``"false"`` is not
 a boolean, ``"50"`` not a weight, unknown fields are refused) and path parameters are
 checked as names and versions before anything touches the store. Failed authentications
-are counted (``fleet_auth_failures_total{surface="admin"}``). ``/admin/refresh`` and
-``/admin/stats`` also take a scoped credential (``fleet.catalog.gateway_directory.credential``), which the
-control plane sends instead of the token itself.
+are counted (``fleet_auth_failures_total{surface="admin"}``). ``/admin/refresh``,
+``/admin/stats`` and ``/admin/top`` (what ``fleet top`` reads, every model at once) also take
+a scoped credential (``fleet.catalog.gateway_directory.credential``), which the control plane
+sends instead of the token itself.
 
 Without ``FLEET_ADMIN_TOKEN`` the admin API is off: every call answers 403 saying so.
 """
@@ -42,6 +43,8 @@ from fleet.gateway.inputs import MalformedBody
 from fleet.gateway.protocol import parse_json
 from fleet.gateway.stats import HORIZON_S
 from fleet.gateway.telemetry import Telemetry
+from fleet.gateway.top import MAX_TENANTS as TOP_TENANTS
+from fleet.gateway.top import MAX_WINDOW_S as TOP_WINDOW_S
 from fleet.names import check_name, check_version
 from fleet.runtime.base import Runtime
 from fleet.types import ObjectStore
@@ -136,6 +139,7 @@ def admin_routes(
     on_change: Callable[[], None],
     stats: Callable[[str, int], dict],
     telemetry: Telemetry,
+    top: Callable[[int, int, str], Awaitable[dict]] | None = None,
     gateway_id: str = "",
     runtime: Runtime | None = None,
     max_body_bytes: int = ADMIN_BODY_BYTES,
@@ -279,6 +283,18 @@ def admin_routes(
             raise MalformedBody(f"window_s {raw[:20]!r} is not a whole number of seconds from 1 to {HORIZON_S}")
         return json_response(stats(request.path_params["model"], int(raw)))
 
+    async def fleet_top(request: Request) -> Response:
+        q = request.query_params
+        window, n = q.get("window_s", "10"), q.get("tenants", "10")
+        if not (window.isascii() and window.isdigit()) or not 1 <= int(window) <= TOP_WINDOW_S:
+            raise MalformedBody(f"window_s {window[:20]!r} is not a whole number of seconds from 1 to {TOP_WINDOW_S}")
+        if not (n.isascii() and n.isdigit()) or not 0 <= int(n) <= TOP_TENANTS:
+            raise MalformedBody(f"tenants {n[:20]!r} is not a whole number from 0 to {TOP_TENANTS}")
+        match = q.get("match", "")  # only models whose name holds it
+        if len(match) > 128:
+            raise MalformedBody("match is longer than a model name can be (128 characters)")
+        return json_response(await top(int(window), int(n), match))  # type: ignore[misc]
+
     table: list[tuple[str, Handler, list[str], str | None]] = [
         ("/admin/models", list_models, ["GET"], None),
         ("/admin/models/{model}/versions/{version}", show_version, ["GET"], None),
@@ -295,5 +311,6 @@ def admin_routes(
         ("/admin/tenants/{tenant}/rotate", rotate, ["POST"], None),
         ("/admin/refresh", refresh, ["POST"], "refresh"),
         ("/admin/stats/{model}", window_stats, ["GET"], "stats"),
+        *([("/admin/top", fleet_top, ["GET"], "stats")] if top is not None else []),  # fleet top: every model at once
     ]
     return [Route(path, guarded(handler, scoped), methods=methods) for path, handler, methods, scoped in table]

@@ -50,6 +50,7 @@ from fleet.gateway.rest import Rest
 from fleet.gateway.shadow import ShadowMirror
 from fleet.gateway.sinks import Recorder
 from fleet.gateway.telemetry import Telemetry
+from fleet.gateway.top import TopStats
 from fleet.gateway.upstream import Upstreams
 from fleet.gateway.view import FleetView, Snapshot
 from fleet.logs import activity
@@ -284,6 +285,7 @@ def create_app(
                 on_change=view.wake,
                 stats=health.stats,
                 telemetry=telemetry,
+                top=TopStats(view, telemetry, upstreams, settings.gateway_id).answer,  # fleet top
                 gateway_id=settings.gateway_id,
                 runtime=view.runtime,
                 max_body_bytes=int(limits.admin_max_body_kib * 1024),
