@@ -17,4 +17,6 @@ PREFIX = "fleet-phase"
 
 
 def mark(phase: str) -> None:
+    if os.environ.get("FLEET_BENTO_BUILD"):  # weights.BUILDING: `bentoml build` imports the service; no start
+        return
     print(f"{PREFIX} {os.getpid()} {phase} {time.time():.6f}", file=sys.stderr, flush=True)

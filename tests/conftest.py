@@ -91,6 +91,24 @@ def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
     return request.getfixturevalue("s3_url")
 
 
+@pytest.fixture(autouse=True)
+def _cli_runs_print_only_the_fleets_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every in-process run of the CLI (typer's CliRunner) is checked as the subprocess helpers
+    check theirs: no line a library printed in its output (tests/quiet.py)."""
+    from typer.testing import CliRunner
+
+    from tests.quiet import assert_quiet
+
+    invoke = CliRunner.invoke
+
+    def checked(self: CliRunner, app: object, args: object = None, *rest: object, **kwargs: object) -> object:
+        result = invoke(self, app, args, *rest, **kwargs)  # type: ignore[arg-type]
+        assert_quiet(result.stdout + result.stderr, f"fleet {args}")
+        return result
+
+    monkeypatch.setattr(CliRunner, "invoke", checked)
+
+
 # BentoML reads its home once, at import, and flows called in-process build there: one home
 # per test process, never the user's (tests/serving_env.py's fleets share it).
 os.environ["BENTOML_HOME"] = tempfile.mkdtemp(prefix="fleet-bentoml-")
@@ -185,6 +203,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 SLOWEST_FIRST = {
     "test_rollout_flow.py": 490,
     "test_generation_rollout.py": 310,
+    "test_walkthroughs.py": 180,
+    "test_bluegreen_flow.py": 115,
     "test_lazy_loading.py": 120,
     "test_up.py": 110,
     "test_generation.py": 100,
@@ -199,6 +219,7 @@ SLOWEST_FIRST = {
     "test_key_rotation.py": 40,
     "test_tiny_lm_train.py": 35,
     "test_packaging.py": 30,
+    "test_quiet_cli.py": 30,
     "test_demo.py": 30,
 }
 

@@ -189,7 +189,9 @@ def check(before: RolloutState | None, obs: Observation, t: Transition, policy: 
     came_from = before.phase if before is not None and before.version == after.version else None
     steps = schedule(after, policy)  # the canary's steps, or blue-green's one switch
     if after.phase == Phase.PROMOTE and came_from != Phase.PROMOTE:
-        assert came_from in (Phase.STEP, Phase.BAKE) and before.step == len(steps) - 1, "promote only after the last step"
+        assert came_from in (Phase.STEP, Phase.BAKE) and before.step == len(steps) - 1, (
+            "promote only after the last step"
+        )
         if came_from == Phase.BAKE:
             assert obs.now - before.step_started >= policy.bake_s, "promote only after the whole bake"
     if after.phase == Phase.PROMOTED and came_from != Phase.PROMOTED:

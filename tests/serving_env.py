@@ -23,6 +23,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.quiet import assert_quiet
+
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = str(Path(sys.executable).with_name("fleet"))
 # `fleet <group>` commands run in this process: each would import torch or BentoML afresh
@@ -59,6 +61,7 @@ class FleetEnv:
             [FLEET, *args], env=self.env, capture_output=True, text=True, timeout=timeout, cwd=self.root
         )
         assert proc.returncode == 0, f"fleet {' '.join(args)} failed: {proc.stderr}"
+        assert_quiet(proc.stdout + proc.stderr, f"fleet {' '.join(args)}")
         return proc.stdout
 
     def _in_process(self, args: tuple[str, ...]) -> str:
@@ -82,6 +85,7 @@ class FleetEnv:
         if result.exception is not None and not isinstance(result.exception, SystemExit):
             detail += f"\n{type(result.exception).__name__}: {result.exception}"
         assert result.exit_code == 0, f"fleet {' '.join(args)} failed: {detail}"
+        assert_quiet(result.stdout + result.stderr, f"fleet {' '.join(args)}")
         return result.stdout
 
     def fleet_json(self, *args: str) -> object:

@@ -26,6 +26,7 @@ from fleet.gateway.view import FleetView
 from fleet.store import MemoryStore
 from tests.fakes import FakeRuntime
 from tests.gateway_env import ADMIN_TOKEN, MODEL, GatewayEnv, infer, metric, wait_for
+from tests.quiet import assert_quiet
 from tests.serving_env import FLEET
 from tests.test_registry import META
 
@@ -46,9 +47,11 @@ def corrupt(env: GatewayEnv) -> bytes:
 
 
 def fleet(env: GatewayEnv, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    proc = subprocess.run(
         [FLEET, *args], env=env.env(COLUMNS="200"), cwd=env.root, capture_output=True, text=True, timeout=60
     )
+    assert_quiet(proc.stdout + proc.stderr, f"fleet {' '.join(args)}")
+    return proc
 
 
 def test_a_gateway_starts_on_a_store_with_bad_records_serves_the_good_ones_and_reports_them(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.quiet import assert_quiet
+
 FLEET = str(Path(sys.executable).with_name("fleet"))
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "demo-classifier"
 POLICIES = Path(__file__).resolve().parents[1] / "policies"
@@ -18,6 +20,7 @@ POLICIES = Path(__file__).resolve().parents[1] / "policies"
 def run(store_url: str, *args: str, ok: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "FLEET_STORE": store_url, "FLEET_ACTOR": "cli-test", "COLUMNS": "200"}
     proc = subprocess.run([FLEET, *args], capture_output=True, text=True, env=env, timeout=60, cwd=cwd)
+    assert_quiet(proc.stdout + proc.stderr, f"fleet {' '.join(args)}")
     if ok:
         assert proc.returncode == 0, proc.stderr
     return proc

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from fleet.cli import _output
 from fleet.cli._output import table, when
+from tests.quiet import assert_quiet
 
 FLEET = str(Path(sys.executable).with_name("fleet"))
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "demo-classifier"
@@ -217,6 +218,7 @@ def fleet(store_url: str, *args: str) -> str:
     env = {**os.environ, "FLEET_STORE": store_url, "COLUMNS": "80", "FLEET_ACTOR": "cli-test"}
     proc = subprocess.run([FLEET, *args], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
+    assert_quiet(proc.stdout + proc.stderr, f"fleet {' '.join(args)}")
     return proc.stdout
 
 

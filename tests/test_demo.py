@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from tests.quiet import assert_quiet
 from tests.serving_env import FLEET
 
 
@@ -21,6 +22,7 @@ def test_demo_without_a_running_fleet_says_how_to_start_one(tmp_path: Path) -> N
     assert out.returncode == 1
     assert out.stderr.startswith("error: no local fleet is running here; start it with `make up`")
     assert "Traceback" not in out.stderr
+    assert_quiet(out.stdout + out.stderr, "fleet demo")
 
 
 def test_rollout_refuses_a_bad_policy_override_before_starting_anything(tmp_path: Path) -> None:
@@ -38,3 +40,4 @@ def test_rollout_refuses_a_bad_policy_override_before_starting_anything(tmp_path
         },
     )
     assert out.returncode == 1 and "steps: got [50, 10] — expected strictly increasing" in out.stderr
+    assert_quiet(out.stdout + out.stderr, "fleet rollout")

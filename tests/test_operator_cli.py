@@ -15,13 +15,16 @@ import typer.main
 
 from fleet.cli import app, hoist_global_options
 from tests.gateway_env import BODY, MODEL, GatewayEnv, wait_for
+from tests.quiet import assert_quiet
 from tests.serving_env import FLEET, free_port, wait_ready
 
 
 def run(env: GatewayEnv, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    proc = subprocess.run(
         [FLEET, *args], env=env.env(COLUMNS="80"), cwd=env.root, capture_output=True, text=True, timeout=60
     )
+    assert_quiet(proc.stdout + proc.stderr, f"fleet {' '.join(args)}")
+    return proc
 
 
 def _commands(cmd, path):  # noqa: ANN001, ANN202

@@ -23,6 +23,7 @@ from fleet.catalog.policies.loader import load_policies
 from fleet.catalog.registry import Registry
 from fleet.runtime.cache import ArtifactCache
 from fleet.store import FileStore
+from tests.quiet import assert_quiet
 from tests.serving_env import FLEET, FleetEnv, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +95,7 @@ def test_a_changed_byte_in_the_cache_or_the_store_stops_the_service_before_it_is
             [FLEET, "deploy", model, "1.0.0"], env=env.env, cwd=tmp_path, capture_output=True, text=True, timeout=300
         )
         assert deployed.returncode == 0, deployed.stderr
+        assert_quiet(deployed.stdout + deployed.stderr, "fleet deploy")
         assert f"model.pt: expected sha256 {expected} ({len(data)} bytes), got {actual}" in deployed.stderr
         assert "removing it and downloading it again" in deployed.stderr
         answer = httpx.post(f"{env.fleet_json('deploy', model, '1.0.0')['endpoints'][0]}/metadata", json={}, timeout=10)

@@ -16,6 +16,7 @@ import pytest
 from fleet.errors import ConfigError
 from fleet.planning.costs import ALB_USD, EKS_CONTROL_PLANE_USD, NAT_GATEWAY_USD, PUBLIC_IPV4_USD, VPC_ENDPOINT_USD
 from fleet.planning.stack import RDS_POSTGRES_USD, VALKEY_NODE_USD, build_inputs, gpu_ceiling, guardrail_config_file
+from tests.quiet import assert_quiet
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = str(Path(sys.executable).with_name("fleet"))
@@ -37,6 +38,7 @@ def fleet_plan(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
     }
     env.pop("FLEET_POLICIES", None)
     proc = subprocess.run([FLEET, "plan", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert_quiet(proc.stdout + proc.stderr, f"fleet plan {' '.join(args)}")
     if ok:
         assert proc.returncode == 0, proc.stderr
     return proc

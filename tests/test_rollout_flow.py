@@ -34,6 +34,7 @@ from fleet.catalog.routes.store import Router
 from fleet.leases import LeaseRecord
 from fleet.types import ArmWindow
 from tests.fakes import FakeRuntime
+from tests.quiet import assert_quiet
 from tests.rollout_env import FAST, MODEL, Load, serving_fleet
 from tests.serving_env import FLEET, ROOT, FleetEnv
 
@@ -385,6 +386,7 @@ def test_deployments_and_the_cli_start_and_follow_the_flows(fleet: dict) -> None
             timeout=600,
         )
         assert out.returncode == 0, out.stderr + (env.root / "flows-serve.log").read_text()[-3000:]
+        assert_quiet(out.stdout + out.stderr, "fleet rollout")
         assert "/runs/flow-run/" in out.stderr and "step 50%" in out.stderr and "promoted" in out.stdout
         # it returned at the promotion, not after the 600 s the run keeps the previous stable warm
         assert "stays ready for an instant rollback for 600 s" in out.stdout, out.stdout
@@ -397,6 +399,7 @@ def test_deployments_and_the_cli_start_and_follow_the_flows(fleet: dict) -> None
             timeout=180,
         )
         assert back.returncode == 0, back.stderr
+        assert_quiet(back.stdout + back.stderr, "fleet rollback")
         assert Router(fleet["store"]).get(MODEL).stable != "1.4.0"  # back on the previous stable
     finally:
         load.stop()

@@ -19,6 +19,7 @@ from fleet.catalog.tenants import ApiKey, Quota, Tenant, Tenants, key_index, loo
 from fleet.errors import Conflict, IntegrityError, InvalidInput, NotFound
 from fleet.store import open_store
 from fleet.types import ObjectStore
+from tests.quiet import assert_quiet
 from tests.serving_env import FLEET
 
 
@@ -102,7 +103,9 @@ def test_a_quota_refuses_inf_and_nan(rps: float) -> None:
 
 def fleet(store_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "FLEET_STORE": store_url, "FLEET_ACTOR": "tenants-test", "COLUMNS": "250"}
-    return subprocess.run([FLEET, *args], capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run([FLEET, *args], capture_output=True, text=True, env=env, timeout=60)
+    assert_quiet(proc.stdout + proc.stderr, f"fleet {' '.join(args)}")
+    return proc
 
 
 def test_the_cli_refuses_an_infinite_or_nan_rate_in_one_line_and_stores_nothing(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from bentos.tiny_lm.train import (
 )
 from fleet.catalog.registry import Registry
 from fleet.store import open_store
+from tests.quiet import assert_quiet
 
 TEST = PRESETS["test"]
 
@@ -270,6 +271,7 @@ def test_fleet_models_distill_registers_a_student_and_refuses_a_family_without_d
         cwd=tmp_path,
     )
     assert refused.returncode != 0 and "has no distillation" in refused.stderr
+    assert_quiet(refused.stdout + refused.stderr, "fleet models distill")
 
 
 def test_a_quantized_version_keeps_the_parents_files_names_its_lineage_and_measures_itself(

@@ -24,6 +24,7 @@ from fleet.usage.prices import Price, prices_from_plan, prices_from_stack
 from fleet.usage.records import TrafficRecord, UsageHour, hour_key, part_key
 from fleet.usage.rollup import gateway_hour, rollup
 from tests.fakes import Clock
+from tests.quiet import assert_quiet
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2026, 12, 1, 14, 0, tzinfo=UTC).timestamp()  # the start of a UTC hour
@@ -542,6 +543,7 @@ def test_a_gateway_meters_what_it_served_and_fleet_usage_prices_it(tmp_path: Pat
         [FLEET, "usage", "--json"], env=env.env(), cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
+    assert_quiet(out.stdout + out.stderr, "fleet usage")
     report = json_.loads(out.stdout)
     (version,) = [v for v in report["versions"] if v["model"] == MODEL]
     assert version["requests"] == 5 and version["rows"] == 10 and version["upstream_s"] > 0

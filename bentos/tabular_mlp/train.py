@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,9 @@ from bentos.tabular_mlp.model import MLP, Predictor, save
 from fleet.catalog.profile import baseline_profile
 from fleet.catalog.registry import ModelVersion, Registry, TensorSpec, TrainingData, VersionMetadata
 from fleet.types import ObjectStore
+
+Progress = Callable[[int, int], None]  # (epochs done, epochs in all), after each epoch
+PROGRESS_UNIT = "epochs"
 
 
 @dataclass(frozen=True)
@@ -41,14 +45,15 @@ class TrainConfig:
     fault_latency_ms: float = 0.0
 
 
-def train(config: TrainConfig, out: Path) -> VersionMetadata:
+def train(config: TrainConfig, out: Path, *, progress: Progress | None = None) -> VersionMetadata:
     """Train into ``out`` (model.pt + config.json) on generated data; return the version's metadata."""
     x, y = data.generate(config.rows, config.seed, config.data_shift, config.label_threshold)
     split = int(len(x) * (1 - config.holdout))
     uri = f"generated://tabular-mlp?rows={config.rows}&seed={config.seed}&shift={config.data_shift}" + (
         f"&threshold={config.label_threshold}" if config.label_threshold != data.THRESHOLD else ""
     )
-    return fit(x[:split], y[:split], x[split:], y[split:], config, out, TrainingData(uri=uri, sha256=data.digest(x, y)))
+    training_data = TrainingData(uri=uri, sha256=data.digest(x, y))
+    return fit(x[:split], y[:split], x[split:], y[split:], config, out, training_data, progress=progress)
 
 
 def generated_training_set(uri: str) -> tuple[np.ndarray, np.ndarray]:
@@ -72,6 +77,8 @@ def fit(
     config: TrainConfig,
     out: Path,
     training_data: TrainingData,
+    *,
+    progress: Progress | None = None,
 ) -> VersionMetadata:
     """Train on the given rows (seeded: the same rows give the same bytes), judge on the holdout."""
     torch.manual_seed(config.seed)
@@ -87,13 +94,15 @@ def fit(
         yt = torch.from_numpy(y_train.astype(np.int64))
         gen = torch.Generator().manual_seed(config.seed)
         loss_fn = nn.CrossEntropyLoss()
-        for _ in range(config.epochs):
+        for epoch in range(config.epochs):
             order = torch.randperm(len(xt), generator=gen)
             for i in range(0, len(xt), config.batch_size):
                 idx = order[i : i + config.batch_size]
                 opt.zero_grad()
                 loss_fn(net(xt[idx]), yt[idx]).backward()
                 opt.step()
+            if progress is not None:
+                progress(epoch + 1, config.epochs)
         model_config = {
             "architecture": "mlp",
             "inputs": x_train.shape[1],
@@ -138,10 +147,17 @@ def evaluate(proba: np.ndarray, y: np.ndarray) -> dict[str, float]:
 
 
 def train_and_register(
-    store: ObjectStore, model: str, version: str, config: TrainConfig = TrainConfig(), *, parent: str | None = None
+    store: ObjectStore,
+    model: str,
+    version: str,
+    config: TrainConfig = TrainConfig(),
+    *,
+    parent: str | None = None,
+    progress: Progress | None = None,
 ) -> ModelVersion:
+    Registry(store).check_new(model, version, parent=parent)  # refused now, not after the training
     with tempfile.TemporaryDirectory(prefix="fleet-train-") as tmp:
-        meta = train(config, Path(tmp) / "artifact")
+        meta = train(config, Path(tmp) / "artifact", progress=progress)
         if parent is not None:
             meta = meta.model_copy(update={"parent_version": parent})
         return Registry(store).register(model, version, Path(tmp) / "artifact", meta)

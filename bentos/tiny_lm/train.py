@@ -41,6 +41,8 @@ from fleet.catalog.registry import ModelVersion, Registry, TensorSpec, TrainingD
 from fleet.types import ObjectStore
 
 Log = Callable[[str], None]
+Progress = Callable[[int, int], None]  # (steps done, steps in all), after each optimizer step
+PROGRESS_UNIT = "steps"
 FAULTS = "fleet_faults.json"  # read by service.py: a rehearsal's slow version
 
 
@@ -119,7 +121,13 @@ def teacher_pairs(
 
 
 def train(
-    config: TrainConfig, out: Path, *, log: Log = _stderr, teacher: Path | None = None, teacher_ref: str = ""
+    config: TrainConfig,
+    out: Path,
+    *,
+    log: Log = _stderr,
+    teacher: Path | None = None,
+    teacher_ref: str = "",
+    progress: Progress | None = None,
 ) -> VersionMetadata:
     """Train into ``out`` (a save_pretrained folder) on generated data; return the version's metadata.
 
@@ -182,6 +190,8 @@ def train(
             opt.step()
             sched.step()
             window.append(loss.item())
+            if progress is not None:
+                progress(step + 1, config.steps)
             if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
                 log(
                     f"step {step + 1}/{config.steps}  loss {sum(window) / len(window):.4f}  "
@@ -261,9 +271,11 @@ def train_and_register(
     *,
     parent: str | None = None,
     log: Log = _stderr,
+    progress: Progress | None = None,
 ) -> ModelVersion:
+    Registry(store).check_new(model, version, parent=parent)  # refused now, not after the training
     with tempfile.TemporaryDirectory(prefix="fleet-train-") as tmp:
-        meta = train(config, Path(tmp) / "artifact", log=log)
+        meta = train(config, Path(tmp) / "artifact", log=log, progress=progress)
         if parent is not None:
             meta = meta.model_copy(update={"parent_version": parent})
         return Registry(store).register(model, version, Path(tmp) / "artifact", meta)
@@ -312,6 +324,7 @@ def quantize_and_register(
     if method not in QUANT_METHODS:
         raise ValueError(f"quantization {method!r} is not known; expected one of {', '.join(QUANT_METHODS)}")
     registry = Registry(store)
+    registry.check_new(model, version, parent=parent_version)  # refused now, not after the work
     parent = registry.get(model, parent_version)
     if (parent.hyperparameters.get("lineage") or {}).get("method") == "quantize":
         raise ValueError(f"{parent.ref} is quantized already; expected a full-precision parent")
@@ -369,11 +382,13 @@ def distill_and_register(
     config: TrainConfig | None = None,
     *,
     log: Log = _stderr,
+    progress: Progress | None = None,
 ) -> ModelVersion:
     """A smaller student of ``model:teacher_version`` (the verified artifact), registered as
     ``version`` with its lineage: parent, method and settings, and its measured quality."""
     config = config or PRESETS["student"]
     registry = Registry(store)
+    registry.check_new(model, version, parent=teacher_version)  # refused now, not after the training
     teacher = registry.get(model, teacher_version)
     taught = teacher.hyperparameters  # the student learns the teacher's task, on its word lengths
     if "task" in taught and "letters" in taught:
@@ -382,7 +397,9 @@ def distill_and_register(
         )
     with tempfile.TemporaryDirectory(prefix="fleet-distill-") as tmp:
         folder = registry.fetch(model, teacher_version, Path(tmp) / "teacher")
-        meta = train(config, Path(tmp) / "artifact", log=log, teacher=folder, teacher_ref=teacher.ref)
+        meta = train(
+            config, Path(tmp) / "artifact", log=log, teacher=folder, teacher_ref=teacher.ref, progress=progress
+        )
         metrics = {
             **meta.metrics,
             "teacher_exact_match": teacher.metrics.get("exact_match", float("nan")),

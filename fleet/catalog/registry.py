@@ -195,6 +195,29 @@ class Registry:
         return {mv.version: mv.state for mv in self.list(model)}
 
     # -- registering -----------------------------------------------------------------
+    def check_new(self, model: str, version: str, *, parent: str | None = None) -> None:
+        """Refuse now what ``register`` would refuse at its end, before a caller trains or
+        uploads: a bad name or version, a version registered already, a parent that is not.
+        (``register`` checks again: another registration may commit in between.)"""
+        check_name("model", model)
+        check_version(version)
+        if parent is not None:
+            self.get(model, parent)
+        if records.exists(self.store, f"{_prefix(model, version)}/manifest.json"):
+            raise Conflict(self._duplicate(model, version))
+
+    def _duplicate(self, model: str, version: str) -> str:
+        known = set(self.versions(model))
+        nxt = version_key(version)
+        for _ in range(1000):
+            nxt = nxt.bump_prerelease() if nxt.prerelease else nxt.bump_patch()
+            if str(nxt) not in known:
+                break
+        return (
+            f"{model}:{version} is already registered (versions are immutable); expected a new version, "
+            f"e.g. {nxt} (see `fleet models list {model}`)"
+        )
+
     def register(
         self,
         model: str,
@@ -216,9 +239,12 @@ class Registry:
         if meta.parent_version is not None:
             self.get(model, meta.parent_version)  # the parent must exist
         prefix = _prefix(model, version)
-        duplicate = f"{model}:{version} is already registered; versions are immutable, register a new version"
+        duplicate = (
+            f"{model}:{version} is already registered, by another registration meanwhile (versions are immutable); "
+            f"expected a new version (see `fleet models list {model}`)"
+        )
         if records.exists(self.store, f"{prefix}/manifest.json"):
-            raise Conflict(duplicate)
+            raise Conflict(self._duplicate(model, version))
         lease = leases.acquire(
             self.store,
             f"{prefix}/registering.json",
@@ -287,11 +313,19 @@ class Registry:
             )
         return mv
 
-    def fetch(self, model: str, version: str, dest: str | os.PathLike[str]) -> Path:
+    def fetch(
+        self,
+        model: str,
+        version: str,
+        dest: str | os.PathLike[str],
+        *,
+        progress: Callable[[str, int], None] | None = None,
+    ) -> Path:
         """Download the verified artifact into ``dest`` (which must not exist yet).
 
         Files land in a temporary folder beside ``dest`` that is renamed into place only
         after every checksum matched, so ``dest`` never holds a partial or tampered copy.
+        ``progress(relative_path, bytes)`` is called after each file is written.
         """
         dest = Path(dest)
         if dest.exists():
@@ -304,6 +338,8 @@ class Registry:
                 target = tmp.joinpath(*rel.split("/"))
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
+                if progress:
+                    progress(rel, len(data))
             os.replace(tmp, dest)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -15,7 +15,21 @@ import typer
 from pydantic import ValidationError
 
 from fleet import __version__
-from fleet.cli import doctor, experiments, flows, gateway, logs, models, plan, policies, route, serving, tenants, usage
+from fleet.cli import (
+    doctor,
+    experiments,
+    flows,
+    gateway,
+    logs,
+    models,
+    plan,
+    policies,
+    route,
+    serving,
+    tenants,
+    top,
+    usage,
+)
 from fleet.cli._output import fail
 from fleet.errors import FleetError
 from fleet.validation import explain
@@ -45,6 +59,7 @@ app.command("undeploy")(serving.undeploy_cmd)
 app.command("unload-idle")(serving.unload_idle_cmd)
 app.command("gateway")(gateway.gateway_cmd)
 app.command("status")(serving.status_cmd)
+app.command("top")(top.top_cmd)
 app.add_typer(flows.app, name="flows")
 app.command("rollout")(flows.rollout_cmd)
 app.command("approve")(flows.approve_cmd)
@@ -56,8 +71,12 @@ app.command("doctor")(doctor.doctor_cmd)
 app.command("usage")(usage.usage_cmd)
 app.add_typer(logs.app, name="logs")
 
-# Options of the root that are also taken after the subcommand (`fleet models list --store X`).
+# Options of the root that are also taken after the subcommand (`fleet models list --store X`),
+# with a value and without one.
 GLOBAL_OPTIONS = ("--store",)
+GLOBAL_FLAGS = ("-v", "--verbose")
+# Commands that set up their own logging and keep what libraries print in their log.
+SERVERS = (("up",), ("gateway",), ("flows", "serve"))
 
 
 def _version(value: bool) -> None:
@@ -81,6 +100,15 @@ def _root(
     ] = None,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Also show what libraries print (torch's, BentoML's warnings and logs), kept off the terminal "
+            "otherwise; before or after the subcommand.",
+        ),
     ] = False,
 ) -> None:
     if store:
@@ -141,8 +169,8 @@ def _local_fleet_defaults() -> None:
 
 
 def hoist_global_options(argv: list[str]) -> list[str]:
-    """Move ``--store X`` / ``--store=X`` from anywhere before ``--`` to the front, where the
-    root command reads it: operators type global options after the subcommand too."""
+    """Move ``--store X`` / ``--store=X`` and ``-v`` from anywhere before ``--`` to the front,
+    where the root command reads them: operators type global options after the subcommand too."""
     front: list[str] = []
     rest: list[str] = []
     i = 0
@@ -152,7 +180,9 @@ def hoist_global_options(argv: list[str]) -> list[str]:
             rest += argv[i:]
             break
         name = arg.split("=", 1)[0]
-        if name in GLOBAL_OPTIONS and "=" in arg:
+        if arg in GLOBAL_FLAGS:
+            front.append(arg)
+        elif name in GLOBAL_OPTIONS and "=" in arg:
             front.append(arg)
         elif name in GLOBAL_OPTIONS:
             if i + 1 == len(argv) or argv[i + 1].startswith("-"):
@@ -170,9 +200,26 @@ def _usage_error(exc: UsageError) -> str:
     return f"{exc.format_message()} (see `{where} --help`)"
 
 
+def _keep_libraries_quiet(args: list[str]) -> None:
+    """Unless ``-v`` is given, what libraries print stays off the terminal (``fleet.cli.quiet``);
+    servers keep their own logging. ``args`` have their global options in front (hoisted)."""
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] != "--":
+        if args[i] in GLOBAL_FLAGS:
+            return
+        i += 2 if args[i] in GLOBAL_OPTIONS else 1
+    if any(tuple(args[i : i + len(s)]) == s for s in SERVERS):
+        return
+    from fleet.cli import quiet
+
+    quiet.install()
+
+
 def main() -> None:
     try:
-        code = app(args=hoist_global_options(sys.argv[1:]), prog_name="fleet", standalone_mode=False)
+        args = hoist_global_options(sys.argv[1:])
+        _keep_libraries_quiet(args)
+        code = app(args=args, prog_name="fleet", standalone_mode=False)
         if code == 130:  # typer turns Ctrl-C into exit code 130
             fail("interrupted", code=130)
         if isinstance(code, int) and code:
@@ -197,7 +244,15 @@ def main() -> None:
     except Exception as exc:  # a bug: say so in one line; FLEET_DEBUG=1 shows the traceback
         if os.environ.get("FLEET_DEBUG"):
             raise
-        fail(f"internal error {type(exc).__name__}: {exc} (set FLEET_DEBUG=1 for the traceback)")
+        fail(f"internal error {type(exc).__name__}: {exc} (set FLEET_DEBUG=1 for the traceback{_library_lines()})")
+
+
+def _library_lines() -> str:
+    """A hint at what libraries printed before an internal error, kept off the terminal."""
+    from fleet.cli import quiet
+
+    n = len(quiet.captured())
+    return f"; -v shows the {n} lines libraries printed" if n else ""
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -12,10 +15,27 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 from fleet.catalog.registry import VersionMetadata
 from fleet.cli._output import JsonFlag, console, emit_json, err_console, registry, table, when
 from fleet.cli.doctor import skipped
+from fleet.cli.progress import Steps, counting
 from fleet.errors import InvalidInput
 from fleet.validation import load_yaml_file
 
 app = typer.Typer(help="Register and inspect model versions.", no_args_is_help=True)
+
+
+@contextmanager
+def _bytes_progress(verb: str, what: str, total: int, json: bool) -> Iterator[Callable[[str, int], None]]:
+    """A bar of bytes moved on a terminal's stderr (none with --json or without a terminal):
+    the ``progress(relative_path, bytes)`` callback of the registry's upload and download."""
+    with Progress(
+        TextColumn(f"{verb} {{task.description}}"),
+        BarColumn(),
+        DownloadColumn(),
+        console=err_console,
+        transient=True,
+        disable=json or not err_console.is_terminal,
+    ) as progress:
+        task = progress.add_task(what, total=total)
+        yield lambda _rel, size: progress.advance(task, size)
 
 
 @app.command()
@@ -37,22 +57,8 @@ def register(
     """Register a new immutable version: checksums every file, then commits the manifest."""
     metadata = load_yaml_file(meta, VersionMetadata)
     total = sum(p.stat().st_size for p in artifact_dir.rglob("*") if p.is_file()) if artifact_dir.is_dir() else 0
-    with Progress(
-        TextColumn("uploading {task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        console=err_console,
-        transient=True,
-        disable=json or not err_console.is_terminal,
-    ) as progress:
-        task = progress.add_task(f"{model}:{version}", total=total)
-        mv = registry().register(
-            model,
-            version,
-            artifact_dir,
-            metadata,
-            progress=lambda _rel, size: progress.advance(task, size),
-        )
+    with _bytes_progress("uploading", f"{model}:{version}", total, json) as advance:
+        mv = registry().register(model, version, artifact_dir, metadata, progress=advance)
     if json:
         emit_json(mv)
     else:
@@ -110,13 +116,15 @@ def fetch(
     json: JsonFlag = False,
 ) -> None:
     """Download a version's artifact, verifying every checksum before it lands."""
+    reg = registry()
+    mv = reg.get(model, version)
     try:
-        path = registry().fetch(model, version, dest)
+        with _bytes_progress("downloading", mv.ref, sum(d.size for d in mv.files.values()), json) as advance:
+            path = reg.fetch(model, version, dest, progress=advance)
     except OSError as exc:  # name the folder asked for, not the temporary one beside it
         raise InvalidInput(
             f"cannot download {model}:{version} into {dest}: {exc.strerror or exc}; nothing was left there"
         ) from None
-    mv = registry().get(model, version)
     if json:
         emit_json(
             {
@@ -131,13 +139,37 @@ def fetch(
         console.print(f"fetched {model}:{version} into {path} ({len(mv.files)} files, checksums verified)")
 
 
-def _trainer(model: str, policies: Path):  # noqa: ANN202 - (family name, its train module)
-    """MODEL's family (from the policies) and the family's ``train`` module."""
+def _trainer(model: str, policies: Path, new: tuple[str, str | None] | None = None):  # noqa: ANN202
+    """MODEL's family (from the policies) and the family's ``train`` module. With ``new``
+    (VERSION, PARENT), once the registry would take VERSION derived from PARENT: what it would
+    refuse at the end of the work (a version registered already, a parent that is not) is
+    refused before torch is even imported."""
     from fleet.catalog.policies.loader import load_policies
     from fleet.runtime.bento import family_module
 
     family_name = load_policies(policies).model(model).family
+    if new is not None:
+        registry().check_new(model, new[0], parent=new[1])
     return family_name, importlib.import_module(f"{family_module(family_name).__name__}.train")
+
+
+def _callbacks(function: object, shown: Steps) -> dict[str, object]:
+    """The progress (and log, where the family's trainer takes one) callbacks for ``function``."""
+    taken = inspect.signature(function).parameters  # type: ignore[arg-type]
+    return {k: v for k, v in (("progress", shown.advance), ("log", shown.log)) if k in taken}
+
+
+_TRAIN_OPTIONS = (
+    "seed",
+    "rows",
+    "epochs",
+    "steps",
+    "label_threshold",
+    "fault_error_rate",
+    "fault_latency_ms",
+    "fault_first_token_ms",
+    "fault_token_ms",
+)
 
 
 @app.command()
@@ -193,10 +225,10 @@ def train(
     """
     import dataclasses
 
-    family_name, trainer = _trainer(model, policies)
+    family_name, trainer = _trainer(model, policies, (version, parent))
     given = {
         k: v
-        for k, v in {
+        for k, v in {  # the options' names are _TRAIN_OPTIONS
             "seed": seed,
             "rows": rows,
             "epochs": epochs,
@@ -212,16 +244,21 @@ def train(
     known = {f.name for f in dataclasses.fields(trainer.TrainConfig)}
     if unknown := sorted(set(given) - known):
         shown = ", ".join("--" + k.replace("_", "-") for k in unknown)
-        raise InvalidInput(f"{shown} does not apply to {model}'s family {family_name}")
+        options = ", ".join("--" + k.replace("_", "-") for k in _TRAIN_OPTIONS if k in known)
+        raise InvalidInput(
+            f"{shown} does not apply to {model}'s family {family_name}; expected its options: {options}"
+            + (", --preset" if getattr(trainer, "PRESETS", None) else "")
+            + " (see `fleet models train --help`)"
+        )
     presets = getattr(trainer, "PRESETS", None)
     if preset is not None and (presets is None or preset not in presets):
         offered = ", ".join(presets) if presets else "none"
         raise InvalidInput(f"preset {preset!r} is not one of {family_name}'s: {offered}")
     base = presets[preset or "demo"] if presets else trainer.TrainConfig()
-    with err_console.status(f"training {model}:{version} ..."):
-        mv = trainer.train_and_register(
-            registry().store, model, version, dataclasses.replace(base, **given), parent=parent
-        )
+    config = dataclasses.replace(base, **given)
+    with counting(f"training {model}:{version}", getattr(trainer, "PROGRESS_UNIT", "steps")) as shown:
+        fit = trainer.train_and_register
+        mv = fit(registry().store, model, version, config, parent=parent, **_callbacks(fit, shown))
     if json:
         emit_json(mv)
     else:
@@ -256,8 +293,11 @@ def quantize(
         )
     if method not in trainer.QUANT_METHODS:
         raise InvalidInput(f"method {method!r} is not one of {', '.join(trainer.QUANT_METHODS)}")
+    registry().check_new(model, version, parent=parent)  # refused now, not after the work
     with err_console.status(f"quantizing {model}:{parent} into {model}:{version} ..."):
-        mv = trainer.quantize_and_register(registry().store, model, parent, version, method)
+        mv = trainer.quantize_and_register(
+            registry().store, model, parent, version, method, log=lambda line: err_console.print(f"[dim]{line}[/]")
+        )
     if json:
         emit_json(mv)
     else:
@@ -300,8 +340,10 @@ def distill(
     config = trainer.PRESETS[preset]
     if steps is not None:
         config = dataclasses.replace(config, steps=steps)
-    with err_console.status(f"distilling {model}:{teacher} into {model}:{version} ..."):
-        mv = trainer.distill_and_register(registry().store, model, teacher, version, config)
+    registry().check_new(model, version, parent=teacher)  # refused now, not after the training
+    with counting(f"distilling {model}:{teacher} into {model}:{version}", trainer.PROGRESS_UNIT) as shown:
+        distil = trainer.distill_and_register
+        mv = distil(registry().store, model, teacher, version, config, **_callbacks(distil, shown))
     if json:
         emit_json(mv)
     else:

@@ -273,7 +273,7 @@ def _exists(get: Callable[[str], object], tag: str) -> bool:
     import bentoml
 
     try:
-        get(tag)
-        return True
+        # exactly this tag: BentoML's get takes a version prefix too (1.2.0 finds 1.2.0-int8)
+        return str(getattr(get(tag), "tag", tag)) == tag
     except bentoml.exceptions.NotFound:
         return False

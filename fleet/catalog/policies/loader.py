@@ -96,7 +96,10 @@ def load_policies(path: str | Path = "policies") -> Policies:
     elif path.is_file():
         files = [path]
     else:
-        raise ConfigError(f"{path}: not found; expected a policy directory or YAML file")
+        raise ConfigError(
+            f"{path}: not found; expected a policy directory or YAML file (run from the fleet's folder, "
+            "which holds policies/, or name one with --policies or FLEET_POLICIES)"
+        )
     entries: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
     origin: dict[tuple[str, str], Path] = {}
     gateway: dict[str, Spec] = {}  # the one-per-fleet sections (SINGLETONS) that a file set
