@@ -383,7 +383,7 @@ def _summary(settings, info: dict[str, str], seconds: float, grpc: str, workers:
         f"-d '{body}' {url}/v2/models/{settings.model}/infer",
         "  or Triton's gRPC client (tritonclient.grpc) at the gRPC address, metadata authorization: Bearer <key>",
         "roll out a new version (from this folder):",
-        f"  fleet models train {settings.model} 1.1.0 --seed 11 && fleet rollout {settings.model} 1.1.0",
+        f"  fleet models train {settings.model} 1.1.0 --seed 12 --epochs 10 && fleet rollout {settings.model} 1.1.0",
         "fleet status shows versions, weights and replicas; Ctrl-C stops everything.",
     ]
     print("\n".join(lines), flush=True)
