@@ -61,8 +61,7 @@ def main() -> None:
 
 
 def run(bake_s: float, rps: float) -> list[dict]:
-    from flows.rollout import canary_rollout
-    from tests.rollout_env import FAST, MODEL, Load, Watch, route_changes, serving_fleet
+    from tests.rollout_env import FAST, MODEL, rollout_watched, route_changes, serving_fleet
     from tests.serving_env import FleetEnv
 
     env = FleetEnv(HOME / "fleet")
@@ -80,24 +79,9 @@ def run(bake_s: float, rps: float) -> list[dict]:
         for kind, strategy, version, training in cases:
             env.fleet("models", "train", MODEL, version, "--rows", "20000", "--epochs", "15", *training)
             before = max((r for r, _, _ in route_changes(fleet)), default=0)
-            from fleet.catalog.routes.store import Router
-
-            watch = Watch(fleet, Router(fleet["store"]).get(MODEL).stable)
-            loads = [Load(u, fleet["key"], rps=rps / 2, seed=100 * i) for i, u in enumerate(fleet["urls"])]
-            watch.start()
-            for load in loads:
-                load.start()
+            policy = {**FAST, "strategy": strategy} | ({"bake_s": bake_s} if strategy == "blue-green" else {})
             started = time.time()
-            try:
-                policy = {**FAST, "strategy": strategy}
-                if strategy == "blue-green":
-                    policy["bake_s"] = bake_s
-                state = canary_rollout(MODEL, version, **policy, return_state=True)
-            finally:
-                for load in loads:
-                    load.stop()
-                watch.stop.set()
-                watch.join(timeout=30)
+            state, loads, watch = rollout_watched(fleet, version, policy, rps)
             changes = [(r, t, why) for r, t, why in route_changes(fleet) if r > before]
             first = next(t for r, t, why in changes if "switch:" in why or "step 1/" in why)
             lags = sorted(watch.seen_at(u, r) - t for r, t, _ in changes for u in fleet["urls"])

@@ -145,6 +145,29 @@ class Watch(threading.Thread):
         return next(t for t, r in self.revisions[url] if r >= revision)
 
 
+def rollout_watched(fleet: dict, version: str, policy: dict, rps: float = 60.0) -> tuple[object, list[Load], Watch]:
+    """``canary_rollout`` of ``version`` with ``policy``, under ``rps`` of ``Load`` split over the
+    fleet's gateways (``fleet["urls"]``) and a ``Watch`` of the stable: (the Prefect state,
+    the loads, the watch)."""
+    from fleet.catalog.routes.store import Router
+    from flows.rollout import canary_rollout
+
+    watch = Watch(fleet, Router(fleet["store"]).get(MODEL).stable)
+    urls = fleet["urls"]
+    loads = [Load(url, fleet["key"], rps=rps / len(urls), seed=100 * i) for i, url in enumerate(urls)]
+    watch.start()
+    for load in loads:
+        load.start()
+    try:
+        state = canary_rollout(MODEL, version, **policy, return_state=True)
+    finally:
+        for load in loads:
+            load.stop()
+        watch.stop.set()
+        watch.join(timeout=30)
+    return state, loads, watch
+
+
 def route_changes(fleet: dict) -> list[tuple[int, float, str]]:
     """(revision, written at, reason) of every route change, oldest first."""
     from fleet.catalog.routes.store import Router

@@ -18,7 +18,7 @@ import pytest
 from fleet.catalog.registry import Registry, State
 from fleet.catalog.routes.store import Router
 from fleet.runtime.local import LocalRuntime
-from tests.rollout_env import FAST, MODEL, Load, Watch, route_changes, serving_fleet
+from tests.rollout_env import FAST, MODEL, Load, Watch, rollout_watched, route_changes, serving_fleet
 from tests.serving_env import FleetEnv
 
 PROPAGATION_TARGET_S = 1.0  # a route written -> every gateway serves it (README: the push's target)
@@ -38,24 +38,10 @@ def change(fleet: dict, text: str, after: float) -> tuple[int, float]:
     return revision, at
 
 
-def rollout(fleet: dict, version: str, bake_s: float, **extra: object) -> tuple[object, Load, Load, Watch]:
-    from flows.rollout import canary_rollout
-
-    blue = Router(fleet["store"]).get(MODEL).stable
-    watch = Watch(fleet, blue)
-    loads = [Load(url, fleet["key"], rps=30, seed=100 * i) for i, url in enumerate(fleet["urls"])]
-    watch.start()
-    for load in loads:
-        load.start()
-    try:
-        policy = {**FAST, "strategy": "blue-green", "bake_s": bake_s, **extra}
-        state = canary_rollout(MODEL, version, **policy, return_state=True)
-    finally:
-        for load in loads:
-            load.stop()
-        watch.stop.set()
-        watch.join(timeout=30)
-    return state, *loads, watch
+def rollout(fleet: dict, version: str, bake_s: float) -> tuple[object, Load, Load, Watch]:
+    policy = {**FAST, "strategy": "blue-green", "bake_s": bake_s}
+    state, (load_a, load_b), watch = rollout_watched(fleet, version, policy)
+    return state, load_a, load_b, watch
 
 
 def assert_switch_reached_every_gateway(fleet: dict, watch: Watch, revision: int, at: float) -> None:

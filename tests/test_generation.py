@@ -445,7 +445,10 @@ def test_a_callers_short_timeout_cut_mid_answer_is_never_the_versions_failure(fl
         assert r.status_code == 200 and r.headers["x-fleet-model-version"] == "1.1.0", r.text
 
 
-WRITE_S = 6.0  # the second gateway's stream_write_s
+# the second gateway's stream_write_s: long enough that the stalled streams are seen holding no
+# slot before the first of them is cut (at 6 s a starved machine could cut all four between
+# two looks of the test, which then never saw the stall it asserts on)
+WRITE_S = 15.0
 
 
 @pytest.fixture(scope="module")

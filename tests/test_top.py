@@ -29,8 +29,8 @@ from fleet.catalog.registry import Registry, VersionMetadata
 from fleet.catalog.rollouts import Phase, RolloutState, StepReport
 from fleet.catalog.routes.store import Router
 from fleet.catalog.tenants import Quota, Tenants
-from fleet.cli.top import FleetReader
 from fleet.cli.top_merge import Gateway, merge
+from fleet.cli.top_read import FleetReader
 from fleet.cli.top_text import COLUMNS, cells, num, sort_rows
 from fleet.gateway.stats import HORIZON_S
 from fleet.gateway.telemetry import Telemetry

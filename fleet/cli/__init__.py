@@ -41,8 +41,8 @@ except ImportError:  # pragma: no cover - a typer on plain click
 
 app = typer.Typer(
     name="fleet",
-    help="Run an ML serving fleet: registry, routing, tenants, policies, packaging, serving, canary rollouts, "
-    "monitoring and retraining, and the production placement plan.",
+    help="Run an ML serving fleet: registry, routing, tenants, policies, packaging, serving, canary and blue-green "
+    "rollouts, a live view (fleet top), monitoring and retraining, and the production placement plan.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # plain click help: no boxes, no "<bool>" type column, fits 80 columns

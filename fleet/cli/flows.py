@@ -255,7 +255,7 @@ def approve_cmd(
     note: Annotated[str, typer.Option(help="Why, for the record.")] = "",
     json: JsonFlag = False,
 ) -> None:
-    """Answer a rollout that waits for approval before 100 %."""
+    """Answer a rollout that waits for approval before 100 % (blue-green: before the switch)."""
     from prefect.flow_runs import resume_flow_run
 
     from fleet import audit, records

@@ -3,10 +3,14 @@ the head line, the panels' lines and a version's detail (``fleet.cli.top_merge``
 
 from __future__ import annotations
 
-from fleet.cli.top_merge import FleetTop, Row
+from typing import TYPE_CHECKING
+
 from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, OUTPUT_TOKEN_BUCKETS
 
-SORTS = ("model", "rps", "errors", "p99", "queue")
+if TYPE_CHECKING:  # numpy comes with the merge: `fleet top` imports it when it runs, no command before
+    from fleet.cli.top_merge import FleetTop, Row
+
+SORTS = ("model", "rps", "errors", "p99", "queue")  # the orders of the versions, `s` cycles them
 
 
 def sort_rows(rows: list[Row], by: str) -> list[Row]:
