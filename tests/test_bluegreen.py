@@ -103,6 +103,16 @@ def test_the_executor_starts_green_at_blues_replica_count_and_keeps_blue_whole(w
     assert r.retire_previous(state) and (MODEL, "1.0.0") not in runtime.running  # ... then stopped
 
 
+def test_blue_scaled_out_since_the_rollout_began_is_never_scaled_in_by_it(world: dict) -> None:  # noqa: F811
+    r, runtime = world["rollout"], world["runtime"]
+    runtime.running[MODEL, "1.0.0"] = 2
+    r.policy = r.policy.model_copy(update={"strategy": "blue-green", "bake_s": 60.0})
+    state = r.run_preflight(r.begin(MODEL, "1.1.0", "run-1"))
+    runtime.running[MODEL, "1.0.0"] = 4  # the autoscaler added two meanwhile
+    r.deploy(state)
+    assert runtime.running[MODEL, "1.0.0"] == 4 and runtime.running[MODEL, "1.1.0"] == 2
+
+
 def test_the_executor_switches_back_and_stops_green_on_a_breach(world: dict) -> None:  # noqa: F811
     r, runtime, router = world["rollout"], world["runtime"], world["router"]
     runtime.running[MODEL, "1.0.0"] = 2

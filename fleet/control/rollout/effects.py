@@ -167,8 +167,9 @@ class Rollout:
         capacity while green serves everything (KEDA would otherwise scale it down as its
         traffic left) and a switch back lands on replicas already running."""
         try:
-            if state.strategy == "blue-green":
-                self.runtime.deploy(state.model, state.champion, state.replicas)
+            if state.strategy == "blue-green":  # never fewer than run now: a deploy sets the count
+                blue = max(state.replicas, self._replicas(state.model, state.champion))
+                self.runtime.deploy(state.model, state.champion, blue)
             self.runtime.deploy(state.model, state.version, state.replicas)
         except FleetError as exc:
             return self._act(state, Deployed(self.clock(), failed=str(exc)))
