@@ -71,7 +71,7 @@ def deploy(rollout: Rollout, state: RolloutState) -> RolloutState:
 
 def _deploy_name(state: RolloutState) -> str:
     if state.strategy == "blue-green":
-        return f"deploy green {state.version} x{state.replicas} (blue {state.champion} held at x{state.replicas})"
+        return f"deploy green {state.version} x{state.replicas} (blue {state.champion} held)"
     return f"deploy canary {state.version}"
 
 

@@ -151,9 +151,12 @@ def run_fixed(stream: Stream, policy: RolloutPolicy) -> Result:
             t, kc, ks = t + tick, kc + c, ks + s
             canary = stream.canary.window("canary", kc0, kc, t0, t)
             stable = stream.stable.window("stable", ks0, ks, t0, t)
-            if weight == 100 and baseline is not None:
+            alone = weight == 100 and baseline is not None
+            if alone:
                 stable = baseline  # nothing is served by stable at 100 %
-            verdict = judge(stable, canary, policy, step_started=t0)
+            # as the rollout judges it (fleet.control.rollout.reading.judge_tick): against another
+            # time's traffic, with the bake's latency floor and no prediction comparison
+            verdict = judge(stable, canary, policy, step_started=t0, concurrent=not alone)
             if verdict.outcome == "rollback":
                 deadline = [g.gate for g in verdict.breaches] == ["deadline"]
                 return Result("rollback", t, kc, int(stream.canary.err[kc]), deadline)
@@ -241,8 +244,9 @@ class Estimate:
 
 
 NOT_SIMULATED = (
-    "the shadow phase, approval, the stable's traffic before the rollout and a generation's own gates "
-    "(time per token, output lengths, exact match) are not simulated; latency is lognormal around 10 ms"
+    "the shadow phase, approval, a canary's stable traffic before the rollout (a blue-green bake's "
+    "baseline is simulated) and a generation's own gates (time per token, output lengths, exact match) "
+    "are not simulated; latency is lognormal around 10 ms"
 )
 
 

@@ -56,9 +56,11 @@ class _Buffer:
 BUFFER = _Buffer()
 
 
-class _Split(logging.Handler):
+class QuietRoot(logging.Handler):
     """On the root logger: a record of the fleet's own at WARNING or above goes to stderr as
-    Python prints it without a handler (the message alone); any other record is kept."""
+    Python prints it without a handler (the message alone); any other record is kept. Its name
+    has no leading underscore on purpose: Prefect's ``setup_logging`` replaces a root whose
+    handlers all have one (it takes them for Python's defaults), which would undo this."""
 
     def __init__(self) -> None:
         super().__init__(logging.NOTSET)
@@ -131,7 +133,7 @@ def install() -> None:
         return
     _installed = True
     logging.captureWarnings(True)
-    logging.root.addHandler(_Split())
+    logging.root.addHandler(QuietRoot())
     _take_console_handlers()  # libraries imported already
     waiting = tuple(n for n in _OWN_HANDLERS if n not in sys.modules)
     if waiting:

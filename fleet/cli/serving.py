@@ -178,6 +178,7 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
     from fleet.catalog.routes.table import RouteTable
     from fleet.cli.doctor import skipped
     from fleet.control.doctor import scan
+    from fleet.errors import IntegrityError
     from fleet.logs.activity import last_requests
 
     reg = registry()
@@ -200,7 +201,10 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
             tables[mv.model] = RouteTable(model=mv.model) if key in unreadable else router.get(mv.model)
         t = tables[mv.model]
         if mv.model not in rollouts:
-            rollouts[mv.model] = records.load_or_none(reg.store, state_key(mv.model), RolloutState)[0]
+            try:
+                rollouts[mv.model] = records.load_or_none(reg.store, state_key(mv.model), RolloutState)[0]
+            except IntegrityError:  # a bad rollout record is fleet doctor's to name, never this table's end
+                rollouts[mv.model] = None
         rolling = rollouts[mv.model]
         role = []
         if t.stable == mv.version:

@@ -286,9 +286,9 @@ def admin_routes(
     async def fleet_top(request: Request) -> Response:
         q = request.query_params
         window, n = q.get("window_s", "10"), q.get("tenants", "10")
-        if not (window.isascii() and window.isdigit()) or not 1 <= int(window) <= TOP_WINDOW_S:
+        if not (window.isascii() and window.isdigit() and len(window) <= 3) or not 1 <= int(window) <= TOP_WINDOW_S:
             raise MalformedBody(f"window_s {window[:20]!r} is not a whole number of seconds from 1 to {TOP_WINDOW_S}")
-        if not (n.isascii() and n.isdigit()) or not 0 <= int(n) <= TOP_TENANTS:
+        if not (n.isascii() and n.isdigit() and len(n) <= 3) or not 0 <= int(n) <= TOP_TENANTS:
             raise MalformedBody(f"tenants {n[:20]!r} is not a whole number from 0 to {TOP_TENANTS}")
         match = q.get("match", "")  # only models whose name holds it
         if len(match) > 128:

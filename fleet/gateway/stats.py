@@ -56,8 +56,10 @@ class _Series:
         i = sec % HORIZON_S
         slot = self.slots[i]
         if self.seconds[i] != sec or slot is None:
-            self.seconds[i] = sec
+            # the slot before its second: a reader in another thread (fleet.gateway.top) that sees
+            # the new second never pairs it with the slot of 15 minutes before
             slot = self.slots[i] = [0] * _WIDTH
+            self.seconds[i] = sec
         return slot
 
 

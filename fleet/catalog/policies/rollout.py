@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fleet.catalog.policies.spec import Fraction, Spec, Steps
 
@@ -60,6 +60,17 @@ class RolloutPolicy(Spec):
     max_false_rollback_rate: float = Field(0.01, gt=0.0, lt=0.5)  # sequential: of a canary no worse than stable
     power: float = Field(0.8, gt=0.5, lt=1.0)  # sequential: of not promoting a canary exactly at a margin
     expected_rps: float | None = Field(None, gt=0.0)  # the model's traffic, for `fleet rollout --dry-run`
+
+    @model_validator(mode="after")
+    def _bake_within_deadline(self) -> RolloutPolicy:
+        # a bake may not promote before bake_s and a step still undecided at hold_deadline_s
+        # rolls back: a bake as long as the deadline would switch back a good green as undecided
+        if self.strategy == "blue-green" and self.bake_s >= self.hold_deadline_s:
+            raise ValueError(
+                f"bake_s {self.bake_s:g} is not below hold_deadline_s {self.hold_deadline_s:g}; expected a "
+                "blue-green bake shorter than the deadline by which a step must be decided"
+            )
+        return self
 
 
 def judged(policy: RolloutPolicy, strategy: str) -> RolloutPolicy:
