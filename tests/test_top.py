@@ -293,6 +293,9 @@ def test_admin_top_answers_every_model_with_the_scoped_stats_credential(fleet) -
     bad = httpx.get(f"{fleet.url}/admin/top", params={"window_s": 61}, headers=auth)
     assert bad.status_code == 400 and "from 1 to 60" in bad.text
     assert httpx.get(f"{fleet.url}/admin/top", params={"window_s": "²"}, headers=auth).status_code == 400
+    for hostile in ({"window_s": "9" * 5000}, {"tenants": "9" * 5000}, {"tenants": 51}, {"match": "m" * 129}):
+        r = httpx.get(f"{fleet.url}/admin/top", params=hostile, headers=auth)  # refused, never a 500
+        assert r.status_code == 400, (list(hostile), r.status_code, r.text[:200])
     assert httpx.get(f"{fleet.url}/admin/top").status_code == 401
     other = gateway_directory.credential(ADMIN_TOKEN, "refresh", fleet.gateway)  # another purpose's
     assert httpx.get(f"{fleet.url}/admin/top", headers={"Authorization": other}).status_code == 401
