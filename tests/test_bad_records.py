@@ -110,9 +110,11 @@ def test_listing_commands_skip_and_name_bad_records_and_doctor_lists_what_to_do(
     tenants = fleet(env, "tenants", "list", "--json")
     assert tenants.returncode == 0, tenants.stderr
     assert [t["name"] for t in json.loads(tenants.stdout)] == ["apps"]
+    env.store.put(f"rollouts/{MODEL}.json", b'{"model": "not a rollout"')  # a torn rollout record
     status = fleet(env, "status", "--json")
     assert status.returncode == 0, status.stderr
     assert ROUTE in status.stderr and TENANT in status.stderr
+    env.store.delete(f"rollouts/{MODEL}.json")
     found = fleet(env, "doctor", "--json")
     assert found.returncode == 1  # bad records remain
     report = {f["key"]: f for f in json.loads(found.stdout)}
