@@ -71,14 +71,16 @@ class FleetEnv:
 
         from typer.testing import CliRunner
 
-        from fleet.cli import app, hoist_global_options
+        from fleet.cli import _keep_libraries_quiet, app, hoist_global_options
 
         changed = {k: v for k, v in self.env.items() if os.environ.get(k) != v}
         store_log = logging.getLogger("fleet.store")
         with _IN_PROCESS, _working_folder(self.root):
             muted = store_log.disabled  # the CLI mutes the store's logger for its own output
             try:
-                result = CliRunner().invoke(app, hoist_global_options(list(args)), env=changed)
+                hoisted = hoist_global_options(list(args))
+                _keep_libraries_quiet(hoisted)  # as main() does: whether torch was imported before is not the test's
+                result = CliRunner().invoke(app, hoisted, env=changed)
             finally:
                 store_log.disabled = muted
         detail = result.stderr or result.output
