@@ -44,11 +44,10 @@ WITHIN_S = 10.0  # the most any test waits for something that should take millis
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """A moto S3 server on a free port of 127.0.0.1, stopped when the session ends."""
-    from moto.server import ThreadedMotoServer
+    from tests.moto_s3 import start_server
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    server = start_server()  # with S3's atomic conditional writes (tests/moto_s3.py)
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
     previous = os.environ.get("AWS_ENDPOINT_URL_S3")

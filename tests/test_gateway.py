@@ -394,10 +394,10 @@ def test_a_failed_request_is_logged_with_its_status_and_no_prediction(env) -> No
 
 def test_the_store_going_down_leaves_the_gateway_serving_from_the_last_good_state(env, monkeypatch) -> None:
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    from tests.moto_s3 import start_server
+
+    server = start_server()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
     try:

@@ -107,6 +107,37 @@ def test_racing_conditional_updates_lose_nothing(store_url: str) -> None:
     assert len(counter["writers"]) == 2 * times
 
 
+def test_of_writers_racing_on_one_etag_exactly_one_wins(store: ObjectStore) -> None:
+    """S3's conditional writes are atomic: eight writers that read the same ETag each PUT with
+    ``If-Match`` at once, and exactly one is accepted, round after round. moto needs
+    ``tests/moto_s3.py`` for that: it checks the ETag, then writes; with its write slowed by 5 ms,
+    three of eight writers won the first round without the lock, one with it."""
+    import threading
+
+    etag = store.put("race/one.json", b"0")
+    for round_ in range(1, 21):
+        barrier, won, lock = threading.Barrier(8), [], threading.Lock()
+
+        def write(n: int, etag: str = etag, round_: int = round_, barrier=barrier, won=won, lock=lock) -> None:  # noqa: ANN001
+            barrier.wait()
+            try:
+                written = store.put("race/one.json", f"{round_}:{n}".encode(), if_match=etag)
+            except PreconditionFailed:
+                return
+            with lock:
+                won.append((n, written))
+
+        threads = [threading.Thread(target=write, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(won) == 1, f"round {round_}: {len(won)} writers won with the same If-Match"
+        current = store.get("race/one.json")
+        assert current.data == f"{round_}:{won[0][0]}".encode() and current.etag == won[0][1]
+        etag = current.etag
+
+
 def test_file_store_hides_its_own_files_and_leaves_no_temp_files(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     store.put("a/b", b"x", if_none_match=True)
