@@ -79,6 +79,8 @@ def _tick_name(state: RolloutState) -> str:
     """The next tick's name in the run graph: the phase it judges."""
     if state.phase == Phase.STEP:
         return f"step {state.step + 1} at {state.weight:g}% tick"
+    if state.waiting:
+        return f"{state.champion}'s baseline tick"
     return f"{state.phase} tick"
 
 
@@ -190,7 +192,7 @@ def canary_rollout(model: str, version: str, **policy_overrides: Any) -> State:
                     logger.warning("prefetch of %s:%s's artifact failed: %s", model, version, exc)
             if state.phase == Phase.DEPLOY:
                 state = deploy.with_options(task_run_name=_deploy_name(state))(rollout, state)
-            while state.phase in (Phase.SHADOW, Phase.STEP, Phase.BAKE, Phase.APPROVAL):
+            while state.phase in (Phase.SHADOW, Phase.STEP, Phase.BAKE, Phase.APPROVAL) or state.waiting:
                 if state.phase == Phase.APPROVAL:
                     before = "the switch" if state.strategy == "blue-green" else "100%"
                     logger.info("waiting for approval before %s: fleet approve %s", before, model)

@@ -51,6 +51,25 @@ def test_green_takes_everything_in_one_switch_bakes_its_whole_window_then_is_pro
     assert [r.phase for r in t.state.reports] == ["bake"]
 
 
+def test_green_waits_unrouted_until_blue_served_enough_to_judge_it_against() -> None:
+    """The bake is judged against blue's traffic before the switch, all the reference there is:
+    with too little of it (150 requests in 300 s where the p99 gate needs 299) green would stay
+    undecided to its deadline at 100 %. So it waits ready and unrouted, blue serving everything,
+    and switches once blue's traffic is enough. (The end-to-end test found it: load that began
+    with the rollout gave blue 224 requests, and green was switched back 93 s into an 8 s bake.)"""
+    run = Run(bg(), rps=0.5)
+    run.begin()
+    run.do(Checked(PASS, registered=True))
+    t = run.do(Deployed(run.now, baseline=run._baseline()))
+    assert t.state.waiting and events(t) == ["deployed", "waiting-for-baseline"] and run.route.canary is None
+    t = run.tick()
+    assert t.state.waiting and t.actions == () and run.route.canary is None  # nothing stored again meanwhile
+    run.rps = 40.0
+    t = run.tick()
+    assert t.state.phase == Phase.BAKE and events(t) == ["switched"] and run.route.weight == 100.0
+    assert t.state.baseline["requests"] >= 299
+
+
 def test_a_breach_during_the_bake_switches_back_to_blue_at_once() -> None:
     run = Run(bg(), canary=Traffic(errors=0.2))
     run.to_first_arm()

@@ -267,18 +267,53 @@ def test_a_rollout_straight_to_100_is_judged_against_the_stables_recent_traffic(
     assert (again.phase, again.run_id) == ("promoted", "run-1")
 
 
-def test_a_baseline_that_cannot_be_read_does_not_stop_the_rollout(world: dict) -> None:
-    """Straight to 100 % with the gateways' metrics down: the step begins without the stable's
-    earlier traffic (a warning, not a failed flow), and holds while nothing can be read."""
-    r, metrics = world["rollout"], world["metrics"]
+def test_a_baseline_that_cannot_be_read_holds_the_step_to_100_until_it_can(world: dict) -> None:
+    """Straight to 100 % with the gateways' metrics down: the stable's traffic before is all a
+    100 % step can be judged against (nothing serves beside it), so the version waits ready and
+    unrouted — a warning, not a failed flow, and no traffic moved — until it can be read."""
+    r, metrics, router = world["rollout"], world["metrics"], world["router"]
     r.policy = r.policy.model_copy(update={"steps": [100]})
     state = r.run_preflight(r.begin(MODEL, "1.1.0", "run-1"))
     metrics.unavailable = "gateway down"
     state = r.deploy(state)
-    assert state.phase == "step" and state.weight == 100 and state.baseline is None
+    assert state.waiting and state.ready_at is not None and router.get(MODEL).canary is None
+    assert world["events"][-1] == "fleet.rollout.waiting-for-baseline"
     world["clock"].now += 60
     state, verdict = r.tick(state)
-    assert verdict is None and state.phase == "step"  # held: no data is not bad data
+    assert verdict is None and state.waiting and router.get(MODEL).canary is None  # held: no data is not bad data
+    metrics.unavailable = None
+    traffic(world, {"1.0.0": (20, 0, 10)})  # 1,200 of the stable's requests to judge against
+    state, _ = r.tick(state)
+    assert (state.phase, state.weight) == ("step", 100.0) and state.baseline["requests"] == 1200
+    assert router.get(MODEL).canary.weight == 100
+
+
+def test_a_step_to_100_without_enough_baseline_by_its_deadline_moves_no_traffic(world: dict) -> None:
+    """A stable too quiet to judge a 100 % step against (fewer requests in the 5 minutes before
+    than the p99 gate needs: 299 at 95 %): the version waits, then at ``hold_deadline_s`` is
+    rolled back without a request having been routed to it."""
+    r, router = world["rollout"], world["router"]
+    r.policy = r.policy.model_copy(update={"steps": [100]})
+
+    def quiet() -> None:  # a request every other second: 150 in any 300 s
+        traffic(world, {"1.0.0": (1, 0, 10)}, seconds=30)
+        world["clock"].now += 30
+
+    for _ in range(5):
+        quiet()
+    state = r.deploy(r.run_preflight(r.begin(MODEL, "1.1.0", "run-1")))
+    assert state.waiting and router.get(MODEL).canary is None
+    for _ in range(9):  # 540 s of the 600 s deadline
+        quiet()
+        state, _ = r.tick(state)
+        assert state.waiting, state.reason
+    quiet()
+    state, _ = r.tick(state)
+    assert state.phase == "rolled_back" and state.breached == ["baseline"]
+    assert "served 150 requests" in state.reason and "299 are needed" in state.reason, state.reason
+    assert "no traffic was moved" in state.reason
+    assert all(e.after is None or e.after.get("canary") is None for e in router.history(MODEL) if e.kind == "route")
+    assert (MODEL, "1.1.0") not in world["runtime"].running
 
 
 def stored(w: dict) -> RolloutState:

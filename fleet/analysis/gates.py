@@ -140,6 +140,13 @@ def error_rate(stable: ArmWindow, canary: ArmWindow, n: int, margin: float, alph
     )
 
 
+def stable_needed(n: int, alpha: float) -> int:
+    """The stable requests the latency gates wait for: the limit is ``max_ratio`` x the stable
+    p99, so that p99 must be known well enough — with fewer than log(alpha)/log(0.99) requests
+    even their maximum may sit below it. (The other gates wait for ``min_samples``.)"""
+    return max(n, math.ceil(math.log(alpha) / math.log(_Q)))
+
+
 def latency(
     stable: ArmWindow,
     canary: ArmWindow,
@@ -156,9 +163,7 @@ def latency(
     baseline from another time (the 100 % step) a request is slow only above it too."""
     hc, hs = np.asarray(getattr(canary, field)), np.asarray(getattr(stable, field))
     nc, ns = int(hc.sum()), int(hs.sum())
-    # the limit is max_ratio x the stable p99, so the stable p99 must be known well enough:
-    # with fewer than log(alpha)/log(0.99) requests even their maximum may sit below it
-    ns_needed = max(n, math.ceil(math.log(alpha) / math.log(_Q)))
+    ns_needed = stable_needed(n, alpha)
     if nc < n or ns < ns_needed:
         return GateResult(
             gate,

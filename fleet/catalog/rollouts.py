@@ -80,6 +80,9 @@ class RolloutState(BaseModel):
     ticked_at: float = 0.0  # the whole second up to which both arms were read
     replicas: int = 1  # the new version's replicas (blue-green: the stable's count when it began)
     switched_at: float | None = None  # blue-green: when 100 % went to green (the rollout clock)
+    # deployed and ready, no traffic yet: a first step at 100 % (blue-green's switch) waits until
+    # the stable's traffic before it is enough to judge the new version against (``waiting``)
+    ready_at: float | None = None
     preflight: list[dict[str, str]] = []
     reason: str = ""
     breached: list[str] = []
@@ -89,6 +92,11 @@ class RolloutState(BaseModel):
     @property
     def done(self) -> bool:
         return self.phase in TERMINAL
+
+    @property
+    def waiting(self) -> bool:
+        """Ready, unrouted, and waiting for the stable's baseline before its first step (at 100 %)."""
+        return self.phase == Phase.DEPLOY and self.ready_at is not None
 
 
 def state_key(model: str) -> str:

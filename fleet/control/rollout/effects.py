@@ -177,8 +177,9 @@ class Rollout:
         return self._act(state, Deployed(now, baseline=self._baseline(state, now)))
 
     def tick(self, state: RolloutState) -> tuple[RolloutState, Verdict | None]:
-        """Judge the current step's traffic so far and act on the verdict."""
-        if state.phase not in JUDGED:
+        """Judge the current step's traffic so far and act on the verdict (or, ``waiting``, read
+        the stable's baseline again)."""
+        if state.phase not in JUDGED and not state.waiting:
             return state, None
         route = route_of(self.router.get(state.model))
         now = self.clock()

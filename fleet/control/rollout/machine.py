@@ -26,158 +26,56 @@ without overwriting anyone's route.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
-from datetime import datetime
+from dataclasses import asdict
 from typing import Any
 
 from fleet.analysis.canary import Verdict
 from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.catalog.rollouts import JUDGED, Phase, RolloutState, StepReport
 from fleet.catalog.routes.table import Canary, Shadow
-from fleet.control.rollout.reading import judge_tick
+from fleet.control.rollout.protocol import (
+    Action,
+    Answered,
+    Begin,
+    Checked,
+    Deployed,
+    Emit,
+    Looked,
+    Observation,
+    Promoting,
+    Reject,
+    RollBack,
+    Route,
+    RouteMoved,
+    Save,
+    SetRoute,
+    Transition,
+)
+from fleet.control.rollout.reading import BASELINE_S, judge_tick, larger, reference_short
 from fleet.errors import Conflict, InvalidInput
 from fleet.types import ArmWindow
 
-# -- observations: what the executor saw ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Route:
-    """The model's route table, as far as a rollout cares (``effects.route_of`` reads one)."""
-
-    stable: str | None
-    canary: str | None = None
-    weight: float = 0.0  # the canary's
-    shadow: str | None = None
-    revision: int = 0
-    updated_by: str | None = None
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class Begin:
-    """A run asks to roll ``version`` out; ``step`` gets the stored state (or None) with it."""
-
-    model: str
-    version: str
-    run_id: str
-    now: float  # the rollout clock
-    at: datetime  # the wall clock, for started_at
-    route: Route
-    running: bool | None = None  # for a resumed rollout: does the canary still run? (None: not looked)
-    strategy: str = "canary"  # the policy's, for a new rollout
-    replicas: int = 1  # the new version's: blue-green starts green at the stable's count
-
-
-@dataclass(frozen=True)
-class Checked:
-    """Preflight's checks (``fleet.control.rollout.preflight.checks``), in order."""
-
-    checks: tuple[Mapping[str, str], ...]
-    registered: bool  # the candidate is ``registered``: a refusal marks it ``rejected``
-
-
-@dataclass(frozen=True)
-class Deployed:
-    """The canary's deploy ended: ready, or ``failed`` says why not."""
-
-    now: float
-    failed: str | None = None  # why it did not start; None: it is ready
-    baseline: ArmWindow | None = None  # when ``needs`` asked for it
-
-
-@dataclass(frozen=True)
-class Looked:
-    """One analysis tick: the route, and the windows ``needs`` named (or why they are unreadable)."""
-
-    now: float
-    route: Route
-    canary: ArmWindow | None = None
-    stable: ArmWindow | None = None
-    unavailable: str | None = None  # the metrics could not be read: why (no data is not bad data)
-    baseline: ArmWindow | None = None
-
-
-@dataclass(frozen=True)
-class Answered:
-    """An approver's answer to the pause before 100 %."""
-
-    now: float
-    approved: bool
-    by: str
-    note: str = ""
-    baseline: ArmWindow | None = None
-
-
-@dataclass(frozen=True)
-class Promoting:
-    """The flow asks to promote; the route says whether a shadow is still to be removed."""
-
-    route: Route
-
-
-@dataclass(frozen=True)
-class RouteMoved:
-    """A route change found the route no longer as the rollout left it."""
-
-    route: Route
-
-
-Observation = Begin | Checked | Deployed | Looked | Answered | Promoting | RouteMoved
-
-# -- actions: what the executor does, in order ----------------------------------------------
-
-
-@dataclass(frozen=True)
-class Save:
-    """Write ``state`` (conditionally on the ETag this run last read or wrote)."""
-
-    state: RolloutState
-
-
-@dataclass(frozen=True)
-class SetRoute:
-    """Set ``fields`` of the route table, only if its stable is ``expect_stable`` and its
-    canary ``expect_canary`` (the route as the rollout left it); else ``RouteMoved``."""
-
-    why: str
-    fields: Mapping[str, Any]
-    expect_stable: str
-    expect_canary: str | None
-
-
-@dataclass(frozen=True)
-class RollBack:
-    """Traffic back on the champion (canary and shadow removed if they are this version),
-    the version ``rejected``, then its process undeployed once nothing routes to it."""
-
-    reason: str
-    breached: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Reject:
-    """Mark the (registered) version ``rejected`` in the registry."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Emit:
-    event: str  # fleet.rollout.<name>
-    payload: Mapping[str, Any]
-
-
-Action = Save | SetRoute | RollBack | Reject | Emit
-
-
-@dataclass(frozen=True)
-class Transition:
-    state: RolloutState | None  # None: nothing stored yet and nothing to store
-    actions: tuple[Action, ...] = ()
-    verdict: Verdict | None = None  # a tick's verdict, for the flow's report
-
+# what the machine takes and gives, importable from here as before
+__all__ = [
+    "Action",
+    "Answered",
+    "Begin",
+    "Checked",
+    "Deployed",
+    "Emit",
+    "Looked",
+    "Observation",
+    "Promoting",
+    "Reject",
+    "RollBack",
+    "Route",
+    "RouteMoved",
+    "Save",
+    "SetRoute",
+    "Transition",
+    "schedule",
+    "step",
+]
 
 # -- the transitions ------------------------------------------------------------------------
 
@@ -299,6 +197,10 @@ def _next_step(
     if index >= len(steps):
         return Transition(_save(acts, state, phase=Phase.PROMOTE), tuple(acts))
     weight = float(steps[index])
+    if index == 0 and weight >= 100:
+        baseline = larger(state.baseline, baseline)
+        if state.phase != Phase.APPROVAL and (short := reference_short(policy, baseline)):
+            return _wait_for_baseline(state, policy, now, baseline, short, acts)
     if weight >= 100 and policy.manual_approval and state.phase != Phase.APPROVAL:
         state = _save(acts, state, phase=Phase.APPROVAL)
         acts.append(_event("awaiting-approval", state))
@@ -323,6 +225,29 @@ def _next_step(
     return Transition(state, tuple(acts))
 
 
+def _wait_for_baseline(
+    state: RolloutState, policy: RolloutPolicy, now: float, baseline: ArmWindow | None, short: int, acts: list[Action]
+) -> Transition:
+    """A first step at 100 % with too little of the stable's traffic before it to judge the
+    new version against: wait ready and unrouted (the stable serves everything meanwhile)
+    until there is enough, or roll back at the deadline without having moved any traffic."""
+    have = baseline.requests if baseline is not None else 0
+    since = state.ready_at if state.ready_at is not None else now
+    if now - since >= policy.hold_deadline_s:
+        reason = (
+            f"no baseline: {state.champion} served {have} requests in the {BASELINE_S} s before, {have + short} are "
+            f"needed to judge {state.version} at 100 % (min_samples, and its p99 at gates.confidence); none came "
+            f"within hold_deadline_s ({policy.hold_deadline_s:g} s) and no traffic was moved"
+        )
+        return _rollback(state, reason, ["baseline"], acts)
+    if state.waiting:
+        return Transition(state)  # waiting still: nothing new to store
+    state = _save(acts, state, phase=Phase.DEPLOY, ready_at=since)
+    why = f"{state.champion} served {have} requests in the {BASELINE_S} s before: {short} more needed"
+    acts.append(_event("waiting-for-baseline", state, reason=why))
+    return Transition(state, tuple(acts))
+
+
 def schedule(state: RolloutState, policy: RolloutPolicy) -> tuple[float, ...]:
     """The weights the new version serves in turn: the policy's steps, or blue-green's one switch
     (by the strategy the rollout began with: a resumed run keeps it whatever the policy says now)."""
@@ -331,6 +256,8 @@ def schedule(state: RolloutState, policy: RolloutPolicy) -> tuple[float, ...]:
 
 def _tick(state: RolloutState, obs: Looked, policy: RolloutPolicy, acts: list[Action]) -> Transition:
     """Judge the current step's traffic so far and act on the verdict."""
+    if state.waiting:  # for the stable's baseline: switch (or step to 100 %) once it is enough
+        return _next_step(state, policy, obs.now, obs.baseline, acts)
     if state.phase not in JUDGED:
         return Transition(state)
     route, version = obs.route, state.version

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, replace
 
 from fleet.analysis import sequential
 from fleet.analysis.canary import Verdict, judge
+from fleet.analysis.gates import stable_needed
 from fleet.analysis.sources import empty_window, sum_windows
 from fleet.catalog.policies.rollout import RolloutPolicy, judged
 from fleet.catalog.rollouts import JUDGED, SERVING, Phase, RolloutState, arm_window
@@ -59,16 +60,32 @@ def needs(state: RolloutState, policy: RolloutPolicy, now: float) -> Needs:
 
 
 def _may_begin_steps(state: RolloutState, policy: RolloutPolicy, now: float) -> bool:
-    """Whether the observation may take the rollout to its first weight step."""
+    """Whether the observation may take the rollout to its first weight step (a first step at
+    100 % reads the baseline before it asks for approval: ``reference_short``)."""
     if state.step != -1:
         return False
-    first = 100.0 if state.strategy == "blue-green" else policy.steps[0]
-    paused = first >= 100 and policy.manual_approval  # the first step (or the switch) waits for approval
     if state.phase == Phase.DEPLOY:
-        return not (policy.shadow_percent > 0 and policy.shadow_duration_s > 0) and not paused
+        return state.waiting or not (policy.shadow_percent > 0 and policy.shadow_duration_s > 0)
     if state.phase == Phase.SHADOW:
-        return now - state.step_started >= policy.shadow_duration_s and not paused
+        return now - state.step_started >= policy.shadow_duration_s
     return state.phase == Phase.APPROVAL
+
+
+def reference_short(policy: RolloutPolicy, baseline: ArmWindow | None) -> int:
+    """How many more of the stable's requests before the rollout a first step at 100 % (the
+    blue-green switch) needs to be judged at all: nothing serves on the stable beside it, so
+    the baseline is all the reference there is, and one short of the gates' needs would keep
+    the step undecided until its deadline (0: enough)."""
+    need = stable_needed(policy.min_samples, 1.0 - policy.gates.confidence)
+    return max(0, need - (baseline.requests if baseline is not None else 0))
+
+
+def larger(kept: dict | None, read: ArmWindow | None) -> ArmWindow | None:
+    """The stored baseline or the one just read, whichever saw more requests."""
+    stored = arm_window(kept) if kept else None
+    if stored is None or (read is not None and read.requests >= stored.requests):
+        return read
+    return stored
 
 
 def tick_span(state: RolloutState, now: float) -> tuple[int, int]:
