@@ -278,6 +278,7 @@ def test_a_baseline_that_cannot_be_read_holds_the_step_to_100_until_it_can(world
     state = r.deploy(state)
     assert state.waiting and state.ready_at is not None and router.get(MODEL).canary is None
     assert world["events"][-1] == "fleet.rollout.waiting-for-baseline"
+    assert state.shown == "deploy (waiting for the stable's baseline)"  # as fleet status and top show it
     world["clock"].now += 60
     state, verdict = r.tick(state)
     assert verdict is None and state.waiting and router.get(MODEL).canary is None  # held: no data is not bad data

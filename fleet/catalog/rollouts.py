@@ -98,6 +98,11 @@ class RolloutState(BaseModel):
         """Ready, unrouted, and waiting for the stable's baseline before its first step (at 100 %)."""
         return self.phase == Phase.DEPLOY and self.ready_at is not None
 
+    @property
+    def shown(self) -> str:
+        """The phase as the CLI shows it."""
+        return "deploy (waiting for the stable's baseline)" if self.waiting else self.phase.value
+
 
 def state_key(model: str) -> str:
     return f"rollouts/{model}.json"

@@ -234,10 +234,10 @@ def _follow(model: str, version: str, flow_run_id: Any, warm_s: float, *, quiet:
         stored, _ = records.load_or_none(store, state_key(model), RolloutState)
         if stored is not None and stored.version == version and stored.run_id == str(flow_run_id):
             last = stored.reports[-1] if stored.reports else None
-            now = (stored.phase, stored.weight, last.ticks if last else 0)
+            now = (stored.shown, stored.weight, last.ticks if last else 0)
             if now != seen and not quiet:
                 verdict = f" — {last.summary}" if last and last.summary else ""
-                err_console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {stored.phase} {stored.weight:g}%{verdict}")
+                err_console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {stored.shown} {stored.weight:g}%{verdict}")
             seen = now
             if stored.phase == "promoted" and state not in FINAL:
                 warm = (

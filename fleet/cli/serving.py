@@ -216,7 +216,7 @@ def status_cmd(policies: PoliciesOpt = DEFAULT_POLICIES, json: JsonFlag = False)
         role += [f"pin {tenant}" for tenant, v in sorted(t.pins.items()) if v == mv.version]
         if rolling is not None and not rolling.done and mv.version in (rolling.version, rolling.champion):
             name = ("green" if mv.version == rolling.version else "blue") if rolling.strategy == "blue-green" else ""
-            role.append(f"{name or rolling.strategy} ({rolling.phase})" if name else f"rollout: {rolling.phase}")
+            role.append(f"{name} ({rolling.shown})" if name else f"rollout: {rolling.shown}")
         health = runtime.health(mv.model, mv.version) if (mv.model, mv.version) in running else {}
         spec = specs.get(mv.model)
         last = asked.get((mv.model, mv.version))

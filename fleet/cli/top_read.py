@@ -76,7 +76,7 @@ def describe(state: RolloutState | ExperimentState, now: float) -> Progress | No
         last = state.reports[-1] if state.reports else None
         if state.done and now - state.updated_at.timestamp() > RECENT_S:
             return None
-        where = state.phase.value
+        where = state.shown
         if state.step >= 0 and not state.done:  # "step 2", or "approval, step 3"
             where = f"step {state.step + 1}" if state.phase is Phase.STEP else f"{where}, step {state.step + 1}"
         seen = f", {last.canary_requests}/{last.stable_requests} req" if last and last.ticks else ""
