@@ -89,6 +89,9 @@ class FakeRuntime:
         self.log.append(f"deploy {model}:{version}")
         return self._deployment(model, version)
 
+    def release(self, model: str, version: str) -> None:
+        self.log.append(f"release {model}:{version}")
+
     def undeploy(self, model: str, version: str) -> None:
         self.before_undeploy(model, version)
         self.running.pop((model, version), None)

@@ -118,6 +118,7 @@ def test_the_executor_starts_green_at_blues_replica_count_and_keeps_blue_whole(w
     state, _ = r.tick(state)
     state = r.promote(r.tick(state)[0] if state.phase == "bake" else state)
     assert state.phase == "promoted" and router.get(MODEL).stable == "1.1.0"
+    assert runtime.log[-1] == "release demo:1.1.0"  # green's floor (blue's count) goes back to its own
     assert runtime.running[MODEL, "1.0.0"] == 3  # kept for the rollback window ...
     assert r.retire_previous(state) and (MODEL, "1.0.0") not in runtime.running  # ... then stopped
 
@@ -144,6 +145,7 @@ def test_the_executor_switches_back_and_stops_green_on_a_breach(world: dict) -> 
     table = router.get(MODEL)
     assert (table.stable, table.canary) == ("1.0.0", None)
     assert runtime.running == {(MODEL, "1.0.0"): 2}  # blue as it was, green gone
+    assert runtime.log[-2:] == ["undeploy demo:1.1.0", "release demo:1.0.0"]  # and blue's held floor released
     assert world["registry"].states(MODEL)["1.1.0"] == State.REJECTED
 
 

@@ -254,6 +254,29 @@ def test_replicas_raise_the_scaling_floor_within_the_policy_bounds(kube: FakeKub
         rt.deploy("llm-7b", "1.0.0", replicas=5)
 
 
+def test_release_hands_a_raised_floor_back_to_keda_and_the_disruption_budget(kube: FakeKube) -> None:
+    """Blue-green raises a floor (green started at blue's count, blue held through the bake);
+    release puts both the scaler's and the PodDisruptionBudget's back to what a one-replica
+    deploy writes, and leaves the Deployment's own count to KEDA (no replica taken at once)."""
+    rt = runtime(kube, on_sleep=lambda n: kube.scale_up())
+    rt.deploy("llm-7b", "1.0.0", replicas=3)
+    one = objects_of(kube, "llm-7b", "1.0.0")
+    assert (
+        one["ScaledObject"]["spec"]["minReplicaCount"] == 3 and one["PodDisruptionBudget"]["spec"]["minAvailable"] == 3
+    )
+    deployment = copy.deepcopy(one["Deployment"])
+    kube.calls.clear()
+    rt.release("llm-7b", "1.0.0")
+    after = objects_of(kube, "llm-7b", "1.0.0")
+    assert (
+        after["ScaledObject"]["spec"]["minReplicaCount"] == 1
+        and after["PodDisruptionBudget"]["spec"]["minAvailable"] == 1
+    )
+    assert after["Deployment"] == deployment and [c[0] for c in kube.calls] == ["patch", "patch"]  # merge patches only
+    rt.release("llm-7b", "9.9.9")  # not deployed: nothing to release, and no error
+    assert ("PodDisruptionBudget", NAMESPACE, object_name("llm-7b", "9.9.9")) not in kube.objects
+
+
 def test_deploy_is_idempotent(kube: FakeKube) -> None:
     rt = runtime(kube, on_sleep=lambda n: kube.scale_up())
     rt.deploy("embed-small", "1.0.0")

@@ -96,6 +96,13 @@ class Runtime(ScalesToZero, Protocol):
         """Stop every replica of the version; stopping what is not running is not an error."""
         ...
 
+    def release(self, model: str, version: str) -> None:
+        """Hand the version's count back to its autoscaler: a floor ``deploy(replicas=N)``
+        raised (blue-green holds blue at its count, and starts green there) goes back to the
+        version's own minimum, and load decides from there. A runtime that nothing scales keeps
+        the replicas it runs (taking them away under load would be the opposite of a release)."""
+        ...
+
     def list(self) -> list[Deployment]:
         """Every deployment with at least one live replica."""
         ...

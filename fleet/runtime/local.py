@@ -253,6 +253,9 @@ class LocalRuntime:
         path.unlink(missing_ok=True)
         return listed, recorded
 
+    def release(self, model: str, version: str) -> None:
+        """Nothing scales local replicas: the version keeps the count it was deployed at."""
+
     def undeploy(self, model: str, version: str, drain_s: float | None = None) -> None:
         """Stop every replica of the version, drained (``unload``): they leave the list first
         (under its lock: a start in progress finishes first), and stop ``DRAIN_S`` later, so

@@ -61,6 +61,9 @@ class StaticRuntime:
     def undeploy(self, model: str, version: str) -> None:
         """Nothing to stop: these services are not ours."""
 
+    def release(self, model: str, version: str) -> None:
+        """Nothing to hand back: these services are scaled by whoever runs them."""
+
     def list(self) -> list[Deployment]:
         return [Deployment(m, v, urls) for (m, v), urls in sorted(self._read().items()) if urls]
 

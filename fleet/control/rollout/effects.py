@@ -10,7 +10,8 @@ back — by the next run from the stored state alone.
 
 Invariant: routing never points at a version that is not running. The canary is deployed
 and ready before it gets weight (blue-green's green at the stable's replica count, with the
-stable's own floor held there, so the stable keeps full capacity through the bake); a rollback moves traffic first and undeploys after; the
+stable's own floor held there, so the stable keeps full capacity through the bake, and both
+floors released once it ends: ``Runtime.release``); a rollback moves traffic first and undeploys after; the
 previous stable is undeployed only after the rollback window, and only if nothing routes
 to it any more.
 
@@ -41,7 +42,7 @@ from fleet.analysis.sources import MetricsUnavailable
 from fleet.catalog import gateway_directory
 from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.catalog.registry import Registry, State
-from fleet.catalog.rollouts import JUDGED, RolloutState, state_key
+from fleet.catalog.rollouts import JUDGED, Phase, RolloutState, state_key
 from fleet.catalog.routes.rollback import rollback
 from fleet.catalog.routes.store import Router
 from fleet.catalog.routes.table import RouteTable
@@ -204,7 +205,10 @@ class Rollout:
 
     def promote(self, state: RolloutState) -> RolloutState:
         self._owned(state)  # a run that may no longer act learns it first, whatever the phase
-        return self._act(state, Promoting(route_of(self.router.get(state.model))))
+        state = self._act(state, Promoting(route_of(self.router.get(state.model))))
+        if state.phase == Phase.PROMOTED and state.strategy == "blue-green":
+            self._release(state, state.version)  # green, started at blue's count, scales by load now
+        return state
 
     def retire_previous(self, state: RolloutState) -> bool:
         """Undeploy the previous stable unless something routes to it again; True if undeployed."""
@@ -331,3 +335,19 @@ class Rollout:
             self.registry.transition(state.model, state.version, State.REJECTED, why=action.reason, who=self.who)
         if state.version not in self.router.get(state.model).referenced_versions():
             self.runtime.undeploy(state.model, state.version)  # traffic moved first, then the process goes
+        if state.strategy == "blue-green":
+            self._release(state, state.champion)  # blue, held at its count through the bake
+
+    def _release(self, state: RolloutState, version: str) -> None:
+        """The floor blue-green raised, back to the version's own (``Runtime.release``). The
+        rollout's outcome stands whatever happens here: a failure is logged with what to do."""
+        try:
+            self.runtime.release(state.model, version)
+        except Exception as exc:  # noqa: BLE001 - a floor left raised costs replicas, not the rollout
+            log.warning(
+                "%s:%s keeps the replica floor blue-green raised (%s); lower its ScaledObject's minReplicaCount "
+                "and PodDisruptionBudget's minAvailable by hand",
+                state.model,
+                version,
+                exc,
+            )

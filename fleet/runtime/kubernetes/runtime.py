@@ -232,6 +232,23 @@ class KubernetesRuntime:
             )
         on_drain()
 
+    def release(self, model: str, version: str) -> None:
+        """The version's floor back to what a deploy of one replica writes (``max(1,
+        min_replicas)``): a merge patch of the ScaledObject's ``minReplicaCount`` and the
+        PodDisruptionBudget's ``minAvailable``, so KEDA scales it by load again, after its
+        cooldown (nothing is taken away at once). A lazy version's idle clock lowers it to 0
+        later, as after any wake. A version no longer deployed is left alone."""
+        check_name("model", model)
+        check_version(version)
+        placement = self._settings()[0].get(model)
+        if placement is None:
+            return
+        name, floor = object_name(model, version), max(1, placement.min_replicas)
+        scaler = {"spec": {"minReplicaCount": floor}}
+        if self.api.patch("keda.sh/v1alpha1", "ScaledObject", self.namespace, name, scaler) is None:
+            return
+        self.api.patch("policy/v1", "PodDisruptionBudget", self.namespace, name, {"spec": {"minAvailable": floor}})
+
     def undeploy(self, model: str, version: str) -> None:
         for api_version, kind in KINDS:
             self.api.delete(api_version, kind, self.namespace, object_name(model, version))
