@@ -114,6 +114,12 @@ class WindowedStats:
         """The (model, version) pairs holding a series."""
         return set(self._series)
 
+    def series_of(self, match: str = "") -> list[tuple[tuple[str, str], _Series]]:
+        """((model, version), its series) of every model whose name contains ``match``, for a
+        reader that sums them off the event loop (``fleet.gateway.top``): references only, the
+        series themselves are read (never written) there."""
+        return [kv for kv in self._series.items() if match in kv[0][0]]
+
     def forget(self, model: str, version: str) -> None:
         """Free a version's series (it left every route ``HORIZON_S`` ago: nothing left to read)."""
         self._series.pop((model, version), None)

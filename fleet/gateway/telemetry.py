@@ -339,6 +339,11 @@ class Telemetry:
         """A caller's own, shorter deadline ran out while ``version`` worked: not its failure."""
         self.caller_timeouts.labels(model, version).inc()
 
+    def finished_counters(self) -> tuple[list[tuple[str, str, str, int]], list[Any]]:
+        """(model, version, tenant, status) of every request counter this gateway holds, and
+        the counters, in the same order: a copy of the keys, for ``fleet.gateway.top``."""
+        return list(self._finished), list(self._finished.values())
+
     def finished(self, model: str, version: str, tenant: str, status: int, total_ms: float) -> None:
         key = (model, version, tenant, status)
         counter = self._finished.get(key)

@@ -151,11 +151,10 @@ class TopStats:
             # on the loop: references and copies of two dicts only (no tuple per item); the sums in a thread
             pools = list(self.upstreams.pools().items())
             loads = {mv: (p.slots.in_use, p.slots.waiting(), _ejected(p)) for mv, p in pools if match in mv[0]}
-            series = [kv for kv in self.telemetry.stats._series.items() if match in kv[0][0]]
+            series = self.telemetry.stats.series_of(match)
             finished = None
             if self._mono() - self._read_at >= COUNTERS_S:
-                counters = self.telemetry._finished
-                finished = (list(counters), list(counters.values()))
+                finished = self.telemetry.finished_counters()
             view = (self.view.snapshot, self.view.stale)
             return await asyncio.to_thread(self._build, window_s, n, match, view, loads, series, finished)
 
