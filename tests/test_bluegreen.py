@@ -159,6 +159,17 @@ def test_the_simulator_bakes_a_good_green_and_catches_bad_ones(method: str) -> N
     assert worst.rolled_back >= 0.8 and worst.median_s < BAKE_S  # switched back inside the bake
 
 
+def test_the_dry_run_says_when_the_switch_would_wait_for_a_baseline() -> None:
+    """At 0.5 req/s blue serves ~150 requests in 300 s, fewer than the p99 gate's 299 at 95 %:
+    the switch would wait and, at that traffic, roll back at the deadline without moving any."""
+    from fleet.analysis.simulate import switch_waits
+
+    assert switch_waits(bg(), 20.0) is None
+    said = switch_waits(bg(), 0.5)
+    assert said is not None and "~150 requests" in said and "299 are needed" in said
+    assert switch_waits(policy(steps=[20, 100]), 0.5) is None  # a canary's first step has the stable beside it
+
+
 def test_dry_run_says_it_simulates_a_blue_green_switch(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
     from fleet.cli import app
 

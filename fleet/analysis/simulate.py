@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleet.analysis.canary import judge
+from fleet.analysis.gates import stable_needed
 from fleet.analysis.histograms import histogram_quantile
 from fleet.analysis.sequential import Arms, Evidence
 from fleet.analysis.sequential import judge as sequential_judge
@@ -42,6 +43,22 @@ def plan(policy: RolloutPolicy) -> tuple[tuple[float, ...], float]:
     if policy.strategy == "blue-green":
         return (100.0,), policy.bake_s
     return tuple(float(w) for w in policy.steps), 0.0
+
+
+def switch_waits(policy: RolloutPolicy, rps: float) -> str | None:
+    """What a first step at 100 % (the blue-green switch) would wait for at ``rps``, when the
+    stable's ``BASELINE_S`` before it holds fewer requests than the gates need to judge
+    against (``fleet.control.rollout.reading.reference_short``); None when it would not."""
+    first = plan(policy)[0][0]
+    need = stable_needed(policy.min_samples, 1.0 - policy.gates.confidence)
+    have = rps * BASELINE_S
+    if first < 100 or have >= need:
+        return None
+    return (
+        f"the switch would wait: the stable serves ~{have:.0f} requests in {BASELINE_S:.0f} s and {need} are needed "
+        f"to judge the new version at 100 %; at this traffic it is rolled back at hold_deadline_s "
+        f"({policy.hold_deadline_s:g} s) without traffic having moved"
+    )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ DRY_RUN_WINDOW_S = 300  # the stable's recent traffic the dry run simulates
 
 def dry_run(model: str, version: str, policy: Any, rps: float | None, json: bool) -> None:  # noqa: ANN401
     """Simulated rollouts under the policy (fleet.analysis.simulate, as bench/rollout.py runs them)."""
-    from fleet.analysis.simulate import BASE_ERR, NOT_SIMULATED, estimate
+    from fleet.analysis.simulate import BASE_ERR, NOT_SIMULATED, estimate, switch_waits
     from fleet.cli._output import table
 
     rate, seen_errors, source = _traffic(model, policy, rps)
@@ -36,6 +36,7 @@ def dry_run(model: str, version: str, policy: Any, rps: float | None, json: bool
                 "method": policy.method,
                 "strategy": policy.strategy,
                 "estimates": [e.__dict__ for e in found],
+                "switch_waits": switch_waits(policy, rate),
                 "not_simulated": NOT_SIMULATED,
             }
         )
@@ -63,6 +64,8 @@ def dry_run(model: str, version: str, policy: Any, rps: float | None, json: bool
         ["canary", "ends as it should", "median time", "canary requests", "of them failed"],
         rows,
     )
+    if waits := switch_waits(policy, rate):
+        err_console.print(f"[yellow]{waits}[/]")
     err_console.print(f"[dim]{NOT_SIMULATED}[/]")
 
 
