@@ -15,8 +15,9 @@ from fleet.catalog.rollouts import TERMINAL, Phase, RolloutState
 
 RECORDS = Path(__file__).parent / "fixtures" / "records"
 # fields added since those records were written, as an older record reads them: a rollout begun
-# before blue-green was a canary with one replica, never switched
-ADDED = {"strategy": "canary", "replicas": 1, "switched_at": None}
+# before blue-green was a canary with one replica, never switched, and never waited for a
+# baseline (ready_at)
+ADDED = {"strategy": "canary", "replicas": 1, "switched_at": None, "ready_at": None}
 
 
 @pytest.mark.parametrize(
