@@ -14,7 +14,10 @@ Phases (``fleet.catalog.rollouts.Phase``): ``preflight`` → ``deploy`` → ``sh
 ``promote`` → ``promoted``; or ``rolled_back`` or ``rejected``. Blue-green (``strategy``) has
 one step instead of the weights, ``bake``: entered by switching 100 % to green at once (as
 the route's canary, so a request green fails is still answered by blue, the stable), left by
-promotion once green passed its gates for ``bake_s``, or by switching back. A finished rollout takes only
+promotion once green passed its gates for ``bake_s``, or by switching back. A first step at
+100 % (the switch, or ``steps: [100]``) is judged against the stable's traffic before it
+alone, so it is taken only once that baseline can judge it: until then the version waits in
+``deploy``, ready and unrouted (``RolloutState.waiting``), to ``hold_deadline_s`` at most. A finished rollout takes only
 ``Begin`` (a new rollout replaces it); an approver's answer or a promotion for it is refused
 with ``Conflict``, and every other observation leaves it as it is.
 
