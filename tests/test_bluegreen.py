@@ -4,6 +4,8 @@ The real fleet under load is test_bluegreen_flow's."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from typer.testing import CliRunner
 
@@ -68,6 +70,47 @@ def test_green_waits_unrouted_until_blue_served_enough_to_judge_it_against() -> 
     t = run.tick()
     assert t.state.phase == Phase.BAKE and events(t) == ["switched"] and run.route.weight == 100.0
     assert t.state.baseline["requests"] >= 299
+
+
+def _waiting() -> tuple[Run, object]:
+    run = Run(bg(), rps=0.5)  # 150 of blue's answers in 300 s: fewer than 299
+    run.begin()
+    run.do(Checked(PASS, registered=True))
+    return run, run.do(Deployed(run.now, baseline=run._baseline()))
+
+
+def test_a_resumed_run_that_was_waiting_waits_on_from_where_it_was() -> None:
+    run, t = _waiting()
+    ready_at = t.state.ready_at
+    run.now += 120
+    run.begin(running=True)  # the flow died; its next run deploys again (idempotent) and goes on
+    t = run.do(Deployed(run.now, baseline=run._baseline()))
+    assert t.state.waiting and t.state.ready_at == ready_at and events(t) == ["deployed"]
+    assert run.route.canary is None and run.route.shadow is None
+
+
+def test_a_route_moved_while_green_waits_ends_the_rollout_and_metrics_down_hold_it_to_the_deadline() -> None:
+    run, _ = _waiting()
+    t = run.tick(unavailable="gateways unreachable")
+    assert t.state.waiting  # no data is not bad data
+    while run.now - t.state.ready_at < run.policy.hold_deadline_s:
+        t = run.tick(unavailable="gateways unreachable")
+    assert t.state.phase == Phase.ROLLED_BACK and "could not be read (gateways unreachable)" in t.state.reason
+    assert "no traffic was moved" in t.state.reason
+    run, _ = _waiting()
+    run.route = replace(run.route, stable="0.9.0", revision=run.route.revision + 1, updated_by="ops")
+    t = run.tick()
+    assert t.state.phase == Phase.ROLLED_BACK and t.state.breached == ["route"]
+
+
+def test_an_approved_switch_keeps_the_baseline_it_waited_for_though_traffic_fell_before_the_answer() -> None:
+    run = Run(bg(manual_approval=True), rps=40.0)
+    run.to_first_arm()
+    assert run.state.phase == Phase.APPROVAL and run.state.baseline["requests"] >= 299
+    run.rps = 0.1  # the traffic fell while nobody answered
+    run.now += 600
+    t = run.answer(True)
+    assert t.state.phase == Phase.BAKE and t.state.baseline["requests"] >= 299 and run.route.weight == 100.0
 
 
 def test_a_breach_during_the_bake_switches_back_to_blue_at_once() -> None:

@@ -542,9 +542,11 @@ def test_pipelined_streams_nobody_reads_hold_no_slot_and_are_cut_at_the_write_de
             stats = engine(fleet, "1.0.0")
             made = stats.get("finished_length", 0) - finished
             seen.update(made=made, running=stats["running"], waiting=stats["waiting"])
-            seen.update(in_flight=in_flight(), cut=cut(), at=round(time.monotonic() - began, 1))
-            idle = made >= 8 and stats["running"] == stats["waiting"] == 0
-            return idle and seen["in_flight"] == 0 and seen["cut"] < 4
+            seen["at"] = round(time.monotonic() - began, 1)
+            if not (made >= 8 and stats["running"] == stats["waiting"] == 0):
+                return False  # the gateway's metrics are read only once the replica is idle
+            seen.update(in_flight=in_flight(), cut=cut())
+            return seen["in_flight"] == 0 and seen["cut"] < 4
 
         def in_flight() -> float:
             return _gauge(url, "fleet_version_in_flight", "1.0.0")

@@ -77,13 +77,18 @@ class FakeKube:
         self.objects.pop((kind, namespace, name), None)
 
     def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: dict) -> dict | None:
-        """A JSON merge patch (one level deep is all the runtime sends), the result schema-checked."""
+        """A JSON merge patch (two levels deep is all the runtime sends; null removes a key), the
+        result schema-checked."""
         self.calls.append(("patch", kind, name))
         obj = self.objects.get((kind, namespace, name))
         if obj is None:
             return None
         for key, value in patch.items():
-            obj[key] = {**obj.get(key, {}), **value} if isinstance(value, dict) else value
+            if isinstance(value, dict):
+                merged = {**obj.get(key, {}), **value}
+                obj[key] = {k: v for k, v in merged.items() if v is not None}
+            else:
+                obj[key] = value
         validate(obj)
         return copy.deepcopy(obj)
 
@@ -273,6 +278,12 @@ def test_release_hands_a_raised_floor_back_to_keda_and_the_disruption_budget(kub
         and after["PodDisruptionBudget"]["spec"]["minAvailable"] == 1
     )
     assert after["Deployment"] == deployment and [c[0] for c in kube.calls] == ["patch", "patch"]  # merge patches only
+    pdb = kube.objects[("PodDisruptionBudget", NAMESPACE, object_name("llm-7b", "1.0.0"))]["spec"]
+    pdb.pop("minAvailable")
+    pdb["maxUnavailable"] = 1  # as a lazy version's is written: the release replaces one with the other
+    rt.release("llm-7b", "1.0.0")
+    assert objects_of(kube, "llm-7b", "1.0.0")["PodDisruptionBudget"]["spec"]["minAvailable"] == 1
+    assert "maxUnavailable" not in objects_of(kube, "llm-7b", "1.0.0")["PodDisruptionBudget"]["spec"]
     rt.release("llm-7b", "9.9.9")  # not deployed: nothing to release, and no error
     assert ("PodDisruptionBudget", NAMESPACE, object_name("llm-7b", "9.9.9")) not in kube.objects
 

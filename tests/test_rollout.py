@@ -311,7 +311,7 @@ def test_a_step_to_100_without_enough_baseline_by_its_deadline_moves_no_traffic(
     quiet()
     state, _ = r.tick(state)
     assert state.phase == "rolled_back" and state.breached == ["baseline"]
-    assert "served 150 requests" in state.reason and "299 are needed" in state.reason, state.reason
+    assert "gave 150 answers" in state.reason and "299 are needed" in state.reason, state.reason
     assert "no traffic was moved" in state.reason
     assert all(e.after is None or e.after.get("canary") is None for e in router.history(MODEL) if e.kind == "route")
     assert (MODEL, "1.1.0") not in world["runtime"].running

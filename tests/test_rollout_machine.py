@@ -151,8 +151,9 @@ def test_a_no_rolls_back_and_an_answer_while_not_waiting_is_refused() -> None:
 def test_a_straight_to_100_rollout_with_approval_takes_the_baseline_when_approved() -> None:
     run = Run(policy(steps=[100], manual_approval=True))
     t = run.to_first_arm()
-    assert t.state.phase == Phase.APPROVAL and t.state.baseline is None and run.route.canary is None
-    assert needs(t.state, run.policy, run.now).baseline.start == run.now - BASELINE_S
+    # read before asking (the step must be judgeable first), kept, and read again at the answer
+    assert t.state.phase == Phase.APPROVAL and t.state.baseline["requests"] == 40 * BASELINE_S
+    assert run.route.canary is None and needs(t.state, run.policy, run.now).baseline.start == run.now - BASELINE_S
     t = run.answer(True)
     assert t.state.baseline["requests"] == 40 * BASELINE_S and t.actions[1].expect_canary is None
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fleet.analysis import reference
 from fleet.analysis.canary import judge
-from fleet.analysis.gates import stable_needed
 from fleet.analysis.histograms import histogram_quantile
 from fleet.analysis.sequential import Arms, Evidence
 from fleet.analysis.sequential import judge as sequential_judge
@@ -47,11 +47,13 @@ def plan(policy: RolloutPolicy) -> tuple[tuple[float, ...], float]:
 
 def switch_waits(policy: RolloutPolicy, rps: float) -> str | None:
     """What a first step at 100 % (the blue-green switch) would wait for at ``rps``, when the
-    stable's ``BASELINE_S`` before it holds fewer requests than the gates need to judge
-    against (``fleet.control.rollout.reading.reference_short``); None when it would not."""
+    stable's traffic before it (its last ``BASELINE_S``, or the shadow phase's if longer)
+    holds fewer answers than the gates need to judge against (``fleet.analysis.reference``);
+    None when it would not."""
     first = plan(policy)[0][0]
-    need = stable_needed(policy.min_samples, 1.0 - policy.gates.confidence)
-    have = rps * BASELINE_S
+    need = reference.needed(policy)
+    shadow_s = policy.shadow_duration_s if policy.shadow_percent > 0 else 0.0
+    have = rps * max(BASELINE_S, shadow_s)
     if first < 100 or have >= need:
         return None
     return (

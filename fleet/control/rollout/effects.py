@@ -229,14 +229,12 @@ class Rollout:
 
     def _baseline(self, state: RolloutState, now: float) -> ArmWindow | None:
         """The stable's traffic before the rollout, when the first step may begin now; None when
-        metrics cannot be read: the step then begins without one and the stable's own traffic
-        during the rollout stands in (``machine``'s step close)."""
+        metrics cannot be read: a first step below 100 % then begins without one (the stable's
+        own traffic beside it stands in); one at 100 % waits for it (``machine``)."""
         try:
             return self._window(state.model, needs(state, self.policy, now).baseline)
         except MetricsUnavailable as exc:
-            log.warning(
-                "rollout %s:%s: no baseline (%s); the stable's traffic will stand in", state.model, state.version, exc
-            )
+            log.warning("rollout %s:%s: no baseline yet (%s)", state.model, state.version, exc)
             return None
 
     def _window(self, model: str, read: Read | None) -> ArmWindow | None:
@@ -335,8 +333,8 @@ class Rollout:
             self.registry.transition(state.model, state.version, State.REJECTED, why=action.reason, who=self.who)
         if state.version not in self.router.get(state.model).referenced_versions():
             self.runtime.undeploy(state.model, state.version)  # traffic moved first, then the process goes
-        if state.strategy == "blue-green":
-            self._release(state, state.champion)  # blue, held at its count through the bake
+        if state.strategy == "blue-green" and state.preflight:  # past preflight: blue's floor was (or is) held
+            self._release(state, state.champion)
 
     def _release(self, state: RolloutState, version: str) -> None:
         """The floor blue-green raised, back to the version's own (``Runtime.release``). The

@@ -33,6 +33,7 @@ from dataclasses import asdict
 from typing import Any
 
 from fleet.analysis.canary import Verdict
+from fleet.analysis.reference import needed as reference_needed
 from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.catalog.rollouts import JUDGED, Phase, RolloutState, StepReport
 from fleet.catalog.routes.table import Canary, Shadow
@@ -184,6 +185,8 @@ def _deployed(state: RolloutState, obs: Deployed, policy: RolloutPolicy, acts: l
     if obs.failed is not None:
         return _rollback(state, f"the canary did not start: {obs.failed}", ["deploy"], acts)
     acts.append(_event("deployed", state))
+    if state.waiting:  # deployed again on a resumed run that was waiting for the baseline
+        return _next_step(state, policy, obs.now, obs.baseline, acts)
     if policy.shadow_percent > 0 and policy.shadow_duration_s > 0:
         shadow = Shadow(version=state.version, percent=policy.shadow_percent)
         acts.append(_route(state, f"shadow {policy.shadow_percent:g}%", shadow=shadow.model_dump()))
@@ -203,7 +206,9 @@ def _next_step(
     if index == 0 and weight >= 100:
         baseline = larger(state.baseline, baseline)
         if state.phase != Phase.APPROVAL and (short := reference_short(policy, baseline)):
-            return _wait_for_baseline(state, policy, now, baseline, short, acts)
+            return _wait_for_baseline(state, policy, now, short, acts)
+        if baseline is not None:  # kept through an approval: the traffic may be gone by its answer
+            state = state.model_copy(update={"baseline": asdict(baseline)})
     if weight >= 100 and policy.manual_approval and state.phase != Phase.APPROVAL:
         state = _save(acts, state, phase=Phase.APPROVAL)
         acts.append(_event("awaiting-approval", state))
@@ -229,25 +234,25 @@ def _next_step(
 
 
 def _wait_for_baseline(
-    state: RolloutState, policy: RolloutPolicy, now: float, baseline: ArmWindow | None, short: int, acts: list[Action]
+    state: RolloutState, policy: RolloutPolicy, now: float, short: int, acts: list[Action], unreadable: str = ""
 ) -> Transition:
     """A first step at 100 % with too little of the stable's traffic before it to judge the
     new version against: wait ready and unrouted (the stable serves everything meanwhile)
     until there is enough, or roll back at the deadline without having moved any traffic."""
-    have = baseline.requests if baseline is not None else 0
+    need = reference_needed(policy)
+    had = f"could not be read ({unreadable})" if unreadable else f"gave {need - short} answers in {BASELINE_S} s"
     since = state.ready_at if state.ready_at is not None else now
     if now - since >= policy.hold_deadline_s:
         reason = (
-            f"no baseline: {state.champion} served {have} requests in the {BASELINE_S} s before, {have + short} are "
-            f"needed to judge {state.version} at 100 % (min_samples, and its p99 at gates.confidence); none came "
-            f"within hold_deadline_s ({policy.hold_deadline_s:g} s) and no traffic was moved"
+            f"no baseline: {state.champion}'s traffic {had}; {need} are needed to judge {state.version} at 100 % "
+            f"(min_samples, and the stable p99 its latency gate reads); none came within hold_deadline_s "
+            f"({policy.hold_deadline_s:g} s) and no traffic was moved"
         )
         return _rollback(state, reason, ["baseline"], acts)
     if state.waiting:
-        return Transition(state)  # waiting still: nothing new to store
+        return Transition(state, tuple(acts))  # waiting still: nothing new to store
     state = _save(acts, state, phase=Phase.DEPLOY, ready_at=since)
-    why = f"{state.champion} served {have} requests in the {BASELINE_S} s before: {short} more needed"
-    acts.append(_event("waiting-for-baseline", state, reason=why))
+    acts.append(_event("waiting-for-baseline", state, reason=f"{state.champion}'s traffic {had}: {short} more needed"))
     return Transition(state, tuple(acts))
 
 
@@ -260,6 +265,11 @@ def schedule(state: RolloutState, policy: RolloutPolicy) -> tuple[float, ...]:
 def _tick(state: RolloutState, obs: Looked, policy: RolloutPolicy, acts: list[Action]) -> Transition:
     """Judge the current step's traffic so far and act on the verdict."""
     if state.waiting:  # for the stable's baseline: switch (or step to 100 %) once it is enough
+        route = obs.route
+        if (route.stable, route.canary, route.shadow) != (state.champion, None, None):
+            return _ended_elsewhere(state, route, acts)  # `fleet rollback`, a new stable: nothing to wait for
+        if obs.unavailable is not None:
+            return _wait_for_baseline(state, policy, obs.now, reference_needed(policy), acts, obs.unavailable)
         return _next_step(state, policy, obs.now, obs.baseline, acts)
     if state.phase not in JUDGED:
         return Transition(state)

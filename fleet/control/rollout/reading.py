@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from fleet.analysis import sequential
+from fleet.analysis import reference, sequential
 from fleet.analysis.canary import Verdict, judge
-from fleet.analysis.gates import stable_needed
 from fleet.analysis.sources import empty_window, sum_windows
 from fleet.catalog.policies.rollout import RolloutPolicy, judged
 from fleet.catalog.rollouts import JUDGED, SERVING, Phase, RolloutState, arm_window
@@ -72,12 +71,9 @@ def _may_begin_steps(state: RolloutState, policy: RolloutPolicy, now: float) -> 
 
 
 def reference_short(policy: RolloutPolicy, baseline: ArmWindow | None) -> int:
-    """How many more of the stable's requests before the rollout a first step at 100 % (the
-    blue-green switch) needs to be judged at all: nothing serves on the stable beside it, so
-    the baseline is all the reference there is, and one short of the gates' needs would keep
-    the step undecided until its deadline (0: enough)."""
-    need = stable_needed(policy.min_samples, 1.0 - policy.gates.confidence)
-    return max(0, need - (baseline.requests if baseline is not None else 0))
+    """How many more of the stable's answers before the rollout a first step at 100 % (the
+    blue-green switch) needs to be judged at all (``fleet.analysis.reference``; 0: enough)."""
+    return reference.short(policy, baseline)
 
 
 def larger(kept: dict | None, read: ArmWindow | None) -> ArmWindow | None:

@@ -247,7 +247,8 @@ class KubernetesRuntime:
         scaler = {"spec": {"minReplicaCount": floor}}
         if self.api.patch("keda.sh/v1alpha1", "ScaledObject", self.namespace, name, scaler) is None:
             return
-        self.api.patch("policy/v1", "PodDisruptionBudget", self.namespace, name, {"spec": {"minAvailable": floor}})
+        budget = {"spec": {"minAvailable": floor, "maxUnavailable": None}}  # a lazy version's may hold the latter
+        self.api.patch("policy/v1", "PodDisruptionBudget", self.namespace, name, budget)
 
     def undeploy(self, model: str, version: str) -> None:
         for api_version, kind in KINDS:
