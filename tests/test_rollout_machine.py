@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from fleet.analysis.reference import BASELINE_S
 from fleet.catalog.rollouts import Phase
 from fleet.control.rollout.machine import (
     Checked,
@@ -22,7 +23,7 @@ from fleet.control.rollout.machine import (
     SetRoute,
     step,
 )
-from fleet.control.rollout.reading import BASELINE_S, needs
+from fleet.control.rollout.reading import needs
 from fleet.errors import Conflict, InvalidInput
 from tests.rollout_driver import CANARY, MODEL, STABLE, Run, Traffic, policy
 

@@ -4,7 +4,7 @@ At 100 % nothing serves on the stable beside the new version (blue-green's switc
 canary policy with ``steps: [100]``), so the stable's answers before the step are the only
 reference its gates have. A reference short of what they wait for would keep the step
 undecided until its deadline: the rollout machine takes such a step only once the baseline
-holds ``needed(policy)`` answers (``fleet.control.rollout.reading.reference_short``), and
+holds ``needed(policy)`` answers of its last ``BASELINE_S`` (``short``), and
 the dry run says when it would wait (``fleet.analysis.simulate.switch_waits``).
 """
 
@@ -14,6 +14,8 @@ from fleet.analysis.gates import stable_needed
 from fleet.analysis.sequential import STABLE_P99_ANSWERS
 from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.types import ArmWindow
+
+BASELINE_S = 300  # the stable's traffic before the rollout that a 100 % step is judged against
 
 
 def needed(policy: RolloutPolicy) -> int:
@@ -26,12 +28,12 @@ def needed(policy: RolloutPolicy) -> int:
 
 
 def counted(policy: RolloutPolicy, baseline: ArmWindow) -> int:
-    """What of ``baseline`` those gates count: answered requests (a failed one has no latency),
-    and for a generative policy's time-per-token gate also the answers that have one."""
-    counts = [baseline.requests, int(sum(baseline.latency_ms))]
+    """What of ``baseline`` those gates count: its answers (a failed request has no latency),
+    and for a generative policy's time-per-token gate only the answers that have one."""
+    answered = int(sum(baseline.latency_ms))
     if policy.gates.max_tpot_p99_ratio is not None:
-        counts.append(int(sum(baseline.tpot_ms)))
-    return min(counts)
+        return min(answered, int(sum(baseline.tpot_ms)))
+    return answered
 
 
 def short(policy: RolloutPolicy, baseline: ArmWindow | None) -> int:

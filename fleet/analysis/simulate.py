@@ -26,6 +26,7 @@ import numpy as np
 from fleet.analysis import reference
 from fleet.analysis.canary import judge
 from fleet.analysis.histograms import histogram_quantile
+from fleet.analysis.reference import BASELINE_S
 from fleet.analysis.sequential import Arms, Evidence
 from fleet.analysis.sequential import judge as sequential_judge
 from fleet.catalog.policies.rollout import RolloutPolicy, judged
@@ -34,7 +35,6 @@ from fleet.types import ERROR_CLASSES, LATENCY_BUCKETS_MS, PREDICTION_BINS, ArmW
 BASE_MS, SIGMA, BASE_ERR = 10.0, 0.4, 0.001
 N_LAT = len(LATENCY_BUCKETS_MS) + 1
 FLAGGER_INTERVAL_S, FLAGGER_THRESHOLD, FLAGGER_MIN_SUCCESS, FLAGGER_MAX_P99_MS = 60.0, 5, 99.0, 500.0
-BASELINE_S = 300.0  # the stable's traffic before a blue-green switch (fleet.control.rollout.reading)
 
 
 def plan(policy: RolloutPolicy) -> tuple[tuple[float, ...], float]:

@@ -32,8 +32,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from fleet.analysis import reference
 from fleet.analysis.canary import Verdict
-from fleet.analysis.reference import needed as reference_needed
+from fleet.analysis.reference import BASELINE_S
 from fleet.catalog.policies.rollout import RolloutPolicy
 from fleet.catalog.rollouts import JUDGED, Phase, RolloutState, StepReport
 from fleet.catalog.routes.table import Canary, Shadow
@@ -55,7 +56,7 @@ from fleet.control.rollout.protocol import (
     SetRoute,
     Transition,
 )
-from fleet.control.rollout.reading import BASELINE_S, judge_tick, larger, reference_short
+from fleet.control.rollout.reading import judge_tick, larger
 from fleet.errors import Conflict, InvalidInput
 from fleet.types import ArmWindow
 
@@ -205,7 +206,7 @@ def _next_step(
     weight = float(steps[index])
     if index == 0 and weight >= 100:
         baseline = larger(state.baseline, baseline)
-        if state.phase != Phase.APPROVAL and (short := reference_short(policy, baseline)):
+        if state.phase != Phase.APPROVAL and (short := reference.short(policy, baseline)):
             return _wait_for_baseline(state, policy, now, short, acts)
         if baseline is not None:  # kept through an approval: the traffic may be gone by its answer
             state = state.model_copy(update={"baseline": asdict(baseline)})
@@ -239,7 +240,7 @@ def _wait_for_baseline(
     """A first step at 100 % with too little of the stable's traffic before it to judge the
     new version against: wait ready and unrouted (the stable serves everything meanwhile)
     until there is enough, or roll back at the deadline without having moved any traffic."""
-    need = reference_needed(policy)
+    need = reference.needed(policy)
     had = f"could not be read ({unreadable})" if unreadable else f"gave {need - short} answers in {BASELINE_S} s"
     since = state.ready_at if state.ready_at is not None else now
     if now - since >= policy.hold_deadline_s:
@@ -269,7 +270,7 @@ def _tick(state: RolloutState, obs: Looked, policy: RolloutPolicy, acts: list[Ac
         if (route.stable, route.canary, route.shadow) != (state.champion, None, None):
             return _ended_elsewhere(state, route, acts)  # `fleet rollback`, a new stable: nothing to wait for
         if obs.unavailable is not None:
-            return _wait_for_baseline(state, policy, obs.now, reference_needed(policy), acts, obs.unavailable)
+            return _wait_for_baseline(state, policy, obs.now, reference.needed(policy), acts, obs.unavailable)
         return _next_step(state, policy, obs.now, obs.baseline, acts)
     if state.phase not in JUDGED:
         return Transition(state)

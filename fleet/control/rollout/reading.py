@@ -11,15 +11,15 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from fleet.analysis import reference, sequential
+from fleet.analysis import sequential
 from fleet.analysis.canary import Verdict, judge
+from fleet.analysis.reference import BASELINE_S
 from fleet.analysis.sources import empty_window, sum_windows
 from fleet.catalog.policies.rollout import RolloutPolicy, judged
 from fleet.catalog.rollouts import JUDGED, SERVING, Phase, RolloutState, arm_window
 from fleet.types import ArmWindow
 
 READ_SLACK_S = 0.001  # a tick reads [since, upto - this): whole seconds, never the second at upto
-BASELINE_S = 300  # the stable's traffic before the rollout that the 100 % step is judged against
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def needs(state: RolloutState, policy: RolloutPolicy, now: float) -> Needs:
 
 def _may_begin_steps(state: RolloutState, policy: RolloutPolicy, now: float) -> bool:
     """Whether the observation may take the rollout to its first weight step (a first step at
-    100 % reads the baseline before it asks for approval: ``reference_short``)."""
+    100 % reads the baseline before it asks for approval: ``fleet.analysis.reference``)."""
     if state.step != -1:
         return False
     if state.phase == Phase.DEPLOY:
@@ -68,12 +68,6 @@ def _may_begin_steps(state: RolloutState, policy: RolloutPolicy, now: float) -> 
     if state.phase == Phase.SHADOW:
         return now - state.step_started >= policy.shadow_duration_s
     return state.phase == Phase.APPROVAL
-
-
-def reference_short(policy: RolloutPolicy, baseline: ArmWindow | None) -> int:
-    """How many more of the stable's answers before the rollout a first step at 100 % (the
-    blue-green switch) needs to be judged at all (``fleet.analysis.reference``; 0: enough)."""
-    return reference.short(policy, baseline)
 
 
 def larger(kept: dict | None, read: ArmWindow | None) -> ArmWindow | None:
